@@ -1,0 +1,182 @@
+"""Command line. The only module that talks to the terminal: progress on stderr, results on stdout.
+
+Exit codes: 0 analysis done and nothing at or above ``--fail-on``; 1 findings at or above it;
+2 bad usage or no readable input.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from forensics.errors import ForensicsError, UsageError
+
+EXIT_OK = 0
+EXIT_FINDINGS = 1
+EXIT_ERROR = 2
+
+app = typer.Typer(
+    name="forensics",
+    help="Why was this distributed GPU training job slow, or why did it die?",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+err = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True)
+
+
+class FailOn(str, Enum):
+    critical = "critical"
+    warning = "warning"
+    info = "info"
+    never = "never"
+
+
+@contextmanager
+def _progress(label: str, quiet: bool) -> Iterator[object]:
+    if quiet:
+        yield None
+        return
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[item]}"),
+        console=err,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(label, total=None, item="")
+
+        def update(item: str, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, item=item[-60:])
+
+        yield update
+
+
+def _check_out_dir(run_dir: Path, out_dir: Path) -> None:
+    if not run_dir.is_dir():
+        raise UsageError(f"{run_dir}: no such directory")
+    run_real, out_real = run_dir.resolve(), out_dir.resolve()
+    if out_real == run_real or out_real.is_relative_to(run_real):
+        raise UsageError(f"--out {out_dir} is inside RUN_DIR; forensics never writes into the run folder")
+
+
+def _fail_threshold(fail_on: FailOn) -> int | None:
+    return {"critical": 3, "warning": 2, "info": 1, "never": None}[fail_on.value]
+
+
+@app.command()
+def analyze(
+    run_dir: Path = typer.Argument(..., help="folder a training job left behind (traces, logs, kernel logs)"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="where to write the report [default: ./forensics-<RUN_DIR name>]"),
+    fail_on: FailOn = typer.Option(FailOn.critical, "--fail-on", help="exit 1 when a finding is at or above this severity"),
+    settings: list[str] = typer.Option([], "--set", help="override a detector threshold: DETECTOR.SETTING=VALUE (repeatable)"),
+    only: list[str] = typer.Option([], "--only", help="run only this detector (repeatable)"),
+    workers: Optional[int] = typer.Option(None, "--workers", help="parser processes [default: CPU count]"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
+) -> None:
+    """Analyze RUN_DIR; write findings.json, summary.md and report.html to --out."""
+    from forensics.analyze import analyze as run_analysis
+    from forensics.detectors import parse_overrides
+    from reports import html as html_report
+    from reports import json_report, markdown
+
+    out_dir = out_dir or Path.cwd() / f"forensics-{run_dir.resolve().name}"
+    _check_out_dir(run_dir, out_dir)
+    overrides = parse_overrides(settings)
+    with _progress("parsing", quiet) as update:
+        analysis = run_analysis(run_dir, overrides=overrides, only=only or None, progress=update, workers=workers)  # type: ignore[arg-type]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "findings.json").write_bytes(json_report.render(analysis))
+    (out_dir / "summary.md").write_text(markdown.render(analysis), encoding="utf-8")
+    (out_dir / "report.html").write_text(html_report.render(analysis), encoding="utf-8")
+
+    for row in analysis.sources.filter(analysis.sources["status"].is_in(["partial", "failed"])).iter_rows(named=True):
+        err.print(f"[yellow]{row['status']}[/]: {row['path']}: {row['message']}", highlight=False)
+    counts = {s: sum(1 for f in analysis.findings if f.severity.value == s) for s in ("critical", "warning", "info")}
+    out.print(
+        f"{len(analysis.findings)} finding(s): {counts['critical']} critical, {counts['warning']} warning, "
+        f"{counts['info']} info; {len(analysis.skipped)} detector(s) skipped. Report: {out_dir}",
+        highlight=False,
+    )
+    for f in analysis.findings[:10]:
+        out.print(f"  [{f.severity.value}] {f.title}", highlight=False, markup=False)
+    if not analysis.readable:
+        err.print(f"[red]error[/]: no readable trace or log under {run_dir}")
+        raise typer.Exit(EXIT_ERROR)
+    threshold = _fail_threshold(fail_on)
+    if threshold is not None and any(f.severity.rank >= threshold for f in analysis.findings):
+        raise typer.Exit(EXIT_FINDINGS)
+    raise typer.Exit(EXIT_OK)
+
+
+@app.command()
+def frames(
+    run_dir: Path = typer.Argument(..., help="folder a training job left behind"),
+    out_dir: Path = typer.Option(..., "--out", "-o", help="folder for <frame>.parquet files"),
+    workers: Optional[int] = typer.Option(None, "--workers", help="parser processes [default: CPU count]"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
+) -> None:
+    """Parse RUN_DIR and write every canonical frame as Parquet (for Polars or DuckDB)."""
+    from forensics.analyze import load
+
+    _check_out_dir(run_dir, out_dir)
+    with _progress("parsing", quiet) as update:
+        sources, job = load(run_dir, progress=update, workers=workers)  # type: ignore[arg-type]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in sorted(job.present):
+        job[name].write_parquet(out_dir / f"{name}.parquet")
+    out.print(f"{len(job.present)} frame(s) written to {out_dir}", highlight=False)
+    if sources.filter(sources["status"].is_in(["ok", "partial"])).height == 0:
+        err.print(f"[red]error[/]: no readable trace or log under {run_dir}")
+        raise typer.Exit(EXIT_ERROR)
+
+
+@app.command()
+def rules(name: Optional[str] = typer.Argument(None, help="a detector name; all when omitted")) -> None:
+    """Print the documentation of every detector (or one)."""
+    from forensics.detectors import load_all
+
+    registry = load_all()
+    if name and name not in registry:
+        raise UsageError(f"unknown detector {name!r}; known: {', '.join(registry)}")
+    for det in ([registry[name]] if name else registry.values()):
+        out.print(f"[bold]{det.name}[/]\n{det.doc}\n", highlight=False)
+
+
+def main() -> None:
+    """Entry point: user errors become one line on stderr and exit code 2, never a traceback."""
+    # Polars spreads over all cores by default; parser processes already do that.
+    os.environ.setdefault("POLARS_MAX_THREADS", str(os.cpu_count() or 1))
+    try:
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else EXIT_OK)
+    except ForensicsError as exc:
+        err.print(f"[red]error[/]: {exc}", highlight=False)
+        sys.exit(EXIT_ERROR)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.BadParameter, typer.Abort) as exc:
+        err.print(f"[red]error[/]: {exc}", highlight=False)
+        sys.exit(EXIT_ERROR)
+    except Exception as exc:  # click usage errors arrive here with standalone_mode=False
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show(file=sys.stderr)
+            sys.exit(EXIT_ERROR)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Parsers: files in, canonical frames out (see forensics/frames.py). Nothing here detects anything."""

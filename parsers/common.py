@@ -1,0 +1,118 @@
+"""What every parser shares: its result type, its context, and bounded file opening."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator
+
+import polars as pl
+
+GZIP_MAGIC = b"\x1f\x8b"
+# A gzip bomb must not exhaust memory: decompression stops past this many bytes.
+DEFAULT_MAX_DECOMPRESSED = 64 * 1024**3
+
+
+@dataclass
+class ParseResult:
+    """What a parser made of one file. ``status`` is ok / partial / failed; ``message`` is one line."""
+
+    frames: dict[str, pl.DataFrame] = field(default_factory=dict)
+    status: str = "ok"
+    message: str | None = None
+    rank: int | None = None
+    host: str | None = None
+
+    @classmethod
+    def failed(cls, message: str) -> "ParseResult":
+        return cls(status="failed", message=message)
+
+
+@dataclass(frozen=True)
+class ParseContext:
+    """Where a file sits: ``rel_path`` (relative to RUN_DIR, used as the frames' ``source``)."""
+
+    run_dir: Path
+    rel_path: str
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED
+
+
+Parser = Callable[[Path, ParseContext], ParseResult]
+
+
+class DecompressionLimitExceeded(Exception):
+    pass
+
+
+class BoundedReader(io.RawIOBase):
+    """A read-only stream over a file, transparently gunzipped, that refuses to yield more than
+    ``limit`` bytes. Multi-member gzip files are read whole, as gzip(1) does."""
+
+    def __init__(self, path: Path, limit: int = DEFAULT_MAX_DECOMPRESSED) -> None:
+        self._raw: BinaryIO = open(path, "rb")
+        self._gz = self._raw.read(2) == GZIP_MAGIC
+        self._raw.seek(0)
+        self._stream: BinaryIO = gzip.GzipFile(fileobj=self._raw) if self._gz else self._raw  # type: ignore[assignment]
+        self._limit = limit
+        self._count = 0
+
+    @property
+    def compressed(self) -> bool:
+        return self._gz
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray) -> int:  # type: ignore[override]
+        data = self._stream.read(len(buffer))
+        n = len(data)
+        self._count += n
+        if self._count > self._limit:
+            raise DecompressionLimitExceeded(
+                f"decompressed size exceeds the limit of {self._limit} bytes (gzip bomb?)"
+            )
+        buffer[:n] = data
+        return n
+
+    def close(self) -> None:
+        try:
+            if self._stream is not self._raw:
+                self._stream.close()
+        finally:
+            self._raw.close()
+        super().close()
+
+
+def open_bounded(path: Path, limit: int = DEFAULT_MAX_DECOMPRESSED) -> io.BufferedReader:
+    return io.BufferedReader(BoundedReader(path, limit), buffer_size=1 << 20)
+
+
+def iter_chunks(path: Path, chunk_size: int = 8 << 20, limit: int = DEFAULT_MAX_DECOMPRESSED) -> Iterator[bytes]:
+    """Decompressed content in chunks; raises gzip/zlib/EOFError on corrupt or truncated gzip."""
+    with open_bounded(path, limit) as fh:
+        while chunk := fh.read(chunk_size):
+            yield chunk
+
+
+def read_head(path: Path, size: int) -> tuple[bytes, str | None]:
+    """Up to ``size`` decompressed bytes from the start, and an error message if decompression failed
+    before ``size`` bytes were read (corrupt or truncated gzip)."""
+    try:
+        with open_bounded(path) as fh:
+            return fh.read(size), None
+    except (OSError, EOFError, zlib.error) as exc:
+        return b"", f"corrupt or truncated gzip: {exc}"
+
+
+def read_tail(path: Path, size: int) -> bytes:
+    """The last ``size`` bytes of an uncompressed file (empty for gzip files)."""
+    with open(path, "rb") as fh:
+        if fh.read(2) == GZIP_MAGIC:
+            return b""
+        fh.seek(0, io.SEEK_END)
+        end = fh.tell()
+        fh.seek(max(0, end - size))
+        return fh.read()

@@ -1,0 +1,36 @@
+"""findings.json, following forensics/schema/findings.schema.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from forensics import __version__
+from forensics.analyze import Analysis
+
+
+def build(analysis: Analysis) -> dict[str, Any]:
+    steps = analysis.frames["steps"]
+    steps_analyzed = int(steps["step"].n_unique()) if steps.height else None
+    return {
+        "schema_version": 1,
+        "tool": {"name": "forensics", "version": __version__},
+        "run": {
+            "path": str(analysis.run_dir),
+            "world_size": analysis.world_size,
+            "ranks": analysis.ranks,
+            "hosts": analysis.hosts,
+            "steps_analyzed": steps_analyzed,
+            "sources": [
+                {k: row[k] for k in ("path", "kind", "rank", "host", "status", "message")}
+                for row in analysis.sources.iter_rows(named=True)
+            ],
+        },
+        "findings": [f.to_json() for f in analysis.findings],
+        "skipped": [s.to_json() for s in analysis.skipped],
+    }
+
+
+def render(analysis: Analysis) -> bytes:
+    return orjson.dumps(build(analysis), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
