@@ -41,12 +41,10 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
     except TraceReadError as exc:
         return ParseResult.failed(str(exc))
     meta = outcome.meta
-    gpu = _concat(ex.gpu_parts)
-    cpu = _concat(ex.cpu_parts)
-    comm_raw = _concat(ex.comm_parts)
-    ex.gpu_parts.clear()
-    ex.cpu_parts.clear()
-    ex.comm_parts.clear()
+    gpu = ex.gpu_frame()
+    cpu = ex.cpu_frame()
+    comm_raw = ex.comm_frame(cpu)
+    del ex.g, ex.c
 
     base = meta.get("baseTimeNanoseconds")
     if isinstance(base, int) and base:
@@ -104,12 +102,6 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
     if outcome.complete:
         return ParseResult(out, status="ok", message=summary, rank=rank, host=host)
     return ParseResult(out, status="partial", message=f"{outcome.problem}; {summary}", rank=rank, host=host)
-
-
-def _concat(parts: list[pl.DataFrame]) -> pl.DataFrame | None:
-    if not parts:
-        return None
-    return pl.concat(parts, how="vertical_relaxed")
 
 
 def _stamp(name: str, df: pl.DataFrame | None, ident: dict) -> pl.DataFrame:
