@@ -89,6 +89,7 @@ def decompressed_blocks(path: Path, limit: int) -> Iterator[bytes]:
             while block := fh.read(READ_BYTES):
                 total += len(block)
                 if total > limit:
+                    yield block[: len(block) - (total - limit)]
                     raise _Corrupt(f"file exceeds the size limit of {limit} bytes")
                 yield block
             return
@@ -111,6 +112,7 @@ def decompressed_blocks(path: Path, limit: int) -> Iterator[bytes]:
                 if out:
                     total += len(out)
                     if total > limit:
+                        yield out[: len(out) - (total - limit)]
                         raise _Corrupt(f"decompressed size exceeds the limit of {limit} bytes (gzip bomb?)")
                     yield out
                 if dec.eof:
@@ -258,7 +260,9 @@ def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int = CHUNK
                 doc = orjson.loads(b'{"traceEvents":[' + rest)
                 events = doc.pop("traceEvents")
                 trailer = doc
-            if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+            if not isinstance(events, list) or (
+                out.events == 0 and events and not any(isinstance(e, dict) for e in events)
+            ):
                 raise TraceReadError("traceEvents is not a list of event objects")
             out.events += len(events)
             if events:
