@@ -89,7 +89,7 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
     out["ranks"] = _ranks(meta, dist, rank, host, ctx.rel_path, kernels, cpu_ops)
     out["process_groups"] = _process_groups(dist, rank, ctx.rel_path)
 
-    skipped = sum(ex.skipped.values())
+    skipped = sum(ex.skipped.values()) + outcome.flows
     summary = (
         f"{outcome.events:,} events: {out['kernels'].height:,} GPU, {out['cpu_ops'].height:,} host, "
         f"{out['steps'].height} steps, {out['comms'].height} collective calls; "
