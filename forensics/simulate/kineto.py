@@ -8,6 +8,7 @@ resolution on a relative clock plus `baseTimeNanoseconds`."""
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -79,8 +80,10 @@ class TraceWriter:
             "backend": "nccl", "rank": st.rank, "world_size": job.topo.world, "pg_count": len(self.my_groups),
             "pg_config": [g.pg_config() for g in self.my_groups], "nccl_version": job.nccl_version,
         }
-        head = (b'{\n  "schemaVersion": 1,\n  "deviceProperties": ' + orjson.dumps(device_properties(job))
-                + b',\n  "distributedInfo": ' + orjson.dumps(dist)
+        # Header keys as Kineto writes them (`"key": value`): HTA finds the rank with r'"rank":\s+(\d+)'.
+        props = ",\n".join("    " + json.dumps(p) for p in device_properties(job))
+        head = (b'{\n  "schemaVersion": 1,\n  "deviceProperties": [\n' + props.encode() + b'\n  ]'
+                + b',\n  "distributedInfo": ' + json.dumps(dist).encode()
                 + b',\n  "record_shapes": 0,\n  "with_stack": 0,\n  "profile_memory": 0,\n  "cupti_version": 24,\n'
                 + b'  "cuda_runtime_version": 12040,\n  "cuda_driver_version": 12040,\n  "traceEvents": [\n')
         self._write(head)
