@@ -44,7 +44,6 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
     gpu = ex.gpu_frame()
     cpu = ex.cpu_frame()
     comm_raw = ex.comm_frame(cpu)
-    del ex.g, ex.c
 
     base = meta.get("baseTimeNanoseconds")
     if isinstance(base, int) and base:

@@ -260,7 +260,7 @@ class Extractor:
     def gpu_frame(self) -> pl.DataFrame | None:
         if not len(self.g["ts"]):
             return None
-        df = _typed_frame(self.g, self.name_table())
+        df = _typed_frame(self.g, self.name_table())  # consumes the buffers
         df = df.with_columns(
             pl.col("kind").replace_strict(dict(enumerate(GPU_KINDS)), return_dtype=pl.String),
             *[pl.col(c).cast(pl.Int32) for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")],
@@ -274,7 +274,7 @@ class Extractor:
     def cpu_frame(self) -> pl.DataFrame | None:
         if not len(self.c["ts"]):
             return None
-        df = _typed_frame(self.c, self.name_table())
+        df = _typed_frame(self.c, self.name_table())  # consumes the buffers
         return df.with_columns(
             pl.col("category").replace_strict(dict(enumerate(CPU_CATEGORIES)), return_dtype=pl.String)
         )
@@ -292,13 +292,16 @@ class Extractor:
 
 def _typed_frame(cols: dict[str, array], names: pl.Series) -> pl.DataFrame:
     data = {}
-    for col, arr in cols.items():
+    for col in list(cols):
+        arr = cols.pop(col)  # each buffer is freed as soon as its column exists
+        typecode = arr.typecode
         s = pl.Series(col, arr)
+        del arr
         if col == "name":
             s = names.gather(s).alias("name")
-        elif arr.typecode == "q":
+        elif typecode == "q":
             s = pl.select(pl.when(s != NULL).then(s)).to_series().alias(col)
-        elif arr.typecode == "d" and col != "ts":
+        elif typecode == "d" and col != "ts":
             s = s.fill_nan(None)
         data[col] = s
     df = pl.DataFrame(data)

@@ -311,6 +311,8 @@ def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int = CHUNK
     out.problem = (
         f"truncated at byte {cut:,} of the JSON text ({why}); kept {out.events:,} complete events"
     )
+    if not bare and "baseTimeNanoseconds" not in out.meta:
+        out.problem += " (metadata written after the events, e.g. baseTimeNanoseconds, is lost)"
     if out.events == 0 and not bare and stop_reason not in ("",) and "gzip" in (stop_reason or ""):
         raise TraceReadError(stop_reason or "corrupt gzip")
     return out
