@@ -214,3 +214,23 @@ def test_truncated_trace_in_a_run_dir_is_a_partial_source(tmp_path: Path, plain_
     assert results["rank0.pt.trace.json"].status == "partial"
     assert results["rank1.pt.trace.json.gz"].status == "failed"
     assert "gzip" in results["rank1.pt.trace.json.gz"].message
+
+
+def test_many_random_cuts(tmp_path: Path, plain_trace):
+    """Cut anywhere: before the event array -> failed; inside it -> partial with exactly the complete
+    events; after the last byte of content -> ok."""
+    import random
+
+    _, raw = plain_trace
+    start, ends = event_ends(raw)
+    rnd = random.Random(20261122)
+    path = tmp_path / "cut.json"
+    for cut in [rnd.randrange(0, len(raw)) for _ in range(40)] + [1, start - 1, start, start + 1]:
+        path.write_bytes(raw[:cut])
+        res = _parse_file(path)
+        if cut < start:
+            assert res.status == "failed", (cut, res.message)
+        else:
+            complete = sum(1 for e in ends if e <= cut)
+            assert res.status == "partial", (cut, res.message)
+            assert f"kept {complete:,} complete events" in res.message, (cut, res.message)
