@@ -150,8 +150,12 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
     step_log: dict[int, list[tuple[int, int, int]]] = {st.rank: [] for st in engine.states}
     timeout_info: dict[str, Any] | None = None
     all_steps: list[int] = []
+    coll_log: list[dict[str, Any]] = []
     for res in iter_steps(engine):
         all_steps.append(res.step)
+        if job.tuning_lines:
+            coll_log += [{"rank0": c.pg.ranks[0], "step": res.step, "op": c.op, "nbytes": c.nbytes, "algo": c.algo, "proto": c.proto,
+                          "channels": c.channels, "t_us": c.t_tx / 1e3} for c in res.colls if c.op not in ("send", "recv")]
         for r, prog in res.programs.items():
             w = writers[r]
             span = res.step_span[r]
@@ -164,8 +168,11 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
                 w.op(op)
         if engine.halted:
             c = next(c for c in res.colls if c.timeout)
-            timeout_info = {"step": res.step, "coll": c,
-                            "arrive": dict(c.arrive)}
+            launch = {r: op.launch for r, prog in res.programs.items() for op in prog if op.coll is c}
+            stop = {r: max((op.end or op.start) for op in prog) if prog else res.step_span[r][0] for r, prog in res.programs.items()}
+            spec = engine.timeout_spec or {}
+            timeout_info = {"step": res.step, "coll": c, "arrive": dict(c.arrive), "launch": launch, "stop": stop,
+                            "timeout_ms": spec.get("timeout_ms", 600000.0), "numel": c.nbytes // (2 if job.new_kernel_names else 4)}
             break
         if size_mb and writers[0].bytes_written >= size_mb * 1e6:
             break
@@ -175,7 +182,15 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
     truth = _truth(sc, job, engine, hosts, offsets, writers, metrics, step_log, timeout_info, seed, params or {}, all_steps)
     from forensics.simulate import logs
 
-    logs.write_logs(out, job, engine, hosts, offsets, truth, seed, timeout_info, step_log)
+    log_paths = logs.write_stdout_logs(out, job, engine, offsets, seed, timeout_info, step_log, coll_log)
+    end_ns = max(st.host_t for st in engine.states)
+    klog_paths, injected = logs.write_kernel_logs(out, job, engine, offsets, seed, sc.kernel_log, end_ns, timeout_info)
+    for row in truth["ranks"]:
+        row["log"] = log_paths[row["rank"]]
+    for row in truth["hosts"]:
+        row["kernel_log"] = klog_paths[row["host"]]
+        row["kernel_log_style"] = logs.STYLES[row["node"] % len(logs.STYLES)]
+    truth["kernel_log"] = {"scenario": sc.kernel_log, "injected": injected}
     (out / "truth.json").write_bytes(orjson.dumps(truth, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
     return truth
 
@@ -191,7 +206,7 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
         ranks.append({
             "rank": st.rank, "host": st.host, "node": st.node, "local_rank": st.local, "pid": st.pid,
             "pci_bus_id": PCI_BUS_IDS[st.local % len(PCI_BUS_IDS)], "tp_rank": tp_r, "dp_rank": dp_r, "pp_stage": pp_r,
-            "trace": f"profiler/{w.path.name}", "log": f"logs/rank{st.rank:0{len(str(topo.world - 1))}d}.out",
+            "trace": f"profiler/{w.path.name}",
             "counts": dict(sorted(w.counts.items())),
         })
     steps_ns = sorted(m["step_ns_mean"] for m in per_rank if m["steps"])

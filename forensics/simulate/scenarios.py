@@ -170,7 +170,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("pp_interleaved", "healthy interleaved pipeline (PP=4, v=2 chunks, m=8)", pp_interleaved),
     Scenario("old_nccl", "healthy DDP job on NCCL 2.18 (old ncclKernel_* names, fp32 grads)", old_nccl),
     Scenario("ddp_straggler", "one rank's GPU compute is slower (compute straggler)", ddp_straggler),
-    Scenario("host_straggler", "one rank's host launches kernels slowly (launch-bound straggler)", host_straggler),
+    Scenario("host_straggler", "one rank's host launches kernels slowly (launch-bound straggler; its node logs CPU thermal throttling)", host_straggler, kernel_log="throttle"),
     Scenario("late_rank", "one rank's data loader stalls every step; the others busy-wait in NCCL", late_rank),
     Scenario("ddp_no_overlap", "DDP all-reduce runs after backward instead of overlapping it", ddp_no_overlap, default_ranks=16),
     Scenario("slow_nic", "one node's NIC runs at a fraction of its bandwidth", slow_nic, default_ranks=16, kernel_log="link_flap"),
