@@ -168,6 +168,7 @@ def simulate(
     """Write a simulated RUN_DIR (traces, NCCL logs, kernel logs) with a known, injected fault, plus truth.json."""
     from forensics.simulate import SCENARIOS
     from forensics.simulate import simulate as run_simulation
+    from forensics.simulate.scenarios import ScenarioError
 
     if list_ or scenario == "list":
         for sc in SCENARIOS.values():
@@ -189,7 +190,7 @@ def simulate(
         raise UsageError("--ranks must be >= 1")
     try:
         truth = run_simulation(scenario, out_dir, ranks=ranks, steps=steps, seed=seed, size_mb=size, params=kv, nccl_version=nccl_version)
-    except ValueError as exc:
+    except (ScenarioError, KeyError) as exc:
         raise UsageError(str(exc)) from exc
     culprits = sorted({r for f in truth["faults"] for r in f["ranks"]})
     out.print(

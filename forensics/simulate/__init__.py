@@ -60,12 +60,13 @@ def _overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
 
 
 class _RankMetrics:
-    __slots__ = ("steps", "step_ns", "compute_ns", "comm_ns", "exposed_ns", "wait_ns", "last_arrivals", "kernel_busy_ns", "dp_comm_ns", "p2p_ns")
+    __slots__ = ("steps", "step_ns", "compute_ns", "comm_ns", "exposed_ns", "wait_ns", "last_arrivals", "kernel_busy_ns", "dp_comm_ns", "p2p_ns", "idle_by_step")
 
     def __init__(self) -> None:
         self.steps = 0
         self.step_ns = self.compute_ns = self.comm_ns = self.exposed_ns = self.wait_ns = 0
         self.last_arrivals = self.kernel_busy_ns = self.dp_comm_ns = self.p2p_ns = 0
+        self.idle_by_step: list[float] = []
 
     def add(self, rank: int, span: tuple[int, int], prog: list[Op]) -> None:
         comp: list[tuple[int, int]] = []
@@ -99,6 +100,7 @@ class _RankMetrics:
         self.comm_ns += _length(mu)
         self.exposed_ns += _length(mu) - _overlap(cu, mu)
         self.kernel_busy_ns += _length(_merge(allk))
+        self.idle_by_step.append(round(1 - _length(cu) / max(span[1] - span[0], 1), 6))
 
     def as_dict(self, rank: int) -> dict[str, Any]:
         n = max(self.steps, 1)
@@ -114,6 +116,7 @@ class _RankMetrics:
             "exposed_comm_ns_mean": round(self.exposed_ns / n),
             "exposed_comm_fraction": round(self.exposed_ns / n / step, 6) if step else 0.0,
             "compute_idle_fraction": round(1 - self.compute_ns / n / step, 6) if step else 0.0,
+            "compute_idle_fraction_by_step": self.idle_by_step,
             "gpu_idle_fraction": round(1 - self.kernel_busy_ns / n / step, 6) if step else 0.0,
             "collective_wait_ns_total": self.wait_ns,
             "times_arrived_last": self.last_arrivals,
@@ -219,6 +222,10 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
         for d in per_rank:
             stage_idle.setdefault(topo.coords(d["rank"])[2], []).append(d["compute_idle_fraction"])
         expected["compute_idle_fraction_by_stage"] = {str(s): round(sum(x) / len(x), 6) for s, x in sorted(stage_idle.items())}
+        # steady state: the first and last profiled steps hold the pipeline's fill and drain across step edges
+        steady = [x for d in per_rank for x in d["compute_idle_fraction_by_step"][1:-1]]
+        if steady:
+            expected["bubble_fraction_simulated"] = round(sum(steady) / len(steady), 6)
     faults = [_fault_truth(f, job, engine, per_rank, timeout_info) for f in job.faults]
     return {
         "schema": TRUTH_SCHEMA,

@@ -49,9 +49,11 @@ def _comm_ptr(rng: random.Random) -> str:
     return f"0x{rng.randrange(0x55d000000000, 0x55dfffffffff):x}"
 
 
-def _nccl_init(lg: _RankLog, job: Job, rank: int, world: int, nodes: int, local: int, ip: str, comm_id: str,
+def _nccl_init(lg: _RankLog, job: Job, grank: int, world: int, nodes: int, local: int, ip: str, comm_id: str,
                ring: list[int], node_of: Any, is_world: bool, desc: str, rng: random.Random) -> None:
-    """The INIT/ENV/NET lines one rank prints when one communicator is created."""
+    """The INIT/ENV/NET lines one rank prints when one communicator is created (``ring``: the
+    communicator's global ranks in ring order; ``grank``: this rank's global rank)."""
+    rank = ring.index(grank)
     major, minor, patch = _ver(job.nccl_version)
     v = (major, minor)
     init_tid = lg.pid + 97 + rng.randrange(0, 40)
@@ -101,10 +103,10 @@ def _nccl_init(lg: _RankLog, job: Job, rank: int, world: int, nodes: int, local:
     if net.inter == "IB" and nodes > 1:
         lg.info(f"NET/IB : GPU Direct RDMA {'Enabled' if net.gdr else 'Disabled'} for HCA {local} 'mlx5_{local}'", init_tid)
     if v >= (2, 20):
-        local_ranks = sum(1 for r in ring if node_of(r) == node_of(rank))
-        lg.info(f"comm {ptr} rank {rank} nRanks {world} nNodes {nodes} localRanks {local_ranks} localRank {ring.index(rank) % max(local_ranks, 1)} MNNVL 0", init_tid)
+        same = [r for r in ring if node_of(r) == node_of(grank)]
+        lg.info(f"comm {ptr} rank {rank} nRanks {world} nNodes {nodes} localRanks {len(same)} localRank {same.index(grank)} MNNVL 0", init_tid)
     nch = 16 if nodes == 1 else 8
-    pos = ring.index(rank)
+    pos = rank
     if pos == 0:
         for ch in range(min(nch, 2)):
             if v >= (2, 23):
@@ -119,13 +121,12 @@ def _nccl_init(lg: _RankLog, job: Job, rank: int, world: int, nodes: int, local:
     intra = ("P2P/CUMEM/read" if v >= (2, 19) else "P2P/IPC/read") if net.intra == "P2P" else "SHM/direct/direct"
     if world > 1:
         for ch in range(nch):
-            me, peer = rank, nxt
-            if node_of(me) == node_of(peer):
-                lg.info(f"Channel {ch:02d}/0 : {ring.index(me)}[{local}] -> {ring.index(peer)}[{peer % 8}] via {intra}", init_tid)
+            if node_of(grank) == node_of(nxt):
+                lg.info(f"Channel {ch:02d}/0 : {rank}[{local}] -> {ring.index(nxt)}[{nxt % 8}] via {intra}", init_tid)
             else:
                 nic = local if netname == "IB" else 0
-                lg.info(f"Channel {ch:02d}/0 : {ring.index(me)}[{local}] -> {ring.index(peer)}[{peer % 8}] [send] via NET/{netname}/{nic}{gdr}", init_tid)
-        if node_of(prv) != node_of(rank):
+                lg.info(f"Channel {ch:02d}/0 : {rank}[{local}] -> {ring.index(nxt)}[{nxt % 8}] [send] via NET/{netname}/{nic}{gdr}", init_tid)
+        if node_of(prv) != node_of(grank):
             for ch in range(nch):
                 nic = local if netname == "IB" else 0
                 lg.info(f"Channel {ch:02d}/0 : {ring.index(prv)}[{prv % 8}] -> {ring.index(rank)}[{local}] [receive] via NET/{netname}/{nic}{gdr}", init_tid)
@@ -191,7 +192,7 @@ def write_stdout_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
         for g in engine.groups:
             if r not in g.ranks or len(g.ranks) < 2:
                 continue
-            _nccl_init(lg, job, g.ranks.index(r), len(g.ranks), len({topo.node_of(x) for x in g.ranks}), st.local,
+            _nccl_init(lg, job, r, len(g.ranks), len({topo.node_of(x) for x in g.ranks}), st.local,
                        ips[st.node], comm_ids[g.name], list(g.ranks), topo.node_of, g.kind == "world", g.desc, lrng)
         if r == 0:
             lg.raw(f"[after model, optimizer, and learning rate scheduler are built] datetime: {time.strftime('%Y-%m-%d %H:%M:%S', _utc(start_ns + 60_000_000_000))}")
