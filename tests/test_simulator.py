@@ -229,7 +229,10 @@ def test_kernel_logs_carry_the_injected_xid_only_on_the_culprit(tmp_path: Path):
         text = (run / h["kernel_log"]).read_text()
         xids = re.findall(r"NVRM: Xid \(PCI:([0-9a-f:]+)\): (\d+),", text)
         assert xids == ([("0000:5d:00", "94")] if h["host"] == culprit_host else [])
-    assert [i["line"] for i in t["kernel_log"]["injected"]] and all(i["host"] == culprit_host for i in t["kernel_log"]["injected"])
+    inj = t["kernel_log"]["injected"]
+    assert [i["xid"] for i in inj] == [94] and inj[0]["host"] == culprit_host and inj[0]["gpu"] == "0000:5d:00.0"
+    lines = (run / inj[0]["file"]).read_text().splitlines()
+    assert "NVRM: Xid (PCI:0000:5d:00): 94, " in lines[inj[0]["line"] - 1]
     # two nodes, two timestamp styles
     heads = [(run / h["kernel_log"]).read_text().splitlines()[0] for h in t["hosts"]]
     assert re.match(r"^\[\s*\d+\.\d{6}\] ", heads[0]) and re.match(r"^\[\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}\] ", heads[1])

@@ -7,6 +7,7 @@ Line grammars follow ../shared/research/nccl.md §A and dmesg.md §B and the rea
 from __future__ import annotations
 
 import random
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -257,13 +258,15 @@ class _KLog:
             return f"{MONTHS[tm.tm_mon - 1]} {tm.tm_mday:2d} {tm.tm_hour:02d}:{tm.tm_min:02d}:{tm.tm_sec:02d} {self.host} kernel: [{mono:12.6f}] "
         return f"{time.strftime('%Y-%m-%dT%H:%M:%S', tm)},{(wall_ns // 1000) % 1_000_000:06d}+00:00 "
 
-    def add(self, wall_ns: int, msg: str) -> str:
-        line = self.stamp(wall_ns) + msg
-        self.lines.append((wall_ns, len(self.lines), line))
-        return line
+    def add(self, wall_ns: int, msg: str) -> tuple[int, int]:
+        key = (wall_ns, len(self.lines))
+        self.lines.append((wall_ns, key[1], self.stamp(wall_ns) + msg))
+        return key
 
-    def text(self) -> str:
-        return "\n".join(line for _, _, line in sorted(self.lines)) + "\n"
+    def text(self) -> tuple[str, dict[tuple[int, int], int]]:
+        """The log in time order, and each added line's 1-based line number."""
+        ordered = sorted(self.lines)
+        return "\n".join(line for _, _, line in ordered) + "\n", {(t, i): n + 1 for n, (t, i, _) in enumerate(ordered)}
 
 
 def _boot_noise(k: _KLog, rng: random.Random, gdr: bool) -> None:
@@ -316,9 +319,14 @@ def write_kernel_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
         wall0 = EPOCH_NS + offsets[node]
         k.add(wall0 - int(JOB_START_S * 1e9) - 3_000_000_000, "perf: interrupt took too long (2503 > 2500), lowering kernel.perf_event_max_sample_rate to 79750")
 
+        mine: list[tuple[tuple[int, int], dict[str, Any]]] = []
+
         def inject(t: int, msg: str, kind: str, rank: int | None = None, gpu: str | None = None) -> None:
-            line = k.add(t, msg)
-            injected.append({"host": host, "file": f"kernel/{host}/{STYLE_FILE[style]}", "kind": kind, "rank": rank, "gpu": gpu, "line": line})
+            # truth.json records where the line is, not its text: a JSON file quoting kernel-log lines
+            # would itself be sniffed as a kernel log by `forensics analyze`
+            m = re.search(r"Xid \(PCI:[0-9a-f:]+\): (\d+)", msg)
+            mine.append((k.add(t, msg), {"host": host, "file": f"kernel/{host}/{STYLE_FILE[style]}", "kind": kind, "rank": rank,
+                                         "gpu": gpu, "xid": int(m.group(1)) if m else None, "time_ns": t}))
 
         if kernel_log.startswith("xid") and culprit is not None:
             r = culprit["ranks"][0]
@@ -365,6 +373,9 @@ def write_kernel_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
         k.add(wall0 + end_ns // 2 + 7_000_000, "hrtimer: interrupt took 31477 ns")
         rel = f"kernel/{host}/{STYLE_FILE[style]}"
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
-        (out / rel).write_text(k.text(), encoding="utf-8")
+        text, line_no = k.text()
+        (out / rel).write_text(text, encoding="utf-8")
+        for key, rec in mine:
+            injected.append({**rec, "line": line_no[key]})
         paths[host] = rel
     return paths, injected
