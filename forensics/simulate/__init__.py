@@ -125,8 +125,9 @@ class _RankMetrics:
 
 def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int | None = None, seed: int = 0,
              size_mb: float | None = None, params: dict[str, str] | None = None, nccl_version: str | None = None,
-             compresslevel: int = 6) -> dict[str, Any]:
-    """Write the RUN_DIR for ``scenario`` under ``out``; return the truth document (also written to truth.json)."""
+             compresslevel: int = 6, truth_path: Path | None = None) -> dict[str, Any]:
+    """Write the RUN_DIR for ``scenario`` under ``out``; return the truth document, also written to
+    ``truth_path`` (default ``out/truth.json``)."""
     sc, job = build_job(scenario, ranks, steps, params)
     if nccl_version:
         job = job.with_(nccl_version=nccl_version)
@@ -194,7 +195,9 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
         row["kernel_log"] = klog_paths[row["host"]]
         row["kernel_log_style"] = logs.STYLES[row["node"] % len(logs.STYLES)]
     truth["kernel_log"] = {"scenario": sc.kernel_log, "injected": injected}
-    (out / "truth.json").write_bytes(orjson.dumps(truth, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+    truth_path = Path(truth_path) if truth_path is not None else out / "truth.json"
+    truth_path.parent.mkdir(parents=True, exist_ok=True)
+    truth_path.write_bytes(orjson.dumps(truth, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
     return truth
 
 

@@ -143,7 +143,7 @@ class Engine:
                     self.states[r].host_scale = f.get("launch_factor", 1.0)
                     self.states[r].stall_ns = int(f.get("stall_ms", 0.0) * 1e6)
             elif f["kind"] == "collective_timeout":
-                self.timeout_spec = f
+                self.timeout_spec = dict(f)  # resolved (seq, group) here; the job's fault stays as given
         self.stage_scale = job.stage_scale or (1.0,) * self.topo.pp
         self.halted = False
 

@@ -130,7 +130,7 @@ def _nccl_init(lg: _RankLog, job: Job, grank: int, world: int, nodes: int, local
         if node_of(prv) != node_of(grank):
             for ch in range(nch):
                 nic = local if netname == "IB" else 0
-                lg.info(f"Channel {ch:02d}/0 : {ring.index(prv)}[{prv % 8}] -> {ring.index(rank)}[{local}] [receive] via NET/{netname}/{nic}{gdr}", init_tid)
+                lg.info(f"Channel {ch:02d}/0 : {ring.index(prv)}[{prv % 8}] -> {rank}[{local}] [receive] via NET/{netname}/{nic}{gdr}", init_tid)
     if v >= (2, 24):
         lg.info(f"Connected all rings, use ring PXN 0 GDR {1 if gdr or nodes == 1 else 0}", init_tid)
     else:
