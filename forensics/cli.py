@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from forensics.errors import ForensicsError, UsageError
+from forensics.findings import Severity
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
@@ -140,6 +141,58 @@ def frames(
     if sources.filter(sources["status"].is_in(["ok", "partial"])).height == 0:
         err.print(f"[red]error[/]: no readable trace or log under {run_dir}")
         raise typer.Exit(EXIT_ERROR)
+
+
+@app.command()
+def triage(
+    job_dirs: list[Path] = typer.Argument(..., help="one folder holding one subfolder per job, or several job folders"),
+    out_dir: Path = typer.Option(..., "--out", "-o", help="where to write triage.json, triage.md and one folder per job"),
+    fail_on: FailOn = typer.Option(FailOn.never, "--fail-on", help="exit 1 when any job has a finding at or above this severity"),
+    settings: list[str] = typer.Option([], "--set", help="override a detector threshold: DETECTOR.SETTING=VALUE (repeatable)"),
+    workers: Optional[int] = typer.Option(None, "--workers", help="jobs analysed in parallel [default: CPU count]"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
+) -> None:
+    """Analyze many jobs at once; rank them worst first and list hosts that recur across jobs."""
+    import orjson
+
+    from forensics.detectors import parse_overrides
+    from forensics.triage import host_table, job_dirs as find_jobs, job_table, triage as run_triage, triage_document
+    from reports import triage_md
+
+    jobs = find_jobs(job_dirs)
+    for job in jobs:
+        _check_out_dir(job, out_dir)
+    overrides = parse_overrides(settings)
+    with _progress("jobs", quiet) as update:
+        results = run_triage(jobs, overrides=overrides, workers=workers, progress=update)  # type: ignore[arg-type]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for res in results:
+        if res.findings_doc is not None:
+            job_out = out_dir / res.name
+            job_out.mkdir(exist_ok=True)
+            (job_out / "findings.json").write_bytes(orjson.dumps(res.findings_doc, option=orjson.OPT_INDENT_2))
+            (job_out / "summary.md").write_text(res.summary_md or "", encoding="utf-8")
+    (out_dir / "triage.json").write_bytes(orjson.dumps(triage_document(results), option=orjson.OPT_INDENT_2))
+    (out_dir / "triage.md").write_text(triage_md.render(results), encoding="utf-8")
+    table = job_table(results)
+    out.print(f"{len(results)} job(s) analysed. Report: {out_dir}", highlight=False)
+    for row in table.head(10).iter_rows(named=True):
+        out.print(f"  {row['worst']:>8}  {row['job']}: {row['top_finding'] or '-'}", highlight=False, markup=False)
+    hosts = host_table(results)
+    recurring = hosts.filter(hosts["jobs"] > 1)
+    for row in recurring.head(5).iter_rows(named=True):
+        out.print(f"  recurring host {row['host']}: {row['jobs']} jobs ({row['detectors']})", highlight=False, markup=False)
+    for res in results:
+        if res.error:
+            err.print(f"[yellow]{res.name}[/]: {res.error}", highlight=False)
+    if all(r.error for r in results):
+        raise typer.Exit(EXIT_ERROR)
+    threshold = _fail_threshold(fail_on)
+    if threshold is not None and any(
+        Severity(f["severity"]).rank >= threshold
+        for r in results if r.findings_doc for f in r.findings_doc["findings"]
+    ):
+        raise typer.Exit(EXIT_FINDINGS)
 
 
 @app.command()
