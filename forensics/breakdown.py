@@ -13,7 +13,8 @@ GPU was starved by the host: HTA's host-wait rule, measured from the launch time
 Per PG type ``g`` (DP, TP, PP, EP, CP, default): ``tx_g`` (transfer union), ``wait_g``,
 ``exposed_g`` (transfer not under compute), ``overlap_g`` (transfer under compute).
 Pipeline view: ``bubble_wait_ns`` (only PP kernels, waiting or moving) and ``bubble_idle_ns``
-(nothing running and not host-bound); ``busy_wait_ns`` (only non-PP NCCL kernels waiting: the GPU
+(nothing running; this includes host-bound idle, because a host blocked in a pipeline flush or sync
+launches late for reasons the GPU timeline cannot tell from a slow host); ``busy_wait_ns`` (only non-PP NCCL kernels waiting: the GPU
 looks busy but does nothing). ``u_sm_ns``: kernel time weighted by the share of SMs the kernel's
 blocks can occupy (``min(1, blocks / SMs)``).
 
@@ -149,7 +150,7 @@ def compute_breakdown(frames: JobFrames, match: CollectiveMatch | None = None) -
         L.filter(no_kernel).sum().alias("idle_ns"),
         L.filter(no_kernel & _has(HOST)).sum().alias("host_bound_ns"),
         L.filter(_none(COMPUTE | OTHER | NON_PP_COMM) & _has(TX["PP"] | WAIT["PP"])).sum().alias("bubble_wait_ns"),
-        L.filter(no_kernel & _none(HOST)).sum().alias("bubble_idle_ns"),
+        L.filter(no_kernel).sum().alias("bubble_idle_ns"),
         L.filter(_none(COMPUTE | OTHER | ALL_TX) & _has(NON_PP_COMM & ALL_WAIT)).sum().alias("busy_wait_ns"),
     ]
     for g in PG_TYPES:

@@ -15,8 +15,8 @@ How it measures:
     Stage = position of the rank in its pipeline process group (PG description naming the pipeline
     group); p = group size. Per rank and step (:mod:`forensics.breakdown`): bubble = time with no compute
     kernel, no non-pipeline NCCL kernel and no copy: either only PP send/recv kernels run (they spin
-    until the peer is ready) or nothing runs; idle time that is host-bound (the launch came late) is
-    not bubble. ``f_B = bubble / step``, median over steps and over the ranks of a stage. Theory
+    until the peer is ready) or nothing runs (the host-bound part is reported alongside, since a
+    host blocked in the pipeline flush also launches late). ``f_B = bubble / step``, median over steps and over the ranks of a stage. Theory
     ``f_B* = (p-1)/(v*m+p-1)`` for 1F1B / GPipe / interleaved, ``(p-1)/(3m+p-1)`` for ZB-H1, 0 for
     zero-bubble schedules. m and v come from the config when set; else m is inferred from the number of
     pipeline send/recv kernels per step on the first stage (``2*m*v`` for non-interleaved schedules:
@@ -58,7 +58,7 @@ class PipelineBubbleConfig:
     """... and at least this share of the step."""
     imbalance: float = 0.10
     """Stage imbalance max_s C_s / mean_s C_s - 1 that is flagged."""
-    structural: float = 0.25
+    structural: float = 0.30
     """Theoretical bubble share of the step at which the configuration itself is reported (info)."""
 
 
