@@ -193,7 +193,7 @@ def match_collectives(frames: JobFrames) -> CollectiveMatch:
     # Unmatched kernels (PP p2p, incomplete or inconsistent instances): transfer = smallest duration of
     # the same (group, op, size) anywhere in the job; never more than the kernel itself.
     class_min = k.group_by("pg_key", "collective", "bytes").agg(pl.col("dur_ns").min().alias("_class_min"))
-    cols = ["rank", "host", "step", "pg_key", "pg_type", "pg_name", "collective", "bytes", "stream",
+    cols = ["rank", "host", "step", "pg_key", "pg_type", "pg_name", "collective", "bytes", "stream", "launch_ns",
             "start_ns", "end_ns", "dur_ns", "is_p2p"]
     p2p = k.filter(pl.col("is_p2p")).select(cols).with_columns(
         pl.lit(None, dtype=pl.Int64).alias("instance"),

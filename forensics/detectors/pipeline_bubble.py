@@ -18,9 +18,9 @@ How it measures:
     until the peer is ready) or nothing runs (the host-bound part is reported alongside, since a
     host blocked in the pipeline flush also launches late). ``f_B = bubble / step``, median over steps and over the ranks of a stage. Theory
     ``f_B* = (p-1)/(v*m+p-1)`` for 1F1B / GPipe / interleaved, ``(p-1)/(3m+p-1)`` for ZB-H1, 0 for
-    zero-bubble schedules. m and v come from the config when set; else m is inferred from the number of
-    pipeline send/recv kernels per step on the first stage (``2*m*v`` for non-interleaved schedules:
-    one activation send and one gradient receive per micro-batch) and v = 1. Flags: excess when a
+    zero-bubble schedules. m and v come from the config when set; else they are inferred from the
+    number of pipeline send/recv kernels per step: ``4mv - 2m`` on the first stage, ``4mv`` on a
+    middle stage (one kernel per send or receive; see :func:`infer_schedule`). Flags: excess when a
     stage's ``f_B >= max(excess_floor, excess_ratio * f_B*)``; imbalance when
     ``max_s C_s / mean_s C_s - 1 >= imbalance`` (C_s = median compute per step of stage s); structural
     when ``f_B* >= structural`` (info). Impact: imbalance ``(max C - mean C)(m+p-1)/m`` per step, excess
@@ -96,14 +96,31 @@ def stage_table(ta) -> tuple[pl.DataFrame, int]:
     return table, p
 
 
-def infer_microbatches(ta) -> int:
-    """m from pipeline send/recv kernels per step on the first stage (2 per micro-batch)."""
-    first = ta.stages.filter(pl.col("pp_stage") == 0)["rank"]
-    k = ta.match.kernels.filter(pl.col("is_p2p") & pl.col("rank").is_in(first.implode()) & pl.col("step").is_not_null())
+def infer_schedule(ta) -> tuple[int, int]:
+    """(m, v) from pipeline send/recv kernels per step, one kernel per send or receive.
+
+    Stage 0 sends m*v activations and receives m*v gradients, and for chunks after the first also
+    receives m*(v-1) activations from the last stage and sends m*(v-1) gradients back: 4mv - 2m kernels.
+    A middle stage does all four for every chunk: 4mv. So m = (middle - first) / 2 and
+    v = middle / 4m when there is a middle stage; with two stages v = 1 and m = first / 2.
+    """
+    k = ta.match.kernels.filter(pl.col("is_p2p") & pl.col("step").is_not_null()).join(ta.stages, on="rank")
     if k.height == 0:
-        return 0
-    per = k.group_by("rank", "step").agg(pl.len().alias("n"))
-    return max(1, int(round(float(per["n"].median()) / 2)))  # type: ignore[arg-type]
+        return 0, 0
+    per = k.group_by("rank", "step", "pp_stage", "pp_size").agg(pl.len().alias("n"))
+    by_stage = per.group_by("pp_stage", "pp_size").agg(pl.col("n").median()).sort("pp_stage")
+    counts = dict(by_stage.select("pp_stage", "n").iter_rows())
+    p = int(by_stage["pp_size"].max())  # type: ignore[arg-type]
+    first = counts.get(0)
+    if not first:
+        return 0, 0
+    middle = [counts[s] for s in range(1, p - 1) if s in counts]
+    if middle:
+        mid = sorted(middle)[len(middle) // 2]
+        m = int(round((mid - first) / 2))
+        if m >= 1:
+            return m, max(1, int(round(mid / (4 * m))))
+    return max(1, int(round(first / 2))), 1
 
 
 @detector("pipeline_bubble", config=PipelineBubbleConfig, requires=("kernels", "steps"))
@@ -115,8 +132,9 @@ def pipeline_bubble(frames, cfg: PipelineBubbleConfig) -> list[Finding]:
     table, p = stage_table(ta)
     if p < 2 or table.height < 2:
         raise Skip(f"pipeline group of size {p} with {table.height} stage(s) in the traces: no pipeline to measure")
-    m = cfg.microbatches or infer_microbatches(ta)
-    v = cfg.chunks or 1
+    m_inf, v_inf = infer_schedule(ta)
+    m = cfg.microbatches or m_inf
+    v = cfg.chunks or (v_inf if not cfg.microbatches else 1) or 1
     m_src = "config" if cfg.microbatches else "inferred from send/recv counts"
     if m <= 0:
         raise Skip("cannot tell the number of micro-batches (no PP send/recv kernels in steps); set pipeline_bubble.microbatches")

@@ -25,9 +25,14 @@ How it measures:
     same op and size; groups at least ``link_ratio`` slower are slow, and the hosts in every slow group
     and in at most ``link_max_normal_share`` of the normal ones are named. Stage: median compute per
     pipeline stage at least ``stage_imbalance`` above the mean of stages.
-    Impact (GPU-seconds lost): for each collective the rank arrived last at, every other member's wait
-    up to the rank's lateness margin (what they would have saved had it been on time), summed over
-    steps. Findings below ``min_impact`` of a step are reported as ``info``.
+    A late arriver that passes neither test on its own is classed by whichever excess (compute or
+    host-bound idle) explains at least ``explain_share`` of its lateness margin, or as host when its
+    launch queue (NCCL kernel start minus its launch call) is at most ``host_slack_ratio`` of the job's
+    median: its CPU barely keeps ahead of its GPU, so its collectives are issued late.
+    Impact (GPU-seconds lost): had the culprits arrived with the latest other member, every other
+    member would have waited that much less; per step the largest such saving (waits at successive
+    collectives overlap in time), times the other members, summed over steps. Findings below
+    ``min_impact`` of a step are reported as ``info``.
 
 What to do:
     Compute: check the GPU (clocks, power, temperature, Xid/ECC lines in the kernel log; run a
@@ -65,6 +70,11 @@ class StragglerConfig:
     """One-sided binomial p-value for a rank's last-arrival count against chance."""
     min_last_share: float = 0.5
     """Arrival test: share of its instances a rank must arrive last at (at least 3/n as well)."""
+    explain_share: float = 0.5
+    """A late arriver's compute or host-bound excess must cover this share of its lateness to class it."""
+    host_slack_ratio: float = 0.5
+    """A late arriver whose launch queue (kernel start - launch, median) is at most this share of the
+    job's median is host-bound: its CPU barely keeps ahead of its GPU."""
     link_ratio: float = 1.3
     """A process group is slow when its median transfer time is this many times its type's median."""
     link_max_normal_share: float = 0.2
@@ -155,8 +165,31 @@ def straggler(frames, cfg: StragglerConfig) -> list[Finding]:
 
     # --- class per culprit rank ----------------------------------------------------------------------
     classes: dict[int, str] = {}
+    comp_ex = dict(s.group_by("rank").agg(
+        (pl.col("compute_ns") - pl.col("compute_ns").median().over("peer", "step")).clip(lower_bound=0).median()
+    ).iter_rows())
+    host_ex = dict(host.select("rank", pl.col("host_excess").clip(lower_bound=0)).iter_rows())
+    lateness = dict(
+        mk.filter(pl.col("is_last") & (pl.col("margin_ns") >= margin_ns))
+        .group_by("rank", "step").agg(pl.col("margin_ns").max())
+        .group_by("rank").agg(pl.col("margin_ns").median()).iter_rows()
+    )
+    # How far ahead of the GPU the host runs when it launches collectives: a host-bound rank has
+    # little or no launch queue left, a GPU-bound one a long one.
+    slack = mk.filter(pl.col("launch_ns").is_not_null()).group_by("rank").agg(
+        (pl.col("start_ns") - pl.col("launch_ns")).median().alias("slack")
+    )
+    slack = slack.with_columns((pl.col("slack") / pl.col("slack").median()).alias("slack_ratio"))
+    slack_d = dict(slack.select("rank", "slack_ratio").iter_rows())
     for r in late_flag["rank"].to_list():
-        classes[r] = "late_arrival"
+        ec, eh, lt = comp_ex.get(r, 0.0) or 0.0, host_ex.get(r, 0.0) or 0.0, lateness.get(r, 0.0) or 0.0
+        sr = slack_d.get(r)
+        if lt > 0 and ec >= cfg.explain_share * lt and ec >= eh:
+            classes[r] = "compute"
+        elif (lt > 0 and eh >= cfg.explain_share * lt) or (sr is not None and sr <= cfg.host_slack_ratio):
+            classes[r] = "host"
+        else:
+            classes[r] = "late_arrival"
     for r in host_flag["rank"].to_list():
         classes[r] = "host"
     for r in comp_flag["rank"].to_list():
@@ -240,6 +273,7 @@ def _impact(mk: pl.DataFrame, rs: list[int]) -> tuple[float, float, pl.DataFrame
     per = (
         mk.group_by("instance")
         .agg(
+            pl.col("step").first(),
             pl.col("dur_ns").filter(~inside).min().alias("_dmin_out"),
             pl.col("transfer_ns").first().alias("_x"),
             (~inside).sum().alias("_n_out"),
@@ -249,8 +283,11 @@ def _impact(mk: pl.DataFrame, rs: list[int]) -> tuple[float, float, pl.DataFrame
         .with_columns((pl.col("_dmin_out") - pl.col("_x")).clip(lower_bound=0).alias("_saving"))
         .filter(pl.col("_saving") > 0)
     )
-    gpu = float((per["_saving"] * per["_n_out"]).sum()) if per.height else 0.0
-    wall = float(per["_saving"].sum()) if per.height else 0.0
+    # Within a step, the waits at successive collectives (e.g. DDP buckets) overlap in time: the step ends
+    # late by the largest of them, not by their sum.
+    per_step = per.group_by("step").agg(pl.col("_saving").max(), pl.col("_n_out").max())
+    gpu = float((per_step["_saving"] * per_step["_n_out"]).sum()) if per.height else 0.0
+    wall = float(per_step["_saving"].sum()) if per.height else 0.0
     victims = (
         mk.filter(~inside & pl.col("instance").is_in(per["instance"].implode()))
         .group_by("rank")
