@@ -59,11 +59,21 @@ def test_last_arrival_per_collective_matches_the_raw_events(dlrm):
     assert waits == [w * 1000 for w in EXPECTED_WAIT_RANK1_US]
 
 
-def test_detectors_run_on_the_real_set(dlrm):
+def test_what_the_detectors_say_on_the_real_set(dlrm):
     from forensics.detectors import run_detectors
 
     findings, skipped = run_detectors(dlrm)
-    names = {f.detector for f in findings} | {s.detector for s in skipped}
-    assert {"straggler", "exposed_comm", "busy_wait", "pipeline_bubble"} <= names
-    # No pipeline group in a DLRM job.
-    assert any(s.detector == "pipeline_bubble" for s in skipped)
+    assert [s.detector for s in skipped] == ["pipeline_bubble"]  # no pipeline group in DLRM
+    by = {f.detector: f for f in findings}
+    # Ranks 1 and 3 do more compute (310/315 kernels vs ~246) but they are the ones that wait longest:
+    # victims, never culprits. Rank 7 arrives last at 5 of 8 collectives, but with one profiled step that
+    # is not significant (binomial p ~ 1.2e-3 > 1e-3), so no straggler is claimed.
+    assert "straggler" not in by
+    assert "exposed_comm" not in by  # transfers (sum of minimum durations, 217 us) are ~1.5% of a 12-20 ms step
+    bw = by["busy_wait"]
+    assert bw.ranks == (0, 1, 2, 3, 4, 5, 6)
+    assert bw.metrics["waited_for"].split(",")[0] == "7"
+    ev = {e["rank"]: e for e in bw.evidence}
+    # Rank 1 waited for rank 7 at ordinals 0-4 (rank 7 last): sum of (d_1 - min d) from the table above.
+    assert ev[1]["waited_for"] == 7
+    assert ev[1]["waited_for_ms"] == pytest.approx((7625 + 1017 + 162 + 125 + 221) / 1000, abs=1e-3)

@@ -18,7 +18,8 @@ How it measures:
     peers = ranks of the same pipeline stage. A rank is a compute straggler when ``rho <=
     compute_rho`` in at least ``min_step_share`` of the steps and its robust z-score (median/MAD over
     peers) is at least ``min_z``. Host: the same test on host-bound idle time (GPU idle before a kernel
-    whose launch began after the GPU went idle). Arrival: from the matched collectives
+    whose launch began after the GPU went idle). A rank that waits at collectives more than the median
+    member is a victim, never a culprit. Arrival: from the matched collectives
     (:mod:`forensics.collectives`), the share of instances where the rank arrived last (least wait)
     by a margin of at least ``min_margin_us``, tested against chance (one-sided binomial,
     ``max_p_value``). Link: per process group, median transfer time against same-type groups of the
@@ -195,11 +196,21 @@ def straggler(frames, cfg: StragglerConfig) -> list[Finding]:
     for r in comp_flag["rank"].to_list():
         classes[r] = "compute"
 
+    # A culprit makes others wait; a rank that itself waits more than the typical member of its groups
+    # is a victim whatever its kernels look like (e.g. it simply has more work that others wait out).
+    waits = mk.group_by("rank").agg(pl.col("wait_ns").sum())
+    if waits.height:
+        med_wait = float(waits["wait_ns"].median())  # type: ignore[arg-type]
+        victims_like = set(waits.filter(pl.col("wait_ns") > med_wait)["rank"].to_list())
+        classes = {r: c for r, c in classes.items() if r not in victims_like}
+
     host_of = dict(steps.select("rank", "host").unique("rank").iter_rows())
     findings: list[Finding] = []
     by_node: dict[tuple[str | None, str], list[int]] = {}
     for r, c in sorted(classes.items()):
-        by_node.setdefault((host_of.get(r), c), []).append(r)
+        h = host_of.get(r)
+        # Ranks on an unknown host are never rolled up into a "node".
+        by_node.setdefault((h, c) if h else (f"?{r}", c), []).append(r)
 
     comp_d = {row["rank"]: row for row in comp.iter_rows(named=True)}
     host_d = {row["rank"]: row for row in host.iter_rows(named=True)}
@@ -216,6 +227,7 @@ def straggler(frames, cfg: StragglerConfig) -> list[Finding]:
         frac = wall_ns / step_med if step_med else 0.0
         sev = Severity.CRITICAL if frac >= cfg.critical_impact else Severity.WARNING if frac >= cfg.min_impact else Severity.INFO
         node = len(rs) >= 2
+        h = host_of.get(rs[0])
         evidence: list[dict] = []
         for r in rs[:EVIDENCE_CAP]:
             evidence.append({
