@@ -17,8 +17,9 @@ window only leaves incomplete instances in the steps it lacks (they are dropped,
 Instances are validated: every member present and one collective type / message size.
 
 Pipeline point-to-point kernels (send/recv in a PP group) are not synchronizing collectives; they are
-not matched, and their transfer time is estimated as the smallest duration of the same
-(group, op, size) anywhere in the job.
+not matched, and their transfer time is estimated as the smallest duration of any send or receive of
+the same (group, size) in the job (the two sides of a transfer end together, so the side that arrived
+last shows the bare transfer).
 """
 
 from __future__ import annotations
@@ -192,7 +193,12 @@ def match_collectives(frames: JobFrames) -> CollectiveMatch:
     )
     # Unmatched kernels (PP p2p, incomplete or inconsistent instances): transfer = smallest duration of
     # the same (group, op, size) anywhere in the job; never more than the kernel itself.
-    class_min = k.group_by("pg_key", "collective", "bytes").agg(pl.col("dur_ns").min().alias("_class_min"))
+    # Point-to-point: a send and its receive end together, so whichever side arrived last is pure transfer;
+    # pool sends and receives (a receive posted early always waits).
+    p2p_class = pl.when(pl.col("collective").is_in(P2P_OPS)).then(pl.lit("p2p")).otherwise(pl.col("collective"))
+    class_min = k.with_columns(p2p_class.alias("_cls")).group_by("pg_key", "_cls", "bytes").agg(
+        pl.col("dur_ns").min().alias("_class_min")
+    )
     cols = ["rank", "host", "step", "pg_key", "pg_type", "pg_name", "collective", "bytes", "stream", "launch_ns",
             "start_ns", "end_ns", "dur_ns", "is_p2p"]
     p2p = k.filter(pl.col("is_p2p")).select(cols).with_columns(
@@ -204,7 +210,9 @@ def match_collectives(frames: JobFrames) -> CollectiveMatch:
     allk = pl.concat(
         [sync.select(*cols, "instance", "_x", pl.col("last_rank").cast(pl.Int32), "margin_ns"), p2p],
         how="vertical",
-    ).join(class_min, on=["pg_key", "collective", "bytes"], how="left", nulls_equal=True)
+    ).with_columns(p2p_class.alias("_cls")).join(
+        class_min, on=["pg_key", "_cls", "bytes"], how="left", nulls_equal=True
+    ).drop("_cls")
     allk = allk.with_columns(
         pl.col("instance").is_not_null().alias("matched"),
         pl.min_horizontal(pl.coalesce("_x", "_class_min"), "dur_ns").alias("transfer_ns"),

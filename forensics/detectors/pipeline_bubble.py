@@ -16,7 +16,9 @@ How it measures:
     group); p = group size. Per rank and step (:mod:`forensics.breakdown`): bubble = time with no compute
     kernel, no non-pipeline NCCL kernel and no copy: either only PP send/recv kernels run (they spin
     until the peer is ready) or nothing runs (the host-bound part is reported alongside, since a
-    host blocked in the pipeline flush also launches late). ``f_B = bubble / step``, median over steps and over the ranks of a stage. Theory
+    host blocked in the pipeline flush also launches late). Per stage ``f_B = bubble / step time``
+    summed over its ranks and steps; the job's measured bubble is the mean over stages (P2P latency
+    moves bubble from one stage to another; the mean is what the schedule theory predicts). Theory
     ``f_B* = (p-1)/(v*m+p-1)`` for 1F1B / GPipe / interleaved, ``(p-1)/(3m+p-1)`` for ZB-H1, 0 for
     zero-bubble schedules. m and v come from the config when set; else they are inferred from the
     number of pipeline send/recv kernels per step: ``4mv - 2m`` on the first stage, ``4mv`` on a
@@ -77,7 +79,7 @@ def stage_table(ta) -> tuple[pl.DataFrame, int]:
     steps = ta.steps
     st = ta.stages
     s = steps.join(st, on="rank", how="inner").with_columns(
-        ((pl.col("bubble_wait_ns") + pl.col("bubble_idle_ns")) / pl.col("step_ns")).alias("f_b")
+        (pl.col("bubble_wait_ns") + pl.col("bubble_idle_ns")).alias("_bubble")
     )
     p = int(st["pp_size"].max())  # type: ignore[arg-type]
     table = (
@@ -85,7 +87,7 @@ def stage_table(ta) -> tuple[pl.DataFrame, int]:
         .agg(
             pl.col("rank").unique().sort().alias("ranks"),
             pl.col("compute_ns").median().alias("compute_ns"),
-            pl.col("f_b").median().alias("f_b"),
+            (pl.col("_bubble").sum() / pl.col("step_ns").sum()).alias("f_b"),
             pl.col("bubble_wait_ns").median(),
             pl.col("bubble_idle_ns").median(),
             pl.col("step_ns").median(),
@@ -146,7 +148,7 @@ def pipeline_bubble(frames, cfg: PipelineBubbleConfig) -> list[Finding]:
     worst = table.sort("compute_ns", descending=True).row(0, named=True)
     sigma = worst["compute_ns"] / mean_c - 1 if mean_c else 0.0
     common = {"p": p, "m": m, "v": v, "m_source": m_src, "schedule": cfg.schedule, "f_B_theory": round(f_star, 4),
-              "f_B_median": round(float(table["f_b"].median()), 4), "stage_imbalance": round(sigma, 4),  # type: ignore[arg-type]
+              "f_B_measured": round(float(table["f_b"].mean()), 4), "stage_imbalance": round(sigma, 4),  # type: ignore[arg-type]
               "steps": n_steps}
     evidence = tuple(
         {"stage": int(r["pp_stage"]), "ranks": ",".join(map(str, r["ranks"][:8])), "compute_ms": ms(r["compute_ns"]),
@@ -163,7 +165,7 @@ def pipeline_bubble(frames, cfg: PipelineBubbleConfig) -> list[Finding]:
             title=f"Pipeline stage {worst['pp_stage']} is {sigma:.0%} slower than the mean stage",
             summary=(
                 f"Stage {worst['pp_stage']} computes {ms(worst['compute_ns'])} ms per step against a stage mean of "
-                f"{ms(mean_c)} ms; every other stage waits for it (measured bubble {common['f_B_median']:.1%} of the step "
+                f"{ms(mean_c)} ms; every other stage waits for it (measured bubble {common['f_B_measured']:.1%} of the step "
                 f"vs {f_star:.1%} in theory for p={p}, m={m}, v={v}). Balancing would save about "
                 f"{ms(delta)} ms per step."
             ),
@@ -208,7 +210,7 @@ def pipeline_bubble(frames, cfg: PipelineBubbleConfig) -> list[Finding]:
             title=f"Pipeline schedule wastes {f_star:.0%} of each step by construction (p={p}, m={m}, v={v})",
             summary=(
                 f"With {p} stages and {m} micro-batches ({m_src}) the {cfg.schedule} bubble is (p-1)/(v*m+p-1) = "
-                f"{f_star:.1%} of the step on every stage (measured {common['f_B_median']:.1%})."
+                f"{f_star:.1%} of the step on every stage (measured {common['f_B_measured']:.1%})."
             ),
             remediation=_REMEDY_STRUCT,
             ranks=(),
