@@ -32,6 +32,7 @@ ENVELOPE_NOHOST = re.compile(
     r"^\s*(?:\[(?P<dev>\d+)\] )?(?:(?P<src>[\w./\-]+:\d+)(?: \((?P<func>[^)]*)\))? )?"
     r"NCCL (?P<level>INFO|WARN) (?P<msg>.*)$"
 )
+MPI_TAG = re.compile(r"\[\d+,(?P<rank>\d+)\]<std(?:out|err)>:")
 LAUNCHER_TAGS = re.compile(r"\[\d+(?:,\d+)?\](?:<std(?:out|err)>:)?|^\d{4}-\d\d-\d\dT[\d:.]+Z?:\s*|^\(\w+ pid=\d+[^)]*\)\s*")
 VERSION = re.compile(r"NCCL version (?P<ver>\d+\.\d+\.\d+)(?P<suffix>[^+\s]*)\+cuda(?P<cuda>\d+\.\d+)")
 RAS_VERSION = re.compile(r"^NCCL version (?P<ver>[\d.]+) compiled with CUDA (?P<cuda>[\d.]+)")
@@ -172,7 +173,7 @@ class _Acc:
         self.ras = False
         self.ras_error: str | None = None
         self.perf: str | None = None
-        self.nt_sizes: set[int] = set()
+        self.launcher: dict[tuple[str, int | None, int | None], int] = {}
 
     def add(self, frame: str, **row: Any) -> None:
         row["source"] = self.source
@@ -240,6 +241,9 @@ def _line(acc: _Acc, line: str, n: int) -> None:
             "line": n,
         }
         msg = m["msg"].rstrip()
+        tag = MPI_TAG.search(line, 0, m.start())
+        if tag and host:
+            acc.launcher[(host, base["pid"], base["cuda_dev"])] = int(tag["rank"])
         if m["level"] in ("WARN", "ERROR"):
             known = _warn(acc, base, msg, m["src"])
         else:
@@ -326,6 +330,10 @@ def _info(acc: _Acc, base: dict[str, Any], msg: str, src: str | None) -> bool:
         )
     elif kind in ("tuning_hdr_old", "tuning_hdr_new", "tuning_nthreads", "tuning_row"):
         _tuning(acc, base, kind, g)
+    elif kind == "thread_thresholds":
+        vals = [int(v) for v in re.findall(r"\d+", g["vals"])]
+        if len(vals) >= 4:
+            acc.add("nccl_events", **base, level="INFO", kind="thread_thresholds", value=vals[3] / 8.0, message=msg)
     elif kind == "channels_summary":
         acc.add("nccl_events", **base, level="INFO", kind="channels", value=float(g["coll"]),
                 code=_int(g["nvls"]), message=msg)
@@ -608,6 +616,12 @@ def _frames(acc: _Acc, nlines: int) -> dict[str, pl.DataFrame]:
         schema = fr.schema(name)
         df = pl.DataFrame([{k: r.get(k) for k in schema} for r in rows], schema=schema, orient="row") if rows else fr.empty(name)
         out[name] = df
+    if acc.launcher:
+        lrows = pl.DataFrame(
+            [{"source": acc.source, "host": h, "pid": p, "cuda_dev": d, "rank": r, "origin": "launcher"}
+             for (h, p, d), r in acc.launcher.items()]
+        )
+        out["nccl_comms"] = pl.concat([out["nccl_comms"], fr.conform("nccl_comms", lrows)])
     if acc.perf:
         out["nccl_tests"] = out["nccl_tests"].with_columns(pl.lit(acc.perf).alias("collective"))
     # nnodes / localRanks from the 2.20+ layout lines, by (host, pid, comm)
@@ -630,7 +644,7 @@ def _frames(acc: _Acc, nlines: int) -> dict[str, pl.DataFrame]:
 def process_ranks(frames: dict[str, pl.DataFrame]) -> pl.DataFrame:
     """(host, pid, cuda_dev) -> rank, from init lines (largest communicator wins) and, failing those,
     from the process's own side of its channel lines."""
-    comms = frames["nccl_comms"].filter(pl.col("origin") == "init").sort("nranks", descending=True)
+    comms = frames["nccl_comms"].filter(pl.col("origin").is_in(["init", "launcher"])).sort("nranks", descending=True)
     init = comms.select("host", "pid", "cuda_dev", "rank", pl.lit(0).alias("prio"))
     ch = frames["nccl_channels"].select(
         "host", "pid", "cuda_dev",
