@@ -21,7 +21,8 @@ from typing import Mapping
 ALGOS = ("Tree", "Ring", "NVLS", "NVLSTree", "PAT")
 PROTOS = ("LL", "LL128", "Simple")
 COLLECTIVES = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce")
-ARCH_INDEX = {"volta": 0, "ampere": 1, "hopper": 2, "blackwell": 3}
+ARCH_INDEX = {"kepler": 0, "maxwell": 0, "pascal": 0, "volta": 0, "turing": 0, "ampere": 1, "hopper": 2,
+              "blackwell": 3}
 
 BASE_LAT = {
     "Tree": (6.8, 14.0, 8.4), "Ring": (6.6, 14.0, 8.4), "NVLS": (0.0, 0.0, 0.0),
@@ -269,6 +270,14 @@ def arch_from_gpu_name(name: str | None) -> str | None:
         return "hopper"
     if any(k in n for k in ("A100", "A800", "A10", "A30", "A40", "A6000", "A5000", "A4000", "A2000", "L4", "L40", "RTX 30", "RTX 40")):
         return "ampere"
-    if any(k in n for k in ("V100", "T4", "TITAN V", "RTX 20", "QUADRO RTX")):
+    if any(k in n for k in ("T4", "RTX 20", "QUADRO RTX", "TITAN RTX")):
+        return "turing"
+    if any(k in n for k in ("V100", "TITAN V")):
         return "volta"
+    if any(k in n for k in ("P100", "P40", "P4", "P2200", "P2000", "P4000", "P5000", "P6000", "GTX 10", "TITAN X")):
+        return "pascal"
+    if any(k in n for k in ("M40", "M60", "M4000", "M2000", "GTX 9")):
+        return "maxwell"
+    if any(k in n for k in ("K80", "K40", "K620", "K2200", "K1200", "K5000", "K6000")):
+        return "kepler"
     return None
