@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import polars as pl
+
+from forensics import nccl_cost as nc
+from forensics.detectors import run_detectors
+from forensics.frames import JobFrames
+from tests.detectors.nccl_fixtures import HEALTHY, frames_from
+
+
+def _run(frames):
+    return run_detectors(frames, only=["nccl_algorithm"])
+
+
+def test_triggers_on_forced_algorithm(tmp_path):
+    text = HEALTHY + "nodeA:100:110 [0] NCCL INFO NCCL_ALGO set by environment to Ring\n"
+    findings, _ = _run(frames_from(tmp_path, text))
+    (f,) = findings
+    assert f.key == "forced" and "NCCL_ALGO=Ring" in f.summary and f.ranks == (0,) and f.gpus == ("0000:18:00.0",)
+
+
+def test_triggers_on_measured_time_far_above_prediction_in_a_trace(tmp_path):
+    # NCCL predicted 1000 us for 64 MiB (Ring/Simple); the fastest rank's kernel took 5000 us
+    text = HEALTHY + "nodeA:100:100 [0] NCCL INFO AllReduce: 67108864 Bytes -> Algo 1 proto 2 time 1000.000000\n"
+    frames = frames_from(tmp_path, text)
+    kernels = pl.DataFrame({
+        "rank": [0, 1, 2, 3], "class": ["comm"] * 4, "collective": ["allreduce"] * 4, "pg_name": ["0"] * 4,
+        "seq": [7] * 4, "bytes": [67108864] * 4, "start_ns": [0, 0, 0, 0],
+        "end_ns": [9_000_000, 5_000_000, 6_000_000, 7_000_000], "name": ["ncclDevKernel_AllReduce_Sum_f32_RING_LL"] * 4,
+    })
+    all_frames = {n: frames[n] for n in frames.present} | {"kernels": kernels}
+    findings, _ = _run(JobFrames(all_frames))
+    (f,) = [x for x in findings if x.key == "model_gap"]
+    assert f.metrics["worst_ratio"] == 5.0 and "trace" in f.summary
+
+
+def test_clean_default_choices_matching_measurements(tmp_path):
+    text = HEALTHY + "nodeA:100:100 [0] NCCL INFO AllReduce: 67108864 Bytes -> Algo 1 proto 2 time 1000.000000\n"
+    findings, skipped = _run(frames_from(tmp_path, text))
+    assert findings == [] and skipped == []
+
+
+def test_skipped_without_nccl_inputs():
+    findings, skipped = _run(JobFrames({}))
+    assert findings == [] and "nccl_env" in skipped[0].reason
+
+
+def test_skipped_when_logs_have_nothing_about_algorithms(tmp_path):
+    findings, skipped = _run(frames_from(tmp_path, "h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM\n"))
+    assert findings == []
+
+
+def test_forced_loss_is_quantified_when_sizes_and_gpus_are_known(tmp_path):
+    # 4 x H100 on one node, COLL lines give 64 KiB all-reduces, user forced Ring/Simple
+    text = "".join(
+        f"n:1:1 [{d}] NCCL INFO comm 0x{d} rank {d} nranks 4 cudaDev {d} busId {d + 1}000 - Init COMPLETE\n" for d in range(4)
+    ) + (
+        "n:1:1 [0] NCCL INFO NCCL_PROTO set by environment to Simple\n"
+        "n:1:1 [0] NCCL INFO 16 coll channels, 0 collnet channels, 16 nvls channels, 16 p2p channels, 2 p2p channels per peer\n"
+        + "n:1:1 [0] NCCL INFO AllReduce: opCount 1 sendbuff 0x1 recvbuff 0x1 count 16384 datatype 7 op 0 root 0 comm 0x0 [nranks=4] stream 0x1\n"
+    )
+    frames = frames_from(tmp_path, text)
+    comms = frames["nccl_comms"].with_columns(pl.lit("NVIDIA H100 80GB HBM3").alias("gpu_name"))
+    frames = JobFrames({n: frames[n] for n in frames.present} | {"nccl_comms": comms})
+    (f,) = _run(frames)[0]
+    c = nc.Comm(nranks=4, nnodes=1, ring=nc.Graph(16, 20.6, 12.0))
+    expect = nc.choose(nc.Comm(**{**c.__dict__, "protos": frozenset({"Simple"})}), "AllReduce", 65536)[2] - nc.choose(c, "AllReduce", 65536)[2]
+    assert f.metrics["predicted_lost_us"] == round(expect, 1) and expect > 0

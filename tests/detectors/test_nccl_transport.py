@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from forensics.detectors import run_detectors
+from forensics.frames import JobFrames
+from tests.detectors.nccl_fixtures import HEALTHY, frames_from
+
+
+def _run(frames):
+    return run_detectors(frames, only=["nccl_transport"])
+
+
+def test_triggers_on_sockets_between_nodes_without_gdr_and_shm(tmp_path):
+    text = (HEALTHY.replace("[send] via NET/IB/1/GDRDMA", "[send] via NET/Socket/0")
+            .replace("[receive] via NET/IB/1/GDRDMA", "[receive] via NET/Socket/0")
+            .replace("[send] via NET/IB/0/GDRDMA", "[send] via NET/IB/0")
+            .replace("2[0] -> 3[1] via P2P/CUMEM/read", "2[0] -> 3[1] via SHM/direct/direct"))
+    findings, _ = _run(frames_from(tmp_path, text))
+    by = {f.key: f for f in findings}
+    assert set(by) == {"socket", "no_gdr", "intra_node"}
+    # the socket connection 1 -> 2 is logged by rank 1 (sender, nodeA) and rank 2 (receiver, nodeB)
+    assert by["socket"].ranks == (1, 2) and by["socket"].hosts == ("nodeA", "nodeB")
+    assert by["socket"].gpus == ("0000:18:00.0", "0000:2a:00.0")
+    assert by["no_gdr"].ranks == (3,) and by["no_gdr"].gpus == ("0000:2a:00.0",)
+    assert by["intra_node"].ranks == (2,) and by["intra_node"].hosts == ("nodeB",)
+
+
+def test_triggers_on_ib_retry_exceeded_with_meaning(tmp_path):
+    text = HEALTHY + (
+        "\nnodeB:201:299 [1] transport/net_ib.cc:2121 NCCL WARN NET/IB : Got completion from peer 10.0.0.1<4242> "
+        "with status=12 opcode=1 len=0 vendor err 129 (Send) localGid ::ffff:10.0.0.2 remoteGids ::ffff:10.0.0.1\n"
+    )
+    findings, _ = _run(frames_from(tmp_path, text))
+    (f,) = [f for f in findings if f.key == "fail_ib_completion"]
+    assert f.ranks == (3,) and f.hosts == ("nodeB",) and "retry counter exceeded" in f.summary
+
+
+def test_clean_healthy_two_node_job(tmp_path):
+    findings, skipped = _run(frames_from(tmp_path, HEALTHY))
+    assert findings == [] and skipped == []
+
+
+def test_skipped_without_nccl_logs():
+    findings, skipped = _run(JobFrames({}))
+    assert findings == [] and "nccl_channels" in skipped[0].reason
+
+
+def test_skipped_when_logs_have_no_transport_lines(tmp_path):
+    text = "h:1:1 [0] NCCL INFO cudaDriverVersion 12040\nh:1:1 [0] NCCL INFO Init timings - ncclCommInitRank: rank 0 nranks 2 total 1.00 (kernels 0.1)\n"
+    findings, skipped = _run(frames_from(tmp_path, text))
+    assert findings == [] and "no transport" in skipped[0].reason
