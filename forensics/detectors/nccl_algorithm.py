@@ -30,7 +30,6 @@ What to do:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import polars as pl
@@ -86,6 +85,57 @@ def _comm_for(j: JobNccl, frames) -> nc.Comm | None:
     intra = {"ampere": 20.0, "hopper": 20.6, "blackwell": 40.0}.get(arch, 12.0)
     return nc.Comm(nranks=j.nranks, nnodes=nnodes, arch=arch, ring=nc.Graph(nch, intra, 12.0),
                    ll128=len(set(j.archs.values())) == 1 and nc.ARCH_INDEX[arch] >= 1)
+
+
+_COLL = {"allreduce": "AllReduce", "allgather": "AllGather", "reduce_scatter": "ReduceScatter",
+         "broadcast": "Broadcast", "reduce": "Reduce"}
+
+
+def _table_predictions(frames, j: JobNccl, calls: pl.DataFrame, tests: pl.DataFrame) -> pl.DataFrame | None:
+    """Predicted times from a logged TUNING table (replayed, not modelled) for the sizes the job measured,
+    for the (algo, proto) NCCL logged for that size (2.24+ lines carry no time), else the table's argmin.
+    Only used where no per-op line already carries NCCL's predicted time."""
+    tun = frames["nccl_tuning"]
+    if tun.height == 0:
+        return None
+    first = tun.filter(pl.col("table") == tun["table"].min())
+    timed = set(calls.filter(pl.col("predicted_us").is_not_null())["bytes"].to_list())
+    chosen = {
+        (r["op"] or "AllReduce", r["bytes"]): (r["algo"], r["proto"])
+        for r in calls.filter((pl.col("kind") == "tuning") & pl.col("algo").is_not_null()).iter_rows(named=True)
+    }
+    measured: list[tuple[str, int, float, str]] = []
+    if tests.height:
+        for r in tests.filter(pl.col("time_us").is_not_null()).iter_rows(named=True):
+            coll = r["collective"] or ("AllReduce" if (r["algbw_gbps"] or 0) and r["busbw_gbps"] > r["algbw_gbps"] else None)
+            if coll:
+                measured.append((coll, r["size_bytes"], r["time_us"], "nccl-tests"))
+    if frames.has("kernels"):
+        k = frames["kernels"].filter((pl.col("class") == "comm") & pl.col("bytes").is_not_null() & pl.col("seq").is_not_null())
+        per = (k.group_by("pg_name", "seq", "collective", "bytes")
+               .agg(((pl.col("end_ns") - pl.col("start_ns")).min() / 1e3).alias("time_us")))
+        for r in per.iter_rows(named=True):
+            if r["collective"] in _COLL:
+                measured.append((_COLL[r["collective"]], r["bytes"], r["time_us"], "trace"))
+    base = _comm_for(j, frames)
+    rows = []
+    for coll, nbytes, t_us, by in measured:
+        if nbytes in timed:
+            continue
+        tab = {(r["algo"], r["proto"]): (r["latency_us"], r["bw_gbps"])
+               for r in first.filter(pl.col("collective") == coll).iter_rows(named=True) if r["algo"]}
+        if not tab:
+            continue
+        want = chosen.get((coll, nbytes))
+        try:
+            a, p, t, cands = nc.choose_from_table(tab, coll, int(nbytes), base)
+        except ValueError:
+            continue
+        if want in cands:
+            a, p, t = want[0], want[1], cands[want]
+        rows.append({"size_bytes": int(nbytes), "time_us": float(t_us), "predicted_us": t, "ratio": t_us / t,
+                     "algo": a, "proto": p, "measured_by": by + " vs TUNING table"})
+    return pl.DataFrame(rows) if rows else None
 
 
 @detector(
@@ -153,6 +203,10 @@ def nccl_algorithm(frames, cfg: NcclAlgorithmConfig) -> list[Finding]:
                                    pl.col("host").first(), pl.col("pid").first(), pl.col("cuda_dev").first()))
     looked |= pred.height > 0
     gaps = []
+    table_pred = _table_predictions(frames, j, calls, tests)
+    if table_pred is not None and table_pred.height:
+        looked = True
+        gaps.append(table_pred)
     if pred.height and tests.height:
         m = tests.join(pred, left_on="size_bytes", right_on="bytes").with_columns(
             (pl.col("time_us") / pl.col("predicted_us")).alias("ratio"), pl.lit("nccl-tests").alias("measured_by"))
@@ -240,5 +294,4 @@ def nccl_algorithm(frames, cfg: NcclAlgorithmConfig) -> list[Finding]:
         ))
     if not looked and not out:
         raise Skip("no NCCL environment, TUNING, COLL or nccl-tests lines to judge the algorithm choice from")
-    _ = math  # keep import for type checkers of future refinements
     return out

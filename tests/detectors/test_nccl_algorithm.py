@@ -66,3 +66,33 @@ def test_forced_loss_is_quantified_when_sizes_and_gpus_are_known(tmp_path):
     c = nc.Comm(nranks=4, nnodes=1, ring=nc.Graph(16, 20.6, 12.0))
     expect = nc.choose(nc.Comm(**{**c.__dict__, "protos": frozenset({"Simple"})}), "AllReduce", 65536)[2] - nc.choose(c, "AllReduce", 65536)[2]
     assert f.metrics["predicted_lost_us"] == round(expect, 1) and expect > 0
+
+
+# NCCL >= 2.18 TUNING table layout (tuning.cc: blocks of 3 algorithms), 2.24+ per-op line without time
+TABLE_2_24 = """\
+n:1:1 [0] NCCL INFO   Algorithm   |                   Tree                   |                   Ring                   |             CollNetDirect            |
+n:1:1 [0] NCCL INFO   Protocol    |             LL |          LL128 |         Simple |             LL |          LL128 |         Simple |             LL |          LL128 |         Simple |
+n:1:1 [0] NCCL INFO  Max NThreads |            512 |            640 |            512 |            512 |            640 |            512 |              0 |              0 |            512 |
+n:1:1 [0] NCCL INFO     Broadcast |     0.0/   0.0 |     0.0/   0.0 |     0.0/   0.0 |     4.6/  16.0 |    14.0/  40.0 |    14.0/ 100.0 |     0.0/   0.0 |     0.0/   0.0 |     0.0/   0.0 |
+n:1:1 [0] NCCL INFO     AllReduce |    10.0/  10.0 |    20.0/  40.0 |    30.0/  60.0 |    12.0/  10.0 |    25.0/  50.0 |    40.0/ 100.0 |     0.0/   0.0 |     0.0/   0.0 |     0.0/   0.0 |
+n:1:1 [0] NCCL INFO AllReduce: 104857600 Bytes -> Algo Ring proto Simple channel{Lo..Hi}={0..15}
+"""
+
+
+def test_tuning_table_new_layout_is_parsed(tmp_path):
+    t = frames_from(tmp_path, TABLE_2_24)["nccl_tuning"]
+    assert t.height == 18
+    r = t.filter((pl.col("collective") == "AllReduce") & (pl.col("algo") == "Ring") & (pl.col("proto") == "Simple")).row(0, named=True)
+    assert (r["latency_us"], r["bw_gbps"], r["max_nthreads"]) == (40.0, 100.0, 512)
+
+
+def test_triggers_on_nccl_tests_time_far_above_the_tuning_table(tmp_path):
+    # 100 MiB AllReduce on Ring/Simple: table says 40 us + 104857600 B / (1000 * 100 GB/s) = 1088.576 us;
+    # nccl-tests measured 10885.76 us -> 10x
+    text = TABLE_2_24 + "n:1:1 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n" + (
+        "./build/all_reduce_perf -b 100M -e 100M\n"
+        "   104857600      26214400     float     sum      -1  10885.76    9.63    9.63      0  10885.76    9.63    9.63      0\n"
+    )
+    findings, _ = _run(frames_from(tmp_path, text))
+    (f,) = [x for x in findings if x.key == "model_gap"]
+    assert abs(f.metrics["worst_ratio"] - 10.0) < 0.01 and f.metrics["worst_bytes"] == 104857600
