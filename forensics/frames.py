@@ -253,6 +253,11 @@ NCCL_FILES = FrameSpec(
         _c("ras_lines", pl.Int64(), "NCCL RAS client output lines"),
         _c("other_lines", pl.Int64(), "blank lines and non-NCCL text (training output, shell commands)"),
         _c("unknown_sample", pl.String(), "first NCCL-envelope line not understood, for diagnosis"),
+        _c(
+            "version_range",
+            pl.String(),
+            "NCCL versions the line formats allow (`2.20-2.22`, `>=2.24`), when there is no banner",
+        ),
     ),
 )
 

@@ -173,6 +173,8 @@ class _Acc:
         self.ras = False
         self.ras_error: str | None = None
         self.perf: str | None = None
+        self.lo: tuple[int, ...] = (0,)
+        self.hi: tuple[int, ...] = (99,)
         self.launcher: dict[tuple[str, int | None, int | None], int] = {}
 
     def add(self, frame: str, **row: Any) -> None:
@@ -244,6 +246,8 @@ def _line(acc: _Acc, line: str, n: int) -> None:
         tag = MPI_TAG.search(line, 0, m.start())
         if tag and host:
             acc.launcher[(host, base["pid"], base["cuda_dev"])] = int(tag["rank"])
+        if m["func"]:
+            _hint(acc, lo="2.30")  # `file:line (function) NCCL WARN`
         if m["level"] in ("WARN", "ERROR"):
             known = _warn(acc, base, msg, m["src"])
         else:
@@ -253,6 +257,20 @@ def _line(acc: _Acc, line: str, n: int) -> None:
             acc.unknown_sample = acc.unknown_sample or f"line {n}: {line.strip()}"
         return
     _other(acc, line, n)
+
+
+_HINTS = {
+    "tuning_op": lambda g: ("2.24", None) if g["lo"] is not None else (("2.23", "2.23") if g["func"] and g["time"]
+                                                                       else ("2.20", "2.22") if g["time"] else (None, None)),
+    "init_timings": lambda g: ("2.23", None) if g["func"] else ("2.22", "2.22"),
+    "channels_summary": lambda g: ("2.20", None) if g["collnet"] is not None else (("2.17", "2.19") if g["nvls"] is not None else ("2.7", "2.16")),
+    "check_p2p": lambda g: ("2.24", "2.26") if g["p2p"] is not None else ("2.27", None),
+    "connected": lambda g: ("2.24", None) if g["gdr"] is not None else (None, None),
+    "bootstrap": lambda g: (None, None),
+    "comm_layout": lambda g: ("2.20", None),
+    "tuning_hdr_old": lambda g: ("2.5", "2.17"),
+    "tuning_hdr_new": lambda g: ("2.18", None),
+}
 
 
 def _info(acc: _Acc, base: dict[str, Any], msg: str, src: str | None) -> bool:
@@ -265,6 +283,9 @@ def _info(acc: _Acc, base: dict[str, Any], msg: str, src: str | None) -> bool:
     else:
         return False
     g = m.groupdict()
+    hint = _HINTS.get(kind)
+    if hint:
+        _hint(acc, *hint(g))
     if kind == "transport":
         _transport(acc, base, g)
     elif kind == "comm_init":
@@ -365,8 +386,22 @@ def _info(acc: _Acc, base: dict[str, Any], msg: str, src: str | None) -> bool:
     return True
 
 
+def _hint(acc: _Acc, lo: str | None = None, hi: str | None = None) -> None:
+    """Narrow the version range the line formats allow (research/nccl.md §A.5)."""
+    if lo:
+        acc.lo = max(acc.lo, tuple(int(x) for x in lo.split(".")))
+    if hi:
+        acc.hi = min(acc.hi, tuple(int(x) for x in hi.split(".")))
+
+
 def _transport(acc: _Acc, base: dict[str, Any], g: dict[str, Any]) -> None:
     via = g["via"]
+    if g["kw"] == "Ring":
+        _hint(acc, hi="2.6")
+    elif len(g["srcdev"]) >= 4:
+        _hint(acc, lo="2.5", hi="2.18.1")
+    else:
+        _hint(acc, lo="2.18.3")  # a device index, not a busId, in the bracket
     row: dict[str, Any] = dict(
         channel=int(g["ch"]), conn_index=_int(g["conn"]), src_rank=int(g["src"]), dst_rank=int(g["dst"]),
         direction=g["dir"], via=via,
@@ -427,6 +462,8 @@ def _tuning(acc: _Acc, base: dict[str, Any], kind: str, g: dict[str, Any]) -> No
 
 
 def _warn(acc: _Acc, base: dict[str, Any], msg: str, src: str | None) -> bool:
+    if re.match(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] ", msg):
+        _hint(acc, lo="2.26")
     msg = re.sub(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] ", "", msg)
     row = dict(**base, level="WARN", file_line=src, message=msg)
     for kind, rx in WARN_RX.items():
@@ -637,8 +674,18 @@ def _frames(acc: _Acc, nlines: int) -> dict[str, pl.DataFrame]:
         "source": acc.source, "nccl_version": acc.version, "lines": nlines, "nccl_lines": c["nccl"],
         "nccl_unknown": c["nccl_unknown"], "nccl_tests_lines": c["nccl_tests"], "pytorch_lines": c["pytorch"],
         "ras_lines": c["ras"], "other_lines": c["other"], "unknown_sample": acc.unknown_sample,
+        "version_range": _range(acc),
     }]))
     return out
+
+
+def _range(acc: _Acc) -> str | None:
+    """`2.20-2.22`, `>=2.24`, `<=2.18.1` from the line formats seen; null when nothing narrowed it."""
+    lo = ".".join(map(str, acc.lo)) if acc.lo != (0,) else None
+    hi = ".".join(map(str, acc.hi)) if acc.hi != (99,) else None
+    if lo and hi:
+        return lo if lo == hi else f"{lo}-{hi}"
+    return f">={lo}" if lo else (f"<={hi}" if hi else None)
 
 
 def process_ranks(frames: dict[str, pl.DataFrame]) -> pl.DataFrame:

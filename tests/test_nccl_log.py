@@ -221,3 +221,27 @@ def test_damaged_input_never_raises(tmp_path):
     gz.write_bytes(b"\x1f\x8b\x08\x00garbage")
     res = parse(gz, ParseContext(tmp_path, "t.log.gz"))
     assert res.status in ("failed", "partial")
+
+
+def test_version_range_from_line_formats():
+    # SOURCES.md: 11_ is 2.22 (per-op TUNING line without function, `Init timings:`), 09_ 2.24-2.26
+    # (`Check P2P Type intraNodeP2pSupport`), 15_ 2.17-2.19 (channel summary with nvls, no collnet),
+    # 46_ busId brackets (<= 2.18.1), 04_ device-index brackets (>= 2.18.3)
+    got = {p: _parse(p).frames["nccl_files"]["version_range"][0] for p in ("11", "09", "15", "46", "04")}
+    assert got == {"11": "2.22", "09": "2.24-2.26", "15": "2.18.3-2.19", "46": "2.5-2.18.1", "04": ">=2.18.3"}
+
+
+def test_warn_2_26_timestamp_and_2_30_function_forms(tmp_path):
+    p = tmp_path / "w.log"
+    p.write_text(
+        "\n[2025-06-01 10:00:00] gpu1:7:8 [2] transport/net_ib.cc:2358 NCCL WARN NET/IB : Got completion from peer "
+        "10.0.0.2<1> with status=12 opcode=0 len=0 vendor err 129 (Send) localGid x remoteGids y\n"
+        "gpu1:7:8 [2] transport/net_ib.cc:2543 (ncclIbTest) NCCL WARN NET/IB: Got completion from peer 10.0.0.2<1> "
+        "with status=IBV_WC_RETRY_EXC_ERR(12) opcode=IBV_WC_SEND(0) reqSize=0 vendor_err=129 req_type=Send hca mlx5_0\n"
+    )
+    res = parse(p, ParseContext(tmp_path, "w.log"))
+    ev = res.frames["nccl_events"]
+    assert ev["kind"].to_list() == ["ib_completion", "ib_completion"]
+    assert ev["code"].to_list() == [12, 12] and ev["host"].to_list() == ["gpu1", "gpu1"]
+    assert ev["file_line"].to_list() == ["transport/net_ib.cc:2358", "transport/net_ib.cc:2543"]
+    assert res.frames["nccl_files"]["version_range"][0] == ">=2.30"
