@@ -163,10 +163,20 @@ def nccl_algorithm(frames, cfg: NcclAlgorithmConfig) -> list[Finding]:
         lost_us = None
         base = _comm_for(j, frames)
         sizes = calls.filter(pl.col("kind") == "coll").select("op", "bytes").drop_nulls()
+        nsteps, step_us = 0, None
         if frames.has("comms"):
-            sizes = pl.concat([sizes, frames["comms"].select(pl.lit("AllReduce").alias("op"), "bytes").drop_nulls()])
+            # one rank's collectives in the profiled window stand for every rank's
+            cm = frames["comms"].filter(pl.col("bytes").is_not_null() & pl.col("collective").is_in(list(_COLL)))
+            if cm.height:
+                r0 = cm["rank"].drop_nulls().min()
+                cm = cm.filter(pl.col("rank") == r0) if r0 is not None else cm
+                sizes = pl.concat([sizes, cm.select(pl.col("collective").replace_strict(_COLL).alias("op"), "bytes")])
+                st = frames["steps"].filter(pl.col("rank") == r0) if r0 is not None else frames["steps"]
+                nsteps = st.height
+                step_us = float((st["end_ns"] - st["start_ns"]).mean()) / 1e3 if st.height else None
         detail = "impact not quantified: the logs give no message sizes or too little topology for the model"
         confidence = "medium"
+        gpu_s = frac = None
         if base is not None and sizes.height and ("NCCL_ALGO" in settings or "NCCL_PROTO" in settings):
             algos = _names(settings["NCCL_ALGO"], _ALGO_NAMES) if "NCCL_ALGO" in settings else None
             protos = _names(settings["NCCL_PROTO"], _PROTO_NAMES) if "NCCL_PROTO" in settings else None
@@ -183,10 +193,17 @@ def nccl_algorithm(frames, cfg: NcclAlgorithmConfig) -> list[Finding]:
                 worst = max(worst, t_user / t_def)
             metrics |= {"predicted_lost_us": round(lost_us, 1), "worst_slowdown": round(worst, 2)}
             detail = (f"the cost model (estimated topology) predicts {lost_us / 1e3:.1f} ms lost over the "
-                      f"{sizes.height} logged calls, up to {worst:.2f}x slower than NCCL's default choice")
+                      f"{sizes.height} observed calls, up to {worst:.2f}x slower than NCCL's default choice")
+            if nsteps:
+                per_step = lost_us / nsteps
+                metrics["predicted_lost_us_per_step"] = round(per_step, 1)
+                detail += f" ({per_step / 1e3:.2f} ms per step)"
+                gpu_s = lost_us * (j.nranks or 1) / 1e6
+                frac = per_step / step_us if step_us else None
             confidence = "low"
             if worst < cfg.min_forced_slowdown:
-                detail = "the cost model predicts no significant loss for the logged sizes"
+                detail = "the cost model predicts no significant loss for the observed sizes"
+                gpu_s = frac = None
         sev = Severity.WARNING
         out.append(Finding(
             "nccl_algorithm", sev, "NCCL algorithm, protocol or transport choice forced by environment",
@@ -194,6 +211,7 @@ def nccl_algorithm(frames, cfg: NcclAlgorithmConfig) -> list[Finding]:
             "Remove the override unless a benchmark on this cluster shows it is faster at the job's message "
             "sizes; NCCL's own choice is usually within a few percent of the best.",
             ranks=ranks, hosts=hosts, gpus=gpus, key="forced", metrics=metrics, confidence=confidence,
+            gpu_seconds_lost=gpu_s, fraction_of_step=frac,
             evidence=evidence(forced, ("host", "line", "var", "value", "origin")),
         ))
 

@@ -96,3 +96,21 @@ def test_triggers_on_nccl_tests_time_far_above_the_tuning_table(tmp_path):
     findings, _ = _run(frames_from(tmp_path, text))
     (f,) = [x for x in findings if x.key == "model_gap"]
     assert abs(f.metrics["worst_ratio"] - 10.0) < 0.01 and f.metrics["worst_bytes"] == 104857600
+
+
+def test_forced_loss_per_step_from_trace_sizes(tmp_path):
+    # same job, sizes from the trace: rank 0 issued four 64 KiB all-reduces over two profiled steps of 10 ms
+    text = "".join(
+        f"n:1:1 [{d}] NCCL INFO comm 0x{d} rank {d} nranks 4 cudaDev {d} busId {d + 1}000 - Init COMPLETE\n" for d in range(4)
+    ) + "n:1:1 [0] NCCL INFO NCCL_PROTO set by environment to Simple\n"
+    frames = frames_from(tmp_path, text)
+    comms = frames["nccl_comms"].with_columns(pl.lit("NVIDIA H100 80GB HBM3").alias("gpu_name"))
+    trace_comms = pl.DataFrame({"rank": [0, 0, 0, 0, 1], "collective": ["allreduce"] * 5, "bytes": [65536] * 5})
+    steps = pl.DataFrame({"rank": [0, 0], "step": [1, 2], "start_ns": [0, 10_000_000], "end_ns": [10_000_000, 20_000_000]})
+    job = JobFrames({n: frames[n] for n in frames.present} | {"nccl_comms": comms, "comms": trace_comms, "steps": steps})
+    (f,) = _run(job)[0]
+    c = nc.Comm(nranks=4, nnodes=1, ring=nc.Graph(2, 20.6, 12.0))
+    one = nc.choose(nc.Comm(**{**c.__dict__, "protos": frozenset({"Simple"})}), "AllReduce", 65536)[2] - nc.choose(c, "AllReduce", 65536)[2]
+    assert f.metrics["predicted_lost_us_per_step"] == round(2 * one, 1)
+    assert abs(f.fraction_of_step - 2 * one / 10_000.0) < 1e-9
+    assert abs(f.gpu_seconds_lost - 4 * one * 4 / 1e6) < 1e-12
