@@ -175,6 +175,9 @@ class _Acc:
         self.perf: str | None = None
         self.lo: tuple[int, ...] = (0,)
         self.hi: tuple[int, ...] = (99,)
+        self.tails: list[dict[str, Any]] = []
+        self.tail_lines = 0
+        self.nt_seen = False
         self.launcher: dict[tuple[str, int | None, int | None], int] = {}
 
     def add(self, frame: str, **row: Any) -> None:
@@ -213,6 +216,9 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
     ]
     ranks = set(frames["nccl_comms"].filter(pl.col("origin") == "init")["rank"].drop_nulls().to_list())
     ranks |= set(frames["collective_timeouts"]["rank"].drop_nulls().to_list())
+    procs = process_ranks(frames)
+    if procs.height == 1:  # one process, one GPU: the file is that rank's
+        ranks |= set(procs["rank"].to_list())
     hosts_set = set(hosts) | set(frames["nccl_channels"]["host"].drop_nulls().to_list())
     return ParseResult(
         frames=frames,
@@ -224,6 +230,9 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
 
 
 def _line(acc: _Acc, line: str, n: int) -> None:
+    if "NCCL " not in line:  # fast path: most lines of a training log
+        _other(acc, line, n)
+        return
     m = ENVELOPE.search(line)
     host = None
     if m:
@@ -526,9 +535,16 @@ def _other(acc: _Acc, line: str, n: int) -> None:
     acc.counts["other"] += 1
 
 
+def _seen_tests(acc: _Acc) -> bool:
+    """A bare number row: nccl-tests when the file has nccl-tests output, else plain text."""
+    acc.tail_lines += 1
+    return True
+
+
 def _nccl_tests(acc: _Acc, text: str, n: int) -> bool:
     m = NT_ROW.match(text)
     if m:
+        acc.nt_seen = True
         vals = m["vals"].split()
         for k, placement in enumerate(("out-of-place", "in-place")):
             part = vals[4 * k : 4 * k + 4]
@@ -545,18 +561,21 @@ def _nccl_tests(acc: _Acc, text: str, n: int) -> bool:
     if m:
         # a row cut by interleaved output: its size is algbw x time (GB/s x us = kB), a power of two
         est = float(m["algbw"]) * float(m["time"]) * 1e3
-        if est > 0:
-            p2 = 1 << max(0, round(est).bit_length() - 1)
-            size = min((p2, 2 * p2), key=lambda s: abs(s - est))
-            if abs(size - est) / size < 0.05:
-                acc.add(
-                    "nccl_tests", host=None, line=n, size_bytes=size, placement=None, time_us=float(m["time"]),
-                    algbw_gbps=float(m["algbw"]), busbw_gbps=float(m["busbw"]), wrong=_float(m["wrong"]),
-                    size_inferred=True,
-                )
+        if est <= 0:
+            return _seen_tests(acc)
+        p2 = 1 << max(0, round(est).bit_length() - 1)
+        size = min((p2, 2 * p2), key=lambda s: abs(s - est))
+        if abs(size - est) / size >= 0.05:
+            return _seen_tests(acc)
+        # kept only if the file turns out to hold nccl-tests output (decided at the end of the file)
+        acc.tails.append(dict(
+            source=acc.source, host=None, line=n, size_bytes=size, placement=None, time_us=float(m["time"]),
+            algbw_gbps=float(m["algbw"]), busbw_gbps=float(m["busbw"]), wrong=_float(m["wrong"]), size_inferred=True,
+        ))
         return True
     m = NT_DEVICE.match(text)
     if m:
+        acc.nt_seen = True
         bus = m["bus"].lower().removeprefix("0x")
         acc.add(
             "nccl_comms", host=m["host"], pid=int(m["pid"]), cuda_dev=int(m["dev"]), rank=int(m["rank"]), line=n,
@@ -574,6 +593,8 @@ def _nccl_tests(acc: _Acc, text: str, n: int) -> bool:
         acc.add("nccl_events", host=None, line=n, level="ERROR" if m["ok"] == "FAILED" else "INFO",
                 kind="nccl_tests_avg", value=float(m["bw"]), message=text)
         return True
+    if NT_PARAMS.match(text) or re.search(r"out-of-place|\(elements\)|Avg bus bandwidth", text):
+        acc.nt_seen = True
     if NT_PARAMS.match(text) or NT_HEADER.match(text) or NT_MISC.search(text):
         if NT_PERF.search(text):
             acc.perf = acc.perf or COLL_NAMES[NT_PERF.search(text).group(1)]  # type: ignore[union-attr]
@@ -647,6 +668,12 @@ def _ras(acc: _Acc, text: str, n: int) -> None:
 
 def _frames(acc: _Acc, nlines: int) -> dict[str, pl.DataFrame]:
     out: dict[str, pl.DataFrame] = {}
+    tail_lines = len({t["line"] for t in acc.tails}) + acc.tail_lines
+    if acc.nt_seen:
+        acc.rows["nccl_tests"].extend(acc.tails)
+    else:  # bare number rows in a file without nccl-tests output are just text
+        acc.counts["nccl_tests"] -= tail_lines
+        acc.counts["other"] += tail_lines
     for name in ("nccl_comms", "nccl_net", "nccl_channels", "nccl_calls", "nccl_tuning", "nccl_env",
                  "nccl_events", "collective_timeouts", "nccl_tests"):
         rows = acc.rows.get(name, [])
