@@ -15,7 +15,9 @@ Why it matters:
 How it measures:
     collective_timeouts (PyTorch lines) grouped by (process group, SeqNum); nccl_events for RAS and
     CUDA failures. Culprits: ranks named by a desync report; else ranks whose last enqueued work is
-    below the timed-out SeqNum; else, for a desync, the ranks in the minority collective; otherwise the
+    below the timed-out SeqNum; else the few ranks of the world communicator (size from NCCL init
+    lines) that report no timeout while the others do; else, for a desync, the ranks in the minority
+    collective; otherwise the
     ranks that reported the timeout are listed as reporters, not culprits (confidence lowered).
 
 What to do:
@@ -43,6 +45,9 @@ class NcclTimeoutConfig:
 
     # `ran for` / `Timeout(ms)` above this means the watchdog noticed the hang late
     late_detection_ratio: float = 2.0
+    # ranks that stay silent while the others time out are named culprits only if they are at most
+    # this fraction of the communicator (more silence means missing logs, not culprits)
+    max_silent_fraction: float = 0.25
 
 
 @detector("nccl_timeout", config=NcclTimeoutConfig, requires_any=("collective_timeouts", "nccl_events"))
@@ -74,6 +79,13 @@ def nccl_timeout(frames, cfg: NcclTimeoutConfig) -> list[Finding]:
         ran_ms = timeouts["ran_ns"].drop_nulls()
         ratio = (ran_ms.max() / timeout_ms.max()) if ran_ms.len() and timeout_ms.len() else None
         culprits = sorted(set(desync["lagging_rank"].drop_nulls().to_list()) | set(never["rank"].drop_nulls().to_list()))
+        # ranks of the world communicator that reported nothing while the others timed out
+        silent: list[int] = []
+        if j.nranks and reporters and not culprits:
+            silent = sorted(set(range(j.nranks)) - set(reporters))
+            if not silent or len(silent) > cfg.max_silent_fraction * j.nranks:
+                silent = []
+            culprits = silent
         text = (f"{len(reporters)} rank(s) ({', '.join(map(str, reporters[:16]))}) report a timed-out collective "
                 f"({', '.join(ops) or 'op not printed'}; SeqNum {', '.join(map(str, seqs[:6]))})")
         if timeout_ms.len():
@@ -87,15 +99,22 @@ def nccl_timeout(frames, cfg: NcclTimeoutConfig) -> list[Finding]:
         if stuck.height:
             text += (f"; rank(s) {', '.join(map(str, sorted(set(stuck['rank'].drop_nulls().to_list()))))} issued it and "
                      "are stuck inside (enqueued >= SeqNum > completed)")
+        if silent:
+            text += (f"; rank(s) {', '.join(map(str, silent))} of the {j.nranks}-rank communicator reported no "
+                     "timeout: they never reached the collective (or their logs are missing)")
         if ras_ok.height and not ras.height:
             text += "; NCCL RAS reported every communicator OK at the time, which does not rule out a hang"
+        named = j.ident.filter(pl.col("rank").is_in(culprits or reporters))
+        c_hosts = tuple(sorted(set(named["host"].drop_nulls().to_list())))
+        c_gpus = tuple(sorted(set(named["bus_id"].drop_nulls().to_list())))
         out.append(Finding(
             "nccl_timeout", Severity.CRITICAL, "NCCL collective timed out", text + ".",
             "Find the rank that did not arrive (desync report, flight recorder dump, the rank with the lowest "
             "last-enqueued work); check its host for GPU/NIC errors; enable TORCH_NCCL_TRACE_BUFFER_SIZE and "
             "TORCH_NCCL_DESYNC_DEBUG=1.",
-            ranks=tuple(culprits or reporters), hosts=(), key="timeout:" + ",".join(map(str, seqs[:4])),
-            confidence="high" if culprits else "medium",
+            ranks=tuple(culprits or reporters), hosts=c_hosts, gpus=c_gpus,
+            key="timeout:" + ",".join(map(str, seqs[:4])),
+            confidence="high" if (culprits and not silent) else "medium",
             metrics={"reporting_ranks": len(reporters), "culprit_ranks": ",".join(map(str, culprits)) or None,
                      "timeout_ms": int(timeout_ms.max()) // 1_000_000 if timeout_ms.len() else None,
                      "ran_over_timeout": round(ratio, 2) if ratio is not None else None,
