@@ -711,6 +711,8 @@ def _range(acc: _Acc) -> str | None:
     lo = ".".join(map(str, acc.lo)) if acc.lo != (0,) else None
     hi = ".".join(map(str, acc.hi)) if acc.hi != (99,) else None
     if lo and hi:
+        if acc.lo > acc.hi:  # formats of different eras: a custom build, or several NCCLs in one file
+            return f"inconsistent: >={lo} and <={hi}"
         return lo if lo == hi else f"{lo}-{hi}"
     return f">={lo}" if lo else (f"<={hi}" if hi else None)
 

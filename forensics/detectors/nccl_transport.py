@@ -124,7 +124,13 @@ def nccl_transport(frames, cfg: NcclTransportConfig) -> list[Finding]:
     hca_off = net.filter((pl.col("kind") == "gdr_hca") & (pl.col("state") == "Disabled")
                          & ~pl.col("detail").str.starts_with("NET/Socket"))
     gpu_off = net.filter((pl.col("kind") == "gdr_gpu") & (pl.col("state") == "Disabled"))
-    gdr0 = ev.filter((pl.col("kind") == "connected") & (pl.col("code") == 0))
+    # `GDR 0` is normal when the network is TCP: only RDMA processes count
+    sock_procs = pl.concat([
+        netsel.filter(pl.col("name").str.to_lowercase() == "socket").select("host", "pid"),
+        ch.filter(pl.col("net") == "Socket").select("host", "pid"),
+    ]).unique()
+    gdr0 = ev.filter((pl.col("kind") == "connected") & (pl.col("code") == 0)).join(
+        sock_procs, on=["host", "pid"], how="anti", nulls_equal=True)
     if nogdr.height or hca_off.height or gpu_off.height or gdr0.height:
         rows = pl.concat([d.select("host", "pid", "cuda_dev", "line") for d in (nogdr, hca_off, gpu_off, gdr0) if d.height])
         ranks, hosts, gpus = where(rows, j.ident)

@@ -48,3 +48,14 @@ def test_skipped_when_logs_have_no_transport_lines(tmp_path):
     text = "h:1:1 [0] NCCL INFO cudaDriverVersion 12040\nh:1:1 [0] NCCL INFO Init timings - ncclCommInitRank: rank 0 nranks 2 total 1.00 (kernels 0.1)\n"
     findings, skipped = _run(frames_from(tmp_path, text))
     assert findings == [] and "no transport" in skipped[0].reason
+
+
+def test_clean_gdr0_on_a_socket_network_is_not_flagged_as_missing_gdr(tmp_path):
+    text = (
+        "h:1:1 [0] NCCL INFO Using network Socket\n"
+        "h:1:1 [0] NCCL INFO Connected all rings, use ring PXN 0 GDR 0\n"
+    )
+    findings, _ = _run(frames_from(tmp_path, text))
+    assert not [f for f in findings if f.key == "no_gdr"]
+    findings, _ = _run(frames_from(tmp_path, text.replace("Socket", "IB"), "ib.log"))
+    assert [f.key for f in findings] == ["no_gdr"]
