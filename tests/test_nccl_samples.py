@@ -76,6 +76,8 @@ def test_11_measured_38x_prediction_and_busbw_cliff_gdr_ok():
     gap = f[("nccl_algorithm", "model_gap")]
     assert gap.metrics["worst_bytes"] == 8589934592
     assert gap.metrics["worst_ratio"] == pytest.approx(3300068 / 86069.968750, rel=0.01)
+    # NCCL's model assumed 2*23/24 x 8 GiB / 86 070 us = 191.4 GB/s bus bandwidth (nranks 24 from the init line)
+    assert gap.metrics["predicted_busbw_gbps"] == pytest.approx(2 * 23 / 24 * 8589934592 / 86069.968750e3, abs=0.1)
     cliff = f[("nccl_algorithm", "busbw_cliff")]
     assert (cliff.metrics["from_gbps"], cliff.metrics["to_gbps"], cliff.metrics["at_bytes"]) == (29.50, 5.27, 67108864)
     assert ("nccl_transport", "no_gdr") not in f and ("nccl_algorithm", "forced") not in f
@@ -208,3 +210,14 @@ def test_47_gdr_disabled_on_socket_nics_is_normal():
 def test_30_old_tuning_table_is_parsed_not_flagged(prefix):
     f, skipped = run(prefix)
     assert f == {}
+
+
+def test_11_busbw_far_below_a_user_supplied_hardware_peak():
+    from forensics.detectors import run_detectors as rd
+
+    folder = shared_path("nccl_logs")
+    path = next(folder.glob("11_*.log"))
+    res = parse(path, ParseContext(folder, path.name))
+    findings, _ = rd(JobFrames(res.frames), {"nccl_algorithm": {"expected_busbw_gbps": "190"}}, only=["nccl_algorithm"])
+    (f,) = [x for x in findings if x.key == "busbw_peak"]
+    assert f.metrics["peak_busbw_gbps"] == 29.50  # 32 MiB out-of-place row

@@ -59,6 +59,11 @@ class NcclAlgorithmConfig:
     min_busbw_cliff: float = 3.0
     # model time ratio (forced / default) from which a forced choice is called slower
     min_forced_slowdown: float = 1.25
+    # the hardware's expected nccl-tests bus bandwidth in GB/s (e.g. ~360 for 8x H100 NVLink AllReduce,
+    # ~45 per 400 Gb/s NIC per GPU between nodes); 0 = unknown, check off
+    expected_busbw_gbps: float = 0.0
+    # nccl-tests peak busbw below this fraction of expected_busbw_gbps is flagged
+    min_busbw_fraction: float = 0.5
 
 
 def _names(value: str, table: dict[str, str]) -> frozenset[str] | None:
@@ -254,7 +259,10 @@ def nccl_algorithm(frames, cfg: NcclAlgorithmConfig) -> list[Finding]:
                 "nccl-tests per node pair to find the slow link.",
                 ranks=ranks, hosts=hosts, gpus=gpus, key="model_gap", confidence="high",
                 metrics={"worst_ratio": round(top["ratio"], 2), "worst_bytes": top["size_bytes"],
-                         "sizes_flagged": g.height},
+                         "sizes_flagged": g.height,
+                         # the bus bandwidth NCCL's model assumed for that AllReduce: 2(n-1)/n x bytes / time
+                         "predicted_busbw_gbps": round(2 * (j.nranks - 1) / j.nranks * top["size_bytes"]
+                                                       / (top["predicted_us"] * 1e3), 1) if j.nranks else None},
                 evidence=evidence(g, ("size_bytes", "algo", "proto", "time_us", "predicted_us", "ratio", "measured_by")),
             ))
 
@@ -277,6 +285,20 @@ def nccl_algorithm(frames, cfg: NcclAlgorithmConfig) -> list[Finding]:
                 key="busbw_cliff", confidence="medium", hosts=tuple(sorted(set(tests["host"].drop_nulls().to_list()))),
                 metrics={"from_gbps": c["prev_busbw"], "to_gbps": c["busbw_gbps"], "at_bytes": c["size_bytes"]},
                 evidence=evidence(cliff, ("size_bytes", "prev_busbw", "busbw_gbps", "line")),
+            ))
+
+    # 3b. nccl-tests peak against the hardware's expected bus bandwidth (user-supplied)
+    if tests.height and cfg.expected_busbw_gbps > 0:
+        peak = tests["busbw_gbps"].drop_nulls().max()
+        if peak is not None and peak < cfg.min_busbw_fraction * cfg.expected_busbw_gbps:
+            out.append(Finding(
+                "nccl_algorithm", Severity.WARNING, "nccl-tests bus bandwidth far below the hardware's",
+                f"Peak busbw {peak:.2f} GB/s is {peak / cfg.expected_busbw_gbps:.0%} of the expected "
+                f"{cfg.expected_busbw_gbps:g} GB/s.",
+                "Check the transport findings, NIC count and speed per GPU, PCIe generation/width and NUMA placement.",
+                key="busbw_peak", confidence="medium",
+                metrics={"peak_busbw_gbps": peak, "expected_busbw_gbps": cfg.expected_busbw_gbps},
+                evidence=evidence(tests.sort("busbw_gbps", descending=True), ("size_bytes", "placement", "busbw_gbps", "line"), 3),
             ))
 
     # 4. wrong results in nccl-tests
