@@ -59,3 +59,29 @@ def test_clean_gdr0_on_a_socket_network_is_not_flagged_as_missing_gdr(tmp_path):
     assert not [f for f in findings if f.key == "no_gdr"]
     findings, _ = _run(frames_from(tmp_path, text.replace("Socket", "IB"), "ib.log"))
     assert [f.key for f in findings] == ["no_gdr"]
+
+
+def test_triggers_on_nvls_off_single_nic_mixed_links_and_docker_bridge(tmp_path):
+    text = "".join(
+        f"#  Rank {d} Group  0 Pid    100 on      gpu01 device  {d} [0x{0x18 + d:02x}] NVIDIA H100 80GB HBM3\n" for d in range(8)
+    ) + (
+        "gpu01:100:100 [0] NCCL INFO Bootstrap : Using docker0:172.17.0.1<0>\n"
+        "gpu01:100:100 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/RoCE ; OOB docker0:172.17.0.1<0>\n"
+        "gpu01:100:100 [0] NCCL INFO + NVL[480.0] - NVS/0\n"
+        "gpu01:100:101 [0] NCCL INFO 16 coll channels, 16 collnet channels, 0 nvls channels, 16 p2p channels, 2 p2p channels per peer\n"
+        "gpu02:200:200 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB eth0:10.0.0.2<0>\n"
+    )
+    frames = frames_from(tmp_path, text)
+    findings, _ = _run(frames)
+    by = {f.key: f for f in findings}
+    assert {"nvls_off", "iface", "mixed_link"} <= set(by)
+    assert by["nvls_off"].hosts == ("gpu01",) and by["nvls_off"].gpus == ("0000:18:00.0",)
+    assert "docker0" in by["iface"].summary
+    assert "single_nic" not in by  # gpu01 has 2 NICs, gpu02 shows one GPU only
+
+
+def test_clean_nvls_off_is_not_flagged_without_an_nvswitch(tmp_path):
+    text = ("#  Rank 0 Group  0 Pid    100 on      gpu01 device  0 [0x18] NVIDIA H100 PCIe\n"
+            "gpu01:100:101 [0] NCCL INFO 2 coll channels, 2 collnet channels, 0 nvls channels, 2 p2p channels, 2 p2p channels per peer\n")
+    findings, skipped = _run(frames_from(tmp_path, text))
+    assert findings == [] and skipped == []
