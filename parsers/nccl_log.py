@@ -103,7 +103,9 @@ PT_TIMEOUT = re.compile(r"\[Rank (?P<rank>\d+)\]\s+Watchdog caught collective op
 PT_BLOCKING = re.compile(r"\[Rank (?P<rank>\d+)\] Work " + _WORK + r" timed out in blocking wait")
 PT_LAST = re.compile(
     r"\[PG (?:ID )?(?P<pg>\d+)[^\]]*? Rank (?P<rank>\d+)\]\s+(?:Exception \(either an error or timeout\) detected by watchdog at work: "
-    r"(?P<seq>\d+), last enqueued NCCL work: (?P<enq>\d+), last completed NCCL work: (?P<comp>\d+)|failure detected by watchdog at work "
+    r"(?P<seq>\d+), last enqueued NCCL work: (?P<enq>\d+), last completed NCCL work: (?P<comp>\d+)"
+    r"|Timeout at NCCL work: (?P<seq3>\d+), last enqueued NCCL work: (?P<enq3>\d+), last completed NCCL work: (?P<comp3>\d+)"
+    r"|failure detected by watchdog at work "
     r"sequence id: (?P<seq2>\d+) PG status: last enqueued work: (?P<enq2>\d+), last completed work: (?P<comp2>\d+))"
 )
 PT_DESYNC = re.compile(r"\[(?P<lag>\d+)\] finished collective #(?P<fin>\d+), but didn't join collective #(?P<next>\d+)")
@@ -621,8 +623,9 @@ def _pytorch(acc: _Acc, line: str, n: int) -> None:
     m = PT_LAST.search(line)
     if m:
         acc.add(
-            "collective_timeouts", **base, kind="pg_status", pg=int(m["pg"]), seq=int(m["seq"] or m["seq2"]),
-            last_enqueued=int(m["enq"] or m["enq2"]), last_completed=int(m["comp"] or m["comp2"]),
+            "collective_timeouts", **base, kind="pg_status", pg=int(m["pg"]), seq=int(m["seq"] or m["seq2"] or m["seq3"]),
+            last_enqueued=int(m["enq"] or m["enq2"] or m["enq3"]),
+            last_completed=int(m["comp"] or m["comp2"] or m["comp3"]),
         )
         return
     m = PT_DESYNC.search(line)

@@ -245,3 +245,11 @@ def test_warn_2_26_timestamp_and_2_30_function_forms(tmp_path):
     assert ev["code"].to_list() == [12, 12] and ev["host"].to_list() == ["gpu1", "gpu1"]
     assert ev["file_line"].to_list() == ["transport/net_ib.cc:2358", "transport/net_ib.cc:2543"]
     assert res.frames["nccl_files"]["version_range"][0] == ">=2.30"
+
+
+def test_pytorch_timeout_at_work_form(tmp_path):
+    p = tmp_path / "t.log"
+    p.write_text("[rank0]:[E0314 09:10:00.1 ProcessGroupNCCL.cpp:1708] [PG ID 0 PG GUID 0(default_pg) Rank 0] "
+                 "Timeout at NCCL work: 7, last enqueued NCCL work: 7, last completed NCCL work: 6.\n")
+    row = parse(p, ParseContext(tmp_path, "t.log")).frames["collective_timeouts"].row(0, named=True)
+    assert (row["kind"], row["rank"], row["seq"], row["last_enqueued"], row["last_completed"]) == ("pg_status", 0, 7, 7, 6)
