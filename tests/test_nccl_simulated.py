@@ -17,12 +17,12 @@ from forensics.frames import JobFrames
 NCCL = ["nccl_transport", "nccl_algorithm", "nccl_timeout"]
 
 
-def _simulate(tmp_path_factory, scenario: str, traces: bool = False) -> tuple[dict, list, Path]:
+def _simulate(tmp_path_factory, scenario: str, traces: bool = False, **kw) -> tuple[dict, list, Path]:
     """Simulate ``scenario`` and run the NCCL detectors on its logs (and traces when asked: slower)."""
     simulate = pytest.importorskip("forensics.simulate").simulate
     out = tmp_path_factory.mktemp(scenario) / "run"
     try:
-        truth = simulate(scenario, out, steps=1, compresslevel=1)
+        truth = simulate(scenario, out, steps=1, compresslevel=1, **kw)
     except Exception as exc:  # noqa: BLE001 -- a simulator bug is the simulator tests' business
         pytest.skip(f"simulator failed on {scenario}: {exc!r}")
     logs = out / "logs"
@@ -45,8 +45,9 @@ def _truth_hosts(truth: dict) -> set[str]:
     return {h["host"] for h in truth["hosts"]}
 
 
-@pytest.mark.parametrize("scenario", ["ddp_clean", "pp_clean"])
+@pytest.mark.parametrize("scenario", ["ddp_clean", "pp_clean", "ddp_straggler", "benign_kernel_log"])
 def test_clean_baselines_raise_no_nccl_finding(tmp_path_factory, scenario):
+    # ddp_straggler / benign_kernel_log inject nothing NCCL-related: these detectors must stay quiet too
     _, findings, _ = _simulate(tmp_path_factory, scenario)
     assert findings == [], [f.title for f in findings]
 
@@ -87,8 +88,9 @@ def test_p2p_disabled_is_found(tmp_path_factory):
     assert ("nccl_transport", "intra_node") in _keys(findings)
 
 
-def test_collective_timeout_names_the_culprit_rank_host_and_gpu(tmp_path_factory):
-    truth, findings, _ = _simulate(tmp_path_factory, "collective_timeout")
+@pytest.mark.parametrize("kw", [{}, {"ranks": 16, "params": {"rank": "11"}}], ids=["8r", "16r-rank11"])
+def test_collective_timeout_names_the_culprit_rank_host_and_gpu(tmp_path_factory, kw):
+    truth, findings, _ = _simulate(tmp_path_factory, "collective_timeout", **kw)
     fault = truth["faults"][0]
     (f,) = [f for f in findings if f.detector == "nccl_timeout" and f.key.startswith("timeout")]
     assert list(f.ranks) == fault["ranks"]
