@@ -157,9 +157,12 @@ def nccl_algorithm(frames, cfg: NcclAlgorithmConfig) -> list[Finding]:
     looked = False
 
     # 1. user overrides
-    forced = env.filter(pl.col("var").is_in(FORCING) | (pl.col("var").is_in(DISABLES) & (pl.col("value") != "0")
-                        & ~(pl.col("var").is_in(["NCCL_NVLS_ENABLE", "NCCL_PAT_ENABLE", "NCCL_CUMEM_ENABLE"])
-                            & (pl.col("value") != "0"))))
+    # *_DISABLE counts when not 0, *_ENABLE when 0 (NCCL_NVLS_ENABLE=0 turns NVLS off)
+    is_enable = pl.col("var").str.ends_with("_ENABLE")
+    forced = env.filter(
+        pl.col("var").is_in(FORCING)
+        | (pl.col("var").is_in(DISABLES) & pl.when(is_enable).then(pl.col("value") == "0").otherwise(pl.col("value") != "0"))
+    )
     looked |= env.height > 0
     if forced.height:
         settings = {r["var"]: r["value"] for r in forced.sort("line").iter_rows(named=True)}

@@ -114,3 +114,11 @@ def test_forced_loss_per_step_from_trace_sizes(tmp_path):
     assert f.metrics["predicted_lost_us_per_step"] == round(2 * one, 1)
     assert abs(f.fraction_of_step - 2 * one / 10_000.0) < 1e-9
     assert abs(f.gpu_seconds_lost - 4 * one * 4 / 1e6) < 1e-12
+
+
+def test_enable_switches_count_only_when_turned_off(tmp_path):
+    on = HEALTHY + "nodeA:100:110 [0] NCCL INFO NCCL_NVLS_ENABLE set by environment to 1.\n"
+    assert _run(frames_from(tmp_path, on))[0] == []
+    off = HEALTHY + "nodeA:100:110 [0] NCCL INFO NCCL_NVLS_ENABLE set by environment to 0.\n"
+    (f,) = _run(frames_from(tmp_path, off, "off.log"))[0]
+    assert "NCCL_NVLS_ENABLE=0" in f.summary
