@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from forensics.errors import ForensicsError, UsageError
+from forensics.findings import Severity
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
@@ -143,6 +144,58 @@ def frames(
 
 
 @app.command()
+def triage(
+    job_dirs: list[Path] = typer.Argument(..., help="one folder holding one subfolder per job, or several job folders"),
+    out_dir: Path = typer.Option(..., "--out", "-o", help="where to write triage.json, triage.md and one folder per job"),
+    fail_on: FailOn = typer.Option(FailOn.never, "--fail-on", help="exit 1 when any job has a finding at or above this severity"),
+    settings: list[str] = typer.Option([], "--set", help="override a detector threshold: DETECTOR.SETTING=VALUE (repeatable)"),
+    workers: Optional[int] = typer.Option(None, "--workers", help="jobs analysed in parallel [default: CPU count]"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
+) -> None:
+    """Analyze many jobs at once; rank them worst first and list hosts that recur across jobs."""
+    import orjson
+
+    from forensics.detectors import parse_overrides
+    from forensics.triage import host_table, job_dirs as find_jobs, job_table, triage as run_triage, triage_document
+    from reports import triage_md
+
+    jobs = find_jobs(job_dirs)
+    for job in jobs:
+        _check_out_dir(job, out_dir)
+    overrides = parse_overrides(settings)
+    with _progress("jobs", quiet) as update:
+        results = run_triage(jobs, overrides=overrides, workers=workers, progress=update)  # type: ignore[arg-type]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for res in results:
+        if res.findings_doc is not None:
+            job_out = out_dir / res.name
+            job_out.mkdir(exist_ok=True)
+            (job_out / "findings.json").write_bytes(orjson.dumps(res.findings_doc, option=orjson.OPT_INDENT_2))
+            (job_out / "summary.md").write_text(res.summary_md or "", encoding="utf-8")
+    (out_dir / "triage.json").write_bytes(orjson.dumps(triage_document(results), option=orjson.OPT_INDENT_2))
+    (out_dir / "triage.md").write_text(triage_md.render(results), encoding="utf-8")
+    table = job_table(results)
+    out.print(f"{len(results)} job(s) analysed. Report: {out_dir}", highlight=False)
+    for row in table.head(10).iter_rows(named=True):
+        out.print(f"  {row['worst']:>8}  {row['job']}: {row['top_finding'] or '-'}", highlight=False, markup=False)
+    hosts = host_table(results)
+    recurring = hosts.filter(hosts["jobs"] > 1)
+    for row in recurring.head(5).iter_rows(named=True):
+        out.print(f"  recurring host {row['host']}: {row['jobs']} jobs ({row['detectors']})", highlight=False, markup=False)
+    for res in results:
+        if res.error:
+            err.print(f"[yellow]{res.name}[/]: {res.error}", highlight=False)
+    if all(r.error for r in results):
+        raise typer.Exit(EXIT_ERROR)
+    threshold = _fail_threshold(fail_on)
+    if threshold is not None and any(
+        Severity(f["severity"]).rank >= threshold
+        for r in results if r.findings_doc for f in r.findings_doc["findings"]
+    ):
+        raise typer.Exit(EXIT_FINDINGS)
+
+
+@app.command()
 def rules(name: Optional[str] = typer.Argument(None, help="a detector name; all when omitted")) -> None:
     """Print the documentation of every detector (or one)."""
     from forensics.detectors import load_all
@@ -152,6 +205,51 @@ def rules(name: Optional[str] = typer.Argument(None, help="a detector name; all 
         raise UsageError(f"unknown detector {name!r}; known: {', '.join(registry)}")
     for det in ([registry[name]] if name else registry.values()):
         out.print(f"[bold]{det.name}[/]\n{det.doc}\n", highlight=False)
+
+@app.command()
+def simulate(
+    scenario: str = typer.Argument(..., help="scenario name (see --list); e.g. ddp_clean, ddp_straggler, pp_small_m"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="RUN_DIR to write (created; must be empty or absent)"),
+    ranks: Optional[int] = typer.Option(None, "--ranks", help="world size [default: the scenario's]"),
+    steps: Optional[int] = typer.Option(None, "--steps", help="profiled training steps [default: the scenario's]"),
+    seed: int = typer.Option(0, "--seed", help="random seed; the same seed gives byte-identical output"),
+    size: Optional[float] = typer.Option(None, "--size", help="keep adding steps until each trace holds about this many MB of JSON (benchmarks)"),
+    params: list[str] = typer.Option([], "--param", "-p", help="scenario parameter KEY=VALUE (repeatable), e.g. rank=3, slowdown=0.1"),
+    nccl_version: Optional[str] = typer.Option(None, "--nccl-version", help="NCCL version to imitate (< 2.19: old ncclKernel_* names)"),
+    list_: bool = typer.Option(False, "--list", help="list the scenarios and exit"),
+) -> None:
+    """Write a simulated RUN_DIR (traces, NCCL logs, kernel logs) with a known, injected fault, plus truth.json."""
+    from forensics.simulate import SCENARIOS
+    from forensics.simulate import simulate as run_simulation
+
+    if list_ or scenario == "list":
+        for sc in SCENARIOS.values():
+            out.print(f"{sc.name:20s} {sc.summary}", highlight=False)
+        raise typer.Exit(EXIT_OK)
+    if scenario not in SCENARIOS:
+        raise UsageError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
+    if out_dir is None:
+        raise UsageError("--out DIR is required")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise UsageError(f"--out {out_dir} is not empty")
+    kv: dict[str, str] = {}
+    for item in params:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--param {item!r}: expected KEY=VALUE")
+        kv[key.strip()] = value.strip()
+    if ranks is not None and ranks < 1:
+        raise UsageError("--ranks must be >= 1")
+    try:
+        truth = run_simulation(scenario, out_dir, ranks=ranks, steps=steps, seed=seed, size_mb=size, params=kv, nccl_version=nccl_version)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    culprits = sorted({r for f in truth["faults"] for r in f["ranks"]})
+    out.print(
+        f"{scenario}: {truth['job']['world_size']} ranks on {truth['job']['nodes']} node(s), {len(truth['job']['steps'])} step(s); "
+        f"culprit rank(s): {culprits or 'none'}. Wrote {out_dir} (truth.json says what was injected)",
+        highlight=False,
+    )
 
 
 def main() -> None:

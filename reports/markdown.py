@@ -8,7 +8,7 @@ from forensics.analyze import Analysis
 from forensics.tables import step_table
 
 
-def _table(df: pl.DataFrame, float_digits: int = 2) -> list[str]:
+def markdown_table(df: pl.DataFrame, float_digits: int = 2) -> list[str]:
     if df.height == 0:
         return ["_none_", ""]
     head = "| " + " | ".join(df.columns) + " |"
@@ -58,7 +58,7 @@ def render(analysis: Analysis, top: int = 20) -> str:
         lines.append("")
     if bad.height:
         lines += ["## Damaged inputs", ""]
-        lines += _table(bad.select("path", "kind", "status", "message"))
+        lines += markdown_table(bad.select("path", "kind", "status", "message"))
     lines += ["## Steps per rank", ""]
-    lines += _table(step_table(analysis.frames))
+    lines += markdown_table(step_table(analysis.frames))
     return "\n".join(lines)

@@ -1,0 +1,171 @@
+"""Batch triage: the same analysis over many jobs' folders, ranking jobs and recurring bad nodes.
+
+Each job is analysed on its own (in parallel worker processes); the result per job is reduced to a
+small picklable summary plus its findings.json document, so memory stays bounded by one job at a time
+per worker whatever the number of jobs.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import polars as pl
+
+from forensics.errors import UsageError
+
+SEVERITIES = ("critical", "warning", "info")
+
+
+@dataclass
+class JobSummary:
+    """What triage keeps of one job."""
+
+    name: str
+    path: str
+    findings_doc: dict[str, Any] | None
+    summary_md: str | None
+    error: str | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def worst(self) -> str | None:
+        for sev in SEVERITIES:
+            if self.counts.get(sev):
+                return sev
+        return None
+
+    @property
+    def gpu_seconds_lost(self) -> float:
+        if not self.findings_doc:
+            return 0.0
+        return float(sum((f.get("impact") or {}).get("gpu_seconds_lost") or 0.0 for f in self.findings_doc["findings"]))
+
+
+def job_dirs(paths: list[Path]) -> list[Path]:
+    """One argument: each immediate subdirectory is a job. Several: each argument is a job."""
+    for p in paths:
+        if not p.is_dir():
+            raise UsageError(f"{p}: no such directory")
+    if len(paths) == 1:
+        subdirs = sorted(d for d in paths[0].iterdir() if d.is_dir() and not d.is_symlink())
+        if not subdirs:
+            raise UsageError(f"{paths[0]}: no job folders inside (triage expects one subfolder per job)")
+        return subdirs
+    return sorted(paths)
+
+
+def analyze_job(path: Path, overrides: Mapping[str, Mapping[str, str]] | None = None) -> JobSummary:
+    """Analyse one job folder; never raises for a job's bad input (the error is kept instead)."""
+    from forensics.analyze import analyze
+    from forensics.errors import ForensicsError
+    from reports import json_report, markdown
+
+    try:
+        analysis = analyze(path, overrides=overrides, workers=1)
+    except ForensicsError as exc:
+        return JobSummary(path.name, str(path), None, None, error=str(exc))
+    doc = json_report.build(analysis)
+    if not analysis.readable:
+        error = "no readable trace or log"
+    else:
+        error = None
+    counts = {sev: sum(1 for f in analysis.findings if f.severity.value == sev) for sev in SEVERITIES}
+    return JobSummary(path.name, str(path), doc, markdown.render(analysis), error=error, counts=counts)
+
+
+def _worker(args: tuple[Path, Mapping[str, Mapping[str, str]] | None]) -> JobSummary:
+    return analyze_job(*args)
+
+
+def triage(
+    jobs: list[Path],
+    overrides: Mapping[str, Mapping[str, str]] | None = None,
+    workers: int | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> list[JobSummary]:
+    n_workers = workers if workers is not None else min(os.cpu_count() or 1, len(jobs))
+    results: list[JobSummary] = []
+    if n_workers > 1 and len(jobs) > 1:
+        with ProcessPoolExecutor(max_workers=n_workers, mp_context=get_context("spawn")) as pool:
+            for i, res in enumerate(pool.map(_worker, [(j, overrides) for j in jobs]), 1):
+                results.append(res)
+                if progress:
+                    progress(res.name, i, len(jobs))
+    else:
+        for i, job in enumerate(jobs, 1):
+            res = analyze_job(job, overrides)
+            results.append(res)
+            if progress:
+                progress(res.name, i, len(jobs))
+    return results
+
+
+def job_table(results: list[JobSummary]) -> pl.DataFrame:
+    """One row per job, worst first: severity, then GPU-seconds lost."""
+    order = {sev: i for i, sev in enumerate(SEVERITIES)}
+    rows = []
+    for r in results:
+        top = r.findings_doc["findings"][0]["title"] if r.findings_doc and r.findings_doc["findings"] else None
+        sources = r.findings_doc["run"]["sources"] if r.findings_doc else []
+        rows.append(
+            {
+                "job": r.name,
+                "worst": r.worst or ("error" if r.error else "clean"),
+                "critical": r.counts.get("critical", 0),
+                "warning": r.counts.get("warning", 0),
+                "info": r.counts.get("info", 0),
+                "gpu_seconds_lost": round(r.gpu_seconds_lost, 3),
+                "damaged_sources": sum(1 for s in sources if s["status"] in ("partial", "failed")),
+                "top_finding": top or r.error,
+                "_order": order.get(r.worst or "", 3 if not r.error else -1),
+            }
+        )
+    if not rows:
+        return pl.DataFrame()
+    return (
+        pl.DataFrame(rows)
+        .sort(["_order", "gpu_seconds_lost", "job"], descending=[False, True, False])
+        .drop("_order")
+    )
+
+
+def host_table(results: list[JobSummary]) -> pl.DataFrame:
+    """Hosts named by findings in more than one job come first: recurring bad nodes."""
+    rows = [
+        {"host": host, "job": r.name, "detector": f["detector"], "severity": f["severity"]}
+        for r in results
+        if r.findings_doc
+        for f in r.findings_doc["findings"]
+        for host in f["hosts"]
+    ]
+    if not rows:
+        return pl.DataFrame(schema={"host": pl.String, "jobs": pl.UInt32, "findings": pl.UInt32,
+                                    "critical": pl.UInt32, "detectors": pl.String, "job_names": pl.String})
+    return (
+        pl.DataFrame(rows)
+        .group_by("host")
+        .agg(
+            pl.col("job").n_unique().alias("jobs"),
+            pl.len().alias("findings"),
+            (pl.col("severity") == "critical").sum().alias("critical"),
+            pl.col("detector").unique().sort().str.join(", ").alias("detectors"),
+            pl.col("job").unique().sort().str.join(", ").alias("job_names"),
+        )
+        .sort(["jobs", "critical", "findings", "host"], descending=[True, True, True, False])
+    )
+
+
+def triage_document(results: list[JobSummary]) -> dict[str, Any]:
+    from forensics import __version__
+
+    return {
+        "schema_version": 1,
+        "tool": {"name": "forensics", "version": __version__},
+        "jobs": job_table(results).to_dicts(),
+        "hosts": host_table(results).to_dicts(),
+    }

@@ -1,0 +1,90 @@
+"""Renderers are pure functions of an Analysis: test them on hand-built findings."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import orjson
+import polars as pl
+
+from forensics import frames as fr
+from forensics.analyze import Analysis
+from forensics.findings import Finding, Severity, Skipped, sort_findings
+from reports import html as html_report
+from reports import json_report, markdown
+from tests.conftest import assert_valid_findings
+
+
+def _analysis() -> Analysis:
+    sources = fr.conform(
+        "sources",
+        pl.DataFrame(
+            {
+                "path": ["n1_1.1.pt.trace.json.gz", "bad.json"],
+                "kind": ["kineto", "kineto"],
+                "rank": [3, None],
+                "host": ["n1", None],
+                "status": ["ok", "failed"],
+                "message": [None, "not JSON: unexpected character at byte 0"],
+            }
+        ),
+    )
+    steps = pl.DataFrame({"rank": [3, 3], "host": ["n1", "n1"], "step": [1, 2], "start_ns": [0, 10_000_000],
+                          "end_ns": [10_000_000, 30_000_000]})
+    ranks = pl.DataFrame({"rank": [3], "world_size": [8], "host": ["n1"]})
+    frames = fr.JobFrames({"sources": sources, "steps": steps, "ranks": ranks})
+    findings = [
+        Finding("straggler", Severity.INFO, "minor", "s", "r", ranks=(1,)),
+        Finding(
+            "gpu_hw_error", Severity.CRITICAL, "Xid 79 <GPU fell off the bus>", "GPU 0000:3b:00.0 on n1 fell off the bus",
+            "drain the node", ranks=(3,), hosts=("n1",), gpus=("0000:3b:00.0",), metrics={"xid": 79, "nan": float("nan")},
+            evidence=({"line": 12, "text": "NVRM: Xid (PCI:0000:3b:00): 79"},), gpu_seconds_lost=12.5,
+        ),
+    ]
+    return Analysis(Path("/runs/job42"), sources, frames, sort_findings(findings), [Skipped("busy_wait", "needs kernels")])
+
+
+def test_findings_json_validates_and_is_deterministic(findings_validator):
+    a = _analysis()
+    doc = assert_valid_findings(findings_validator, orjson.loads(json_report.render(a)))
+    assert json_report.render(a) == json_report.render(_analysis())
+    assert doc["run"]["ranks"] == [3] and doc["run"]["hosts"] == ["n1"] and doc["run"]["world_size"] == 8
+    assert doc["run"]["steps_analyzed"] == 2
+    crit = next(f for f in doc["findings"] if f["detector"] == "gpu_hw_error")
+    assert crit["metrics"]["nan"] is None  # NaN is not JSON
+    assert crit["id"] == Finding("gpu_hw_error", Severity.WARNING, "other title", "", "", ranks=(3,), hosts=("n1",),
+                                 gpus=("0000:3b:00.0",)).id
+
+
+def test_markdown_lists_findings_worst_first_and_damaged_inputs():
+    md = markdown.render(_analysis())
+    assert md.index("[info] minor") > md.index("[critical] Xid 79")
+    assert "bad.json" in md and "not JSON" in md
+    assert "`busy_wait`: needs kernels" in md
+
+
+class _Collector(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.external: list[str] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        for key, value in attrs:
+            if key in ("src", "href") and value and re.match(r"(https?:)?//", value):
+                self.external.append(value)
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_html_is_self_contained_escaped_and_attachable():
+    page = html_report.render(_analysis())
+    parser = _Collector()
+    parser.feed(page)
+    assert parser.external == []  # works offline: nothing fetched
+    assert "<GPU fell off the bus>" not in page and "&lt;GPU fell off the bus&gt;" in page
+    assert "Plotly.newPlot('fig-steps'" in page
+    assert len(page.encode()) < 9 * 1024 * 1024  # fits a ticket attachment
