@@ -494,7 +494,10 @@ def _classify(msg: str) -> tuple[str, dict[str, Any]]:
         if m:
             f = {k: (int(v) if k in _INT_KEYS and v.isdigit() else v)
                  for k, v in m.groupdict().items() if v is not None}
-            f["what"] = f.pop("what2", None) or tag
+            detail = f.pop("what2", None)
+            f["what"] = tag
+            if detail:
+                f["detail"] = detail.strip()
             return kind, f
     if _NVRM_ANY.search(msg):
         return "nvrm_other", {}

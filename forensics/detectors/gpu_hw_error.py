@@ -234,6 +234,9 @@ class _JobContext:
         self.rank_by_bus: dict[tuple[str | None, str], set[int]] = {}
         if "nccl_comms" in FRAME_SPECS and frames.has("nccl_comms"):
             nc = frames["nccl_comms"]
+            if {"host", "pid", "rank"} <= set(nc.columns):
+                for h, pid, rk in nc.select("host", "pid", "rank").drop_nulls().unique().iter_rows():
+                    self.rank_by_pid.setdefault((_hk(h), int(pid)), set()).add(int(rk))
             if {"host", "rank", "bus_id"} <= set(nc.columns):
                 for h, rk, bus in nc.select("host", "rank", "bus_id").unique().iter_rows():
                     b = _norm_busid(str(bus)) if bus is not None else None
