@@ -601,12 +601,13 @@ def parse_text(text: str, source: str, mtime_ns: int | None = None, bad_bytes: i
     when the text has no absolute stamp of its own."""
     cols: dict[str, list[Any]] = {k: [] for k in (
         "host", "line", "time_text", "time_format", "mono_ns", "wall_ns", "wall_source", "facility",
-        "level", "kind", "pci_bus_id", "xid", "pid", "process", "message", "fields")}
+        "level", "kind", "pci_bus_id", "xid", "pid", "process", "message", "fields", "segment")}
     year_less: list[tuple[int, tuple[int, int, str, str | None], int]] = []  # (row, stamp, extra delta ns)
     state: dict[str, Any] = {}
     cur: _Rec | None = None
     cur_kind_fields: tuple[str, dict[str, Any]] | None = None
     file_host: str | None = None
+    segment = 0  # `==> file <==` headers (tail/head over several files) start a new segment
     years: list[int] = []
 
     def flush() -> None:
@@ -627,7 +628,8 @@ def parse_text(text: str, source: str, mtime_ns: int | None = None, bad_bytes: i
                      ("time_format", cur.time_format), ("mono_ns", cur.mono_ns), ("wall_ns", cur.wall_ns),
                      ("wall_source", cur.wall_source), ("facility", cur.facility), ("level", cur.level),
                      ("kind", kind), ("pci_bus_id", bdf), ("xid", xid), ("pid", pid), ("process", proc),
-                     ("message", cur.message), ("fields", orjson.dumps(f).decode() if f else "{}")):
+                     ("message", cur.message), ("fields", orjson.dumps(f).decode() if f else "{}"),
+                     ("segment", segment)):
             cols[k].append(v)
         cur = None
 
@@ -644,6 +646,7 @@ def parse_text(text: str, source: str, mtime_ns: int | None = None, bad_bytes: i
         m = _FILE_HEADER.match(line)
         if m:
             flush()
+            segment += 1
             file_host = None
             state.clear()
             continue
@@ -678,9 +681,10 @@ def parse_text(text: str, source: str, mtime_ns: int | None = None, bad_bytes: i
 
     df = pl.DataFrame(cols, schema_overrides={
         "mono_ns": pl.Int64, "wall_ns": pl.Int64, "xid": pl.Int32, "pid": pl.Int64, "line": pl.Int64,
-    }, strict=False) if n else fr.empty("kernel_events").drop("source", "boot")
+    }, strict=False) if n else fr.empty("kernel_events").drop("source", "boot").with_columns(
+        pl.lit(0).alias("segment"))
     df = _assign_boots_and_place(df)
-    df = df.with_columns(pl.lit(source).alias("source"))
+    df = df.with_columns(pl.lit(source).alias("source")).drop("segment")
     out = fr.conform("kernel_events", df)
     counts = out.group_by("kind").len().sort("len", descending=True)
     summary = ", ".join(f"{k}={v}" for k, v in counts.iter_rows())
@@ -701,18 +705,18 @@ def _assign_boots_and_place(df: pl.DataFrame) -> pl.DataFrame:
     """Number boots per host and derive wall time for monotonic-only records where a boot time is known."""
     if df.height == 0:
         return df.with_columns(pl.lit(None, pl.Int32).alias("boot"))
-    hkey = pl.col("host").fill_null("")
+    hkey = [pl.col("host").fill_null(""), pl.col("segment")]
     mono = pl.col("mono_ns")
-    prev = mono.forward_fill().shift(1).over(hkey, order_by="line")
+    prev = mono.forward_fill().shift(1).over(*hkey, order_by="line")
     new_boot = (
         (pl.col("kind") == "boot")
         | (mono.is_not_null() & prev.is_not_null() & ((prev - mono) > 10_000_000_000))
     ).fill_null(False)
-    df = df.with_columns(new_boot.cast(pl.Int32).cum_sum().over(hkey, order_by="line").alias("boot"))
+    df = df.with_columns(new_boot.cast(pl.Int32).cum_sum().over(*hkey, order_by="line").alias("boot"))
     # boot time = wall - mono on lines carrying both (syslog with an embedded dmesg stamp, dmesg -T
     # is itself boot+mono). Median per (host, boot); only whole-second precision is claimed.
     both = (pl.col("wall_ns") - mono)
-    boot_ns = both.median().over(hkey, "boot")
+    boot_ns = both.median().over(*hkey, "boot")
     return df.with_columns(
         pl.when(pl.col("wall_ns").is_null() & mono.is_not_null() & boot_ns.is_not_null())
         .then(boot_ns.cast(pl.Int64) + mono)
