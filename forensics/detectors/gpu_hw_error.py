@@ -140,7 +140,7 @@ class _Inc:
     """An incident being assembled."""
 
     __slots__ = ("kind", "host", "gpu", "track", "events", "level", "actions", "title", "facts", "clock",
-                 "first_t", "last_t", "last_line", "source", "boot", "group", "ranks_pid")
+                 "first_t", "last_t", "last_line", "source", "boot", "group", "ranks_pid", "root_t")
 
     def __init__(self, kind: str, ev: dict[str, Any], track: tuple, level: str, actions: str, title: str,
                  group: str = "hw") -> None:
@@ -155,6 +155,7 @@ class _Inc:
         self.facts: dict[str, Any] = {}
         self.clock = ev["clock"]
         self.first_t = ev["t"]
+        self.root_t = ev["t"]  # the event that opened the incident (precursors may come earlier)
         self.last_t = ev["t"]
         self.last_line = ev["line"]
         self.source = ev["source"]
@@ -928,13 +929,15 @@ def _to_finding(inc: _Inc, cfg: GpuHwErrorConfig, ctx: _JobContext, benign: dict
             metrics[k] = v
     # time placement and the profiled window
     t_first = inc.first_t if inc.clock == "wall" else None
+    t_fault = inc.root_t if inc.clock == "wall" else None
     metrics["time_placed"] = t_first is not None
     metrics["first_wall_ns"] = t_first
+    metrics["fault_wall_ns"] = t_fault
     metrics["first_mono_s"] = (inc.first_t / 1e9) if inc.clock == "mono" and inc.first_t is not None else None
     win = ctx.window.get(_hk(host)) or (next(iter(ctx.window.values())) if len(ctx.window) == 1 and host is None else None)
-    if win is not None and t_first is not None:
-        metrics["in_profiled_window"] = bool(win[0] <= t_first <= win[1])
-        metrics["seconds_from_profile_end"] = round((t_first - win[1]) / 1e9, 3)
+    if win is not None and t_fault is not None:
+        metrics["in_profiled_window"] = bool(win[0] <= t_fault <= win[1])
+        metrics["seconds_from_profile_end"] = round((t_fault - win[1]) / 1e9, 3)
     else:
         metrics["in_profiled_window"] = None
     traced = sorted(ranks & ctx.traced_ranks)
