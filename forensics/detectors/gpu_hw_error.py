@@ -315,8 +315,10 @@ def _prepare_events(ke: pl.DataFrame, ctx: _JobContext) -> list[dict[str, Any]]:
     return rows
 
 
+LATEST_SCAN_CAP = 128
+
+
 def _kernel_incidents(rows: list[dict[str, Any]], cfg: GpuHwErrorConfig, benign: dict[str | None, int]) -> list[_Inc]:
-    incs: list[_Inc] = []
     gsp_map: dict[tuple[str | None, str, int], str] = {}  # (host, source, GPU instance) -> bus id
     for r in rows:  # "Timeout ... from GPU4 GSP" on an Xid names the bus id of driver instance GPU4
         f = r["f"]
@@ -326,15 +328,36 @@ def _kernel_incidents(rows: list[dict[str, Any]], cfg: GpuHwErrorConfig, benign:
     def count_benign(r: dict[str, Any]) -> None:
         benign[r["host"]] = benign.get(r["host"], 0) + 1
 
+    by_host: dict[str | None, list[_Inc]] = {}
+    cur_host: list[str | None] = [None]
+
     def latest(pred) -> _Inc | None:
-        for inc in reversed(incs):
+        # candidates: the current host's incidents, newest first; events are sorted per host, so an
+        # incident far back in that list is far back in time (the cap keeps huge logs linear)
+        seen = 0
+        for inc in reversed(by_host.get(cur_host[0], ())):
             if pred(inc):
                 return inc
+            seen += 1
+            if seen >= LATEST_SCAN_CAP:
+                break
         return None
+
+    class _Tracked(list):
+        def append(self, inc: _Inc) -> None:  # type: ignore[override]
+            super().append(inc)
+            by_host.setdefault(inc.host, []).append(inc)
+
+        def remove(self, inc: _Inc) -> None:  # type: ignore[override]
+            super().remove(inc)
+            by_host[inc.host].remove(inc)
+
+    incs = _Tracked()
 
     aer_rows: list[dict[str, Any]] = []
     for r in rows:
         kind, f, host = r["kind"], r["f"], r["host"]
+        cur_host[0] = host
         gpu = r["pci_bus_id"]
         if kind == "xid":
             _handle_xid(r, cfg, incs, latest)
@@ -475,7 +498,7 @@ def _kernel_incidents(rows: list[dict[str, Any]], cfg: GpuHwErrorConfig, benign:
             incs.append(inc)
         elif kind in ("benign",):
             count_benign(r)
-    _handle_aer(aer_rows, cfg, incs, count_benign)
+    _handle_aer(aer_rows, cfg, incs, by_host, count_benign)
     _merge_nvlink5_node(incs, cfg)
     _join_oom_invocations(incs)
     return incs
@@ -643,7 +666,8 @@ def _handle_host_mem(r: dict[str, Any], cfg: GpuHwErrorConfig, incs: list[_Inc],
         count_benign(r)
 
 
-def _handle_aer(rows: list[dict[str, Any]], cfg: GpuHwErrorConfig, incs: list[_Inc], count_benign) -> None:
+def _handle_aer(rows: list[dict[str, Any]], cfg: GpuHwErrorConfig, incs: list[_Inc],
+                by_host: dict[str | None, list[_Inc]], count_benign) -> None:
     """Group AER lines into per-port error records, then make incidents of them."""
     records: list[dict[str, Any]] = []
     for r in rows:
@@ -671,16 +695,21 @@ def _handle_aer(rows: list[dict[str, Any]], cfg: GpuHwErrorConfig, incs: list[_I
     fatal = [rec for rec in records if (rec["sev"] or 0) >= 2]
     corrected = [rec for rec in records if (rec["sev"] or 0) < 2]
     used: set[int] = set()
+    corrected_by_port: dict[tuple, list[int]] = {}
+    for j, c in enumerate(corrected):
+        corrected_by_port.setdefault((c["rows"][0]["host"], c["port"]), []).append(j)
     for rec in fatal:
         first = rec["rows"][0]
         level = "CRITICAL" if rec["sev"] == 3 else "HIGH"
         # an Xid 79 / fallen-off-the-bus on this host shortly after: one "PCIe link loss" incident
         tgt = None
-        for inc in incs:
-            if inc.host == first["host"] and inc.track[0] == "gpu" and (
+        for inc in by_host.get(first["host"], ()):
+            if inc.source != first["source"] and inc.clock != "wall":
+                continue
+            if inc.track[0] == "gpu" and (
                     79 in inc.facts.get("xids", set()) or inc.kind == "fallen_off_bus"):
                 t0 = inc.first_t
-                if inc.clock == first["clock"] and first["t"] is not None and t0 is not None and \
+                if _same_timeline(inc.events[0], first) and first["t"] is not None and t0 is not None and \
                         -1e9 <= t0 - first["t"] <= cfg.aer_xid_window_s * 1e9:
                     tgt = inc
                     break
@@ -704,9 +733,10 @@ def _handle_aer(rows: list[dict[str, Any]], cfg: GpuHwErrorConfig, incs: list[_I
         if bits:
             tgt.facts["aer_errors"] = ", ".join(b for b in bits if b)
         # corrected errors on the same port before it are precursors
-        for j, c in enumerate(corrected):
+        for j in corrected_by_port.get((first["host"], rec["port"]), ()):
+            c = corrected[j]
             cf = c["rows"][0]
-            if c["port"] == rec["port"] and cf["clock"] == first["clock"] and cf["t"] is not None and first["t"] is not None \
+            if j not in used and _same_timeline(cf, first) and cf["t"] is not None and first["t"] is not None \
                     and 0 <= first["t"] - cf["t"] <= cfg.precursor_window_s * 1e9:
                 for r in c["rows"]:
                     tgt.add(r)
@@ -746,6 +776,13 @@ def _handle_aer(rows: list[dict[str, Any]], cfg: GpuHwErrorConfig, incs: list[_I
                     count_benign(r)
 
 
+def _same_timeline(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Two events whose times compare: wall clock on the same host, or the same file and boot."""
+    if a["clock"] != b["clock"] or a["host"] != b["host"]:
+        return False
+    return a["clock"] == "wall" or (a["source"] == b["source"] and a["boot"] == b["boot"])
+
+
 def _merge_nvlink5_node(incs: list[_Inc], cfg: GpuHwErrorConfig) -> None:
     """Xid 45 'caused by previous Xid 14x' on several GPUs: the NVLink5 incidents are one node incident."""
     by_host: dict[str | None, list[_Inc]] = {}
@@ -768,9 +805,10 @@ def _merge_nvlink5_node(incs: list[_Inc], cfg: GpuHwErrorConfig) -> None:
 
 def _join_oom_invocations(incs: list[_Inc]) -> None:
     """'X invoked oom-killer' then the kill: fold the invocation into the kill incident."""
-    for inc in list(incs):
-        if inc.kind == "oom" and inc.facts.get("pid") is None:
-            nxt = next((i for i in incs if i.kind == "oom" and i.facts.get("pid") is not None and i.host == inc.host
+    ooms = [i for i in incs if i.kind == "oom"]
+    for inc in ooms:
+        if inc.facts.get("pid") is None:
+            nxt = next((i for i in ooms if i.facts.get("pid") is not None and i.host == inc.host
                         and i.close_to(inc.events[0], 10.0, 50)), None)
             if nxt is not None:
                 for e in inc.events:
@@ -919,7 +957,7 @@ def _to_finding(inc: _Inc, cfg: GpuHwErrorConfig, ctx: _JobContext, benign: dict
                        catalog_immediate=info.catalog_immediate, catalog_investigatory=info.catalog_investigatory)
         nvl5 = [e["f"].get("catalog_bucket") for e in inc.events if e["f"].get("catalog_bucket")]
         if nvl5:
-            metrics["catalog_bucket"] = sorted(set(nvl5), key=nvl5.index)[-1]
+            metrics["catalog_bucket"] = list(dict.fromkeys(nvl5))[-1]
     for k, v in inc.facts.items():
         if k in ("xids", "gpus", "memory", "dev", "needs_rank", "seen_up"):
             continue
