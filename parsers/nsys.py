@@ -85,6 +85,11 @@ GPU_METRICS = {
     "SM Issue": "sm_issue",
     "Tensor Active": "tensor_active",
 }
+MEMCPY_KINDS = {
+    0: "Unknown", 1: "Host-to-Device", 2: "Device-to-Host", 3: "Host-to-Array", 4: "Array-to-Host",
+    5: "Array-to-Array", 6: "Array-to-Device", 7: "Device-to-Array", 8: "Device-to-Device", 9: "Host-to-Host",
+    10: "Peer-to-Peer", 11: "Unified Host-to-Device", 12: "Unified Device-to-Host", 13: "Unified Device-to-Device",
+}
 _STEP_RANGE = re.compile(r"^(?:ProfilerStep#|[Ss]tep[ _#:]?|[Ii]teration[ _#:]?)(\d+)$")
 
 # NVTX payload entry types (nvToolsExtPayload.h) -> struct format; enums are 4-byte ints.
@@ -336,7 +341,9 @@ def _copies(db: _Db, off: int, table: str, kind: str) -> pl.DataFrame:
         if "copyKind" in cols and db.has(enum) and {"id", "label"} <= db.cols(enum):
             label = f"(SELECT e.label FROM \"{db.name(enum)}\" e WHERE e.id = t.copyKind)"
         else:
-            label = "CAST(t.copyKind AS TEXT)" if "copyKind" in cols else "NULL"
+            # ENUM tables are absent from some exports (2022.2): same labels, from ENUM_CUDA_MEMCPY_OPER.
+            whens = " ".join(f"WHEN {k} THEN '{v}'" for k, v in MEMCPY_KINDS.items())
+            label = f"CASE t.copyKind {whens} END" if "copyKind" in cols else "NULL"
         name = f"'[CUDA memcpy ' || COALESCE({label}, 'unknown') || ']'"
     else:
         name = "'[CUDA memset]'"
