@@ -22,7 +22,7 @@ import struct
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 from urllib.parse import quote
 
 import polars as pl
@@ -30,7 +30,7 @@ import polars as pl
 from forensics import frames as fr
 from parsers.common import ParseContext, ParseResult
 
-BATCH_ROWS = 200_000
+BATCH_ROWS = 50_000
 PID_EXPR = "((({col}) >> 24) & 16777215)"
 TID_EXPR = "(({col}) & 16777215)"
 # Values above this are already Unix-epoch ns (2001-09-09): used only when the export does not say.
@@ -90,6 +90,7 @@ MEMCPY_KINDS = {
     5: "Array-to-Array", 6: "Array-to-Device", 7: "Device-to-Array", 8: "Device-to-Device", 9: "Host-to-Host",
     10: "Peer-to-Peer", 11: "Unified Host-to-Device", 12: "Unified Device-to-Host", 13: "Unified Device-to-Device",
 }
+_API_VERSION = re.compile(r"_v\d+$")
 _STEP_RANGE = re.compile(r"^(?:ProfilerStep#|[Ss]tep[ _#:]?|[Ii]teration[ _#:]?)(\d+)$")
 
 # NVTX payload entry types (nvToolsExtPayload.h) -> struct format; enums are 4-byte ints.
@@ -129,11 +130,14 @@ class _Db:
         """Run ``sql`` and build a frame batch by batch, so memory follows the selected columns only."""
         cur = self.con.execute(sql)
         parts: list[pl.DataFrame] = []
+        names = list(schema)
         while batch := cur.fetchmany(BATCH_ROWS):
-            parts.append(pl.DataFrame(batch, schema=schema, orient="row"))
+            columns = list(zip(*batch))
+            parts.append(pl.DataFrame([pl.Series(n, c, dtype=schema[n]) for n, c in zip(names, columns)]))
+            del batch, columns
         if not parts:
             return pl.DataFrame(schema=schema)
-        return pl.concat(parts, rechunk=True)
+        return pl.concat(parts, rechunk=False)
 
 
 def _open(path: Path) -> sqlite3.Connection:
@@ -316,20 +320,56 @@ _GPU_OP_SCHEMA = {
 }
 
 
+def _is_text(db: _Db, table: str, col: str) -> bool:
+    """String references are StringIds ids in every known export; fall back to inline text if not."""
+    row = db.rows(f'SELECT typeof({col}) FROM "{db.name(table)}" WHERE {col} IS NOT NULL LIMIT 1')
+    return bool(row) and row[0][0] == "text"
+
+
+def _id_or_text(db: _Db, table: str, col: str) -> tuple[str, bool]:
+    """(select expression, is_id): ids are resolved afterwards with :func:`_resolve`, which keeps one
+    copy of each distinct string instead of one Python string per row."""
+    if col not in db.cols(table):
+        return "NULL", False
+    if _is_text(db, table, col) or not db.has("StringIds"):
+        return f"CASE WHEN typeof(t.{col}) = 'text' THEN t.{col} END", False
+    return f"t.{col}", True
+
+
+def _resolve(db: _Db, df: pl.DataFrame, table: str, pairs: dict[str, str], fix: Callable[[str], str] | None = None) -> pl.DataFrame:
+    """Replace id columns ``pairs`` {frame column: table column} by their StringIds values."""
+    for out_col, col in pairs.items():
+        rows = db.rows(
+            f'SELECT id, value FROM "{db.name("StringIds")}" WHERE id IN (SELECT DISTINCT {col} FROM "{db.name(table)}")'
+        )
+        ids = [r[0] for r in rows]
+        vals = [fix(r[1]) if fix else r[1] for r in rows]
+        df = df.with_columns(
+            pl.col(out_col).cast(pl.Int64).replace_strict(ids, vals, default=None, return_dtype=pl.String()).alias(out_col)
+        )
+    return df
+
+
 def _kernels(db: _Db, off: int) -> pl.DataFrame:
     t = "CUPTI_ACTIVITY_KIND_KERNEL"
     if not db.has(t):
         return pl.DataFrame(schema=_GPU_OP_SCHEMA)
-    dem, jd = _str(db, t, "demangledName", "name")
-    short, js = _str(db, t, "shortName", "short")
+    dem, dem_id = _id_or_text(db, t, "demangledName")
+    short, short_id = _id_or_text(db, t, "shortName")
     g = lambda c: _opt(db, t, c)  # noqa: E731
     sql = (
         f"SELECT t.start + {off}, t.end + {off}, t.deviceId, {g('contextId')}, t.streamId, t.correlationId, "
         f"{_opt(db, t, 'globalPid', PID_EXPR.format(col='t.globalPid'))}, {dem}, {short}, "
         f"{g('gridX')}, {g('gridY')}, {g('gridZ')}, {g('blockX')}, {g('blockY')}, {g('blockZ')}, NULL, 'kernel' "
-        f'FROM "{db.name(t)}" t{jd}{js}'
+        f'FROM "{db.name(t)}" t'
     )
-    return db.frame(sql, _GPU_OP_SCHEMA)
+    schema = dict(_GPU_OP_SCHEMA)
+    if dem_id:
+        schema["name"] = pl.Int64()
+    if short_id:
+        schema["short"] = pl.Int64()
+    df = db.frame(sql, schema)
+    return _resolve(db, df, t, {k: v for k, v, used in (("name", "demangledName", dem_id), ("short", "shortName", short_id)) if used})
 
 
 def _copies(db: _Db, off: int, table: str, kind: str) -> pl.DataFrame:
@@ -397,12 +437,16 @@ def _runtime(db: _Db, off: int) -> pl.DataFrame:
     t = "CUPTI_ACTIVITY_KIND_RUNTIME"
     if not db.has(t):
         return pl.DataFrame(schema=_RUNTIME_SCHEMA)
-    name, j = _str(db, t, "nameId", "name")
+    name, name_id = _id_or_text(db, t, "nameId")
     sql = (
         f"SELECT t.start + {off}, t.end + {off}, {PID_EXPR.format(col='t.globalTid')}, {TID_EXPR.format(col='t.globalTid')}, "
-        f"t.correlationId, {name} FROM \"{db.name(t)}\" t{j}"
+        f"t.correlationId, {name} FROM \"{db.name(t)}\" t"
     )
-    return db.frame(sql, _RUNTIME_SCHEMA)
+    df = db.frame(sql, {**_RUNTIME_SCHEMA, "name": pl.Int64() if name_id else pl.String()})
+    # API names carry version suffixes (cudaLaunchKernel_v7000); drop them, as Kineto names do.
+    if not name_id:
+        return df.with_columns(pl.col("name").str.replace(r"_v\d+$", ""))
+    return _resolve(db, df, t, {"name": "nameId"}, fix=lambda n: _API_VERSION.sub("", n))
 
 
 _NVTX_SCHEMA = {"start_ns": pl.Int64(), "end_ns": pl.Int64(), "event_type": pl.Int32(), "domain": pl.Int64(),
@@ -544,7 +588,7 @@ def _parse(db: _Db, path: Path, ctx: ParseContext) -> ParseResult:
     # Processes that did GPU work, and their device(s): one file may hold several ranks (torchrun
     # under one `nsys profile`); rank from the environment only applies when it holds one process.
     procs = (
-        gpu.filter(pl.col("pid").is_not_null(), pl.col("kind") != "sync")
+        gpu.select("pid", "device", "start_ns", "kind").filter(pl.col("pid").is_not_null(), pl.col("kind") != "sync")
         .group_by("pid").agg(pl.col("device").unique().sort().alias("devices"), pl.col("start_ns").min().alias("first"))
         .sort("first")
     )
@@ -568,30 +612,31 @@ def _parse(db: _Db, path: Path, ctx: ParseContext) -> ParseResult:
             rank_by_pid[pids[0]], rank_how = int(file_rank.group(1)), "file name"
     elif len(pids) > 1 and env_rank is not None:
         notes.append(f"{len(pids)} GPU processes in one file: environment rank {env_rank} not applied to them")
-    rank_map = pl.DataFrame(
-        {"pid": list(rank_by_pid), "rank": list(rank_by_pid.values())}, schema={"pid": pl.Int64(), "rank": pl.Int32()}
-    )
-
     def tag(df: pl.DataFrame) -> pl.DataFrame:
-        out = df.join(rank_map, on="pid", how="left") if "pid" in df.columns else df.with_columns(pl.lit(None, pl.Int32()).alias("rank"))
-        return out.with_columns(pl.lit(meta.host, pl.String()).alias("host"), pl.lit(src).alias("source"))
+        # a mapping, not a join: no copy of the (possibly large) frame
+        rank = pl.col("pid").replace_strict(rank_by_pid, default=None, return_dtype=pl.Int32()) if "pid" in df.columns else pl.lit(None, pl.Int32())
+        return df.with_columns(rank.alias("rank"), pl.lit(meta.host, pl.String()).alias("host"), pl.lit(src).alias("source"))
 
     # kernels
     kern = tag(gpu)
     if meta.gpus.height:
-        kern = kern.join(meta.gpus.select("device", "sm_count"), on="device", how="left").with_columns(
-            (pl.col("grid_x").cast(pl.Float64) * pl.col("grid_y") * pl.col("grid_z") / pl.col("sm_count")).alias("blocks_per_sm")
+        sms = dict(zip(meta.gpus["device"].to_list(), meta.gpus["sm_count"].to_list()))
+        sm_count = pl.col("device").replace_strict(sms, default=None, return_dtype=pl.Float64())
+        kern = kern.with_columns(
+            (pl.col("grid_x").cast(pl.Float64) * pl.col("grid_y") * pl.col("grid_z") / sm_count).alias("blocks_per_sm")
         )
-    kernels = fr.conform("kernels", kern.drop("context", "pid", "short", "kind", "sm_count", strict=False).sort("start_ns"))
+    kernels = fr.conform("kernels", kern.drop("context", "pid", "short", "kind", "sm_count", strict=False))
 
     # cpu_ops: CUDA runtime/driver calls; is_launch = it has a GPU op with the same (pid, correlation)
-    launched = gpu.filter(pl.col("correlation").is_not_null()).select("pid", "correlation").unique()
-    rt = runtime.join(launched.with_columns(pl.lit(True).alias("is_launch")), on=["pid", "correlation"], how="left").with_columns(
-        pl.col("is_launch").fill_null(False),
-        pl.col("name").str.replace(r"_v\d+$", ""),
+    # Correlation ids are per process: key = (pid, correlation) packed in one Int64 (ids < 2^32).
+    key = (pl.col("pid").cast(pl.Int64) * (1 << 32) + pl.col("correlation").cast(pl.Int64))
+    launched = gpu.select(key.alias("k")).drop_nulls()["k"]
+    rt = runtime.with_columns(
+        key.is_in(launched.implode()).fill_null(False).alias("is_launch"),
         pl.when(pl.col("name").str.starts_with("cu") & ~pl.col("name").str.starts_with("cuda"))
         .then(pl.lit("cuda_driver")).otherwise(pl.lit("cuda_runtime")).alias("category"),
     )
+    del launched
     ranges = nvtx.filter(pl.col("event_type").is_in(NVTX_RANGE_TYPES))
     open_ranges = ranges.filter(pl.col("end_ns").is_null()).height
     ranges = ranges.filter(pl.col("end_ns").is_not_null())
@@ -600,7 +645,7 @@ def _parse(db: _Db, path: Path, ctx: ParseContext) -> ParseResult:
     annotations = ranges.select("start_ns", "end_ns", "pid", "tid", "name").with_columns(
         pl.lit("user_annotation").alias("category"), pl.lit(False).alias("is_launch")
     )
-    cpu_ops = fr.concat("cpu_ops", [tag(rt), tag(annotations)]).sort("start_ns")
+    cpu_ops = fr.concat("cpu_ops", [tag(rt), tag(annotations)])
 
     # steps: NVTX ranges named ProfilerStep#N / step N / iteration N
     steps_df = ranges.with_columns(pl.col("name").str.extract(_STEP_RANGE.pattern, 1).cast(pl.Int64, strict=False).alias("step")).drop_nulls("step")
