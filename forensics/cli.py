@@ -206,6 +206,51 @@ def rules(name: Optional[str] = typer.Argument(None, help="a detector name; all 
     for det in ([registry[name]] if name else registry.values()):
         out.print(f"[bold]{det.name}[/]\n{det.doc}\n", highlight=False)
 
+@app.command()
+def simulate(
+    scenario: str = typer.Argument(..., help="scenario name (see --list); e.g. ddp_clean, ddp_straggler, pp_small_m"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="RUN_DIR to write (created; must be empty or absent)"),
+    ranks: Optional[int] = typer.Option(None, "--ranks", help="world size [default: the scenario's]"),
+    steps: Optional[int] = typer.Option(None, "--steps", help="profiled training steps [default: the scenario's]"),
+    seed: int = typer.Option(0, "--seed", help="random seed; the same seed gives byte-identical output"),
+    size: Optional[float] = typer.Option(None, "--size", help="keep adding steps until each trace holds about this many MB of JSON (benchmarks)"),
+    params: list[str] = typer.Option([], "--param", "-p", help="scenario parameter KEY=VALUE (repeatable), e.g. rank=3, slowdown=0.1"),
+    nccl_version: Optional[str] = typer.Option(None, "--nccl-version", help="NCCL version to imitate (< 2.19: old ncclKernel_* names)"),
+    list_: bool = typer.Option(False, "--list", help="list the scenarios and exit"),
+) -> None:
+    """Write a simulated RUN_DIR (traces, NCCL logs, kernel logs) with a known, injected fault, plus truth.json."""
+    from forensics.simulate import SCENARIOS
+    from forensics.simulate import simulate as run_simulation
+
+    if list_ or scenario == "list":
+        for sc in SCENARIOS.values():
+            out.print(f"{sc.name:20s} {sc.summary}", highlight=False)
+        raise typer.Exit(EXIT_OK)
+    if scenario not in SCENARIOS:
+        raise UsageError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
+    if out_dir is None:
+        raise UsageError("--out DIR is required")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise UsageError(f"--out {out_dir} is not empty")
+    kv: dict[str, str] = {}
+    for item in params:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--param {item!r}: expected KEY=VALUE")
+        kv[key.strip()] = value.strip()
+    if ranks is not None and ranks < 1:
+        raise UsageError("--ranks must be >= 1")
+    try:
+        truth = run_simulation(scenario, out_dir, ranks=ranks, steps=steps, seed=seed, size_mb=size, params=kv, nccl_version=nccl_version)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    culprits = sorted({r for f in truth["faults"] for r in f["ranks"]})
+    out.print(
+        f"{scenario}: {truth['job']['world_size']} ranks on {truth['job']['nodes']} node(s), {len(truth['job']['steps'])} step(s); "
+        f"culprit rank(s): {culprits or 'none'}. Wrote {out_dir} (truth.json says what was injected)",
+        highlight=False,
+    )
+
 
 def main() -> None:
     """Entry point: user errors become one line on stderr and exit code 2, never a traceback."""

@@ -1,0 +1,300 @@
+"""Labelled job simulator: writes a RUN_DIR as a real distributed training job would leave it
+(per-rank Kineto traces, per-rank stdout with NCCL_DEBUG=INFO lines, per-node kernel logs) plus
+``truth.json``, the ground truth of what was injected. Deterministic: same arguments, same bytes.
+
+Library code only; ``forensics simulate`` in cli.py is the front end. See docs/simulator.md.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from forensics.simulate.engine import COLL, COMPUTE, MEMCPY, Engine, Op, iter_steps
+from forensics.simulate.kineto import EPOCH_NS, T0_NS, TraceWriter
+from forensics.simulate.model import PCI_BUS_IDS, Job
+from forensics.simulate.scenarios import SCENARIOS, Scenario
+
+TRUTH_SCHEMA = "forensics-sim-truth/1"
+__all__ = ["SCENARIOS", "simulate", "build_job"]
+
+
+def build_job(scenario: str, ranks: int | None = None, steps: int | None = None, params: dict[str, str] | None = None) -> tuple[Scenario, Job]:
+    if scenario not in SCENARIOS:
+        raise KeyError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
+    sc = SCENARIOS[scenario]
+    job = sc.build(ranks, steps, dict(params or {}))
+    return sc, job.with_(label=scenario)
+
+
+def _merge(iv: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    iv = sorted(iv)
+    out: list[tuple[int, int]] = []
+    for s, e in iv:
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out
+
+
+def _length(iv: list[tuple[int, int]]) -> int:
+    return sum(e - s for s, e in iv)
+
+
+def _overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
+    i = j = tot = 0
+    while i < len(a) and j < len(b):
+        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if e > s:
+            tot += e - s
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return tot
+
+
+class _RankMetrics:
+    __slots__ = ("steps", "step_ns", "compute_ns", "comm_ns", "exposed_ns", "wait_ns", "last_arrivals", "kernel_busy_ns", "dp_comm_ns", "p2p_ns")
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.step_ns = self.compute_ns = self.comm_ns = self.exposed_ns = self.wait_ns = 0
+        self.last_arrivals = self.kernel_busy_ns = self.dp_comm_ns = self.p2p_ns = 0
+
+    def add(self, rank: int, span: tuple[int, int], prog: list[Op]) -> None:
+        comp: list[tuple[int, int]] = []
+        comm: list[tuple[int, int]] = []
+        allk: list[tuple[int, int]] = []
+        for op in prog:
+            if op.kind == COMPUTE or op.kind == MEMCPY:
+                assert op.end is not None
+                comp.append((op.start, op.end))
+                allk.append((op.start, op.end))
+            elif op.kind == COLL:
+                assert op.end is not None
+                c = op.coll
+                assert c is not None
+                comm.append((op.start, op.end))
+                allk.append((op.start, op.end))
+                if c.timeout:
+                    continue
+                last = max(c.arrive.values())
+                self.wait_ns += last - op.start
+                if last == op.start and len(c.members) > 1:
+                    self.last_arrivals += 1
+                if c.op in ("send", "recv"):
+                    self.p2p_ns += op.end - op.start
+                elif c.pg.kind in ("dp", "world"):
+                    self.dp_comm_ns += op.end - op.start
+        cu, mu = _merge(comp), _merge(comm)
+        self.steps += 1
+        self.step_ns += span[1] - span[0]
+        self.compute_ns += _length(cu)
+        self.comm_ns += _length(mu)
+        self.exposed_ns += _length(mu) - _overlap(cu, mu)
+        self.kernel_busy_ns += _length(_merge(allk))
+
+    def as_dict(self, rank: int) -> dict[str, Any]:
+        n = max(self.steps, 1)
+        step = self.step_ns / n
+        return {
+            "rank": rank,
+            "steps": self.steps,
+            "step_ns_mean": round(step),
+            "compute_ns_mean": round(self.compute_ns / n),
+            "comm_ns_mean": round(self.comm_ns / n),
+            "dp_comm_ns_mean": round(self.dp_comm_ns / n),
+            "p2p_ns_mean": round(self.p2p_ns / n),
+            "exposed_comm_ns_mean": round(self.exposed_ns / n),
+            "exposed_comm_fraction": round(self.exposed_ns / n / step, 6) if step else 0.0,
+            "compute_idle_fraction": round(1 - self.compute_ns / n / step, 6) if step else 0.0,
+            "gpu_idle_fraction": round(1 - self.kernel_busy_ns / n / step, 6) if step else 0.0,
+            "collective_wait_ns_total": self.wait_ns,
+            "times_arrived_last": self.last_arrivals,
+        }
+
+
+def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int | None = None, seed: int = 0,
+             size_mb: float | None = None, params: dict[str, str] | None = None, nccl_version: str | None = None,
+             compresslevel: int = 6) -> dict[str, Any]:
+    """Write the RUN_DIR for ``scenario`` under ``out``; return the truth document (also written to truth.json)."""
+    sc, job = build_job(scenario, ranks, steps, params)
+    if nccl_version:
+        job = job.with_(nccl_version=nccl_version)
+    if size_mb:
+        job = job.with_(steps=10**9)
+    topo = job.topo
+    rng = random.Random(f"{seed}:job")
+    cluster = rng.choice(("gpu-h100", "trn-h100", "hgx"))
+    hosts = [f"{cluster}-{rng.randrange(10, 90)}{n:02d}" for n in range(topo.nodes)]
+    offsets = [int(rng.uniform(-job.clock_offset_us, job.clock_offset_us) * 1e3) for _ in range(topo.nodes)]
+    engine = Engine(job, seed, hosts)
+
+    out = Path(out)
+    (out / "profiler").mkdir(parents=True, exist_ok=True)
+    writers: list[TraceWriter] = []
+    for st in engine.states:
+        start_ms = (EPOCH_NS + offsets[st.node] + st.host_t) // 1_000_000
+        name = f"{st.host}_{st.pid}.{start_ms}.pt.trace.json.gz"
+        w = TraceWriter(out / "profiler" / name, job, st, engine.groups, offsets[st.node], compresslevel)
+        w.metadata(st.host_t)
+        writers.append(w)
+    first_host = {st.rank: st.host_t for st in engine.states}
+    metrics = {st.rank: _RankMetrics() for st in engine.states}
+    step_log: dict[int, list[tuple[int, int, int]]] = {st.rank: [] for st in engine.states}
+    timeout_info: dict[str, Any] | None = None
+    all_steps: list[int] = []
+    for res in iter_steps(engine):
+        all_steps.append(res.step)
+        for r, prog in res.programs.items():
+            w = writers[r]
+            span = res.step_span[r]
+            complete = not engine.halted
+            if complete:
+                w.step(res.step, span[0], span[1])
+                metrics[r].add(r, span, prog)
+                step_log[r].append((res.step, span[0], span[1]))
+            for op in prog:
+                w.op(op)
+        if engine.halted:
+            c = next(c for c in res.colls if c.timeout)
+            timeout_info = {"step": res.step, "coll": c,
+                            "arrive": dict(c.arrive)}
+            break
+        if size_mb and writers[0].bytes_written >= size_mb * 1e6:
+            break
+    for st, w in zip(engine.states, writers):
+        w.close(first_host[st.rank], st.host_t)
+
+    truth = _truth(sc, job, engine, hosts, offsets, writers, metrics, step_log, timeout_info, seed, params or {}, all_steps)
+    from forensics.simulate import logs
+
+    logs.write_logs(out, job, engine, hosts, offsets, truth, seed, timeout_info, step_log)
+    (out / "truth.json").write_bytes(orjson.dumps(truth, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+    return truth
+
+
+def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: list[int], writers: list[TraceWriter],
+           metrics: dict[int, "_RankMetrics"], step_log: dict[int, list[tuple[int, int, int]]], timeout_info: dict[str, Any] | None,
+           seed: int, params: dict[str, str], all_steps: list[int]) -> dict[str, Any]:
+    topo = job.topo
+    per_rank = [metrics[r].as_dict(r) for r in range(topo.world)]
+    ranks = []
+    for st, w in zip(engine.states, writers):
+        tp_r, dp_r, pp_r = topo.coords(st.rank)
+        ranks.append({
+            "rank": st.rank, "host": st.host, "node": st.node, "local_rank": st.local, "pid": st.pid,
+            "pci_bus_id": PCI_BUS_IDS[st.local % len(PCI_BUS_IDS)], "tp_rank": tp_r, "dp_rank": dp_r, "pp_stage": pp_r,
+            "trace": f"profiler/{w.path.name}", "log": f"logs/rank{st.rank:0{len(str(topo.world - 1))}d}.out",
+            "counts": dict(sorted(w.counts.items())),
+        })
+    steps_ns = sorted(m["step_ns_mean"] for m in per_rank if m["steps"])
+    median_step = steps_ns[len(steps_ns) // 2] if steps_ns else 0
+    p, m, v = topo.pp, job.work.microbatches, max(1, job.chunks)
+    expected: dict[str, Any] = {"step_ns_median": median_step}
+    if p > 1:
+        expected["bubble_fraction_theory"] = round((p - 1) / (v * m + p - 1), 6)
+        stage_idle: dict[int, list[float]] = {}
+        for d in per_rank:
+            stage_idle.setdefault(topo.coords(d["rank"])[2], []).append(d["compute_idle_fraction"])
+        expected["compute_idle_fraction_by_stage"] = {str(s): round(sum(x) / len(x), 6) for s, x in sorted(stage_idle.items())}
+    faults = [_fault_truth(f, job, engine, per_rank, timeout_info) for f in job.faults]
+    return {
+        "schema": TRUTH_SCHEMA,
+        "scenario": sc.name,
+        "summary": sc.summary,
+        "healthy": not job.faults,
+        "seed": seed,
+        "params": dict(sorted(params.items())),
+        "job": {
+            "world_size": topo.world, "tp": topo.tp, "pp": topo.pp, "dp": topo.dp, "nodes": topo.nodes,
+            "gpus_per_node": topo.gpus_per_node, "schedule": job.schedule if p > 1 else "none", "chunks": v, "microbatches": m,
+            "layers_per_stage": job.work.layers, "hidden": job.work.hidden, "seq": job.work.seq, "micro_batch": job.work.micro_batch,
+            "steps": all_steps, "gpu": job.gpu.name, "num_sms": job.gpu.num_sms, "nccl_version": job.nccl_version,
+            "kernel_naming": "ncclDevKernel" if job.new_kernel_names else "ncclKernel",
+            "seq_on_kernels": job.seq_on_kernels, "dp_overlap": job.overlap_dp, "noise_sigma": job.noise,
+            "nccl_env": {k: v for k, v in job.env}, "net": {"intra": job.net.intra, "inter": job.net.inter, "gdr": job.net.gdr},
+            "base_time_ns": EPOCH_NS - T0_NS,
+        },
+        "hosts": [{"host": h, "node": i, "clock_offset_ns": offsets[i],
+                   "ranks": [r for r in range(topo.world) if topo.node_of(r) == i]} for i, h in enumerate(hosts)],
+        "process_groups": [{"pg_name": g.name, "pg_desc": g.desc, "kind": g.kind, "ranks": list(g.ranks)} for g in engine.groups],
+        "ranks": ranks,
+        "faults": faults,
+        "expected": expected,
+        "metrics": per_rank,
+    }
+
+
+def _who(engine: Engine, ranks: tuple[int, ...]) -> dict[str, Any]:
+    sts = [engine.states[r] for r in ranks]
+    return {"ranks": sorted(ranks), "hosts": sorted({s.host for s in sts}), "gpus": sorted({PCI_BUS_IDS[s.local] for s in sts})}
+
+
+def _fault_truth(f: dict[str, Any], job: Job, engine: Engine, per_rank: list[dict[str, Any]], timeout_info: dict[str, Any] | None) -> dict[str, Any]:
+    kind = f["kind"]
+    out: dict[str, Any] = {"kind": kind, "params": {k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(f.items()) if k != "kind"}}
+    topo = job.topo
+    culprits = tuple(f.get("ranks", ()))
+    out.update(_who(engine, culprits) if culprits else {"ranks": [], "hosts": [], "gpus": []})
+    exp: dict[str, Any] = {}
+    others = [d for d in per_rank if d["rank"] not in culprits and d["steps"]]
+
+    def med(key: str, rows: list[dict[str, Any]]) -> float:
+        xs = sorted(d[key] for d in rows)
+        return xs[len(xs) // 2] if xs else 0.0
+
+    if kind == "compute_straggler":
+        r = culprits[0]
+        exp["compute_slowdown"] = f["slowdown"]
+        exp["compute_ratio_vs_median"] = round(per_rank[r]["compute_ns_mean"] / max(med("compute_ns_mean", others), 1), 6)
+        exp["victims_wait_ns_median"] = med("collective_wait_ns_total", others)
+        exp["culprit_wait_ns"] = per_rank[r]["collective_wait_ns_total"]
+    elif kind == "host_straggler":
+        r = culprits[0]
+        exp["launch_factor"] = f.get("launch_factor", 1.0)
+        exp["stall_ms_per_step"] = f.get("stall_ms", 0.0)
+        exp["culprit_gpu_idle_fraction"] = per_rank[r]["gpu_idle_fraction"]
+        exp["others_gpu_idle_fraction_median"] = med("gpu_idle_fraction", others)
+        exp["victims"] = [d["rank"] for d in others]
+        exp["victims_wait_ns_median"] = med("collective_wait_ns_total", others)
+        exp["culprit_wait_ns"] = per_rank[r]["collective_wait_ns_total"]
+    elif kind == "dp_not_overlapped":
+        exp["exposed_comm_fraction_median"] = med("exposed_comm_fraction", per_rank)
+    elif kind == "slow_nic":
+        nodes = f["nodes"]
+        out["hosts"] = [engine.hosts[n] for n in nodes]
+        out["ranks"] = [r for r in range(topo.world) if topo.node_of(r) in nodes]
+        out["gpus"] = []
+        exp["bandwidth_factor"] = f["bandwidth_factor"]
+        exp["exposed_comm_fraction_median"] = med("exposed_comm_fraction", per_rank)
+    elif kind in ("net_socket", "gdr_off", "p2p_disabled", "nccl_algo_forced", "nccl_proto_forced"):
+        exp["exposed_comm_fraction_median"] = med("exposed_comm_fraction", per_rank)
+        exp["dp_comm_ns_mean_median"] = med("dp_comm_ns_mean", per_rank)
+        exp["nccl_env"] = {k: v for k, v in job.env}
+    elif kind in ("pipeline_bubbles_small_m", "pipeline_stage_imbalance"):
+        p, m, v = topo.pp, job.work.microbatches, max(1, job.chunks)
+        exp["bubble_fraction_theory"] = round((p - 1) / (v * m + p - 1), 6)
+        exp["compute_idle_fraction_median"] = med("compute_idle_fraction", per_rank)
+        if kind == "pipeline_stage_imbalance":
+            stage = f["stage"]
+            out.update(_who(engine, tuple(r for r in range(topo.world) if topo.coords(r)[2] == stage)))
+            exp["stage"] = stage
+            exp["factor"] = f["factor"]
+    elif kind == "collective_timeout" and timeout_info is not None:
+        c = timeout_info["coll"]
+        exp.update({
+            "step": timeout_info["step"], "pg_name": c.pg.name, "pg_desc": c.pg.desc, "seq": c.seq, "op_type": "ALLREDUCE",
+            "collective": "allreduce", "numel": c.nbytes // (2 if job.new_kernel_names else 4), "timeout_ms": f["timeout_ms"],
+            "missing_ranks": sorted(c.absent), "waiting_ranks": sorted(timeout_info["arrive"]),
+        })
+    elif kind == "xid":
+        exp["xid"] = f["code"]
+    out["expected"] = exp
+    return out

@@ -1,0 +1,519 @@
+"""Discrete-event core: per-rank programs (host order) resolved into host and GPU times.
+
+Each rank's program is the list of things its host thread does in order: run a CPU op, launch a kernel
+on a stream, launch a collective, wait for the GPU. The host never blocks on a launch; a kernel starts
+when it has been launched, its stream is free and the events it waits on have fired. A collective's
+kernel starts on each rank when that rank's stream reaches it, and every member's kernel ends at the
+last arrival plus the transfer time (a tiny per-rank jitter models ring pipelining). Ranks are
+advanced round-robin, each as far as its known inputs allow, one training step at a time, so memory
+stays bounded by one step whatever the trace size.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from forensics.simulate.model import Job, ProcessGroup, build_groups, choose_algo, group_of
+
+# op kinds
+COMPUTE, MEMCPY, COLL, HOST, SYNC = range(5)
+
+STREAM_COMPUTE = 7
+STREAM_DP = 24
+STREAM_SEND = 28
+STREAM_RECV = 32
+LAUNCH_LATENCY_NS = 3_500
+
+GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_{t}_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel__5x_cublas"
+FLASH_FWD = ("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t, "
+             "Flash_kernel_traits<128, 128, 64, 4, cutlass::bfloat16_t> >, false, true, false, false, true, true, false, false>(Flash_fwd_params)")
+FLASH_BWD = ("void flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2, false, false, "
+             "cutlass::bfloat16_t, Flash_kernel_traits<128, 64, 128, 8, cutlass::bfloat16_t> >, true, false, false, false, false, false>(Flash_bwd_params)")
+LAYER_NORM = "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>(int, float, c10::BFloat16 const*, c10::BFloat16 const*, c10::BFloat16 const*, float*, float*, c10::BFloat16*)"
+LAYER_NORM_BWD = "void at::native::(anonymous namespace)::layer_norm_grad_input_kernel_vectorized<c10::BFloat16, float>(c10::BFloat16 const*, c10::BFloat16 const*, float const*, float const*, c10::BFloat16 const*, c10::BFloat16*, int)"
+ADD = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, at::detail::Array<char*, 3>)"
+GELU = "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(c10::BFloat16)#1}, at::detail::Array<char*, 2> >(int, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(c10::BFloat16)#1}, at::detail::Array<char*, 2>)"
+GELU_BWD = "void at::native::vectorized_elementwise_kernel<4, at::native::GeluBackwardCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(c10::BFloat16, c10::BFloat16)#1}, at::detail::Array<char*, 3> >(int, at::native::GeluBackwardCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(c10::BFloat16, c10::BFloat16)#1}, at::detail::Array<char*, 3>)"
+CE_FWD = "void cunn_SoftMaxForward<4, float, float, float, Epilogue>(float*, float const*, int)"
+ADAM = "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::TensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4, (at::native::ADAM_MODE)1, false>, float*, double, double, double, double, double, double, bool, float*, float*>(at::native::(anonymous namespace)::TensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4, (at::native::ADAM_MODE)1, false>, float*, double, double, double, double, double, double, bool, float*, float*)"
+
+COLL_OPTYPE = {"allreduce": "ALLREDUCE", "allgather": "_ALLGATHER_BASE", "reduce_scatter": "_REDUCE_SCATTER_BASE", "send": "SEND", "recv": "RECV", "broadcast": "BROADCAST"}
+
+
+class Coll:
+    """One collective instance across its members."""
+
+    __slots__ = ("key", "op", "pg", "seq", "members", "arrive", "t_tx", "end", "nbytes", "nelems", "algo", "proto", "channels", "timeout", "absent", "step")
+
+    def __init__(self, key: tuple, op: str, pg: ProcessGroup, seq: int, members: tuple[int, ...], nbytes: int, step: int) -> None:
+        self.key, self.op, self.pg, self.seq, self.members = key, op, pg, seq, members
+        self.arrive: dict[int, int] = {}
+        self.t_tx = 0
+        self.end: int | None = None
+        self.nbytes = nbytes
+        self.nelems = nbytes // 2
+        self.algo, self.proto, self.channels = "Ring", "Simple", 8
+        self.timeout = False
+        self.absent: tuple[int, ...] = ()
+        self.step = step
+
+
+class Op:
+    __slots__ = ("kind", "stream", "name", "cpu", "dur", "host_ns", "deps", "coll", "tid", "meta", "jit",
+                 "launch", "start", "end", "cpu_start", "cls")
+
+    def __init__(self, kind: int, stream: int, name: str, cpu: str, dur: int, host_ns: int, tid: int,
+                 deps: tuple["Op", ...] = (), coll: Coll | None = None, meta: Any = None, cls: str = "compute") -> None:
+        self.kind, self.stream, self.name, self.cpu, self.dur, self.host_ns = kind, stream, name, cpu, dur, host_ns
+        self.deps, self.coll, self.tid, self.meta, self.cls = deps, coll, tid, meta, cls
+        self.jit = 0
+        self.launch = self.start = self.cpu_start = 0
+        self.end: int | None = None
+
+
+@dataclass
+class RankState:
+    rank: int
+    host: str
+    node: int
+    local: int
+    pid: int
+    bwd_tid: int
+    rng: random.Random
+    host_t: int = 0
+    last: dict[int, Op] = field(default_factory=dict)
+    seq: dict[str, int] = field(default_factory=dict)
+    compute_scale: float = 1.0
+    host_scale: float = 1.0
+    stall_ns: int = 0
+    stopped: bool = False
+
+
+@dataclass
+class StepResult:
+    step: int
+    programs: dict[int, list[Op]]
+    step_span: dict[int, tuple[int, int]]  # rank -> host start, host end
+    colls: list[Coll]
+
+
+class DeadlockError(RuntimeError):
+    pass
+
+
+def _end_of(op: Op) -> int | None:
+    if op.end is not None:
+        return op.end
+    c = op.coll
+    if c is not None and c.end is not None:
+        op.end = max(c.end + (0 if op.name == "recv" else op.jit), op.start + 1_000)
+        return op.end
+    return None
+
+
+class Engine:
+    """Builds each rank's per-step program and resolves it. ``fault`` hooks live in the builder."""
+
+    def __init__(self, job: Job, seed: int, hosts: list[str]) -> None:
+        self.job = job
+        self.seed = seed
+        self.topo = job.topo
+        self.groups = build_groups(job.topo)
+        self.hosts = hosts
+        self.colls: dict[tuple, Coll] = {}
+        self.states: list[RankState] = []
+        for r in range(self.topo.world):
+            rng = random.Random(f"{seed}:rank:{r}")
+            pid = 1000 + rng.randrange(1000, 900000)
+            node = self.topo.node_of(r)
+            st = RankState(r, hosts[node], node, self.topo.local_rank(r), pid, pid + 173 + rng.randrange(0, 60), rng)
+            st.host_t = 40_000 + rng.randrange(0, 300_000)  # profiler windows open at slightly different times
+            self.states.append(st)
+        self.timeout_spec: dict[str, Any] | None = None
+        for f in job.faults:
+            st_ranks = f.get("ranks", ())
+            if f["kind"] == "compute_straggler":
+                for r in st_ranks:
+                    self.states[r].compute_scale = 1.0 + f["slowdown"]
+            elif f["kind"] == "host_straggler":
+                for r in st_ranks:
+                    self.states[r].host_scale = f.get("launch_factor", 1.0)
+                    self.states[r].stall_ns = int(f.get("stall_ms", 0.0) * 1e6)
+            elif f["kind"] == "collective_timeout":
+                self.timeout_spec = f
+        self.stage_scale = job.stage_scale or (1.0,) * self.topo.pp
+        self.halted = False
+
+    # ---------------------------------------------------------------- durations
+    def _noise(self, st: RankState) -> float:
+        return st.rng.lognormvariate(0.0, self.job.noise) if self.job.noise > 0 else 1.0
+
+    def _gemm_ns(self, flops: float, st: RankState, scale: float) -> int:
+        g = self.job.gpu
+        return int(flops / (g.peak_tflops * 1e12 * self.job.work.gemm_eff) * 1e9 * scale * self._noise(st)) + 3_000
+
+    def _attn_ns(self, flops: float, st: RankState, scale: float) -> int:
+        g = self.job.gpu
+        return int(flops / (g.peak_tflops * 1e12 * self.job.work.attn_eff) * 1e9 * scale * self._noise(st)) + 4_000
+
+    def _mem_ns(self, nbytes: float, st: RankState, scale: float) -> int:
+        return int(nbytes / (self.job.gpu.hbm_gbs * 1e9 * 0.8) * 1e9 * scale * self._noise(st)) + 2_000
+
+    def _host_ns(self, st: RankState, base_us: float) -> int:
+        return int(base_us * 1e3 * st.host_scale * (0.85 + 0.3 * st.rng.random()))
+
+    # ---------------------------------------------------------------- program building
+    def _kernel(self, st: RankState, prog: list[Op], name: str, cpu: str, dur: int, tid: int, grid: int, block: int,
+                deps: tuple[Op, ...] = (), stream: int = STREAM_COMPUTE) -> Op:
+        host = self._host_ns(st, self.job.host_op_us)
+        op = Op(COMPUTE, stream, name, cpu, dur, host, tid, deps, meta=(grid, block))
+        prog.append(op)
+        return op
+
+    def _coll(self, st: RankState, prog: list[Op], op_name: str, pg: ProcessGroup, nbytes: int, stream: int, tid: int,
+              step: int, deps: tuple[Op, ...] = (), peer: int | None = None, p2p_index: int = 0) -> Op:
+        j = self.job
+        if op_name in ("send", "recv"):
+            src, dst = (st.rank, peer) if op_name == "send" else (peer, st.rank)
+            assert src is not None and dst is not None
+            key: tuple = ("p2p", src, dst, p2p_index)
+            members: tuple[int, ...] = (src, dst)
+            seq = 0
+        else:
+            seq = st.seq.get(pg.name, 0) + 1
+            st.seq[pg.name] = seq
+            key = (pg.name, seq)
+            members = pg.ranks
+        c = self.colls.get(key)
+        if c is None:
+            c = Coll(key, op_name, pg, seq, members, nbytes, step)
+            nodes = {self.topo.node_of(r) for r in members}
+            c.algo, c.proto, c.t_tx = choose_algo(op_name, nbytes, len(members), nodes, j.net, j.algos, j.protos)
+            c.channels = 2 if op_name in ("send", "recv") else (16 if len(nodes) == 1 else 8)
+            if op_name == "allreduce" and c.algo == "Tree":
+                c.channels = min(c.channels, 8)
+            self.colls[key] = c
+        cpu = {"allreduce": "c10d::allreduce_", "allgather": "c10d::_allgather_base_", "reduce_scatter": "c10d::_reduce_scatter_base_",
+               "send": "c10d::send", "recv": "c10d::recv_", "broadcast": "c10d::broadcast_"}[op_name]
+        op = Op(COLL, stream, op_name, cpu, 0, self._host_ns(st, 55.0), tid, deps, coll=c, meta=peer, cls="comm")
+        op.jit = st.rng.randrange(0, 900)
+        prog.append(op)
+        return op
+
+    def _layer_fwd(self, st: RankState, prog: list[Op], scale: float, tid: int, step: int) -> None:
+        w, tp = self.job.work, self.topo.tp
+        b, s, h = w.micro_batch, w.seq, w.hidden
+        ff = w.ffn_mult * h
+        act = b * s * h * 2
+        sms = self.job.gpu.num_sms
+        tpg = group_of(self.groups, st.rank, "tp")
+        self._kernel(st, prog, LAYER_NORM, "aten::native_layer_norm", self._mem_ns(3 * act, st, scale), tid, b * s // 4, 256)
+        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * 3 * h / tp, st, scale), tid, sms, 384)
+        self._kernel(st, prog, FLASH_FWD, "FlashAttnFunc", self._attn_ns(2 * b * s * s * h / tp, st, scale), tid, b * (s // 128) * max(1, 16 // tp), 128)
+        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * h / tp, st, scale), tid, sms, 384)
+        if tpg is not None:
+            self._coll(st, prog, "allreduce", tpg, act, STREAM_COMPUTE, tid, step)
+        self._kernel(st, prog, ADD, "aten::add", self._mem_ns(3 * act, st, scale), tid, b * s * h // 2048, 128)
+        self._kernel(st, prog, LAYER_NORM, "aten::native_layer_norm", self._mem_ns(3 * act, st, scale), tid, b * s // 4, 256)
+        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384)
+        self._kernel(st, prog, GELU, "aten::gelu", self._mem_ns(2 * act * w.ffn_mult / tp, st, scale), tid, b * s * ff // 2048 // tp, 128)
+        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384)
+        if tpg is not None:
+            self._coll(st, prog, "allreduce", tpg, act, STREAM_COMPUTE, tid, step)
+        self._kernel(st, prog, ADD, "aten::add", self._mem_ns(3 * act, st, scale), tid, b * s * h // 2048, 128)
+
+    def _layer_bwd(self, st: RankState, prog: list[Op], scale: float, tid: int, step: int) -> Op:
+        w, tp = self.job.work, self.topo.tp
+        b, s, h = w.micro_batch, w.seq, w.hidden
+        ff = w.ffn_mult * h
+        act = b * s * h * 2
+        sms = self.job.gpu.num_sms
+        tpg = group_of(self.groups, st.rank, "tp")
+        bw = "autograd::engine::evaluate_function: MmBackward0"
+        self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384)
+        self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384)
+        self._kernel(st, prog, GELU_BWD, "autograd::engine::evaluate_function: GeluBackward0", self._mem_ns(3 * act * w.ffn_mult / tp, st, scale), tid, b * s * ff // 2048 // tp, 128)
+        self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384)
+        self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384)
+        if tpg is not None:
+            self._coll(st, prog, "allreduce", tpg, act, STREAM_COMPUTE, tid, step)
+        self._kernel(st, prog, LAYER_NORM_BWD, "autograd::engine::evaluate_function: NativeLayerNormBackward0", self._mem_ns(4 * act, st, scale), tid, b * s // 4, 256)
+        self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * h / tp, st, scale), tid, sms, 384)
+        self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * h / tp, st, scale), tid, sms, 384)
+        self._kernel(st, prog, FLASH_BWD, "FlashAttnFuncBackward", self._attn_ns(5 * b * s * s * h / tp, st, scale), tid, b * (s // 128) * max(1, 16 // tp), 256)
+        self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * 3 * h / tp, st, scale), tid, sms, 384)
+        if tpg is not None:
+            self._coll(st, prog, "allreduce", tpg, act, STREAM_COMPUTE, tid, step)
+        last = self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * 3 * h / tp, st, scale), tid, sms, 384)
+        self._kernel(st, prog, LAYER_NORM_BWD, "autograd::engine::evaluate_function: NativeLayerNormBackward0", self._mem_ns(4 * act, st, scale), tid, b * s // 4, 256)
+        return last
+
+    def _dp_buckets(self, st: RankState, prog: list[Op], grads_ready: list[Op], step: int, tid: int) -> list[Op]:
+        """DDP reducer: a bucket is all-reduced as soon as its last gradient is ready (or all at the end)."""
+        dpg = group_of(self.groups, st.rank, "dp")
+        if dpg is None:
+            return []
+        w = self.job.work
+        per_layer = w.layer_params(self.topo.tp) * w.grad_bytes
+        cap = int(w.bucket_mb * 1024 * 1024)
+        out: list[Op] = []
+        acc = 0
+        layers = len(grads_ready)
+        for i, ready in enumerate(grads_ready):
+            acc += per_layer
+            if acc >= cap or i == layers - 1:
+                dep = ready if self.job.overlap_dp else grads_ready[-1]
+                out.append(self._coll(st, prog, "allreduce", dpg, acc, STREAM_DP, tid, step, deps=(dep,)))
+                acc = 0
+        return out
+
+    def _optimizer(self, st: RankState, prog: list[Op], waits: list[Op], tid: int) -> None:
+        w = self.job.work
+        params = w.layer_params(self.topo.tp) * w.layers * max(1, self.job.chunks)
+        dur = self._mem_ns(params * 16, st, st.compute_scale)
+        deps = tuple(waits)
+        chunks = 4
+        for i in range(chunks):
+            self._kernel(st, prog, ADAM, "Optimizer.step#FusedAdam.step" if i == 0 else "aten::_fused_adam_", dur // chunks, tid, 320, 512, deps=deps if i == 0 else ())
+
+    def _step_head(self, st: RankState, prog: list[Op], tid: int) -> None:
+        host = int(180_000 * (0.8 + 0.4 * st.rng.random())) + st.stall_ns
+        prog.append(Op(HOST, 0, "", "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", 0, host, tid, meta=st.stall_ns))
+        w = self.job.work
+        nbytes = w.micro_batch * w.seq * 8 * max(1, w.microbatches)
+        op = Op(MEMCPY, STREAM_COMPUTE, "Memcpy HtoD (Pinned -> Device)", "aten::to", int(nbytes / 25e9 * 1e9) + 2_000,
+                self._host_ns(st, 30.0), tid, meta=nbytes, cls="memcpy")
+        prog.append(op)
+
+    def _step_tail(self, st: RankState, prog: list[Op], tid: int) -> None:
+        prog.append(Op(SYNC, 0, "cudaDeviceSynchronize", "aten::item", 0, self._host_ns(st, 20.0), tid))
+
+    def build_step(self, st: RankState, step: int) -> list[Op]:
+        prog: list[Op] = []
+        tid = st.pid
+        self._step_head(st, prog, tid)
+        if self.topo.pp == 1:
+            self._ddp_step(st, prog, step)
+        else:
+            self._pipeline_step(st, prog, step)
+        self._step_tail(st, prog, tid)
+        return prog
+
+    def _ddp_step(self, st: RankState, prog: list[Op], step: int) -> None:
+        w = self.job.work
+        scale = st.compute_scale
+        for _ in range(w.layers):
+            self._layer_fwd(st, prog, scale, st.pid, step)
+        self._kernel(st, prog, CE_FWD, "aten::_log_softmax", self._mem_ns(w.micro_batch * w.seq * 32000 * 4, st, scale), st.pid, w.micro_batch * w.seq // 4, 128)
+        ready = [self._layer_bwd(st, prog, scale, st.bwd_tid, step) for _ in range(w.layers)]
+        buckets = self._dp_buckets(st, prog, ready, step, st.bwd_tid)
+        self._optimizer(st, prog, buckets, st.pid)
+
+    # ---------------------------------------------------------------- pipeline
+    def pipeline_order(self, stage: int) -> list[tuple[str, int, int]]:
+        """Megatron's 1F1B (v=1) or interleaved (v>1) order of (F|B, micro-batch, chunk) on one stage."""
+        p, m, v = self.topo.pp, self.job.work.microbatches, max(1, self.job.chunks)
+        if v == 1:
+            warm = min(p - stage - 1, m)
+            order: list[tuple[str, int, int]] = [("F", i, 0) for i in range(warm)]
+            f, b = warm, 0
+            while f < m:
+                order.append(("F", f, 0))
+                f += 1
+                order.append(("B", b, 0))
+                b += 1
+            order += [("B", i, 0) for i in range(b, m)]
+            return order
+        total = m * v
+
+        def fwd_id(k: int) -> tuple[int, int]:
+            chunk = (k // p) % v
+            mb = (k // (p * v)) * p + k % p
+            return mb, chunk
+
+        def bwd_id(k: int) -> tuple[int, int]:
+            mb, chunk = fwd_id(k)
+            return mb, v - 1 - chunk
+
+        warm = min((p - stage - 1) * 2 + (v - 1) * p, total)
+        order = [("F", *fwd_id(k)) for k in range(warm)]
+        f, b = warm, 0
+        while f < total:
+            order.append(("F", *fwd_id(f)))
+            f += 1
+            order.append(("B", *bwd_id(b)))
+            b += 1
+        order += [("B", *bwd_id(k)) for k in range(b, total)]
+        return order
+
+    def _pipeline_step(self, st: RankState, prog: list[Op], step: int) -> None:
+        w = self.job.work
+        tp_r, dp_r, stage = self.topo.coords(st.rank)
+        p, v = self.topo.pp, max(1, self.job.chunks)
+        ppg = group_of(self.groups, st.rank, "pp")
+        assert ppg is not None
+        prev_rank = self.topo.rank_of(tp_r, dp_r, (stage - 1) % p)
+        next_rank = self.topo.rank_of(tp_r, dp_r, (stage + 1) % p)
+        scale = st.compute_scale * self.stage_scale[stage]
+        act = w.micro_batch * w.seq * w.hidden * 2 // self.topo.tp
+        last_bwd: list[Op] = []
+        for kind, mb, chunk in self.pipeline_order(stage):
+            # the virtual stage: chunk c on stage s is model stage c*p + s
+            vstage = chunk * p + stage
+            first, last = vstage == 0, vstage == p * v - 1
+            if kind == "F":
+                deps: tuple[Op, ...] = ()
+                if not first:
+                    deps = (self._coll(st, prog, "recv", ppg, act, STREAM_RECV, st.pid, step, peer=prev_rank, p2p_index=hash_idx("F", step, mb, vstage - 1)),)
+                start_len = len(prog)
+                for _ in range(w.layers):
+                    self._layer_fwd(st, prog, scale, st.pid, step)
+                if deps:
+                    prog[start_len].deps = deps
+                if last:
+                    self._kernel(st, prog, CE_FWD, "aten::_log_softmax", self._mem_ns(w.micro_batch * w.seq * 32000 * 4 / self.topo.tp, st, scale), st.pid, w.micro_batch * w.seq // 4, 128)
+                else:
+                    self._coll(st, prog, "send", ppg, act, STREAM_SEND, st.pid, step, deps=(prog[-1],), peer=next_rank, p2p_index=hash_idx("F", step, mb, vstage))
+            else:
+                deps = ()
+                if not last:
+                    deps = (self._coll(st, prog, "recv", ppg, act, STREAM_RECV, st.pid, step, peer=next_rank, p2p_index=hash_idx("B", step, mb, vstage + 1)),)
+                start_len = len(prog)
+                for _ in range(w.layers):
+                    lb = self._layer_bwd(st, prog, scale, st.pid, step)
+                if deps:
+                    prog[start_len].deps = deps
+                last_bwd.append(lb)
+                if not first:
+                    self._coll(st, prog, "send", ppg, act, STREAM_SEND, st.pid, step, deps=(prog[-1],), peer=prev_rank, p2p_index=hash_idx("B", step, mb, vstage))
+        # gradients are reduced after the flush (Megatron without overlap_grad_reduce)
+        buckets = self._dp_buckets(st, prog, [last_bwd[-1]] * (w.layers * v), step, st.pid)
+        self._optimizer(st, prog, buckets, st.pid)
+
+    # ---------------------------------------------------------------- resolution
+    def _try(self, st: RankState, op: Op) -> bool:
+        if op.kind == HOST:
+            op.cpu_start = st.host_t
+            st.host_t += op.host_ns
+            return True
+        if op.kind == SYNC:
+            ends = []
+            for o in st.last.values():
+                e = _end_of(o)
+                if e is None:
+                    return False
+                ends.append(e)
+            op.cpu_start = st.host_t
+            op.launch = st.host_t + op.host_ns // 3
+            op.start = op.launch
+            op.end = max([op.launch + 2_000, *[e + 1_500 for e in ends]])
+            st.host_t = op.end + op.host_ns // 2
+            return True
+        prev = st.last.get(op.stream)
+        ready = 0
+        if prev is not None:
+            e = _end_of(prev)
+            if e is None:
+                return False
+            ready = e
+        for d in op.deps:
+            e = _end_of(d)
+            if e is None:
+                return False
+            ready = max(ready, e)
+        op.cpu_start = st.host_t
+        op.launch = st.host_t + op.host_ns // 3
+        op.start = max(op.launch + LAUNCH_LATENCY_NS, ready + 1_200)
+        st.host_t += op.host_ns
+        st.last[op.stream] = op
+        c = op.coll
+        if c is None:
+            op.end = op.start + op.dur
+            return True
+        c.arrive[st.rank] = op.start
+        if op.name == "send":
+            # a send does not wait for the receiver's stream (NCCL buffers it); the receive ends at
+            # max(send start, receive start) + transfer. Blocking sends on one stream would deadlock
+            # the interleaved schedule, which Megatron avoids with batched isend/irecv.
+            op.end = op.start + c.t_tx
+        if c.timeout:
+            op.end = op.launch + int(self.timeout_spec["timeout_ms"] * 1e6) if self.timeout_spec else op.start
+        elif len(c.arrive) == len(c.members):
+            c.end = max(c.arrive.values()) + c.t_tx
+        return True
+
+    def run_step(self, step: int) -> StepResult:
+        programs: dict[int, list[Op]] = {}
+        spans: dict[int, tuple[int, int]] = {}
+        active = [st for st in self.states if not st.stopped]
+        for st in active:
+            programs[st.rank] = self.build_step(st, step)
+            spans[st.rank] = (st.host_t, 0)
+        new_colls = [c for c in self.colls.values() if c.step == step]
+        self._apply_timeout(step, programs, new_colls)
+        ptr = {st.rank: 0 for st in active}
+        pending = list(active)
+        while pending:
+            progressed = False
+            still = []
+            for st in pending:
+                prog = programs[st.rank]
+                i = ptr[st.rank]
+                while i < len(prog) and self._try(st, prog[i]):
+                    i += 1
+                    progressed = True
+                ptr[st.rank] = i
+                if i < len(prog):
+                    still.append(st)
+            pending = still
+            if pending and not progressed:
+                stuck = ", ".join(f"rank {st.rank} at op {ptr[st.rank]}" for st in pending[:4])
+                raise DeadlockError(f"simulation deadlock in step {step}: {stuck}")
+        for st in active:
+            prog = programs[st.rank]
+            for op in prog:
+                _end_of(op)
+            spans[st.rank] = (spans[st.rank][0], st.host_t)
+        for c in new_colls:
+            self.colls.pop(c.key, None)
+        return StepResult(step, programs, spans, new_colls)
+
+    def _apply_timeout(self, step: int, programs: dict[int, list[Op]], colls: list[Coll]) -> None:
+        spec = self.timeout_spec
+        if spec is None or spec.get("step") != step:
+            return
+        target = next((c for c in colls if c.op == "allreduce" and c.pg.kind in ("dp", "world") and c.seq == spec["seq"]), None)
+        if target is None:
+            target = next(c for c in colls if c.op == "allreduce" and c.pg.kind in ("dp", "world"))
+            spec["seq"] = target.seq
+        target.timeout = True
+        target.absent = tuple(spec["ranks"])
+        spec["pg_name"], spec["pg_desc"], spec["nelems"] = target.pg.name, target.pg.desc, target.nelems
+        for r, prog in programs.items():
+            idx = next(i for i, op in enumerate(prog) if op.coll is target)
+            if r in target.absent:
+                # the late rank is stuck on the host before it ever launches the collective
+                cut = idx
+                while cut > 0 and prog[cut - 1].kind != COMPUTE:
+                    cut -= 1
+                del prog[cut:]
+            else:
+                # the process aborts after the watchdog fires; nothing after the collective runs
+                del prog[idx + 1:]
+            self.states[r].stopped = True
+        self.halted = True
+
+
+def hash_idx(kind: str, step: int, mb: int, src_vstage: int) -> int:
+    """Identity of one activation/gradient transfer: direction, step, micro-batch, sending virtual stage."""
+    return ((step * 4096 + mb) * 1024 + src_vstage) * 2 + (kind == "B")
+
+
+def iter_steps(engine: Engine) -> Iterator[StepResult]:
+    for k in range(engine.job.steps):
+        if engine.halted:
+            return
+        yield engine.run_step(engine.job.first_step + k)

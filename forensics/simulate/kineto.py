@@ -1,0 +1,256 @@
+"""Streams one rank's Kineto trace (`<host>_<pid>.<epoch_ms>.pt.trace.json.gz`), step by step.
+
+Field shapes follow real PyTorch 2.x traces (see ../shared/research/hta.md §2): `cpu_op` ⊃
+`record_param_comms` ⊃ `nccl:*` annotation ⊃ launch → NCCL kernel carrying the collective args, `ac2g`
+flows keyed by correlation, `ProfilerStep#N` user annotations, float microsecond timestamps with ns
+resolution on a relative clock plus `baseTimeNanoseconds`."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import orjson
+
+from forensics.simulate.engine import COLL, COMPUTE, HOST, MEMCPY, SYNC, Op, RankState
+from forensics.simulate.model import Job, ProcessGroup
+
+# All trace clocks start here (1 day of "uptime"); baseTimeNanoseconds maps them to the epoch.
+T0_NS = 86_400_000_000_000
+EPOCH_NS = 1_773_478_800_000_000_000  # 2026-03-14T09:00:00Z: the simulated job's profiler start
+
+OLD_COLL = {"allreduce": "AllReduce", "allgather": "AllGather", "reduce_scatter": "ReduceScatter", "broadcast": "Broadcast"}
+TORCH_COLL = {"allreduce": "allreduce", "allgather": "_allgather_base", "reduce_scatter": "_reduce_scatter_base",
+              "send": "send", "recv": "recv", "broadcast": "broadcast"}
+ANNOT = {"allreduce": "nccl:all_reduce", "allgather": "nccl:_all_gather_base", "reduce_scatter": "nccl:_reduce_scatter_base",
+         "send": "nccl:send", "recv": "nccl:recv", "broadcast": "nccl:broadcast"}
+
+
+def nccl_kernel_name(op: str, algo: str, proto: str, new: bool) -> str:
+    """Kernel name in the naming era of the NCCL version (a hint of algo/proto only, as in real NCCL)."""
+    if op in ("send", "recv"):
+        return "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)" if new else \
+            "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)"
+    a, p = algo.upper(), proto.upper()
+    if op == "allgather":
+        a, p = "RING", "LL"
+    if new:
+        red = "" if op in ("allgather", "broadcast") else "_Sum_bf16"
+        return f"ncclDevKernel_{OLD_COLL[op]}{red}_{a}_{p}(ncclDevKernelArgsStorage<4096ul>)"
+    return f"ncclKernel_{OLD_COLL[op]}_{a}_{p}_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+def device_properties(job: Job) -> list[dict[str, Any]]:
+    g = job.gpu
+    return [
+        {"id": i, "name": g.name, "totalGlobalMem": g.mem_bytes, "computeMajor": g.compute_major, "computeMinor": g.compute_minor,
+         "maxThreadsPerBlock": 1024, "maxThreadsPerMultiprocessor": 2048, "regsPerBlock": 65536, "warpSize": 32,
+         "sharedMemPerBlock": 49152, "numSms": g.num_sms, "regsPerMultiprocessor": 65536, "sharedMemPerBlockOptin": 232448,
+         "sharedMemPerMultiprocessor": 233472}
+        for i in range(job.topo.gpus_per_node)
+    ]
+
+
+def _us(ns: int) -> float:
+    return ns / 1000.0
+
+
+class TraceWriter:
+    """Writes one rank's trace incrementally; counts what it wrote (the truth for parser tests)."""
+
+    def __init__(self, path: Path, job: Job, st: RankState, groups: list[ProcessGroup], offset_ns: int, compresslevel: int = 6) -> None:
+        self.path = path
+        self.job = job
+        self.st = st
+        self.offset = T0_NS + offset_ns
+        self.dev = st.local
+        self._raw: BinaryIO = open(path, "wb")
+        self._gz = gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, mtime=0, compresslevel=compresslevel)
+        self._buf: list[bytes] = []
+        self._first = True
+        self.bytes_written = 0
+        self.ext = 0
+        self.corr = 0
+        self.ev_idx = 0
+        self.counts: dict[str, int] = {}
+        self.my_groups = [g for g in groups if st.rank in g.ranks]
+        dist = {
+            "backend": "nccl", "rank": st.rank, "world_size": job.topo.world, "pg_count": len(self.my_groups),
+            "pg_config": [g.pg_config() for g in self.my_groups], "nccl_version": job.nccl_version,
+        }
+        # Header keys as Kineto writes them (`"key": value`): HTA finds the rank with r'"rank":\s+(\d+)'.
+        props = ",\n".join("    " + json.dumps(p) for p in device_properties(job))
+        head = (b'{\n  "schemaVersion": 1,\n  "deviceProperties": [\n' + props.encode() + b'\n  ]'
+                + b',\n  "distributedInfo": ' + json.dumps(dist).encode()
+                + b',\n  "record_shapes": 0,\n  "with_stack": 0,\n  "profile_memory": 0,\n  "cupti_version": 24,\n'
+                + b'  "cuda_runtime_version": 12040,\n  "cuda_driver_version": 12040,\n  "traceEvents": [\n')
+        self._write(head)
+
+    # ------------------------------------------------------------------ low level
+    def _write(self, data: bytes) -> None:
+        self._gz.write(data)
+        self.bytes_written += len(data)
+
+    def _ev(self, ev: dict[str, Any], kind: str) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        self._buf.append(orjson.dumps(ev))
+        if len(self._buf) >= 4096:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._buf:
+            return
+        data = b",\n  ".join(self._buf)
+        self._write((b"  " if self._first else b",\n  ") + data)
+        self._first = False
+        self._buf.clear()
+
+    def ts(self, ns: int) -> float:
+        return _us(ns + self.offset)
+
+    def _next_ext(self) -> int:
+        self.ext += 1
+        return self.ext
+
+    def _next_corr(self) -> int:
+        self.corr += 1
+        return self.corr
+
+    def _idx(self) -> int:
+        self.ev_idx += 1
+        return self.ev_idx - 1
+
+    def _x(self, cat: str, name: str, pid: int, tid: int, start: int, end: int, args: dict[str, Any]) -> None:
+        self._ev({"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": self.ts(start), "dur": _us(max(end - start, 0)), "args": args}, cat)
+
+    # ------------------------------------------------------------------ structure
+    def metadata(self, start_ns: int) -> None:
+        st, ts = self.st, self.ts(start_ns)
+        self._ev({"name": "process_name", "ph": "M", "ts": ts, "pid": st.pid, "tid": 0, "args": {"name": "python3.11"}}, "metadata")
+        self._ev({"name": "process_labels", "ph": "M", "ts": ts, "pid": st.pid, "tid": 0, "args": {"labels": "CPU"}}, "metadata")
+        for tid, name in ((st.pid, "python3.11"), (st.bwd_tid, "pt_autograd_0")):
+            self._ev({"name": "thread_name", "ph": "M", "ts": ts, "pid": st.pid, "tid": tid, "args": {"name": f"thread {tid} ({name})"}}, "metadata")
+        self._ev({"name": "process_name", "ph": "M", "ts": ts, "pid": self.dev, "tid": 0, "args": {"name": f"GPU {self.dev}"}}, "metadata")
+        self._ev({"name": "process_labels", "ph": "M", "ts": ts, "pid": self.dev, "tid": 0, "args": {"labels": f"GPU {self.dev}"}}, "metadata")
+        from forensics.simulate.engine import STREAM_COMPUTE, STREAM_DP, STREAM_RECV, STREAM_SEND
+
+        for s in (STREAM_COMPUTE, STREAM_DP, STREAM_SEND, STREAM_RECV):
+            self._ev({"name": "thread_name", "ph": "M", "ts": ts, "pid": self.dev, "tid": s, "args": {"name": f"stream {s} "}}, "metadata")
+
+    def step(self, number: int, start: int, end: int) -> None:
+        st = self.st
+        self._x("user_annotation", f"ProfilerStep#{number}", st.pid, st.pid, start, end, {"External id": self._next_ext(), "Record function id": 0, "Ev Idx": self._idx()})
+        self.counts["steps"] = self.counts.get("steps", 0) + 1
+
+    def op(self, op: Op) -> None:
+        st = self.st
+        k = op.kind
+        if k == HOST:
+            self._x("user_annotation", op.cpu, st.pid, op.tid, op.cpu_start, op.cpu_start + op.host_ns - 800,
+                    {"External id": self._next_ext(), "Record function id": 0, "Ev Idx": self._idx()})
+            return
+        if k == SYNC:
+            ext = self._next_ext()
+            self._x("cpu_op", op.cpu, st.pid, op.tid, op.cpu_start, op.end + op.host_ns // 3, {"External id": ext, "Record function id": 0, "Ev Idx": self._idx()})
+            assert op.end is not None
+            self._x("cuda_runtime", op.name, st.pid, op.tid, op.launch, op.end, {"External id": ext, "cbid": 165, "correlation": self._next_corr()})
+            return
+        assert op.end is not None
+        if k == COMPUTE:
+            self._launch(op, op.cpu, "cudaLaunchKernel", "cuda_runtime", 211)
+        elif k == MEMCPY:
+            ext = self._next_ext()
+            corr = self._next_corr()
+            self._x("cpu_op", op.cpu, st.pid, op.tid, op.cpu_start, op.cpu_start + op.host_ns - 500, {"External id": ext, "Record function id": 0, "Ev Idx": self._idx()})
+            self._x("cuda_runtime", "cudaMemcpyAsync", st.pid, op.tid, op.launch, op.launch + op.host_ns // 3, {"External id": ext, "cbid": 41, "correlation": corr})
+            nbytes = int(op.meta)
+            self._x("gpu_memcpy", op.name, self.dev, op.stream, op.start, op.end,
+                    {"External id": ext, "device": self.dev, "context": 1, "stream": op.stream, "correlation": corr, "bytes": nbytes,
+                     "memory bandwidth (GB/s)": round(nbytes / max(op.end - op.start, 1), 3)})
+            self._flows(corr, op)
+        elif k == COLL:
+            self._collective(op)
+
+    def _flows(self, corr: int, op: Op) -> None:
+        st = self.st
+        self._ev({"ph": "s", "id": corr, "pid": st.pid, "tid": op.tid, "ts": self.ts(op.launch), "cat": "ac2g", "name": "ac2g"}, "ac2g")
+        self._ev({"ph": "f", "id": corr, "pid": self.dev, "tid": op.stream, "ts": self.ts(op.start), "cat": "ac2g", "name": "ac2g", "bp": "e"}, "ac2g")
+
+    def _launch(self, op: Op, cpu_name: str, api: str, api_cat: str, cbid: int, ext: int | None = None,
+                extra_args: dict[str, Any] | None = None, kernel_name: str | None = None) -> None:
+        st = self.st
+        if ext is None:
+            ext = self._next_ext()
+            self._x("cpu_op", cpu_name, st.pid, op.tid, op.cpu_start, op.cpu_start + op.host_ns - 500, {"External id": ext, "Record function id": 0, "Ev Idx": self._idx()})
+        corr = self._next_corr()
+        self._x(api_cat, api, st.pid, op.tid, op.launch, op.launch + op.host_ns // 3, {"External id": ext, "cbid": cbid, "correlation": corr})
+        grid, block = op.meta if isinstance(op.meta, tuple) else (8, 640)
+        sms = self.job.gpu.num_sms
+        args: dict[str, Any] = {
+            "External id": ext, "queued": 0, "device": self.dev, "context": 1, "stream": op.stream, "correlation": corr,
+            "registers per thread": 96 if op.coll is not None else 168, "shared memory": 87568 if op.coll is not None else 197632,
+            "blocks per SM": round(grid / sms, 6), "warps per SM": round(grid * block / 32 / sms, 6),
+            "grid": [grid, 1, 1], "block": [block, 1, 1], "est. achieved occupancy %": 0 if op.coll is not None else min(100, int(grid / sms * 100 // 8)),
+        }
+        if extra_args:
+            args.update(extra_args)
+        assert op.end is not None
+        self._x("kernel", kernel_name or op.name, self.dev, op.stream, op.start, op.end, args)
+        self._flows(corr, op)
+
+    def _collective(self, op: Op) -> None:
+        st, job = self.st, self.job
+        c = op.coll
+        assert c is not None
+        new = job.new_kernel_names
+        dtype = "BFloat16" if new else "Float"
+        nelems = c.nbytes // (2 if new else 4)
+        pg = c.pg
+        kind = op.name  # send and recv share one Coll; the op says which side this is
+        if kind in ("send", "recv"):
+            g_ranks = list(c.members)
+        else:
+            g_ranks = list(pg.ranks)
+        stride = g_ranks[1] - g_ranks[0] if len(g_ranks) > 1 else 1
+        if any(b - a != stride for a, b in zip(g_ranks, g_ranks[1:])):
+            stride = -1
+        coll_args: dict[str, Any] = {
+            "Collective name": TORCH_COLL[kind], "In msg nelems": nelems, "Out msg nelems": nelems,
+            "Group size": len(pg.ranks), "dtype": dtype, "In split size": "[]", "Out split size": "[]",
+            "Process Group Name": pg.name, "Process Group Description": pg.desc,
+            "Process Group Ranks": "[" + ", ".join(str(r) for r in pg.ranks) + "]",
+        }
+        if job.seq_on_kernels and kind not in ("send", "recv"):
+            coll_args["Seq"] = c.seq
+        e1, e2, e3 = self._next_ext(), self._next_ext(), self._next_ext()
+        t0 = op.cpu_start
+        t1 = t0 + op.host_ns - 400
+        self._x("cpu_op", op.cpu, st.pid, op.tid, t0, t1, {"External id": e1, "Record function id": 0, "Ev Idx": self._idx()})
+        rpc: dict[str, Any] = {"External id": e2, "Record function id": 0, "Ev Idx": self._idx(), "Rank": st.rank,
+                               "Global rank start": g_ranks[0], "Global rank stride": stride, **coll_args}
+        if kind == "send":
+            rpc["Dst Rank"] = c.members[1]
+        elif kind == "recv":
+            rpc["Src Rank"] = c.members[0]
+        self._x("cpu_op", "record_param_comms", st.pid, op.tid, t0 + 1_500, t1 - 1_000, rpc)
+        self._x("user_annotation", ANNOT[kind], st.pid, op.tid, t0 + 3_000, t1 - 2_000, {"External id": e3, "Record function id": 0, "Ev Idx": self._idx()})
+        self.counts["comms"] = self.counts.get("comms", 0) + 1
+        api, api_cat, cbid = ("cuLaunchKernelEx", "cuda_driver", 652) if new else ("cudaLaunchKernel", "cuda_runtime", 211)
+        op.meta = (c.channels, 512 if new else 640)
+        self._launch(op, "", api, api_cat, cbid, ext=e2, extra_args=coll_args,
+                     kernel_name=nccl_kernel_name(kind, c.algo, c.proto, new))
+        self.counts["nccl_kernels"] = self.counts.get("nccl_kernels", 0) + 1
+
+    def close(self, start_ns: int, end_ns: int) -> None:
+        self._ev({"ph": "X", "cat": "Trace", "ts": self.ts(start_ns), "dur": _us(end_ns - start_ns), "pid": "Spans", "tid": "PyTorch Profiler",
+                  "name": "PyTorch Profiler (0)", "args": {"Op count": 0}}, "Trace")
+        self._ev({"name": "Iteration Start: PyTorch Profiler", "ph": "i", "s": "g", "pid": "Traces", "tid": "Trace PyTorch Profiler", "ts": self.ts(start_ns)}, "instant")
+        self._ev({"name": "Record Window End", "ph": "i", "s": "g", "pid": "", "tid": "", "ts": self.ts(end_ns + 1_000)}, "instant")
+        self.flush()
+        tail = (b'\n  ],\n  "traceName": "' + str(self.path.name).encode() + b'",\n  "displayTimeUnit": "ms",\n'
+                + b'  "baseTimeNanoseconds": ' + str(EPOCH_NS - T0_NS).encode() + b"\n}\n")
+        self._write(tail)
+        self._gz.close()
+        self._raw.close()

@@ -1,0 +1,190 @@
+"""Named scenarios: a clean job, or one with exactly one injected fault, and what the truth should say."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from forensics.simulate.model import Job, Net, Topology, Workload
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    summary: str
+    build: Callable[[int | None, int | None, dict[str, str]], Job]
+    default_ranks: int = 8
+    kernel_log: str = "benign"          # benign / xid79 / xid48 / xid94 / xid63 / aer / throttle / link_flap
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _f(params: dict[str, str], key: str, default: float) -> float:
+    return float(params[key]) if key in params else default
+
+
+def _i(params: dict[str, str], key: str, default: int) -> int:
+    return int(params[key]) if key in params else default
+
+
+def _ddp(ranks: int | None, steps: int | None, params: dict[str, str], default: int = 8, **job: Any) -> Job:
+    n = ranks or default
+    layers = _i(params, "layers", 12 if n <= 16 else 6)
+    work = Workload(layers=layers, hidden=_i(params, "hidden", 1024), seq=_i(params, "seq", 4096), micro_batch=_i(params, "micro_batch", 8))
+    return Job(topo=Topology(tp=1, pp=1, dp=n), work=work, steps=steps or 4, **job)
+
+
+def _pp(ranks: int | None, steps: int | None, params: dict[str, str], m: int = 8, v: int = 1, **job: Any) -> Job:
+    n = ranks or 8
+    pp = _i(params, "pp", 4)
+    tp = _i(params, "tp", 1)
+    if n % (pp * tp):
+        raise ValueError(f"--ranks {n} is not a multiple of pp*tp = {pp * tp}")
+    m = _i(params, "microbatches", m)
+    v = _i(params, "chunks", v)
+    if v > 1 and m % pp:
+        raise ValueError(f"interleaved schedule needs microbatches ({m}) divisible by pp ({pp})")
+    work = Workload(layers=_i(params, "layers", 2 if v == 1 else 1), hidden=_i(params, "hidden", 2048), seq=_i(params, "seq", 2048),
+                    micro_batch=_i(params, "micro_batch", 2), microbatches=m)
+    return Job(topo=Topology(tp=tp, pp=pp, dp=n // (pp * tp)), work=work, steps=steps or 3, chunks=v,
+               schedule="interleaved" if v > 1 else "1f1b", **job)
+
+
+def _culprit(params: dict[str, str], n: int, default: int) -> int:
+    r = _i(params, "rank", default)
+    if not 0 <= r < n:
+        raise ValueError(f"rank={r} outside 0..{n - 1}")
+    return r
+
+
+def ddp_clean(ranks, steps, params):
+    return _ddp(ranks, steps, params, label="clean")
+
+
+def ddp_straggler(ranks, steps, params):
+    n = ranks or 8
+    r = _culprit(params, n, 5 if n > 5 else n - 1)
+    return _ddp(ranks, steps, params, faults=({"kind": "compute_straggler", "ranks": (r,), "slowdown": _f(params, "slowdown", 0.15)},))
+
+
+def host_straggler(ranks, steps, params):
+    n = ranks or 8
+    r = _culprit(params, n, 2 if n > 2 else 0)
+    return _ddp(ranks, steps, params, faults=({"kind": "host_straggler", "ranks": (r,), "launch_factor": _f(params, "launch_factor", 12.0),
+                                               "stall_ms": _f(params, "stall_ms", 0.0)},))
+
+
+def late_rank(ranks, steps, params):
+    n = ranks or 8
+    r = _culprit(params, n, 6 if n > 6 else n - 1)
+    return _ddp(ranks, steps, params, faults=({"kind": "host_straggler", "ranks": (r,), "launch_factor": 1.0,
+                                               "stall_ms": _f(params, "stall_ms", 40.0), "busy_wait": True},))
+
+
+def ddp_no_overlap(ranks, steps, params):
+    return _ddp(ranks, steps, params, default=16, overlap_dp=False, faults=({"kind": "dp_not_overlapped"},))
+
+
+def slow_nic(ranks, steps, params):
+    n = ranks or 16
+    node = _i(params, "node", 1)
+    factor = _f(params, "bandwidth_factor", 0.25)
+    return _ddp(ranks, steps, params, default=16, net=Net(slow_nodes=((node, factor),)),
+                faults=({"kind": "slow_nic", "nodes": (node,), "bandwidth_factor": factor},))
+
+
+def net_socket(ranks, steps, params):
+    return _ddp(ranks, steps, params, default=16, net=Net(inter="Socket"), env=(("NCCL_IB_DISABLE", "1"),),
+                faults=({"kind": "net_socket"},))
+
+
+def gdr_off(ranks, steps, params):
+    return _ddp(ranks, steps, params, default=16, net=Net(gdr=False), faults=({"kind": "gdr_off"},))
+
+
+def p2p_disabled(ranks, steps, params):
+    return _ddp(ranks, steps, params, net=Net(intra="SHM"), env=(("NCCL_P2P_DISABLE", "1"),), faults=({"kind": "p2p_disabled"},))
+
+
+def algo_forced(ranks, steps, params):
+    algo = params.get("algo", "Tree")
+    return _ddp(ranks, steps, params, default=16, algos=(algo,), env=(("NCCL_ALGO", algo),), tuning_lines=True,
+                faults=({"kind": "nccl_algo_forced", "algo": algo},))
+
+
+def proto_forced(ranks, steps, params):
+    proto = params.get("proto", "LL")
+    return _ddp(ranks, steps, params, default=16, protos=(proto,), env=(("NCCL_PROTO", proto),), tuning_lines=True,
+                faults=({"kind": "nccl_proto_forced", "proto": proto},))
+
+
+def collective_timeout(ranks, steps, params):
+    n = ranks or 8
+    r = _culprit(params, n, 3 if n > 3 else n - 1)
+    steps = steps or 3
+    job = _ddp(ranks, steps, params, faults=({"kind": "collective_timeout", "ranks": (r,), "step": 100 + _i(params, "step_index", steps - 1),
+                                              "seq": _i(params, "seq", 0), "timeout_ms": _f(params, "timeout_ms", 600000.0)},))
+    return job
+
+
+def pp_clean(ranks, steps, params):
+    return _pp(ranks, steps, params, label="clean")
+
+
+def pp_small_m(ranks, steps, params):
+    return _pp(ranks, steps, params, m=_i(params, "microbatches", 2), faults=({"kind": "pipeline_bubbles_small_m"},))
+
+
+def pp_imbalance(ranks, steps, params):
+    pp = _i(params, "pp", 4)
+    stage = _i(params, "stage", pp - 1)
+    factor = _f(params, "factor", 1.5)
+    scale = tuple(factor if s == stage else 1.0 for s in range(pp))
+    return _pp(ranks, steps, params, stage_scale=scale, faults=({"kind": "pipeline_stage_imbalance", "stage": stage, "factor": factor},))
+
+
+def pp_interleaved(ranks, steps, params):
+    return _pp(ranks, steps, params, v=_i(params, "chunks", 2), label="clean")
+
+
+def old_nccl(ranks, steps, params):
+    return _ddp(ranks, steps, params, nccl_version="2.18.5", cuda_version="12.2", label="clean")
+
+
+def xid(code: int) -> Callable[[int | None, int | None, dict[str, str]], Job]:
+    def build(ranks, steps, params):
+        n = ranks or 8
+        r = _culprit(params, n, 4 if n > 4 else 0)
+        if code == 79:
+            # the GPU falls off the bus: its rank never reaches the next gradient all-reduce
+            steps = steps or 3
+            return _ddp(ranks, steps, params, faults=(
+                {"kind": "collective_timeout", "ranks": (r,), "step": 100 + steps - 1, "seq": 0, "timeout_ms": 600000.0},
+                {"kind": "xid", "code": 79, "ranks": (r,)}))
+        return _ddp(ranks, steps, params, faults=({"kind": "xid", "code": code, "ranks": (r,)},))
+    return build
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("ddp_clean", "healthy data-parallel job (DDP, overlapped bucketed all-reduce)", ddp_clean),
+    Scenario("pp_clean", "healthy pipeline + data parallel job (PP=4, 1F1B, m=8)", pp_clean),
+    Scenario("pp_interleaved", "healthy interleaved pipeline (PP=4, v=2 chunks, m=8)", pp_interleaved),
+    Scenario("old_nccl", "healthy DDP job on NCCL 2.18 (old ncclKernel_* names, fp32 grads)", old_nccl),
+    Scenario("ddp_straggler", "one rank's GPU compute is slower (compute straggler)", ddp_straggler),
+    Scenario("host_straggler", "one rank's host launches kernels slowly (launch-bound straggler)", host_straggler),
+    Scenario("late_rank", "one rank's data loader stalls every step; the others busy-wait in NCCL", late_rank),
+    Scenario("ddp_no_overlap", "DDP all-reduce runs after backward instead of overlapping it", ddp_no_overlap, default_ranks=16),
+    Scenario("slow_nic", "one node's NIC runs at a fraction of its bandwidth", slow_nic, default_ranks=16, kernel_log="link_flap"),
+    Scenario("net_socket", "inter-node traffic over NET/Socket (TCP) instead of InfiniBand", net_socket, default_ranks=16),
+    Scenario("gdr_off", "GPUDirect RDMA unavailable: inter-node traffic staged through host memory", gdr_off, default_ranks=16),
+    Scenario("p2p_disabled", "NCCL_P2P_DISABLE=1: intra-node traffic through shared memory, not NVLink", p2p_disabled),
+    Scenario("algo_forced", "NCCL_ALGO forced to Tree for large multi-node all-reduces", algo_forced, default_ranks=16),
+    Scenario("proto_forced", "NCCL_PROTO forced to LL for large all-reduces", proto_forced, default_ranks=16),
+    Scenario("pp_small_m", "pipeline bubbles from too few micro-batches (m=2, p=4)", pp_small_m),
+    Scenario("pp_imbalance", "pipeline stage imbalance: the last stage is 1.5x slower", pp_imbalance),
+    Scenario("collective_timeout", "one rank never arrives at an all-reduce; the others time out in the watchdog", collective_timeout),
+    Scenario("xid79", "GPU falls off the bus (Xid 79); its rank never arrives; watchdog timeout", xid(79), kernel_log="xid79"),
+    Scenario("xid48", "double-bit ECC error (Xid 48) on one GPU", xid(48), kernel_log="xid48"),
+    Scenario("xid94", "contained ECC error (Xid 94) on one GPU", xid(94), kernel_log="xid94"),
+    Scenario("xid63", "row-remapping event (Xid 63) on one GPU", xid(63), kernel_log="xid63"),
+    Scenario("benign_kernel_log", "healthy job whose kernel logs hold only benign noise", ddp_clean),
+)}

@@ -1,0 +1,360 @@
+"""Kineto (PyTorch profiler) / Chrome-trace JSON -> canonical frames.
+
+Reads the trace as a stream (``kineto_stream``), keeps only compact columns per chunk
+(``kineto_extract``), then builds kernels, cpu_ops, steps, comms, ranks and process_groups with
+Polars. Handles every schema in the shared samples: 2021 legacy categories (Operator/Runtime/
+Kernel, ``tid: "stream 7"``, lower-case ``external id``), epoch-µs integer and ns-resolution float
+timestamps with ``baseTimeNanoseconds``, NCCL kernels of every naming era, RCCL on ROCm,
+CPU-only traces.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+
+import polars as pl
+
+from forensics import frames as fr
+from parsers.common import ParseContext, ParseResult
+from parsers.kineto_extract import Extractor
+from parsers.kineto_names import (
+    COMM_KERNEL_PATTERN,
+    DTYPE_BYTES,
+    host_from_filename,
+    kernel_name_hints,
+    normalise_collective,
+    parse_rank_list,
+    rank_from_filename,
+)
+from parsers.kineto_stream import TraceReadError, read_trace
+
+_LAUNCH_PATTERN = r"(?i)launch|memcpy|memset"
+_STEP_PATTERN = r"^ProfilerStep\s*#\s*(\d+)$"
+_HOST_KEYS = ("host_name", "hostname", "host", "hostName")
+_MSG_AND_PG = ("pg_name", "pg_desc", "pg_ranks", "group_size", "in_nelems", "out_nelems", "dtype", "bytes", "seq")
+
+
+def parse(path: Path, ctx: ParseContext) -> ParseResult:
+    ex = Extractor()
+    try:
+        outcome = read_trace(path, ctx.max_decompressed_bytes, ex.feed)
+    except TraceReadError as exc:
+        return ParseResult.failed(str(exc))
+    meta = outcome.meta
+    gpu = _concat(ex.gpu_parts)
+    cpu = _concat(ex.cpu_parts)
+    comm_raw = _concat(ex.comm_parts)
+    ex.gpu_parts.clear()
+    ex.cpu_parts.clear()
+    ex.comm_parts.clear()
+
+    base = meta.get("baseTimeNanoseconds")
+    if isinstance(base, int) and base:
+        shift = [(pl.col(c) + base) for c in ("start_ns", "end_ns")]
+        gpu = gpu.with_columns(shift) if gpu is not None else None
+        cpu = cpu.with_columns(shift) if cpu is not None else None
+        comm_raw = comm_raw.with_columns(shift) if comm_raw is not None else None
+
+    dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    rank = dist.get("rank") if isinstance(dist.get("rank"), int) else None
+    rank_note = ""
+    if rank is None:
+        for part in reversed(PurePosixPath(ctx.rel_path).parts):
+            rank = rank_from_filename(part)
+            if rank is not None:
+                rank_note = f"rank {rank} from the file name"
+                break
+        else:
+            rank_note = "rank unknown (no distributedInfo, none in the file name)"
+    cpu_pids: set[int] = set()
+    if cpu is not None:
+        cpu_pids = set(
+            cpu.filter(pl.col("category").is_in(["cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"]))
+            .get_column("pid").drop_nulls().unique().to_list()
+        )
+    host = next((str(meta[k]) for k in _HOST_KEYS if isinstance(meta.get(k), str) and meta[k]), None)
+    if host is None:
+        host = host_from_filename(PurePosixPath(ctx.rel_path).name, cpu_pids)
+
+    ident = {"rank": rank, "host": host, "source": ctx.rel_path}
+    kernels = _kernels(gpu)
+    cpu_ops = _cpu_ops(cpu, kernels)
+    comms = _comms(comm_raw, cpu_ops, kernels)
+    kernels = _enrich_kernels(kernels, comms)
+    steps = _steps(cpu_ops)
+    out: dict[str, pl.DataFrame] = {
+        "kernels": _stamp("kernels", kernels, ident),
+        "cpu_ops": _stamp("cpu_ops", cpu_ops, ident),
+        "steps": _stamp("steps", steps, ident),
+        "comms": _stamp("comms", comms, ident),
+    }
+    out["ranks"] = _ranks(meta, dist, rank, host, ctx.rel_path, kernels, cpu_ops)
+    out["process_groups"] = _process_groups(dist, rank, ctx.rel_path)
+
+    skipped = sum(ex.skipped.values())
+    summary = (
+        f"{outcome.events:,} events: {out['kernels'].height:,} GPU, {out['cpu_ops'].height:,} host, "
+        f"{out['steps'].height} steps, {out['comms'].height} collective calls; "
+        f"{skipped:,} flow/instant/metadata events not tabulated"
+    )
+    if ex.malformed:
+        summary += f"; {ex.malformed:,} malformed events skipped"
+    if rank_note:
+        summary += f"; {rank_note}"
+    if outcome.complete:
+        return ParseResult(out, status="ok", message=summary, rank=rank, host=host)
+    return ParseResult(out, status="partial", message=f"{outcome.problem}; {summary}", rank=rank, host=host)
+
+
+def _concat(parts: list[pl.DataFrame]) -> pl.DataFrame | None:
+    if not parts:
+        return None
+    return pl.concat(parts, how="vertical_relaxed")
+
+
+def _stamp(name: str, df: pl.DataFrame | None, ident: dict) -> pl.DataFrame:
+    if df is None or df.height == 0:
+        return fr.empty(name)
+    cols = [pl.lit(v, dtype=fr.schema(name)[k]).alias(k) for k, v in ident.items()]
+    return fr.conform(name, df.with_columns(cols))
+
+
+def _map_unique(series: pl.Series, fn, dtype: pl.DataType) -> pl.Series:
+    """Apply a Python function once per distinct value (names repeat thousands of times)."""
+    uniq = series.unique().drop_nulls().to_list()
+    mapping = {u: fn(u) for u in uniq}
+    return series.replace_strict(mapping, default=None, return_dtype=dtype)
+
+
+def _bytes_expr() -> pl.Expr:
+    size = pl.col("dtype").str.to_lowercase().str.strip_prefix("c10::").replace_strict(
+        DTYPE_BYTES, default=None, return_dtype=pl.Int64
+    )
+    return (pl.max_horizontal("in_nelems", "out_nelems") * size).alias("bytes")
+
+
+def _pg_ranks(df: pl.DataFrame) -> pl.Series:
+    return _map_unique(
+        df.get_column("pg_ranks_raw"),
+        lambda s: list(r) if (r := parse_rank_list(s)) is not None else None,
+        pl.List(pl.Int32),
+    ).alias("pg_ranks")
+
+
+def _kernels(gpu: pl.DataFrame | None) -> pl.DataFrame | None:
+    if gpu is None:
+        return None
+    is_comm = pl.col("name").str.contains(COMM_KERNEL_PATTERN)
+    cls = (
+        pl.when(pl.col("kind") == "kernel")
+        .then(pl.when(is_comm).then(pl.lit("comm")).otherwise(pl.lit("compute")))
+        .otherwise(pl.col("kind"))
+    )
+    df = gpu.with_columns(cls.alias("class"))
+    comm_names = df.filter(pl.col("class") == "comm").get_column("name").unique().to_list()
+    hints = {n: kernel_name_hints(n) for n in comm_names}
+    name_col = df.get_column("name")
+    df = df.with_columns(
+        name_col.replace_strict({n: h[0] for n, h in hints.items()}, default=None, return_dtype=pl.String).alias("name_coll"),
+        name_col.replace_strict({n: h[1] for n, h in hints.items()}, default=None, return_dtype=pl.String).alias("name_algo"),
+        name_col.replace_strict({n: h[2] for n, h in hints.items()}, default=None, return_dtype=pl.String).alias("name_proto"),
+        _map_unique(df.get_column("coll_raw"), normalise_collective, pl.String).alias("collective"),
+        _pg_ranks(df),
+    )
+    return df.with_columns(_bytes_expr()).drop("kind", "coll_raw", "pg_ranks_raw")
+
+
+def _cpu_ops(cpu: pl.DataFrame | None, kernels: pl.DataFrame | None) -> pl.DataFrame | None:
+    if cpu is None:
+        return None
+    gpu_corr = (
+        kernels.get_column("correlation").drop_nulls().unique()
+        if kernels is not None
+        else pl.Series([], dtype=pl.Int64)
+    )
+    runtime = pl.col("category").is_in(["cuda_runtime", "cuda_driver"])
+    launch = runtime & (pl.col("correlation").is_in(gpu_corr.implode()) | pl.col("name").str.contains(_LAUNCH_PATTERN))
+    return cpu.with_columns(launch.fill_null(False).alias("is_launch"))
+
+
+def _comms(comm_raw: pl.DataFrame | None, cpu_ops: pl.DataFrame | None, kernels: pl.DataFrame | None) -> pl.DataFrame | None:
+    """One row per host-side collective call, linked to the comm kernel it launched.
+
+    A call is an outermost range among ``record_param_comms``, ``c10d::*`` and ``nccl:*``/``gloo:*``
+    on one thread (``c10d::allreduce_`` > ``record_param_comms`` > ``nccl:all_reduce`` is one call).
+    Its args come from the ``record_param_comms`` inside it; its collective from those args, else
+    from the ``c10d::``/``nccl:`` op names (2023 traces carry no ``Collective name``), else from the
+    name of the kernel it launched.
+    """
+    if comm_raw is None or cpu_ops is None or comm_raw.height == 0:
+        return None
+    is_rpc = pl.col("name") == "record_param_comms"
+    df = (
+        comm_raw.with_columns(
+            pl.coalesce("pg_name", "pg_id").alias("pg_name"),
+            pl.col("pid").fill_null(-1),
+            pl.col("tid").fill_null(-1),
+        )
+        .drop("pg_id")
+        .sort("pid", "tid", "start_ns", pl.col("end_ns"), descending=[False, False, False, True])
+    )
+    prev_end = pl.col("end_ns").cum_max().shift(1).over("pid", "tid")
+    df = df.with_columns((prev_end.is_null() | (pl.col("start_ns") >= prev_end)).alias("_outer"))
+    df = df.with_columns(pl.col("_outer").cast(pl.Int64).cum_sum().alias("_call"))
+    first_rpc = lambda c: pl.col(c).filter(is_rpc).drop_nulls().first()  # noqa: E731
+    arg_cols = ("external_id", "coll_raw", "in_nelems", "out_nelems", "dtype", "group_size", "pg_name",
+                "pg_desc", "pg_ranks_raw", "seq", "src_rank", "dst_rank")
+    calls = df.group_by("_call", maintain_order=True).agg(
+        pl.col("pid").first(),
+        pl.col("tid").first(),
+        pl.when(is_rpc.any()).then(pl.lit("record_param_comms")).otherwise(pl.col("name").first()).alias("name"),
+        pl.col("start_ns").first(),
+        pl.col("end_ns").first(),
+        pl.col("external_id").filter(is_rpc).first().alias("_rpc_ext"),
+        pl.col("external_id").first().alias("_outer_ext"),
+        *[first_rpc(c) for c in arg_cols if c != "external_id"],
+        pl.col("name").filter(pl.col("name").str.starts_with("nccl:") | pl.col("name").str.starts_with("gloo:")).first().alias("_inner"),
+        pl.col("name").filter(pl.col("name").str.starts_with("c10d::")).first().alias("_c10d"),
+    )
+    calls = calls.with_columns(
+        pl.coalesce("_rpc_ext", "_outer_ext").alias("external_id"),
+        pl.col("pid").replace(-1, None),
+        pl.col("tid").replace(-1, None),
+    ).drop("_rpc_ext", "_outer_ext")
+    norm = lambda c: _map_unique(calls.get_column(c), normalise_collective, pl.String)  # noqa: E731
+    calls = calls.with_columns(
+        pl.coalesce(norm("coll_raw"), norm("_inner"), norm("_c10d")).alias("collective"),
+        _pg_ranks(calls),
+    ).drop("coll_raw", "pg_ranks_raw", "_inner", "_c10d")
+
+    # The kernel it launched: the first launch, on the same thread and inside the call, of a
+    # comm-class kernel; failing that, a comm kernel carrying the call's External id.
+    calls = calls.with_columns(pl.lit(None, dtype=pl.Int64).alias("kernel_correlation"))
+    if kernels is not None:
+        comm_k = kernels.filter(pl.col("class") == "comm")
+        if comm_k.height:
+            launches = (
+                cpu_ops.filter(pl.col("is_launch") & pl.col("correlation").is_in(comm_k.get_column("correlation").drop_nulls().implode()))
+                .select("pid", "tid", pl.col("start_ns").alias("_ls"), pl.col("correlation").alias("_lc"))
+                .sort("_ls")
+            )
+            calls = calls.sort("start_ns").join_asof(
+                launches, left_on="start_ns", right_on="_ls", by=["pid", "tid"], strategy="forward", check_sortedness=False
+            )
+            by_ext = (
+                comm_k.filter(pl.col("external_id").is_not_null())
+                .group_by("external_id")
+                .agg(pl.col("correlation").sort_by("start_ns").first().alias("_ec"))
+            )
+            calls = calls.join(by_ext, on="external_id", how="left")
+            calls = calls.with_columns(
+                pl.coalesce(pl.when(pl.col("_ls") <= pl.col("end_ns")).then(pl.col("_lc")), pl.col("_ec")).alias("kernel_correlation")
+            ).drop("_ls", "_lc", "_ec")
+            # Last resort for the collective: the name of the kernel the call launched (a hint).
+            hint = comm_k.select(pl.col("correlation").alias("kernel_correlation"), pl.col("name_coll")).unique("kernel_correlation")
+            calls = calls.join(hint, on="kernel_correlation", how="left").with_columns(
+                pl.coalesce("collective", "name_coll").alias("collective")
+            ).drop("name_coll")
+    return calls.with_columns(_bytes_expr()).sort("start_ns", "_call").drop("_call")
+
+
+def _enrich_kernels(kernels: pl.DataFrame | None, comms: pl.DataFrame | None) -> pl.DataFrame | None:
+    """Comm kernels without collective args take them from the host call that launched them."""
+    if kernels is None:
+        return None
+    if comms is not None and comms.height:
+        host = (
+            comms.filter(pl.col("kernel_correlation").is_not_null())
+            .unique("kernel_correlation", keep="first")
+            .select(
+                pl.col("kernel_correlation").alias("correlation"),
+                pl.col("collective").alias("_h_collective"),
+                *[pl.col(c).alias(f"_h_{c}") for c in _MSG_AND_PG],
+            )
+        )
+        kernels = kernels.join(host, on="correlation", how="left")
+        missing = pl.col("collective").is_null() & pl.col("in_nelems").is_null()
+        kernels = kernels.with_columns(
+            [pl.when(missing).then(pl.col(f"_h_{c}")).otherwise(pl.col(c)).alias(c) for c in ("collective", *_MSG_AND_PG)]
+        ).drop([f"_h_{c}" for c in ("collective", *_MSG_AND_PG)])
+    return kernels.with_columns(
+        pl.when(pl.col("class") == "comm").then(pl.coalesce("collective", "name_coll")).alias("collective")
+    ).drop("name_coll")
+
+
+def _steps(cpu_ops: pl.DataFrame | None) -> pl.DataFrame | None:
+    if cpu_ops is None:
+        return None
+    return (
+        cpu_ops.filter(pl.col("category").is_in(["user_annotation", "cpu_op"]) & pl.col("name").str.contains(_STEP_PATTERN))
+        .select(
+            pl.col("name").str.extract(_STEP_PATTERN, 1).cast(pl.Int64).alias("step"),
+            "start_ns",
+            "end_ns",
+        )
+        .sort("start_ns")
+    )
+
+
+def _ranks(meta: dict, dist: dict, rank: int | None, host: str | None, source: str,
+           kernels: pl.DataFrame | None, cpu_ops: pl.DataFrame | None) -> pl.DataFrame:
+    device = None
+    if kernels is not None and kernels.height:
+        devs = kernels.get_column("device").drop_nulls()
+        if devs.len():
+            device = int(devs.mode().sort()[0])
+    pid = None
+    if cpu_ops is not None and cpu_ops.height:
+        host_side = cpu_ops.filter(pl.col("category").is_in(["cpu_op", "user_annotation"]))
+        steps = host_side.filter(pl.col("name").str.contains(_STEP_PATTERN))
+        pool = steps if steps.height else host_side
+        pids = pool.get_column("pid").drop_nulls()
+        if pids.len():
+            pid = int(pids.mode().sort()[0])
+    props = [p for p in meta.get("deviceProperties") or [] if isinstance(p, dict)]
+    prop = None
+    if device is not None:
+        prop = next((p for p in props if p.get("id") == device), None)
+        if prop is None and len(props) == 1:
+            prop = props[0]
+    pg_config = dist.get("pg_config")
+    pg_count = dist.get("pg_count")
+    if not isinstance(pg_count, int):
+        pg_count = len(pg_config) if isinstance(pg_config, list) else None
+    nccl = dist.get("nccl_version")
+    row = {
+        "rank": rank,
+        "world_size": dist.get("world_size") if isinstance(dist.get("world_size"), int) else None,
+        "host": host,
+        "pid": pid,
+        "device": device,
+        "gpu_name": prop.get("name") if prop else None,
+        "sm_count": prop.get("numSms") if prop and isinstance(prop.get("numSms"), int) else None,
+        "nccl_version": str(nccl) if nccl is not None else None,
+        "backend": dist.get("backend") if isinstance(dist.get("backend"), str) else None,
+        "pg_count": pg_count,
+        "source": source,
+    }
+    return fr.conform("ranks", pl.DataFrame([row], schema=fr.schema("ranks")))
+
+
+def _process_groups(dist: dict, rank: int | None, source: str) -> pl.DataFrame:
+    rows = []
+    for pg in dist.get("pg_config") or []:
+        if not isinstance(pg, dict):
+            continue
+        ranks = pg.get("ranks")
+        rows.append(
+            {
+                "rank": rank,
+                "pg_name": str(pg["pg_name"]) if pg.get("pg_name") is not None else None,
+                "pg_desc": pg.get("pg_desc") if isinstance(pg.get("pg_desc"), str) else None,
+                "backend_config": pg.get("backend_config") if isinstance(pg.get("backend_config"), str) else None,
+                "pg_size": pg.get("pg_size") if isinstance(pg.get("pg_size"), int) else None,
+                "pg_ranks": [int(r) for r in ranks] if isinstance(ranks, list) and all(isinstance(r, int) for r in ranks) else None,
+                "source": source,
+            }
+        )
+    if not rows:
+        return fr.empty("process_groups")
+    return fr.conform("process_groups", pl.DataFrame(rows, schema=fr.schema("process_groups")))

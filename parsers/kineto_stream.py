@@ -1,0 +1,293 @@
+"""Streaming reader for Kineto / Chrome-trace JSON: the ``traceEvents`` array in chunks, never whole.
+
+The decompressed text is read in blocks; the ``traceEvents`` array is split at top-level event
+boundaries and each piece is parsed with orjson on its own (``[`` + piece + ``]``). A boundary is
+only a candidate (a ``},`` found by a byte search may sit inside a string or a nested object); it
+is accepted when the piece parses, which it cannot do when the cut is not at the top level of the
+array (brackets or a string would be left open). Memory stays bounded by the chunk size, and a
+trace cut off mid-write falls out of the same loop: everything up to the last complete event is
+kept and the byte offset of the cut is reported.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import orjson
+
+from parsers.common import GZIP_MAGIC
+
+READ_BYTES = 1 << 20
+CHUNK_BYTES = 4 << 20
+# The text before the traceEvents array (deviceProperties, distributedInfo) is small in practice;
+# past this many bytes without finding the array the file is not read further as a stream.
+MAX_HEADER_BYTES = 256 << 20
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_BOUNDARY = re.compile(rb"\}\s*,")
+_WS = b" \t\r\n"
+
+EventSink = Callable[[list], None]
+
+
+class TraceReadError(Exception):
+    """The file cannot be read as a trace at all (reason in the message, one line)."""
+
+
+class _Corrupt(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass
+class ReadOutcome:
+    """What the stream reader saw: top-level metadata, event count, and where it stopped."""
+
+    meta: dict = field(default_factory=dict)
+    events: int = 0
+    decompressed_bytes: int = 0
+    complete: bool = True
+    # one line saying why the read stopped early; None when the document was read whole
+    problem: str | None = None
+
+
+def decompressed_blocks(path: Path, limit: int) -> Iterator[bytes]:
+    """Decompressed content of ``path`` in blocks (gunzipped when gzip, multi-member aware).
+
+    Raises ``_Corrupt`` for corrupt or truncated gzip data and when more than ``limit`` bytes would
+    come out (a gzip bomb); every byte decompressed before the problem has been yielded by then.
+    """
+    total = 0
+    with open(path, "rb") as fh:
+        gz = fh.read(2) == GZIP_MAGIC
+        fh.seek(0)
+        if not gz:
+            while block := fh.read(READ_BYTES):
+                total += len(block)
+                if total > limit:
+                    raise _Corrupt(f"file exceeds the size limit of {limit} bytes")
+                yield block
+            return
+        dec = zlib.decompressobj(31)
+        consumed = 0  # compressed bytes fed so far
+        started = False  # the current member has received input
+        while True:
+            data = fh.read(READ_BYTES)
+            if not data:
+                if started and not dec.eof:
+                    raise _Corrupt(f"gzip stream truncated at compressed byte {consumed:,}")
+                return
+            consumed += len(data)
+            while data:
+                started = True
+                try:
+                    out = dec.decompress(data, READ_BYTES * 4)
+                except zlib.error as exc:
+                    raise _Corrupt(f"corrupt gzip data before compressed byte {consumed:,}: {exc}") from None
+                if out:
+                    total += len(out)
+                    if total > limit:
+                        raise _Corrupt(f"decompressed size exceeds the limit of {limit} bytes (gzip bomb?)")
+                    yield out
+                if dec.eof:
+                    data = dec.unused_data
+                    if data.strip(b"\x00"):
+                        dec = zlib.decompressobj(31)  # next gzip member
+                    else:
+                        data = b""
+                        started = False
+                else:
+                    data = dec.unconsumed_tail
+
+
+def _parse_array_piece(piece: bytes | bytearray | memoryview) -> list | None:
+    try:
+        return orjson.loads(b"[" + bytes(piece) + b"]")
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _split(buf: bytearray, start: int, end: int) -> tuple[list, int] | None:
+    """Parse the longest run of whole events in ``buf[start:end]`` ending at a verified ``},``.
+
+    Returns (events, index just past the comma) or None when no boundary in the window verifies.
+    """
+    # Candidates from the end of the window backwards; the last few are enough in practice.
+    window_start = max(start, end - (1 << 18))
+    matches = list(_BOUNDARY.finditer(buf, window_start, end))
+    for m in reversed(matches[-64:]):
+        events = _parse_array_piece(memoryview(buf)[start : m.start() + 1])
+        if events is not None:
+            return events, m.end()
+    return None
+
+
+def _salvage_tail(tail: bytes) -> tuple[list, int]:
+    """Complete events at the start of ``tail`` (the text after the last verified boundary).
+
+    Tries every ``}`` from the end; the first prefix that parses as an array of events is the
+    longest one made of complete events. Returns (events, bytes used).
+    """
+    pos = len(tail)
+    tries = 0
+    while True:
+        pos = tail.rfind(b"}", 0, pos)
+        if pos < 0 or tries > 4096:
+            return [], 0
+        tries += 1
+        events = _parse_array_piece(tail[: pos + 1])
+        if events is not None and all(isinstance(e, dict) for e in events):
+            return events, pos + 1
+
+
+def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int = CHUNK_BYTES) -> ReadOutcome:
+    """Stream ``path``'s trace events into ``sink`` (lists of event dicts, one list per chunk).
+
+    Raises TraceReadError when not a single event could be read (not JSON, wrong shape, empty,
+    corrupt before the first event). A read that stops early after some events returns an outcome
+    with ``complete=False`` and the reason.
+    """
+    out = ReadOutcome()
+    buf = bytearray()
+    blocks = decompressed_blocks(path, limit)
+    base = 0  # decompressed offset of buf[0]
+    stop_reason: str | None = None
+
+    def pull() -> bool:
+        nonlocal stop_reason
+        if stop_reason is not None:
+            return False
+        try:
+            block = next(blocks)
+        except StopIteration:
+            stop_reason = ""
+            return False
+        except _Corrupt as exc:
+            stop_reason = exc.message
+            return False
+        buf.extend(block)
+        out.decompressed_bytes += len(block)
+        return True
+
+    # 1. Find the start of the event array.
+    bare = False
+    m = None
+    while True:
+        stripped = bytes(buf[:64]).lstrip(b"\xef\xbb\xbf" + _WS)
+        if stripped:
+            if stripped[:1] == b"[":
+                bare = True
+                break
+            if stripped[:1] != b"{":
+                raise TraceReadError(f"not JSON: starts with {stripped[:12]!r}")
+            m = _EVENTS_KEY.search(buf)
+            if m:
+                break
+        if len(buf) > MAX_HEADER_BYTES or not pull():
+            break
+    if not bare and m is None:
+        _whole_document(buf, stop_reason, out.decompressed_bytes)  # always raises
+    if bare:
+        array_start = buf.index(b"[") + 1
+    else:
+        assert m is not None
+        try:
+            header = orjson.loads(bytes(buf[: m.end()]) + b"]}")
+        except orjson.JSONDecodeError as exc:
+            raise TraceReadError(f"malformed JSON before traceEvents: {exc}") from None
+        header.pop("traceEvents", None)
+        out.meta.update(header)
+        array_start = m.end()
+    del buf[:array_start]
+    base = array_start
+
+    # 2. Whole events in chunks.
+    while True:
+        while len(buf) < chunk_bytes and pull():
+            pass
+        at_end = stop_reason is not None
+        if not at_end:
+            got = _split(buf, 0, len(buf))
+            if got is None:
+                # No verified boundary near the end of this window: read more and try again.
+                chunk_bytes *= 2
+                continue
+            events, used = got
+            out.events += len(events)
+            sink(events)
+            del events
+            del buf[:used]
+            base += used
+            continue
+        break
+
+    # 3. The rest: last events, the closing bracket and the trailing metadata.
+    rest = bytes(buf)
+    buf = bytearray()
+    if stop_reason == "":
+        try:
+            if bare:
+                events = orjson.loads(b"[" + rest)
+                trailer: dict = {}
+            else:
+                doc = orjson.loads(b'{"traceEvents":[' + rest)
+                events = doc.pop("traceEvents")
+                trailer = doc
+            if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+                raise TraceReadError("traceEvents is not a list of event objects")
+            out.events += len(events)
+            if events:
+                sink(events)
+            out.meta.update(trailer)
+            return out
+        except orjson.JSONDecodeError:
+            pass
+    # Cut off (or damaged) somewhere in the rest: keep every complete event before the cut.
+    used_total = 0
+    while True:
+        got = _split(bytearray(rest), used_total, len(rest)) if len(rest) - used_total > (1 << 16) else None
+        if got is None:
+            break
+        events, used = got
+        out.events += len(events)
+        sink(events)
+        used_total = used
+    events, used = _salvage_tail(rest[used_total:].lstrip(_WS))
+    if events:
+        out.events += len(events)
+        sink(events)
+    cut = out.decompressed_bytes
+    why = stop_reason or "the JSON document ends before the traceEvents array closes"
+    if stop_reason == "":
+        # Clean end of file but the array or the object around it is incomplete.
+        why = "the JSON document ends before it is complete (file cut off mid-write?)"
+    out.complete = False
+    out.problem = (
+        f"truncated at byte {cut:,} of the JSON text ({why}); kept {out.events:,} complete events"
+    )
+    if out.events == 0 and not bare and stop_reason not in ("",) and "gzip" in (stop_reason or ""):
+        raise TraceReadError(stop_reason or "corrupt gzip")
+    return out
+
+
+def _whole_document(buf: bytearray, stop_reason: str | None, size: int) -> None:
+    """No traceEvents array found while streaming: say precisely what the document is instead."""
+    if stop_reason:
+        raise TraceReadError(stop_reason)
+    if not bytes(buf).strip():
+        raise TraceReadError("empty file")
+    if len(buf) > MAX_HEADER_BYTES:
+        raise TraceReadError(f"no traceEvents array in the first {MAX_HEADER_BYTES:,} bytes")
+    try:
+        doc = orjson.loads(bytes(buf))
+    except orjson.JSONDecodeError as exc:
+        raise TraceReadError(f"not valid JSON ({size:,} bytes): {exc}") from None
+    if isinstance(doc, dict):
+        if "traceEvents" in doc:
+            raise TraceReadError(f"traceEvents is a {type(doc['traceEvents']).__name__}, not a list of events")
+        raise TraceReadError("JSON object without a traceEvents array: not a Kineto/Chrome trace")
+    raise TraceReadError(f"JSON {type(doc).__name__} is not a trace (expected an object with traceEvents)")
