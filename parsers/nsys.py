@@ -50,6 +50,8 @@ _MPI_RANK_THREAD = re.compile(r"^MPI Rank (\d+)$")
 # NCCL kernel names in every naming era: ncclKernel_* (<= 2.18), ncclDevKernel_* (2.19+),
 # ncclSymDevKernel_* (2.27 symmetric kernels), ncclSymkDevKernel_* (2.28).
 NCCL_KERNEL = r"^(?:void\s+)?nccl(?:Symk?)?(?:Dev)?Kernel_"
+# DeepEP's expert-parallel dispatch/combine kernels move data between GPUs too (as in parsers/kineto_names.py).
+DEEPEP_KERNEL = r"deep_ep::|dpsk::ep::"
 _NCCL_COLL = r"^(?:void\s+)?nccl(?:Symk?)?(?:Dev)?Kernel_([A-Za-z]+)"
 _NAME_ALGO = r"_(RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|COLLNET|NVLS_TREE|NVLS|PAT)(?:_|\(|$)"
 _NAME_PROTO = r"_(LL128|LL|SIMPLE)(?:_|\(|$)"
@@ -420,7 +422,7 @@ def classify_kernels(df: pl.DataFrame) -> pl.DataFrame:
     coll_token = base.str.extract(_NCCL_COLL, 1)
     return df.with_columns(
         pl.when(pl.col("kind") == "kernel")
-        .then(pl.when(is_nccl).then(pl.lit("comm")).otherwise(pl.lit("compute")))
+        .then(pl.when(is_nccl | pl.col("name").str.contains(DEEPEP_KERNEL)).then(pl.lit("comm")).otherwise(pl.lit("compute")))
         .otherwise(pl.col("kind"))
         .alias("class"),
         pl.when(is_nccl).then(coll_token.replace_strict(COLLECTIVES, default=None, return_dtype=pl.String())).alias("collective"),

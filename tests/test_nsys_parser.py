@@ -205,6 +205,7 @@ def test_nccl_kernel_names_in_every_naming_era():
         ("ncclSymkDevKernel_AllGather_LL", "comm", "allgather", None, "LL"),
         ("void at::native::vectorized_elementwise_kernel<4>(int)", "compute", None, None, None),
         ("nvjet_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN", "compute", None, None, None),
+        ("void deep_ep::intranode::dispatch<8, 768>(int*, float*)", "comm", None, None, None),
     ]
     df = pl.DataFrame({"name": [n[0] for n in names], "short": [n[0] for n in names], "kind": ["kernel"] * len(names)})
     out = classify_kernels(df)
