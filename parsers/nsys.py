@@ -109,6 +109,7 @@ class NotNsys(Exception):
 class _Db:
     con: sqlite3.Connection
     tables: dict[str, str] = field(default_factory=dict)  # lower-case name -> real name
+    errors: list[str] = field(default_factory=list)  # damage met while reading, with rows salvaged
     _cols: dict[str, set[str]] = field(default_factory=dict)
 
     def has(self, table: str) -> bool:
@@ -133,7 +134,15 @@ class _Db:
         cur = self.con.execute(sql)
         parts: list[pl.DataFrame] = []
         names = list(schema)
-        while batch := cur.fetchmany(BATCH_ROWS):
+        while True:
+            try:
+                batch = cur.fetchmany(BATCH_ROWS)
+            except sqlite3.DatabaseError as exc:
+                # A damaged page: keep the rows read before it (a batch at most is lost).
+                self.errors.append(f"{exc} after {sum(p.height for p in parts):,} rows")
+                break
+            if not batch:
+                break
             columns = list(zip(*batch))
             parts.append(pl.DataFrame([pl.Series(n, c, dtype=schema[n]) for n, c in zip(names, columns)]))
             del batch, columns
@@ -340,10 +349,12 @@ def _id_or_text(db: _Db, table: str, col: str) -> tuple[str, bool]:
 
 def _resolve(db: _Db, df: pl.DataFrame, table: str, pairs: dict[str, str], fix: Callable[[str], str] | None = None) -> pl.DataFrame:
     """Replace id columns ``pairs`` {frame column: table column} by their StringIds values."""
-    for out_col, col in pairs.items():
-        rows = db.rows(
-            f'SELECT id, value FROM "{db.name("StringIds")}" WHERE id IN (SELECT DISTINCT {col} FROM "{db.name(table)}")'
-        )
+    for out_col in pairs:
+        wanted = df[out_col].drop_nulls().unique().to_list()
+        rows: list[tuple] = []
+        for i in range(0, len(wanted), 500):
+            chunk = wanted[i : i + 500]
+            rows += db.rows(f'SELECT id, value FROM "{db.name("StringIds")}" WHERE id IN ({",".join("?" * len(chunk))})', chunk)
         ids = [r[0] for r in rows]
         vals = [fix(r[1]) if fix else r[1] for r in rows]
         df = df.with_columns(
@@ -360,7 +371,7 @@ def _kernels(db: _Db, off: int) -> pl.DataFrame:
     short, short_id = _id_or_text(db, t, "shortName")
     g = lambda c: _opt(db, t, c)  # noqa: E731
     sql = (
-        f"SELECT t.start + {off}, t.end + {off}, t.deviceId, {g('contextId')}, t.streamId, t.correlationId, "
+        f"SELECT t.start + {off}, t.end + {off}, t.deviceId, {g('contextId')}, {g('streamId')}, {g('correlationId')}, "
         f"{_opt(db, t, 'globalPid', PID_EXPR.format(col='t.globalPid'))}, {dem}, {short}, "
         f"{g('gridX')}, {g('gridY')}, {g('gridZ')}, {g('blockX')}, {g('blockY')}, {g('blockZ')}, NULL, 'kernel' "
         f'FROM "{db.name(t)}" t'
@@ -390,7 +401,7 @@ def _copies(db: _Db, off: int, table: str, kind: str) -> pl.DataFrame:
     else:
         name = "'[CUDA memset]'"
     sql = (
-        f"SELECT t.start + {off}, t.end + {off}, t.deviceId, {_opt(db, table, 'contextId')}, t.streamId, "
+        f"SELECT t.start + {off}, t.end + {off}, t.deviceId, {_opt(db, table, 'contextId')}, {_opt(db, table, 'streamId')}, "
         f"{_opt(db, table, 'correlationId')}, {_opt(db, table, 'globalPid', PID_EXPR.format(col='t.globalPid'))}, "
         f"{name}, NULL, NULL, NULL, NULL, NULL, NULL, NULL, {_opt(db, table, 'bytes')}, '{kind}' "
         f'FROM "{db.name(table)}" t'
@@ -442,7 +453,7 @@ def _runtime(db: _Db, off: int) -> pl.DataFrame:
     name, name_id = _id_or_text(db, t, "nameId")
     sql = (
         f"SELECT t.start + {off}, t.end + {off}, {PID_EXPR.format(col='t.globalTid')}, {TID_EXPR.format(col='t.globalTid')}, "
-        f"t.correlationId, {name} FROM \"{db.name(t)}\" t"
+        f"{_opt(db, t, 'correlationId')}, {name} FROM \"{db.name(t)}\" t"
     )
     df = db.frame(sql, {**_RUNTIME_SCHEMA, "name": pl.Int64() if name_id else pl.String()})
     # API names carry version suffixes (cudaLaunchKernel_v7000); drop them, as Kineto names do.
@@ -576,15 +587,29 @@ def _parse(db: _Db, path: Path, ctx: ParseContext) -> ParseResult:
     meta = _read_meta(db)
     off = meta.offset_ns
     src = ctx.rel_path
+    damaged: list[str] = []
+
+    def safe(table: str, read: Callable[[], pl.DataFrame], schema: dict[str, pl.DataType]) -> pl.DataFrame:
+        # A damaged page breaks one table, not the file: salvage the rest and say which table failed.
+        db.errors.clear()
+        try:
+            df = read()
+        except sqlite3.DatabaseError as exc:
+            damaged.append(f"{table} ({exc})")
+            return pl.DataFrame(schema=schema)
+        damaged.extend(f"{table} ({e})" for e in db.errors)
+        return df
 
     gpu = pl.concat(
-        [_kernels(db, off), _copies(db, off, "CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"),
-         _copies(db, off, "CUPTI_ACTIVITY_KIND_MEMSET", "memset"), _syncs(db, off)],
+        [safe("CUPTI_ACTIVITY_KIND_KERNEL", lambda: _kernels(db, off), _GPU_OP_SCHEMA),
+         safe("CUPTI_ACTIVITY_KIND_MEMCPY", lambda: _copies(db, off, "CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"), _GPU_OP_SCHEMA),
+         safe("CUPTI_ACTIVITY_KIND_MEMSET", lambda: _copies(db, off, "CUPTI_ACTIVITY_KIND_MEMSET", "memset"), _GPU_OP_SCHEMA),
+         safe("CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", lambda: _syncs(db, off), _GPU_OP_SCHEMA)],
         how="vertical",
     )
     gpu = classify_kernels(gpu)
-    runtime = _runtime(db, off)
-    nvtx = _nvtx(db, off)
+    runtime = safe("CUPTI_ACTIVITY_KIND_RUNTIME", lambda: _runtime(db, off), _RUNTIME_SCHEMA)
+    nvtx = safe("NVTX_EVENTS", lambda: _nvtx(db, off), _NVTX_SCHEMA)
     notes = list(meta.notes)
 
     # Processes that did GPU work, and their device(s): one file may hold several ranks (torchrun
@@ -667,10 +692,10 @@ def _parse(db: _Db, path: Path, ctx: ParseContext) -> ParseResult:
     ranks = fr.conform("ranks", tag(ranks_rows))
 
     # nsys-only frames
-    overhead = _overhead(db, off)
+    overhead = safe("PROFILER_OVERHEAD", lambda: _overhead(db, off), _OVERHEAD_SCHEMA)
     dev_of_pid = procs.select("pid", pl.col("devices")).explode("devices").rename({"devices": "device"})
     overhead = fr.conform("profiler_overhead", tag(overhead.join(dev_of_pid, on="pid", how="inner")).sort("device", "start_ns"))
-    metrics = fr.conform("gpu_metrics", _tag_metrics(_gpu_metrics(db, off), rank_by_pid, procs, meta, src))
+    metrics = fr.conform("gpu_metrics", _tag_metrics(safe("GPU_METRICS", lambda: _gpu_metrics(db, off), _METRIC_SCHEMA), rank_by_pid, procs, meta, src))
 
     out = {
         "kernels": kernels, "cpu_ops": cpu_ops, "steps": steps, "comms": comms, "ranks": ranks,
@@ -687,6 +712,9 @@ def _parse(db: _Db, path: Path, ctx: ParseContext) -> ParseResult:
         + (f", {metrics.height} GPU metric samples" if metrics.height else "")
         + ("; " + "; ".join(notes) if notes else "")
     )
+    if damaged:
+        return ParseResult(frames=out, status="partial", message=f"{src}: unreadable table(s): {'; '.join(damaged)}; salvaged: {msg}",
+                           rank=single_rank, host=meta.host)
     return ParseResult(frames=out, status="ok", message=msg, rank=single_rank, host=meta.host)
 
 
@@ -729,8 +757,20 @@ def _comms(db, nvtx, ranges, runtime, gpu, rank_by_pid, meta, tag) -> pl.DataFra
             pl.Series("peer", [_field(p, "Peer rank") for p in decoded], dtype=pl.Int32()),
             pl.Series("pg_name", [(f"0x{int(v):x}" if v is not None else None) for v in (_field(p, "NCCL communicator") for p in decoded)], dtype=pl.String()),
         )
+        # Communicator sizes from the init calls' payloads ("No. of ranks"), by communicator id.
+        inits = ranges.filter(pl.col("name").str.starts_with("ncclCommInit") | (pl.col("name") == "ncclCommSplit"))
+        if created:
+            inits = inits.filter(pl.col("domain").is_in(created))
+        sizes: dict[str, int] = {}
+        for b, j, d in inits.select("blob", "json", "domain").iter_rows():
+            p = _decode_payload(b, j, schemas, d if d is not None else 0, ("No. of ranks",))
+            comm, n = _field(p, "NCCL communicator"), _field(p, "No. of ranks")
+            if comm is not None and n is not None:
+                sizes[f"0x{int(comm):x}"] = int(n)
+        calls = calls.with_columns(pl.col("pg_name").replace_strict(sizes, default=None, return_dtype=pl.Int32()).alias("group_size"))
     else:
-        calls = calls.with_columns(pl.lit(None, pl.Int64()).alias("bytes"), pl.lit(None, pl.Int32()).alias("peer"), pl.lit(None, pl.String()).alias("pg_name"))
+        calls = calls.with_columns(pl.lit(None, pl.Int64()).alias("bytes"), pl.lit(None, pl.Int32()).alias("peer"),
+                                   pl.lit(None, pl.String()).alias("pg_name"), pl.lit(None, pl.Int32()).alias("group_size"))
 
     # Link each call to the NCCL kernel it launched: a runtime launch on the same thread inside the range.
     comm_corr = gpu.filter(pl.col("class") == "comm").select("pid", "correlation").unique()
@@ -751,5 +791,5 @@ def _comms(db, nvtx, ranges, runtime, gpu, rank_by_pid, meta, tag) -> pl.DataFra
         pl.when(pl.col("collective") == "send").then(own).when(pl.col("collective") == "recv").then(pl.col("peer")).alias("src_rank"),
         pl.when(pl.col("collective") == "send").then(pl.col("peer")).when(pl.col("collective") == "recv").then(own).alias("dst_rank"),
     )
-    cols = ["pid", "tid", "name", "collective", "start_ns", "end_ns", "kernel_correlation", "pg_name", "bytes", "src_rank", "dst_rank"]
+    cols = ["pid", "tid", "name", "collective", "start_ns", "end_ns", "kernel_correlation", "pg_name", "group_size", "bytes", "src_rank", "dst_rank"]
     return fr.conform("comms", tag(calls.select(cols)).sort("start_ns"))

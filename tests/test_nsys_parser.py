@@ -220,27 +220,30 @@ def test_nccl_nvtx_payloads_and_steps(tmp_path):
     entries = [(1, 16777223, 0, 18, "NCCL communicator ID", 0), (1, 16777223, 1, 22, "Message size [bytes]", 8),
                (1, 16777223, 2, 16777232, "Reduction operation", 16),
                (1, 16777226, 0, 18, "NCCL communicator ID", 0), (1, 16777226, 1, 22, "Message size [bytes]", 8),
-               (1, 16777226, 2, 5, "Peer rank", 16)]
+               (1, 16777226, 2, 5, "Peer rank", 16),
+               (1, 16777227, 0, 18, "NCCL communicator ID", 0), (1, 16777227, 1, 5, "No. of ranks", 8),
+               (1, 16777227, 2, 5, "Rank", 12), (1, 16777227, 3, 5, "CUDA device", 16)]
     path = make_export(
         tmp_path / "rank0.sqlite", env={"OMPI_COMM_WORLD_RANK": "0"},
         kernels=[(500, 900, 0, 13, 77, 9, "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 4)],
         runtime=[(120, 130, 9, 10, 77, "cudaLaunchKernelExC_v11060")],
         nvtx=[
             (0, None, 75, 9, 10, "NCCL", 1, None, None),
+            (10, 90, 59, 9, 10, "ncclCommInitRank", 1, None, struct.pack("<Qiii", 0xABC, 8, 0, 0)),
             (100, 200, 59, 9, 10, "ncclAllReduce", 1, None, _payload(0xABC, 8 << 20, 0)),
             (300, 400, 59, 9, 10, "ncclSend", 1, None, _payload(0xABC, 4096, 5)),
             (410, 420, 59, 9, 10, "ncclRecv", 1, '{"NCCL communicator ID": 2748, "Message size [bytes]": 1024, "Peer rank": 2}', None),
             (0, 1000, 59, 9, 10, "ProfilerStep#5", 0, None, None),
             (1000, 2000, 59, 9, 10, "ProfilerStep#6", 0, None, None),
         ],
-        schema_entries=entries, schemas=[(1, 16777223, 20), (1, 16777226, 20)],
+        schema_entries=entries, schemas=[(1, 16777223, 20), (1, 16777226, 20), (1, 16777227, 20)],
     )
     res = run(path)
     comms = res.frames["comms"].sort("start_ns")
-    assert comms.select("name", "collective", "bytes", "pg_name", "src_rank", "dst_rank", "kernel_correlation").rows() == [
-        ("ncclAllReduce", "allreduce", 8 << 20, "0xabc", None, None, 77),
-        ("ncclSend", "send", 4096, "0xabc", 0, 5, None),
-        ("ncclRecv", "recv", 1024, "0xabc", 2, 0, None),
+    assert comms.select("name", "collective", "bytes", "pg_name", "group_size", "src_rank", "dst_rank", "kernel_correlation").rows() == [
+        ("ncclAllReduce", "allreduce", 8 << 20, "0xabc", 8, None, None, 77),
+        ("ncclSend", "send", 4096, "0xabc", 8, 0, 5, None),
+        ("ncclRecv", "recv", 1024, "0xabc", 8, 2, 0, None),
     ]
     assert res.frames["steps"].select("step", "rank", "start_ns").rows() == [(5, 0, T0), (6, 0, T0 + 1000)]
 
@@ -277,3 +280,20 @@ def test_no_gpu_metrics_means_empty_answer():
     res = run(path)
     assert "gpu_metrics" not in res.frames  # the export has no GPU_METRICS table: absent, not empty
     assert sm_active_fraction(JobFrames(res.frames)).height == 0
+
+
+def test_damaged_page_gives_partial_with_the_table_named(tmp_path):
+    src = shared_path("nsys", "nsys-ai", "h100_2gpu_1s.sqlite")
+    whole = run(src)
+    data = bytearray(src.read_bytes())
+    # find a page of CUPTI_ACTIVITY_KIND_RUNTIME: the root page of its b-tree, from sqlite_master
+    (root,), = sql(src, "SELECT rootpage FROM sqlite_master WHERE name = 'CUPTI_ACTIVITY_KIND_RUNTIME'")
+    (page_size,), = sql(src, "PRAGMA page_size")
+    data[(root - 1) * page_size:root * page_size] = b"\xff" * page_size
+    path = tmp_path / "damaged.sqlite"
+    path.write_bytes(bytes(data))
+    res = run(path)
+    assert res.status == "partial"
+    assert "CUPTI_ACTIVITY_KIND_RUNTIME" in res.message and "damaged.sqlite" in res.message
+    assert res.frames["kernels"].height == whole.frames["kernels"].height
+    assert res.frames["cpu_ops"].filter(pl.col("category") == "cuda_runtime").height == 0
