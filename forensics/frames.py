@@ -566,6 +566,41 @@ _register(KERNEL_EVENTS, GPU_HEALTH, GPU_DIAG)
 
 # --- Nsight Systems-only frames (nsys issue) --------------------------------------------------
 
+GPU_METRICS = FrameSpec(
+    "gpu_metrics",
+    "Sampled GPU hardware counters (`nsys profile --gpu-metrics-device`), one row per (GPU, sample). "
+    "Each value is the percentage of the interval since the previous sample of the same GPU; "
+    "see forensics/gpu_metrics.py for windowed averages.",
+    (
+        _RANK,
+        _HOST,
+        _SOURCE,
+        _c("device", pl.Int32(), "GPU index on the host (`GPU_METRICS.typeId & 0xFF`)"),
+        _c("timestamp_ns", pl.Int64(), "sample time (end of the sampled interval), ns"),
+        _c("gr_active", pl.Float64(), "`GR Active`: % of time the graphics/compute engine was busy"),
+        _c("sm_active", pl.Float64(), "`SM Active`: % of SM cycles with at least one warp in flight (avg over SMs)"),
+        _c("sm_issue", pl.Float64(), "`SM Issue`: % of SM cycles issuing an instruction"),
+        _c("tensor_active", pl.Float64(), "`Tensor Active`: % of cycles the tensor pipes were busy"),
+    ),
+)
+
+PROFILER_OVERHEAD = FrameSpec(
+    "profiler_overhead",
+    "Nsight Systems' CUDA profiling overhead ranges (data flush / stop), projected onto every GPU the "
+    "process used. nsys' own gap and utilization analyses count these as busy, so do we.",
+    (
+        _RANK,
+        _HOST,
+        _SOURCE,
+        _c("pid", pl.Int64(), "process id"),
+        _c("device", pl.Int32(), "GPU index the overhead is projected onto"),
+        _c("name", pl.String(), "overhead kind, e.g. `CUDA profiling data flush overhead`"),
+        _c("start_ns", pl.Int64(), "start, ns"),
+        _c("end_ns", pl.Int64(), "end, ns"),
+    ),
+)
+
+_register(GPU_METRICS, PROFILER_OVERHEAD)
 
 
 # --------------------------------------------------------------------------------------------
