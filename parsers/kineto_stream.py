@@ -189,7 +189,6 @@ def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int = CHUNK
     out = ReadOutcome()
     buf = bytearray()
     blocks = decompressed_blocks(path, limit)
-    base = 0  # decompressed offset of buf[0]
     stop_reason: str | None = None
 
     def pull() -> bool:
@@ -238,7 +237,6 @@ def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int = CHUNK
         out.meta.update(header)
         array_start = m.end()
     del buf[:array_start]
-    base = array_start
 
     # 2. Whole events in chunks.
     while True:
@@ -257,7 +255,6 @@ def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int = CHUNK
             sink(events)
             del events
             del buf[:used]
-            base += used
             continue
         break
 
@@ -313,8 +310,8 @@ def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int = CHUNK
     )
     if not bare and "baseTimeNanoseconds" not in out.meta:
         out.problem += " (metadata written after the events, e.g. baseTimeNanoseconds, is lost)"
-    if out.events == 0 and not bare and stop_reason not in ("",) and "gzip" in (stop_reason or ""):
-        raise TraceReadError(stop_reason or "corrupt gzip")
+    if out.events == 0 and stop_reason and "gzip" in stop_reason:
+        raise TraceReadError(stop_reason)  # corrupt before the first event: nothing to salvage
     return out
 
 
