@@ -140,6 +140,13 @@ def _parse_array_piece(piece: bytes | bytearray | memoryview) -> tuple[list, int
     try:
         return orjson.loads(b"".join((b"[", text, b"]"))), flows
     except orjson.JSONDecodeError:
+        if not flows:
+            return None
+    # A cut-out match cannot start inside a string (quotes there are escaped), but one could end at
+    # a `},` inside a string of an instant event; the text is then invalid, so parse it unabridged.
+    try:
+        return orjson.loads(b"".join((b"[", piece, b"]"))), 0
+    except orjson.JSONDecodeError:
         return None
 
 
@@ -264,11 +271,16 @@ def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int = CHUNK
     if stop_reason == "":
         try:
             text, flows = _SKIPPED_EVENT.subn(b"", rest)
+            opening = b"[" if bare else b'{"traceEvents":['
+            try:
+                doc = orjson.loads(opening + text)
+            except orjson.JSONDecodeError:
+                if not flows:
+                    raise
+                doc, flows = orjson.loads(opening + rest), 0  # see _parse_array_piece
             if bare:
-                events = orjson.loads(b"[" + text)
-                trailer: dict = {}
+                events, trailer = doc, {}
             else:
-                doc = orjson.loads(b'{"traceEvents":[' + text)
                 events = doc.pop("traceEvents")
                 trailer = doc
             if not isinstance(events, list) or (
