@@ -11,7 +11,6 @@ stays bounded by one step whatever the trace size.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass, field
 from typing import Any, Iterator

@@ -5,7 +5,7 @@ Pure data and arithmetic; no randomness here (noise is drawn in ``engine``)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 GPUS_PER_NODE = 8
@@ -238,10 +238,3 @@ class Job:
         major, minor = (int(x) for x in self.nccl_version.split(".")[:2])
         return (major, minor) >= (2, 19)
 
-
-@dataclass
-class Fault:
-    """Kept as plain dicts in Job.faults so that Job stays hashable-free and JSON-ready."""
-
-    kind: str
-    params: dict[str, Any] = field(default_factory=dict)

@@ -40,7 +40,8 @@ def _ddp(ranks: int | None, steps: int | None, params: dict[str, str], default: 
     n = ranks or default
     layers = _i(params, "layers", 12 if n <= 16 else 6)
     work = Workload(layers=layers, hidden=_i(params, "hidden", 1024), seq=_i(params, "seq", 4096), micro_batch=_i(params, "micro_batch", 8))
-    return Job(topo=Topology(tp=1, pp=1, dp=n), work=work, steps=steps or 4, noise=_f(params, "noise", 0.02), **job)
+    return Job(topo=Topology(tp=1, pp=1, dp=n), work=work, steps=steps or 4, noise=_f(params, "noise", 0.02),
+               seq_on_kernels=bool(_i(params, "seq_args", 1)), **job)
 
 
 def _pp(ranks: int | None, steps: int | None, params: dict[str, str], m: int = 8, v: int = 1, **job: Any) -> Job:
@@ -57,6 +58,7 @@ def _pp(ranks: int | None, steps: int | None, params: dict[str, str], m: int = 8
                     micro_batch=_i(params, "micro_batch", 2), microbatches=m, loss_kernel=bool(_i(params, "loss_kernel", 1)),
                     optimizer=bool(_i(params, "optimizer", 1)))
     return Job(topo=Topology(tp=tp, pp=pp, dp=n // (pp * tp)), work=work, steps=steps or 3, chunks=v, noise=_f(params, "noise", 0.02),
+               seq_on_kernels=bool(_i(params, "seq_args", 1)),
                schedule="interleaved" if v > 1 else "1f1b", **job)
 
 
@@ -80,7 +82,7 @@ def ddp_straggler(ranks, steps, params):
 def host_straggler(ranks, steps, params):
     n = ranks or 8
     r = _culprit(params, n, 2 if n > 2 else 0)
-    return _ddp(ranks, steps, params, faults=({"kind": "host_straggler", "ranks": (r,), "launch_factor": _f(params, "launch_factor", 12.0),
+    return _ddp(ranks, steps, params, faults=({"kind": "host_straggler", "ranks": (r,), "launch_factor": _f(params, "launch_factor", 20.0),
                                                "stall_ms": _f(params, "stall_ms", 0.0)},))
 
 
