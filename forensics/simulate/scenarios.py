@@ -62,6 +62,12 @@ def _pp(ranks: int | None, steps: int | None, params: dict[str, str], m: int = 8
                schedule="interleaved" if v > 1 else "1f1b", **job)
 
 
+def _multinode(ranks: int | None, default: int, what: str) -> None:
+    n = ranks or default
+    if n <= 8:
+        raise ScenarioError(f"{what} needs traffic between nodes: use --ranks > 8 (8 GPUs per node)")
+
+
 def _culprit(params: dict[str, str], n: int, default: int) -> int:
     r = _i(params, "rank", default)
     if not 0 <= r < n:
@@ -98,19 +104,24 @@ def ddp_no_overlap(ranks, steps, params):
 
 
 def slow_nic(ranks, steps, params):
+    _multinode(ranks, 16, "slow_nic")
     n = ranks or 16
     node = _i(params, "node", 1)
+    if not 0 <= node < -(-n // 8):
+        raise ScenarioError(f"node={node} outside 0..{-(-n // 8) - 1}")
     factor = _f(params, "bandwidth_factor", 0.25)
     return _ddp(ranks, steps, params, default=16, net=Net(slow_nodes=((node, factor),)),
                 faults=({"kind": "slow_nic", "nodes": (node,), "bandwidth_factor": factor},))
 
 
 def net_socket(ranks, steps, params):
+    _multinode(ranks, 16, "net_socket")
     return _ddp(ranks, steps, params, default=16, net=Net(inter="Socket"), env=(("NCCL_IB_DISABLE", "1"),),
                 faults=({"kind": "net_socket"},))
 
 
 def gdr_off(ranks, steps, params):
+    _multinode(ranks, 16, "gdr_off")
     return _ddp(ranks, steps, params, default=16, net=Net(gdr=False), faults=({"kind": "gdr_off"},))
 
 
@@ -132,6 +143,8 @@ def proto_forced(ranks, steps, params):
 
 def collective_timeout(ranks, steps, params):
     n = ranks or 8
+    if n < 2:
+        raise ScenarioError("a collective timeout needs at least 2 ranks")
     r = _culprit(params, n, 3 if n > 3 else n - 1)
     steps = steps or 3
     job = _ddp(ranks, steps, params, faults=({"kind": "collective_timeout", "ranks": (r,), "step": 100 + _i(params, "step_index", steps - 1),
@@ -168,6 +181,8 @@ def xid(code: int) -> Callable[[int | None, int | None, dict[str, str]], Job]:
         n = ranks or 8
         r = _culprit(params, n, 4 if n > 4 else 0)
         if code == 79:
+            if n < 2:
+                raise ScenarioError("xid79 hangs a collective: it needs at least 2 ranks")
             # the GPU falls off the bus: its rank never reaches the next gradient all-reduce
             steps = steps or 3
             return _ddp(ranks, steps, params, faults=(
