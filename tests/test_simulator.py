@@ -114,6 +114,15 @@ def test_trace_files_look_like_kineto(multinode: Path):
         assert [s[0] for s in steps_of(d)] == [100, 101]
 
 
+def test_header_is_what_hta_greps_for(multinode: Path):
+    # HTA (holistictraceanalysis) maps files to ranks with this regex on the raw text; compact JSON
+    # ("rank":0) would make it load a single rank. benchmarks/hta_compat.py runs HTA itself.
+    for f in (multinode / "profiler").iterdir():
+        head = gzip.open(f).read(20_000).decode()
+        m = re.search(r'"rank":\s+(\d+)', head)
+        assert m and json.loads(gzip.open(f).read())["distributedInfo"]["rank"] == int(m.group(1))
+
+
 def test_old_nccl_uses_old_kernel_names(tmp_path: Path):
     simulate("old_nccl", tmp_path / "r", ranks=2, steps=1, params=SMALL)
     d = load_traces(tmp_path / "r")[0]
