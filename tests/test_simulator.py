@@ -123,6 +123,22 @@ def test_header_is_what_hta_greps_for(multinode: Path):
         assert m and json.loads(gzip.open(f).read())["distributedInfo"]["rank"] == int(m.group(1))
 
 
+def test_fsdp_gathers_before_each_layer_and_reduce_scatters_after(tmp_path: Path):
+    simulate("ddp_straggler", tmp_path / "r", ranks=4, steps=1, params={"layers": "3", "dp_mode": "fsdp", "rank": "0"})
+    for r, d in load_traces(tmp_path / "r").items():
+        ks = nccl_kernels(d)
+        ag = [k for k in ks if k["args"]["Collective name"] == "_allgather_base"]
+        rs = [k for k in ks if k["args"]["Collective name"] == "_reduce_scatter_base"]
+        assert len(ag) == 6 and len(rs) == 3  # 3 layers gathered in forward and in backward
+        for k in ag:
+            assert k["args"]["Out msg nelems"] == 4 * k["args"]["In msg nelems"]
+        for k in rs:
+            assert k["args"]["In msg nelems"] == 4 * k["args"]["Out msg nelems"]
+        assert {k["tid"] for k in ag} != {k["tid"] for k in rs}  # separate streams
+        seqs = [k["args"]["Seq"] for k in sorted(ks, key=lambda k: k["ts"])]
+        assert sorted(seqs) == list(range(1, 10))
+
+
 def test_old_nccl_uses_old_kernel_names(tmp_path: Path):
     simulate("old_nccl", tmp_path / "r", ranks=2, steps=1, params=SMALL)
     d = load_traces(tmp_path / "r")[0]

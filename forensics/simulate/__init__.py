@@ -243,7 +243,7 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
             "layers_per_stage": job.work.layers, "hidden": job.work.hidden, "seq": job.work.seq, "micro_batch": job.work.micro_batch,
             "steps": all_steps, "gpu": job.gpu.name, "num_sms": job.gpu.num_sms, "nccl_version": job.nccl_version,
             "kernel_naming": "ncclDevKernel" if job.new_kernel_names else "ncclKernel",
-            "seq_on_kernels": job.seq_on_kernels, "dp_overlap": job.overlap_dp, "noise_sigma": job.noise,
+            "seq_on_kernels": job.seq_on_kernels, "dp_overlap": job.overlap_dp, "noise_sigma": job.noise, "dp_mode": job.dp_mode,
             "nccl_env": {k: v for k, v in job.env}, "net": {"intra": job.net.intra, "inter": job.net.inter, "gdr": job.net.gdr},
             "base_time_ns": EPOCH_NS - T0_NS,
         },

@@ -221,6 +221,7 @@ class Job:
     protos: tuple[str, ...] = PROTOS
     env: tuple[tuple[str, str], ...] = ()   # NCCL env overrides echoed in the logs
     overlap_dp: bool = True
+    dp_mode: str = "ddp"             # ddp (bucketed all-reduce) or fsdp (all-gather + reduce-scatter per layer)
     seq_on_kernels: bool = True
     clock_offset_us: float = 1500.0  # per-node clock offsets drawn within +- this
     host_launch_us: float = 6.0      # cudaLaunchKernel cost

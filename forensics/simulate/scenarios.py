@@ -38,6 +38,10 @@ def _i(params: dict[str, str], key: str, default: int) -> int:
 
 def _ddp(ranks: int | None, steps: int | None, params: dict[str, str], default: int = 8, **job: Any) -> Job:
     n = ranks or default
+    mode = params.get("dp_mode", job.pop("dp_mode", "ddp"))
+    if mode not in ("ddp", "fsdp"):
+        raise ScenarioError(f"dp_mode={mode!r}: expected ddp or fsdp")
+    job["dp_mode"] = mode
     layers = _i(params, "layers", 12 if n <= 16 else 6)
     work = Workload(layers=layers, hidden=_i(params, "hidden", 1024), seq=_i(params, "seq", 4096), micro_batch=_i(params, "micro_batch", 8))
     return Job(topo=Topology(tp=1, pp=1, dp=n), work=work, steps=steps or 4, noise=_f(params, "noise", 0.02),
@@ -77,6 +81,10 @@ def _culprit(params: dict[str, str], n: int, default: int) -> int:
 
 def ddp_clean(ranks, steps, params):
     return _ddp(ranks, steps, params, label="clean")
+
+
+def fsdp_clean(ranks, steps, params):
+    return _ddp(ranks, steps, params, dp_mode="fsdp", label="clean")
 
 
 def ddp_straggler(ranks, steps, params):
@@ -194,6 +202,7 @@ def xid(code: int) -> Callable[[int | None, int | None, dict[str, str]], Job]:
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("ddp_clean", "healthy data-parallel job (DDP, overlapped bucketed all-reduce)", ddp_clean),
+    Scenario("fsdp_clean", "healthy FSDP job (per-layer all-gather prefetch, reduce-scatter of gradients)", fsdp_clean),
     Scenario("pp_clean", "healthy pipeline + data parallel job (PP=4, 1F1B, m=8)", pp_clean),
     Scenario("pp_interleaved", "healthy interleaved pipeline (PP=4, v=2 chunks, m=8)", pp_interleaved),
     Scenario("old_nccl", "healthy DDP job on NCCL 2.18 (old ncclKernel_* names, fp32 grads)", old_nccl),
