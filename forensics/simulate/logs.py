@@ -198,7 +198,8 @@ def write_stdout_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
         if r == 0:
             lg.raw(f"[after model, optimizer, and learning rate scheduler are built] datetime: {time.strftime('%Y-%m-%d %H:%M:%S', _utc(start_ns + 60_000_000_000))}")
             lg.raw("training ...")
-        tunings = [c for c in coll_log if c["rank0"] == r] if job.tuning_lines else []
+        # per-operation TUNING lines exist at INFO level from NCCL 2.20 (commented out before)
+        tunings = [c for c in coll_log if c["rank0"] == r] if job.tuning_lines and _ver(job.nccl_version)[:2] >= (2, 20) else []
         ti = 0
         prints_loss = (r == 0) or (topo.pp > 1 and pp_r == topo.pp - 1 and tp_r == 0 and dp_r == 0)
         for step, s0, s1 in step_log[r]:
