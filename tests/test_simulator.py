@@ -139,6 +139,18 @@ def test_fsdp_gathers_before_each_layer_and_reduce_scatters_after(tmp_path: Path
         assert sorted(seqs) == list(range(1, 10))
 
 
+def test_window_skew_opens_odd_ranks_profilers_late(tmp_path: Path):
+    t = simulate("ddp_straggler", tmp_path / "r", ranks=4, steps=3, params={"layers": "2", "window_skew": "1"})
+    traces = load_traces(tmp_path / "r")
+    for r, d in traces.items():
+        steps = [s for s, _, _ in steps_of(d)]
+        assert steps == ([101, 102] if r % 2 else [100, 101, 102]) == t["ranks"][r]["profiled_steps"]
+        first_step_start = steps_of(d)[0][1]
+        assert min(e["ts"] for e in d["traceEvents"] if e.get("cat") in ("kernel", "cpu_op")) >= first_step_start - 1
+    seqs = {r: {k["args"]["Seq"] for k in nccl_kernels(d)} for r, d in traces.items()}
+    assert seqs[1] < seqs[0] and seqs[1] == seqs[3] and seqs[0] == seqs[2]  # the late ranks miss step 100's collectives
+
+
 def test_old_nccl_uses_old_kernel_names(tmp_path: Path):
     simulate("old_nccl", tmp_path / "r", ranks=2, steps=1, params=SMALL)
     d = load_traces(tmp_path / "r")[0]

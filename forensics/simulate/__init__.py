@@ -163,6 +163,9 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
         for r, prog in res.programs.items():
             w = writers[r]
             span = res.step_span[r]
+            if r % 2 and res.step < job.first_step + job.window_skew:
+                first_host[r] = span[1]  # this rank's profiler window opens later: nothing of this step is traced
+                continue
             complete = not engine.halted
             if complete:
                 w.step(res.step, span[0], span[1])
@@ -212,7 +215,7 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
         ranks.append({
             "rank": st.rank, "host": st.host, "node": st.node, "local_rank": st.local, "pid": st.pid,
             "pci_bus_id": PCI_BUS_IDS[st.local % len(PCI_BUS_IDS)], "tp_rank": tp_r, "dp_rank": dp_r, "pp_stage": pp_r,
-            "trace": f"profiler/{w.path.name}",
+            "trace": f"profiler/{w.path.name}", "profiled_steps": [s for s, _, _ in step_log[st.rank]],
             "counts": dict(sorted(w.counts.items())),
         })
     steps_ns = sorted(m["step_ns_mean"] for m in per_rank if m["steps"])
@@ -244,6 +247,7 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
             "steps": all_steps, "gpu": job.gpu.name, "num_sms": job.gpu.num_sms, "nccl_version": job.nccl_version,
             "kernel_naming": "ncclDevKernel" if job.new_kernel_names else "ncclKernel",
             "seq_on_kernels": job.seq_on_kernels, "dp_overlap": job.overlap_dp, "noise_sigma": job.noise, "dp_mode": job.dp_mode,
+            "window_skew": job.window_skew,
             "nccl_env": {k: v for k, v in job.env}, "net": {"intra": job.net.intra, "inter": job.net.inter, "gdr": job.net.gdr},
             "base_time_ns": EPOCH_NS - T0_NS,
         },

@@ -221,6 +221,7 @@ class Job:
     protos: tuple[str, ...] = PROTOS
     env: tuple[tuple[str, str], ...] = ()   # NCCL env overrides echoed in the logs
     overlap_dp: bool = True
+    window_skew: int = 0             # odd ranks open their profiler window this many steps late
     dp_mode: str = "ddp"             # ddp (bucketed all-reduce) or fsdp (all-gather + reduce-scatter per layer)
     seq_on_kernels: bool = True
     clock_offset_us: float = 1500.0  # per-node clock offsets drawn within +- this

@@ -45,7 +45,7 @@ def _ddp(ranks: int | None, steps: int | None, params: dict[str, str], default: 
     layers = _i(params, "layers", 12 if n <= 16 else 6)
     work = Workload(layers=layers, hidden=_i(params, "hidden", 1024), seq=_i(params, "seq", 4096), micro_batch=_i(params, "micro_batch", 8))
     return Job(topo=Topology(tp=1, pp=1, dp=n), work=work, steps=steps or 4, noise=_f(params, "noise", 0.02),
-               seq_on_kernels=bool(_i(params, "seq_args", 1)), **job)
+               seq_on_kernels=bool(_i(params, "seq_args", 1)), window_skew=_i(params, "window_skew", 0), **job)
 
 
 def _pp(ranks: int | None, steps: int | None, params: dict[str, str], m: int = 8, v: int = 1, **job: Any) -> Job:
@@ -62,7 +62,7 @@ def _pp(ranks: int | None, steps: int | None, params: dict[str, str], m: int = 8
                     micro_batch=_i(params, "micro_batch", 2), microbatches=m, loss_kernel=bool(_i(params, "loss_kernel", 1)),
                     optimizer=bool(_i(params, "optimizer", 1)))
     return Job(topo=Topology(tp=tp, pp=pp, dp=n // (pp * tp)), work=work, steps=steps or 3, chunks=v, noise=_f(params, "noise", 0.02),
-               seq_on_kernels=bool(_i(params, "seq_args", 1)),
+               seq_on_kernels=bool(_i(params, "seq_args", 1)), window_skew=_i(params, "window_skew", 0),
                schedule="interleaved" if v > 1 else "1f1b", **job)
 
 
