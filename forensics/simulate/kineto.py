@@ -71,8 +71,10 @@ class TraceWriter:
         self._buf: list[bytes] = []
         self._first = True
         self.bytes_written = 0
-        self.ext = 0
-        self.corr = 0
+        # CUPTI correlation ids count every runtime call since the process started, so a profiled window
+        # starts far from 0 (HTA also downcasts small id columns to int8 and then fails to index them)
+        self.ext = 1000 + st.pid % 9000
+        self.corr = 20000 + (st.pid * 7) % 60000
         self.ev_idx = 0
         self.counts: dict[str, int] = {}
         self.my_groups = [g for g in groups if st.rank in g.ranks]
