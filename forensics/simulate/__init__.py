@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from forensics.simulate.engine import COLL, COMPUTE, MEMCPY, Engine, Op, iter_steps
+from forensics.simulate.engine import COLL, COLL_OPTYPE, COMPUTE, MEMCPY, Engine, Op, iter_steps
 from forensics.simulate.kineto import EPOCH_NS, T0_NS, TraceWriter
 from forensics.simulate.model import PCI_BUS_IDS, Job
 from forensics.simulate.scenarios import SCENARIOS, Scenario
@@ -179,7 +179,10 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
             stop = {r: max((op.end or op.start) for op in prog) if prog else res.step_span[r][0] for r, prog in res.programs.items()}
             spec = engine.timeout_spec or {}
             timeout_info = {"step": res.step, "coll": c, "arrive": dict(c.arrive), "launch": launch, "stop": stop,
-                            "timeout_ms": spec.get("timeout_ms", 600000.0), "numel": c.nbytes // (2 if job.new_kernel_names else 4)}
+                            "timeout_ms": spec.get("timeout_ms", 600000.0)}
+            full = c.nbytes // (2 if job.new_kernel_names else 4)
+            timeout_info["numel_in"] = full // len(c.members) if c.op == "allgather" else full
+            timeout_info["numel_out"] = full // len(c.members) if c.op == "reduce_scatter" else full
             break
         if size_mb and writers[0].bytes_written >= size_mb * 1e6:
             break
@@ -319,8 +322,8 @@ def _fault_truth(f: dict[str, Any], job: Job, engine: Engine, per_rank: list[dic
     elif kind == "collective_timeout" and timeout_info is not None:
         c = timeout_info["coll"]
         exp.update({
-            "step": timeout_info["step"], "pg_name": c.pg.name, "pg_desc": c.pg.desc, "seq": c.seq, "op_type": "ALLREDUCE",
-            "collective": "allreduce", "numel": c.nbytes // (2 if job.new_kernel_names else 4), "timeout_ms": f["timeout_ms"],
+            "step": timeout_info["step"], "pg_name": c.pg.name, "pg_desc": c.pg.desc, "seq": c.seq, "op_type": COLL_OPTYPE[c.op],
+            "collective": c.op, "numel": timeout_info["numel_in"], "numel_out": timeout_info["numel_out"], "timeout_ms": f["timeout_ms"],
             "missing_ranks": sorted(c.absent), "waiting_ranks": sorted(timeout_info["arrive"]),
         })
     elif kind == "xid":

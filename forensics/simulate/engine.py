@@ -524,10 +524,14 @@ class Engine:
         spec = self.timeout_spec
         if spec is None or spec.get("step") != step:
             return
-        target = next((c for c in colls if c.op == "allreduce" and c.pg.kind in ("dp", "world") and c.seq == spec["seq"]), None)
-        if target is None:
-            target = next(c for c in colls if c.op == "allreduce" and c.pg.kind in ("dp", "world"))
-            spec["seq"] = target.seq
+        # the data-parallel collectives of that step (all-reduce for DDP, all-gather / reduce-scatter for FSDP)
+        cands = [c for c in colls if c.op not in ("send", "recv") and c.pg.kind in ("dp", "world")]
+        if not cands:
+            from forensics.simulate.scenarios import ScenarioError
+
+            raise ScenarioError(f"no data-parallel collective in step {step} to time out")
+        target = next((c for c in cands if c.seq == spec["seq"]), cands[0])
+        spec["seq"] = target.seq
         target.timeout = True
         target.absent = tuple(spec["ranks"])
         spec["pg_name"], spec["pg_desc"], spec["nelems"] = target.pg.name, target.pg.desc, target.nelems

@@ -220,8 +220,9 @@ def write_stdout_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
                 rel = c.pg.ranks.index(r) if r in c.pg.ranks else r
                 t_fire = EPOCH_NS + offsets[st.node] + timeout["launch"][r] + tmo_ms * 1_000_000 + lrng.randrange(5, 40) * 1_000_000
                 ran = tmo_ms + lrng.randrange(0, 40)
-                numel = timeout["numel"]
-                work = f"WorkNCCL(SeqNum={c.seq}, OpType=ALLREDUCE, NumelIn={numel}, NumelOut={numel}, Timeout(ms)={tmo_ms})"
+                optype = {"allreduce": "ALLREDUCE", "allgather": "_ALLGATHER_BASE", "reduce_scatter": "_REDUCE_SCATTER_BASE"}[c.op]
+                work = (f"WorkNCCL(SeqNum={c.seq}, OpType={optype}, NumelIn={timeout['numel_in']}, NumelOut={timeout['numel_out']}, "
+                        f"Timeout(ms)={tmo_ms})")
                 pgtag = f"[PG ID {c.pg.name} PG GUID {c.pg.name}({c.pg.desc}) Rank {rel}]"
                 lg.raw(f"[rank{r}]:[E{_pt_stamp(t_fire)} ProcessGroupNCCL.cpp:632] [Rank {rel}] Watchdog caught collective operation timeout: {work} ran for {ran} milliseconds before timing out.")
                 t2 = t_fire + lrng.randrange(100_000, 2_000_000)
