@@ -68,7 +68,7 @@ class _RankMetrics:
         self.last_arrivals = self.kernel_busy_ns = self.dp_comm_ns = self.p2p_ns = 0
         self.idle_by_step: list[float] = []
 
-    def add(self, rank: int, span: tuple[int, int], prog: list[Op]) -> None:
+    def add(self, span: tuple[int, int], prog: list[Op]) -> None:
         comp: list[tuple[int, int]] = []
         comm: list[tuple[int, int]] = []
         allk: list[tuple[int, int]] = []
@@ -169,7 +169,7 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
             complete = not engine.halted
             if complete:
                 w.step(res.step, span[0], span[1])
-                metrics[r].add(r, span, prog)
+                metrics[r].add(span, prog)
                 step_log[r].append((res.step, span[0], span[1]))
             for op in prog:
                 w.op(op)

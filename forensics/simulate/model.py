@@ -225,8 +225,7 @@ class Job:
     dp_mode: str = "ddp"             # ddp (bucketed all-reduce) or fsdp (all-gather + reduce-scatter per layer)
     seq_on_kernels: bool = True
     clock_offset_us: float = 1500.0  # per-node clock offsets drawn within +- this
-    host_launch_us: float = 6.0      # cudaLaunchKernel cost
-    host_op_us: float = 14.0         # aten op around it
+    host_op_us: float = 14.0         # host cost of one aten op with its kernel launch
     tuning_lines: bool = False
     faults: tuple[dict[str, Any], ...] = ()
     stage_scale: tuple[float, ...] = ()  # per pipeline stage compute multiplier (stage imbalance)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from forensics.simulate.model import Job, Net, Topology, Workload
@@ -17,9 +17,7 @@ class Scenario:
     name: str
     summary: str
     build: Callable[[int | None, int | None, dict[str, str]], Job]
-    default_ranks: int = 8
-    kernel_log: str = "benign"          # benign / xid79 / xid48 / xid94 / xid63 / aer / throttle / link_flap
-    tags: tuple[str, ...] = field(default_factory=tuple)
+    kernel_log: str = "benign"          # benign / xid79 / xid48 / xid94 / xid63 / throttle / link_flap
 
 
 def _f(params: dict[str, str], key: str, default: float) -> float:
@@ -79,39 +77,39 @@ def _culprit(params: dict[str, str], n: int, default: int) -> int:
     return r
 
 
-def ddp_clean(ranks, steps, params):
+def ddp_clean(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     return _ddp(ranks, steps, params, label="clean")
 
 
-def fsdp_clean(ranks, steps, params):
+def fsdp_clean(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     return _ddp(ranks, steps, params, dp_mode="fsdp", label="clean")
 
 
-def ddp_straggler(ranks, steps, params):
+def ddp_straggler(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     n = ranks or 8
     r = _culprit(params, n, 5 if n > 5 else n - 1)
     return _ddp(ranks, steps, params, faults=({"kind": "compute_straggler", "ranks": (r,), "slowdown": _f(params, "slowdown", 0.15)},))
 
 
-def host_straggler(ranks, steps, params):
+def host_straggler(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     n = ranks or 8
     r = _culprit(params, n, 2 if n > 2 else 0)
     return _ddp(ranks, steps, params, faults=({"kind": "host_straggler", "ranks": (r,), "launch_factor": _f(params, "launch_factor", 20.0),
                                                "stall_ms": _f(params, "stall_ms", 0.0)},))
 
 
-def late_rank(ranks, steps, params):
+def late_rank(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     n = ranks or 8
     r = _culprit(params, n, 6 if n > 6 else n - 1)
     return _ddp(ranks, steps, params, faults=({"kind": "host_straggler", "ranks": (r,), "launch_factor": 1.0,
                                                "stall_ms": _f(params, "stall_ms", 40.0), "busy_wait": True},))
 
 
-def ddp_no_overlap(ranks, steps, params):
+def ddp_no_overlap(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     return _ddp(ranks, steps, params, default=16, overlap_dp=False, faults=({"kind": "dp_not_overlapped"},))
 
 
-def slow_nic(ranks, steps, params):
+def slow_nic(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     _multinode(ranks, 16, "slow_nic")
     n = ranks or 16
     node = _i(params, "node", 1)
@@ -122,34 +120,34 @@ def slow_nic(ranks, steps, params):
                 faults=({"kind": "slow_nic", "nodes": (node,), "bandwidth_factor": factor},))
 
 
-def net_socket(ranks, steps, params):
+def net_socket(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     _multinode(ranks, 16, "net_socket")
     return _ddp(ranks, steps, params, default=16, net=Net(inter="Socket"), env=(("NCCL_IB_DISABLE", "1"),),
                 faults=({"kind": "net_socket"},))
 
 
-def gdr_off(ranks, steps, params):
+def gdr_off(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     _multinode(ranks, 16, "gdr_off")
     return _ddp(ranks, steps, params, default=16, net=Net(gdr=False), faults=({"kind": "gdr_off"},))
 
 
-def p2p_disabled(ranks, steps, params):
+def p2p_disabled(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     return _ddp(ranks, steps, params, net=Net(intra="SHM"), env=(("NCCL_P2P_DISABLE", "1"),), faults=({"kind": "p2p_disabled"},))
 
 
-def algo_forced(ranks, steps, params):
+def algo_forced(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     algo = params.get("algo", "Tree")
     return _ddp(ranks, steps, params, default=16, algos=(algo,), env=(("NCCL_ALGO", algo),), tuning_lines=True,
                 faults=({"kind": "nccl_algo_forced", "algo": algo},))
 
 
-def proto_forced(ranks, steps, params):
+def proto_forced(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     proto = params.get("proto", "LL")
     return _ddp(ranks, steps, params, default=16, protos=(proto,), env=(("NCCL_PROTO", proto),), tuning_lines=True,
                 faults=({"kind": "nccl_proto_forced", "proto": proto},))
 
 
-def collective_timeout(ranks, steps, params):
+def collective_timeout(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     n = ranks or 8
     if n < 2:
         raise ScenarioError("a collective timeout needs at least 2 ranks")
@@ -160,15 +158,15 @@ def collective_timeout(ranks, steps, params):
     return job
 
 
-def pp_clean(ranks, steps, params):
+def pp_clean(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     return _pp(ranks, steps, params, label="clean")
 
 
-def pp_small_m(ranks, steps, params):
+def pp_small_m(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     return _pp(ranks, steps, params, m=_i(params, "microbatches", 2), faults=({"kind": "pipeline_bubbles_small_m"},))
 
 
-def pp_imbalance(ranks, steps, params):
+def pp_imbalance(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     pp = _i(params, "pp", 4)
     stage = _i(params, "stage", pp - 1)
     factor = _f(params, "factor", 1.5)
@@ -176,16 +174,16 @@ def pp_imbalance(ranks, steps, params):
     return _pp(ranks, steps, params, stage_scale=scale, faults=({"kind": "pipeline_stage_imbalance", "stage": stage, "factor": factor},))
 
 
-def pp_interleaved(ranks, steps, params):
+def pp_interleaved(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     return _pp(ranks, steps, params, v=_i(params, "chunks", 2), label="clean")
 
 
-def old_nccl(ranks, steps, params):
+def old_nccl(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     return _ddp(ranks, steps, params, nccl_version="2.18.5", cuda_version="12.2", label="clean")
 
 
 def xid(code: int) -> Callable[[int | None, int | None, dict[str, str]], Job]:
-    def build(ranks, steps, params):
+    def build(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
         n = ranks or 8
         r = _culprit(params, n, 4 if n > 4 else 0)
         if code == 79:
@@ -209,13 +207,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("ddp_straggler", "one rank's GPU compute is slower (compute straggler)", ddp_straggler),
     Scenario("host_straggler", "one rank's host launches kernels slowly (launch-bound straggler; its node logs CPU thermal throttling)", host_straggler, kernel_log="throttle"),
     Scenario("late_rank", "one rank's data loader stalls every step; the others busy-wait in NCCL", late_rank),
-    Scenario("ddp_no_overlap", "DDP all-reduce runs after backward instead of overlapping it", ddp_no_overlap, default_ranks=16),
-    Scenario("slow_nic", "one node's NIC runs at a fraction of its bandwidth", slow_nic, default_ranks=16, kernel_log="link_flap"),
-    Scenario("net_socket", "inter-node traffic over NET/Socket (TCP) instead of InfiniBand", net_socket, default_ranks=16),
-    Scenario("gdr_off", "GPUDirect RDMA unavailable: inter-node traffic staged through host memory", gdr_off, default_ranks=16),
+    Scenario("ddp_no_overlap", "DDP all-reduce runs after backward instead of overlapping it", ddp_no_overlap),
+    Scenario("slow_nic", "one node's NIC runs at a fraction of its bandwidth", slow_nic, kernel_log="link_flap"),
+    Scenario("net_socket", "inter-node traffic over NET/Socket (TCP) instead of InfiniBand", net_socket),
+    Scenario("gdr_off", "GPUDirect RDMA unavailable: inter-node traffic staged through host memory", gdr_off),
     Scenario("p2p_disabled", "NCCL_P2P_DISABLE=1: intra-node traffic through shared memory, not NVLink", p2p_disabled),
-    Scenario("algo_forced", "NCCL_ALGO forced to Tree for large multi-node all-reduces", algo_forced, default_ranks=16),
-    Scenario("proto_forced", "NCCL_PROTO forced to LL for large all-reduces", proto_forced, default_ranks=16),
+    Scenario("algo_forced", "NCCL_ALGO forced to Tree for large multi-node all-reduces", algo_forced),
+    Scenario("proto_forced", "NCCL_PROTO forced to LL for large all-reduces", proto_forced),
     Scenario("pp_small_m", "pipeline bubbles from too few micro-batches (m=2, p=4)", pp_small_m),
     Scenario("pp_imbalance", "pipeline stage imbalance: the last stage is 1.5x slower", pp_imbalance),
     Scenario("collective_timeout", "one rank never arrives at an all-reduce; the others time out in the watchdog", collective_timeout),
