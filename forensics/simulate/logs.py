@@ -368,7 +368,7 @@ def write_kernel_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
         if kernel_log == "throttle" and culprit is not None and engine.states[culprit["ranks"][0]].node == node:
             t = wall0 + end_ns // 3
             for cpu in (12, 13, 44, 45):
-                inject(t + cpu * 1000, f"mce: CPU{cpu}: Package temperature above threshold, cpu clock throttled (total events = {rng.randrange(1000, 9000)})", "cpu_throttle")
+                inject(t + cpu * 1000, f"mce: CPU{cpu}: Package temperature above threshold, cpu clock throttled (total events = {rng.randrange(1000, 9000)})", "cpu_throttle", culprit["ranks"][0])
         # benign runtime noise during the job
         k.add(wall0 + end_ns // 4, f"pcieport 0000:{0x16 + node % 4:02x}:01.0: AER: Corrected error received: 0000:{0x16 + node % 4:02x}:01.0")
         k.add(wall0 + end_ns // 4 + 20_000, f"pcieport 0000:{0x16 + node % 4:02x}:01.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)")
