@@ -407,10 +407,11 @@ def _hint(acc: _Acc, lo: str | None = None, hi: str | None = None) -> None:
 
 def _transport(acc: _Acc, base: dict[str, Any], g: dict[str, Any]) -> None:
     via = g["via"]
+    busid = len(g["srcdev"]) >= 4  # a busId (>= 0x1000 for bus 01) is never a device index
     if g["kw"] == "Ring":
-        _hint(acc, hi="2.6")
-    elif len(g["srcdev"]) >= 4:
-        _hint(acc, lo="2.5", hi="2.18.1")
+        _hint(acc, *(("2.5", "2.6") if busid else (None, "2.4")))
+    elif busid:
+        _hint(acc, lo="2.7", hi="2.18.1")
     else:
         _hint(acc, lo="2.18.3")  # a device index, not a busId, in the bracket
     row: dict[str, Any] = dict(
@@ -420,7 +421,7 @@ def _transport(acc: _Acc, base: dict[str, Any], g: dict[str, Any]) -> None:
     # the bracket holds a busId up to 2.18.1 and a device index after (and in 2.4 `Ring` lines)
     for side in ("src", "dst"):
         text = g[side + "dev"]
-        if len(text) >= 4 and g["kw"] == "Channel":
+        if len(text) >= 4:
             row[side + "_bus_id"] = bus_id_from_hex(text)
         elif text.isdigit():
             row[side + "_dev"] = int(text)

@@ -226,9 +226,9 @@ def test_damaged_input_never_raises(tmp_path):
 def test_version_range_from_line_formats():
     # SOURCES.md: 11_ is 2.22 (per-op TUNING line without function, `Init timings:`), 09_ 2.24-2.26
     # (`Check P2P Type intraNodeP2pSupport`), 15_ 2.17-2.19 (channel summary with nvls, no collnet),
-    # 46_ busId brackets (<= 2.18.1), 04_ device-index brackets (>= 2.18.3)
+    # 46_ `Channel` lines with busId brackets (2.7-2.18.1), 04_ device-index brackets (>= 2.18.3)
     got = {p: _parse(p).frames["nccl_files"]["version_range"][0] for p in ("11", "09", "15", "46", "04")}
-    assert got == {"11": "2.22", "09": "2.24-2.26", "15": "2.18.3-2.19", "46": "2.5-2.18.1", "04": ">=2.18.3"}
+    assert got == {"11": "2.22", "09": "2.24-2.26", "15": "2.18.3-2.19", "46": "2.7-2.18.1", "04": ">=2.18.3"}
 
 
 def test_warn_2_26_timestamp_and_2_30_function_forms(tmp_path):
@@ -253,3 +253,16 @@ def test_pytorch_timeout_at_work_form(tmp_path):
                  "Timeout at NCCL work: 7, last enqueued NCCL work: 7, last completed NCCL work: 6.\n")
     row = parse(p, ParseContext(tmp_path, "t.log")).frames["collective_timeouts"].row(0, named=True)
     assert (row["kind"], row["rank"], row["seq"], row["last_enqueued"], row["last_completed"]) == ("pg_status", 0, 7, 7, 6)
+
+
+def test_ring_lines_of_2_4_and_2_5(tmp_path):
+    p = tmp_path / "r.log"
+    p.write_text(
+        "a:1:2 [2] NCCL INFO Ring 00 : 26[2] -> 24[0] via P2P/IPC\n"
+        "b:1:2 [0] NCCL INFO Ring 01 : 3[1b000] -> 0[20000] [send] via NET/IB/0/GDRDMA\n"
+    )
+    res = parse(p, ParseContext(tmp_path, "r.log"))
+    ch = res.frames["nccl_channels"].sort("line")
+    assert (ch["src_dev"][0], ch["dst_dev"][0], ch["src_bus_id"][0]) == (2, 0, None)
+    assert (ch["src_bus_id"][1], ch["dst_bus_id"][1], ch["src_dev"][1]) == ("0000:1b:00.0", "0000:20:00.0", None)
+    assert res.frames["nccl_files"]["version_range"][0] == "inconsistent: >=2.5 and <=2.4"
