@@ -362,6 +362,15 @@ def _info(acc: _Acc, base: dict[str, Any], msg: str, src: str | None) -> bool:
         )
     elif kind in ("tuning_hdr_old", "tuning_hdr_new", "tuning_nthreads", "tuning_row"):
         _tuning(acc, base, kind, g)
+    elif kind == "collnet_conn":
+        acc.add("nccl_channels", **base, channel=int(g["ch"]), conn_index=int(g["conn"]), src_rank=int(g["rank"]),
+                direction=g["dir"], transport="COLLNET", via=msg.split(" via ", 1)[1], net=g["net"], nic=int(g["dev"]),
+                gdr="/GDRDMA" in g["rest"], shared="/Shared" in g["rest"])
+    elif kind == "ring_list":
+        acc.add("nccl_events", **base, level="INFO", kind="ring_order", code=int(g["ch"]), value=float(g["nch"]),
+                message=" ".join(g["ranks"].split()))
+    elif kind in ("trees", "tree_graph", "ring_graph", "nvls_trees"):
+        acc.add("nccl_events", **base, level="INFO", kind="trees" if kind != "ring_graph" else "ring_graph", message=msg)
     elif kind == "thread_thresholds":
         vals = [int(v) for v in re.findall(r"\d+", g["vals"])]
         if len(vals) >= 4:

@@ -266,3 +266,14 @@ def test_ring_lines_of_2_4_and_2_5(tmp_path):
     assert (ch["src_dev"][0], ch["dst_dev"][0], ch["src_bus_id"][0]) == (2, 0, None)
     assert (ch["src_bus_id"][1], ch["dst_bus_id"][1], ch["src_dev"][1]) == ("0000:1b:00.0", "0000:20:00.0", None)
     assert res.frames["nccl_files"]["version_range"][0] == "inconsistent: >=2.5 and <=2.4"
+
+
+def test_ring_order_trees_and_collnet_lines(tmp_path):
+    ev = _parse("05").frames["nccl_events"]
+    assert ev.filter(pl.col("kind") == "trees").height == 4  # grep -c 'NCCL INFO Trees' 05_ = 4
+    r13 = _parse("13").frames["nccl_events"].filter(pl.col("kind") == "ring_order").row(0, named=True)
+    assert (r13["code"], r13["value"], r13["message"]) == (0, 2.0, "0 1")
+    p = tmp_path / "c.log"
+    p.write_text("h:1:2 [0] NCCL INFO CollNet 00/0 : 3 [send] via COLLNET/IBext/1/GDRDMA\n")
+    ch = parse(p, ParseContext(tmp_path, "c.log")).frames["nccl_channels"].row(0, named=True)
+    assert (ch["transport"], ch["src_rank"], ch["direction"], ch["net"], ch["nic"], ch["gdr"]) == ("COLLNET", 3, "send", "IBext", 1, True)
