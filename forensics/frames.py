@@ -465,10 +465,143 @@ _register(
 
 # --- kernel log / GPU health frames (kernel-log issue) ---------------------------------------
 
+KERNEL_EVENT_KINDS = [
+    "xid", "sxid", "fabric_manager", "gsp", "fallen_off_bus", "ecc", "nvlink", "gpu_identity",
+    "driver_load", "nvrm_other", "aer", "ghes", "pcie_link", "device_other", "ib_port", "mlx5",
+    "netdev_carrier", "cpu_thermal", "edac", "mce", "oom", "hung_task", "soft_lockup", "hard_lockup",
+    "segfault", "boot", "benign", "context", "unknown",
+]
+
+KERNEL_EVENTS = FrameSpec(
+    "kernel_events",
+    "One row per kernel-log record (dmesg, journalctl, syslog, /dev/kmsg, fabric-manager log); "
+    "multi-line continuations are folded into their record. Lines no pattern knows are kept as "
+    "kind `unknown` (counted, never dropped).",
+    (
+        _HOST,
+        _SOURCE,
+        _c("line", pl.Int64(), "1-based line number of the record's first line in the source"),
+        _c("boot", pl.Int32(), "boot number within (source, host): a new boot starts at `Linux version` "
+           "or when the monotonic clock jumps back by more than 10 s"),
+        _c("time_text", pl.String(), "the timestamp as printed (null when the line has none)"),
+        _c("time_format", pl.String(), "monotonic, ctime (dmesg -T), human (dmesg -H), iso, syslog, kmsg, "
+           "fabricmanager, talos, none"),
+        _c("mono_ns", pl.Int64(), "seconds-since-boot stamp, ns; null when the line has none"),
+        _c("wall_ns", pl.Int64(), "Unix-epoch ns (UTC; zone-less stamps read as UTC); null when the log does "
+           "not let us place the record (monotonic stamp and no derivable boot time)"),
+        _c("wall_source", pl.String(), "how wall_ns was obtained: `stamp` (absolute stamp with a year), "
+           "`stamp_year_from_file` (syslog/-H stamp without a year: year from the file's own absolute "
+           "stamps, else its mtime), `boot_time` (monotonic + boot time derived from lines carrying both)"),
+        _c("facility", pl.String(), "who wrote it: `kernel`, the syslog ident (`systemd[1]`), `fabricmanager`"),
+        _c("level", pl.String(), "log level when the format carries one (kmsg, dmesg -x, fabric manager)"),
+        _c("kind", pl.Enum(KERNEL_EVENT_KINDS), "message kind (see docs/gpu_health.md)"),
+        _c("pci_bus_id", pl.String(), "PCI address named by the line, normalised to `dddd:bb:dd.f` lower-case"),
+        _c("xid", pl.Int32(), "NVIDIA Xid or NVSwitch SXid number"),
+        _c("pid", pl.Int64(), "process id the line names (Xid pid=, OOM victim, segfault, hung task)"),
+        _c("process", pl.String(), "process name the line names"),
+        _c("message", pl.String(), "the message with every prefix stripped, continuations joined"),
+        _c("fields", pl.String(), "JSON object of the parsed fields (Xid text, caused-by-previous-Xid, "
+           "NVLink registers, AER severity/type/bit, ...)"),
+    ),
+)
+
+GPU_HEALTH = FrameSpec(
+    "gpu_health",
+    "One row per GPU in an `nvidia-smi -q` snapshot: ECC counters, retired pages, remapped rows, "
+    "reset status and active clock event (throttle) reasons.",
+    (
+        _HOST,
+        _SOURCE,
+        _c("snapshot_ns", pl.Int64(), "the snapshot's `Timestamp` as Unix-epoch ns (read as UTC); null if absent"),
+        _c("driver_version", pl.String(), "driver version"),
+        _c("gpu_index", pl.Int32(), "position of the GPU in the output (nvidia-smi index order); null if the "
+           "excerpt has no GPU header"),
+        _c("pci_bus_id", pl.String(), "`dddd:bb:dd.f`; null when the excerpt does not say"),
+        _c("uuid", pl.String(), "GPU UUID"),
+        _c("serial", pl.String(), "board serial"),
+        _c("product", pl.String(), "product name"),
+        _c("ecc_volatile_sram_ce", pl.Int64(), "volatile SRAM correctable"),
+        _c("ecc_volatile_sram_ue", pl.Int64(), "volatile SRAM uncorrectable (R550+: parity + SEC-DED)"),
+        _c("ecc_volatile_dram_ce", pl.Int64(), "volatile DRAM correctable"),
+        _c("ecc_volatile_dram_ue", pl.Int64(), "volatile DRAM uncorrectable"),
+        _c("ecc_aggregate_sram_ce", pl.Int64(), "aggregate (lifetime) SRAM correctable"),
+        _c("ecc_aggregate_sram_ue", pl.Int64(), "aggregate SRAM uncorrectable (R550+: parity + SEC-DED)"),
+        _c("ecc_aggregate_dram_ce", pl.Int64(), "aggregate DRAM correctable"),
+        _c("ecc_aggregate_dram_ue", pl.Int64(), "aggregate DRAM uncorrectable"),
+        _c("sram_threshold_exceeded", pl.Boolean(), "R550+ `SRAM Threshold Exceeded`"),
+        _c("retired_pages_sbe", pl.Int64(), "pages retired for single-bit errors (pre-Ampere)"),
+        _c("retired_pages_dbe", pl.Int64(), "pages retired for double-bit errors (pre-Ampere)"),
+        _c("retired_pages_pending", pl.Boolean(), "`Pending Page Blacklist`"),
+        _c("remapped_rows_ce", pl.Int64(), "rows remapped for correctable errors"),
+        _c("remapped_rows_ue", pl.Int64(), "rows remapped for uncorrectable errors"),
+        _c("remap_pending", pl.Boolean(), "a remap waits for a GPU reset"),
+        _c("remap_failure", pl.Boolean(), "`Remapping Failure Occurred`"),
+        _c("remap_banks_none", pl.Int64(), "banks with no spare rows left (histogram `None`)"),
+        _c("reset_required", pl.Boolean(), "`GPU Reset Status / Reset Required`"),
+        _c("drain_and_reset", pl.Boolean(), "`Drain and Reset Recommended`"),
+        _c("clock_reasons_active", pl.List(pl.String()), "Clocks Event/Throttle Reasons that read `Active`"),
+        _c("sm_clock_mhz", pl.Int64(), "current SM clock, MHz"),
+        _c("temperature_c", pl.Int64(), "current GPU temperature, C"),
+    ),
+)
+
+GPU_DIAG = FrameSpec(
+    "gpu_diag",
+    "`dcgmi diag` / `dcgmi health` results: one row per (test, GPU or message).",
+    (
+        _HOST,
+        _SOURCE,
+        _c("line", pl.Int64(), "1-based line of the row in the source"),
+        _c("tool", pl.String(), "`dcgmi_diag` or `dcgmi_health`"),
+        _c("section", pl.String(), "table section (Deployment, Hardware, ...)"),
+        _c("test", pl.String(), "test or check name (left column)"),
+        _c("result", pl.String(), "pass / fail / warning / skip / error / info"),
+        _c("gpu_index", pl.Int32(), "DCGM GPU index the row is about; null when it names none"),
+        _c("message", pl.String(), "the right-hand cell, wrapped lines joined"),
+    ),
+)
+
+_register(KERNEL_EVENTS, GPU_HEALTH, GPU_DIAG)
+
 
 
 # --- Nsight Systems-only frames (nsys issue) --------------------------------------------------
 
+GPU_METRICS = FrameSpec(
+    "gpu_metrics",
+    "Sampled GPU hardware counters (`nsys profile --gpu-metrics-device`), one row per (GPU, sample). "
+    "Each value is the percentage of the interval since the previous sample of the same GPU; "
+    "see forensics/gpu_metrics.py for windowed averages.",
+    (
+        _RANK,
+        _HOST,
+        _SOURCE,
+        _c("device", pl.Int32(), "GPU index on the host (`GPU_METRICS.typeId & 0xFF`)"),
+        _c("timestamp_ns", pl.Int64(), "sample time (end of the sampled interval), ns"),
+        _c("gr_active", pl.Float64(), "`GR Active`: % of time the graphics/compute engine was busy"),
+        _c("sm_active", pl.Float64(), "`SM Active`: % of SM cycles with at least one warp in flight (avg over SMs)"),
+        _c("sm_issue", pl.Float64(), "`SM Issue`: % of SM cycles issuing an instruction"),
+        _c("tensor_active", pl.Float64(), "`Tensor Active`: % of cycles the tensor pipes were busy"),
+    ),
+)
+
+PROFILER_OVERHEAD = FrameSpec(
+    "profiler_overhead",
+    "Nsight Systems' CUDA profiling overhead ranges (data flush / stop), projected onto every GPU the "
+    "process used. nsys' own gap and utilization analyses count these as busy, so do we.",
+    (
+        _RANK,
+        _HOST,
+        _SOURCE,
+        _c("pid", pl.Int64(), "process id"),
+        _c("device", pl.Int32(), "GPU index the overhead is projected onto"),
+        _c("name", pl.String(), "overhead kind, e.g. `CUDA profiling data flush overhead`"),
+        _c("start_ns", pl.Int64(), "start, ns"),
+        _c("end_ns", pl.Int64(), "end, ns"),
+    ),
+)
+
+_register(GPU_METRICS, PROFILER_OVERHEAD)
 
 
 # --------------------------------------------------------------------------------------------
