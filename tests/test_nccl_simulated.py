@@ -88,10 +88,14 @@ def test_p2p_disabled_is_found(tmp_path_factory):
     assert ("nccl_transport", "intra_node") in _keys(findings)
 
 
-@pytest.mark.parametrize("kw", [{}, {"ranks": 16, "params": {"rank": "11"}}], ids=["8r", "16r-rank11"])
-def test_collective_timeout_names_the_culprit_rank_host_and_gpu(tmp_path_factory, kw):
-    truth, findings, _ = _simulate(tmp_path_factory, "collective_timeout", **kw)
-    fault = truth["faults"][0]
+@pytest.mark.parametrize(
+    ("scenario", "kw"),
+    [("collective_timeout", {}), ("collective_timeout", {"ranks": 16, "params": {"rank": "11"}}), ("xid79", {})],
+    ids=["8r", "16r-rank11", "xid79"],
+)
+def test_collective_timeout_names_the_culprit_rank_host_and_gpu(tmp_path_factory, scenario, kw):
+    truth, findings, _ = _simulate(tmp_path_factory, scenario, **kw)
+    fault = next(f for f in truth["faults"] if f["kind"] == "collective_timeout")
     (f,) = [f for f in findings if f.detector == "nccl_timeout" and f.key.startswith("timeout")]
     assert list(f.ranks) == fault["ranks"]
     assert list(f.hosts) == fault["hosts"] and list(f.gpus) == fault["gpus"]
