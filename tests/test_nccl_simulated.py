@@ -34,7 +34,11 @@ def _simulate(tmp_path_factory, scenario: str, traces: bool = False, **kw) -> tu
     parsed = discover_and_parse(out if traces else logs)
     _, frames = collect_frames(parsed)
     findings, _ = run_detectors(frames, only=NCCL)
+    _LAST["frames"] = frames
     return truth, findings, out
+
+
+_LAST: dict = {}
 
 
 def _keys(findings) -> set[tuple[str, str]]:
@@ -75,6 +79,14 @@ def test_forced_algorithm_is_found_and_quantified(tmp_path_factory):
     algo = truth["faults"][0].get("algo") or truth["faults"][0]["params"].get("algo", "Tree")
     assert f"NCCL_ALGO={algo}" in f.summary
     assert set(f.hosts) == _truth_hosts(truth)
+    # log processes and trace ranks are the same ranks on the same GPUs
+    from forensics.identity import identities
+
+    ids = identities(_LAST["frames"])
+    assert ids.height == len(truth["ranks"])
+    assert (ids["rank"] == ids["trace_rank"]).all()
+    want = {(r["host"], r["pid"], r["rank"], r["pci_bus_id"]) for r in truth["ranks"]}
+    assert set(ids.select("host", "pid", "rank", "bus_id").iter_rows()) == want
 
 
 def test_forced_protocol_is_found(tmp_path_factory):
