@@ -375,7 +375,12 @@ NCCL_ENV = FrameSpec(
         *_NCCL_PROC,
         _c("var", pl.String(), "variable name, e.g. NCCL_ALGO"),
         _c("value", pl.String(), "value as printed (trailing period removed)"),
-        _c("origin", pl.String(), "`nccl` (echoed by NCCL) or `command` (a command line in the log)"),
+        _c(
+            "origin",
+            pl.String(),
+            "`nccl` (echoed by NCCL), `command` (a command line in the log) or `plugin` (set by the net "
+            "plugin, e.g. aws-ofi-nccl's `Adding NCCL_PROTO=simple to environment`)",
+        ),
     ),
 )
 

@@ -43,7 +43,9 @@ _I = {
     "net_ib_nodev": r"^NET/IB ?: ?No device found\.?$",
     "net_socket_using": r"^NET/Socket ?: ?Using(?P<devs>(?: \[\d+\][^\s:]+:\S*)+)$",
     "using_network": r"^Using network (?P<net>.+?)\s*$",
-    "net_ofi_provider": r"^NET/OFI Selected Provider is (?P<prov>\S+)",
+    "net_ofi_provider": r"^NET/OFI Selected [Pp]rovider is (?P<prov>[^\s,]+)",
+    "net_ofi_gdr_off": r"^NET/OFI (?:.*disabling GDR.*|Need to force simple protocol: GDR not supported.*)$",
+    "net_ofi_env": r"^NET/OFI Adding (?P<var>\w+)=(?P<val>\S+) to environment",
     "gdr_hca": r"^NET/(?P<net>\S+) ?: ?GPU Direct RDMA (?P<state>Enabled|Disabled) for HCA (?P<hca>\d+) '(?P<name>[^']*)'(?P<extra>.*)$",
     "gdr_gpu": r"^GPU Direct RDMA (?P<state>Enabled|Disabled) for GPU (?P<gpu>[0-9a-fx]+) / HCA (?P<hca>[0-9a-fx]+) \(distance (?P<dist>\d+) (?:<=|>) (?P<lvl>\d+)\)(?P<extra>.*)$",
     "env": r"^(?P<var>NCCL_[A-Z0-9_]+) (?:set by environment to|set to) (?P<val>.*?)\.?\s*$",
@@ -72,10 +74,10 @@ _I = {
     "tuning_op": r"^(?:(?P<func>[A-Za-z]+)(?: \[(?P<variant>[^\]]+)\])?: )?(?P<bytes>\d+) Bytes -> (?:Algo (?P<algo>\w+) proto (?P<proto>\w+)(?: time (?P<time>[\d.]+))?(?: channel\{Lo\.\.Hi\}=\{(?P<lo>\d+)\.\.(?P<hi>\d+)\})?|Kernel (?P<kernel>\S+) nchannels (?P<nch>\d+) nthreads (?P<nt>\d+)(?: nWorks (?P<nw>\d+))?|(?P<other>.*))\s*$",
     "coll_op": r"^(?P<op>AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|Send|Recv|AlltoAll|Gather|Scatter): opCount (?P<opCount>[0-9a-f]+) sendbuff (?P<sendbuff>\S+) recvbuff (?P<recvbuff>\S+) count (?P<count>\d+) datatype (?P<dtype>\d+) op (?P<redop>\d+) root (?P<root>-?\d+) comm (?P<comm>0x[0-9a-f]+) \[nranks=(?P<nranks>\d+)\] stream (?P<stream>\S+)\s*$",
     "err_trace": r"^(?P<file>[\w/.]+\.(?:cc|cu|h|cpp)):(?P<line>\d+) -> (?P<ret>\d+)(?: \[(?P<thread>[^\]]+)\])?\s*$",
-    "net_plugin": r"^(?:NET/Plugin ?: ?.*|Plugin Path : .*|P2P plugin \S+|Using non-device net plugin version \d+|(?:Initialized|Assigned) NET plugin .*|Successfully loaded external network plugin .*|TUNER/Plugin: .*|PROFILER/Plugin: .*|NET/Plugin: .*)$",
+    "net_plugin": r"^(?:NET/Plugin ?: ?.*|Plugin Path : .*|P2P plugin .+|Using non-device net plugin version \d+|(?:Initialized|Assigned) NET plugin .*|Successfully loaded external (?:network )?plugin .*|NET/OFI .*|TUNER/Plugin: .*|PROFILER/Plugin: .*|NET/Plugin: .*)$",
     "version": r"^NCCL version .*$",
-    "misc": r"^(?:cudaDriverVersion \d+|Setting affinity for GPU \d+ to [0-9a-f,]+|Threads per block : .*|\[Proxy (?:Service|Service UDS|Progress)\] Device \d+ CPU core \d+|CC (?:On|Off).*workFifoBytes \d+|[\w/.]+:\d+ Cuda (?:Host )?Alloc Size \d+ pointer 0x[0-9a-f]+|Enabled NCCL Func/Proto/Algo Matrix:.*|comm 0x[0-9a-f]+ rank \d+ nRanks .*|Search \d+ : .*|RAS client listening socket .*|MNNVL .*|NET/IB : Using \[.*|NCCL_\w+ set by environment.*|Init (?:START|COMPLETE).*|Allocated .*|ncclCommInit.*)\s*$",
-    "check_p2p": r"^Check P2P Type (?:intraNodeP2pSupport (?P<p2p>\d+) directMode (?P<direct>\d+)|isAllDirectP2p (?P<alldirect>\d+) directMode (?P<direct2>\d+) isAllCudaP2p (?P<allcuda>\d+))",
+    "misc": r"^(?:cudaDriverVersion \d+|Setting affinity for GPU \d+ to [0-9a-f,]+|Threads per block : .*|\[Proxy (?:Service|Service UDS|Progress)\] Device \d+ CPU core \d+|CC (?:On|Off).*workFifoBytes \d+|[\w/.]+:\d+ Cuda (?:Host )?Alloc Size \d+ pointer 0x[0-9a-f]+|Enabled NCCL Func/Proto/Algo Matrix:.*|comm 0x[0-9a-f]+ rank \d+ nRanks .*|Search \d+ : .*|RAS client listening socket .*|Comm config \w+ set to .*|DMA-BUF is (?:not )?available on GPU device \d+|Bootstrap timings total .*|NET/IB : Made virtual device .*|ncclTopoGetCpuAffinity: .*|NVLS comm .*|MNNVL .*|NET/IB : Using \[.*|NCCL_\w+ set by environment.*|Init (?:START|COMPLETE).*|Allocated .*|ncclCommInit.*)\s*$",
+    "check_p2p": r"^Check P2P Type (?:intraNodeP2pSupport (?P<p2p>\d+) directMode (?P<direct>\d+)|isAllDirectP2p (?P<alldirect>\d+) directMode (?P<direct2>\d+)(?: isAllCudaP2p (?P<allcuda>\d+))?)",
     "topo_tree": r"^\s*(?:\+ (?P<link>[A-Z]+)\[(?P<bw>[\d.]+)\] - )?(?P<node>(?:CPU|PCI|GPU|NIC|NET|NVS)/[0-9A-Fa-fx-]+)(?P<attrs>.*)$",
     "graph_channel": r"^\s*(?P<ch>\d+) : (?P<path>(?:(?:GPU|NET|NVS)/\S+ ?)+)$",
 }
@@ -113,6 +115,7 @@ PT_NCCL_ERR = re.compile(r"NCCL error in: (?P<file>\S+):(?P<line>\d+), (?P<what>
 PT_RANK = re.compile(r"\[rank(?P<r>\d+)\]:|\[Rank (?P<R>\d+)\]")
 PT_ANY = re.compile(r"ProcessGroupNCCL|WorkNCCL|TORCH_NCCL|c10d|Watchdog caught|FlightRecorder")
 
+NCCL_MATRIX = re.compile(r"^\s*(?:Function|Broadcast|Reduce|AllGather|ReduceScatter|AllReduce|SendRecv|AlltoAll) \|(?:\s+(?:\d|LL|LL128|Simple))+\s+\|(?:\s+(?:\d+|\w+))+\s*$")
 RAS_GROUP = re.compile(r"^\s+(?P<grp>\d+)\s+(?P<comms>\d+)\s+(?P<nodes>\d+)\s+(?P<rpn>[\d-]+)\s+(?P<rpc>\d+)\s+(?P<rig>\d+)\s+(?P<status>[A-Z]+)\s+(?P<errors>[A-Z,]+)\s*$")
 RAS_PROC = re.compile(r"^\s*Process (?P<pid>\d+) on node (?P<node>\S+) managing GPU (?P<gpu>\d+)")
 RAS_RANK = re.compile(r"^\s*Rank (?P<rank>\d+) -- GPU (?P<gpu>\d+) managed by process (?P<pid>\d+) on node (?P<node>\S+)")
@@ -381,8 +384,14 @@ def _info(acc: _Acc, base: dict[str, Any], msg: str, src: str | None) -> bool:
     elif kind == "nvls_support":
         acc.add("nccl_events", **base, level="INFO", kind="nvls_support", code=0 if g["neg"] else 1, message=msg)
     elif kind == "check_p2p":
+        # intraNodeP2pSupport (2.24-2.26) / isAllCudaP2p (2.27+) = 0: CUDA P2P between the local GPUs is off
         p2p = g["p2p"] if g["p2p"] is not None else g["allcuda"]
-        acc.add("nccl_events", **base, level="INFO", kind="p2p_check", code=int(p2p), message=msg)
+        acc.add("nccl_events", **base, level="INFO", kind="p2p_check", code=_int(p2p), message=msg)
+    elif kind == "net_ofi_gdr_off":
+        acc.add("nccl_net", **base, kind="gdr_hca", name="OFI", state="Disabled", detail="NET/OFI " + msg[8:])
+    elif kind == "net_ofi_env":
+        # the plugin sets NCCL variables itself (e.g. NCCL_PROTO=simple on EFA without GDR)
+        acc.add("nccl_env", **base, var=g["var"], value=g["val"], origin="plugin")
     elif kind == "connected" and g["gdr"] is not None:
         acc.add("nccl_events", **base, level="INFO", kind="connected", code=int(g["gdr"]),
                 value=float(g["pxn"]), message=msg)
@@ -520,6 +529,9 @@ def _other(acc: _Acc, line: str, n: int) -> None:
         acc.counts["pytorch"] += 1
         acc.ras = False
         _pytorch(acc, line, n)
+        return
+    if NCCL_MATRIX.match(text):
+        acc.counts["nccl"] += 1  # body of `Enabled NCCL Func/Proto/Algo Matrix:` (2.24+, no envelope)
         return
     rv = RAS_VERSION.match(text)
     if rv:
@@ -708,6 +720,10 @@ def _frames(acc: _Acc, nlines: int) -> dict[str, pl.DataFrame]:
             "nccl_comms",
             out["nccl_comms"].drop("nnodes", "local_ranks").join(lay, on=["host", "pid", "comm"], how="left"),
         )
+    plugin_vars = set(out["nccl_env"].filter(pl.col("origin") == "plugin")["var"].to_list())
+    if plugin_vars:
+        out["nccl_env"] = out["nccl_env"].with_columns(
+            pl.when(pl.col("var").is_in(list(plugin_vars))).then(pl.lit("plugin")).otherwise(pl.col("origin")).alias("origin"))
     out = _fill_ranks(out)
     c = acc.counts
     out["nccl_files"] = fr.conform("nccl_files", pl.DataFrame([{

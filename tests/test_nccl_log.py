@@ -277,3 +277,57 @@ def test_ring_order_trees_and_collnet_lines(tmp_path):
     p.write_text("h:1:2 [0] NCCL INFO CollNet 00/0 : 3 [send] via COLLNET/IBext/1/GDRDMA\n")
     ch = parse(p, ParseContext(tmp_path, "c.log")).frames["nccl_channels"].row(0, named=True)
     assert (ch["transport"], ch["src_rank"], ch["direction"], ch["net"], ch["nic"], ch["gdr"]) == ("COLLNET", 3, "send", "IBext", 1, True)
+
+
+# aws-ofi-nccl 1.16 on NCCL 2.27 (EFA), formats as printed in a public training log
+EFA_227 = """\
+n0:191:191 [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to ^docker0,lo
+n0:191:191 [0] NCCL INFO Bootstrap: Using eth0:10.0.5.28<0>
+n0:191:191 [0] NCCL INFO NCCL version 2.27.3+cuda12.9
+n0:191:191 [0] NCCL INFO Comm config Blocking set to 1
+n0:191:726 [0] NCCL INFO NET/Plugin: Loaded net plugin Libfabric (v10)
+n0:191:726 [0] NCCL INFO NET/Plugin: Failed to find ncclCollNetPlugin_v10 symbol.
+n0:191:726 [0] NCCL INFO Successfully loaded external plugin libnccl-net.so
+n0:191:726 [0] NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.16.2
+n0:191:726 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 1 nics)
+n0:191:726 [0] NCCL INFO NET/OFI Could not disable CUDA API usage for HMEM, disabling GDR
+n0:191:726 [0] NCCL INFO NET/OFI Need to force simple protocol: GDR not supported
+n0:191:726 [0] NCCL INFO NET/OFI Adding NCCL_PROTO=simple to environment
+n0:191:726 [0] NCCL INFO Initialized NET plugin Libfabric
+n0:191:726 [0] NCCL INFO Assigned NET plugin Libfabric to comm
+n0:191:726 [0] NCCL INFO Using network Libfabric
+n0:191:726 [0] NCCL INFO DMA-BUF is available on GPU device 0
+n0:191:726 [0] NCCL INFO ncclCommInitRankConfig comm 0x556ea5166cf0 rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 38000 commId 0x81dca7568efe26d7 - Init START
+n0:191:726 [0] NCCL INFO Bootstrap timings total 0.730364 (create 0.000079, send 0.000147, recv 0.000953, ring 0.727395, delay 0.000000)
+n0:191:726 [0] NCCL INFO NVLS multicast support is not available on dev 0 (NVLS_NCHANNELS 0)
+n0:191:726 [0] NCCL INFO comm 0x556ea5166cf0 rank 0 nRanks 16 nNodes 4 localRanks 4 localRank 0 MNNVL 0
+n0:191:726 [0] NCCL INFO Check P2P Type isAllDirectP2p 0 directMode 0
+n0:191:726 [0] NCCL INFO NCCL_PROTO set by environment to simple
+n0:191:726 [0] NCCL INFO Enabled NCCL Func/Proto/Algo Matrix:
+     Function |       LL     LL128    Simple   |          Tree           Ring  CollNetDirect   CollNetChain           NVLS       NVLSTree            PAT  
+    Broadcast |        0         0         1   |             1              1              1              1              1              1              1  
+    AllReduce |        0         0         1   |             1              1              1              1              1              1              1  
+
+n0:191:726 [0] NCCL INFO TUNER/Plugin: Using tuner plugin nccl_ofi_tuner
+n0:191:726 [0] NCCL INFO NET/OFI NCCL_OFI_TUNER is not available for platform : g6e.12xlarge, Fall back to NCCL's tuner
+n0:191:1160 [0] NCCL INFO ncclCommSplit comm 0x556ea5a6db80 rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 38000 parent 0x556ea5166cf0 splitCount 1 color 1734919490 key 0- Init START
+"""
+
+
+def test_aws_ofi_efa_2_27_lines(tmp_path):
+    p = tmp_path / "efa.log"
+    p.write_text(EFA_227)
+    res = parse(p, ParseContext(tmp_path, "efa.log"))
+    f = res.frames["nccl_files"].row(0, named=True)
+    assert f["nccl_unknown"] == 0, f["unknown_sample"]
+    assert f["nccl_lines"] == 29 and f["other_lines"] == 1  # 26 envelope lines + 3 matrix body lines; 1 blank
+    env = res.frames["nccl_env"]
+    assert env.filter(pl.col("var") == "NCCL_PROTO")["origin"].to_list() == ["plugin", "plugin"]
+    net = res.frames["nccl_net"]
+    assert net.filter(pl.col("kind") == "ofi_provider")["name"].to_list() == ["efa"]
+    assert net.filter((pl.col("kind") == "gdr_hca") & (pl.col("state") == "Disabled")).height == 2
+    comms = res.frames["nccl_comms"]
+    assert comms["func"].to_list() == ["ncclCommInitRankConfig", "ncclCommSplit"]
+    assert comms["nnodes"].to_list() == [4, None]
+    p2p = res.frames["nccl_events"].filter(pl.col("kind") == "p2p_check")
+    assert p2p["code"].to_list() == [None]

@@ -159,7 +159,7 @@ def nccl_algorithm(frames, cfg: NcclAlgorithmConfig) -> list[Finding]:
     # 1. user overrides
     # *_DISABLE counts when not 0, *_ENABLE when 0 (NCCL_NVLS_ENABLE=0 turns NVLS off)
     is_enable = pl.col("var").str.ends_with("_ENABLE")
-    forced = env.filter(
+    forced = env.filter(pl.col("origin") != "plugin").filter(
         pl.col("var").is_in(FORCING)
         | (pl.col("var").is_in(DISABLES) & pl.when(is_enable).then(pl.col("value") == "0").otherwise(pl.col("value") != "0"))
     )
