@@ -74,7 +74,7 @@ _I = {
     "tuning_op": r"^(?:(?P<func>[A-Za-z]+)(?: \[(?P<variant>[^\]]+)\])?: )?(?P<bytes>\d+) Bytes -> (?:Algo (?P<algo>\w+) proto (?P<proto>\w+)(?: time (?P<time>[\d.]+))?(?: channel\{Lo\.\.Hi\}=\{(?P<lo>\d+)\.\.(?P<hi>\d+)\})?|Kernel (?P<kernel>\S+) nchannels (?P<nch>\d+) nthreads (?P<nt>\d+)(?: nWorks (?P<nw>\d+))?|(?P<other>.*))\s*$",
     "coll_op": r"^(?P<op>AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|Send|Recv|AlltoAll|Gather|Scatter): opCount (?P<opCount>[0-9a-f]+) sendbuff (?P<sendbuff>\S+) recvbuff (?P<recvbuff>\S+) count (?P<count>\d+) datatype (?P<dtype>\d+) op (?P<redop>\d+) root (?P<root>-?\d+) comm (?P<comm>0x[0-9a-f]+) \[nranks=(?P<nranks>\d+)\] stream (?P<stream>\S+)\s*$",
     "err_trace": r"^(?P<file>[\w/.]+\.(?:cc|cu|h|cpp)):(?P<line>\d+) -> (?P<ret>\d+)(?: \[(?P<thread>[^\]]+)\])?\s*$",
-    "net_plugin": r"^(?:NET/Plugin ?: ?.*|Plugin Path : .*|P2P plugin .+|Using non-device net plugin version \d+|(?:Initialized|Assigned) NET plugin .*|Successfully loaded external (?:network )?plugin .*|NET/OFI .*|TUNER/Plugin: .*|PROFILER/Plugin: .*|NET/Plugin: .*)$",
+    "net_plugin": r"^(?:NET/Plugin ?: ?.*|Plugin Path : .*|P2P plugin .+|Using non-device net plugin version \d+|(?:Initialized|Assigned) NET plugin .*|Successfully loaded external (?:network )?plugin .*|NET/OFI .*|SHARP .*|TUNER/Plugin: .*|PROFILER/Plugin: .*|NET/Plugin: .*)$",
     "version": r"^NCCL version .*$",
     "misc": r"^(?:cudaDriverVersion \d+|Setting affinity for GPU \d+ to [0-9a-f,]+|Threads per block : .*|\[Proxy (?:Service|Service UDS|Progress)\] Device \d+ CPU core \d+|CC (?:On|Off).*workFifoBytes \d+|[\w/.]+:\d+ Cuda (?:Host )?Alloc Size \d+ pointer 0x[0-9a-f]+|Enabled NCCL Func/Proto/Algo Matrix:.*|comm 0x[0-9a-f]+ rank \d+ nRanks .*|Search \d+ : .*|RAS client listening socket .*|Comm config \w+ set to .*|DMA-BUF is (?:not )?available on GPU device \d+|Bootstrap timings total .*|NET/IB : Made virtual device .*|ncclTopoGetCpuAffinity: .*|NVLS comm .*|MNNVL .*|NET/IB : Using \[.*|NCCL_\w+ set by environment.*|Init (?:START|COMPLETE).*|Allocated .*|ncclCommInit.*)\s*$",
     "check_p2p": r"^Check P2P Type (?:intraNodeP2pSupport (?P<p2p>\d+) directMode (?P<direct>\d+)|isAllDirectP2p (?P<alldirect>\d+) directMode (?P<direct2>\d+)(?: isAllCudaP2p (?P<allcuda>\d+))?)",
@@ -604,7 +604,7 @@ def _nccl_tests(acc: _Acc, text: str, n: int) -> bool:
         acc.add(
             "nccl_comms", host=m["host"], pid=int(m["pid"]), cuda_dev=int(m["dev"]), rank=int(m["rank"]), line=n,
             origin="nccl-tests", phase="device", gpu_name=m["name"],
-            bus_id=f"0000:{int(bus, 16):02x}:00.0" if re.fullmatch(r"[0-9a-f]{1,2}", bus) else None,
+            bus_id=_nt_bus(bus),
         )
         return True
     m = NT_OOB.match(text)
@@ -626,6 +626,14 @@ def _nccl_tests(acc: _Acc, text: str, n: int) -> bool:
             acc.add("nccl_env", host=None, pid=None, cuda_dev=None, line=n, var=cm["var"], value=cm["val"], origin="command")
         return True
     return False
+
+
+def _nt_bus(bus: str) -> str | None:
+    """nccl-tests prints the PCI bus as `0x4c` (older) or `0000:4c:00` (newer)."""
+    if re.fullmatch(r"[0-9a-f]{1,2}", bus):
+        return f"0000:{int(bus, 16):02x}:00.0"
+    m = re.fullmatch(r"([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})(?:\.([0-7]))?", bus)
+    return f"{m[1]}:{m[2]}:{m[3]}.{m[4] or 0}" if m else None
 
 
 def _pytorch(acc: _Acc, line: str, n: int) -> None:

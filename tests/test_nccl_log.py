@@ -331,3 +331,21 @@ def test_aws_ofi_efa_2_27_lines(tmp_path):
     assert comms["nnodes"].to_list() == [4, None]
     p2p = res.frames["nccl_events"].filter(pl.col("kind") == "p2p_check")
     assert p2p["code"].to_list() == [None]
+
+
+def test_sharp_collnet_lines_and_new_nccl_tests_bus_format(tmp_path):
+    p = tmp_path / "s.log"
+    p.write_text(
+        "#  Rank  4 Group  0 Pid   9455 on      gpu40 device  0 [0000:4c:00] NVIDIA A100-SXM4-80GB\n"
+        "gpu40:2899:2929 [0] NCCL INFO NET/IB : Using [0]mlx5_2:1/IB/SHARP [1]mlx5_0:1/IB/SHARP [RO]; OOB ib0:10.159.0.40<0>\n"
+        "gpu40:2899:2929 [0] NCCL INFO CollNet 00/0 : 4 [receive] via COLLNET/SHARP/0/GDRDMA\n"
+        "\ngpu40:2899:2947 [0] sharp_plugin.c:382 NCCL WARN SHARP int8,uint8,bfloat16 Datatypes not supported\n"
+        "gpu40:2899:2947 [0] NCCL INFO SHARP rank 2/4 initialized on mlx5_2:1\n"
+    )
+    res = parse(p, ParseContext(tmp_path, "s.log"))
+    assert res.frames["nccl_files"]["nccl_unknown"][0] == 0
+    dev = res.frames["nccl_comms"].row(0, named=True)
+    assert (dev["rank"], dev["bus_id"], dev["gpu_name"]) == (4, "0000:4c:00.0", "NVIDIA A100-SXM4-80GB")
+    assert res.frames["nccl_net"].filter(pl.col("kind") == "ib")["name"].to_list() == ["mlx5_2", "mlx5_0"]
+    assert res.frames["nccl_channels"]["transport"].to_list() == ["COLLNET"]
+    assert res.frames["nccl_events"].filter(pl.col("level") == "WARN")["kind"].to_list() == ["warn_other"]
