@@ -398,7 +398,8 @@ NCCL_EVENTS = FrameSpec(
             "call_failed, no_libibverbs, no_algo, error_trace, nccl_error, init_timings, channels, "
             "nvls_support, p2p_check, connected, topo_system, topo_link, graph_pattern, thread_thresholds "
             "(value = nranks), ring_order (a ring per channel), trees, ring_graph, ras_group, ras_missing, "
-            "ras_dead, ras_outlier, nccl_tests_check, nccl_tests_avg, flight_recorder_disabled, warn_other",
+            "ras_dead, ras_outlier, nccl_tests_check, nccl_tests_avg, flight_recorder_disabled, "
+            "flight_recorder (dump triggered; code = the rank it came from), warn_other",
         ),
         _c("code", pl.Int64(), "numeric code: IB completion status, ncclResult_t, CUDA error, count"),
         _c("value", pl.Float64(), "numeric value (seconds, channel count, bandwidth) where the kind has one"),

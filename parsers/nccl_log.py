@@ -112,6 +112,8 @@ PT_LAST = re.compile(
 )
 PT_DESYNC = re.compile(r"\[(?P<lag>\d+)\] finished collective #(?P<fin>\d+), but didn't join collective #(?P<next>\d+)")
 PT_NCCL_ERR = re.compile(r"NCCL error in: (?P<file>\S+):(?P<line>\d+), (?P<what>[^,(]+)")
+PT_DUMP = re.compile(r"(?:Received a dump signal|flight recorder dump signal|[Dd]umping (?:the )?(?:flight recorder|debug info))"
+                     r"(?:.*? from (?:this local )?rank (?P<from>\d+))?")
 PT_RANK = re.compile(r"\[rank(?P<r>\d+)\]:|\[Rank (?P<R>\d+)\]")
 PT_ANY = re.compile(r"ProcessGroupNCCL|WorkNCCL|TORCH_NCCL|c10d|Watchdog caught|FlightRecorder")
 
@@ -670,6 +672,12 @@ def _pytorch(acc: _Acc, line: str, n: int) -> None:
     if "FlightRecorder is disabled" in line:
         acc.add("nccl_events", host=None, line=n, rank=rank, level="INFO", kind="flight_recorder_disabled",
                 message=text)
+        return
+    m = PT_DUMP.search(line)
+    if m:
+        # the flight recorder was triggered; `from rank N` names the rank whose watchdog fired first
+        acc.add("nccl_events", host=None, line=n, rank=rank, level="INFO", kind="flight_recorder",
+                code=_int(m["from"]), message=text[:500])
 
 
 def _ras(acc: _Acc, text: str, n: int) -> None:

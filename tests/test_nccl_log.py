@@ -349,3 +349,11 @@ def test_sharp_collnet_lines_and_new_nccl_tests_bus_format(tmp_path):
     assert res.frames["nccl_net"].filter(pl.col("kind") == "ib")["name"].to_list() == ["mlx5_2", "mlx5_0"]
     assert res.frames["nccl_channels"]["transport"].to_list() == ["COLLNET"]
     assert res.frames["nccl_events"].filter(pl.col("level") == "WARN")["kind"].to_list() == ["warn_other"]
+
+
+def test_flight_recorder_dump_signal(tmp_path):
+    p = tmp_path / "fr.log"
+    p.write_text("[rank2]:[E1001 10:00:00.1 ProcessGroupNCCL.cpp:1573] [PG ID 0 PG GUID 0(default_pg) Rank 2] "
+                 "Received a dump signal due to a collective timeout from rank 5 and we will try our best to dump the debug info.\n")
+    ev = parse(p, ParseContext(tmp_path, "fr.log")).frames["nccl_events"].row(0, named=True)
+    assert (ev["kind"], ev["rank"], ev["code"]) == ("flight_recorder", 2, 5)
