@@ -375,7 +375,12 @@ NCCL_ENV = FrameSpec(
         *_NCCL_PROC,
         _c("var", pl.String(), "variable name, e.g. NCCL_ALGO"),
         _c("value", pl.String(), "value as printed (trailing period removed)"),
-        _c("origin", pl.String(), "`nccl` (echoed by NCCL) or `command` (a command line in the log)"),
+        _c(
+            "origin",
+            pl.String(),
+            "`nccl` (echoed by NCCL), `command` (a command line in the log) or `plugin` (set by the net "
+            "plugin, e.g. aws-ofi-nccl's `Adding NCCL_PROTO=simple to environment`)",
+        ),
     ),
 )
 
@@ -391,8 +396,10 @@ NCCL_EVENTS = FrameSpec(
             pl.String(),
             "ib_async, ib_completion, socket_closed, net_recv_failed, proxy_error, cuda_failure, "
             "call_failed, no_libibverbs, no_algo, error_trace, nccl_error, init_timings, channels, "
-            "nvls_support, p2p_check, connected, topo_system, topo_link, ras_group, ras_missing, "
-            "ras_dead, ras_outlier, nccl_tests_check, flight_recorder_disabled, warn_other",
+            "nvls_support, p2p_check, connected, topo_system, topo_link, graph_pattern, thread_thresholds "
+            "(value = nranks), ring_order (a ring per channel), trees, ring_graph, ras_group, ras_missing, "
+            "ras_dead, ras_outlier, nccl_tests_check, nccl_tests_avg, flight_recorder_disabled, "
+            "flight_recorder (dump triggered; code = the rank it came from), warn_other",
         ),
         _c("code", pl.Int64(), "numeric code: IB completion status, ncclResult_t, CUDA error, count"),
         _c("value", pl.Float64(), "numeric value (seconds, channel count, bandwidth) where the kind has one"),
