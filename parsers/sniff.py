@@ -40,10 +40,14 @@ _NCCL_OTHER = re.compile(rb"ProcessGroupNCCL|NCCL (?:INFO|WARN) |NCCL version \d
 
 
 def score_nccl_log(text: bytes) -> int:
+    """NCCL envelope lines score highest; PyTorch ProcessGroupNCCL, RAS and nccl-tests output (no
+    envelope) score by how many such lines there are, so a watchdog log with a few kernel-looking words
+    still reads as NCCL."""
     hits = len(_NCCL_LINE.findall(text))
     if hits:
         return 50 + min(hits, 40)
-    return 40 if _NCCL_OTHER.search(text) else 0
+    other = len(_NCCL_OTHER.findall(text))
+    return 40 + min(other, 45) if other else 0
 
 
 _KERNEL_LINE = re.compile(
