@@ -259,8 +259,10 @@ class _JobContext:
                      .group_by(pl.col("host").map_elements(_hk, return_dtype=pl.String).alias("h"))
                      .agg(pl.col("start_ns").min().alias("lo"), pl.col("end_ns").max().alias("hi")))
                 for h, lo, hi in w.iter_rows():
-                    if h not in self.window and lo is not None:
-                        self.window[h] = (lo, hi)
+                    if lo is None:
+                        continue
+                    old = self.window.get(h)
+                    self.window[h] = (min(lo, old[0]), max(hi, old[1])) if old else (lo, hi)
         self.traced_ranks: set[int] = set(ranks["rank"].drop_nulls().to_list())
 
     def host_for(self, host: str | None, source: str) -> str | None:
