@@ -59,6 +59,8 @@ BENIGN_CLOCK_REASONS = frozenset({"idle", "gpu idle", "applications clocks setti
 HW_CLOCK_REASONS = {"hw slowdown": "HIGH", "hw thermal slowdown": "HIGH", "hw power brake slowdown": "HIGH",
                     "sw thermal slowdown": "WARNING"}
 SYMPATHETIC_XIDS = frozenset({3, 43, 45})
+ACTION_ORDER = ("DRAIN_NODE", "REBOOT_NODE", "RESET_GPU", "RMA_CANDIDATE", "INSPECT_PCIE", "INSPECT_LINK",
+                "CHECK_POWER", "CHECK_COOLING", "RESTART_APP", "INVESTIGATE_SW", "INVESTIGATE_STORAGE", "NONE")
 ACTION_TEXT = {
     "RESTART_APP": "restart the application (fix its bug first if the Xid is application-level)",
     "RESET_GPU": "reset the GPU (`nvidia-smi -r`, or reboot where a reset is impossible)",
@@ -246,10 +248,13 @@ class _JobContext:
                         if h:
                             self.known_hosts = sorted(set(self.known_hosts) | {_short_host(h)})  # type: ignore[arg-type]
         self.index_by_bus: dict[tuple[str | None, str], int] = {}
+        self.bus_by_index: dict[tuple[str | None, int], str] = {}
         gh = frames["gpu_health"]
-        for h, idx, bus in gh.select("host", "gpu_index", "pci_bus_id").iter_rows():
+        for h, src, idx, bus in gh.select("host", "source", "gpu_index", "pci_bus_id").iter_rows():
             if idx is not None and bus is not None:
-                self.index_by_bus[(_hk(h), bus)] = idx
+                hk = _hk(h) or _hk(self.host_for(None, src))
+                self.index_by_bus[(hk, bus)] = idx
+                self.bus_by_index[(hk, idx)] = bus
         # profiled window per host (epoch ns only: trace clocks of another domain cannot be compared)
         self.window: dict[str | None, tuple[int, int]] = {}
         for name in ("steps", "kernels"):
@@ -920,8 +925,11 @@ def _diag_incidents(gd: pl.DataFrame, benign: dict[str | None, int], ctx: _JobCo
         else:
             benign[host] = benign.get(host, 0) + 1
             continue
-        inc = _Inc("dcgmi", ev, ("dcgm", r["gpu_index"], r["line"]), level, act,
-                   title + (f" on GPU {r['gpu_index']}" if r["gpu_index"] is not None else ""))
+        # DCGM GPU ids are NVML indices: nvidia-smi -q of the same host names their bus ids
+        bus = ctx.bus_by_index.get((_hk(host), r["gpu_index"])) if r["gpu_index"] is not None else None
+        inc = _Inc("dcgmi", dict(ev, pci_bus_id=bus), ("gpu", bus) if bus else ("dcgm", r["gpu_index"], r["line"]),
+                   level, act, title + (f" on GPU {r['gpu_index']}" if r["gpu_index"] is not None else ""))
+        inc.gpu = bus
         inc.facts["dcgm_gpu_index"] = r["gpu_index"]
         m = re.search(r"totaling ([\d.]+) seconds?", msg.replace("second s", "seconds"))
         if m:
@@ -1001,6 +1009,9 @@ def _to_finding(inc: _Inc, cfg: GpuHwErrorConfig, ctx: _JobContext, benign: dict
         when += " The rank on this GPU is in the traces."
     summary = (f"{title} on {where}{gpu_txt}{rank_txt}: {len(inc.events)} log line(s) grouped into one incident"
                + (f" (root cause: {inc.facts['root_cause']})" if inc.facts.get("root_cause") else "") + "." + when)
+    if inc.group != "app":  # hardware first: contain (drain/reboot/reset), then inspect, then software
+        inc.actions.sort(key=lambda a: ACTION_ORDER.index(a) if a in ACTION_ORDER else len(ACTION_ORDER))
+        metrics["actions"] = ";".join(inc.actions) or "NONE"
     remediation = "; ".join(ACTION_TEXT.get(a, a) for a in inc.actions) or ACTION_TEXT["NONE"]
     key = f"{inc.kind}|{first['source']}|{first['line']}"
     return Finding(

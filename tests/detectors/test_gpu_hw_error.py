@@ -179,3 +179,14 @@ def test_analyze_real_samples_end_to_end_validates_against_the_schema(tmp_path: 
     assert got == [("critical", ("0000:02:00.0",)), ("critical", ("0000:07:00.0",))]
     kinds = dict(zip(analysis.sources["path"], analysis.sources["kind"]))
     assert kinds["35_nvidia_smi_q_a10_row_remap_pending.txt"] == "nvidia_smi"
+
+
+def test_triggers_dcgm_index_mapped_to_bus_id_and_rank_through_nvidia_smi():
+    diag = "| GPU Memory                | Pass - GPUs: 0                                 |\n" \
+           "|                           | Fail - GPU: 1                                  |\n"
+    frames = {**smi_text(diag, "node02/dcgmi-diag.txt").frames,
+              "gpu_health": smi_text(SMI_NODE02, "node02/nvidia-smi.txt").frames["gpu_health"],
+              "ranks": _ranks([(6, "node02", 1, 77), (7, "node01", 1, 78)])}
+    (x,) = detect(frames)
+    assert x.gpus == ("0000:3b:00.0",) and x.ranks == (6,) and x.hosts == ("node02",)
+    assert x.metrics["severity_level"] == "CRITICAL" and x.metrics["actions"] == "DRAIN_NODE;RMA_CANDIDATE"
