@@ -49,7 +49,7 @@ import polars as pl
 from forensics.detectors import Skip, detector
 from forensics.findings import Finding, Severity
 from forensics.frames import FRAME_SPECS, JobFrames
-from forensics.xid_catalog import LEVELS, POLICIES, RECOVERY_ACTIONS, lookup, max_level, nvlink5_severity
+from forensics.xid_catalog import LEVELS, POLICIES, RECOVERY_ACTIONS, decode_xid74, lookup, max_level, nvlink5_severity
 
 # imbue cluster-health allow-list of expected SXids
 BENIGN_SXIDS = frozenset({11012, 11021, 11022, 11023, 12021, 12023, 15008, 15011, 19049, 19055, 19057, 19059,
@@ -59,6 +59,8 @@ BENIGN_CLOCK_REASONS = frozenset({"idle", "gpu idle", "applications clocks setti
 HW_CLOCK_REASONS = {"hw slowdown": "HIGH", "hw thermal slowdown": "HIGH", "hw power brake slowdown": "HIGH",
                     "sw thermal slowdown": "WARNING"}
 SYMPATHETIC_XIDS = frozenset({3, 43, 45})
+# filesystem clients named in a hung task's stack: GPFS, NFS, Lustre, BeeGFS, WekaFS, CephFS, FUSE
+_STORAGE_MODULE = re.compile(r"\[(mmfs26|mmfslinux|nfs|nfsv4|sunrpc|lustre|ptlrpc|lnet|beegfs|wekafsio|ceph|fuse)\]")
 ACTION_ORDER = ("DRAIN_NODE", "REBOOT_NODE", "RESET_GPU", "RMA_CANDIDATE", "INSPECT_PCIE", "INSPECT_LINK",
                 "CHECK_POWER", "CHECK_COOLING", "RESTART_APP", "INVESTIGATE_SW", "INVESTIGATE_STORAGE", "NONE")
 ACTION_TEXT = {
@@ -503,6 +505,15 @@ def _kernel_incidents(rows: list[dict[str, Any]], cfg: GpuHwErrorConfig, benign:
             inc.ranks_pid.add(r["pid"])
             inc.facts["needs_rank"] = True
             incs.append(inc)
+        elif kind == "context":
+            tgt = latest(lambda i: i.kind == "hung" and i.close_to(r, 2.0, 40))
+            if tgt is not None:
+                tgt.add(r)
+                m = _STORAGE_MODULE.search(r["message"] or "")
+                if m and "storage_client" not in tgt.facts:  # the innermost frame names it first
+                    tgt.facts["storage_client"] = m.group(1)
+                    tgt.title = f"Hung tasks blocked in the {m.group(1)} storage client (storage, not GPU)"
+                    tgt.actions = ["INVESTIGATE_STORAGE"]
         elif kind in ("benign",):
             count_benign(r)
     _handle_aer(aer_rows, cfg, incs, by_host, count_benign)
@@ -521,6 +532,9 @@ def _handle_xid(r: dict[str, Any], cfg: GpuHwErrorConfig, incs: list[_Inc], late
         f["catalog_bucket"] = bucket
     if xid == 154:
         level, action = RECOVERY_ACTIONS.get(f.get("recovery_action", ""), ("WARNING", "INVESTIGATE_SW"))
+    if xid == 74 and f.get("nvlink_regs"):
+        classes, level, action = decode_xid74(f["nvlink_regs"])
+        f["catalog_bucket"] = "WORKFLOW_NVLINK_ERR: " + (",".join(classes) or "no known bit")
     win = cfg.sympathetic_window_s
     same_gpu = lambda i: i.track == ("gpu", gpu) and i.host == host  # noqa: E731
     if xid in SYMPATHETIC_XIDS or xid == 154:

@@ -190,3 +190,25 @@ def test_triggers_dcgm_index_mapped_to_bus_id_and_rank_through_nvidia_smi():
     (x,) = detect(frames)
     assert x.gpus == ("0000:3b:00.0",) and x.ranks == (6,) and x.hosts == ("node02",)
     assert x.metrics["severity_level"] == "CRITICAL" and x.metrics["actions"] == "DRAIN_NODE;RMA_CANDIDATE"
+
+
+def test_triggers_xid74_register_decode_and_hung_task_in_gpfs():
+    text = (
+        "[ 100.0] NVRM: Xid (PCI:0000:3b:00): 74, pid=1, name=python, NVLink: fatal error detected on link 3"
+        "(0x00200000, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0)\n"           # reg 1 bit 21: marginal signal integrity
+        "[ 900.0] NVRM: Xid (PCI:0000:5e:00): 74, pid=1, name=python, NVLink: fatal error detected on link 4"
+        "(0x0, 0x0, 0x0, 0x0, 0x00100000, 0x0, 0x0)\n"           # reg 5 bit 20: ECC threshold, no UE
+        "[2000.0] INFO: task python:4242 blocked for more than 120 seconds.\n"
+        "[2000.1] Call Trace:\n"
+        "[2000.1]  cxiWaitEventWait+0x1f0/0x2d0 [mmfslinux]\n"
+        "[2000.1]  _ZN6ThCond12internalWaitEP16KernelSynchStatejPv+0x5a/0x2a0 [mmfs26]\n"
+    )
+    found = detect({"kernel_events": _kernel(text)})
+    si = next(f for f in found if f.gpus == ("0000:3b:00.0",))
+    assert si.metrics["severity_level"] == "HIGH" and "marginal_si" in si.metrics["catalog_bucket"]
+    assert "INSPECT_LINK" in si.metrics["actions"]
+    thr = next(f for f in found if f.gpus == ("0000:5e:00.0",))
+    assert thr.severity is Severity.WARNING and "ecc_threshold" in thr.metrics["catalog_bucket"]
+    hung = next(f for f in found if f.metrics["category"] == "hung")
+    assert hung.metrics["storage_client"] == "mmfslinux" and hung.metrics["actions"] == "INVESTIGATE_STORAGE"
+    assert hung.metrics["events"] == 4 and hung.gpus == ()
