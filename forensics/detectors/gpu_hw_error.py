@@ -103,6 +103,8 @@ class GpuHwErrorConfig:
     """The same throttle reason on at least this fraction of a node's GPUs (and at least 2) is one node-level finding."""
     max_evidence: int = 20
     """Evidence lines kept per finding (the total is in `evidence_total`)."""
+    fleet_min_hosts: int = 3
+    """The same GSP/firmware Xid (62, 119, 120) on at least this many hosts points at software (driver rollout)."""
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -211,6 +213,7 @@ def gpu_hw_error(frames: JobFrames, cfg: GpuHwErrorConfig) -> list[Finding]:
         incidents += _smi_incidents(frames["gpu_health"], cfg, benign, ctx)
     if frames.has("gpu_diag"):
         incidents += _diag_incidents(frames["gpu_diag"], benign, ctx)
+    _mark_fleet_patterns(incidents, cfg)
     for inc in incidents:  # a process the kernel killed or that crashed matters when it is a rank
         if inc.kind in ("oom", "segfault") and ctx.ranks_for(inc.host, None, inc.ranks_pid):
             inc.level = max_level(inc.level, "HIGH" if inc.kind == "oom" else "WARNING")
@@ -795,6 +798,22 @@ def _handle_aer(rows: list[dict[str, Any]], cfg: GpuHwErrorConfig, incs: list[_I
             for c in recs:
                 for r in c["rows"]:
                     count_benign(r)
+
+
+def _mark_fleet_patterns(incs: list[_Inc], cfg: GpuHwErrorConfig) -> None:
+    """The same GSP/firmware Xid on many hosts of one job: a driver/firmware problem, not N bad GPUs."""
+    hosts: dict[int, set[str]] = {}
+    for inc in incs:
+        for x in inc.facts.get("xids", set()) & {62, 119, 120}:
+            if inc.host:
+                hosts.setdefault(x, set()).add(inc.host)
+    for x, hs in hosts.items():
+        if len(hs) >= cfg.fleet_min_hosts:
+            for inc in incs:
+                if x in inc.facts.get("xids", set()):
+                    inc.facts["fleet_pattern"] = f"Xid {x} on {len(hs)} hosts: suspect the driver/firmware"
+                    if "INVESTIGATE_SW" not in inc.actions:
+                        inc.actions.append("INVESTIGATE_SW")
 
 
 def _same_timeline(a: dict[str, Any], b: dict[str, Any]) -> bool:

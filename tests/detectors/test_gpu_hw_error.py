@@ -212,3 +212,12 @@ def test_triggers_xid74_register_decode_and_hung_task_in_gpfs():
     hung = next(f for f in found if f.metrics["category"] == "hung")
     assert hung.metrics["storage_client"] == "mmfslinux" and hung.metrics["actions"] == "INVESTIGATE_STORAGE"
     assert hung.metrics["events"] == 4 and hung.gpus == ()
+
+
+def test_triggers_same_gsp_xid_on_three_hosts_is_flagged_as_a_fleet_pattern():
+    text = _log([(h, float(i), "NVRM: Xid (PCI:0000:3b:00): 62, pid='<unknown>', name=<unknown>, 2023b230 20238a3a")
+                 for i, h in enumerate(("a1", "a2", "a3"))])
+    found = detect({"kernel_events": _kernel(text)})
+    assert len(found) == 3 and all("3 hosts" in f.metrics["fleet_pattern"] for f in found)
+    assert all("INVESTIGATE_SW" in f.metrics["actions"] for f in found)
+    assert all("fleet_pattern" not in f.metrics for f in detect({"kernel_events": _kernel(text)}, fleet_min_hosts="4"))
