@@ -545,6 +545,9 @@ def _handle_xid(r: dict[str, Any], cfg: GpuHwErrorConfig, incs: list[_Inc], late
         tgt = None
         if prev is not None and 144 <= int(prev) <= 150:
             tgt = latest(lambda i: i.kind == "nvlink5" and i.host == host and i.close_to(r, cfg.incident_gap_s, cfg.untimed_line_window))
+        elif prev is not None:  # the driver names the root: join it even beyond the sympathetic window
+            tgt = latest(lambda i: same_gpu(i) and int(prev) in i.facts.get("xids", set())
+                         and i.close_to(r, cfg.incident_gap_s, cfg.untimed_line_window))
         if tgt is None:
             tgt = latest(lambda i: same_gpu(i) and i.close_to(r, win, cfg.untimed_line_window)
                          and (i.group == "hw" or xid != 3))

@@ -221,3 +221,16 @@ def test_triggers_same_gsp_xid_on_three_hosts_is_flagged_as_a_fleet_pattern():
     assert len(found) == 3 and all("3 hosts" in f.metrics["fleet_pattern"] for f in found)
     assert all("INVESTIGATE_SW" in f.metrics["actions"] for f in found)
     assert all("fleet_pattern" not in f.metrics for f in detect({"kernel_events": _kernel(text)}, fleet_min_hosts="4"))
+
+
+def test_triggers_xid45_caused_by_previous_xid_joins_its_root_beyond_the_sympathetic_window():
+    text = _log([
+        ("n1", 0.0, "NVRM: Xid (PCI:0000:3b:00): 48, pid=7, name=python, An uncorrectable double bit error (DBE) has been detected on GPU"),
+        ("n1", 60.0, "NVRM: Xid (PCI:0000:3b:00): 45, pid=8, name=python, Ch 00000009 caused by previous Xid 48"),
+        ("n1", 200.0, "NVRM: Xid (PCI:0000:3b:00): 45, pid=9, name=python, Ch 0000000a"),  # solo: its own finding
+    ])
+    found = detect({"kernel_events": _kernel(text)})
+    root = next(f for f in found if f.metrics.get("root_xid") == 48)
+    assert root.metrics["events"] == 2 and root.metrics["caused_by_xid"] == 48
+    solo = next(f for f in found if f is not root)
+    assert solo.severity is Severity.WARNING and solo.metrics["root_xid"] == 45
