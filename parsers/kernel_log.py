@@ -246,7 +246,6 @@ _M4 = [(kind, tag, rx, _NEEDLE[(kind, tag)]) for kind, tag, rx in _M]
 # NVRM lines no specific pattern knows, and generic ``driver dddd:bb:dd.f: text`` device lines.
 _NVRM_ANY = re.compile(r"NVRM: ")
 _DEVICE_ANY = re.compile(rf"^(?P<drv>[\w-]+) (?P<bdf>{BDF4}): ")
-_FM_ANY = re.compile(r"multicast|NVSwitch|fabric|NVLink|GPU", re.I)
 
 # Xid detail decoders (applied to the Xid's text).
 _X74 = re.compile(r"NVLink: fatal error detected on link (?P<link>\d+)\((?P<regs>0x[0-9a-fA-F]+(?:,\s*0x[0-9a-fA-F]+){6})\)")
