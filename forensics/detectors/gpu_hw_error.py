@@ -446,6 +446,18 @@ def _kernel_incidents(rows: list[dict[str, Any]], cfg: GpuHwErrorConfig, benign:
                          and i.close_to(r, cfg.incident_gap_s, cfg.untimed_line_window))
             if tgt:
                 tgt.add(r)  # another function of the same GPU board (USB-C, I2C): sympathetic
+        elif kind == "pcie_link":
+            what = f.get("what")
+            tgt = latest(lambda i: i.kind == "pcie_link" and i.track == ("pcie_link", gpu))
+            if tgt:
+                tgt.add(r)
+            else:
+                title = (f"PCIe link of {gpu} degraded: {f.get('speed')} x{f.get('width')} (limited at {f.get('at')})"
+                         if what == "limited" else f"PCIe link down on {gpu}")
+                inc = _Inc("pcie_link", r, ("pcie_link", gpu), "WARNING", "INSPECT_PCIE", title)
+                inc.gpu = None  # the device may be a NIC or a switch port; GPUs are named only by Xid lines
+                inc.facts["device"] = gpu
+                incs.append(inc)
         elif kind in ("ib_port", "mlx5", "netdev_carrier"):
             _handle_link(r, cfg, incs, latest, count_benign)
         elif kind == "cpu_thermal":

@@ -234,3 +234,11 @@ def test_triggers_xid45_caused_by_previous_xid_joins_its_root_beyond_the_sympath
     assert root.metrics["events"] == 2 and root.metrics["caused_by_xid"] == 48
     solo = next(f for f in found if f is not root)
     assert solo.severity is Severity.WARNING and solo.metrics["root_xid"] == 45
+
+
+def test_triggers_pcie_link_downtrained():
+    text = _log([("n1", 1.0, "mlx5_core 0000:1a:00.0: 63.008 Gb/s available PCIe bandwidth, limited by 2.5 GT/s PCIe x16 "
+                             "link at 0000:17:00.0 (capable of 252.048 Gb/s with 16.0 GT/s PCIe x16 link)"),
+                 ("n1", 2.0, "mlx5_core 0000:1a:00.0: 252.048 Gb/s available PCIe bandwidth (16.0 GT/s PCIe x16 link)")])
+    (x,) = detect({"kernel_events": _kernel(text)})
+    assert x.severity is Severity.WARNING and x.metrics["device"] == "0000:1a:00.0" and "2.5 GT/s" in x.title
