@@ -306,7 +306,44 @@ class _JobContext:
         return out
 
 
+def _place_across_files(ke: pl.DataFrame) -> pl.DataFrame:
+    """A monotonic-only file (plain `dmesg`) of a host whose syslog/journal copy carries wall + monotonic
+    stamps: lines present in both (same host, monotonic stamp and text) prove the same boot and give
+    its boot time, which places every line of that file and boot."""
+    hk = pl.col("host").fill_null("")
+    stamped = (ke.filter(pl.col("wall_ns").is_not_null() & pl.col("mono_ns").is_not_null())
+               .select(hk.alias("_h"), "mono_ns", "message", (pl.col("wall_ns") - pl.col("mono_ns")).alias("_off"),
+                       pl.col("source").alias("_src2")))
+    bare = ke.filter(pl.col("wall_ns").is_null() & pl.col("mono_ns").is_not_null())
+    if stamped.height == 0 or bare.height == 0:
+        return ke
+    offsets = (bare.with_columns(hk.alias("_h"))
+               .join(stamped, on=["_h", "mono_ns", "message"], how="inner")
+               .filter(pl.col("source") != pl.col("_src2"))
+               .group_by("source", "_h", "boot").agg(pl.col("_off").median().cast(pl.Int64).alias("_boot_ns")))
+    if offsets.height == 0:
+        return ke
+    ke = ke.with_columns(hk.alias("_h")).join(offsets, on=["source", "_h", "boot"], how="left")
+    fill = pl.col("wall_ns").is_null() & pl.col("mono_ns").is_not_null() & pl.col("_boot_ns").is_not_null()
+    return ke.with_columns(
+        pl.when(fill).then(pl.col("_boot_ns") + pl.col("mono_ns")).otherwise(pl.col("wall_ns")).alias("wall_ns"),
+        pl.when(fill).then(pl.lit("boot_time_other_file")).otherwise(pl.col("wall_source")).alias("wall_source"),
+    ).drop("_h", "_boot_ns")
+
+
 def _prepare_events(ke: pl.DataFrame, ctx: _JobContext) -> list[dict[str, Any]]:
+    # hosts named inside any kernel log are known hosts too: `n1/dmesg.log` then belongs to `n1`
+    named = {_short_host(h) for h in ke["host"].drop_nulls().unique().to_list()} - {None}
+    ctx.known_hosts = sorted(set(ctx.known_hosts) | named)  # type: ignore[arg-type]
+    pairs = ke.select("host", "source").unique()
+    mapping = pl.DataFrame(
+        {"host": pairs["host"], "source": pairs["source"],
+         "_host": [ctx.host_for(h, s) for h, s in pairs.iter_rows()]},
+        schema={"host": pl.String, "source": pl.String, "_host": pl.String},
+    )
+    ke = (ke.join(mapping, on=["host", "source"], how="left", nulls_equal=True)
+          .with_columns(pl.col("_host").alias("host")).drop("_host"))
+    ke = _place_across_files(ke)
     ke = ke.with_columns(
         pl.when(pl.col("wall_ns").is_not_null()).then(pl.lit("wall"))
         .when(pl.col("mono_ns").is_not_null()).then(pl.lit("mono")).otherwise(pl.lit("none")).alias("clock"),
@@ -316,10 +353,8 @@ def _prepare_events(ke: pl.DataFrame, ctx: _JobContext) -> list[dict[str, Any]]:
     # inside one file are real repeats and stay
     dup_key = [pl.col("host").fill_null(""), pl.col("wall_ns"), pl.col("message")]
     ke = ke.filter(pl.col("wall_ns").is_null() | (pl.col("source") == pl.col("source").first().over(dup_key)))
-    hosts = {(h, s): ctx.host_for(h, s) for h, s in ke.select("host", "source").unique().iter_rows()}
     rows = ke.sort("source", "boot", "line").to_dicts()
     for r in rows:
-        r["host"] = hosts[(r["host"], r["source"])]
         r["f"] = orjson.loads(r["fields"]) if r["fields"] else {}
     # order: per host by time within a clock, file order as tie-breaker (quoted logs are not chronological)
     rows.sort(key=lambda r: (r["host"] or "", r["source"], r["boot"] or 0,

@@ -242,3 +242,18 @@ def test_triggers_pcie_link_downtrained():
                  ("n1", 2.0, "mlx5_core 0000:1a:00.0: 252.048 Gb/s available PCIe bandwidth (16.0 GT/s PCIe x16 link)")])
     (x,) = detect({"kernel_events": _kernel(text)})
     assert x.severity is Severity.WARNING and x.metrics["device"] == "0000:1a:00.0" and "2.5 GT/s" in x.title
+
+
+def test_triggers_monotonic_dmesg_placed_by_the_same_hosts_syslog_copy():
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=5, name=python, GPU has fallen off the bus."
+    # rsyslog RFC 3339 with the kernel's own stamp embedded
+    syslog = "2025-03-01T10:00:00.000000+00:00 n1 kernel: [  500.000000] nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context\n"
+    dmesg = "[  500.000000] nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context\n" \
+            f"[  560.250000] {xid}\n"
+    ke = pl.concat([_kernel(syslog, "n1/kern.log"), _kernel(dmesg, "n1/dmesg.log")])
+    (x,) = detect({"kernel_events": ke})
+    # boot = 10:00:00 - 500 s (from the line both files hold), so the Xid at 560.25 s is 10:01:00.25
+    assert x.metrics["time_placed"] is True and x.metrics["fault_wall_ns"] == T0 + 60_250_000_000
+    # without the syslog copy the same dmesg stays unplaced
+    (y,) = detect({"kernel_events": _kernel(dmesg, "n1/dmesg.log")})
+    assert y.metrics["time_placed"] is False
