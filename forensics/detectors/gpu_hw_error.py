@@ -233,8 +233,10 @@ class _JobContext:
         self.known_hosts = sorted({_short_host(h) for h in ranks["host"].drop_nulls().to_list()} - {None})  # type: ignore[type-var]
         self.rank_by_dev: dict[tuple[str | None, int], set[int]] = {}
         self.rank_by_pid: dict[tuple[str | None, int], set[int]] = {}
+        self.ranks_by_host: dict[str | None, set[int]] = {}
         for r in ranks.filter(pl.col("rank").is_not_null()).iter_rows(named=True):
             h = _hk(r["host"])
+            self.ranks_by_host.setdefault(h, set()).add(r["rank"])
             if r["device"] is not None:
                 self.rank_by_dev.setdefault((h, r["device"]), set()).add(r["rank"])
             if r["pid"] is not None:
@@ -1071,6 +1073,9 @@ def _to_finding(inc: _Inc, cfg: GpuHwErrorConfig, ctx: _JobContext, benign: dict
         metrics["seconds_from_profile_end"] = round((t_fault - win[1]) / 1e9, 3)
     else:
         metrics["in_profiled_window"] = None
+    if not gpus and host and not ranks and ctx.ranks_by_host.get(_hk(host)):
+        # a node-level cause (power, cooling, NIC, host memory): every rank there is exposed to it
+        metrics["ranks_on_host"] = ",".join(map(str, sorted(ctx.ranks_by_host[_hk(host)])))
     traced = sorted(ranks & ctx.traced_ranks)
     evidence = tuple(
         {k: v for k, v in (("source", e["source"]), ("line", e["line"]), ("time", e.get("time_text")),

@@ -57,3 +57,11 @@ def test_clean_benign_only_simulated_kernel_logs(tmp_path: Path):
     truth, analysis = _run(tmp_path, "benign_kernel_log", 16)
     assert truth["faults"] == [] and analysis.findings == []
     assert not analysis.skipped  # the detector ran: it had kernel logs and found nothing
+
+
+def test_triggers_slow_nic_link_flap_names_the_node_and_its_ranks(tmp_path: Path):
+    truth, analysis = _run(tmp_path, "slow_nic", 16)
+    fault = next(f for f in truth["faults"] if f["kind"] == "slow_nic")
+    flap = next(f for f in analysis.findings if f.metrics["category"] == "ib_port")
+    assert list(flap.hosts) == fault["hosts"] and flap.ranks == ()  # no GPU, so no culprit rank...
+    assert flap.metrics["ranks_on_host"] == ",".join(map(str, fault["ranks"]))  # ...but the exposed ranks
