@@ -84,7 +84,9 @@ PROFILER_OVERHEAD_NAMES = (
 GPU_METRICS = {
     "GR Active": "gr_active",
     "SM Active": "sm_active",
+    "SMs Active": "sm_active",
     "SM Issue": "sm_issue",
+    "SMs Issue": "sm_issue",
     "Tensor Active": "tensor_active",
 }
 MEMCPY_KINDS = {
@@ -506,7 +508,7 @@ _METRIC_SCHEMA = {"timestamp_ns": pl.Int64(), "device": pl.Int32(), **{c: pl.Flo
 def _gpu_metrics(db: _Db, off: int) -> pl.DataFrame:
     """GPU_METRICS samples pivoted in SQL to one row per (GPU, timestamp); GPU = typeId & 0xFF."""
     if not (db.has("GPU_METRICS") and db.has("TARGET_INFO_GPU_METRICS")):
-        return pl.DataFrame(schema=_METRIC_SCHEMA)
+        return _generic_gpu_metrics(db, off)
     info = db.rows(f'SELECT DISTINCT typeId, metricId, metricName FROM "{db.name("TARGET_INFO_GPU_METRICS")}"')
     wanted: dict[str, list[tuple[int, int]]] = {c: [] for c in GPU_METRICS.values()}
     for type_id, metric_id, metric_name in info:
@@ -525,6 +527,27 @@ def _gpu_metrics(db: _Db, off: int) -> pl.DataFrame:
         f"WHERE {all_pairs} GROUP BY timestamp, typeId & 255 ORDER BY typeId & 255, timestamp"
     )
     return db.frame(sql, _METRIC_SCHEMA)
+
+
+def _generic_gpu_metrics(db: _Db, off: int) -> pl.DataFrame:
+    """Exports before the GPU_METRICS table kept samples as JSON in GENERIC_EVENTS (`data` with keys
+    like "SM Active"); nsys' 2023.3 gpu_metric_util_map recipe reads them that way."""
+    t = "GENERIC_EVENTS"
+    if not db.has(t) or not {"typeId", "data"} <= db.cols(t):
+        return pl.DataFrame(schema=_METRIC_SCHEMA)
+    ts = "COALESCE(timestamp, rawTimestamp)" if "timestamp" in db.cols(t) else "rawTimestamp"
+    keys = {col: [k for k, c in GPU_METRICS.items() if c == col] for col in dict.fromkeys(GPU_METRICS.values())}
+    picks = [
+        "COALESCE(" + ", ".join(f"JSON_EXTRACT(data, '$.\"{k}\"')" for k in ks) + ", NULL)" for ks in keys.values()
+    ]
+    sql = (
+        f"SELECT {ts} + {off}, typeId & 255, {', '.join(picks)} FROM \"{db.name(t)}\" "
+        f"WHERE json_valid(data) AND ({' OR '.join(p + ' IS NOT NULL' for p in picks)})"
+    )
+    try:
+        return db.frame(sql, _METRIC_SCHEMA)
+    except sqlite3.OperationalError:  # SQLite built without JSON functions
+        return pl.DataFrame(schema=_METRIC_SCHEMA)
 
 
 # --- NCCL NVTX payloads -----------------------------------------------------------------------

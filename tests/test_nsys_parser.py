@@ -249,8 +249,8 @@ def test_nccl_nvtx_payloads_and_steps(tmp_path):
 
 
 def test_gpu_metrics_frame_and_sm_active_windows(tmp_path):
-    # device 0: samples at 100, 200, 300 ns (raw) with SM Active 50 % then 100 % then 20 %;
-    # a value describes the interval since the previous sample, so the first one covers nothing.
+    # device 0: SM Active samples at 100, 200, 300, 400 ns (raw) of 10, 50, 100, 20 %. A sample describes
+    # the interval up to the next sample (nsys' gpu_metric_util_map reading), so the last covers nothing.
     metrics = [(100, 0, "SM Active [Throughput %]", 10), (200, 0, "SM Active [Throughput %]", 50),
                (300, 0, "SM Active [Throughput %]", 100), (400, 0, "SM Active [Throughput %]", 20),
                (200, 0, "Tensor Active [Throughput %]", 5), (300, 0, "Tensor Active [Throughput %]", 7),
@@ -262,17 +262,33 @@ def test_gpu_metrics_frame_and_sm_active_windows(tmp_path):
     assert gm.select("timestamp_ns", "sm_active", "tensor_active", "rank", "device").rows() == [
         (T0 + 100, 10.0, None, 2, 0), (T0 + 200, 50.0, 5.0, 2, 0), (T0 + 300, 100.0, 7.0, 2, 0), (T0 + 400, 20.0, 9.0, 2, 0)]
     frames = JobFrames(res.frames)
-    # whole sampled span [100, 400]: (50*100 + 100*100 + 20*100) / 300 / 100
+    # whole sampled span [100, 400]: (10*100 + 50*100 + 100*100) / 300 / 100
     whole = sm_active_fraction(frames)
     assert whole.select("rank", "device", "covered_ns", "samples").row(0) == (2, 0, 300, 4)
-    assert whole["sm_active"].item() == pytest.approx(170 / 300)
-    # [150, 250]: 50 % for 50 ns, 100 % for 50 ns -> 0.75; [350, 500] clipped to [350, 400] -> 0.2
+    assert whole["sm_active"].item() == pytest.approx(160 / 300)
+    # [150, 250]: 10 % for 50 ns, 50 % for 50 ns -> 0.30; [350, 500] clipped to [350, 400] -> 1.0
     w = pl.DataFrame({"source": ["m.sqlite"] * 3, "device": [0, 0, 0],
                       "start_ns": [T0 + 150, T0 + 350, T0 + 500], "end_ns": [T0 + 250, T0 + 500, T0 + 600]})
     out = sm_active_in_windows(frames, w)
-    assert out["sm_active"].to_list()[:2] == [pytest.approx(0.75), pytest.approx(0.2)]
+    assert out["sm_active"].to_list()[:2] == [pytest.approx(0.30), pytest.approx(1.0)]
     assert out["sm_active"].to_list()[2] is None
     assert out["sm_active_covered_ns"].to_list() == [100, 50, 0]
+
+
+def test_gpu_metrics_from_generic_events_json(tmp_path):
+    path = make_export(tmp_path / "g.sqlite", kernels=[(150, 350, 1, 7, 1, 5, "k", 1)])
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE GENERIC_EVENTS (rawTimestamp INTEGER NOT NULL, timestamp INTEGER, typeId INTEGER NOT NULL, data TEXT NOT NULL)")
+    con.executemany("INSERT INTO GENERIC_EVENTS VALUES (?, ?, ?, ?)", [
+        (9_000, 100, 0x10001, '{"SM Active": 40, "SM Issue": 12, "Tensor Active": 0}'),
+        (9_100, 200, 0x10001, '{"SM Active": 60, "SM Issue": 30, "Tensor Active": 25}'),
+        (9_150, 250, 0x20000, '{"CPU Frequency": 3000}'),
+    ])
+    con.commit()
+    con.close()
+    gm = run(path).frames["gpu_metrics"].sort("timestamp_ns")
+    assert gm.select("timestamp_ns", "device", "sm_active", "sm_issue", "tensor_active").rows() == [
+        (T0 + 100, 1, 40.0, 12.0, 0.0), (T0 + 200, 1, 60.0, 30.0, 25.0)]
 
 
 def test_no_gpu_metrics_means_empty_answer():
