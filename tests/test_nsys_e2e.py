@@ -71,3 +71,23 @@ def test_cli_analyze_writes_valid_report(tmp_path, findings_validator):
     doc = assert_valid_findings(findings_validator, out / "findings.json")
     assert json.dumps(doc)  # serialisable
     assert "6 rank(s) on 2 host(s)" in (out / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("key", sorted(JOBS))
+def test_nccl_log_algorithm_joins_trace_collectives(tmp_path, key):
+    """The job's NCCL_DEBUG log says which algorithm NCCL was told to use, per process; the trace's
+    collectives join it on (host, pid), which both sources name the same way (short host name)."""
+    from forensics.frames import FRAME_SPECS
+
+    if "nccl_env" not in FRAME_SPECS:
+        pytest.skip("NCCL log frames not on this branch yet")
+    pytest.importorskip("parsers.nccl_log")
+    result = analyze(job_copy(tmp_path, key), workers=1)
+    env = result.frames["nccl_env"].filter(pl.col("var") == "NCCL_ALGO").select("host", "pid", "value").unique()
+    comm = result.frames["kernels"].filter(pl.col("class") == "comm").select("rank", "source", "name_algo")
+    ranks = result.frames["ranks"].select("rank", "host", "pid", "source")
+    joined = comm.join(ranks, on=["rank", "source"]).join(env, on=["host", "pid"], how="left").sort("rank")
+    assert joined["rank"].to_list() == [0, 1, 2, 3, 4, 5]
+    expected = {"ring": "Ring", "tree": "Tree"}[key]
+    assert joined["value"].to_list() == [expected] * 6
+    assert (joined["name_algo"].str.to_lowercase() == joined["value"].str.to_lowercase()).all()
