@@ -1,0 +1,247 @@
+"""Collective matching across ranks, transfer/wait split, last arrival and clock offsets.
+
+An NCCL kernel's duration is mostly waiting: every rank's kernel of one collective ends within a few
+µs of the others, so ``duration = (last arrival - own start) + transfer``. Matching the same collective
+instance on every rank of its process group lets us split it:
+
+* transfer ``x_k = min_r d_{r,k}`` (the last rank to arrive waits for nobody),
+* wait ``w_{r,k} = d_{r,k} - x_k``,
+* last arrival = the rank with the least wait; its margin = second-smallest duration minus smallest.
+
+This needs durations only, so it is immune to clock differences between nodes. Per-host clock offsets
+are estimated from how collective *end* times line up (``median_k(end_{r,k} - median_j end_{j,k})``).
+
+Matching key: ``(process group, Seq)`` where the trace has ``Seq``; else the ordinal of the call within
+the process group on that rank, counted per profiler step so that a rank which profiled a different
+window only leaves incomplete instances in the steps it lacks (they are dropped, not mis-paired).
+Instances are validated: every member present and one collective type / message size.
+
+Pipeline point-to-point kernels (send/recv in a PP group) are not synchronizing collectives; they are
+not matched, and their transfer time is estimated as the smallest duration of any send or receive of
+the same (group, size) in the job (the two sides of a transfer end together, so the side that arrived
+last shows the bare transfer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from forensics.frames import JobFrames
+
+PG_TYPES = ["DP", "TP", "PP", "EP", "CP", "default"]
+P2P_OPS = ["send", "recv", "sendrecv"]
+# Collectives whose members all finish together; rooted ops (broadcast/reduce) only roughly do.
+SYNCHRONIZING = ["allreduce", "allgather", "reduce_scatter", "alltoall", "sendrecv", "barrier"]
+
+
+def pg_type_expr(desc: pl.Expr) -> pl.Expr:
+    """PG type from a process-group description (Megatron names, FSDP/DDP, torchtitan meshes)."""
+    d = desc.str.to_uppercase()
+    return (
+        pl.when(d.str.contains("PIPELINE|(^|[^A-Z])PP([^A-Z]|$)"))
+        .then(pl.lit("PP"))
+        .when(d.str.contains("EXPERT|(^|[^A-Z])EP([^A-Z]|$)|MOE"))
+        .then(pl.lit("EP"))
+        .when(d.str.contains("TENSOR|(^|[^A-Z])TP([^A-Z]|$)"))
+        .then(pl.lit("TP"))
+        .when(d.str.contains("CONTEXT|(^|[^A-Z])CP([^A-Z]|$)"))
+        .then(pl.lit("CP"))
+        .when(d.str.contains("DATA|(^|[^A-Z])DP([^A-Z]|$)|FSDP|SHARD|DDP|REPLICATE"))
+        .then(pl.lit("DP"))
+        .otherwise(pl.lit("default"))
+    )
+
+
+@dataclass(frozen=True)
+class CollectiveMatch:
+    """Result of :func:`match_collectives`.
+
+    ``kernels``: one row per NCCL kernel (rank, host, step, pg_key, pg_type, collective, bytes, start_ns,
+    end_ns, dur_ns, instance, matched, transfer_ns, wait_ns, last_rank, is_last).
+    ``instances``: one row per matched collective instance.
+    ``rank_offsets`` / ``host_offsets``: estimated clock offset (ns) to subtract from a rank's/host's times.
+    ``unmatched``: counts of synchronizing kernels left unmatched, by reason.
+    """
+
+    kernels: pl.DataFrame
+    instances: pl.DataFrame
+    rank_offsets: pl.DataFrame
+    host_offsets: pl.DataFrame
+    unmatched: dict[str, int]
+
+
+def assign_steps(df: pl.DataFrame, steps: pl.DataFrame, time_col: str = "start_ns") -> pl.DataFrame:
+    """Add ``step``: the last profiler step (per rank) that began at or before ``time_col``."""
+    if steps.height == 0:
+        return df.with_columns(pl.lit(None, dtype=pl.Int64).alias("step"))
+    st = (
+        steps.select("rank", pl.col("start_ns").alias("_step_start"), "step")
+        .drop_nulls("rank")
+        .sort("_step_start")
+    )
+    out = df.with_row_index("_ord").sort(time_col).join_asof(
+        st, left_on=time_col, right_on="_step_start", by="rank", strategy="backward", check_sortedness=False
+    )
+    return out.sort("_ord").drop("_ord", "_step_start")
+
+
+def _launch_times(frames: JobFrames) -> pl.DataFrame:
+    ops = frames["cpu_ops"]
+    return (
+        ops.filter(pl.col("is_launch") & pl.col("correlation").is_not_null())
+        .group_by("rank", "correlation")
+        .agg(pl.col("start_ns").min().alias("launch_ns"))
+    )
+
+
+def comm_kernels(frames: JobFrames) -> pl.DataFrame:
+    """NCCL/RCCL kernels with step, PG key, PG type and launch time attached."""
+    k = frames["kernels"].filter(pl.col("class") == "comm")
+    pgs = frames["process_groups"]
+    if pgs.height:
+        pg_info = pgs.group_by("rank", "pg_name").agg(
+            pl.col("pg_desc").first().alias("_desc"), pl.col("pg_ranks").first().alias("_pranks")
+        )
+        k = k.join(pg_info, on=["rank", "pg_name"], how="left").with_columns(
+            pl.coalesce("pg_desc", "_desc").alias("pg_desc"),
+            pl.coalesce("pg_ranks", "_pranks").alias("pg_ranks"),
+        ).drop("_desc", "_pranks")
+    launches = _launch_times(frames)
+    k = k.join(launches, on=["rank", "correlation"], how="left")
+    k = k.with_columns(pl.coalesce("launch_ns", "start_ns").alias("_t_step"))
+    k = assign_steps(k, frames["steps"], "_t_step").drop("_t_step")
+    ranks_txt = pl.col("pg_ranks").cast(pl.List(pl.String)).list.join(",")
+    return k.with_columns(
+        pl.concat_str(
+            [pl.col("pg_name").fill_null("?"), ranks_txt.fill_null("*")], separator="|"
+        ).alias("pg_key"),
+        pg_type_expr(pl.col("pg_desc").fill_null("")).alias("pg_type"),
+        (pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns"),
+        pl.col("collective").fill_null(pl.lit("unknown")).alias("collective"),
+    )
+
+
+def match_collectives(frames: JobFrames) -> CollectiveMatch:
+    k = comm_kernels(frames).filter(pl.col("rank").is_not_null())
+    is_p2p = pl.col("collective").is_in(P2P_OPS) & (pl.col("pg_type") == "PP")
+    k = k.with_columns(is_p2p.alias("is_p2p"))
+    sync = k.filter(~pl.col("is_p2p"))
+
+    # Members of each group: the listed ranks, else every rank seen with that key.
+    members = sync.group_by("pg_key").agg(
+        pl.col("group_size").max().alias("_gsize"),
+        pl.col("rank").n_unique().alias("_seen"),
+        pl.col("seq").is_not_null().all().alias("_has_seq"),
+    ).with_columns(pl.coalesce("_gsize", "_seen").cast(pl.Int64).alias("n_members"))
+    sync = sync.join(members.select("pg_key", "n_members", "_has_seq"), on="pg_key", how="left")
+
+    ordinal = (pl.int_range(pl.len()).over(["rank", "pg_key", "step"], order_by="start_ns")).cast(pl.Int64)
+    sync = sync.with_columns(
+        pl.when(pl.col("_has_seq"))
+        .then(pl.concat_str([pl.col("pg_key"), pl.lit("#s"), pl.col("seq").cast(pl.String)]))
+        .otherwise(
+            pl.concat_str(
+                [pl.col("pg_key"), pl.lit("#"), pl.col("step").cast(pl.String).fill_null("-"), pl.lit("#"),
+                 ordinal.cast(pl.String)]
+            )
+        )
+        .alias("instance_key")
+    )
+    inst = sync.group_by("instance_key").agg(
+        pl.col("pg_key").first(),
+        pl.col("pg_type").first(),
+        pl.col("step").min(),
+        pl.col("collective").first(),
+        pl.col("bytes").max(),
+        pl.col("n_members").first(),
+        pl.col("rank").n_unique().alias("n_ranks"),
+        pl.len().alias("n_rows"),
+        pl.col("collective").n_unique().alias("_n_coll"),
+        pl.col("bytes").drop_nulls().n_unique().alias("_n_bytes"),
+        pl.col("dur_ns").min().alias("transfer_ns"),
+        pl.col("dur_ns").sort().get(1, null_on_oob=True).alias("_second_ns"),
+        pl.col("rank").sort_by("dur_ns").first().alias("last_rank"),
+        (pl.col("dur_ns").max() - pl.col("dur_ns").min()).alias("max_wait_ns"),
+        pl.col("start_ns").min().alias("first_start_ns"),
+    )
+    complete = (pl.col("n_ranks") == pl.col("n_members")) & (pl.col("n_rows") == pl.col("n_ranks"))
+    consistent = (pl.col("_n_coll") == 1) & (pl.col("_n_bytes") <= 1)
+    inst = inst.with_columns(
+        complete.alias("complete"),
+        consistent.alias("consistent"),
+        (pl.col("_second_ns") - pl.col("transfer_ns")).alias("margin_ns"),
+    )
+    unmatched = {
+        "incomplete_instances": int(inst.filter(~pl.col("complete")).height),
+        "inconsistent_instances": int(inst.filter(pl.col("complete") & ~pl.col("consistent")).height),
+    }
+    good = inst.filter(pl.col("complete") & pl.col("consistent") & (pl.col("n_ranks") >= 2))
+    good = good.sort("pg_key", "first_start_ns").with_row_index("instance").with_columns(
+        pl.col("instance").cast(pl.Int64)
+    )
+    instances = good.select(
+        "instance", "instance_key", "pg_key", "pg_type", "step", "collective", "bytes", "n_ranks",
+        "transfer_ns", "last_rank", "margin_ns", "max_wait_ns",
+    )
+
+    sync = sync.join(
+        instances.select("instance_key", "instance", pl.col("transfer_ns").alias("_x"), "last_rank", "margin_ns"),
+        on="instance_key",
+        how="left",
+    )
+    # Unmatched kernels (PP p2p, incomplete or inconsistent instances): transfer = smallest duration of
+    # the same (group, op, size) anywhere in the job; never more than the kernel itself.
+    # Point-to-point: a send and its receive end together, so whichever side arrived last is pure transfer;
+    # pool sends and receives (a receive posted early always waits).
+    p2p_class = pl.when(pl.col("collective").is_in(P2P_OPS)).then(pl.lit("p2p")).otherwise(pl.col("collective"))
+    class_min = k.with_columns(p2p_class.alias("_cls")).group_by("pg_key", "_cls", "bytes").agg(
+        pl.col("dur_ns").min().alias("_class_min")
+    )
+    cols = ["rank", "host", "step", "pg_key", "pg_type", "pg_name", "collective", "bytes", "stream", "launch_ns",
+            "start_ns", "end_ns", "dur_ns", "is_p2p"]
+    p2p = k.filter(pl.col("is_p2p")).select(cols).with_columns(
+        pl.lit(None, dtype=pl.Int64).alias("instance"),
+        pl.lit(None, dtype=pl.Int64).alias("_x"),
+        pl.lit(None, dtype=pl.Int32).alias("last_rank"),
+        pl.lit(None, dtype=pl.Int64).alias("margin_ns"),
+    )
+    allk = pl.concat(
+        [sync.select(*cols, "instance", "_x", pl.col("last_rank").cast(pl.Int32), "margin_ns"), p2p],
+        how="vertical",
+    ).with_columns(p2p_class.alias("_cls")).join(
+        class_min, on=["pg_key", "_cls", "bytes"], how="left", nulls_equal=True
+    ).drop("_cls")
+    allk = allk.with_columns(
+        pl.col("instance").is_not_null().alias("matched"),
+        pl.min_horizontal(pl.coalesce("_x", "_class_min"), "dur_ns").alias("transfer_ns"),
+    ).with_columns(
+        (pl.col("dur_ns") - pl.col("transfer_ns")).alias("wait_ns"),
+        (pl.col("matched") & (pl.col("rank") == pl.col("last_rank"))).alias("is_last"),
+    ).drop("_x", "_class_min")
+
+    rank_off, host_off = _clock_offsets(allk)
+    return CollectiveMatch(allk, instances, rank_off, host_off, unmatched)
+
+
+def _clock_offsets(k: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    m = k.filter(pl.col("matched") & pl.col("collective").is_in(SYNCHRONIZING))
+    if m.height == 0:
+        empty_r = pl.DataFrame(schema={"rank": pl.Int32, "host": pl.String, "offset_ns": pl.Int64})
+        return empty_r, pl.DataFrame(schema={"host": pl.String, "offset_ns": pl.Int64, "n_ranks": pl.UInt32})
+    dev = m.with_columns(
+        (pl.col("end_ns") - pl.col("end_ns").median().over("instance")).alias("_dev")
+    )
+    rank_off = (
+        dev.group_by("rank", "host")
+        .agg(pl.col("_dev").median().round().cast(pl.Int64).alias("offset_ns"))
+        .sort("rank")
+    )
+    host_off = (
+        rank_off.group_by("host")
+        .agg(pl.col("offset_ns").median().round().cast(pl.Int64), pl.len().alias("n_ranks"))
+        .with_columns((pl.col("offset_ns") - pl.col("offset_ns").median().round().cast(pl.Int64)).alias("offset_ns"))
+        .sort("host", nulls_last=True)
+    )
+    return rank_off, host_off

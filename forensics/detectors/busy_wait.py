@@ -1,0 +1,134 @@
+"""Busy-wait "utilization": GPUs that look busy because NCCL kernels spin waiting for a peer.
+
+What it detects:
+    Ranks whose GPU is almost always running some kernel (what nvidia-smi / DCGM GPU_UTIL report) while
+    a large share of that time is NCCL kernels spinning until another rank arrives, not computing.
+
+Why it matters:
+    "99% GPU utilization" is then a wrong reassurance: the GPU is waiting, and the time is lost to
+    whoever it waits for. A spinning NCCL kernel occupies only a few SMs (one block per channel), so
+    SM-level activity and power stay low while utilization reads full.
+
+How it measures:
+    Per rank and step (interval algebra, :mod:`forensics.breakdown`): ``U_any`` = time any kernel runs /
+    step (the nvidia-smi quantity), ``U_compute`` = time compute kernels run / step, ``U_SM`` = kernel
+    time weighted by ``min(1, blocks / SMs)`` / step, and the wait fraction ``W`` = time when only
+    non-pipeline NCCL kernels run and they are in their waiting part (duration minus the collective's
+    transfer time, :mod:`forensics.collectives`) / step. Pipeline (PP) waiting is the bubble and is left
+    to the pipeline_bubble detector. A rank is flagged when, over its steps' medians, ``U_any >=
+    min_util_any`` and ``W >= min_wait``, or ``U_any - U_compute >= min_gap`` with ``W`` at least
+    ``min_wait_share_of_gap`` of that gap (and ``W >= min_wait_floor``). Who they waited for: each
+    wait is charged to the instance's last-arriving rank.
+    Impact: this is a symptom; the lost GPU time is counted once, by the straggler finding for the
+    waited-for rank (or the bubble finding), so ``gpu_seconds_lost`` is left empty here and the wait is
+    in the metrics.
+
+What to do:
+    Do not read GPU utilization as efficiency. Fix the rank that is waited for (see the straggler
+    finding naming it); for a hang-like 100% at idle power, look for the rank that never joined.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from forensics.detectors import Skip, detector
+from forensics.detectors._common import EVIDENCE_CAP, analysis, gpu_seconds, ms, require_steps
+from forensics.findings import Finding, Severity
+
+
+@dataclass(frozen=True)
+class BusyWaitConfig:
+    min_util_any: float = 0.8
+    """Any-kernel active share of the step (nvidia-smi utilization) at or above which a rank can be flagged."""
+    min_wait: float = 0.15
+    """Wait fraction W of the step that flags a rank with high U_any."""
+    min_gap: float = 0.2
+    """Second rule: U_any - U_compute at or above this ..."""
+    min_wait_share_of_gap: float = 0.5
+    """... with W at least this share of that gap ..."""
+    min_wait_floor: float = 0.05
+    """... and W at least this share of the step."""
+    critical_wait: float = 0.4
+    """W above which the finding is critical."""
+
+
+def utilization_table(steps: pl.DataFrame) -> pl.DataFrame:
+    """Per rank: median over steps of U_any, U_compute, U_SM and W, and total wait (ns)."""
+    T = pl.col("step_ns").cast(pl.Float64)
+    return (
+        steps.with_columns(
+            ((pl.col("step_ns") - pl.col("idle_ns")) / T).alias("u_any"),
+            (pl.col("compute_ns") / T).alias("u_compute"),
+            (pl.col("u_sm_ns") / T).alias("u_sm"),
+            (pl.col("busy_wait_ns") / T).alias("w"),
+        )
+        .group_by("rank", "host")
+        .agg(
+            pl.col("u_any").median(), pl.col("u_compute").median(), pl.col("u_sm").median(), pl.col("w").median(),
+            pl.col("busy_wait_ns").sum().alias("wait_ns"), pl.col("step").n_unique().alias("steps"),
+        )
+        .sort("rank")
+    )
+
+
+@detector("busy_wait", config=BusyWaitConfig, requires=("kernels", "steps"))
+def busy_wait(frames, cfg: BusyWaitConfig) -> list[Finding]:
+    ta = analysis(frames)
+    steps = require_steps(ta)
+    if ta.match.kernels.height == 0:
+        raise Skip("no NCCL/RCCL kernels in the traces: no waiting to measure")
+    u = utilization_table(steps)
+    rule1 = (pl.col("u_any") >= cfg.min_util_any) & (pl.col("w") >= cfg.min_wait)
+    gap = pl.col("u_any") - pl.col("u_compute")
+    rule2 = (gap >= cfg.min_gap) & (pl.col("w") >= cfg.min_wait_share_of_gap * gap) & (pl.col("w") >= cfg.min_wait_floor)
+    flagged = u.filter(rule1 | rule2)
+    if flagged.height == 0:
+        return []
+    ranks = [int(r) for r in flagged["rank"].to_list()]
+    mk = ta.match.kernels.filter(pl.col("matched") & pl.col("rank").is_in(ranks) & (pl.col("rank") != pl.col("last_rank")))
+    waited_for = mk.group_by("last_rank").agg(pl.col("wait_ns").sum()).sort("wait_ns", descending=True)
+    top_for = [int(r) for r in waited_for["last_rank"].head(5).to_list()]
+    per_pair = (
+        mk.group_by("rank", "last_rank").agg(pl.col("wait_ns").sum()).sort("wait_ns", descending=True)
+        .unique("rank", keep="first").sort("rank")
+    )
+    pair_d = {int(r): (int(q), w) for r, q, w in per_pair.iter_rows()}
+    med = flagged.select(pl.col("u_any", "u_compute", "u_sm", "w").median()).row(0, named=True)
+    evidence = tuple(
+        {"rank": int(r), "host": h, "U_any": round(a, 4), "U_compute": round(c, 4), "U_SM": round(sm, 4),
+         "W": round(w, 4), "waited_for": pair_d.get(int(r), (None, 0))[0],
+         "waited_for_ms": ms(pair_d.get(int(r), (None, 0))[1])}
+        for r, h, a, c, sm, w, *_ in flagged.sort("w", descending=True).head(EVIDENCE_CAP).iter_rows()
+    )
+    total_wait = float(flagged["wait_ns"].sum())
+    hosts = tuple(sorted({h for h in flagged["host"].to_list() if h}))
+    return [Finding(
+        detector="busy_wait",
+        severity=Severity.CRITICAL if med["w"] >= cfg.critical_wait else Severity.WARNING,
+        title=f"GPU utilization inflated by NCCL busy-waiting on {len(ranks)} rank(s)",
+        summary=(
+            f"{len(ranks)} rank(s) look {med['u_any']:.0%} busy (what nvidia-smi shows), but compute runs only "
+            f"{med['u_compute']:.0%} of the step (SM-weighted {med['u_sm']:.0%}); {med['w']:.0%} of the step is NCCL "
+            f"kernels spinning while waiting, mostly for rank(s) {', '.join(map(str, top_for)) or 'unknown'}. "
+            "The lost time is counted in the straggler/bubble finding for the waited-for rank."
+        ),
+        remediation=(
+            "Treat GPU utilization as 'some kernel was running', not as work done. Fix the rank(s) waited for "
+            f"({', '.join(map(str, top_for)) or 'see straggler findings'}); see the straggler finding for its cause."
+        ),
+        ranks=tuple(ranks),
+        hosts=hosts,
+        metrics={
+            "U_any": round(med["u_any"], 4), "U_compute": round(med["u_compute"], 4), "U_SM": round(med["u_sm"], 4),
+            "wait_fraction": round(med["w"], 4), "wait_gpu_seconds": gpu_seconds(total_wait),
+            "waited_for": ",".join(map(str, top_for)), "ranks_affected": len(ranks),
+        },
+        evidence=evidence,
+        gpu_seconds_lost=None,
+        fraction_of_step=round(med["w"], 4),
+        key="busy_wait",
+        confidence="high",
+    )]

@@ -1,0 +1,238 @@
+"""Pipeline bubbles: per PP stage, time with no compute against the schedule's theory; stage imbalance.
+
+What it detects:
+    (1) excess bubble: a pipeline stage idles (or only waits on pipeline send/recv) much more than the
+    schedule's theoretical bubble for the inferred p (stages), m (micro-batches) and v (chunks per
+    stage); (2) stage imbalance: one stage computes clearly more than the others and the whole pipeline
+    runs at its pace, naming the slow stage; (3) a structural bubble: the configuration itself (small m
+    for p) wastes a large share of every step.
+
+Why it matters:
+    Every stage waits ``(p-1)`` micro-batch slots per step in 1F1B: ``(p-1)/(v*m+p-1)`` of the step. An
+    unbalanced stage adds its extra time to every micro-batch of every other stage.
+
+How it measures:
+    Stage = position of the rank in its pipeline process group (PG description naming the pipeline
+    group); p = group size. Per rank and step (:mod:`forensics.breakdown`): bubble = time with no compute
+    kernel, no non-pipeline NCCL kernel and no copy: either only PP send/recv kernels run (they spin
+    until the peer is ready) or nothing runs (the host-bound part is reported alongside, since a
+    host blocked in the pipeline flush also launches late). Per stage ``f_B = bubble / step time``
+    summed over its ranks and steps; the job's measured bubble is the mean over stages (P2P latency
+    moves bubble from one stage to another; the mean is what the schedule theory predicts). Theory
+    ``f_B* = (p-1)/(v*m+p-1)`` for 1F1B / GPipe / interleaved, ``(p-1)/(3m+p-1)`` for ZB-H1, 0 for
+    zero-bubble schedules. m and v come from the config when set; else they are inferred from the
+    number of pipeline send/recv kernels per step: ``4mv - 2m`` on the first stage, ``4mv`` on a
+    middle stage (one kernel per send or receive; see :func:`infer_schedule`). Flags: excess when a
+    stage's ``f_B >= max(excess_floor, excess_ratio * f_B*)``; imbalance when
+    ``max_s C_s / mean_s C_s - 1 >= imbalance`` (C_s = median compute per step of stage s); structural
+    when ``f_B* >= structural`` (info). Impact: imbalance ``(max C - mean C)(m+p-1)/m`` per step, excess
+    ``(f_B - f_B*) * step`` per step, structural ``f_B* * step``, times the ranks and the steps.
+
+What to do:
+    Excess: look for a straggler or slow P2P link (see the straggler finding). Imbalance: move layers
+    off the slow stage (Megatron ``--decoder-first/last-pipeline-num-layers``), account for embedding
+    and loss on the first/last stage. Structural: raise the number of micro-batches (m >= 4p), use
+    interleaving (``--num-layers-per-virtual-pipeline-stage``) or a zero-bubble schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from forensics.detectors import Skip, detector
+from forensics.detectors._common import EVIDENCE_CAP, analysis, gpu_seconds, ms, require_steps
+from forensics.findings import Finding, Severity
+
+
+@dataclass(frozen=True)
+class PipelineBubbleConfig:
+    microbatches: int = 0
+    """Micro-batches per step m; 0 = infer from pipeline send/recv counts."""
+    chunks: int = 0
+    """Model chunks per stage v (interleaving); 0 = 1 unless configured."""
+    schedule: str = "1f1b"
+    """1f1b (also GPipe and interleaved), zb-h1, or zb (zero-bubble: theory 0)."""
+    excess_ratio: float = 1.5
+    """Excess bubble: measured f_B at least this times the theory ..."""
+    excess_floor: float = 0.05
+    """... and at least this share of the step."""
+    imbalance: float = 0.10
+    """Stage imbalance max_s C_s / mean_s C_s - 1 that is flagged."""
+    structural: float = 0.30
+    """Theoretical bubble share of the step at which the configuration itself is reported (info)."""
+
+
+def theory(p: int, m: int, v: int, schedule: str) -> float:
+    if p <= 1 or m <= 0:
+        return 0.0
+    if schedule == "zb":
+        return 0.0
+    if schedule == "zb-h1":
+        return (p - 1) / (3 * m + p - 1)
+    return (p - 1) / (v * m + p - 1)
+
+
+def stage_table(ta) -> tuple[pl.DataFrame, int]:
+    """Per stage: ranks, median compute per step, measured f_B (median), bubble wait/idle; and p."""
+    steps = ta.steps
+    st = ta.stages
+    s = steps.join(st, on="rank", how="inner").with_columns(
+        (pl.col("bubble_wait_ns") + pl.col("bubble_idle_ns")).alias("_bubble")
+    )
+    p = int(st["pp_size"].max())  # type: ignore[arg-type]
+    table = (
+        s.group_by("pp_stage")
+        .agg(
+            pl.col("rank").unique().sort().alias("ranks"),
+            pl.col("compute_ns").median().alias("compute_ns"),
+            (pl.col("_bubble").sum() / pl.col("step_ns").sum()).alias("f_b"),
+            pl.col("bubble_wait_ns").median(),
+            pl.col("bubble_idle_ns").median(),
+            pl.col("step_ns").median(),
+            pl.col("step").n_unique().alias("steps"),
+        )
+        .sort("pp_stage")
+    )
+    return table, p
+
+
+def infer_schedule(ta) -> tuple[int, int]:
+    """(m, v) from pipeline send/recv kernels per step, one kernel per send or receive.
+
+    Stage 0 sends m*v activations and receives m*v gradients, and for chunks after the first also
+    receives m*(v-1) activations from the last stage and sends m*(v-1) gradients back: 4mv - 2m kernels.
+    A middle stage does all four for every chunk: 4mv. So m = (middle - first) / 2 and
+    v = middle / 4m when there is a middle stage; with two stages v = 1 and m = first / 2.
+    """
+    k = ta.match.kernels.filter(pl.col("is_p2p") & pl.col("step").is_not_null()).join(ta.stages, on="rank")
+    if k.height == 0:
+        return 0, 0
+    per = k.group_by("rank", "step", "pp_stage", "pp_size").agg(pl.len().alias("n"))
+    by_stage = per.group_by("pp_stage", "pp_size").agg(pl.col("n").median()).sort("pp_stage")
+    counts = dict(by_stage.select("pp_stage", "n").iter_rows())
+    p = int(by_stage["pp_size"].max())  # type: ignore[arg-type]
+    first = counts.get(0)
+    if not first:
+        return 0, 0
+    middle = [counts[s] for s in range(1, p - 1) if s in counts]
+    if middle:
+        mid = sorted(middle)[len(middle) // 2]
+        m = int(round((mid - first) / 2))
+        if m >= 1:
+            return m, max(1, int(round(mid / (4 * m))))
+    return max(1, int(round(first / 2))), 1
+
+
+@detector("pipeline_bubble", config=PipelineBubbleConfig, requires=("kernels", "steps"))
+def pipeline_bubble(frames, cfg: PipelineBubbleConfig) -> list[Finding]:
+    ta = analysis(frames)
+    require_steps(ta)
+    if ta.stages.height == 0:
+        raise Skip("no pipeline-parallel process group in the traces (no PP group description or PP send/recv)")
+    table, p = stage_table(ta)
+    if p < 2 or table.height < 2:
+        raise Skip(f"pipeline group of size {p} with {table.height} stage(s) in the traces: no pipeline to measure")
+    m_inf, v_inf = infer_schedule(ta)
+    m = cfg.microbatches or m_inf
+    v = cfg.chunks or (v_inf if not cfg.microbatches else 1) or 1
+    m_src = "config" if cfg.microbatches else "inferred from send/recv counts"
+    if m <= 0:
+        raise Skip("cannot tell the number of micro-batches (no PP send/recv kernels in steps); set pipeline_bubble.microbatches")
+    f_star = theory(p, m, v, cfg.schedule)
+    n_ranks = int(table["ranks"].list.len().sum())
+    n_steps = int(table["steps"].max())  # type: ignore[arg-type]
+    step_ns = float(table["step_ns"].median())  # type: ignore[arg-type]
+    mean_c = float(table["compute_ns"].mean())  # type: ignore[arg-type]
+    worst = table.sort("compute_ns", descending=True).row(0, named=True)
+    sigma = worst["compute_ns"] / mean_c - 1 if mean_c else 0.0
+    common = {"p": p, "m": m, "v": v, "m_source": m_src, "schedule": cfg.schedule, "f_B_theory": round(f_star, 4),
+              "f_B_measured": round(float(table["f_b"].mean()), 4), "stage_imbalance": round(sigma, 4),  # type: ignore[arg-type]
+              "steps": n_steps}
+    evidence = tuple(
+        {"stage": int(r["pp_stage"]), "ranks": ",".join(map(str, r["ranks"][:8])), "compute_ms": ms(r["compute_ns"]),
+         "bubble_wait_ms": ms(r["bubble_wait_ns"]), "bubble_idle_ms": ms(r["bubble_idle_ns"]),
+         "f_B": round(r["f_b"], 4), "f_B_theory": round(f_star, 4)}
+        for r in table.head(EVIDENCE_CAP).iter_rows(named=True)
+    )
+    findings: list[Finding] = []
+    if sigma >= cfg.imbalance:
+        delta = (worst["compute_ns"] - mean_c) * (m + p - 1) / m
+        findings.append(Finding(
+            detector="pipeline_bubble",
+            severity=Severity.WARNING,
+            title=f"Pipeline stage {worst['pp_stage']} is {sigma:.0%} slower than the mean stage",
+            summary=(
+                f"Stage {worst['pp_stage']} computes {ms(worst['compute_ns'])} ms per step against a stage mean of "
+                f"{ms(mean_c)} ms; every other stage waits for it (measured bubble {common['f_B_measured']:.1%} of the step "
+                f"vs {f_star:.1%} in theory for p={p}, m={m}, v={v}). Balancing would save about "
+                f"{ms(delta)} ms per step."
+            ),
+            remediation=_REMEDY_IMB,
+            ranks=tuple(int(r) for r in worst["ranks"]),
+            metrics={**common, "slow_stage": int(worst["pp_stage"]), "saving_per_step_ms": ms(delta)},
+            evidence=evidence,
+            gpu_seconds_lost=gpu_seconds(delta * n_ranks * n_steps),
+            fraction_of_step=round(delta / step_ns, 4) if step_ns else None,
+            key=f"imbalance-stage{worst['pp_stage']}",
+            confidence="high",
+        ))
+    else:
+        limit = max(cfg.excess_floor, cfg.excess_ratio * f_star)
+        bad = table.filter(pl.col("f_b") >= limit)
+        if bad.height:
+            excess = float((bad["f_b"] - f_star).max())  # type: ignore[arg-type]
+            ranks = tuple(sorted(int(r) for rs in bad["ranks"].to_list() for r in rs))
+            findings.append(Finding(
+                detector="pipeline_bubble",
+                severity=Severity.WARNING,
+                title=f"Pipeline bubble {float(bad['f_b'].max()):.0%} of the step, theory {f_star:.0%}",
+                summary=(
+                    f"Stage(s) {', '.join(str(x) for x in bad['pp_stage'].to_list())} spend "
+                    f"{float(bad['f_b'].max()):.1%} of the step without compute (waiting on pipeline peers or idle), "
+                    f"against {f_star:.1%} expected for p={p}, m={m} ({m_src}), v={v}; stages are balanced "
+                    f"(imbalance {sigma:.1%}), so look for a straggler or slow P2P link."
+                ),
+                remediation=_REMEDY_EXCESS,
+                ranks=ranks,
+                metrics=common,
+                evidence=evidence,
+                gpu_seconds_lost=gpu_seconds(excess * step_ns * n_ranks * n_steps),
+                fraction_of_step=round(excess, 4),
+                key="excess",
+                confidence="medium",
+            ))
+    if f_star >= cfg.structural:
+        findings.append(Finding(
+            detector="pipeline_bubble",
+            severity=Severity.INFO,
+            title=f"Pipeline schedule wastes {f_star:.0%} of each step by construction (p={p}, m={m}, v={v})",
+            summary=(
+                f"With {p} stages and {m} micro-batches ({m_src}) the {cfg.schedule} bubble is (p-1)/(v*m+p-1) = "
+                f"{f_star:.1%} of the step on every stage (measured {common['f_B_measured']:.1%})."
+            ),
+            remediation=_REMEDY_STRUCT,
+            ranks=(),
+            metrics=common,
+            evidence=evidence,
+            gpu_seconds_lost=gpu_seconds(f_star * step_ns * n_ranks * n_steps),
+            fraction_of_step=round(f_star, 4),
+            key="structural",
+            confidence="medium" if cfg.microbatches else "low",
+        ))
+    return findings
+
+
+_REMEDY_IMB = (
+    "Rebalance layers across pipeline stages (Megatron --decoder-first-pipeline-num-layers / "
+    "--decoder-last-pipeline-num-layers, or a custom split); the first and last stages carry embedding and loss."
+)
+_REMEDY_EXCESS = (
+    "The stages are balanced, so the extra bubble comes from elsewhere: check the straggler findings for a slow "
+    "rank in this pipeline and the P2P transfer times between stages."
+)
+_REMEDY_STRUCT = (
+    "Raise the number of micro-batches (m >= 4p keeps the 1F1B bubble under ~20%), use interleaving "
+    "(--num-layers-per-virtual-pipeline-stage) or a zero-bubble schedule."
+)

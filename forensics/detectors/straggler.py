@@ -1,0 +1,418 @@
+"""Straggler ranks and nodes: the ranks that make the others wait.
+
+What it detects:
+    Ranks (and nodes, when two or more of a node's ranks or its links are implicated) whose lateness
+    makes the rest of the job wait at collectives, classed as ``compute`` (its GPU kernels run slower
+    than its peers'), ``host`` (its GPU sat idle waiting for the CPU to launch work), ``link`` (the
+    transfers of every group containing the node are slower than same-kind groups without it) or
+    ``stage`` (a whole pipeline stage does more compute than the others). The ranks that waited are
+    the victims: they are listed in the evidence, never as culprits.
+
+Why it matters:
+    A synchronous job runs at the pace of its slowest rank. One GPU 10% slow among 512 costs the
+    other 511 GPUs 10% of their time, and every one of them looks "100% utilized" while it waits.
+
+How it measures:
+    Compute score per rank and step, nvidia-resiliency-ext style, on compute kernels only (NCCL
+    kernels are mostly waiting and are never scored): ``rho = median(peers' compute) / own compute``,
+    peers = ranks of the same pipeline stage. A rank is a compute straggler when ``rho <=
+    compute_rho`` in at least ``min_step_share`` of the steps and its robust z-score (median/MAD over
+    peers) is at least ``min_z``. Host: the same test on host-bound idle time (GPU idle before a kernel
+    whose launch began after the GPU went idle). A rank that waits at collectives more than the median
+    member is a victim, never a culprit. Arrival: from the matched collectives
+    (:mod:`forensics.collectives`), the share of instances where the rank arrived last (least wait)
+    by a margin of at least ``min_margin_us``, tested against chance (one-sided binomial,
+    ``max_p_value``). Link: per process group, median transfer time against same-type groups of the
+    same op and size; groups at least ``link_ratio`` slower are slow, and the hosts in every slow group
+    and in at most ``link_max_normal_share`` of the normal ones are named. Stage: median compute per
+    pipeline stage at least ``stage_imbalance`` above the mean of stages.
+    A late arriver that passes neither test on its own is classed by whichever excess (compute or
+    host-bound idle) explains at least ``explain_share`` of its lateness margin, or as host when its
+    launch queue (NCCL kernel start minus its launch call) is at most ``host_slack_ratio`` of the job's
+    median: its CPU barely keeps ahead of its GPU, so its collectives are issued late.
+    Impact (GPU-seconds lost): had the culprits arrived with the latest other member, every other
+    member would have waited that much less; per step the largest such saving (waits at successive
+    collectives overlap in time), times the other members, summed over steps. Findings below
+    ``min_impact`` of a step are reported as ``info``.
+
+What to do:
+    Compute: check the GPU (clocks, power, temperature, Xid/ECC lines in the kernel log; run a
+    burn-in), and drain the node if it persists. Host: look for data-loader stalls, garbage
+    collection, CPU contention or a slow file system on that host (py-spy, the CPU side of the trace).
+    Link: test the node's NICs/cables (ibstat, counters, nccl-tests between the node and a healthy
+    one). Stage: rebalance layers across pipeline stages.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import polars as pl
+
+from forensics.detectors import Skip, detector
+from forensics.detectors._common import EVIDENCE_CAP, analysis, gpu_seconds, ms, require_steps
+from forensics.findings import Finding, Severity
+
+
+@dataclass(frozen=True)
+class StragglerConfig:
+    compute_rho: float = 0.95
+    """A step counts as slow when median(peers' compute) / own compute is at or below this."""
+    min_step_share: float = 0.5
+    """Share of steps that must be slow (compute or host test)."""
+    min_z: float = 3.5
+    """Robust z-score (0.6745 * (x - median) / MAD over peers) a rank must reach."""
+    host_min_excess: float = 0.02
+    """Host test: host-bound idle above the peers' median, as a share of the step, in a slow step."""
+    min_margin_us: float = 20.0
+    """An instance counts as 'arrived last' only if the rank was later than the next one by this much."""
+    max_p_value: float = 1e-3
+    """One-sided binomial p-value for a rank's last-arrival count against chance."""
+    min_last_share: float = 0.5
+    """Arrival test: share of its instances a rank must arrive last at (at least 3/n as well)."""
+    explain_share: float = 0.5
+    """A late arriver's compute or host-bound excess must cover this share of its lateness to class it."""
+    host_slack_ratio: float = 0.5
+    """A late arriver whose launch queue (kernel start - launch, median) is at most this share of the
+    job's median is host-bound: its CPU barely keeps ahead of its GPU."""
+    link_ratio: float = 1.3
+    """A process group is slow when its median transfer time is this many times its type's median."""
+    link_max_normal_share: float = 0.2
+    """A host named for slow links may appear in at most this share of the normal groups."""
+    stage_imbalance: float = 0.10
+    """Stage class: a pipeline stage's median compute at least this much above the mean of stages."""
+    min_impact: float = 0.03
+    """Findings whose saving is below this share of the step are 'info' (ByteDance's S >= 1.03)."""
+    critical_impact: float = 0.15
+    """Share of the step above which a straggler is critical."""
+
+
+def _binom_sf(k: int, n: int, p: float) -> float:
+    """P[X >= k] for X ~ Binomial(n, p)."""
+    if k <= 0:
+        return 1.0
+    return min(1.0, sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1)))
+
+
+def _robust_flags(df: pl.DataFrame, value: str, cfg: StragglerConfig, slow_step: pl.Expr) -> pl.DataFrame:
+    """Per rank: share of slow steps and robust z of the rank's median ``value`` within its peer class."""
+    per_rank = df.group_by("rank", "peer").agg(
+        slow_step.mean().alias("slow_share"), pl.col(value).median().alias("med")
+    )
+    med = pl.col("med").median().over("peer")
+    mad = (pl.col("med") - med).abs().median().over("peer")
+    z = (
+        pl.when(mad > 0)
+        .then(0.6745 * (pl.col("med") - med) / mad)
+        .when(pl.col("med") > med)
+        .then(pl.lit(float("inf")))
+        .otherwise(0.0)
+    )
+    return per_rank.with_columns(z.alias("z"), med.alias("peer_med"))
+
+
+@detector("straggler", config=StragglerConfig, requires=("kernels", "steps"))
+def straggler(frames, cfg: StragglerConfig) -> list[Finding]:
+    ta = analysis(frames)
+    steps = require_steps(ta)
+    ranks = steps["rank"].unique()
+    if ranks.len() < 2:
+        raise Skip("only one rank in the traces: a straggler needs peers to compare with")
+    stages = ta.stages
+    s = steps.join(stages.select("rank", "pp_stage"), on="rank", how="left").with_columns(
+        pl.col("pp_stage").fill_null(0).alias("peer")
+    )
+    step_med = float(s["step_ns"].median())  # type: ignore[arg-type]
+    n_steps = s["step"].n_unique()
+
+    # --- compute and host scores (peers = same pipeline stage) -------------------------------------
+    s = s.with_columns(
+        (pl.col("compute_ns").median().over("peer", "step") / pl.col("compute_ns")).alias("rho"),
+        (pl.col("host_bound_ns") - pl.col("host_bound_ns").median().over("peer", "step")).alias("host_excess"),
+    )
+    comp = _robust_flags(s, "compute_ns", cfg, (pl.col("rho") <= cfg.compute_rho).cast(pl.Float64))
+    comp = comp.join(s.group_by("rank").agg(pl.col("rho").median()), on="rank")
+    comp_flag = comp.filter((pl.col("slow_share") >= cfg.min_step_share) & (pl.col("z") >= cfg.min_z))
+    host = _robust_flags(
+        s, "host_bound_ns", cfg, (pl.col("host_excess") >= cfg.host_min_excess * pl.col("step_ns")).cast(pl.Float64)
+    )
+    host = host.join(s.group_by("rank").agg(pl.col("host_excess").median()), on="rank")
+    host_flag = host.filter((pl.col("slow_share") >= cfg.min_step_share) & (pl.col("z") >= cfg.min_z))
+
+    # --- arrival -----------------------------------------------------------------------------------
+    mk = ta.match.kernels.filter(pl.col("matched"))
+    margin_ns = cfg.min_margin_us * 1e3
+    inst = ta.match.instances
+    arrivals = mk.group_by("rank").agg(
+        pl.len().alias("n_inst"),
+        (pl.col("is_last") & (pl.col("margin_ns") >= margin_ns)).sum().alias("n_last"),
+        pl.col("pg_key").first(),
+    )
+    sizes = inst.group_by("pg_key").agg(pl.col("n_ranks").max())
+    arrivals = arrivals.join(sizes, on="pg_key", how="left")
+    p_vals = [
+        _binom_sf(int(k), int(n), 1.0 / max(2, int(g)))
+        for k, n, g in arrivals.select("n_last", "n_inst", "n_ranks").iter_rows()
+    ]
+    arrivals = arrivals.with_columns(
+        pl.Series("p_value", p_vals, dtype=pl.Float64),
+        (pl.col("n_last") / pl.col("n_inst")).alias("last_share"),
+    )
+    late_flag = arrivals.filter(
+        (pl.col("last_share") >= pl.max_horizontal(pl.lit(cfg.min_last_share), 3.0 / pl.col("n_ranks")))
+        & (pl.col("p_value") < cfg.max_p_value)
+    )
+
+    # --- class per culprit rank ----------------------------------------------------------------------
+    classes: dict[int, str] = {}
+    comp_ex = dict(s.group_by("rank").agg(
+        (pl.col("compute_ns") - pl.col("compute_ns").median().over("peer", "step")).clip(lower_bound=0).median()
+    ).iter_rows())
+    host_ex = dict(host.select("rank", pl.col("host_excess").clip(lower_bound=0)).iter_rows())
+    lateness = dict(
+        mk.filter(pl.col("is_last") & (pl.col("margin_ns") >= margin_ns))
+        .group_by("rank", "step").agg(pl.col("margin_ns").max())
+        .group_by("rank").agg(pl.col("margin_ns").median()).iter_rows()
+    )
+    # How far ahead of the GPU the host runs when it launches collectives: a host-bound rank has
+    # little or no launch queue left, a GPU-bound one a long one.
+    slack = mk.filter(pl.col("launch_ns").is_not_null()).group_by("rank").agg(
+        (pl.col("start_ns") - pl.col("launch_ns")).median().alias("slack")
+    )
+    slack = slack.with_columns((pl.col("slack") / pl.col("slack").median()).alias("slack_ratio"))
+    slack_d = dict(slack.select("rank", "slack_ratio").iter_rows())
+    for r in late_flag["rank"].to_list():
+        ec, eh, lt = comp_ex.get(r, 0.0) or 0.0, host_ex.get(r, 0.0) or 0.0, lateness.get(r, 0.0) or 0.0
+        sr = slack_d.get(r)
+        if lt > 0 and ec >= cfg.explain_share * lt and ec >= eh:
+            classes[r] = "compute"
+        elif (lt > 0 and eh >= cfg.explain_share * lt) or (sr is not None and sr <= cfg.host_slack_ratio):
+            classes[r] = "host"
+        else:
+            classes[r] = "late_arrival"
+    for r in host_flag["rank"].to_list():
+        classes[r] = "host"
+    for r in comp_flag["rank"].to_list():
+        classes[r] = "compute"
+
+    # A culprit makes others wait; a rank that itself waits more than the typical member of its groups
+    # is a victim whatever its kernels look like (e.g. it simply has more work that others wait out).
+    waits = mk.group_by("rank").agg(pl.col("wait_ns").sum())
+    if waits.height:
+        med_wait = float(waits["wait_ns"].median())  # type: ignore[arg-type]
+        victims_like = set(waits.filter(pl.col("wait_ns") > med_wait)["rank"].to_list())
+        classes = {r: c for r, c in classes.items() if r not in victims_like}
+
+    host_of = dict(steps.select("rank", "host").unique("rank").iter_rows())
+    findings: list[Finding] = []
+    by_node: dict[tuple[str | None, str], list[int]] = {}
+    for r, c in sorted(classes.items()):
+        h = host_of.get(r)
+        # Ranks on an unknown host are never rolled up into a "node".
+        by_node.setdefault((h, c) if h else (f"?{r}", c), []).append(r)
+
+    comp_d = {row["rank"]: row for row in comp.iter_rows(named=True)}
+    host_d = {row["rank"]: row for row in host.iter_rows(named=True)}
+    arr_d = {row["rank"]: row for row in arrivals.iter_rows(named=True)}
+
+    for (h, c), rs in sorted(by_node.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        gpu_ns, wall_ns, vic = _impact(mk, rs)
+        wall_ns /= max(1, n_steps)
+        if c != "late_arrival" and wall_ns == 0:
+            # Slower but nobody waited for it (e.g. its lateness is hidden): extra compute is the bound.
+            ex = [max(0.0, comp_d[r]["med"] - comp_d[r]["peer_med"]) if c == "compute" else host_d[r]["host_excess"]
+                  for r in rs]
+            wall_ns = max(ex)
+        frac = wall_ns / step_med if step_med else 0.0
+        sev = Severity.CRITICAL if frac >= cfg.critical_impact else Severity.WARNING if frac >= cfg.min_impact else Severity.INFO
+        node = len(rs) >= 2
+        h = host_of.get(rs[0])
+        evidence: list[dict] = []
+        for r in rs[:EVIDENCE_CAP]:
+            evidence.append({
+                "role": "culprit", "rank": r, "host": host_of.get(r), "class": c,
+                "compute_ms": ms(comp_d.get(r, {}).get("med")), "peer_compute_ms": ms(comp_d.get(r, {}).get("peer_med")),
+                "rho": round(float(comp_d.get(r, {}).get("rho") or float("nan")), 4),
+                "host_bound_excess_ms": ms(host_d.get(r, {}).get("host_excess")),
+                "arrived_last": int(arr_d.get(r, {}).get("n_last") or 0),
+                "collectives": int(arr_d.get(r, {}).get("n_inst") or 0),
+            })
+        for vr, w in vic.head(max(0, EVIDENCE_CAP - len(evidence))).iter_rows():
+            evidence.append({"role": "victim", "rank": vr, "host": host_of.get(vr), "waited_ms": ms(w)})
+        label = {"compute": "slow GPU compute", "host": "host-bound (GPU starved by the CPU)",
+                 "late_arrival": "arrives last at collectives (cause not classified)"}[c]
+        who = f"node {h} (ranks {', '.join(map(str, rs))})" if node else f"rank {rs[0]}"
+        r0 = rs[0]
+        findings.append(Finding(
+            detector="straggler",
+            severity=sev,
+            title=f"Straggler {who}: {label}",
+            summary=(
+                f"{who} made {vic.height} other rank(s) wait: arrived last at "
+                f"{sum(int(arr_d.get(r, {}).get('n_last') or 0) for r in rs)} collective(s); "
+                f"compute {ms(comp_d.get(r0, {}).get('med'))} ms vs peers {ms(comp_d.get(r0, {}).get('peer_med'))} ms "
+                f"per step, host-bound idle {ms(host_d.get(r0, {}).get('host_excess'))} ms above peers. "
+                f"Removing it would save about {frac:.1%} of the step."
+            ),
+            remediation=_REMEDY[c],
+            ranks=tuple(rs),
+            hosts=(h,) if h else (),
+            metrics={
+                "class": c, "ranks_implicated": len(rs), "node": node,
+                "rho_median": round(float(comp_d.get(r0, {}).get("rho") or float("nan")), 4),
+                "compute_z": float(comp_d.get(r0, {}).get("z") or 0.0),
+                "last_arrival_share": round(float(arr_d.get(r0, {}).get("last_share") or 0.0), 4),
+                "last_arrival_p_value": float(arr_d.get(r0, {}).get("p_value") or 1.0),
+                "saving_per_step_ms": ms(wall_ns), "victims": vic.height, "steps": n_steps,
+            },
+            evidence=tuple(evidence),
+            gpu_seconds_lost=gpu_seconds(gpu_ns) if gpu_ns else gpu_seconds(wall_ns * n_steps * ranks.len()),
+            fraction_of_step=round(frac, 4),
+            key=c,
+            confidence="high" if c in ("compute", "host") else "low",
+        ))
+
+    findings += _links(ta, cfg, host_of, step_med, n_steps)
+    findings += _stages(s, cfg, step_med)
+    return findings
+
+
+def _impact(mk: pl.DataFrame, rs: list[int]) -> tuple[float, float, pl.DataFrame]:
+    """What the culprits ``rs`` cost: had they arrived with the latest other member, every other member
+    would have waited ``d_min(others) - x`` less at each instance. Returns (GPU-ns, wall-ns, victims)."""
+    inside = pl.col("rank").is_in(rs)
+    per = (
+        mk.group_by("instance")
+        .agg(
+            pl.col("step").first(),
+            pl.col("dur_ns").filter(~inside).min().alias("_dmin_out"),
+            pl.col("transfer_ns").first().alias("_x"),
+            (~inside).sum().alias("_n_out"),
+            inside.any().alias("_hit"),
+        )
+        .filter(pl.col("_hit") & pl.col("_dmin_out").is_not_null())
+        .with_columns((pl.col("_dmin_out") - pl.col("_x")).clip(lower_bound=0).alias("_saving"))
+        .filter(pl.col("_saving") > 0)
+    )
+    # Within a step, the waits at successive collectives (e.g. DDP buckets) overlap in time: the step ends
+    # late by the largest of them, not by their sum.
+    per_step = per.group_by("step").agg(pl.col("_saving").max(), pl.col("_n_out").max())
+    gpu = float((per_step["_saving"] * per_step["_n_out"]).sum()) if per.height else 0.0
+    wall = float(per_step["_saving"].sum()) if per.height else 0.0
+    victims = (
+        mk.filter(~inside & pl.col("instance").is_in(per["instance"].implode()))
+        .group_by("rank")
+        .agg(pl.col("wait_ns").sum())
+        .sort("wait_ns", descending=True)
+    )
+    return gpu, wall, victims
+
+
+_REMEDY = {
+    "compute": "Check this GPU: clocks, power and temperature (nvidia-smi -q -d PERFORMANCE), Xid/ECC lines in the "
+    "kernel log; run a burn-in or DCGM diagnostic and drain the node if the slowdown persists.",
+    "host": "Profile the CPU side on this host: data-loader workers, garbage collection, CPU affinity and "
+    "contention, slow storage; the GPU idles until the host launches work.",
+    "late_arrival": "Follow the dependency upstream: this rank arrives late without slower kernels or host "
+    "stalls of its own, so it is probably waiting on another group (pipeline peer) or on I/O.",
+    "link": "Test this node's network: ibstat / port counters, cables, NIC firmware; run nccl-tests between it "
+    "and a healthy node, and drain it if bandwidth is low.",
+    "stage": "Rebalance the pipeline: move layers off the slow stage (e.g. --decoder-first/last-pipeline-num-layers), "
+    "or account for the embedding/loss on the first/last stage.",
+}
+
+
+def _links(ta, cfg: StragglerConfig, host_of: dict, step_med: float, n_steps: int) -> list[Finding]:
+    inst = ta.match.instances
+    if inst.height == 0:
+        return []
+    per_group = inst.group_by("pg_key", "pg_type", "collective", "bytes").agg(pl.col("transfer_ns").median())
+    per_group = per_group.with_columns(
+        pl.col("transfer_ns").median().over("pg_type", "collective", "bytes").alias("type_med"),
+        pl.len().over("pg_type", "collective", "bytes").alias("n_groups"),
+    ).filter(pl.col("n_groups") >= 3)
+    if per_group.height == 0:
+        return []
+    per_group = per_group.with_columns((pl.col("transfer_ns") / pl.col("type_med")).alias("ratio"))
+    slow_groups = per_group.filter(pl.col("ratio") >= cfg.link_ratio)
+    if slow_groups.height == 0:
+        return []
+    group_hosts = (
+        ta.match.kernels.filter(pl.col("matched")).select("pg_key", "host").unique()
+    )
+    slow_keys = set(slow_groups["pg_key"].to_list())
+    normal_keys = set(per_group["pg_key"].to_list()) - slow_keys
+    gh = group_hosts.filter(pl.col("pg_key").is_in(list(slow_keys | normal_keys)))
+    counts = gh.with_columns(pl.col("pg_key").is_in(list(slow_keys)).alias("slow")).group_by("host").agg(
+        pl.col("slow").sum().alias("n_slow"), (~pl.col("slow")).sum().alias("n_normal")
+    )
+    named = counts.filter(
+        (pl.col("n_slow") == len(slow_keys))
+        & (pl.col("n_normal") <= cfg.link_max_normal_share * max(1, len(normal_keys)))
+    )
+    findings = []
+    for h, n_slow, n_normal in named.iter_rows():
+        rs = sorted(r for r, hh in host_of.items() if hh == h)
+        sg = slow_groups.sort("ratio", descending=True)
+        extra = (
+            inst.join(sg.select("pg_key", "type_med"), on="pg_key")
+            .with_columns((pl.col("transfer_ns") - pl.col("type_med")).clip(lower_bound=0).alias("extra"))
+        )
+        gpu_ns = float((extra["extra"] * extra["n_ranks"]).sum())
+        wall = float(extra.group_by("step").agg(pl.col("extra").max())["extra"].sum()) / max(1, n_steps)
+        frac = wall / step_med if step_med else 0.0
+        findings.append(Finding(
+            detector="straggler",
+            severity=Severity.CRITICAL if frac >= cfg.critical_impact else Severity.WARNING if frac >= cfg.min_impact else Severity.INFO,
+            title=f"Slow network on node {h}: transfers of every group through it are slow",
+            summary=(
+                f"{len(slow_keys)} process group(s) move data {float(sg['ratio'].max()):.2f}x slower than groups of "
+                f"the same type, op and size; node {h} is in all of them and in {n_normal} of {len(normal_keys)} "
+                f"normal ones."
+            ),
+            remediation=_REMEDY["link"],
+            ranks=tuple(rs),
+            hosts=(h,),
+            metrics={"class": "link", "slow_groups": len(slow_keys), "normal_groups": len(normal_keys),
+                     "max_transfer_ratio": round(float(sg["ratio"].max()), 3), "saving_per_step_ms": ms(wall)},
+            evidence=tuple(
+                {"pg": k, "pg_type": t, "collective": c, "bytes": b, "transfer_ms": ms(x), "type_median_ms": ms(m),
+                 "ratio": round(float(q), 3)}
+                for k, t, c, b, x, m, _n, q in sg.head(EVIDENCE_CAP).iter_rows()
+            ),
+            gpu_seconds_lost=gpu_seconds(gpu_ns),
+            fraction_of_step=round(frac, 4),
+            key="link",
+            confidence="medium",
+        ))
+    return findings
+
+
+def _stages(s: pl.DataFrame, cfg: StragglerConfig, step_med: float) -> list[Finding]:
+    if s["pp_stage"].null_count() == s.height or s["pp_stage"].n_unique() < 2:
+        return []
+    st = s.group_by("pp_stage").agg(pl.col("compute_ns").median().alias("c"), pl.col("rank").unique().sort().alias("ranks"))
+    mean_c = float(st["c"].mean())  # type: ignore[arg-type]
+    worst = st.sort("c", descending=True).row(0, named=True)
+    sigma = worst["c"] / mean_c - 1 if mean_c else 0.0
+    if sigma < cfg.stage_imbalance:
+        return []
+    return [Finding(
+        detector="straggler",
+        severity=Severity.WARNING,
+        title=f"Straggler: pipeline stage {worst['pp_stage']} computes {sigma:.0%} more than the mean stage",
+        summary=(
+            f"Stage {worst['pp_stage']} (ranks {', '.join(map(str, worst['ranks'][:16]))}) spends "
+            f"{ms(worst['c'])} ms per step in compute against a stage mean of {ms(mean_c)} ms; the pipeline runs at "
+            "its pace. The lost time is counted once, in the pipeline_bubble finding for this stage."
+        ),
+        remediation=_REMEDY["stage"],
+        ranks=tuple(int(r) for r in worst["ranks"]),
+        metrics={"class": "stage", "stage": int(worst["pp_stage"]), "stage_imbalance": round(sigma, 4)},
+        evidence=tuple({"stage": int(a), "compute_ms": ms(b)} for a, b, _ in st.sort("pp_stage").head(EVIDENCE_CAP).iter_rows()),
+        gpu_seconds_lost=None,
+        fraction_of_step=None,
+        key=f"stage{worst['pp_stage']}",
+        confidence="medium",
+    )]

@@ -1,0 +1,47 @@
+"""busy_wait: U_any high while NCCL spins; W*T equals the injected wait; who was waited for."""
+
+from __future__ import annotations
+
+import pytest
+
+from forensics.detectors import run_detectors
+from forensics.frames import JobFrames
+from tests.frame_builders import MS, dp_job
+
+
+def _run(frames):
+    return run_detectors(frames, only=["busy_wait"])
+
+
+def test_triggers_on_victims_of_a_late_rank_and_names_it():
+    frames, truth = dp_job(n_ranks=8, steps=5, compute_ns=20 * MS, tx_ns=2 * MS, host_delay={3: 10 * MS})
+    found, _ = _run(frames)
+    (f,) = found
+    assert f.ranks == (0, 1, 2, 4, 5, 6, 7)
+    assert f.metrics["waited_for"] == "3"
+    # Builder truth: victims wait 10 ms of a 32.1 ms step (20 compute + 10 wait + 2 transfer + 0.1 gap).
+    w_true = truth.wait[(0, 2)] / truth.step_ns[(0, 2)]
+    assert f.metrics["wait_fraction"] == pytest.approx(w_true, rel=0.02)
+    assert f.metrics["U_any"] == pytest.approx(32.0 / 32.1, abs=1e-3)
+    assert f.metrics["U_compute"] == pytest.approx(20.0 / 32.1, abs=1e-3)
+    # Spinning NCCL kernels hold 16 of 132 SMs: U_SM = (20 + 12 * 16/132) / 32.1
+    assert f.metrics["U_SM"] == pytest.approx((20 + 12 * 16 / 132) / 32.1, abs=1e-3)
+    assert all(e["waited_for"] == 3 for e in f.evidence)
+
+
+def test_clean_without_late_ranks():
+    frames, _ = dp_job(n_ranks=8, steps=5, noise=0.02)
+    assert _run(frames) == ([], [])
+
+
+def test_clean_when_the_wait_is_hidden_under_compute():
+    frames, _ = dp_job(n_ranks=8, steps=5, overlap=True, host_delay={3: 3 * MS})
+    assert _run(frames) == ([], [])
+
+
+def test_skipped_without_nccl_kernels():
+    frames, _ = dp_job(n_ranks=2, steps=2)
+    compute_only = JobFrames({"kernels": frames["kernels"].filter(frames["kernels"]["class"] == "compute"),
+                              "steps": frames["steps"]})
+    _, skipped = _run(compute_only)
+    assert [s.detector for s in skipped] == ["busy_wait"] and "no NCCL" in skipped[0].reason

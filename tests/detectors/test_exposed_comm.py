@@ -1,0 +1,55 @@
+"""exposed_comm: transfer not hidden by compute, never waiting; measured against the builder's truth."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from forensics.detectors import run_detectors
+from forensics.frames import JobFrames
+from tests.frame_builders import MS, dp_job
+
+
+def _run(frames):
+    return run_detectors(frames, only=["exposed_comm"])
+
+
+def test_triggers_on_unoverlapped_dp_allreduce_with_the_true_fraction():
+    frames, truth = dp_job(n_ranks=8, steps=5, tx_ns=4 * MS, noise=0.01)
+    found, _ = _run(frames)
+    assert [f.metrics["pg_type"] for f in found] == ["DP"]
+    f = found[0]
+    assert f.ranks == tuple(range(8))
+    per_rank = [statistics.median(truth.exposed_tx[(r, s)] / truth.step_ns[(r, s)] for s in range(5)) for r in range(8)]
+    assert f.metrics["exposed_fraction"] == pytest.approx(statistics.median(per_rank), abs=0.01)
+
+
+def test_triggers_with_a_straggler_but_counts_transfer_not_wait():
+    frames, truth = dp_job(n_ranks=8, steps=5, tx_ns=4 * MS, slow={2: 1.5})
+    found, _ = _run(frames)
+    (f,) = found
+    # Exposed = the 4 ms transfer only; the ~10 ms waited for rank 2 is not exposure.
+    assert f.metrics["exposed_ms_per_step"] == pytest.approx(4.0, abs=0.01)
+
+
+def test_clean_when_the_allreduce_overlaps_backward():
+    frames, _ = dp_job(n_ranks=8, steps=5, tx_ns=4 * MS, overlap=True, noise=0.01)
+    assert _run(frames) == ([], [])
+
+
+def test_clean_a_straggler_does_not_make_its_victims_exposed():
+    # Overlapped job with a late rank: victims' all-reduce ends after their compute, but only because they
+    # waited; the last arriver's transfer is hidden, so nothing is exposed.
+    frames, _ = dp_job(n_ranks=8, steps=5, tx_ns=4 * MS, overlap=True, slow={5: 1.3}, noise=0.01)
+    assert _run(frames) == ([], [])
+
+
+def test_skipped_without_nccl_kernels_or_steps():
+    frames, _ = dp_job(n_ranks=2, steps=2)
+    compute_only = JobFrames({"kernels": frames["kernels"].filter(frames["kernels"]["class"] == "compute"),
+                              "steps": frames["steps"]})
+    _, skipped = _run(compute_only)
+    assert "no NCCL" in skipped[0].reason
+    _, skipped = _run(JobFrames({"kernels": frames["kernels"]}))
+    assert "steps" in skipped[0].reason

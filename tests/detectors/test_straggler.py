@@ -1,0 +1,71 @@
+"""straggler: right rank, right class, victims only in evidence; quiet on clean jobs."""
+
+from __future__ import annotations
+
+import pytest
+
+from forensics.detectors import run_detectors
+from forensics.frames import JobFrames
+from tests.frame_builders import MS, dp_job, pp_job
+
+
+def _stragglers(frames):
+    findings, skipped = run_detectors(frames, only=["straggler"])
+    return findings, skipped
+
+
+def test_triggers_on_a_10pct_compute_straggler_among_64_ranks_from_5_steps():
+    frames, _ = dp_job(n_ranks=64, steps=5, noise=0.02, slow={37: 1.10}, seed=3)
+    found, _ = _stragglers(frames)
+    assert [(f.ranks, f.metrics["class"], f.hosts) for f in found] == [((37,), "compute", ("node4",))]
+    f = found[0]
+    assert f.severity.value in ("warning", "critical")
+    # Victims are named in the evidence, never as culprits.
+    victims = {e["rank"] for e in f.evidence if e["role"] == "victim"}
+    assert victims and 37 not in victims
+    assert f.gpu_seconds_lost and f.gpu_seconds_lost > 0
+
+
+def test_triggers_host_class_for_a_launch_starved_rank():
+    frames, truth = dp_job(n_ranks=16, steps=5, noise=0.01, host_delay={12: 4 * MS})
+    found, _ = _stragglers(frames)
+    assert [(f.ranks, f.metrics["class"]) for f in found] == [((12,), "host")]
+    # Each step (after the first, where no earlier kernel marks the GPU idle) the others waited 4 ms on rank 12,
+    # minus the compute noise: the saving per step is the lateness over the next-latest rank.
+    assert found[0].metrics["saving_per_step_ms"] == pytest.approx(4.0, rel=0.1)
+
+
+def test_triggers_a_node_finding_when_two_ranks_of_a_node_are_slow():
+    frames, _ = dp_job(n_ranks=24, steps=5, noise=0.01, slow={16: 1.2, 19: 1.2})
+    found, _ = _stragglers(frames)
+    assert len(found) == 1
+    assert found[0].ranks == (16, 19) and found[0].hosts == ("node2",) and found[0].metrics["node"] is True
+
+
+def test_triggers_stage_class_for_a_slow_pipeline_stage():
+    frames, _ = pp_job(p=4, m=8, stage_scale={1: 1.3})
+    found, _ = _stragglers(frames)
+    assert [(f.ranks, f.metrics["class"]) for f in found] == [((1,), "stage")]
+    assert found[0].gpu_seconds_lost is None  # counted once, by pipeline_bubble
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_clean_jobs_have_no_straggler(seed):
+    frames, _ = dp_job(n_ranks=32, steps=5, noise=0.03, seed=seed)
+    found, skipped = _stragglers(frames)
+    assert found == [] and skipped == []
+
+
+def test_clean_balanced_pipeline_has_no_straggler():
+    frames, _ = pp_job(p=4, m=8)
+    assert _stragglers(frames) == ([], [])
+
+
+def test_skipped_without_steps_or_peers():
+    frames, _ = dp_job(n_ranks=4, steps=2)
+    no_steps = JobFrames({"kernels": frames["kernels"]})
+    _, skipped = _stragglers(no_steps)
+    assert [s.detector for s in skipped] == ["straggler"] and "steps" in skipped[0].reason
+    one, _ = dp_job(n_ranks=1, steps=2)
+    _, skipped = _stragglers(one)
+    assert "only one rank" in skipped[0].reason

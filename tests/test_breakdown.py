@@ -1,0 +1,42 @@
+"""Per rank/step breakdown against the builders' own bookkeeping."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from forensics.breakdown import comm_model, compute_breakdown
+from tests.frame_builders import MS, dp_job, pp_job
+
+PARTS = ["compute_ns", "comm_exposed_ns", "comm_wait_ns", "other_ns", "idle_ns"]
+
+
+def test_buckets_partition_the_step_and_match_builder_truth():
+    frames, truth = dp_job(n_ranks=8, steps=3, tx_ns=2 * MS, slow={2: 1.1}, host_delay={5: 3 * MS})
+    b = compute_breakdown(frames).steps
+    assert b.height == 24
+    assert b.select((pl.sum_horizontal(PARTS) == pl.col("step_ns")).all()).item()
+    got = {(r, s): (w, x, t) for r, s, w, x, t in b.select("rank", "step", "comm_wait_ns", "comm_exposed_ns", "step_ns").iter_rows()}
+    for key, wait in truth.wait.items():
+        assert got[key] == (wait, truth.exposed_tx[key], truth.step_ns[key]), key
+    # Rank 5's host stalled 3 ms before launching its first kernel of each step after the first.
+    hb = dict(b.filter(pl.col("step") == 1).select("rank", "host_bound_ns").iter_rows())
+    assert hb[5] - hb[0] == 3 * MS
+
+
+def test_overlapped_transfer_is_not_exposed():
+    frames, truth = dp_job(n_ranks=4, steps=3, tx_ns=2 * MS, overlap=True)
+    b = compute_breakdown(frames).steps
+    assert b["comm_exposed_ns"].to_list() == [0] * 12
+    assert all(v == 0 for v in truth.exposed_tx.values())
+    model = comm_model(b)
+    assert model["pg_type"].unique().to_list() == ["DP"]
+    assert model["eta_overlap"].to_list() == [1.0] * 4
+    # gamma = 3 steps x 2 ms transfer / 3 x 20 ms compute
+    assert [round(g, 6) for g in model["gamma"].to_list()] == [0.1] * 4
+
+
+def test_pipeline_bubble_equals_time_without_compute():
+    frames, truth = pp_job(p=4, m=8, steps=2)
+    b = compute_breakdown(frames).steps
+    got = {(r, s): bw + bi for r, s, bw, bi in b.select("rank", "step", "bubble_wait_ns", "bubble_idle_ns").iter_rows()}
+    assert got == truth.bubble
