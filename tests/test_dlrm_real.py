@@ -63,7 +63,10 @@ def test_what_the_detectors_say_on_the_real_set(dlrm):
     from forensics.detectors import run_detectors
 
     findings, skipped = run_detectors(dlrm)
-    assert [s.detector for s in skipped] == ["pipeline_bubble"]  # no pipeline group in DLRM
+    skipped_names = {s.detector for s in skipped}
+    assert "pipeline_bubble" in skipped_names  # no pipeline group in DLRM
+    # the rest skip because this set has traces only (no NCCL or kernel logs)
+    assert skipped_names - {"pipeline_bubble"} <= {"gpu_hw_error", "nccl_algorithm", "nccl_timeout", "nccl_transport"}
     by = {f.detector: f for f in findings}
     # Ranks 1 and 3 do more compute (310/315 kernels vs ~246) but they are the ones that wait longest:
     # victims, never culprits. Rank 7 arrives last at 5 of 8 collectives, 4 of them by more than 20 us
