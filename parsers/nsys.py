@@ -667,16 +667,6 @@ def _parse(db: _Db, path: Path, ctx: ParseContext) -> ParseResult:
         rank = pl.col("pid").replace_strict(rank_by_pid, default=None, return_dtype=pl.Int32()) if "pid" in df.columns else pl.lit(None, pl.Int32())
         return df.with_columns(rank.alias("rank"), pl.lit(meta.host, pl.String()).alias("host"), pl.lit(src).alias("source"))
 
-    # kernels
-    kern = tag(gpu)
-    if meta.gpus.height:
-        sms = dict(zip(meta.gpus["device"].to_list(), meta.gpus["sm_count"].to_list()))
-        sm_count = pl.col("device").replace_strict(sms, default=None, return_dtype=pl.Float64())
-        kern = kern.with_columns(
-            (pl.col("grid_x").cast(pl.Float64) * pl.col("grid_y") * pl.col("grid_z") / sm_count).alias("blocks_per_sm")
-        )
-    kernels = fr.conform("kernels", kern.drop("context", "pid", "short", "kind", "sm_count", strict=False))
-
     # cpu_ops: CUDA runtime/driver calls; is_launch = it has a GPU op with the same (pid, correlation)
     # Correlation ids are per process: key = (pid, correlation) packed in one Int64 (ids < 2^32).
     key = (pl.col("pid").cast(pl.Int64) * (1 << 32) + pl.col("correlation").cast(pl.Int64))
@@ -702,6 +692,28 @@ def _parse(db: _Db, path: Path, ctx: ParseContext) -> ParseResult:
     steps = fr.conform("steps", tag(steps_df.select("pid", "step", "start_ns", "end_ns")).drop("pid").sort("rank", "step", nulls_last=True))
 
     comms = _comms(db, nvtx, ranges, runtime, gpu, rank_by_pid, meta, tag)
+
+    # kernels
+    kern = tag(gpu)
+    if meta.gpus.height:
+        sms = dict(zip(meta.gpus["device"].to_list(), meta.gpus["sm_count"].to_list()))
+        sm_count = pl.col("device").replace_strict(sms, default=None, return_dtype=pl.Float64())
+        kern = kern.with_columns(
+            (pl.col("grid_x").cast(pl.Float64) * pl.col("grid_y") * pl.col("grid_z") / sm_count).alias("blocks_per_sm")
+        )
+    # NCCL kernels take message size and communicator from the NCCL call that launched them (payloads).
+    linked = comms.filter(pl.col("kernel_correlation").is_not_null() & pl.any_horizontal(
+        pl.col("bytes").is_not_null(), pl.col("pg_name").is_not_null()))
+    if linked.height:
+        lk = (linked["pid"] * (1 << 32) + linked["kernel_correlation"]).to_list()
+        kkey = pl.col("pid").cast(pl.Int64) * (1 << 32) + pl.col("correlation").cast(pl.Int64)
+        kern = kern.with_columns(
+            kkey.replace_strict(lk, linked["bytes"].to_list(), default=None, return_dtype=pl.Int64()).alias("bytes"),
+            kkey.replace_strict(lk, linked["pg_name"].to_list(), default=None, return_dtype=pl.String()).alias("pg_name"),
+            kkey.replace_strict(lk, linked["group_size"].to_list(), default=None, return_dtype=pl.Int32()).alias("group_size"),
+        )
+    kernels = fr.conform("kernels", kern.drop("context", "pid", "short", "kind", "sm_count", strict=False))
+
 
     # ranks: one row per GPU process
     nccl_version = meta.env.get("NCCL_VERSION")

@@ -246,6 +246,9 @@ def test_nccl_nvtx_payloads_and_steps(tmp_path):
         ("ncclRecv", "recv", 1024, "0xabc", 8, 2, 0, None),
     ]
     assert res.frames["steps"].select("step", "rank", "start_ns").rows() == [(5, 0, T0), (6, 0, T0 + 1000)]
+    # the AllReduce kernel carries the size and communicator of the call that launched it
+    k = res.frames["kernels"].filter(pl.col("class") == "comm")
+    assert k.select("collective", "bytes", "pg_name", "group_size").rows() == [("allreduce", 8 << 20, "0xabc", 8)]
 
 
 def test_gpu_metrics_frame_and_sm_active_windows(tmp_path):
