@@ -95,7 +95,8 @@ MEMCPY_KINDS = {
     10: "Peer-to-Peer", 11: "Unified Host-to-Device", 12: "Unified Device-to-Host", 13: "Unified Device-to-Device",
 }
 _API_VERSION = re.compile(r"_v\d+$")
-_STEP_RANGE = re.compile(r"^(?:ProfilerStep#|[Ss]tep[ _#:]?|[Ii]teration[ _#:]?)(\d+)$")
+# torch.autograd.profiler.emit_nvtx appends ", op_id = N" (and ", seq = ...") to range names.
+_STEP_RANGE = re.compile(r"^(?:ProfilerStep#|[Ss]tep[ _#:]?|[Ii]teration[ _#:]?)(\d+)(?:,\s.*)?$")
 
 # NVTX payload entry types (nvToolsExtPayload.h) -> struct format; enums are 4-byte ints.
 _PAYLOAD_FMT = {1: "b", 2: "B", 3: "h", 4: "H", 5: "i", 6: "I", 7: "q", 8: "Q", 9: "q", 10: "Q",

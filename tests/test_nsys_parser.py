@@ -234,7 +234,8 @@ def test_nccl_nvtx_payloads_and_steps(tmp_path):
             (300, 400, 59, 9, 10, "ncclSend", 1, None, _payload(0xABC, 4096, 5)),
             (410, 420, 59, 9, 10, "ncclRecv", 1, '{"NCCL communicator ID": 2748, "Message size [bytes]": 1024, "Peer rank": 2}', None),
             (0, 1000, 59, 9, 10, "ProfilerStep#5", 0, None, None),
-            (1000, 2000, 59, 9, 10, "ProfilerStep#6", 0, None, None),
+            (1000, 2000, 59, 9, 10, "ProfilerStep#6, op_id = 4711", 0, None, None),
+            (2000, 2100, 59, 9, 10, "stepper_kernel_wrapper", 0, None, None),
         ],
         schema_entries=entries, schemas=[(1, 16777223, 20), (1, 16777226, 20), (1, 16777227, 20)],
     )
