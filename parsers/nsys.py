@@ -671,7 +671,8 @@ def _parse(db: _Db, path: Path, ctx: ParseContext) -> ParseResult:
     # cpu_ops: CUDA runtime/driver calls; is_launch = it has a GPU op with the same (pid, correlation)
     # Correlation ids are per process: key = (pid, correlation) packed in one Int64 (ids < 2^32).
     key = (pl.col("pid").cast(pl.Int64) * (1 << 32) + pl.col("correlation").cast(pl.Int64))
-    launched = gpu.select(key.alias("k")).drop_nulls()["k"]
+    # Synchronization records (cudaStreamWaitEvent, cudaEventSynchronize) are not launched work.
+    launched = gpu.filter(pl.col("kind") != "sync").select(key.alias("k")).drop_nulls()["k"]
     rt = runtime.with_columns(
         key.is_in(launched.implode()).fill_null(False).alias("is_launch"),
         pl.when(pl.col("name").str.starts_with("cu") & ~pl.col("name").str.starts_with("cuda"))
@@ -821,7 +822,27 @@ def _comms(db, nvtx, ranges, runtime, gpu, rank_by_pid, meta, tag) -> pl.DataFra
             .filter(pl.col("launch_ns") <= pl.col("end_ns"))
             .select("_i", "kernel_correlation")
         )
-    calls = calls.join(linked, on="_i", how="left").with_columns(pl.col("name").alias("name"))
+        # Grouped calls (ncclGroupStart; ncclSend; ncclRecv; ncclGroupEnd) launch nothing themselves: the
+        # kernel is launched inside the ncclGroupEnd that follows on the same thread.
+        ends = ranges.filter(pl.col("name") == "ncclGroupEnd")
+        if created:
+            ends = ends.filter(pl.col("domain").is_in(created))
+        ends = ends.select("pid", "tid", "start_ns", "end_ns").sort("start_ns").with_row_index("_g")
+        launched_in = (
+            ends.join_asof(launches, left_on="start_ns", right_on="launch_ns", by=["pid", "tid"], strategy="forward")
+            .filter(pl.col("launch_ns") <= pl.col("end_ns"))
+            .select("_g", pl.col("kernel_correlation").alias("_gcorr"))
+        )
+        # every group end stays (null when it launched nothing), so a call never skips to a later group
+        group_links = ends.join(launched_in, on="_g", how="left").select(
+            "pid", "tid", pl.col("start_ns").alias("_ge"), "_gcorr").sort("_ge")
+        unlinked = (
+            calls.join(linked, on="_i", how="anti").select("_i", "pid", "tid", "start_ns").sort("start_ns")
+            .join_asof(group_links, left_on="start_ns", right_on="_ge", by=["pid", "tid"], strategy="forward")
+            .filter(pl.col("_gcorr").is_not_null())
+            .select("_i", pl.col("_gcorr").alias("kernel_correlation"))
+        )
+    calls = calls.join(pl.concat([linked, unlinked]), on="_i", how="left")
     own = pl.col("pid").replace_strict(rank_by_pid, default=None, return_dtype=pl.Int32())
     calls = calls.with_columns(
         pl.when(pl.col("collective") == "send").then(own).when(pl.col("collective") == "recv").then(pl.col("peer")).alias("src_rank"),
