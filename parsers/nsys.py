@@ -672,7 +672,7 @@ def _parse(db: _Db, path: Path, ctx: ParseContext) -> ParseResult:
     # Correlation ids are per process: key = (pid, correlation) packed in one Int64 (ids < 2^32).
     key = (pl.col("pid").cast(pl.Int64) * (1 << 32) + pl.col("correlation").cast(pl.Int64))
     # Synchronization records (cudaStreamWaitEvent, cudaEventSynchronize) are not launched work.
-    launched = gpu.filter(pl.col("kind") != "sync").select(key.alias("k")).drop_nulls()["k"]
+    launched = gpu.select(pl.when(pl.col("kind") != "sync").then(key).alias("k")).drop_nulls()["k"]
     rt = runtime.with_columns(
         key.is_in(launched.implode()).fill_null(False).alias("is_launch"),
         pl.when(pl.col("name").str.starts_with("cu") & ~pl.col("name").str.starts_with("cuda"))
