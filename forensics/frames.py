@@ -576,14 +576,14 @@ _register(KERNEL_EVENTS, GPU_HEALTH, GPU_DIAG)
 GPU_METRICS = FrameSpec(
     "gpu_metrics",
     "Sampled GPU hardware counters (`nsys profile --gpu-metrics-device`), one row per (GPU, sample). "
-    "Each value is the percentage of the interval since the previous sample of the same GPU; "
+    "Each value is the percentage over the interval from this sample to the next one of the same GPU; "
     "see forensics/gpu_metrics.py for windowed averages.",
     (
         _RANK,
         _HOST,
         _SOURCE,
         _c("device", pl.Int32(), "GPU index on the host (`GPU_METRICS.typeId & 0xFF`)"),
-        _c("timestamp_ns", pl.Int64(), "sample time (end of the sampled interval), ns"),
+        _c("timestamp_ns", pl.Int64(), "sample time (start of the interval it describes), ns"),
         _c("gr_active", pl.Float64(), "`GR Active`: % of time the graphics/compute engine was busy"),
         _c("sm_active", pl.Float64(), "`SM Active`: % of SM cycles with at least one warp in flight (avg over SMs)"),
         _c("sm_issue", pl.Float64(), "`SM Issue`: % of SM cycles issuing an instruction"),
