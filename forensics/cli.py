@@ -267,17 +267,30 @@ def main() -> None:
         sys.exit(EXIT_ERROR)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except (typer.BadParameter, typer.Abort) as exc:
-        err.print(f"[red]error[/]: {exc}", highlight=False)
+    except typer.Abort:
+        err.print("[red]aborted[/]", highlight=False)
         sys.exit(EXIT_ERROR)
-    except Exception as exc:  # click usage errors arrive here with standalone_mode=False
-        import click
+    except _usage_exceptions() as exc:  # unknown option, missing argument, bad value
+        exc.show(file=sys.stderr)  # type: ignore[attr-defined]
+        sys.exit(EXIT_ERROR)
 
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show(file=sys.stderr)
-            sys.exit(EXIT_ERROR)
-        raise
 
+def _usage_exceptions() -> tuple[type[Exception], ...]:
+    """Click's usage-error base class: typer >= 0.20 vendors click, older typer uses click itself."""
+    found: list[type[Exception]] = []
+    try:
+        from typer._click.exceptions import ClickException as VendoredClickException
+
+        found.append(VendoredClickException)
+    except ImportError:
+        pass
+    try:
+        from click.exceptions import ClickException
+
+        found.append(ClickException)
+    except ImportError:
+        pass
+    return tuple(found)
 
 if __name__ == "__main__":
     main()

@@ -27,7 +27,15 @@ TAIL_BYTES = 1 << 20
 # Parse in worker processes only when there is enough work to pay for their start-up.
 PARALLEL_MIN_BYTES = 32 << 20
 
+# Names that make an empty or undecompressable file count as a broken trace rather than noise.
 _TRACE_NAME = re.compile(r"\.json(\.gz)?$|\.pt\.trace|trace", re.IGNORECASE)
+# Names that make JSON of the wrong shape a broken trace; a plain `config.json` stays ignored.
+_STRONG_TRACE_NAME = re.compile(r"\.pt\.trace|trace|(rank|worker)[-_]?\d", re.IGNORECASE)
+# JSON documents people keep in run folders that are known not to be traces.
+_KNOWN_JSON = (
+    (re.compile(rb'"schema"\s*:\s*"forensics-sim-truth/'), "forensics simulator ground truth (truth.json)"),
+    (re.compile(rb'"tool"\s*:\s*\{\s*"name"\s*:\s*"forensics"'), "a forensics report (findings.json)"),
+)
 
 
 @dataclass
@@ -102,6 +110,12 @@ def classify(path: Path, rel_path: str) -> DiscoveredFile:
     binary = sniff.is_binary(head)
     if binary:
         return DiscoveredFile(path, rel_path, "unknown", size, "ignored", "binary file of no known format")
+    for pattern, what in _KNOWN_JSON:
+        if pattern.search(head[:4096]):
+            return DiscoveredFile(path, rel_path, "unknown", size, "ignored", f"{what}, not an input")
+    if sniff.score_kineto(head) >= 100:
+        # Unmistakably a trace: scanning its text for log lines would only cost time.
+        return DiscoveredFile(path, rel_path, "kineto", size)
     text_sample = head + b"\n" + read_tail(path, TAIL_BYTES) if size > HEAD_BYTES else head
     best_kind, best_score = "unknown", 0
     for kind in registry.KINDS:
@@ -110,10 +124,11 @@ def classify(path: Path, rel_path: str) -> DiscoveredFile:
             best_kind, best_score = kind.kind, score
     if best_kind == "unknown":
         stripped = head.lstrip()
-        if name_says_trace and stripped[:1] in (b"{", b"["):
+        if _STRONG_TRACE_NAME.search(rel_path) and stripped[:1] in (b"{", b"["):
             # Named like a trace but shaped otherwise: the parser gives the precise reason.
             return DiscoveredFile(path, rel_path, "kineto", size)
-        return DiscoveredFile(path, rel_path, "unknown", size, "ignored", "not a recognised trace or log")
+        what = "JSON, but not a trace" if stripped[:1] in (b"{", b"[") else "not a recognised trace or log"
+        return DiscoveredFile(path, rel_path, "unknown", size, "ignored", what)
     return DiscoveredFile(path, rel_path, best_kind, size)
 
 

@@ -52,3 +52,10 @@ def test_folder_without_readable_source_is_exit_2_but_still_reports(tmp_path: Pa
 def test_unknown_detector_setting_is_exit_2(tmp_path: Path):
     res = run_cli("analyze", str(tmp_path), "--out", str(tmp_path.parent / "o2"), "--set", "nosuch.x=1")
     assert res.returncode == 2 and "unknown detector" in res.stderr
+
+
+def test_unknown_option_and_missing_argument_are_exit_2_without_traceback(tmp_path: Path):
+    for args in (("analyze", str(tmp_path), "--bogus"), ("analyze",), ("nosuchcommand",)):
+        res = run_cli(*args)
+        assert res.returncode == 2, args
+        assert "Traceback" not in res.stderr and "Error" in res.stderr, args

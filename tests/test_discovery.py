@@ -70,3 +70,18 @@ def test_every_file_becomes_a_source_row(tmp_path: Path):
     results = discover_and_parse(tmp_path, workers=1)
     assert [r.file.rel_path for r in results] == ["sub/y.log", "x.txt"]
     assert all(r.result.status in ("ok", "partial", "failed", "ignored") for r in results)
+
+
+def test_json_that_is_not_a_trace_is_ignored_unless_named_like_one(tmp_path: Path):
+    truth = classify(_write(tmp_path / "truth.json", b'{\n  "schema": "forensics-sim-truth/1",\n  "x": 1}'), "truth.json")
+    assert (truth.kind, truth.status) == ("unknown", "ignored") and "ground truth" in truth.message
+    report = classify(
+        _write(tmp_path / "out/findings.json", b'{"schema_version": 1, "tool": {"name": "forensics", "version": "0"}}'),
+        "out/findings.json",
+    )
+    assert (report.kind, report.status) == ("unknown", "ignored") and "report" in report.message
+    config = classify(_write(tmp_path / "config.json", b'{"hidden_size": 4096}'), "config.json")
+    assert (config.kind, config.status, config.message) == ("unknown", "ignored", "JSON, but not a trace")
+    # Named like a rank's trace but of the wrong shape: the trace parser reports why it failed.
+    broken = classify(_write(tmp_path / "rank3.json", b'{"hidden_size": 4096}'), "rank3.json")
+    assert (broken.kind, broken.status) == ("kineto", None)
