@@ -208,7 +208,7 @@ def rules(name: Optional[str] = typer.Argument(None, help="a detector name; all 
 
 @app.command()
 def simulate(
-    scenario: str = typer.Argument(..., help="scenario name (see --list); e.g. ddp_clean, ddp_straggler, pp_small_m"),
+    scenario: Optional[str] = typer.Argument(None, help="scenario name (see --list); e.g. ddp_clean, ddp_straggler, pp_small_m"),
     out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="RUN_DIR to write (created; must be empty or absent)"),
     ranks: Optional[int] = typer.Option(None, "--ranks", help="world size [default: the scenario's]"),
     steps: Optional[int] = typer.Option(None, "--steps", help="profiled training steps [default: the scenario's]"),
@@ -228,6 +228,8 @@ def simulate(
         for sc in SCENARIOS.values():
             out.print(f"{sc.name:20s} {sc.summary}", highlight=False)
         raise typer.Exit(EXIT_OK)
+    if scenario is None:
+        raise UsageError("name a scenario (forensics simulate --list shows them)")
     if scenario not in SCENARIOS:
         raise UsageError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
     if out_dir is None:
