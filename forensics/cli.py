@@ -216,11 +216,13 @@ def simulate(
     size: Optional[float] = typer.Option(None, "--size", help="keep adding steps until each trace holds about this many MB of JSON (benchmarks)"),
     params: list[str] = typer.Option([], "--param", "-p", help="scenario parameter KEY=VALUE (repeatable), e.g. rank=3, slowdown=0.1"),
     nccl_version: Optional[str] = typer.Option(None, "--nccl-version", help="NCCL version to imitate (< 2.19: old ncclKernel_* names)"),
+    truth_path: Optional[Path] = typer.Option(None, "--truth", help="where to write the ground truth [default: OUT/truth.json]"),
     list_: bool = typer.Option(False, "--list", help="list the scenarios and exit"),
 ) -> None:
     """Write a simulated RUN_DIR (traces, NCCL logs, kernel logs) with a known, injected fault, plus truth.json."""
     from forensics.simulate import SCENARIOS
     from forensics.simulate import simulate as run_simulation
+    from forensics.simulate.scenarios import ScenarioError
 
     if list_ or scenario == "list":
         for sc in SCENARIOS.values():
@@ -241,13 +243,14 @@ def simulate(
     if ranks is not None and ranks < 1:
         raise UsageError("--ranks must be >= 1")
     try:
-        truth = run_simulation(scenario, out_dir, ranks=ranks, steps=steps, seed=seed, size_mb=size, params=kv, nccl_version=nccl_version)
-    except ValueError as exc:
+        truth = run_simulation(scenario, out_dir, ranks=ranks, steps=steps, seed=seed, size_mb=size, params=kv, nccl_version=nccl_version,
+                                 truth_path=truth_path)
+    except (ScenarioError, KeyError) as exc:
         raise UsageError(str(exc)) from exc
     culprits = sorted({r for f in truth["faults"] for r in f["ranks"]})
     out.print(
         f"{scenario}: {truth['job']['world_size']} ranks on {truth['job']['nodes']} node(s), {len(truth['job']['steps'])} step(s); "
-        f"culprit rank(s): {culprits or 'none'}. Wrote {out_dir} (truth.json says what was injected)",
+        f"culprit rank(s): {culprits or 'none'}. Wrote {out_dir}; ground truth in {truth_path or out_dir / 'truth.json'}",
         highlight=False,
     )
 

@@ -230,14 +230,377 @@ _register(SOURCES, KERNELS, CPU_OPS, STEPS, COMMS, RANKS, PROCESS_GROUPS)
 
 # --- NCCL log frames (NCCL issue) ------------------------------------------------------------
 
+_NCCL_PROC = (
+    _SOURCE,
+    _HOST,
+    _c("pid", pl.Int64(), "process id from the NCCL envelope `host:pid:tid`"),
+    _c("cuda_dev", pl.Int32(), "CUDA device index in the envelope bracket `[d]`"),
+    _RANK,
+    _c("line", pl.Int64(), "1-based line number in the source file"),
+)
+
+NCCL_FILES = FrameSpec(
+    "nccl_files",
+    "One row per NCCL log file: version and how every line was classified (nothing is dropped).",
+    (
+        _SOURCE,
+        _c("nccl_version", pl.String(), "NCCL version from the banner, else null"),
+        _c("lines", pl.Int64(), "lines in the file"),
+        _c("nccl_lines", pl.Int64(), "lines with an NCCL envelope (`host:pid:tid [d] NCCL INFO|WARN`)"),
+        _c("nccl_unknown", pl.Int64(), "NCCL-envelope lines whose message the parser does not understand"),
+        _c("nccl_tests_lines", pl.Int64(), "nccl-tests header, device, result and footer lines"),
+        _c("pytorch_lines", pl.Int64(), "PyTorch ProcessGroupNCCL lines"),
+        _c("ras_lines", pl.Int64(), "NCCL RAS client output lines"),
+        _c("other_lines", pl.Int64(), "blank lines and non-NCCL text (training output, shell commands)"),
+        _c("unknown_sample", pl.String(), "first NCCL-envelope line not understood, for diagnosis"),
+        _c(
+            "version_range",
+            pl.String(),
+            "NCCL versions the line formats allow (`2.20-2.22`, `>=2.24`), when there is no banner",
+        ),
+    ),
+)
+
+NCCL_COMMS = FrameSpec(
+    "nccl_comms",
+    "Communicator membership: one row per `comm ... rank r nranks n ... Init START|COMPLETE` line, "
+    "plus nccl-tests `Rank r Pid p on host device d` lines (origin `nccl-tests`).",
+    (
+        *_NCCL_PROC,
+        _c("origin", pl.String(), "`init` (NCCL init line) or `nccl-tests` (device list)"),
+        _c("comm", pl.String(), "communicator pointer `0x...` (per process)"),
+        _c("comm_id", pl.String(), "commId hash `0x...` (same on every rank of a communicator, 2.16+)"),
+        _c("nranks", pl.Int32(), "ranks in the communicator"),
+        _c("nnodes", pl.Int32(), "nodes in the communicator (2.20+ `comm ... nNodes` line), else null"),
+        _c("local_ranks", pl.Int32(), "ranks of this communicator on this node (2.20+), else null"),
+        _c("nvml_dev", pl.Int32(), "NVML device index (2.18.3+)"),
+        _c("bus_id", pl.String(), "PCI bus id `0000:3b:00.0`"),
+        _c("phase", pl.String(), "Init START / Init COMPLETE / Destroy COMPLETE / Abort COMPLETE / device"),
+        _c("func", pl.String(), "init function (`ncclCommInitRank`, `ncclCommSplit`, 2.21+)"),
+        _c("gpu_name", pl.String(), "GPU model (nccl-tests device list only)"),
+    ),
+)
+
+NCCL_NET = FrameSpec(
+    "nccl_net",
+    "Network selection and GPUDirect RDMA lines: one row per listed device or interface.",
+    (
+        *_NCCL_PROC,
+        _c(
+            "kind",
+            pl.String(),
+            "bootstrap / socket / ib / ib_none / network / gdr_hca / gdr_gpu / plugin / ofi_provider",
+        ),
+        _c("index", pl.Int32(), "device index `[i]` in the list"),
+        _c("name", pl.String(), "interface / HCA / network / plugin name"),
+        _c("port", pl.Int32(), "HCA port"),
+        _c("link_layer", pl.String(), "IB or RoCE (HCAs)"),
+        _c("address", pl.String(), "interface address as printed"),
+        _c("state", pl.String(), "Enabled / Disabled for GPU Direct RDMA lines"),
+        _c("detail", pl.String(), "the rest of the message"),
+    ),
+)
+
+NCCL_CHANNELS = FrameSpec(
+    "nccl_channels",
+    "Transport of every connection NCCL set up: one row per `Channel|Ring cc[/conn] : r[d] -> r[d] "
+    "[send|receive] via T` line.",
+    (
+        *_NCCL_PROC,
+        _c("channel", pl.Int32(), "channel number"),
+        _c("conn_index", pl.Int32(), "connection index after `/` (1 = p2p/alltoall buffers), null if absent"),
+        _c("src_rank", pl.Int32(), "sending rank (communicator rank)"),
+        _c("dst_rank", pl.Int32(), "receiving rank"),
+        _c("src_bus_id", pl.String(), "sender PCI bus id when the bracket holds a busId (<= 2.18.1)"),
+        _c("dst_bus_id", pl.String(), "receiver PCI bus id when the bracket holds a busId"),
+        _c("src_dev", pl.Int32(), "sender device index when the bracket holds an index (>= 2.18.3, <= 2.4)"),
+        _c("dst_dev", pl.Int32(), "receiver device index"),
+        _c("direction", pl.String(), "send / receive (NET), null for P2P and SHM"),
+        _c("transport", pl.String(), "P2P / SHM / NET / COLLNET"),
+        _c("via", pl.String(), "transport text after `via`"),
+        _c("net", pl.String(), "network name for NET (IB, Socket, IBext_v8, AWS Libfabric)"),
+        _c("nic", pl.Int32(), "NIC index for NET"),
+        _c("proxy_rank", pl.Int32(), "PXN proxy rank `(r)`, null if none"),
+        _c("gdr", pl.Boolean(), "NET connection uses GPUDirect RDMA (`/GDRDMA`); null for P2P/SHM"),
+        _c("shared", pl.Boolean(), "`/Shared` net buffers"),
+        _c("p2p_kind", pl.String(), "IPC / CUMEM / MNNVL / direct pointer / indirect / common device"),
+    ),
+)
+
+NCCL_CALLS = FrameSpec(
+    "nccl_calls",
+    "Per-operation lines: `COLL` calls (`AllReduce: opCount ...`) and `TUNING` choices "
+    "(`[Func: ]N Bytes -> Algo a proto p [time t | channel{Lo..Hi}]`).",
+    (
+        *_NCCL_PROC,
+        _c("kind", pl.String(), "coll (COLL line) or tuning (algorithm choice line)"),
+        _c("op", pl.String(), "AllReduce, AllGather, ReduceScatter, Broadcast, Reduce, Send, Recv, ..."),
+        _c("comm", pl.String(), "communicator pointer (COLL)"),
+        _c("op_count", pl.Int64(), "opCount (printed in hex; per communicator)"),
+        _c("count", pl.Int64(), "element count (COLL)"),
+        _c("datatype", pl.String(), "int8 ... float32 ... bfloat16, fp8e4m3 (COLL)"),
+        _c("redop", pl.String(), "sum / prod / max / min / avg / premulsum (COLL)"),
+        _c("root", pl.Int32(), "root, or the peer for Send/Recv (COLL)"),
+        _c("nranks", pl.Int32(), "communicator size (COLL)"),
+        _c("bytes", pl.Int64(), "bytes: count x type size (COLL), or the size NCCL tuned for (TUNING)"),
+        _c("algo", pl.String(), "Tree, Ring, CollNetDirect, CollNetChain, NVLS, NVLSTree, PAT (TUNING)"),
+        _c("proto", pl.String(), "LL, LL128, Simple (TUNING)"),
+        _c("predicted_us", pl.Float64(), "NCCL's predicted time in microseconds (2.20-2.23 TUNING lines)"),
+        _c("chan_lo", pl.Int32(), "first channel used (2.24+ TUNING lines)"),
+        _c("chan_hi", pl.Int32(), "last channel used (2.24+ TUNING lines)"),
+    ),
+)
+
+NCCL_TUNING = FrameSpec(
+    "nccl_tuning",
+    "NCCL's TUNING table printed at init (rank 0, `NCCL_DEBUG_SUBSYS=TUNING`): one row per "
+    "(table, collective, algorithm, protocol).",
+    (
+        *_NCCL_PROC,
+        _c("table", pl.Int32(), "0-based index of the table within the file"),
+        _c("collective", pl.String(), "Broadcast, Reduce, AllGather, ReduceScatter, AllReduce"),
+        _c("algo", pl.String(), "algorithm column"),
+        _c("proto", pl.String(), "protocol column"),
+        _c("latency_us", pl.Float64(), "base latency NCCL uses, microseconds"),
+        _c("bw_gbps", pl.Float64(), "algorithm bandwidth NCCL uses, GB/s (0 = disabled / not applicable)"),
+        _c("max_nthreads", pl.Int32(), "`Max NThreads` row value for this column"),
+    ),
+)
+
+NCCL_ENV = FrameSpec(
+    "nccl_env",
+    "NCCL environment settings: ENV echo lines (`NCCL_X set by environment to v`) and NCCL_* "
+    "assignments on shell command lines found in the log.",
+    (
+        *_NCCL_PROC,
+        _c("var", pl.String(), "variable name, e.g. NCCL_ALGO"),
+        _c("value", pl.String(), "value as printed (trailing period removed)"),
+        _c("origin", pl.String(), "`nccl` (echoed by NCCL) or `command` (a command line in the log)"),
+    ),
+)
+
+NCCL_EVENTS = FrameSpec(
+    "nccl_events",
+    "NCCL warnings and errors, plus init facts detectors need (topology, NVLS, P2P support, "
+    "channel counts, GDR summary, RAS status, nccl-tests validation).",
+    (
+        *_NCCL_PROC,
+        _c("level", pl.String(), "WARN / ERROR / INFO"),
+        _c(
+            "kind",
+            pl.String(),
+            "ib_async, ib_completion, socket_closed, net_recv_failed, proxy_error, cuda_failure, "
+            "call_failed, no_libibverbs, no_algo, error_trace, nccl_error, init_timings, channels, "
+            "nvls_support, p2p_check, connected, topo_system, topo_link, ras_group, ras_missing, "
+            "ras_dead, ras_outlier, nccl_tests_check, flight_recorder_disabled, warn_other",
+        ),
+        _c("code", pl.Int64(), "numeric code: IB completion status, ncclResult_t, CUDA error, count"),
+        _c("value", pl.Float64(), "numeric value (seconds, channel count, bandwidth) where the kind has one"),
+        _c("peer", pl.String(), "remote peer address, node or process the line names"),
+        _c("file_line", pl.String(), "NCCL source `file:line` of a WARN"),
+        _c("message", pl.String(), "message text"),
+    ),
+)
+
+COLLECTIVE_TIMEOUTS = FrameSpec(
+    "collective_timeouts",
+    "PyTorch ProcessGroupNCCL watchdog / blocking-wait timeouts, PG status lines and desync reports.",
+    (
+        _SOURCE,
+        _HOST,
+        _RANK,
+        _c("line", pl.Int64(), "1-based line number"),
+        _c("kind", pl.String(), "watchdog_timeout / blocking_wait / pg_status / desync / nccl_error"),
+        _c("pg", pl.Int32(), "process group id `[PG n]`, null in old formats"),
+        _c("seq", pl.Int64(), "SeqNum of the collective (work sequence id)"),
+        _c("op_type", pl.String(), "OpType (ALLREDUCE, BROADCAST, ...)"),
+        _c("numel_in", pl.Int64(), "NumelIn"),
+        _c("numel_out", pl.Int64(), "NumelOut"),
+        _c("timeout_ns", pl.Int64(), "Timeout(ms) in ns"),
+        _c("ran_ns", pl.Int64(), "how long it ran before timing out, ns"),
+        _c("last_enqueued", pl.Int64(), "last enqueued work sequence number"),
+        _c("last_completed", pl.Int64(), "last completed work sequence number"),
+        _c("lagging_rank", pl.Int32(), "desync report: the rank that did not join"),
+        _c("message", pl.String(), "the line, launcher prefix removed"),
+    ),
+)
+
+NCCL_TESTS = FrameSpec(
+    "nccl_tests",
+    "nccl-tests result rows, one per (size, placement); rows split by interleaved output are "
+    "recovered when their size can be inferred (algbw x time).",
+    (
+        _SOURCE,
+        _HOST,
+        _c("line", pl.Int64(), "1-based line number"),
+        _c("collective", pl.String(), "AllReduce, AllGather, ... from the `*_perf` command, else null"),
+        _c("size_bytes", pl.Int64(), "message size `size` (B)"),
+        _c("count", pl.Int64(), "elements"),
+        _c("type", pl.String(), "data type"),
+        _c("redop", pl.String(), "reduction op or null"),
+        _c("root", pl.Int32(), "root (-1 = none)"),
+        _c("placement", pl.String(), "out-of-place / in-place"),
+        _c("time_us", pl.Float64(), "time per op, microseconds"),
+        _c("algbw_gbps", pl.Float64(), "algorithm bandwidth GB/s"),
+        _c("busbw_gbps", pl.Float64(), "bus bandwidth GB/s"),
+        _c("wrong", pl.Float64(), "#wrong (or max error in old builds); null for N/A"),
+        _c("size_inferred", pl.Boolean(), "size recovered from a row fragment (algbw x time)"),
+    ),
+)
+
+_register(
+    NCCL_FILES,
+    NCCL_COMMS,
+    NCCL_NET,
+    NCCL_CHANNELS,
+    NCCL_CALLS,
+    NCCL_TUNING,
+    NCCL_ENV,
+    NCCL_EVENTS,
+    COLLECTIVE_TIMEOUTS,
+    NCCL_TESTS,
+)
 
 
 # --- kernel log / GPU health frames (kernel-log issue) ---------------------------------------
+
+KERNEL_EVENT_KINDS = [
+    "xid", "sxid", "fabric_manager", "gsp", "fallen_off_bus", "ecc", "nvlink", "gpu_identity",
+    "driver_load", "nvrm_other", "aer", "ghes", "pcie_link", "device_other", "ib_port", "mlx5",
+    "netdev_carrier", "cpu_thermal", "edac", "mce", "oom", "hung_task", "soft_lockup", "hard_lockup",
+    "segfault", "boot", "benign", "context", "unknown",
+]
+
+KERNEL_EVENTS = FrameSpec(
+    "kernel_events",
+    "One row per kernel-log record (dmesg, journalctl, syslog, /dev/kmsg, fabric-manager log); "
+    "multi-line continuations are folded into their record. Lines no pattern knows are kept as "
+    "kind `unknown` (counted, never dropped).",
+    (
+        _HOST,
+        _SOURCE,
+        _c("line", pl.Int64(), "1-based line number of the record's first line in the source"),
+        _c("boot", pl.Int32(), "boot number within (source, host): a new boot starts at `Linux version` "
+           "or when the monotonic clock jumps back by more than 10 s"),
+        _c("time_text", pl.String(), "the timestamp as printed (null when the line has none)"),
+        _c("time_format", pl.String(), "monotonic, ctime (dmesg -T), human (dmesg -H), iso, syslog, kmsg, "
+           "fabricmanager, talos, none"),
+        _c("mono_ns", pl.Int64(), "seconds-since-boot stamp, ns; null when the line has none"),
+        _c("wall_ns", pl.Int64(), "Unix-epoch ns (UTC; zone-less stamps read as UTC); null when the log does "
+           "not let us place the record (monotonic stamp and no derivable boot time)"),
+        _c("wall_source", pl.String(), "how wall_ns was obtained: `stamp` (absolute stamp with a year), "
+           "`stamp_year_from_file` (syslog/-H stamp without a year: year from the file's own absolute "
+           "stamps, else its mtime), `boot_time` (monotonic + boot time derived from lines carrying both)"),
+        _c("facility", pl.String(), "who wrote it: `kernel`, the syslog ident (`systemd[1]`), `fabricmanager`"),
+        _c("level", pl.String(), "log level when the format carries one (kmsg, dmesg -x, fabric manager)"),
+        _c("kind", pl.Enum(KERNEL_EVENT_KINDS), "message kind (see docs/gpu_health.md)"),
+        _c("pci_bus_id", pl.String(), "PCI address named by the line, normalised to `dddd:bb:dd.f` lower-case"),
+        _c("xid", pl.Int32(), "NVIDIA Xid or NVSwitch SXid number"),
+        _c("pid", pl.Int64(), "process id the line names (Xid pid=, OOM victim, segfault, hung task)"),
+        _c("process", pl.String(), "process name the line names"),
+        _c("message", pl.String(), "the message with every prefix stripped, continuations joined"),
+        _c("fields", pl.String(), "JSON object of the parsed fields (Xid text, caused-by-previous-Xid, "
+           "NVLink registers, AER severity/type/bit, ...)"),
+    ),
+)
+
+GPU_HEALTH = FrameSpec(
+    "gpu_health",
+    "One row per GPU in an `nvidia-smi -q` snapshot: ECC counters, retired pages, remapped rows, "
+    "reset status and active clock event (throttle) reasons.",
+    (
+        _HOST,
+        _SOURCE,
+        _c("snapshot_ns", pl.Int64(), "the snapshot's `Timestamp` as Unix-epoch ns (read as UTC); null if absent"),
+        _c("driver_version", pl.String(), "driver version"),
+        _c("gpu_index", pl.Int32(), "position of the GPU in the output (nvidia-smi index order); null if the "
+           "excerpt has no GPU header"),
+        _c("pci_bus_id", pl.String(), "`dddd:bb:dd.f`; null when the excerpt does not say"),
+        _c("uuid", pl.String(), "GPU UUID"),
+        _c("serial", pl.String(), "board serial"),
+        _c("product", pl.String(), "product name"),
+        _c("ecc_volatile_sram_ce", pl.Int64(), "volatile SRAM correctable"),
+        _c("ecc_volatile_sram_ue", pl.Int64(), "volatile SRAM uncorrectable (R550+: parity + SEC-DED)"),
+        _c("ecc_volatile_dram_ce", pl.Int64(), "volatile DRAM correctable"),
+        _c("ecc_volatile_dram_ue", pl.Int64(), "volatile DRAM uncorrectable"),
+        _c("ecc_aggregate_sram_ce", pl.Int64(), "aggregate (lifetime) SRAM correctable"),
+        _c("ecc_aggregate_sram_ue", pl.Int64(), "aggregate SRAM uncorrectable (R550+: parity + SEC-DED)"),
+        _c("ecc_aggregate_dram_ce", pl.Int64(), "aggregate DRAM correctable"),
+        _c("ecc_aggregate_dram_ue", pl.Int64(), "aggregate DRAM uncorrectable"),
+        _c("sram_threshold_exceeded", pl.Boolean(), "R550+ `SRAM Threshold Exceeded`"),
+        _c("retired_pages_sbe", pl.Int64(), "pages retired for single-bit errors (pre-Ampere)"),
+        _c("retired_pages_dbe", pl.Int64(), "pages retired for double-bit errors (pre-Ampere)"),
+        _c("retired_pages_pending", pl.Boolean(), "`Pending Page Blacklist`"),
+        _c("remapped_rows_ce", pl.Int64(), "rows remapped for correctable errors"),
+        _c("remapped_rows_ue", pl.Int64(), "rows remapped for uncorrectable errors"),
+        _c("remap_pending", pl.Boolean(), "a remap waits for a GPU reset"),
+        _c("remap_failure", pl.Boolean(), "`Remapping Failure Occurred`"),
+        _c("remap_banks_none", pl.Int64(), "banks with no spare rows left (histogram `None`)"),
+        _c("reset_required", pl.Boolean(), "`GPU Reset Status / Reset Required`"),
+        _c("drain_and_reset", pl.Boolean(), "`Drain and Reset Recommended`"),
+        _c("clock_reasons_active", pl.List(pl.String()), "Clocks Event/Throttle Reasons that read `Active`"),
+        _c("sm_clock_mhz", pl.Int64(), "current SM clock, MHz"),
+        _c("temperature_c", pl.Int64(), "current GPU temperature, C"),
+    ),
+)
+
+GPU_DIAG = FrameSpec(
+    "gpu_diag",
+    "`dcgmi diag` / `dcgmi health` results: one row per (test, GPU or message).",
+    (
+        _HOST,
+        _SOURCE,
+        _c("line", pl.Int64(), "1-based line of the row in the source"),
+        _c("tool", pl.String(), "`dcgmi_diag` or `dcgmi_health`"),
+        _c("section", pl.String(), "table section (Deployment, Hardware, ...)"),
+        _c("test", pl.String(), "test or check name (left column)"),
+        _c("result", pl.String(), "pass / fail / warning / skip / error / info"),
+        _c("gpu_index", pl.Int32(), "DCGM GPU index the row is about; null when it names none"),
+        _c("message", pl.String(), "the right-hand cell, wrapped lines joined"),
+    ),
+)
+
+_register(KERNEL_EVENTS, GPU_HEALTH, GPU_DIAG)
 
 
 
 # --- Nsight Systems-only frames (nsys issue) --------------------------------------------------
 
+GPU_METRICS = FrameSpec(
+    "gpu_metrics",
+    "Sampled GPU hardware counters (`nsys profile --gpu-metrics-device`), one row per (GPU, sample). "
+    "Each value is the percentage of the interval since the previous sample of the same GPU; "
+    "see forensics/gpu_metrics.py for windowed averages.",
+    (
+        _RANK,
+        _HOST,
+        _SOURCE,
+        _c("device", pl.Int32(), "GPU index on the host (`GPU_METRICS.typeId & 0xFF`)"),
+        _c("timestamp_ns", pl.Int64(), "sample time (end of the sampled interval), ns"),
+        _c("gr_active", pl.Float64(), "`GR Active`: % of time the graphics/compute engine was busy"),
+        _c("sm_active", pl.Float64(), "`SM Active`: % of SM cycles with at least one warp in flight (avg over SMs)"),
+        _c("sm_issue", pl.Float64(), "`SM Issue`: % of SM cycles issuing an instruction"),
+        _c("tensor_active", pl.Float64(), "`Tensor Active`: % of cycles the tensor pipes were busy"),
+    ),
+)
+
+PROFILER_OVERHEAD = FrameSpec(
+    "profiler_overhead",
+    "Nsight Systems' CUDA profiling overhead ranges (data flush / stop), projected onto every GPU the "
+    "process used. nsys' own gap and utilization analyses count these as busy, so do we.",
+    (
+        _RANK,
+        _HOST,
+        _SOURCE,
+        _c("pid", pl.Int64(), "process id"),
+        _c("device", pl.Int32(), "GPU index the overhead is projected onto"),
+        _c("name", pl.String(), "overhead kind, e.g. `CUDA profiling data flush overhead`"),
+        _c("start_ns", pl.Int64(), "start, ns"),
+        _c("end_ns", pl.Int64(), "end, ns"),
+    ),
+)
+
+_register(GPU_METRICS, PROFILER_OVERHEAD)
 
 
 # --------------------------------------------------------------------------------------------

@@ -98,13 +98,29 @@ def iter_chunks(path: Path, chunk_size: int = 8 << 20, limit: int = DEFAULT_MAX_
 
 
 def read_head(path: Path, size: int) -> tuple[bytes, str | None]:
-    """Up to ``size`` decompressed bytes from the start, and an error message if decompression failed
-    before ``size`` bytes were read (corrupt or truncated gzip)."""
-    try:
-        with open_bounded(path) as fh:
-            return fh.read(size), None
-    except (OSError, EOFError, zlib.error) as exc:
-        return b"", f"corrupt or truncated gzip: {exc}"
+    """Up to ``size`` decompressed bytes from the start, and an error message when not a byte could
+    be decompressed (corrupt gzip). A gzip file cut off mid-write yields what it holds: the
+    parser, not the sniffer, reports the truncation."""
+    with open(path, "rb") as fh:
+        raw = fh.read(max(size, 1 << 16))
+        if raw[:2] != GZIP_MAGIC:
+            return raw[:size], None
+        dec = zlib.decompressobj(31)
+        out = b""
+        try:
+            while len(out) < size:
+                out += dec.decompress(raw, size - len(out))
+                raw = dec.unconsumed_tail
+                if dec.eof or not raw:
+                    raw = fh.read(1 << 16) if not dec.eof else b""
+                    if not raw:
+                        break
+        except zlib.error as exc:
+            if not out:
+                return b"", f"corrupt gzip: {exc}"
+        if not out and not dec.eof:
+            return b"", "corrupt or truncated gzip: no data could be decompressed"
+        return out[:size], None
 
 
 def read_tail(path: Path, size: int) -> bytes:

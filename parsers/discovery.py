@@ -95,7 +95,11 @@ def classify(path: Path, rel_path: str) -> DiscoveredFile:
             path, rel_path, "unknown", size, "ignored",
             "Nsight Systems report: export it with `nsys export --type sqlite` to analyze it",
         )
-    binary = sniff.is_binary(head) and not head.startswith(sniff.SQLITE_MAGIC)
+    if head.startswith(sniff.SQLITE_MAGIC):
+        # A binary container: the text sniffers' regexes would only scan (slowly) binary pages.
+        # The nsys parser tells an Nsight Systems export from any other SQLite database.
+        return DiscoveredFile(path, rel_path, "nsys", size)
+    binary = sniff.is_binary(head)
     if binary:
         return DiscoveredFile(path, rel_path, "unknown", size, "ignored", "binary file of no known format")
     text_sample = head + b"\n" + read_tail(path, TAIL_BYTES) if size > HEAD_BYTES else head

@@ -41,12 +41,9 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
     except TraceReadError as exc:
         return ParseResult.failed(str(exc))
     meta = outcome.meta
-    gpu = _concat(ex.gpu_parts)
-    cpu = _concat(ex.cpu_parts)
-    comm_raw = _concat(ex.comm_parts)
-    ex.gpu_parts.clear()
-    ex.cpu_parts.clear()
-    ex.comm_parts.clear()
+    gpu = ex.gpu_frame()
+    cpu = ex.cpu_frame()
+    comm_raw = ex.comm_frame(cpu)
 
     base = meta.get("baseTimeNanoseconds")
     if isinstance(base, int) and base:
@@ -91,7 +88,7 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
     out["ranks"] = _ranks(meta, dist, rank, host, ctx.rel_path, kernels, cpu_ops)
     out["process_groups"] = _process_groups(dist, rank, ctx.rel_path)
 
-    skipped = sum(ex.skipped.values())
+    skipped = sum(ex.skipped.values()) + outcome.flows
     summary = (
         f"{outcome.events:,} events: {out['kernels'].height:,} GPU, {out['cpu_ops'].height:,} host, "
         f"{out['steps'].height} steps, {out['comms'].height} collective calls; "
@@ -104,12 +101,6 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
     if outcome.complete:
         return ParseResult(out, status="ok", message=summary, rank=rank, host=host)
     return ParseResult(out, status="partial", message=f"{outcome.problem}; {summary}", rank=rank, host=host)
-
-
-def _concat(parts: list[pl.DataFrame]) -> pl.DataFrame | None:
-    if not parts:
-        return None
-    return pl.concat(parts, how="vertical_relaxed")
 
 
 def _stamp(name: str, df: pl.DataFrame | None, ident: dict) -> pl.DataFrame:

@@ -1,76 +1,86 @@
-"""Per-chunk extraction: event dicts -> compact column buffers -> Polars frames.
+"""Per-chunk extraction: event dicts -> compact typed column buffers -> Polars frames at the end.
 
-Only the fields the canonical frames need are copied out of each event; the dicts are dropped with
-their chunk. Times stay in the trace's own unit (µs, int or float) here and are converted to
-integer ns in Polars, exactly (see ``us_to_ns``).
+Only the fields the canonical frames need are copied out of each event, into ``array.array``
+buffers (8 bytes a value, no per-event Python objects); names are interned into a small table
+and stored as integer codes. The event dicts are dropped with their chunk. Times stay in the
+trace's own unit (µs, int or float) here and are converted to integer ns in Polars, exactly
+(see ``us_to_ns``).
 """
 
 from __future__ import annotations
 
+import math
+from array import array
 from collections import Counter
 
 import polars as pl
 
-# Kineto category -> (table, normalised category). Legacy (2021) names map to today's.
-GPU_CATS = {
-    "kernel": "kernel", "Kernel": "kernel",
-    "gpu_memcpy": "memcpy", "Memcpy": "memcpy",
-    "gpu_memset": "memset", "Memset": "memset",
-    "cuda_sync": "sync",
-}
-CPU_CATS = {
-    "cpu_op": "cpu_op", "Operator": "cpu_op",
-    "user_annotation": "user_annotation",
-    "gpu_user_annotation": "gpu_user_annotation",
-    "cuda_runtime": "cuda_runtime", "Runtime": "cuda_runtime",
-    "cuda_driver": "cuda_driver",
-    "python_function": "python_function", "Python": "python_function",
-}
-# Host-side ops whose args may carry collective metadata.
-COMM_OP_PREFIXES = ("record_param_comms", "nccl:", "c10d::", "gloo:")
+NULL = -(1 << 63)  # integer-buffer stand-in for a missing value
+NAN = math.nan
 
-_GPU_COLS = (
-    "kind", "name", "device", "stream", "ts", "dur", "correlation", "external_id", "grid", "block",
-    "blocks_per_sm", "coll_raw", "in_nelems", "out_nelems", "dtype", "group_size", "pg_name",
-    "pg_desc", "pg_ranks_raw", "seq",
+# Kineto category -> code. Legacy (2021) names map to today's.
+GPU_KINDS = ("kernel", "memcpy", "memset", "sync")
+GPU_CATS = {
+    "kernel": 0, "Kernel": 0,
+    "gpu_memcpy": 1, "Memcpy": 1,
+    "gpu_memset": 2, "Memset": 2,
+    "cuda_sync": 3,
+}
+CPU_CATEGORIES = ("cpu_op", "user_annotation", "gpu_user_annotation", "cuda_runtime", "cuda_driver", "python_function")
+CPU_CATS = {
+    "cpu_op": 0, "Operator": 0,
+    "user_annotation": 1,
+    "gpu_user_annotation": 2,
+    "cuda_runtime": 3, "Runtime": 3,
+    "cuda_driver": 4,
+    "python_function": 5, "Python": 5,
+}
+# Host-side ops whose args may carry collective metadata (only from these categories).
+COMM_OP_PREFIXES = ("record_param_comms", "nccl:", "c10d::", "gloo:")
+_COMM_OP_CATS = (0, 1)
+
+GPU_ARG_KEYS = (
+    ("Collective name", "coll_raw"), ("In msg nelems", "in_nelems"), ("Out msg nelems", "out_nelems"),
+    ("dtype", "dtype"), ("Group size", "group_size"), ("Process Group Name", "pg_name"),
+    ("Process Group Description", "pg_desc"), ("Process Group Ranks", "pg_ranks_raw"), ("Seq", "seq"),
 )
-_CPU_COLS = ("category", "name", "pid", "tid", "ts", "dur", "correlation", "external_id")
-_COMM_COLS = (
-    "pid", "tid", "name", "ts", "dur", "external_id", "coll_raw", "in_nelems", "out_nelems",
-    "dtype", "group_size", "pg_name", "pg_desc", "pg_ranks_raw", "seq", "src_rank", "dst_rank",
-    "pg_id",
+COMM_ARG_KEYS = GPU_ARG_KEYS + (
+    ("Src Rank", "src_rank"), ("Dst Rank", "dst_rank"),
+    ("Process Group ID", "pg_id"),  # 2024-04 variant of Process Group Name
 )
+_INT_ARGS = {"in_nelems", "out_nelems", "group_size", "seq", "src_rank", "dst_rank"}
 
 _EMPTY: dict = {}
+_NO3 = (NULL, NULL, NULL)
+_DATA_ERRORS = (TypeError, ValueError, IndexError, KeyError, OverflowError, AttributeError)
 
 
-def _to_int(value: object) -> int | None:
-    """Kineto ids are ints, but legacy traces write `"25738"` or `"stream 7"`."""
+def _to_int(value: object) -> int:
+    """Kineto ids are ints, but legacy traces write `"25738"` or `"stream 7"`; NULL otherwise."""
     if value.__class__ is int:
-        return value  # type: ignore[return-value]
+        return value if -(1 << 63) < value < (1 << 63) else NULL  # type: ignore[return-value,operator]
     if isinstance(value, str):
         digits = value.rsplit(" ", 1)[-1]
         if digits.lstrip("-").isdigit():
-            return int(digits)
-        return None
+            return _to_int(int(digits))
+        return NULL
     if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
+        return _to_int(int(value))
+    return NULL
 
 
-def _num(value: object) -> int | None:
-    if value.__class__ is int:
-        return value  # type: ignore[return-value]
-    if isinstance(value, float) and value == value:
-        return int(value)
-    if isinstance(value, str) and value.lstrip("-").isdigit():
-        return int(value)
-    return None
+def _to_float(value: object) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return NAN
 
 
-def _text(value: object) -> str | None:
+def _arg_value(col: str, value: object) -> object:
     if value is None:
         return None
+    if col in _INT_ARGS:
+        v = _to_int(value)
+        return None if v == NULL else v
     return value if isinstance(value, str) else str(value)
 
 
@@ -82,233 +92,226 @@ def us_to_ns(col: str) -> pl.Expr:
 
 
 class Extractor:
-    """Feeds on chunks of event dicts; keeps only Polars frames between chunks."""
+    """Feeds on chunks of event dicts; between chunks it holds only typed arrays."""
+
+    _G = ("kind", "name", "device", "stream", "ts", "dur", "correlation", "external_id",
+          "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "blocks_per_sm")
+    _C = ("category", "name", "pid", "tid", "ts", "dur", "correlation", "external_id")
+    _FLOAT = {"ts", "dur", "blocks_per_sm"}
 
     def __init__(self) -> None:
-        self.gpu_parts: list[pl.DataFrame] = []
-        self.cpu_parts: list[pl.DataFrame] = []
-        self.comm_parts: list[pl.DataFrame] = []
-        self.skipped: Counter[str] = Counter()
+        self.g = {c: array("b" if c == "kind" else "d" if c in self._FLOAT else "q") for c in self._G}
+        self.c = {c: array("b" if c == "category" else "d" if c in self._FLOAT else "q") for c in self._C}
+        self.names: dict[str, int] = {}
+        self.comm_name_ids: set[int] = set()
+        self.gpu_comm_args: list[tuple] = []  # (row, *GPU_ARG_KEYS values) for kernels carrying them
+        self.comm_ops: list[tuple] = []  # (cpu row, *COMM_ARG_KEYS values)
+        self.skipped: Counter[tuple] = Counter()
         self.malformed = 0
-        self._reset()
 
-    def _reset(self) -> None:
-        self._gpu: dict[str, list] = {c: [] for c in _GPU_COLS}
-        self._cpu: dict[str, list] = {c: [] for c in _CPU_COLS}
-        self._comm: dict[str, list] = {c: [] for c in _COMM_COLS}
+    def _intern(self, name: object) -> int:
+        key = name if isinstance(name, str) else str(name)
+        code = self.names.get(key)
+        if code is None:
+            code = self.names[key] = len(self.names)
+            if key.startswith(COMM_OP_PREFIXES):
+                self.comm_name_ids.add(code)
+        return code
 
     def feed(self, events: list) -> None:
-        g, c, k = self._gpu, self._cpu, self._comm
-        g_kind, g_name, g_dev, g_stream, g_ts, g_dur = (
-            g["kind"].append, g["name"].append, g["device"].append, g["stream"].append,
-            g["ts"].append, g["dur"].append,
+        g, c = self.g, self.c
+        gk, gn, gdev, gst, gts, gdur, gcorr, gext, ggx, ggy, ggz, gbx, gby, gbz, gbps = (
+            g[x].append for x in self._G
         )
-        g_corr, g_ext, g_grid, g_block, g_bps = (
-            g["correlation"].append, g["external_id"].append, g["grid"].append, g["block"].append,
-            g["blocks_per_sm"].append,
-        )
-        c_cat, c_name, c_pid, c_tid, c_ts, c_dur, c_corr, c_ext = (c[x].append for x in _CPU_COLS)
-        gpu_cats, cpu_cats, skipped = GPU_CATS, CPU_CATS, self.skipped
-        gpu_comm_cols = [g[x].append for x in _GPU_COLS[11:]]
+        ck, cn, cpid, ctid, cts, cdur, ccorr, cext = (c[x].append for x in self._C)
+        g_len, c_len = g["ts"], c["ts"]
+        gpu_cats, cpu_cats, names, comm_ids, skipped = GPU_CATS, CPU_CATS, self.names, self.comm_name_ids, self.skipped
+        intern = self._intern
         for e in events:
-            if e.__class__ is not dict:
+            try:
+                cat = e.get("cat")
+            except AttributeError:
                 self.malformed += 1
                 continue
-            cat = e.get("cat")
-            kind = gpu_cats.get(cat)  # type: ignore[arg-type]
-            if kind is not None:
-                a = e.get("args") or _EMPTY
-                name = e.get("name")
-                ts = e.get("ts")
-                if ts is None or name is None:
-                    self.malformed += 1
+            code = gpu_cats.get(cat)
+            if code is not None:
+                n = len(g_len)
+                try:
+                    a = e.get("args") or _EMPTY
+                    nm = e["name"]
+                    nid = names.get(nm)
+                    if nid is None:
+                        nid = intern(nm)
+                    gts(e["ts"])
+                    gdur(e.get("dur", NAN))
+                    gk(code)
+                    gn(nid)
+                    v = a.get("device")
+                    gdev(v if v is not None else e.get("pid", NULL))
+                    v = a.get("stream")
+                    gst(v if v is not None else e.get("tid", NULL))
+                    gcorr(a.get("correlation", NULL))
+                    v = a.get("External id")
+                    gext(v if v is not None else a.get("external id", NULL))
+                    v = a.get("grid") or _NO3
+                    ggx(v[0])
+                    ggy(v[1])
+                    ggz(v[2])
+                    v = a.get("block") or _NO3
+                    gbx(v[0])
+                    gby(v[1])
+                    gbz(v[2])
+                    gbps(a.get("blocks per SM", NAN))
+                except _DATA_ERRORS:
+                    for arr in g.values():
+                        del arr[n:]
+                    self._slow_gpu(e, code)
                     continue
-                g_kind(kind)
-                g_name(name)
-                dev = a.get("device")
-                g_dev(dev if dev is not None else _to_int(e.get("pid")))
-                st = a.get("stream")
-                g_stream(st if st is not None else _to_int(e.get("tid")))
-                g_ts(ts)
-                g_dur(e.get("dur"))
-                g_corr(a.get("correlation"))
-                ext = a.get("External id")
-                g_ext(ext if ext is not None else a.get("external id"))
-                g_grid(a.get("grid"))
-                g_block(a.get("block"))
-                g_bps(a.get("blocks per SM"))
-                coll = a.get("Collective name")
-                if coll is None and a.get("In msg nelems") is None:
-                    for f in gpu_comm_cols:
-                        f(None)
-                else:
-                    for f, key in zip(gpu_comm_cols, _GPU_ARG_KEYS):
-                        f(a.get(key))
+                if "Collective name" in a or "In msg nelems" in a:
+                    self.gpu_comm_args.append((n, *[_arg_value(col, a.get(key)) for key, col in GPU_ARG_KEYS]))
                 continue
-            ccat = cpu_cats.get(cat)  # type: ignore[arg-type]
-            if ccat is None:
-                skipped[f"{e.get('ph')}:{cat}"] += 1
+            code = cpu_cats.get(cat)
+            if code is None:
+                skipped[(e.get("ph"), cat)] += 1
                 continue
-            name = e.get("name")
-            ts = e.get("ts")
-            if ts is None or name is None:
-                self.malformed += 1
-                continue
-            a = e.get("args") or _EMPTY
-            pid = e.get("pid")
-            tid = e.get("tid")
-            if pid.__class__ is not int:
-                pid = _to_int(pid)
-            if tid.__class__ is not int:
-                tid = _to_int(tid)
-            dur = e.get("dur")
-            ext = a.get("External id")
-            if ext is None:
-                ext = a.get("external id")
-            c_cat(ccat)
-            c_name(name)
-            c_pid(pid)
-            c_tid(tid)
-            c_ts(ts)
-            c_dur(dur)
-            c_corr(a.get("correlation"))
-            c_ext(ext)
-            if name.startswith(COMM_OP_PREFIXES) and ccat in ("cpu_op", "user_annotation"):
-                k["pid"].append(pid)
-                k["tid"].append(tid)
-                k["name"].append(name)
-                k["ts"].append(ts)
-                k["dur"].append(dur)
-                k["external_id"].append(ext)
-                for key, col in _COMM_ARG_KEYS:
-                    k[col].append(a.get(key))
-        self._flush()
+            n = len(c_len)
+            try:
+                a = e.get("args") or _EMPTY
+                nm = e["name"]
+                nid = names.get(nm)
+                if nid is None:
+                    nid = intern(nm)
+                cts(e["ts"])
+                cdur(e.get("dur", NAN))
+                ck(code)
+                cn(nid)
+                v = e.get("pid", NULL)
+                cpid(v if v.__class__ is int else _to_int(v))
+                v = e.get("tid", NULL)
+                ctid(v if v.__class__ is int else _to_int(v))
+                ccorr(a.get("correlation", NULL))
+                v = a.get("External id")
+                cext(v if v is not None else a.get("external id", NULL))
+            except _DATA_ERRORS:
+                for arr in c.values():
+                    del arr[n:]
+                if not self._slow_cpu(e, code):
+                    continue
+                a = e.get("args") or _EMPTY
+                nid = self._intern(e["name"])
+            if nid in comm_ids and code in _COMM_OP_CATS:
+                self.comm_ops.append((n, *[_arg_value(col, a.get(key)) for key, col in COMM_ARG_KEYS]))
 
-    def _flush(self) -> None:
-        g, c, k = self._gpu, self._cpu, self._comm
-        if g["name"]:
-            self.gpu_parts.append(_gpu_frame(g))
-        if c["name"]:
-            self.cpu_parts.append(_cpu_frame(c))
-        if k["name"]:
-            self.comm_parts.append(_comm_frame(k))
-        self._reset()
+    # Slow paths: an event with an unusual value (string ids, nulls, short grid lists, a missing
+    # ts). Values are coerced one by one; an event without a name or a numeric ts is malformed.
+    def _slow_gpu(self, e: dict, code: int) -> None:
+        a = e.get("args")
+        a = a if isinstance(a, dict) else _EMPTY
+        ts = _to_float(e.get("ts"))
+        if "name" not in e or math.isnan(ts):
+            self.malformed += 1
+            return
+        g = self.g
+        n = len(g["ts"])
+        dev = a.get("device")
+        st = a.get("stream")
+        ext = a.get("External id")
+        grid = a.get("grid") if isinstance(a.get("grid"), list) else []
+        block = a.get("block") if isinstance(a.get("block"), list) else []
+        values = {
+            "kind": code, "name": self._intern(e["name"]), "ts": ts, "dur": _to_float(e.get("dur")),
+            "device": _to_int(dev if dev is not None else e.get("pid")),
+            "stream": _to_int(st if st is not None else e.get("tid")),
+            "correlation": _to_int(a.get("correlation")),
+            "external_id": _to_int(ext if ext is not None else a.get("external id")),
+            "blocks_per_sm": _to_float(a.get("blocks per SM")),
+        }
+        for i, axis in enumerate("xyz"):
+            values[f"grid_{axis}"] = _to_int(grid[i]) if i < len(grid) else NULL
+            values[f"block_{axis}"] = _to_int(block[i]) if i < len(block) else NULL
+        for col, arr in g.items():
+            arr.append(values[col])
+        if "Collective name" in a or "In msg nelems" in a:
+            self.gpu_comm_args.append((n, *[_arg_value(col, a.get(key)) for key, col in GPU_ARG_KEYS]))
+
+    def _slow_cpu(self, e: dict, code: int) -> bool:
+        a = e.get("args")
+        a = a if isinstance(a, dict) else _EMPTY
+        ts = _to_float(e.get("ts"))
+        if "name" not in e or math.isnan(ts):
+            self.malformed += 1
+            return False
+        ext = a.get("External id")
+        values = {
+            "category": code, "name": self._intern(e["name"]), "ts": ts, "dur": _to_float(e.get("dur")),
+            "pid": _to_int(e.get("pid")), "tid": _to_int(e.get("tid")),
+            "correlation": _to_int(a.get("correlation")),
+            "external_id": _to_int(ext if ext is not None else a.get("external id")),
+        }
+        for col, arr in self.c.items():
+            arr.append(values[col])
+        return True
+
+    # --- frames -----------------------------------------------------------------------------
+
+    def name_table(self) -> pl.Series:
+        return pl.Series("name", list(self.names), dtype=pl.String)
+
+    def gpu_frame(self) -> pl.DataFrame | None:
+        if not len(self.g["ts"]):
+            return None
+        df = _typed_frame(self.g, self.name_table())  # consumes the buffers
+        df = df.with_columns(
+            pl.col("kind").replace_strict(dict(enumerate(GPU_KINDS)), return_dtype=pl.String),
+            *[pl.col(c).cast(pl.Int32) for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")],
+        ).with_row_index("_row")
+        args = _args_frame(self.gpu_comm_args, GPU_ARG_KEYS)
+        df = df.join(args, on="_row", how="left") if args is not None else df.with_columns(
+            [pl.lit(None, dtype=pl.Int64 if col in _INT_ARGS else pl.String).alias(col) for _, col in GPU_ARG_KEYS]
+        )
+        return df.drop("_row")
+
+    def cpu_frame(self) -> pl.DataFrame | None:
+        if not len(self.c["ts"]):
+            return None
+        df = _typed_frame(self.c, self.name_table())  # consumes the buffers
+        return df.with_columns(
+            pl.col("category").replace_strict(dict(enumerate(CPU_CATEGORIES)), return_dtype=pl.String)
+        )
+
+    def comm_frame(self, cpu: pl.DataFrame | None) -> pl.DataFrame | None:
+        """The host ops that may be collective calls, with their collective args."""
+        if cpu is None or not self.comm_ops:
+            return None
+        args = _args_frame(self.comm_ops, COMM_ARG_KEYS)
+        assert args is not None
+        rows = cpu.with_row_index("_row").join(args, on="_row", how="inner")
+        return rows.select("pid", "tid", "name", "start_ns", "end_ns", "external_id",
+                           *[col for _, col in COMM_ARG_KEYS])
 
 
-_GPU_ARG_KEYS = (
-    "Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size",
-    "Process Group Name", "Process Group Description", "Process Group Ranks", "Seq",
-)
-_COMM_ARG_KEYS = (
-    ("Collective name", "coll_raw"), ("In msg nelems", "in_nelems"), ("Out msg nelems", "out_nelems"),
-    ("dtype", "dtype"), ("Group size", "group_size"), ("Process Group Name", "pg_name"),
-    ("Process Group Description", "pg_desc"), ("Process Group Ranks", "pg_ranks_raw"),
-    ("Seq", "seq"), ("Src Rank", "src_rank"), ("Dst Rank", "dst_rank"),
-    ("Process Group ID", "pg_id"),  # 2024-04 variant of Process Group Name
-)
-
-
-def _ints(values: list) -> pl.Series:
-    return pl.Series([_num(v) if v is not None else None for v in values], dtype=pl.Int64)
-
-
-def _strs(values: list) -> pl.Series:
-    return pl.Series([_text(v) for v in values], dtype=pl.String)
-
-
-def _times(values: list) -> pl.Series:
-    return pl.Series(values, dtype=pl.Float64, strict=False)
-
-
-def _id_series(values: list) -> pl.Series:
-    """Ids are ints in every trace we know; anything else is coerced, never raised on."""
-    try:
-        return pl.Series(values, dtype=pl.Int64)
-    except (TypeError, OverflowError, pl.exceptions.PolarsError):
-        return pl.Series([_to_int(v) for v in values], dtype=pl.Int64)
-
-
-def _dims(values: list) -> pl.Series:
-    clean = [v if isinstance(v, list) and all(x.__class__ is int for x in v) else None for v in values]
-    return pl.Series(clean, dtype=pl.List(pl.Int64))
-
-
-def _with_ns(df: pl.DataFrame) -> pl.DataFrame:
+def _typed_frame(cols: dict[str, array], names: pl.Series) -> pl.DataFrame:
+    data = {}
+    for col in list(cols):
+        arr = cols.pop(col)  # each buffer is freed as soon as its column exists
+        typecode = arr.typecode
+        s = pl.Series(col, arr)
+        del arr
+        if col == "name":
+            s = names.gather(s).alias("name")
+        elif typecode == "q":
+            s = pl.select(pl.when(s != NULL).then(s)).to_series().alias(col)
+        elif typecode == "d" and col != "ts":
+            s = s.fill_nan(None)
+        data[col] = s
+    df = pl.DataFrame(data)
     start = us_to_ns("ts")
     dur = us_to_ns("dur").fill_null(0)
     return df.with_columns(start.alias("start_ns"), (start + dur).alias("end_ns")).drop("ts", "dur")
 
 
-def _gpu_frame(g: dict[str, list]) -> pl.DataFrame:
-    grid, block = _dims(g["grid"]), _dims(g["block"])
-    df = pl.DataFrame(
-        {
-            "kind": pl.Series(g["kind"], dtype=pl.String),
-            "name": _strs(g["name"]),
-            "device": _id_series(g["device"]),
-            "stream": _id_series(g["stream"]),
-            "ts": _times(g["ts"]),
-            "dur": _times(g["dur"]),
-            "correlation": _id_series(g["correlation"]),
-            "external_id": _id_series(g["external_id"]),
-            "grid_x": grid.list.get(0, null_on_oob=True),
-            "grid_y": grid.list.get(1, null_on_oob=True),
-            "grid_z": grid.list.get(2, null_on_oob=True),
-            "block_x": block.list.get(0, null_on_oob=True),
-            "block_y": block.list.get(1, null_on_oob=True),
-            "block_z": block.list.get(2, null_on_oob=True),
-            "blocks_per_sm": pl.Series(g["blocks_per_sm"], dtype=pl.Float64, strict=False),
-            "coll_raw": _strs(g["coll_raw"]),
-            "in_nelems": _ints(g["in_nelems"]),
-            "out_nelems": _ints(g["out_nelems"]),
-            "dtype": _strs(g["dtype"]),
-            "group_size": _ints(g["group_size"]),
-            "pg_name": _strs(g["pg_name"]),
-            "pg_desc": _strs(g["pg_desc"]),
-            "pg_ranks_raw": _strs(g["pg_ranks_raw"]),
-            "seq": _ints(g["seq"]),
-        }
-    )
-    return _with_ns(df)
-
-
-def _cpu_frame(c: dict[str, list]) -> pl.DataFrame:
-    df = pl.DataFrame(
-        {
-            "category": pl.Series(c["category"], dtype=pl.String),
-            "name": _strs(c["name"]),
-            "pid": _id_series(c["pid"]),
-            "tid": _id_series(c["tid"]),
-            "ts": _times(c["ts"]),
-            "dur": _times(c["dur"]),
-            "correlation": _id_series(c["correlation"]),
-            "external_id": _id_series(c["external_id"]),
-        }
-    )
-    return _with_ns(df)
-
-
-def _comm_frame(k: dict[str, list]) -> pl.DataFrame:
-    df = pl.DataFrame(
-        {
-            "pid": _id_series(k["pid"]),
-            "tid": _id_series(k["tid"]),
-            "name": _strs(k["name"]),
-            "ts": _times(k["ts"]),
-            "dur": _times(k["dur"]),
-            "external_id": _id_series(k["external_id"]),
-            "coll_raw": _strs(k["coll_raw"]),
-            "in_nelems": _ints(k["in_nelems"]),
-            "out_nelems": _ints(k["out_nelems"]),
-            "dtype": _strs(k["dtype"]),
-            "group_size": _ints(k["group_size"]),
-            "pg_name": _strs(k["pg_name"]),
-            "pg_desc": _strs(k["pg_desc"]),
-            "pg_ranks_raw": _strs(k["pg_ranks_raw"]),
-            "seq": _ints(k["seq"]),
-            "src_rank": _ints(k["src_rank"]),
-            "dst_rank": _ints(k["dst_rank"]),
-            "pg_id": _strs(k["pg_id"]),
-        }
-    )
-    return _with_ns(df)
+def _args_frame(rows: list[tuple], keys: tuple[tuple[str, str], ...]) -> pl.DataFrame | None:
+    if not rows:
+        return None
+    schema = {"_row": pl.UInt32, **{col: (pl.Int64 if col in _INT_ARGS else pl.String) for _, col in keys}}
+    return pl.DataFrame(rows, schema=schema, orient="row")

@@ -40,30 +40,55 @@ _NCCL_OTHER = re.compile(rb"ProcessGroupNCCL|NCCL (?:INFO|WARN) |NCCL version \d
 
 
 def score_nccl_log(text: bytes) -> int:
+    """NCCL envelope lines score highest; PyTorch ProcessGroupNCCL, RAS and nccl-tests output (no
+    envelope) score by how many such lines there are, so a watchdog log with a few kernel-looking words
+    still reads as NCCL."""
     hits = len(_NCCL_LINE.findall(text))
     if hits:
         return 50 + min(hits, 40)
-    return 40 if _NCCL_OTHER.search(text) else 0
+    other = len(_NCCL_OTHER.findall(text))
+    return 40 + min(other, 45) if other else 0
 
 
 _KERNEL_LINE = re.compile(
-    rb"NVRM: (?:Xid|GPU at|Xid)|NVRM: |\bkernel: |pcieport |mlx5_core|mlx5_ib|"
-    rb"^\[\s*\d+\.\d+\] |^<\d>\[|Linux version \d|AER: |EDAC |mce: |Out of memory|nvidia-nvswitch|"
-    rb"SXid|fabricmanager|nv-fabricmanager|hung_task|soft lockup|Hardware Error",
+    rb"NVRM: |\bkernel: ?\[|\bkernel: |pcieport |mlx5_core|mlx5_ib|nvidia-nvswitch|SXid \(|"
+    rb"^\[\s*\d+\.\d+\] |^\[\s*\+\d+\.\d+\] |^<\d>\[|^\d+,\d+,\d+,[-c];|Linux version \d|AER: |EDAC |mce: |"
+    rb"Out of memory|invoked oom-killer|blocked for more than \d+ seconds|soft lockup|hard LOCKUP|"
+    rb"\[Hardware Error\]|segfault at [0-9a-f]+ ip|temperature above threshold|"
+    rb"^Message from syslogd@|detected NVSwitch (?:non-)?fatal error|^\[\w{3} \d{2} \d{4} [\d:]{8}\] \[[A-Z]+\] \[tid \d+\]",
     re.MULTILINE,
 )
 
 
 def score_dmesg(text: bytes) -> int:
+    """Kernel logs in any timestamp style; also the fabric-manager log. Scores by the number of lines
+    that look like kernel messages, so a stray `kernel:` word in another log does not win."""
     hits = len(_KERNEL_LINE.findall(text))
     return 30 + min(hits, 60) if hits >= 1 else 0
 
 
 _SMI_HEADER = re.compile(rb"=+NVSMI LOG=+|^Attached GPUs\s*:|^GPU [0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:", re.MULTILINE)
-_DCGM = re.compile(rb"dcgmi|Diagnostic\s*\|\s*Result|\+-{5,}.*\+\s*\n\|\s*Health", re.IGNORECASE)
+# Sections of `nvidia-smi -q` that people paste on their own (no header): ECC, remap, throttle reasons.
+_SMI_SECTION = re.compile(
+    rb"^ *(?:ECC Errors|Remapped Rows|Retired Pages|Clocks (?:Event|Throttle) Reasons|GPU Reset Status|"
+    rb"Bank Remap Availability Histogram)\s*$|"
+    rb"^ *(?:SRAM|DRAM) (?:Correctable|Uncorrectable)[\w -]*\s+: |^ *HW (?:Power Brake |Thermal )?Slowdown\s+: ",
+    re.MULTILINE,
+)
+_DCGM = re.compile(
+    rb"dcgmi|Diagnostic\s*\|\s*Result|Overall Health\s*\||Health Monitor Report|"
+    rb"^\|-+\s*(?:Deployment|Integration|Hardware|Stress|Metadata)\s*-+\+|"
+    rb"^\|[^|\n]*\|\s*(?:Pass|Fail|Warning|Skip)(?: - GPUs?: [\d, ]+)?\s*\|",
+    re.IGNORECASE | re.MULTILINE,
+)
 
 
 def score_nvidia_smi(text: bytes) -> int:
+    """nvidia-smi -q (whole or pasted sections) and dcgmi diag/health tables. Beats the kernel-log
+    sniffer only on nvidia-smi structure, which kernel logs never have."""
     if _SMI_HEADER.search(text):
         return 120
+    sections = len(_SMI_SECTION.findall(text))
+    if sections >= 2:
+        return 100 + min(sections, 20)
     return 110 if _DCGM.search(text) else 0

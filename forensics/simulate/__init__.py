@@ -60,12 +60,13 @@ def _overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
 
 
 class _RankMetrics:
-    __slots__ = ("steps", "step_ns", "compute_ns", "comm_ns", "exposed_ns", "wait_ns", "last_arrivals", "kernel_busy_ns", "dp_comm_ns", "p2p_ns")
+    __slots__ = ("steps", "step_ns", "compute_ns", "comm_ns", "exposed_ns", "wait_ns", "last_arrivals", "kernel_busy_ns", "dp_comm_ns", "p2p_ns", "idle_by_step")
 
     def __init__(self) -> None:
         self.steps = 0
         self.step_ns = self.compute_ns = self.comm_ns = self.exposed_ns = self.wait_ns = 0
         self.last_arrivals = self.kernel_busy_ns = self.dp_comm_ns = self.p2p_ns = 0
+        self.idle_by_step: list[float] = []
 
     def add(self, rank: int, span: tuple[int, int], prog: list[Op]) -> None:
         comp: list[tuple[int, int]] = []
@@ -99,6 +100,7 @@ class _RankMetrics:
         self.comm_ns += _length(mu)
         self.exposed_ns += _length(mu) - _overlap(cu, mu)
         self.kernel_busy_ns += _length(_merge(allk))
+        self.idle_by_step.append(round(1 - _length(cu) / max(span[1] - span[0], 1), 6))
 
     def as_dict(self, rank: int) -> dict[str, Any]:
         n = max(self.steps, 1)
@@ -114,6 +116,7 @@ class _RankMetrics:
             "exposed_comm_ns_mean": round(self.exposed_ns / n),
             "exposed_comm_fraction": round(self.exposed_ns / n / step, 6) if step else 0.0,
             "compute_idle_fraction": round(1 - self.compute_ns / n / step, 6) if step else 0.0,
+            "compute_idle_fraction_by_step": self.idle_by_step,
             "gpu_idle_fraction": round(1 - self.kernel_busy_ns / n / step, 6) if step else 0.0,
             "collective_wait_ns_total": self.wait_ns,
             "times_arrived_last": self.last_arrivals,
@@ -122,8 +125,9 @@ class _RankMetrics:
 
 def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int | None = None, seed: int = 0,
              size_mb: float | None = None, params: dict[str, str] | None = None, nccl_version: str | None = None,
-             compresslevel: int = 6) -> dict[str, Any]:
-    """Write the RUN_DIR for ``scenario`` under ``out``; return the truth document (also written to truth.json)."""
+             compresslevel: int = 6, truth_path: Path | None = None) -> dict[str, Any]:
+    """Write the RUN_DIR for ``scenario`` under ``out``; return the truth document, also written to
+    ``truth_path`` (default ``out/truth.json``)."""
     sc, job = build_job(scenario, ranks, steps, params)
     if nccl_version:
         job = job.with_(nccl_version=nccl_version)
@@ -150,8 +154,12 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
     step_log: dict[int, list[tuple[int, int, int]]] = {st.rank: [] for st in engine.states}
     timeout_info: dict[str, Any] | None = None
     all_steps: list[int] = []
+    coll_log: list[dict[str, Any]] = []
     for res in iter_steps(engine):
         all_steps.append(res.step)
+        if job.tuning_lines:
+            coll_log += [{"rank0": c.pg.ranks[0], "step": res.step, "op": c.op, "nbytes": c.nbytes, "algo": c.algo, "proto": c.proto,
+                          "channels": c.channels, "t_us": c.t_tx / 1e3} for c in res.colls if c.op not in ("send", "recv")]
         for r, prog in res.programs.items():
             w = writers[r]
             span = res.step_span[r]
@@ -164,8 +172,11 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
                 w.op(op)
         if engine.halted:
             c = next(c for c in res.colls if c.timeout)
-            timeout_info = {"step": res.step, "coll": c,
-                            "arrive": dict(c.arrive)}
+            launch = {r: op.launch for r, prog in res.programs.items() for op in prog if op.coll is c}
+            stop = {r: max((op.end or op.start) for op in prog) if prog else res.step_span[r][0] for r, prog in res.programs.items()}
+            spec = engine.timeout_spec or {}
+            timeout_info = {"step": res.step, "coll": c, "arrive": dict(c.arrive), "launch": launch, "stop": stop,
+                            "timeout_ms": spec.get("timeout_ms", 600000.0), "numel": c.nbytes // (2 if job.new_kernel_names else 4)}
             break
         if size_mb and writers[0].bytes_written >= size_mb * 1e6:
             break
@@ -175,8 +186,18 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
     truth = _truth(sc, job, engine, hosts, offsets, writers, metrics, step_log, timeout_info, seed, params or {}, all_steps)
     from forensics.simulate import logs
 
-    logs.write_logs(out, job, engine, hosts, offsets, truth, seed, timeout_info, step_log)
-    (out / "truth.json").write_bytes(orjson.dumps(truth, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+    log_paths = logs.write_stdout_logs(out, job, engine, offsets, seed, timeout_info, step_log, coll_log)
+    end_ns = max(st.host_t for st in engine.states)
+    klog_paths, injected = logs.write_kernel_logs(out, job, engine, offsets, seed, sc.kernel_log, end_ns, timeout_info)
+    for row in truth["ranks"]:
+        row["log"] = log_paths[row["rank"]]
+    for row in truth["hosts"]:
+        row["kernel_log"] = klog_paths[row["host"]]
+        row["kernel_log_style"] = logs.STYLES[row["node"] % len(logs.STYLES)]
+    truth["kernel_log"] = {"scenario": sc.kernel_log, "injected": injected}
+    truth_path = Path(truth_path) if truth_path is not None else out / "truth.json"
+    truth_path.parent.mkdir(parents=True, exist_ok=True)
+    truth_path.write_bytes(orjson.dumps(truth, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
     return truth
 
 
@@ -191,7 +212,7 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
         ranks.append({
             "rank": st.rank, "host": st.host, "node": st.node, "local_rank": st.local, "pid": st.pid,
             "pci_bus_id": PCI_BUS_IDS[st.local % len(PCI_BUS_IDS)], "tp_rank": tp_r, "dp_rank": dp_r, "pp_stage": pp_r,
-            "trace": f"profiler/{w.path.name}", "log": f"logs/rank{st.rank:0{len(str(topo.world - 1))}d}.out",
+            "trace": f"profiler/{w.path.name}",
             "counts": dict(sorted(w.counts.items())),
         })
     steps_ns = sorted(m["step_ns_mean"] for m in per_rank if m["steps"])
@@ -204,6 +225,10 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
         for d in per_rank:
             stage_idle.setdefault(topo.coords(d["rank"])[2], []).append(d["compute_idle_fraction"])
         expected["compute_idle_fraction_by_stage"] = {str(s): round(sum(x) / len(x), 6) for s, x in sorted(stage_idle.items())}
+        # steady state: the first and last profiled steps hold the pipeline's fill and drain across step edges
+        steady = [x for d in per_rank for x in d["compute_idle_fraction_by_step"][1:-1]]
+        if steady:
+            expected["bubble_fraction_simulated"] = round(sum(steady) / len(steady), 6)
     faults = [_fault_truth(f, job, engine, per_rank, timeout_info) for f in job.faults]
     return {
         "schema": TRUTH_SCHEMA,

@@ -143,7 +143,7 @@ class Engine:
                     self.states[r].host_scale = f.get("launch_factor", 1.0)
                     self.states[r].stall_ns = int(f.get("stall_ms", 0.0) * 1e6)
             elif f["kind"] == "collective_timeout":
-                self.timeout_spec = f
+                self.timeout_spec = dict(f)  # resolved (seq, group) here; the job's fault stays as given
         self.stage_scale = job.stage_scale or (1.0,) * self.topo.pp
         self.halted = False
 
@@ -153,14 +153,14 @@ class Engine:
 
     def _gemm_ns(self, flops: float, st: RankState, scale: float) -> int:
         g = self.job.gpu
-        return int(flops / (g.peak_tflops * 1e12 * self.job.work.gemm_eff) * 1e9 * scale * self._noise(st)) + 3_000
+        return int((flops / (g.peak_tflops * 1e12 * self.job.work.gemm_eff) * 1e9 + 3_000) * scale * self._noise(st))
 
     def _attn_ns(self, flops: float, st: RankState, scale: float) -> int:
         g = self.job.gpu
-        return int(flops / (g.peak_tflops * 1e12 * self.job.work.attn_eff) * 1e9 * scale * self._noise(st)) + 4_000
+        return int((flops / (g.peak_tflops * 1e12 * self.job.work.attn_eff) * 1e9 + 4_000) * scale * self._noise(st))
 
     def _mem_ns(self, nbytes: float, st: RankState, scale: float) -> int:
-        return int(nbytes / (self.job.gpu.hbm_gbs * 1e9 * 0.8) * 1e9 * scale * self._noise(st)) + 2_000
+        return int((nbytes / (self.job.gpu.hbm_gbs * 1e9 * 0.8) * 1e9 + 2_000) * scale * self._noise(st))
 
     def _host_ns(self, st: RankState, base_us: float) -> int:
         return int(base_us * 1e3 * st.host_scale * (0.85 + 0.3 * st.rng.random()))
@@ -272,6 +272,8 @@ class Engine:
 
     def _optimizer(self, st: RankState, prog: list[Op], waits: list[Op], tid: int) -> None:
         w = self.job.work
+        if not w.optimizer:
+            return
         params = w.layer_params(self.topo.tp) * w.layers * max(1, self.job.chunks)
         dur = self._mem_ns(params * 16, st, st.compute_scale)
         deps = tuple(waits)
@@ -373,9 +375,9 @@ class Engine:
                     self._layer_fwd(st, prog, scale, st.pid, step)
                 if deps:
                     prog[start_len].deps = deps
-                if last:
+                if last and w.loss_kernel:
                     self._kernel(st, prog, CE_FWD, "aten::_log_softmax", self._mem_ns(w.micro_batch * w.seq * 32000 * 4 / self.topo.tp, st, scale), st.pid, w.micro_batch * w.seq // 4, 128)
-                else:
+                if not last:
                     self._coll(st, prog, "send", ppg, act, STREAM_SEND, st.pid, step, deps=(prog[-1],), peer=next_rank, p2p_index=hash_idx("F", step, mb, vstage))
             else:
                 deps = ()

@@ -96,7 +96,7 @@ class TraceWriter:
     def _ev(self, ev: dict[str, Any], kind: str) -> None:
         self.counts[kind] = self.counts.get(kind, 0) + 1
         self._buf.append(orjson.dumps(ev))
-        if len(self._buf) >= 4096:
+        if len(self._buf) >= 512:
             self.flush()
 
     def flush(self) -> None:

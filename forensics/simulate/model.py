@@ -114,6 +114,8 @@ class Workload:
     attn_eff: float = 0.45
     bucket_mb: float = 25.0      # DDP bucket cap
     grad_bytes: int = 2          # bf16 grads
+    loss_kernel: bool = True     # the last pipeline stage computes the loss (makes it slightly longer)
+    optimizer: bool = True       # run the optimizer step (fused Adam) at the end of each step
 
     def layer_params(self, tp: int) -> int:
         h = self.hidden

@@ -8,6 +8,10 @@ from typing import Any, Callable
 from forensics.simulate.model import Job, Net, Topology, Workload
 
 
+class ScenarioError(ValueError):
+    """A scenario parameter that cannot work (the CLI reports it as a usage error)."""
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -19,18 +23,24 @@ class Scenario:
 
 
 def _f(params: dict[str, str], key: str, default: float) -> float:
-    return float(params[key]) if key in params else default
+    try:
+        return float(params[key]) if key in params else default
+    except ValueError:
+        raise ScenarioError(f"--param {key}={params[key]!r}: expected a number") from None
 
 
 def _i(params: dict[str, str], key: str, default: int) -> int:
-    return int(params[key]) if key in params else default
+    try:
+        return int(params[key]) if key in params else default
+    except ValueError:
+        raise ScenarioError(f"--param {key}={params[key]!r}: expected an integer") from None
 
 
 def _ddp(ranks: int | None, steps: int | None, params: dict[str, str], default: int = 8, **job: Any) -> Job:
     n = ranks or default
     layers = _i(params, "layers", 12 if n <= 16 else 6)
     work = Workload(layers=layers, hidden=_i(params, "hidden", 1024), seq=_i(params, "seq", 4096), micro_batch=_i(params, "micro_batch", 8))
-    return Job(topo=Topology(tp=1, pp=1, dp=n), work=work, steps=steps or 4, **job)
+    return Job(topo=Topology(tp=1, pp=1, dp=n), work=work, steps=steps or 4, noise=_f(params, "noise", 0.02), **job)
 
 
 def _pp(ranks: int | None, steps: int | None, params: dict[str, str], m: int = 8, v: int = 1, **job: Any) -> Job:
@@ -38,21 +48,22 @@ def _pp(ranks: int | None, steps: int | None, params: dict[str, str], m: int = 8
     pp = _i(params, "pp", 4)
     tp = _i(params, "tp", 1)
     if n % (pp * tp):
-        raise ValueError(f"--ranks {n} is not a multiple of pp*tp = {pp * tp}")
+        raise ScenarioError(f"--ranks {n} is not a multiple of pp*tp = {pp * tp}")
     m = _i(params, "microbatches", m)
     v = _i(params, "chunks", v)
     if v > 1 and m % pp:
-        raise ValueError(f"interleaved schedule needs microbatches ({m}) divisible by pp ({pp})")
+        raise ScenarioError(f"interleaved schedule needs microbatches ({m}) divisible by pp ({pp})")
     work = Workload(layers=_i(params, "layers", 2 if v == 1 else 1), hidden=_i(params, "hidden", 2048), seq=_i(params, "seq", 2048),
-                    micro_batch=_i(params, "micro_batch", 2), microbatches=m)
-    return Job(topo=Topology(tp=tp, pp=pp, dp=n // (pp * tp)), work=work, steps=steps or 3, chunks=v,
+                    micro_batch=_i(params, "micro_batch", 2), microbatches=m, loss_kernel=bool(_i(params, "loss_kernel", 1)),
+                    optimizer=bool(_i(params, "optimizer", 1)))
+    return Job(topo=Topology(tp=tp, pp=pp, dp=n // (pp * tp)), work=work, steps=steps or 3, chunks=v, noise=_f(params, "noise", 0.02),
                schedule="interleaved" if v > 1 else "1f1b", **job)
 
 
 def _culprit(params: dict[str, str], n: int, default: int) -> int:
     r = _i(params, "rank", default)
     if not 0 <= r < n:
-        raise ValueError(f"rank={r} outside 0..{n - 1}")
+        raise ScenarioError(f"rank={r} outside 0..{n - 1}")
     return r
 
 
@@ -170,7 +181,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("pp_interleaved", "healthy interleaved pipeline (PP=4, v=2 chunks, m=8)", pp_interleaved),
     Scenario("old_nccl", "healthy DDP job on NCCL 2.18 (old ncclKernel_* names, fp32 grads)", old_nccl),
     Scenario("ddp_straggler", "one rank's GPU compute is slower (compute straggler)", ddp_straggler),
-    Scenario("host_straggler", "one rank's host launches kernels slowly (launch-bound straggler)", host_straggler),
+    Scenario("host_straggler", "one rank's host launches kernels slowly (launch-bound straggler; its node logs CPU thermal throttling)", host_straggler, kernel_log="throttle"),
     Scenario("late_rank", "one rank's data loader stalls every step; the others busy-wait in NCCL", late_rank),
     Scenario("ddp_no_overlap", "DDP all-reduce runs after backward instead of overlapping it", ddp_no_overlap, default_ranks=16),
     Scenario("slow_nic", "one node's NIC runs at a fraction of its bandwidth", slow_nic, default_ranks=16, kernel_log="link_flap"),

@@ -1,0 +1,76 @@
+"""Shared facts about a job's NCCL setup, for the nccl_* detectors (not a detector: leading underscore)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from forensics import identity
+from forensics.frames import JobFrames
+from forensics.nccl_cost import arch_from_gpu_name
+
+NCCL_FRAMES = ("nccl_comms", "nccl_net", "nccl_channels", "nccl_calls", "nccl_tuning", "nccl_env",
+               "nccl_events", "nccl_tests")
+
+
+@dataclass
+class JobNccl:
+    ident: pl.DataFrame  # host, pid, cuda_dev, rank, bus_id, how, trace_rank
+    hosts: list[str]
+    nnodes: int | None  # from `comm ... nNodes`, else distinct hosts when > 1, else None
+    nranks: int | None
+    archs: dict[str, str]  # gpu name -> generation
+    env: dict[str, str]  # last value per NCCL_* variable
+
+    @property
+    def multi_node(self) -> bool:
+        return (self.nnodes or 1) > 1
+
+
+def job(frames: JobFrames) -> JobNccl:
+    ident = identity.identities(frames)
+    hosts: set[str] = set()
+    for name in ("nccl_comms", "nccl_net", "nccl_channels", "nccl_events"):
+        hosts |= set(frames[name]["host"].drop_nulls().to_list())
+    if frames.has("ranks"):
+        hosts |= set(frames["ranks"]["host"].drop_nulls().to_list())
+    comms = frames["nccl_comms"]
+    nnodes = comms["nnodes"].drop_nulls().max() if comms.height else None
+    if nnodes is None and len(hosts) > 1:
+        nnodes = len(hosts)
+    sizes = [v for v in [comms["nranks"].drop_nulls().max() if comms.height else None] if v is not None]
+    tt = frames["nccl_events"].filter(pl.col("kind") == "thread_thresholds")["value"].drop_nulls()
+    if tt.len():
+        sizes.append(int(tt.max()))
+    if frames.has("ranks"):
+        ws = frames["ranks"]["world_size"].drop_nulls()
+        if ws.len():
+            sizes.append(ws.max())
+    names = set(comms["gpu_name"].drop_nulls().to_list())
+    if frames.has("ranks"):
+        names |= set(frames["ranks"]["gpu_name"].drop_nulls().to_list())
+    archs = {n: a for n in names if (a := arch_from_gpu_name(n))}
+    env_df = frames["nccl_env"].sort("line")
+    env = {r["var"]: r["value"] for r in env_df.iter_rows(named=True)}
+    return JobNccl(ident, sorted(hosts), int(nnodes) if nnodes else None, int(max(sizes)) if sizes else None,
+                   archs, env)
+
+
+def where(df: pl.DataFrame, ident: pl.DataFrame) -> tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]:
+    """Ranks, hosts and GPU bus ids of the processes behind the rows of ``df``."""
+    if df.height == 0:
+        return (), (), ()
+    cols = [c for c in ("host", "pid", "cuda_dev", "rank") if c in df.columns]
+    d = df.select(cols)
+    if {"host", "pid", "cuda_dev"} <= set(cols):
+        d = identity.attach(d if "rank" in cols else d.with_columns(pl.lit(None, pl.Int32()).alias("rank")), ident)
+    ranks = tuple(sorted(set(d["rank"].drop_nulls().to_list()))) if "rank" in d.columns else ()
+    hosts = tuple(sorted(set(d["host"].drop_nulls().to_list()))) if "host" in d.columns else ()
+    gpus = tuple(sorted(set(d["bus_id"].drop_nulls().to_list()))) if "bus_id" in d.columns else ()
+    return ranks, hosts, gpus
+
+
+def evidence(df: pl.DataFrame, cols: tuple[str, ...], limit: int = 10) -> tuple[dict, ...]:
+    keep = [c for c in cols if c in df.columns]
+    return tuple(df.select(keep).head(limit).to_dicts())

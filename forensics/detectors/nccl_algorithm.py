@@ -1,0 +1,340 @@
+"""NCCL algorithm / protocol choices that cost time: user overrides, model-vs-measurement gaps.
+
+What it detects:
+    (1) NCCL_ALGO, NCCL_PROTO, channel/thread caps (NCCL_MAX_NCHANNELS, NCCL_MAX_CTAS, NCCL_NTHREADS),
+    pre-2.5 thresholds and NCCL_*_DISABLE switches set by the user; where the job's message sizes and
+    topology are known, the predicted time lost against NCCL's own default choice. (2) Measured
+    collective time far above NCCL's prediction for the algorithm it chose: nccl-tests rows against the
+    TUNING per-op predictions, and traced NCCL kernels (transfer time = the minimum duration across
+    ranks of one matched collective) against the same predictions. (3) A bus-bandwidth cliff between
+    adjacent nccl-tests sizes. (4) nccl-tests validation failures (wrong results), the typical outcome
+    of forcing LL128 where it is unsupported. (5) Mixed GPU generations in one job (LL128 off,
+    oldest-GPU constants).
+
+Why it matters:
+    A forced algorithm or protocol silently applies to every size; NCCL's model is usually right, and an
+    override tuned on one cluster is often wrong on the next. A measured time many times NCCL's own
+    prediction means the path NCCL assumed (bandwidth per channel) is not what the hardware delivers.
+
+How it measures:
+    nccl_env (ENV echo and NCCL_* assignments on command lines in the log), nccl_calls (TUNING choices
+    with predicted µs, COLL sizes), nccl_tests, and the cost model in forensics.nccl_cost (argmin of
+    latency + bytes/bandwidth over Ring/Tree/NVLS/NVLSTree/PAT x LL/LL128/Simple). An algorithm is
+    never inferred from a kernel name: trace kernels are only matched to sizes NCCL logged a choice for.
+
+What to do:
+    Remove NCCL_ALGO / NCCL_PROTO / channel caps unless a benchmark on this cluster proves them; for a
+    model-vs-measurement gap, look at the transport (nccl_transport findings, NIC health, PCIe/NUMA
+    placement) before tuning; never force LL128 on paths NCCL disables it for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from forensics import nccl_cost as nc
+from forensics.detectors import Skip, detector
+from forensics.detectors._nccl import JobNccl, evidence, job, where
+from forensics.findings import Finding, Severity
+
+FORCING = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_MAX_NCHANNELS", "NCCL_MAX_CTAS", "NCCL_NTHREADS",
+           "NCCL_LL_THRESHOLD", "NCCL_TREE_THRESHOLD", "NCCL_LL128_NTHREADS")
+DISABLES = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_NVLS_ENABLE", "NCCL_PAT_ENABLE",
+            "NCCL_CUMEM_ENABLE")
+_ALGO_NAMES = {a.lower(): a for a in nc.ALGOS} | {"nvls_tree": "NVLSTree", "nvlstree": "NVLSTree"}
+_PROTO_NAMES = {p.lower(): p for p in nc.PROTOS}
+
+
+@dataclass(frozen=True)
+class NcclAlgorithmConfig:
+    """Thresholds of the algorithm checks."""
+
+    # a measured time this many times NCCL's predicted time is flagged
+    min_measured_over_predicted: float = 3.0
+    # ...for messages at least this large (bytes); tiny ops are launch-latency bound
+    min_bytes_for_gap: int = 1 << 20
+    # a busbw drop by this factor between adjacent nccl-tests sizes is a cliff
+    min_busbw_cliff: float = 3.0
+    # model time ratio (forced / default) from which a forced choice is called slower
+    min_forced_slowdown: float = 1.25
+    # the hardware's expected nccl-tests bus bandwidth in GB/s (e.g. ~360 for 8x H100 NVLink AllReduce,
+    # ~45 per 400 Gb/s NIC per GPU between nodes); 0 = unknown, check off
+    expected_busbw_gbps: float = 0.0
+    # nccl-tests peak busbw below this fraction of expected_busbw_gbps is flagged
+    min_busbw_fraction: float = 0.5
+
+
+def _names(value: str, table: dict[str, str]) -> frozenset[str] | None:
+    """NCCL_ALGO/NCCL_PROTO value -> enabled set (`^` excludes; 2.24 `func:list;...` takes the union)."""
+    v = value.strip().strip('"')
+    parts = [p.split(":", 1)[-1] for p in v.split(";")]
+    out: set[str] = set()
+    for part in parts:
+        neg = part.startswith("^")
+        items = {table[x.strip().lower()] for x in part.lstrip("^").split(",") if x.strip().lower() in table}
+        out |= (set(table.values()) - items) if neg else items
+    return frozenset(out) or None
+
+
+def _comm_for(j: JobNccl, frames) -> nc.Comm | None:
+    """A model of the job's main communicator from what the logs say, or None when too little is known."""
+    if not j.nranks or not j.archs:
+        return None
+    arch = min(j.archs.values(), key=lambda a: nc.ARCH_INDEX[a])
+    nnodes = j.nnodes or 1
+    chan = frames["nccl_events"].filter(pl.col("kind") == "channels")["value"].drop_nulls()
+    nch = int(chan.max()) if chan.len() else 2
+    # per-channel bandwidths are estimates unless GRAPH `Pattern` lines say (nccl.md §B.7)
+    intra = {"ampere": 20.0, "hopper": 20.6, "blackwell": 40.0}.get(arch, 12.0)
+    return nc.Comm(nranks=j.nranks, nnodes=nnodes, arch=arch, ring=nc.Graph(nch, intra, 12.0),
+                   ll128=len(set(j.archs.values())) == 1 and nc.ARCH_INDEX[arch] >= 1)
+
+
+_COLL = {"allreduce": "AllReduce", "allgather": "AllGather", "reduce_scatter": "ReduceScatter",
+         "broadcast": "Broadcast", "reduce": "Reduce"}
+
+
+def _table_predictions(frames, j: JobNccl, calls: pl.DataFrame, tests: pl.DataFrame) -> pl.DataFrame | None:
+    """Predicted times from a logged TUNING table (replayed, not modelled) for the sizes the job measured,
+    for the (algo, proto) NCCL logged for that size (2.24+ lines carry no time), else the table's argmin.
+    Only used where no per-op line already carries NCCL's predicted time."""
+    tun = frames["nccl_tuning"]
+    if tun.height == 0:
+        return None
+    first = tun.filter(pl.col("table") == tun["table"].min())
+    timed = set(calls.filter(pl.col("predicted_us").is_not_null())["bytes"].to_list())
+    chosen = {
+        (r["op"] or "AllReduce", r["bytes"]): (r["algo"], r["proto"])
+        for r in calls.filter((pl.col("kind") == "tuning") & pl.col("algo").is_not_null()).iter_rows(named=True)
+    }
+    measured: list[tuple[str, int, float, str]] = []
+    if tests.height:
+        for r in tests.filter(pl.col("time_us").is_not_null()).iter_rows(named=True):
+            coll = r["collective"] or ("AllReduce" if (r["algbw_gbps"] or 0) and r["busbw_gbps"] > r["algbw_gbps"] else None)
+            if coll:
+                measured.append((coll, r["size_bytes"], r["time_us"], "nccl-tests"))
+    if frames.has("kernels"):
+        k = frames["kernels"].filter((pl.col("class") == "comm") & pl.col("bytes").is_not_null() & pl.col("seq").is_not_null())
+        per = (k.group_by("pg_name", "seq", "collective", "bytes")
+               .agg(((pl.col("end_ns") - pl.col("start_ns")).min() / 1e3).alias("time_us")))
+        for r in per.iter_rows(named=True):
+            if r["collective"] in _COLL:
+                measured.append((_COLL[r["collective"]], r["bytes"], r["time_us"], "trace"))
+    base = _comm_for(j, frames)
+    rows = []
+    for coll, nbytes, t_us, by in measured:
+        if nbytes in timed:
+            continue
+        tab = {(r["algo"], r["proto"]): (r["latency_us"], r["bw_gbps"])
+               for r in first.filter(pl.col("collective") == coll).iter_rows(named=True) if r["algo"]}
+        if not tab:
+            continue
+        want = chosen.get((coll, nbytes))
+        try:
+            a, p, t, cands = nc.choose_from_table(tab, coll, int(nbytes), base)
+        except ValueError:
+            continue
+        if want in cands:
+            a, p, t = want[0], want[1], cands[want]
+        rows.append({"size_bytes": int(nbytes), "time_us": float(t_us), "predicted_us": t, "ratio": t_us / t,
+                     "algo": a, "proto": p, "measured_by": by + " vs TUNING table"})
+    return pl.DataFrame(rows) if rows else None
+
+
+@detector(
+    "nccl_algorithm",
+    config=NcclAlgorithmConfig,
+    requires_any=("nccl_env", "nccl_calls", "nccl_tuning", "nccl_tests", "nccl_comms"),
+)
+def nccl_algorithm(frames, cfg: NcclAlgorithmConfig) -> list[Finding]:
+    j = job(frames)
+    env = frames["nccl_env"]
+    calls = frames["nccl_calls"]
+    tests = frames["nccl_tests"]
+    out: list[Finding] = []
+    looked = False
+
+    # 1. user overrides
+    # *_DISABLE counts when not 0, *_ENABLE when 0 (NCCL_NVLS_ENABLE=0 turns NVLS off)
+    is_enable = pl.col("var").str.ends_with("_ENABLE")
+    forced = env.filter(
+        pl.col("var").is_in(FORCING)
+        | (pl.col("var").is_in(DISABLES) & pl.when(is_enable).then(pl.col("value") == "0").otherwise(pl.col("value") != "0"))
+    )
+    looked |= env.height > 0
+    if forced.height:
+        settings = {r["var"]: r["value"] for r in forced.sort("line").iter_rows(named=True)}
+        ranks, hosts, gpus = where(forced, j.ident)
+        metrics: dict = {k: v for k, v in settings.items()}
+        lost_us = None
+        base = _comm_for(j, frames)
+        sizes = calls.filter(pl.col("kind") == "coll").select("op", "bytes").drop_nulls()
+        nsteps, step_us = 0, None
+        if frames.has("comms"):
+            # one rank's collectives in the profiled window stand for every rank's
+            cm = frames["comms"].filter(pl.col("bytes").is_not_null() & pl.col("collective").is_in(list(_COLL)))
+            if cm.height:
+                r0 = cm["rank"].drop_nulls().min()
+                cm = cm.filter(pl.col("rank") == r0) if r0 is not None else cm
+                sizes = pl.concat([sizes, cm.select(pl.col("collective").replace_strict(_COLL).alias("op"), "bytes")])
+                st = frames["steps"].filter(pl.col("rank") == r0) if r0 is not None else frames["steps"]
+                nsteps = st.height
+                step_us = float((st["end_ns"] - st["start_ns"]).mean()) / 1e3 if st.height else None
+        detail = "impact not quantified: the logs give no message sizes or too little topology for the model"
+        confidence = "medium"
+        gpu_s = frac = None
+        if base is not None and sizes.height and ("NCCL_ALGO" in settings or "NCCL_PROTO" in settings):
+            algos = _names(settings["NCCL_ALGO"], _ALGO_NAMES) if "NCCL_ALGO" in settings else None
+            protos = _names(settings["NCCL_PROTO"], _PROTO_NAMES) if "NCCL_PROTO" in settings else None
+            user = nc.Comm(**{**base.__dict__, "algos": algos, "protos": protos})
+            lost_us, worst = 0.0, 1.0
+            for op, nbytes in sizes.iter_rows():
+                coll = op if op in nc.COLLECTIVES else "AllReduce"
+                try:
+                    t_def = nc.choose(base, coll, int(nbytes))[2]
+                    t_user = nc.choose(user, coll, int(nbytes))[2]
+                except ValueError:
+                    continue
+                lost_us += max(0.0, t_user - t_def)
+                worst = max(worst, t_user / t_def)
+            metrics |= {"predicted_lost_us": round(lost_us, 1), "worst_slowdown": round(worst, 2)}
+            detail = (f"the cost model (estimated topology) predicts {lost_us / 1e3:.1f} ms lost over the "
+                      f"{sizes.height} observed calls, up to {worst:.2f}x slower than NCCL's default choice")
+            if nsteps:
+                per_step = lost_us / nsteps
+                metrics["predicted_lost_us_per_step"] = round(per_step, 1)
+                detail += f" ({per_step / 1e3:.2f} ms per step)"
+                gpu_s = lost_us * (j.nranks or 1) / 1e6
+                frac = per_step / step_us if step_us else None
+            confidence = "low"
+            if worst < cfg.min_forced_slowdown:
+                detail = "the cost model predicts no significant loss for the observed sizes"
+                gpu_s = frac = None
+        sev = Severity.WARNING
+        out.append(Finding(
+            "nccl_algorithm", sev, "NCCL algorithm, protocol or transport choice forced by environment",
+            "Set by the user: " + ", ".join(f"{k}={v}" for k, v in settings.items()) + f"; {detail}.",
+            "Remove the override unless a benchmark on this cluster shows it is faster at the job's message "
+            "sizes; NCCL's own choice is usually within a few percent of the best.",
+            ranks=ranks, hosts=hosts, gpus=gpus, key="forced", metrics=metrics, confidence=confidence,
+            gpu_seconds_lost=gpu_s, fraction_of_step=frac,
+            evidence=evidence(forced, ("host", "line", "var", "value", "origin")),
+        ))
+
+    # 2. measured vs NCCL's own prediction
+    pred = (calls.filter((pl.col("kind") == "tuning") & pl.col("predicted_us").is_not_null())
+            .group_by("bytes").agg(pl.col("predicted_us").first(), pl.col("algo").first(), pl.col("proto").first(),
+                                   pl.col("host").first(), pl.col("pid").first(), pl.col("cuda_dev").first()))
+    looked |= pred.height > 0
+    gaps = []
+    table_pred = _table_predictions(frames, j, calls, tests)
+    if table_pred is not None and table_pred.height:
+        looked = True
+        gaps.append(table_pred)
+    if pred.height and tests.height:
+        m = tests.join(pred, left_on="size_bytes", right_on="bytes").with_columns(
+            (pl.col("time_us") / pl.col("predicted_us")).alias("ratio"), pl.lit("nccl-tests").alias("measured_by"))
+        gaps.append(m.select("size_bytes", "time_us", "predicted_us", "ratio", "algo", "proto", "measured_by"))
+    if pred.height and frames.has("kernels"):
+        k = frames["kernels"].filter((pl.col("class") == "comm") & pl.col("bytes").is_not_null() & pl.col("seq").is_not_null())
+        if k.height:
+            per = (k.group_by("pg_name", "seq", "collective", "bytes")
+                   .agg(((pl.col("end_ns") - pl.col("start_ns")).min() / 1e3).alias("time_us")))
+            m = per.join(pred, on="bytes").with_columns(
+                (pl.col("time_us") / pl.col("predicted_us")).alias("ratio"), pl.lit("trace").alias("measured_by"))
+            gaps.append(m.select(pl.col("bytes").alias("size_bytes"), "time_us", "predicted_us", "ratio", "algo",
+                                 "proto", "measured_by"))
+    if gaps:
+        g = pl.concat(gaps).filter((pl.col("size_bytes") >= cfg.min_bytes_for_gap)
+                                   & (pl.col("ratio") >= cfg.min_measured_over_predicted)).sort("ratio", descending=True)
+        if g.height:
+            top = g.row(0, named=True)
+            ranks, hosts, gpus = where(pred.select("host", "pid", "cuda_dev"), j.ident)
+            out.append(Finding(
+                "nccl_algorithm", Severity.WARNING, "Collectives run far slower than NCCL's own prediction",
+                f"{g.height} measured size(s) take >= {cfg.min_measured_over_predicted:g}x NCCL's predicted time; "
+                f"worst: {top['size_bytes']} B with {top['algo']}/{top['proto']} took {top['time_us']:.0f} us "
+                f"vs {top['predicted_us']:.0f} us predicted ({top['ratio']:.1f}x, {top['measured_by']}). NCCL "
+                "assumed bandwidth the fabric did not deliver: suspect the transport, not the choice.",
+                "Check the nccl_transport findings, NIC/link health and PCIe placement on the slow path; run "
+                "nccl-tests per node pair to find the slow link.",
+                ranks=ranks, hosts=hosts, gpus=gpus, key="model_gap", confidence="high",
+                metrics={"worst_ratio": round(top["ratio"], 2), "worst_bytes": top["size_bytes"],
+                         "sizes_flagged": g.height,
+                         # the bus bandwidth NCCL's model assumed for that AllReduce: 2(n-1)/n x bytes / time
+                         "predicted_busbw_gbps": round(2 * (j.nranks - 1) / j.nranks * top["size_bytes"]
+                                                       / (top["predicted_us"] * 1e3), 1) if j.nranks else None},
+                evidence=evidence(g, ("size_bytes", "algo", "proto", "time_us", "predicted_us", "ratio", "measured_by")),
+            ))
+
+    # 3. busbw cliff in nccl-tests
+    if tests.height:
+        looked = True
+        t = (tests.filter(pl.col("placement") == "out-of-place").sort("size_bytes")
+             .with_columns(pl.col("busbw_gbps").shift(1).alias("prev_busbw"), pl.col("size_bytes").shift(1).alias("prev_size")))
+        cliff = t.filter((pl.col("size_bytes") >= cfg.min_bytes_for_gap) & (pl.col("busbw_gbps") > 0)
+                         & (pl.col("prev_busbw") / pl.col("busbw_gbps") >= cfg.min_busbw_cliff))
+        if cliff.height:
+            c = cliff.row(0, named=True)
+            out.append(Finding(
+                "nccl_algorithm", Severity.WARNING, "Bus bandwidth collapses above a message size",
+                f"nccl-tests busbw falls from {c['prev_busbw']:.2f} GB/s at {c['prev_size']} B to "
+                f"{c['busbw_gbps']:.2f} GB/s at {c['size_bytes']} B: a switch of algorithm/protocol or of "
+                "path onto a degraded link.",
+                "Re-run with NCCL_DEBUG_SUBSYS=TUNING to see the choice at both sizes, and test each "
+                "algorithm with NCCL_ALGO to locate the broken path.",
+                key="busbw_cliff", confidence="medium", hosts=tuple(sorted(set(tests["host"].drop_nulls().to_list()))),
+                metrics={"from_gbps": c["prev_busbw"], "to_gbps": c["busbw_gbps"], "at_bytes": c["size_bytes"]},
+                evidence=evidence(cliff, ("size_bytes", "prev_busbw", "busbw_gbps", "line")),
+            ))
+
+    # 3b. nccl-tests peak against the hardware's expected bus bandwidth (user-supplied)
+    if tests.height and cfg.expected_busbw_gbps > 0:
+        peak = tests["busbw_gbps"].drop_nulls().max()
+        if peak is not None and peak < cfg.min_busbw_fraction * cfg.expected_busbw_gbps:
+            out.append(Finding(
+                "nccl_algorithm", Severity.WARNING, "nccl-tests bus bandwidth far below the hardware's",
+                f"Peak busbw {peak:.2f} GB/s is {peak / cfg.expected_busbw_gbps:.0%} of the expected "
+                f"{cfg.expected_busbw_gbps:g} GB/s.",
+                "Check the transport findings, NIC count and speed per GPU, PCIe generation/width and NUMA placement.",
+                key="busbw_peak", confidence="medium",
+                metrics={"peak_busbw_gbps": peak, "expected_busbw_gbps": cfg.expected_busbw_gbps},
+                evidence=evidence(tests.sort("busbw_gbps", descending=True), ("size_bytes", "placement", "busbw_gbps", "line"), 3),
+            ))
+
+    # 4. wrong results in nccl-tests
+    wrong = tests.filter(pl.col("wrong") > 0)
+    oob = frames["nccl_events"].filter((pl.col("kind") == "nccl_tests_check") & (pl.col("code") > 0))
+    if wrong.height or oob.height:
+        proto = j.env.get("NCCL_PROTO")
+        out.append(Finding(
+            "nccl_algorithm", Severity.CRITICAL, "nccl-tests validation failed (wrong results)",
+            f"{wrong.height} result row(s) report errors"
+            + (f" and `{oob['message'][0]}`" if oob.height else "")
+            + (f"; NCCL_PROTO={proto} was forced, which corrupts data on paths NCCL disables it for" if proto else "")
+            + ".",
+            "Remove NCCL_PROTO/NCCL_ALGO overrides and re-validate; if it persists, test GPUs and links "
+            "individually (DCGM diag, nccl-tests per pair).",
+            key="wrong_results", confidence="high",
+            metrics={"wrong_rows": wrong.height, "forced_proto": proto},
+            evidence=evidence(wrong, ("size_bytes", "placement", "wrong", "line")) + evidence(oob, ("line", "message")),
+        ))
+
+    # 5. mixed GPU generations
+    if len(set(j.archs.values())) > 1:
+        names = sorted(j.archs)
+        comms = frames["nccl_comms"].filter(pl.col("gpu_name").is_not_null())
+        ranks, hosts, gpus = where(comms, j.ident)
+        out.append(Finding(
+            "nccl_algorithm", Severity.WARNING, "Mixed GPU generations in one job",
+            f"GPUs {', '.join(names)} ({', '.join(sorted(set(j.archs.values())))}) share communicators: NCCL "
+            "disables LL128 and tunes for the oldest GPU, and the slowest GPU paces every collective.",
+            "Run on homogeneous GPUs.",
+            ranks=ranks, hosts=hosts, gpus=gpus, key="mixed_gpus", confidence="high",
+            evidence=evidence(comms, ("host", "rank", "gpu_name")),
+        ))
+    if not looked and not out:
+        raise Skip("no NCCL environment, TUNING, COLL or nccl-tests lines to judge the algorithm choice from")
+    return out

@@ -1,0 +1,127 @@
+"""Who is who: NCCL log processes (host, pid, cudaDev, busId) joined to global ranks and trace ranks.
+
+A finding from a log and one from a trace must name the same rank and the same GPU (PCI bus id).
+Sources of identity, strongest first:
+
+1. NCCL init lines ``comm ... rank r nranks n cudaDev d [nvmlDev] busId b`` (the communicator with the
+   most ranks is taken as the global one);
+2. nccl-tests device lists ``Rank r Pid p on host device d [0xbus]``;
+3. the process's own side of its ``Channel`` lines (sender for send/P2P/SHM, receiver for receive);
+4. on a host where every known (cudaDev, rank) pair has the same offset ``rank - cudaDev`` (one
+   communicator, ranks laid out by local GPU), the missing devices of that host by the same offset;
+5. the Kineto ``ranks`` frame (rank, host, pid, device), joined on (host, pid, device), then
+   (host, device).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from forensics.frames import JobFrames
+
+IDENTITY_SCHEMA = {
+    "host": pl.String(), "pid": pl.Int64(), "cuda_dev": pl.Int32(), "rank": pl.Int32(),
+    "bus_id": pl.String(), "how": pl.String(),
+}
+
+
+def _empty() -> pl.DataFrame:
+    return pl.DataFrame(schema=IDENTITY_SCHEMA)
+
+
+def log_identities(frames: JobFrames) -> pl.DataFrame:
+    """One row per (host, pid, cuda_dev) seen in NCCL logs, with its global rank and bus id when known."""
+    comms = frames["nccl_comms"]
+    init = (
+        comms.filter(pl.col("origin") == "init")
+        .sort("nranks", descending=True)
+        .select("host", "pid", "cuda_dev", "rank", "bus_id", pl.lit("init").alias("how"))
+    )
+    tests = comms.filter(pl.col("origin").is_in(["nccl-tests", "launcher"])).select(
+        "host", "pid", "cuda_dev", "rank", "bus_id", pl.lit("nccl-tests").alias("how")
+    )
+    ch = frames["nccl_channels"]
+    own = ch.select(
+        "host", "pid", "cuda_dev",
+        pl.when(pl.col("direction") == "receive").then(pl.col("dst_rank")).otherwise(pl.col("src_rank")).alias("rank"),
+        pl.when(pl.col("direction") == "receive").then(pl.col("dst_bus_id")).otherwise(pl.col("src_bus_id")).alias("bus_id"),
+        pl.lit("channel").alias("how"),
+    )
+    known = pl.concat([_cast(init), _cast(tests), _cast(own)], how="vertical")
+    known = known.filter(pl.col("cuda_dev").is_not_null() & pl.col("host").is_not_null())
+    # every process the logs mention, with or without a rank
+    seen = pl.concat(
+        [
+            _cast(frames[name].select("host", "pid", "cuda_dev"))
+            for name in ("nccl_net", "nccl_channels", "nccl_events", "nccl_env", "nccl_calls", "nccl_comms")
+            if frames[name].height
+        ]
+        or [_empty().select("host", "pid", "cuda_dev")],
+        how="vertical",
+    ).filter(pl.col("host").is_not_null() & pl.col("cuda_dev").is_not_null()).unique()
+    best = (
+        known.group_by("host", "pid", "cuda_dev", maintain_order=True)
+        .agg(pl.col("rank").drop_nulls().first(), pl.col("bus_id").drop_nulls().first(), pl.col("how").first())
+    )
+    out = seen.join(best, on=["host", "pid", "cuda_dev"], how="full", coalesce=True)
+    # 4. rank offset per process, else per host, when every known pair agrees
+    pairs = out.filter(pl.col("rank").is_not_null()).select("host", "pid", (pl.col("rank") - pl.col("cuda_dev")).alias("off"))
+
+    def offsets(keys: list[str]) -> pl.DataFrame:
+        return (
+            pairs.group_by(keys)
+            .agg(pl.col("off").n_unique().alias("k"), pl.col("off").first().alias("off"), pl.len().alias("n"))
+            .filter((pl.col("k") == 1) & (pl.col("n") >= 2))
+            .select(*keys, "off")
+        )
+
+    out = (
+        out.join(offsets(["host", "pid"]), on=["host", "pid"], how="left")
+        .join(offsets(["host"]).rename({"off": "_ho"}), on="host", how="left")
+        .with_columns(pl.coalesce("off", "_ho").alias("off"))
+        .drop("_ho")
+    )
+    out = out.with_columns(
+        pl.when(pl.col("rank").is_null() & pl.col("off").is_not_null())
+        .then(pl.lit("host-offset"))
+        .otherwise(pl.col("how"))
+        .alias("how"),
+        pl.coalesce("rank", (pl.col("cuda_dev") + pl.col("off")).cast(pl.Int32())).alias("rank"),
+    ).drop("off")
+    # a bus id known for a (host, cuda_dev) from any process of that host
+    bus = out.filter(pl.col("bus_id").is_not_null()).group_by("host", "cuda_dev").agg(pl.col("bus_id").first().alias("_b"))
+    out = out.join(bus, on=["host", "cuda_dev"], how="left").with_columns(pl.coalesce("bus_id", "_b").alias("bus_id")).drop("_b")
+    return _cast(out).sort("host", "pid", "cuda_dev", nulls_last=True)
+
+
+def with_trace_ranks(ident: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
+    """Add ``trace_rank`` (the Kineto ``ranks`` frame's rank) to log identities; fill missing ranks from it."""
+    if ranks.height == 0:
+        return ident.with_columns(pl.lit(None, pl.Int32()).alias("trace_rank"))
+    tr = ranks.select("host", "pid", pl.col("device").cast(pl.Int32()).alias("cuda_dev"), pl.col("rank").alias("trace_rank"))
+    by_pid = ident.join(tr, on=["host", "pid", "cuda_dev"], how="left")
+    by_dev = tr.group_by("host", "cuda_dev").agg(pl.col("trace_rank").first().alias("_t"), pl.len().alias("_n"))
+    by_dev = by_dev.filter(pl.col("_n") == 1).drop("_n")
+    out = by_pid.join(by_dev, on=["host", "cuda_dev"], how="left").with_columns(
+        pl.coalesce("trace_rank", "_t").alias("trace_rank")
+    ).drop("_t")
+    return out.with_columns(pl.coalesce("rank", "trace_rank").alias("rank"))
+
+
+def identities(frames: JobFrames) -> pl.DataFrame:
+    """Log identities joined to trace ranks when the job has traces."""
+    ident = log_identities(frames)
+    return with_trace_ranks(ident, frames["ranks"]) if frames.has("ranks") else ident.with_columns(
+        pl.lit(None, pl.Int32()).alias("trace_rank")
+    )
+
+
+def attach(df: pl.DataFrame, ident: pl.DataFrame) -> pl.DataFrame:
+    """Fill ``rank`` and add ``bus_id`` on any frame with host, pid, cuda_dev columns."""
+    ids = ident.select("host", "pid", "cuda_dev", pl.col("rank").alias("_r"), pl.col("bus_id").alias("_bus"))
+    out = df.join(ids, on=["host", "pid", "cuda_dev"], how="left")
+    return out.with_columns(pl.coalesce("rank", "_r").alias("rank"), pl.col("_bus").alias("bus_id")).drop("_r", "_bus")
+
+
+def _cast(df: pl.DataFrame) -> pl.DataFrame:
+    return df.select([pl.col(c).cast(IDENTITY_SCHEMA[c]) for c in df.columns if c in IDENTITY_SCHEMA])

@@ -1,0 +1,758 @@
+"""NCCL_DEBUG=INFO logs (NCCL 2.4 ... 2.30), PyTorch ProcessGroupNCCL messages, NCCL RAS output and
+nccl-tests tables, from files that are mostly training output.
+
+Every line is classified; NCCL-envelope lines whose message is not understood are counted per file
+(``nccl_files.nccl_unknown`` and the ParseResult message), never silently dropped. Formats follow
+``research/nccl.md`` §A (format strings per release tag).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from forensics import frames as fr
+from parsers.common import DecompressionLimitExceeded, ParseContext, ParseResult, open_bounded
+
+# --- envelope -------------------------------------------------------------------------------
+# search, not match: launchers put their own tags in front ([1,3]<stdout>:, [0] , Ray, timestamps).
+ENVELOPE = re.compile(
+    r"(?P<host>[^\s:\[\]()]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] "
+    r"(?:(?P<tsms>\d+\.\d+) )?"
+    r"(?:(?P<src>[\w./\-]+:\d+)(?: \((?P<func>[^)]*)\))? )?"
+    r"NCCL (?P<level>INFO|WARN|TRACE|ERROR) ?(?P<msg>.*)$"
+)
+# host part stripped by the user or a tool: `[3] NCCL INFO ...`
+ENVELOPE_NOHOST = re.compile(
+    r"^\s*(?:\[(?P<dev>\d+)\] )?(?:(?P<src>[\w./\-]+:\d+)(?: \((?P<func>[^)]*)\))? )?"
+    r"NCCL (?P<level>INFO|WARN) (?P<msg>.*)$"
+)
+MPI_TAG = re.compile(r"\[\d+,(?P<rank>\d+)\]<std(?:out|err)>:")
+LAUNCHER_TAGS = re.compile(r"\[\d+(?:,\d+)?\](?:<std(?:out|err)>:)?|^\d{4}-\d\d-\d\dT[\d:.]+Z?:\s*|^\(\w+ pid=\d+[^)]*\)\s*")
+VERSION = re.compile(r"NCCL version (?P<ver>\d+\.\d+\.\d+)(?P<suffix>[^+\s]*)\+cuda(?P<cuda>\d+\.\d+)")
+RAS_VERSION = re.compile(r"^NCCL version (?P<ver>[\d.]+) compiled with CUDA (?P<cuda>[\d.]+)")
+
+_I = {
+    "bootstrap": r"^Bootstrap ?: ?Using ?(?P<ifaces>.+)$",
+    "net_ib_using": r"^NET/IB ?: ?Using(?P<devs>(?: \[\d+\][^\s:]+:\d+/[A-Za-z]+(?:/SHARP)?)*)\s*(?P<ro>\[RO\])?\s*; OOB (?P<oob>\S+)$",
+    "net_ib_nodev": r"^NET/IB ?: ?No device found\.?$",
+    "net_socket_using": r"^NET/Socket ?: ?Using(?P<devs>(?: \[\d+\][^\s:]+:\S*)+)$",
+    "using_network": r"^Using network (?P<net>.+?)\s*$",
+    "net_ofi_provider": r"^NET/OFI Selected Provider is (?P<prov>\S+)",
+    "gdr_hca": r"^NET/(?P<net>\S+) ?: ?GPU Direct RDMA (?P<state>Enabled|Disabled) for HCA (?P<hca>\d+) '(?P<name>[^']*)'(?P<extra>.*)$",
+    "gdr_gpu": r"^GPU Direct RDMA (?P<state>Enabled|Disabled) for GPU (?P<gpu>[0-9a-fx]+) / HCA (?P<hca>[0-9a-fx]+) \(distance (?P<dist>\d+) (?:<=|>) (?P<lvl>\d+)\)(?P<extra>.*)$",
+    "env": r"^(?P<var>NCCL_[A-Z0-9_]+) (?:set by environment to|set to) (?P<val>.*?)\.?\s*$",
+    "ring_list": r"^Channel (?P<ch>\d+)/(?P<nch>\d+) :(?P<ranks>(?:\s+\d+)+)\s*(?:\.\.\.)?\s*$",
+    "trees": r"^Trees(?P<trees>(?: \[\d+\] \S+)+)\s*$",
+    "ring_graph": r"^Ring (?P<ch>\d+) : (?P<prev>\d+) -> (?P<me>\d+) -> (?P<next>\d+)\s*$",
+    "tree_graph": r"^Tree (?P<ch>\d+) : (?P<up>-?\d+) -> (?P<me>\d+) -> (?P<down>-?\d+/-?\d+/-?\d+)\s*$",
+    "nvls_trees": r"^NVLS Trees : .*$",
+    "transport": r"^(?P<kw>Channel|Ring) (?P<ch>\d+)(?:/(?P<conn>\d+))? : (?P<src>\d+)\[(?P<srcdev>[0-9a-f]+)\] -> (?P<dst>\d+)\[(?P<dstdev>[0-9a-f]+)\] (?:\[(?P<dir>send|receive)\] )?via (?P<via>.+?)\s*$",
+    "comm_init": r"^(?:\[Rank \d+\] )?(?:(?P<func>\w+) )?comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<cudaDev>\d+)(?: nvmlDev (?P<nvmlDev>\d+))?(?: busId (?P<busId>[0-9a-f]+))?(?: parent (?P<parent>\S+))?(?: splitCount \d+)?(?: color (?P<color>-?\d+) key (?P<key>-?\d+))?(?: commId (?P<commId>0x[0-9a-f]+))? ?- (?P<phase>Init START|Init COMPLETE|Destroy COMPLETE|Abort COMPLETE)\s*$",
+    "comm_layout": r"^comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nRanks (?P<nranks>\d+) nNodes (?P<nnodes>\d+) localRanks (?P<localRanks>\d+) localRank (?P<localRank>\d+)(?: MNNVL (?P<mnnvl>\d+))?",
+    "init_timings": r"^Init timings(?: - (?P<func>\w+))?: rank (?P<rank>\d+) nranks (?P<nranks>\d+) total (?P<total>[\d.]+) \((?P<parts>[^)]*)\)",
+    "thread_thresholds": r"^threadThresholds (?P<vals>[\d/ |]+?)\s*$",
+    "channels_summary": r"^(?P<coll>\d+) coll channels, (?:(?P<collnet>\d+) collnet channels, )?(?:(?P<nvls>\d+) nvls channels, )?(?P<p2p>\d+) p2p channels, (?P<p2pPerPeer>\d+) p2p channels per peer\s*$",
+    "connected": r"^Connected (?P<what>all rings|all trees|NVLS tree|binomial trees|Collnet Chains|CollNet)(?:, use ring PXN (?P<pxn>\d+) GDR (?P<gdr>\d+))?.*$",
+    "nvls_support": r"^NVLS multicast support is (?P<neg>not )?available on dev (?P<dev>\d+)(?: \(NVLS_NCHANNELS (?P<n>\d+)\))?\s*$",
+    "nvls_comm": r"^NVLS comm 0x[0-9a-f]+ headRank .*$",
+    "collnet_conn": r"^CollNet (?P<ch>\d+)/(?P<conn>\d) : (?P<rank>\d+) \[(?P<dir>send|receive)\] via COLLNET/(?P<net>\S+)/(?P<dev>\d+)(?P<rest>.*)$",
+    "p2p_chunk": r"^P2P Chunksize set to \d+\s*$",
+    "topo_system": r"^=== System : maxBw (?P<maxBw>[\d.]+) totalBw (?P<totalBw>[\d.]+) ===\s*$",
+    "graph_pattern": r"^Pattern (?P<pattern>\d+), crossNic (?P<crossNic>\d+), nChannels (?P<nch>\d+), (?:bw|speed) (?P<bwIntra>[\d.]+)/(?P<bwInter>[\d.]+), type (?P<typeIntra>\w+)/(?P<typeInter>\w+), sameChannels (?P<same>\d+)\s*$",
+    "tuning_hdr_old": r"^\s*Latency/AlgBw \|(?P<cols>.*)$",
+    "tuning_hdr_new": r"^\s*(?P<which>Algorithm|Protocol)\s+\|(?P<cols>.*)$",
+    "tuning_nthreads": r"^\s*Max NThreads \|(?P<vals>.*)$",
+    "tuning_row": r"^\s*(?P<coll>Broadcast|Reduce|AllGather|ReduceScatter|AllReduce|SendRecv|AlltoAll|Gather|Scatter) \|(?P<cells>(?:\s*[\d.]+/\s*[\d.]+ \|)+)\s*$",
+    "tuning_op": r"^(?:(?P<func>[A-Za-z]+)(?: \[(?P<variant>[^\]]+)\])?: )?(?P<bytes>\d+) Bytes -> (?:Algo (?P<algo>\w+) proto (?P<proto>\w+)(?: time (?P<time>[\d.]+))?(?: channel\{Lo\.\.Hi\}=\{(?P<lo>\d+)\.\.(?P<hi>\d+)\})?|Kernel (?P<kernel>\S+) nchannels (?P<nch>\d+) nthreads (?P<nt>\d+)(?: nWorks (?P<nw>\d+))?|(?P<other>.*))\s*$",
+    "coll_op": r"^(?P<op>AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|Send|Recv|AlltoAll|Gather|Scatter): opCount (?P<opCount>[0-9a-f]+) sendbuff (?P<sendbuff>\S+) recvbuff (?P<recvbuff>\S+) count (?P<count>\d+) datatype (?P<dtype>\d+) op (?P<redop>\d+) root (?P<root>-?\d+) comm (?P<comm>0x[0-9a-f]+) \[nranks=(?P<nranks>\d+)\] stream (?P<stream>\S+)\s*$",
+    "err_trace": r"^(?P<file>[\w/.]+\.(?:cc|cu|h|cpp)):(?P<line>\d+) -> (?P<ret>\d+)(?: \[(?P<thread>[^\]]+)\])?\s*$",
+    "net_plugin": r"^(?:NET/Plugin ?: ?.*|Plugin Path : .*|P2P plugin \S+|Using non-device net plugin version \d+|(?:Initialized|Assigned) NET plugin .*|Successfully loaded external network plugin .*|TUNER/Plugin: .*|PROFILER/Plugin: .*|NET/Plugin: .*)$",
+    "version": r"^NCCL version .*$",
+    "misc": r"^(?:cudaDriverVersion \d+|Setting affinity for GPU \d+ to [0-9a-f,]+|Threads per block : .*|\[Proxy (?:Service|Service UDS|Progress)\] Device \d+ CPU core \d+|CC (?:On|Off).*workFifoBytes \d+|[\w/.]+:\d+ Cuda (?:Host )?Alloc Size \d+ pointer 0x[0-9a-f]+|Enabled NCCL Func/Proto/Algo Matrix:.*|comm 0x[0-9a-f]+ rank \d+ nRanks .*|Search \d+ : .*|RAS client listening socket .*|MNNVL .*|NET/IB : Using \[.*|NCCL_\w+ set by environment.*|Init (?:START|COMPLETE).*|Allocated .*|ncclCommInit.*)\s*$",
+    "check_p2p": r"^Check P2P Type (?:intraNodeP2pSupport (?P<p2p>\d+) directMode (?P<direct>\d+)|isAllDirectP2p (?P<alldirect>\d+) directMode (?P<direct2>\d+) isAllCudaP2p (?P<allcuda>\d+))",
+    "topo_tree": r"^\s*(?:\+ (?P<link>[A-Z]+)\[(?P<bw>[\d.]+)\] - )?(?P<node>(?:CPU|PCI|GPU|NIC|NET|NVS)/[0-9A-Fa-fx-]+)(?P<attrs>.*)$",
+    "graph_channel": r"^\s*(?P<ch>\d+) : (?P<path>(?:(?:GPU|NET|NVS)/\S+ ?)+)$",
+}
+INFO_RX = {k: re.compile(v) for k, v in _I.items()}
+
+_W = {
+    "ib_async": r"^NET/IB ?: (?:(?P<dev>\S+):(?P<port>\d+) )?(?:Got async event ?: ?|Got non-fatal async event: |async fatal event(?: on (?:CQ|QP|SRQ)[^:]*)?: )(?P<event>.+?)\s*$",
+    "ib_completion": r"^NET/IB ?: ?Got completion (?:from peer (?P<peer>\S+) )?with (?:error (?P<err>\d+)|status=(?P<status>\w+?)(?:\((?P<statusnum>\d+)\))?),? opcode[ =](?P<opcode>[\w()]+),? (?:len[ =](?P<len>\d+)|reqSize=(?P<reqSize>\d+)),? vendor[ _]err[ =]?(?P<verr>\d+)(?P<rest>.*)$",
+    "call_failed": r"^Call to (?P<fn>\S+)(?: from (?P<peer>\S+))? failed(?: with (?:error )?(?P<err>.+?))?(?: : (?P<err2>.+))?\s*$",
+    "cuda_failure": r"^Cuda failure (?:(?P<code>\d+) )?'(?P<msg>[^']*)'",
+    "socket_closed": r"^(?:socketProgress: )?(?:Net : )?Connection closed by remote peer (?P<peer>\S+)",
+    "net_recv_failed": r"^Net : Call to recv from (?P<peer>\S+) failed : (?P<err>.+)$",
+    "proxy_error": r"^\[(?:Service thread|Proxy Service[^\]]*)\] (?P<msg>.*)$",
+    "no_algo": r"^Error : no algorithm/protocol available.*$",
+    "no_libibverbs": r"^Failed to open libibverbs\.so.*$",
+}
+WARN_RX = {k: re.compile(v) for k, v in _W.items()}
+
+# --- PyTorch, RAS, nccl-tests ---------------------------------------------------------------
+_WORK = (
+    r"WorkNCCL\((?:SeqNum=(?P<seq>\d+), )?OpType=(?P<op>\w+)(?:, TensorShape=\[[^\]]*\])?"
+    r"(?:, NumelIn=(?P<numelIn>-?\d+), NumelOut=(?P<numelOut>-?\d+))?, Timeout\(ms\)=(?P<timeout>\d+)\)"
+)
+PT_TIMEOUT = re.compile(r"\[Rank (?P<rank>\d+)\]\s+Watchdog caught collective operation timeout: " + _WORK + r" ran for (?P<ran>\d+) milliseconds")
+PT_BLOCKING = re.compile(r"\[Rank (?P<rank>\d+)\] Work " + _WORK + r" timed out in blocking wait")
+PT_LAST = re.compile(
+    r"\[PG (?:ID )?(?P<pg>\d+)[^\]]*? Rank (?P<rank>\d+)\]\s+(?:Exception \(either an error or timeout\) detected by watchdog at work: "
+    r"(?P<seq>\d+), last enqueued NCCL work: (?P<enq>\d+), last completed NCCL work: (?P<comp>\d+)"
+    r"|Timeout at NCCL work: (?P<seq3>\d+), last enqueued NCCL work: (?P<enq3>\d+), last completed NCCL work: (?P<comp3>\d+)"
+    r"|failure detected by watchdog at work "
+    r"sequence id: (?P<seq2>\d+) PG status: last enqueued work: (?P<enq2>\d+), last completed work: (?P<comp2>\d+))"
+)
+PT_DESYNC = re.compile(r"\[(?P<lag>\d+)\] finished collective #(?P<fin>\d+), but didn't join collective #(?P<next>\d+)")
+PT_NCCL_ERR = re.compile(r"NCCL error in: (?P<file>\S+):(?P<line>\d+), (?P<what>[^,(]+)")
+PT_RANK = re.compile(r"\[rank(?P<r>\d+)\]:|\[Rank (?P<R>\d+)\]")
+PT_ANY = re.compile(r"ProcessGroupNCCL|WorkNCCL|TORCH_NCCL|c10d|Watchdog caught|FlightRecorder")
+
+RAS_GROUP = re.compile(r"^\s+(?P<grp>\d+)\s+(?P<comms>\d+)\s+(?P<nodes>\d+)\s+(?P<rpn>[\d-]+)\s+(?P<rpc>\d+)\s+(?P<rig>\d+)\s+(?P<status>[A-Z]+)\s+(?P<errors>[A-Z,]+)\s*$")
+RAS_PROC = re.compile(r"^\s*Process (?P<pid>\d+) on node (?P<node>\S+) managing GPU (?P<gpu>\d+)")
+RAS_RANK = re.compile(r"^\s*Rank (?P<rank>\d+) -- GPU (?P<gpu>\d+) managed by process (?P<pid>\d+) on node (?P<node>\S+)")
+RAS_OUTLIER = re.compile(r"^\s*Node (?P<node>\S+) running processes (?P<pids>[\d,]+)")
+RAS_DEAD = re.compile(r"^\s*(?P<n>\d+) job process(?:es)? (?:is|are) considered dead")
+RAS_PEER_DEAD = re.compile(r"PEER_DEAD: .*")
+
+NT_PARAMS = re.compile(r"^#?\s*nThread \d+ nGpus \d+ minBytes \d+ maxBytes \d+")
+NT_DEVICE = re.compile(r"^#?\s*Rank\s+(?P<rank>\d+)(?: Group\s+\d+)? Pid\s+(?P<pid>\d+) on\s+(?P<host>\S+) device\s+(?P<dev>\d+) \[(?P<bus>[^\]]+)\] (?P<name>.+?)\s*$")
+NT_ROW = re.compile(
+    r"^\s*(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>int8|uint8|int32|uint32|int64|uint64|half|float|double|bfloat16|f8e4m3|f8e5m2|char|int)"
+    r"(?:\s+(?P<redop>sum|prod|max|min|avg|mulsum|none))?(?:\s+(?P<root>-?\d+))?(?P<vals>(?:\s+(?:[\d.]+(?:e[+-]?\d+)?|N/A))+)\s*$"
+)
+NT_TAIL = re.compile(r"^\s*(?P<time>[\d.]+)\s+(?P<algbw>[\d.]+)\s+(?P<busbw>[\d.]+)\s+(?P<wrong>\d+|N/A|[\d.]+e[+-]\d+)(?P<more>(?:\s+(?:[\d.]+(?:e[+-]?\d+)?|N/A)){4})?\s*$")
+NT_HEADER = re.compile(r"^#?\s*(?:out-of-place\s+in-place|size\s+count\s+type|\(B\)\s+\(elements\)|Using devices|#|$)")
+NT_OOB = re.compile(r"^#?\s*Out of bounds values\s*:\s*(?P<n>\d+) (?P<ok>OK|FAILED)")
+NT_AVG = re.compile(r"^#?\s*Avg bus bandwidth\s*:\s*(?P<bw>[\d.]+)(?:\s+(?P<ok>OK|FAILED))?")
+NT_MISC = re.compile(r"^#|Test NCCL failure|Test failure|Collective test concluded|^\s*\.\. .* pid \d+: ")
+NT_PERF = re.compile(r"\b(all_reduce|all_gather|reduce_scatter|alltoall|broadcast|reduce|sendrecv|gather|scatter|hypercube)_perf\b")
+CMD_ENV = re.compile(r"(?:^|[\s#])(?:-x\s+)?(?P<var>NCCL_[A-Z0-9_]+)=(?P<val>[^\s;]+)")
+
+COLL_NAMES = {
+    "all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
+    "alltoall": "AlltoAll", "broadcast": "Broadcast", "reduce": "Reduce", "sendrecv": "SendRecv",
+    "gather": "Gather", "scatter": "Scatter", "hypercube": "Hypercube",
+}
+DTYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64",
+          "bfloat16", "fp8e4m3", "fp8e5m2"]
+DTYPE_SIZE = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8, "float16": 2,
+              "float32": 4, "float64": 8, "bfloat16": 2, "fp8e4m3": 1, "fp8e5m2": 1}
+REDOPS = ["sum", "prod", "max", "min", "avg"]
+ALGO_IDS = ["Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT"]
+PROTO_IDS = ["LL", "LL128", "Simple"]
+NET_VIA = re.compile(r"^NET/(?P<net>.+?)/(?P<nic>\d+)(?:\((?P<proxy>\d+)\))?(?P<rest>(?:/GDRDMA|\(PCI\)|/Shared|/\S+)*)$")
+P2P_VIA = re.compile(r"^P2P/(?P<kind>IPC|CUMEM|MNNVL|direct pointer|common device|indirect)")
+SOCKET_DEV = re.compile(r"\[(?P<idx>\d+)\](?P<ifname>[^\s:]+):(?P<addr>\S*)")
+IB_DEV = re.compile(r"\[(?P<idx>\d+)\](?P<name>[^\s:]+):(?P<port>\d+)/(?P<link>IB|RoCE)(?P<sharp>/SHARP)?")
+
+
+def bus_id_from_hex(h: str) -> str:
+    """NCCL prints the busId as the hex of `dddd:bb:dd.f` with separators removed."""
+    h = h.lower().removeprefix("0x").rjust(9, "0")
+    return f"{h[-9:-5]}:{h[-5:-3]}:{h[-3:-1]}.{h[-1]}"
+
+
+class _Acc:
+    """Row accumulators for one file (plain lists of dicts, turned into frames once)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.counts: Counter[str] = Counter()
+        self.unknown_sample: str | None = None
+        self.version: str | None = None
+        self.tuning_table = -1
+        self.tuning_last = -10
+        self.tuning_cols: list[tuple[str, str]] = []
+        self.tuning_algos: list[str] = []
+        self.tuning_nthreads: list[int] = []
+        self.ras = False
+        self.ras_error: str | None = None
+        self.perf: str | None = None
+        self.lo: tuple[int, ...] = (0,)
+        self.hi: tuple[int, ...] = (99,)
+        self.tails: list[dict[str, Any]] = []
+        self.tail_lines = 0
+        self.nt_seen = False
+        self.launcher: dict[tuple[str, int | None, int | None], int] = {}
+
+    def add(self, frame: str, **row: Any) -> None:
+        row["source"] = self.source
+        self.rows[frame].append(row)
+
+
+def parse(path: Path, ctx: ParseContext) -> ParseResult:
+    acc = _Acc(ctx.rel_path)
+    error: str | None = None
+    n = 0
+    try:
+        with open_bounded(path, ctx.max_decompressed_bytes) as fh:
+            for n, raw in enumerate(fh, 1):
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                try:
+                    _line(acc, line, n)
+                except Exception as exc:  # noqa: BLE001 -- bad input never aborts the file; it is counted
+                    acc.counts["nccl_unknown"] += 1
+                    acc.unknown_sample = acc.unknown_sample or f"line {n}: {exc}"
+    except (OSError, EOFError, zlib.error, DecompressionLimitExceeded) as exc:
+        error = f"{ctx.rel_path}: read stopped after line {n}: {exc}"
+    if n == 0 and error:
+        return ParseResult.failed(error)
+    frames = _frames(acc, n)
+    c = acc.counts
+    msg = (
+        f"NCCL {acc.version or 'version unknown'}: {n} lines, {c['nccl']} NCCL "
+        f"({c['nccl_unknown']} not understood), {c['nccl_tests']} nccl-tests, {c['pytorch']} PyTorch, "
+        f"{c['ras']} RAS, {c['other']} other"
+    )
+    if acc.unknown_sample:
+        msg += f"; first not understood: {acc.unknown_sample[:160]}"
+    hosts = frames["nccl_comms"]["host"].drop_nulls().unique().to_list() + [
+        h for h in frames["nccl_net"]["host"].drop_nulls().unique().to_list()
+    ]
+    ranks = set(frames["nccl_comms"].filter(pl.col("origin") == "init")["rank"].drop_nulls().to_list())
+    ranks |= set(frames["collective_timeouts"]["rank"].drop_nulls().to_list())
+    procs = process_ranks(frames)
+    if procs.height == 1:  # one process, one GPU: the file is that rank's
+        ranks |= set(procs["rank"].to_list())
+    hosts_set = set(hosts) | set(frames["nccl_channels"]["host"].drop_nulls().to_list())
+    return ParseResult(
+        frames=frames,
+        status="partial" if error else "ok",
+        message=(error + "; " + msg) if error else msg,
+        rank=next(iter(ranks)) if len(ranks) == 1 else None,
+        host=next(iter(hosts_set)) if len(hosts_set) == 1 else None,
+    )
+
+
+def _line(acc: _Acc, line: str, n: int) -> None:
+    if "NCCL " not in line:  # fast path: most lines of a training log
+        _other(acc, line, n)
+        return
+    m = ENVELOPE.search(line)
+    host = None
+    if m:
+        host = m["host"]
+        # nccl-tests row text glued in front (`... -1host:pid`): the root column swallowed a '-1'
+        if re.match(r"^-\d+[A-Za-z]", host) and re.search(r"\s-\d+" + re.escape(host[2:]) + ":", line):
+            host = host[2:]
+    else:
+        m = ENVELOPE_NOHOST.search(line)
+    if m:
+        acc.counts["nccl"] += 1
+        acc.ras = False
+        base = {
+            "host": host,
+            "pid": int(m["pid"]) if host else None,
+            "cuda_dev": int(m["dev"]) if m["dev"] is not None else None,
+            "line": n,
+        }
+        msg = m["msg"].rstrip()
+        tag = MPI_TAG.search(line, 0, m.start())
+        if tag and host:
+            acc.launcher[(host, base["pid"], base["cuda_dev"])] = int(tag["rank"])
+        if m["func"]:
+            _hint(acc, lo="2.30")  # `file:line (function) NCCL WARN`
+        if m["level"] in ("WARN", "ERROR"):
+            known = _warn(acc, base, msg, m["src"])
+        else:
+            known = _info(acc, base, msg, m["src"])
+        if not known:
+            acc.counts["nccl_unknown"] += 1
+            acc.unknown_sample = acc.unknown_sample or f"line {n}: {line.strip()}"
+        return
+    _other(acc, line, n)
+
+
+_HINTS = {
+    "tuning_op": lambda g: ("2.24", None) if g["lo"] is not None else (("2.23", "2.23") if g["func"] and g["time"]
+                                                                       else ("2.20", "2.22") if g["time"] else (None, None)),
+    "init_timings": lambda g: ("2.23", None) if g["func"] else ("2.22", "2.22"),
+    "channels_summary": lambda g: ("2.20", None) if g["collnet"] is not None else (("2.17", "2.19") if g["nvls"] is not None else ("2.7", "2.16")),
+    "check_p2p": lambda g: ("2.24", "2.26") if g["p2p"] is not None else ("2.27", None),
+    "connected": lambda g: ("2.24", None) if g["gdr"] is not None else (None, None),
+    "bootstrap": lambda g: (None, None),
+    "comm_layout": lambda g: ("2.20", None),
+    "tuning_hdr_old": lambda g: ("2.5", "2.17"),
+    "tuning_hdr_new": lambda g: ("2.18", None),
+}
+
+
+def _info(acc: _Acc, base: dict[str, Any], msg: str, src: str | None) -> bool:
+    if not msg:
+        return True  # `NCCL INFO` with nothing after it (WARN separators, cut lines)
+    for kind, rx in INFO_RX.items():
+        m = rx.match(msg)
+        if m:
+            break
+    else:
+        return False
+    g = m.groupdict()
+    hint = _HINTS.get(kind)
+    if hint:
+        _hint(acc, *hint(g))
+    if kind == "transport":
+        _transport(acc, base, g)
+    elif kind == "comm_init":
+        acc.add(
+            "nccl_comms", **{**base, "cuda_dev": int(g["cudaDev"])}, origin="init", comm=g["comm"], comm_id=g["commId"], rank=int(g["rank"]),
+            nranks=int(g["nranks"]), nvml_dev=_int(g["nvmlDev"]),
+            bus_id=bus_id_from_hex(g["busId"]) if g["busId"] else None, phase=g["phase"], func=g["func"],
+        )
+    elif kind == "comm_layout":
+        acc.rows["_layout"].append({"host": base["host"], "pid": base["pid"], "comm": g["comm"],
+                                    "nnodes": int(g["nnodes"]), "local_ranks": int(g["localRanks"])})
+    elif kind == "env":
+        acc.add("nccl_env", **base, var=g["var"], value=g["val"].strip(), origin="nccl")
+    elif kind == "bootstrap":
+        devs = list(SOCKET_DEV.finditer(g["ifaces"]))
+        if devs:
+            for d in devs:
+                acc.add("nccl_net", **base, kind="bootstrap", index=int(d["idx"]), name=d["ifname"], address=d["addr"])
+        else:
+            name, _, addr = g["ifaces"].strip().partition(":")
+            acc.add("nccl_net", **base, kind="bootstrap", index=0, name=name, address=addr)
+    elif kind == "net_socket_using":
+        for d in SOCKET_DEV.finditer(g["devs"]):
+            acc.add("nccl_net", **base, kind="socket", index=int(d["idx"]), name=d["ifname"], address=d["addr"])
+    elif kind == "net_ib_using":
+        for d in IB_DEV.finditer(g["devs"]):
+            acc.add("nccl_net", **base, kind="ib", index=int(d["idx"]), name=d["name"], port=int(d["port"]),
+                    link_layer=d["link"], detail=g["oob"])
+    elif kind == "net_ib_nodev":
+        acc.add("nccl_net", **base, kind="ib_none", detail=msg)
+    elif kind == "using_network":
+        acc.add("nccl_net", **base, kind="network", name=g["net"])
+    elif kind == "net_ofi_provider":
+        acc.add("nccl_net", **base, kind="ofi_provider", name=g["prov"])
+    elif kind == "gdr_hca":
+        acc.add("nccl_net", **base, kind="gdr_hca", index=int(g["hca"]), name=g["name"], state=g["state"],
+                detail=f"NET/{g['net']}{g['extra']}")
+    elif kind == "gdr_gpu":
+        acc.add("nccl_net", **base, kind="gdr_gpu", name=g["gpu"], state=g["state"], detail=msg)
+    elif kind == "net_plugin":
+        acc.add("nccl_net", **base, kind="plugin", name=msg.split(":")[0].strip(), detail=msg)
+    elif kind == "coll_op":
+        dtype = DTYPES[int(g["dtype"])] if int(g["dtype"]) < len(DTYPES) else g["dtype"]
+        redop = int(g["redop"])
+        acc.add(
+            "nccl_calls", **base, kind="coll", op=g["op"], comm=g["comm"], op_count=int(g["opCount"], 16),
+            count=int(g["count"]), datatype=dtype, redop=REDOPS[redop] if redop < 5 else "premulsum",
+            root=int(g["root"]), nranks=int(g["nranks"]),
+            bytes=int(g["count"]) * DTYPE_SIZE[dtype] if dtype in DTYPE_SIZE else None,
+        )
+    elif kind == "tuning_op":
+        if g["other"] is not None and not g["other"].startswith("cudaMemcpy"):
+            return False
+        algo, proto = g["algo"], g["proto"]
+        if algo is not None and algo.isdigit():
+            algo = ALGO_IDS[int(algo)] if int(algo) < len(ALGO_IDS) else algo
+        if proto is not None and proto.isdigit():
+            proto = PROTO_IDS[int(proto)] if int(proto) < len(PROTO_IDS) else proto
+        acc.add(
+            "nccl_calls", **base, kind="tuning", op=g["func"],
+            bytes=int(g["bytes"]), algo=algo if algo else g["kernel"], proto=proto,
+            predicted_us=_float(g["time"]), chan_lo=_int(g["lo"]), chan_hi=_int(g["hi"]),
+        )
+    elif kind in ("tuning_hdr_old", "tuning_hdr_new", "tuning_nthreads", "tuning_row"):
+        _tuning(acc, base, kind, g)
+    elif kind == "thread_thresholds":
+        vals = [int(v) for v in re.findall(r"\d+", g["vals"])]
+        if len(vals) >= 4:
+            acc.add("nccl_events", **base, level="INFO", kind="thread_thresholds", value=vals[3] / 8.0, message=msg)
+    elif kind == "channels_summary":
+        acc.add("nccl_events", **base, level="INFO", kind="channels", value=float(g["coll"]),
+                code=_int(g["nvls"]), message=msg)
+    elif kind == "nvls_support":
+        acc.add("nccl_events", **base, level="INFO", kind="nvls_support", code=0 if g["neg"] else 1, message=msg)
+    elif kind == "check_p2p":
+        p2p = g["p2p"] if g["p2p"] is not None else g["allcuda"]
+        acc.add("nccl_events", **base, level="INFO", kind="p2p_check", code=int(p2p), message=msg)
+    elif kind == "connected" and g["gdr"] is not None:
+        acc.add("nccl_events", **base, level="INFO", kind="connected", code=int(g["gdr"]),
+                value=float(g["pxn"]), message=msg)
+    elif kind == "init_timings":
+        acc.add("nccl_events", **base, level="INFO", kind="init_timings", value=float(g["total"]), message=msg)
+    elif kind == "topo_system":
+        acc.add("nccl_events", **base, level="INFO", kind="topo_system", value=float(g["maxBw"]), message=msg)
+    elif kind == "topo_tree" and g["link"]:
+        acc.add("nccl_events", **base, level="INFO", kind="topo_link", value=float(g["bw"]),
+                peer=g["node"], message=f"{g['link']} {g['node']}")
+    elif kind == "graph_pattern":
+        acc.add("nccl_events", **base, level="INFO", kind="graph_pattern", value=float(g["bwInter"]),
+                code=int(g["nch"]), message=msg)
+    elif kind == "err_trace":
+        acc.add("nccl_events", **base, level="INFO", kind="error_trace", code=int(g["ret"]),
+                file_line=f"{g['file']}:{g['line']}", message=msg)
+    elif kind == "version":
+        vm = VERSION.search(msg)
+        if vm:
+            acc.version = acc.version or vm["ver"]
+    return True
+
+
+def _hint(acc: _Acc, lo: str | None = None, hi: str | None = None) -> None:
+    """Narrow the version range the line formats allow (research/nccl.md §A.5)."""
+    if lo:
+        acc.lo = max(acc.lo, tuple(int(x) for x in lo.split(".")))
+    if hi:
+        acc.hi = min(acc.hi, tuple(int(x) for x in hi.split(".")))
+
+
+def _transport(acc: _Acc, base: dict[str, Any], g: dict[str, Any]) -> None:
+    via = g["via"]
+    if g["kw"] == "Ring":
+        _hint(acc, hi="2.6")
+    elif len(g["srcdev"]) >= 4:
+        _hint(acc, lo="2.5", hi="2.18.1")
+    else:
+        _hint(acc, lo="2.18.3")  # a device index, not a busId, in the bracket
+    row: dict[str, Any] = dict(
+        channel=int(g["ch"]), conn_index=_int(g["conn"]), src_rank=int(g["src"]), dst_rank=int(g["dst"]),
+        direction=g["dir"], via=via,
+    )
+    # the bracket holds a busId up to 2.18.1 and a device index after (and in 2.4 `Ring` lines)
+    for side in ("src", "dst"):
+        text = g[side + "dev"]
+        if len(text) >= 4 and g["kw"] == "Channel":
+            row[side + "_bus_id"] = bus_id_from_hex(text)
+        elif text.isdigit():
+            row[side + "_dev"] = int(text)
+    nm = NET_VIA.match(via)
+    if via.startswith("NET/") and nm:
+        rest = nm["rest"] or ""
+        row.update(transport="NET", net=nm["net"], nic=int(nm["nic"]), proxy_rank=_int(nm["proxy"]),
+                   gdr="/GDRDMA" in rest, shared="/Shared" in rest)
+    elif via.startswith("P2P"):
+        pm = P2P_VIA.match(via)
+        row.update(transport="P2P", p2p_kind=pm["kind"] if pm else None)
+    elif via.startswith("SHM") or "shared memory" in via:
+        row.update(transport="SHM")
+    elif via.startswith("COLLNET"):
+        row.update(transport="COLLNET")
+    else:
+        row.update(transport=via.split("/")[0])
+    acc.add("nccl_channels", **base, **row)
+
+
+def _tuning(acc: _Acc, base: dict[str, Any], kind: str, g: dict[str, Any]) -> None:
+    # a table is a run of consecutive TUNING lines; 2.18+ prints it in blocks of 3 algorithms
+    if base["line"] != acc.tuning_last + 1:
+        acc.tuning_table += 1
+        acc.tuning_algos, acc.tuning_cols, acc.tuning_nthreads = [], [], []
+    acc.tuning_last = base["line"]
+    if kind == "tuning_hdr_old":
+        acc.tuning_cols = [
+            (a.strip(), p.strip()) for a, p in (c.split("/") for c in g["cols"].split("|") if "/" in c)
+        ]
+    elif kind == "tuning_hdr_new":
+        names = [c.strip() for c in g["cols"].split("|") if c.strip()]
+        if g["which"] == "Algorithm":
+            acc.tuning_algos = names
+        else:
+            per = max(1, len(names) // max(1, len(acc.tuning_algos)))
+            acc.tuning_cols = [(a, names[i * per + j]) for i, a in enumerate(acc.tuning_algos) for j in range(per)
+                               if i * per + j < len(names)]
+    elif kind == "tuning_nthreads":
+        acc.tuning_nthreads = [int(v) for v in re.findall(r"\d+", g["vals"])]
+    else:
+        cells = re.findall(r"([\d.]+)/\s*([\d.]+)", g["cells"])
+        for i, (lat, bw) in enumerate(cells):
+            algo, proto = acc.tuning_cols[i] if i < len(acc.tuning_cols) else (None, None)
+            acc.add(
+                "nccl_tuning", **base, table=acc.tuning_table, collective=g["coll"], algo=algo,
+                proto=proto, latency_us=float(lat), bw_gbps=float(bw),
+                max_nthreads=acc.tuning_nthreads[i] if i < len(acc.tuning_nthreads) else None,
+            )
+
+
+def _warn(acc: _Acc, base: dict[str, Any], msg: str, src: str | None) -> bool:
+    if re.match(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] ", msg):
+        _hint(acc, lo="2.26")
+    msg = re.sub(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] ", "", msg)
+    row = dict(**base, level="WARN", file_line=src, message=msg)
+    for kind, rx in WARN_RX.items():
+        m = rx.match(msg)
+        if m:
+            g = m.groupdict()
+            code: int | None = None
+            peer = g.get("peer")
+            if kind == "ib_completion":
+                code = _int(g["err"]) if g["err"] is not None else _int(g["statusnum"])
+                if code is None and g["status"] and g["status"].isdigit():
+                    code = int(g["status"])
+            elif kind == "cuda_failure":
+                code = _int(g["code"])
+            elif kind == "ib_async":
+                peer = g["dev"]
+            elif kind == "proxy_error":
+                rm = re.search(r"(?:res|retcode)[= ](\d+)", msg)
+                code = int(rm.group(1)) if rm else None
+            acc.add("nccl_events", **row, kind=kind, code=code, peer=peer)
+            return True
+    acc.add("nccl_events", **row, kind="warn_other")
+    return True  # an unclassified WARN is still kept, with its text
+
+
+def _other(acc: _Acc, line: str, n: int) -> None:
+    text = LAUNCHER_TAGS.sub("", line).strip()
+    if not text:
+        acc.counts["other"] += 1
+        return
+    # PyTorch ProcessGroupNCCL
+    if PT_ANY.search(line) or PT_DESYNC.search(line):
+        acc.counts["pytorch"] += 1
+        acc.ras = False
+        _pytorch(acc, line, n)
+        return
+    rv = RAS_VERSION.match(text)
+    if rv:
+        acc.version = acc.version or rv["ver"]
+        acc.ras = True
+        acc.counts["ras"] += 1
+        return
+    vm = VERSION.search(text)
+    if vm and text.startswith("NCCL version"):
+        acc.version = acc.version or vm["ver"]
+        acc.counts["nccl"] += 1  # the bare banner of <= 2.21
+        return
+    if acc.ras:
+        acc.counts["ras"] += 1
+        _ras(acc, text, n)
+        return
+    if _nccl_tests(acc, text, n):
+        acc.counts["nccl_tests"] += 1
+        return
+    for cm in CMD_ENV.finditer(line):
+        acc.add("nccl_env", host=None, pid=None, cuda_dev=None, line=n, var=cm["var"], value=cm["val"], origin="command")
+    pm = NT_PERF.search(line)
+    if pm:
+        acc.perf = acc.perf or COLL_NAMES[pm.group(1)]
+    acc.counts["other"] += 1
+
+
+def _seen_tests(acc: _Acc) -> bool:
+    """A bare number row: nccl-tests when the file has nccl-tests output, else plain text."""
+    acc.tail_lines += 1
+    return True
+
+
+def _nccl_tests(acc: _Acc, text: str, n: int) -> bool:
+    m = NT_ROW.match(text)
+    if m:
+        acc.nt_seen = True
+        vals = m["vals"].split()
+        for k, placement in enumerate(("out-of-place", "in-place")):
+            part = vals[4 * k : 4 * k + 4]
+            if len(part) < 3:
+                break
+            acc.add(
+                "nccl_tests", host=None, line=n, size_bytes=int(m["size"]), count=int(m["count"]), type=m["type"],
+                redop=m["redop"], root=_int(m["root"]), placement=placement, time_us=_float(part[0]),
+                algbw_gbps=_float(part[1]), busbw_gbps=_float(part[2]),
+                wrong=_float(part[3]) if len(part) > 3 else None, size_inferred=False,
+            )
+        return True
+    m = NT_TAIL.match(text)
+    if m:
+        # a row cut by interleaved output: its size is algbw x time (GB/s x us = kB), a power of two
+        est = float(m["algbw"]) * float(m["time"]) * 1e3
+        if est <= 0:
+            return _seen_tests(acc)
+        p2 = 1 << max(0, round(est).bit_length() - 1)
+        size = min((p2, 2 * p2), key=lambda s: abs(s - est))
+        if abs(size - est) / size >= 0.05:
+            return _seen_tests(acc)
+        # kept only if the file turns out to hold nccl-tests output (decided at the end of the file)
+        acc.tails.append(dict(
+            source=acc.source, host=None, line=n, size_bytes=size, placement=None, time_us=float(m["time"]),
+            algbw_gbps=float(m["algbw"]), busbw_gbps=float(m["busbw"]), wrong=_float(m["wrong"]), size_inferred=True,
+        ))
+        return True
+    m = NT_DEVICE.match(text)
+    if m:
+        acc.nt_seen = True
+        bus = m["bus"].lower().removeprefix("0x")
+        acc.add(
+            "nccl_comms", host=m["host"], pid=int(m["pid"]), cuda_dev=int(m["dev"]), rank=int(m["rank"]), line=n,
+            origin="nccl-tests", phase="device", gpu_name=m["name"],
+            bus_id=f"0000:{int(bus, 16):02x}:00.0" if re.fullmatch(r"[0-9a-f]{1,2}", bus) else None,
+        )
+        return True
+    m = NT_OOB.match(text)
+    if m:
+        acc.add("nccl_events", host=None, line=n, level="ERROR" if m["ok"] == "FAILED" else "INFO",
+                kind="nccl_tests_check", code=int(m["n"]), message=text)
+        return True
+    m = NT_AVG.match(text)
+    if m:
+        acc.add("nccl_events", host=None, line=n, level="ERROR" if m["ok"] == "FAILED" else "INFO",
+                kind="nccl_tests_avg", value=float(m["bw"]), message=text)
+        return True
+    if NT_PARAMS.match(text) or re.search(r"out-of-place|\(elements\)|Avg bus bandwidth", text):
+        acc.nt_seen = True
+    if NT_PARAMS.match(text) or NT_HEADER.match(text) or NT_MISC.search(text):
+        if NT_PERF.search(text):
+            acc.perf = acc.perf or COLL_NAMES[NT_PERF.search(text).group(1)]  # type: ignore[union-attr]
+        for cm in CMD_ENV.finditer(text):
+            acc.add("nccl_env", host=None, pid=None, cuda_dev=None, line=n, var=cm["var"], value=cm["val"], origin="command")
+        return True
+    return False
+
+
+def _pytorch(acc: _Acc, line: str, n: int) -> None:
+    text = line.strip()
+    rm = PT_RANK.search(line)
+    rank = int(rm["r"] or rm["R"]) if rm else None
+    base = dict(host=None, line=n, rank=rank, message=text[:2000])
+    m = PT_TIMEOUT.search(line) or PT_BLOCKING.search(line)
+    if m:
+        acc.add(
+            "collective_timeouts", **base, kind="watchdog_timeout" if "Watchdog" in m.group(0) else "blocking_wait",
+            seq=_int(m["seq"]), op_type=m["op"], numel_in=_int(m["numelIn"]), numel_out=_int(m["numelOut"]),
+            timeout_ns=int(m["timeout"]) * 1_000_000,
+            ran_ns=int(m["ran"]) * 1_000_000 if "ran" in m.groupdict() and m["ran"] else None,
+        )
+        return
+    m = PT_LAST.search(line)
+    if m:
+        acc.add(
+            "collective_timeouts", **base, kind="pg_status", pg=int(m["pg"]), seq=int(m["seq"] or m["seq2"] or m["seq3"]),
+            last_enqueued=int(m["enq"] or m["enq2"] or m["enq3"]),
+            last_completed=int(m["comp"] or m["comp2"] or m["comp3"]),
+        )
+        return
+    m = PT_DESYNC.search(line)
+    if m:
+        acc.add("collective_timeouts", **base, kind="desync", seq=int(m["next"]), lagging_rank=int(m["lag"]),
+                last_completed=int(m["fin"]))
+        return
+    m = PT_NCCL_ERR.search(line)
+    if m:
+        acc.add("collective_timeouts", **base, kind="nccl_error")
+        return
+    if "FlightRecorder is disabled" in line:
+        acc.add("nccl_events", host=None, line=n, rank=rank, level="INFO", kind="flight_recorder_disabled",
+                message=text)
+
+
+def _ras(acc: _Acc, text: str, n: int) -> None:
+    m = RAS_GROUP.match(" " + text)
+    base = dict(host=None, line=n)
+    if m:
+        bad = m["errors"] != "OK" or m["status"] not in ("RUNNING",)
+        acc.add("nccl_events", **base, level="WARN" if bad else "INFO", kind="ras_group", code=int(m["grp"]),
+                value=float(m["rpc"]), message=f"group {m['grp']}: {m['status']} {m['errors']}")
+        return
+    if re.fullmatch(r"(?:INCOMPLETE|MISMATCH|DEAD|TIMEOUT)\b.*|#\d+-\d+ \(\w+\) [A-Z,]+", text):
+        acc.ras_error = text.split()[-1] if text.startswith("#") else text.split()[0]
+        return
+    m = RAS_PROC.match(text) or RAS_RANK.match(text)
+    if m:
+        g = m.groupdict()
+        acc.add("nccl_events", **base, level="WARN", kind="ras_missing", rank=_int(g.get("rank")),
+                code=int(g["pid"]), value=float(g["gpu"]), peer=g["node"],
+                message=f"{acc.ras_error or 'ERROR'}: {text}")
+        return
+    m = RAS_OUTLIER.match(text)
+    if m:
+        acc.add("nccl_events", **base, level="WARN", kind="ras_outlier", peer=m["node"], message=text)
+        return
+    m = RAS_DEAD.match(text) or RAS_PEER_DEAD.search(text)
+    if m:
+        acc.add("nccl_events", **base, level="WARN", kind="ras_dead", message=text)
+
+
+def _frames(acc: _Acc, nlines: int) -> dict[str, pl.DataFrame]:
+    out: dict[str, pl.DataFrame] = {}
+    tail_lines = len({t["line"] for t in acc.tails}) + acc.tail_lines
+    if acc.nt_seen:
+        acc.rows["nccl_tests"].extend(acc.tails)
+    else:  # bare number rows in a file without nccl-tests output are just text
+        acc.counts["nccl_tests"] -= tail_lines
+        acc.counts["other"] += tail_lines
+    for name in ("nccl_comms", "nccl_net", "nccl_channels", "nccl_calls", "nccl_tuning", "nccl_env",
+                 "nccl_events", "collective_timeouts", "nccl_tests"):
+        rows = acc.rows.get(name, [])
+        schema = fr.schema(name)
+        df = pl.DataFrame([{k: r.get(k) for k in schema} for r in rows], schema=schema, orient="row") if rows else fr.empty(name)
+        out[name] = df
+    if acc.launcher:
+        lrows = pl.DataFrame(
+            [{"source": acc.source, "host": h, "pid": p, "cuda_dev": d, "rank": r, "origin": "launcher"}
+             for (h, p, d), r in acc.launcher.items()]
+        )
+        out["nccl_comms"] = pl.concat([out["nccl_comms"], fr.conform("nccl_comms", lrows)])
+    if acc.perf:
+        out["nccl_tests"] = out["nccl_tests"].with_columns(pl.lit(acc.perf).alias("collective"))
+    # nnodes / localRanks from the 2.20+ layout lines, by (host, pid, comm)
+    if acc.rows.get("_layout"):
+        lay = pl.DataFrame(acc.rows["_layout"]).unique(["host", "pid", "comm"], keep="last")
+        out["nccl_comms"] = fr.conform(
+            "nccl_comms",
+            out["nccl_comms"].drop("nnodes", "local_ranks").join(lay, on=["host", "pid", "comm"], how="left"),
+        )
+    out = _fill_ranks(out)
+    c = acc.counts
+    out["nccl_files"] = fr.conform("nccl_files", pl.DataFrame([{
+        "source": acc.source, "nccl_version": acc.version, "lines": nlines, "nccl_lines": c["nccl"],
+        "nccl_unknown": c["nccl_unknown"], "nccl_tests_lines": c["nccl_tests"], "pytorch_lines": c["pytorch"],
+        "ras_lines": c["ras"], "other_lines": c["other"], "unknown_sample": acc.unknown_sample,
+        "version_range": _range(acc),
+    }]))
+    return out
+
+
+def _range(acc: _Acc) -> str | None:
+    """`2.20-2.22`, `>=2.24`, `<=2.18.1` from the line formats seen; null when nothing narrowed it."""
+    lo = ".".join(map(str, acc.lo)) if acc.lo != (0,) else None
+    hi = ".".join(map(str, acc.hi)) if acc.hi != (99,) else None
+    if lo and hi:
+        if acc.lo > acc.hi:  # formats of different eras: a custom build, or several NCCLs in one file
+            return f"inconsistent: >={lo} and <={hi}"
+        return lo if lo == hi else f"{lo}-{hi}"
+    return f">={lo}" if lo else (f"<={hi}" if hi else None)
+
+
+def process_ranks(frames: dict[str, pl.DataFrame]) -> pl.DataFrame:
+    """(host, pid, cuda_dev) -> rank, from init lines (largest communicator wins) and, failing those,
+    from the process's own side of its channel lines."""
+    comms = frames["nccl_comms"].filter(pl.col("origin").is_in(["init", "launcher"])).sort("nranks", descending=True)
+    init = comms.select("host", "pid", "cuda_dev", "rank", pl.lit(0).alias("prio"))
+    ch = frames["nccl_channels"].select(
+        "host", "pid", "cuda_dev",
+        pl.when(pl.col("direction") == "receive").then(pl.col("dst_rank")).otherwise(pl.col("src_rank")).alias("rank"),
+        pl.lit(1).alias("prio"),
+    )
+    both = pl.concat([init, ch], how="vertical_relaxed").drop_nulls(["pid", "cuda_dev", "rank"])
+    return both.sort("prio").unique(["host", "pid", "cuda_dev"], keep="first", maintain_order=True).drop("prio")
+
+
+def _fill_ranks(out: dict[str, pl.DataFrame]) -> dict[str, pl.DataFrame]:
+    ranks = process_ranks(out)
+    if ranks.height == 0:
+        return out
+    ranks = ranks.rename({"rank": "_r"})
+    for name in ("nccl_net", "nccl_channels", "nccl_calls", "nccl_tuning", "nccl_env", "nccl_events"):
+        df = out[name]
+        if df.height == 0:
+            continue
+        df = df.join(ranks, on=["host", "pid", "cuda_dev"], how="left", nulls_equal=False)
+        out[name] = fr.conform(name, df.with_columns(pl.coalesce("rank", "_r").alias("rank")).drop("_r"))
+    return out
+
+
+def _int(v: str | None) -> int | None:
+    return int(v) if v not in (None, "") else None
+
+
+def _float(v: str | None) -> float | None:
+    if v in (None, "", "N/A"):
+        return None
+    return float(v)  # type: ignore[arg-type]

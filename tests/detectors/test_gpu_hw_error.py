@@ -1,0 +1,181 @@
+"""gpu_hw_error: triggers (one finding per incident, joined to ranks and the profiled window),
+clean logs (benign only: nothing), and skips."""
+
+from __future__ import annotations
+
+import calendar
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from forensics.analyze import analyze
+from forensics.detectors import run_detectors
+from forensics.findings import Severity
+from forensics.frames import FRAME_SPECS, JobFrames
+from parsers.kernel_log import parse_text
+from parsers.nvidia_smi import parse_text as smi_text
+from reports import json_report
+from tests.conftest import assert_valid_findings, shared_path
+from tests.kernlog_helpers import detect
+
+T0 = calendar.timegm((2025, 3, 1, 10, 0, 0, 0, 0, 0)) * 10**9  # 2025-03-01T10:00:00Z
+
+
+def _iso(sec: float) -> str:
+    whole = int(sec)
+    h, m, s = 10 + whole // 3600, whole // 60 % 60, whole % 60
+    return f"2025-03-01T{h:02d}:{m:02d}:{s:02d}.{int(round((sec - whole) * 1e6)):06d}+00:00"
+
+
+def _log(lines: list[tuple[str, float, str]]) -> str:
+    """(host, seconds after T0, kernel message) -> journalctl -o short-iso-precise text."""
+    return "".join(f"{_iso(t)} {h} kernel: {m}\n" for h, t, m in lines)
+
+
+def _kernel(text: str, source: str = "logs/dmesg.log") -> pl.DataFrame:
+    return parse_text(text, source).frames["kernel_events"]
+
+
+def _ranks(rows: list[tuple[int, str, int, int]]) -> pl.DataFrame:
+    return pl.DataFrame(
+        [{"rank": r, "host": h, "device": d, "pid": p} for r, h, d, p in rows],
+        schema_overrides={"rank": pl.Int32, "device": pl.Int32},
+    )
+
+
+def _steps(host: str, start_s: float, end_s: float, rank: int) -> pl.DataFrame:
+    return pl.DataFrame({"rank": [rank], "host": [host], "step": [1], "start_ns": [T0 + int(start_s * 1e9)],
+                         "end_ns": [T0 + int(end_s * 1e9)]}, schema_overrides={"rank": pl.Int32})
+
+
+SMI_NODE02 = (
+    "==============NVSMI LOG==============\n\nTimestamp : Sat Mar  1 09:00:00 2025\n\n"
+    "GPU 00000000:1B:00.0\n    Product Name : NVIDIA H100\n"
+    "GPU 00000000:3B:00.0\n    Product Name : NVIDIA H100\n"
+)
+
+
+def test_triggers_aer_fatal_then_xid79_is_one_incident_with_host_gpu_rank_and_window():
+    text = _log([
+        ("node01", 5.0, "NVRM: Xid (PCI:0000:1b:00): 13, pid=4001, name=python, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Illegal Instruction Encoding"),
+        ("node02", 30.0, "pcieport 0000:3a:01.0: AER: Corrected error received: 0000:3a:01.0"),
+        ("node02", 99.900, "pcieport 0000:3a:01.0: AER: Uncorrected (Fatal) error received: 0000:3a:01.0"),
+        ("node02", 99.901, "pcieport 0000:3a:01.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Receiver ID)"),
+        ("node02", 99.902, "pcieport 0000:3a:01.0:    [ 5] Surprise Down Error    (First)"),
+        ("node02", 100.0, "NVRM: Xid (PCI:0000:3b:00): 79, pid=5002, name=python, GPU has fallen off the bus."),
+        ("node02", 100.1, "NVRM: Xid (PCI:0000:3b:00): 45, pid=5002, name=python, Ch 00000010"),
+    ])
+    smi = smi_text(SMI_NODE02, "node02/nvidia-smi-q.txt").frames["gpu_health"]
+    frames = {
+        "kernel_events": _kernel(text),
+        "gpu_health": smi,
+        "ranks": _ranks([(0, "node01", 0, 4001), (1, "node01", 1, 4002), (2, "node02.cluster", 0, 5001),
+                         (3, "node02.cluster", 1, 5002)]),
+        "steps": pl.concat([_steps("node01", 0, 200, 0), _steps("node02.cluster", 0, 90, 3)]),
+    }
+    found = detect(frames)
+    assert len(found) == 2
+    hw = next(f for f in found if f.severity is Severity.CRITICAL)
+    # host from the log, GPU 0000:3b:00.0 = index 1 on node02 (nvidia-smi order) = rank 3 (ranks.device)
+    assert hw.hosts == ("node02",) and hw.gpus == ("0000:3b:00.0",) and hw.ranks == (3,)
+    assert hw.metrics["root_xid"] == 79 and hw.metrics["aer_port"] == "0000:3a:01.0"
+    assert hw.metrics["precursor_corrected_aer"] == 1 and hw.metrics["events"] == 6  # all 6 node02 lines
+    assert hw.metrics["first_wall_ns"] == T0 + 30 * 10**9
+    # the profile of node02 ended at +90 s: the fault is outside it, and we say so
+    assert hw.metrics["fault_wall_ns"] == T0 + 100 * 10**9
+    assert hw.metrics["in_profiled_window"] is False and hw.metrics["seconds_from_profile_end"] == 10.0
+    app = next(f for f in found if f.severity is Severity.WARNING)
+    assert app.hosts == ("node01",) and app.ranks == (0,) and app.metrics["in_profiled_window"] is True
+    assert "inside the profiled window" in app.summary
+    assert hw.id != app.id and len({f.id for f in detect(frames)} & {hw.id, app.id}) == 2  # stable ids
+
+
+def test_triggers_xid45_caused_by_nvlink5_on_several_gpus_is_one_node_incident():
+    text = _log([
+        ("gb1", 1.0, "NVRM: Xid (PCI:0008:01:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 08 (0x004505c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"),
+        ("gb1", 1.2, "NVRM: Xid (PCI:0008:01:00): 45, pid=10, name=python, Ch 00000008 caused by previous Xid 149"),
+        ("gb1", 1.3, "NVRM: Xid (PCI:0018:01:00): 45, pid=11, name=python, Ch 00000008 caused by previous Xid 149"),
+        ("gb1", 1.4, "NVRM: Xid (PCI:0019:01:00): 45, pid=12, name=python, Ch 00000008 caused by previous Xid 149"),
+    ])
+    (x,) = detect({"kernel_events": _kernel(text), "ranks": _ranks([(0, "gb1", 0, 10), (1, "gb1", 1, 11), (2, "gb1", 2, 12)])})
+    assert x.severity is Severity.CRITICAL and x.metrics["caused_by_xid"] == 149
+    assert x.metrics["events"] == 4 and x.ranks == (0, 1, 2)  # ranks from the Xid pids
+
+
+def test_triggers_memory_incident_xid48_then_xid63_and_policy_switch():
+    text = _log([
+        ("n1", 1.0, "NVRM: Xid (PCI:0000:3b:00): 48, pid=7, name=python, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at physAddr 0x1f3c partition 2, subpartition 1."),
+        ("n1", 1.5, "NVRM: Xid (PCI:0000:3b:00): 63, pid='<unknown>', name=<unknown>, Row Remapper: New row (0x00000000deadbeef) marked for remapping, reset gpu to activate."),
+    ])
+    (x,) = detect({"kernel_events": _kernel(text)})
+    assert x.metrics["xids"] == "48,63" and x.metrics["root_xid"] == 48 and x.severity is Severity.CRITICAL
+    assert {"DRAIN_NODE", "RESET_GPU", "RMA_CANDIDATE"} <= set(x.metrics["actions"].split(";"))
+
+
+@pytest.mark.skipif("nccl_comms" not in FRAME_SPECS, reason="nccl_comms frame not on this branch yet")
+def test_triggers_rank_from_nccl_init_bus_id():
+    text = _log([("n7", 1.0, "NVRM: Xid (PCI:0000:5e:00): 94, pid=99, name=python, Ch 00000008")])
+    comms = pl.DataFrame({"host": ["n7", "n7"], "rank": [12, 13], "bus_id": ["0000:3b:00.0", "5e000"], "pid": [1, 2]},
+                         schema_overrides={"rank": pl.Int32})
+    (x,) = detect({"kernel_events": _kernel(text), "nccl_comms": comms})
+    assert x.ranks == (13,) and x.gpus == ("0000:5e:00.0",)
+
+
+def test_triggers_host_from_file_path_when_the_log_has_none():
+    frames = {"kernel_events": _kernel("[ 10.0] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.\n",
+                                       "node02/dmesg.txt"),
+              "ranks": _ranks([(0, "node01", 1, 1), (1, "node02", 0, 2)]),
+              "gpu_health": smi_text(SMI_NODE02, "node02/nvidia-smi.txt").frames["gpu_health"]}
+    (x,) = detect(frames)
+    assert x.hosts == ("node02",) and x.ranks == ()  # 3b is index 1 on node02; no rank uses it
+    assert x.metrics["time_placed"] is False and "not placed on the job timeline" in x.summary
+
+
+def test_clean_benign_only_log_makes_no_finding():
+    text = _log([
+        ("n1", 0.0, "Linux version 6.5.0 (build@host) #1 SMP"),
+        ("n1", 1.0, "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  570.158.01  Release Build"),
+        ("n1", 2.0, "mlx5_core 0000:ab:00.0 mlx5_5: Port: 1 Link INIT"),
+        ("n1", 3.0, "mlx5_core 0000:ab:00.0 mlx5_5: Port: 1 Link ACTIVE"),
+        ("n1", 4.0, "workqueue: ib_cache_event_task [ib_core] hogged CPU for >10000us 4 times, consider switching to WQ_UNBOUND"),
+        ("n1", 5.0, "pcieport 0000:00:03.1: AER: Correctable error message received from 0000:00:00.0"),
+        ("n1", 5.0, "pcieport 0000:00:03.1: PCIe Bus Error: severity=Correctable, type=Data Link Layer, (Transmitter ID)"),
+        ("n1", 6.0, "NVRM: Xid (PCI:0018:01:00): 149, NETIR_BER_EVENT Nonfatal XC0 i0 Link 03 (0x00086226 0x00000001 0x00000000 0x00000000 0x00000000 0x00000000)"),
+        ("n1", 7.0, "ls[4242]: segfault at 0 ip 00007f sp 00007ffc error 4 in libc.so.6[7f0000+1000]"),
+        ("n1", 8.0, "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 11012, Non-fatal, Link 1 single-bit ECC (First)"),
+    ])
+    assert detect({"kernel_events": _kernel(text), "ranks": _ranks([(0, "n1", 0, 1000)])}) == []
+
+
+def test_clean_healthy_nvidia_smi_makes_no_finding():
+    path = shared_path("dmesg", "37_nvidia_smi_q_a100x8_healthy_control.txt")
+    frames = smi_text(path.read_text(), "gpu.query.all.txt").frames
+    assert detect(frames) == []
+
+
+def test_skipped_without_kernel_logs_or_nvidia_smi():
+    findings, skipped = run_detectors(JobFrames({}), only=["gpu_hw_error"])
+    assert findings == [] and len(skipped) == 1
+    assert "kernel_events" in skipped[0].reason and "gpu_health" in skipped[0].reason
+
+
+def test_skipped_unknown_policy_says_why():
+    job = JobFrames({"kernel_events": _kernel("[ 1.0] NVRM: Xid (PCI:0000:3b:00): 79, x\n")})
+    findings, skipped = run_detectors(job, overrides={"gpu_hw_error": {"policy": "paranoid"}}, only=["gpu_hw_error"])
+    assert findings == [] and "paranoid" in skipped[0].reason
+
+
+def test_analyze_real_samples_end_to_end_validates_against_the_schema(tmp_path: Path, findings_validator):
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("01_xid79_after_pcie_aer_surprise_down_tesla.log", "35_nvidia_smi_q_a10_row_remap_pending.txt",
+                 "32_mlx5_ib_port_link_init_active_journal_hostname.log"):
+        shutil.copy(shared_path("dmesg", name), run / name)
+    analysis = analyze(run, only=["gpu_hw_error"])
+    doc = assert_valid_findings(findings_validator, json_report.build(analysis))
+    got = sorted((f["severity"], tuple(f["gpus"])) for f in doc["findings"])
+    assert got == [("critical", ("0000:02:00.0",)), ("critical", ("0000:07:00.0",))]
+    kinds = dict(zip(analysis.sources["path"], analysis.sources["kind"]))
+    assert kinds["35_nvidia_smi_q_a10_row_remap_pending.txt"] == "nvidia_smi"

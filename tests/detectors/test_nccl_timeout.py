@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+from forensics.detectors import run_detectors
+from forensics.frames import JobFrames
+from tests.detectors.nccl_fixtures import HEALTHY, frames_from
+
+TIMEOUT = """\
+[rank2]:[E101 10:00:00.000000000 ProcessGroupNCCL.cpp:632] [Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=41, OpType=ALLREDUCE, NumelIn=1024, NumelOut=1024, Timeout(ms)=600000) ran for 600100 milliseconds before timing out.
+[rank2]:[E101 10:00:00.000000000 ProcessGroupNCCL.cpp:2268] [PG ID 0 PG GUID 0(default_pg) Rank 2]  failure detected by watchdog at work sequence id: 41 PG status: last enqueued work: 41, last completed work: 40
+[rank3]:[E101 10:00:00.000000000 ProcessGroupNCCL.cpp:2268] [PG ID 0 PG GUID 0(default_pg) Rank 3]  failure detected by watchdog at work sequence id: 41 PG status: last enqueued work: 39, last completed work: 39
+"""
+
+
+def _run(frames):
+    return run_detectors(frames, only=["nccl_timeout"])
+
+
+def test_triggers_and_names_the_rank_that_never_issued_the_collective(tmp_path):
+    findings, _ = _run(frames_from(tmp_path, TIMEOUT))
+    (f,) = findings
+    assert f.ranks == (3,) and f.metrics["seq"] == 41 and f.metrics["timeout_ms"] == 600000
+    assert "never issued" in f.summary and "stuck inside" in f.summary
+
+
+def test_triggers_on_desync(tmp_path):
+    first = TIMEOUT.splitlines()[0]
+    text = (TIMEOUT + first.replace("rank2", "rank6").replace("Rank 2", "Rank 6") + "\n"
+            + first.replace("rank2", "rank5").replace("Rank 2", "Rank 5").replace("ALLREDUCE", "BROADCAST") + "\n")
+    findings, _ = _run(frames_from(tmp_path, text))
+    d = [f for f in findings if f.key == "desync"][0]
+    assert d.ranks == (5,)  # the minority collective at SeqNum 41
+
+
+def test_clean_healthy_nccl_log(tmp_path):
+    findings, skipped = _run(frames_from(tmp_path, HEALTHY))
+    assert findings == [] and "collective_timeouts" in skipped[0].reason
+
+
+def test_clean_ras_all_ok(tmp_path):
+    text = ("NCCL version 2.26.2 compiled with CUDA 12.4\n\nGroup     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors\n"
+            "    0         1         2         8        16        16   RUNNING      OK\n")
+    findings, skipped = _run(frames_from(tmp_path, text))
+    assert findings == [] and "no PyTorch watchdog" in skipped[0].reason
+
+
+def test_skipped_without_any_log():
+    findings, skipped = _run(JobFrames({}))
+    assert findings == [] and "collective_timeouts" in skipped[0].reason

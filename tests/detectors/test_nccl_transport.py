@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+from forensics.detectors import run_detectors
+from forensics.frames import JobFrames
+from tests.detectors.nccl_fixtures import HEALTHY, frames_from
+
+
+def _run(frames):
+    return run_detectors(frames, only=["nccl_transport"])
+
+
+def test_triggers_on_sockets_between_nodes_without_gdr_and_shm(tmp_path):
+    text = (HEALTHY.replace("[send] via NET/IB/1/GDRDMA", "[send] via NET/Socket/0")
+            .replace("[receive] via NET/IB/1/GDRDMA", "[receive] via NET/Socket/0")
+            .replace("[send] via NET/IB/0/GDRDMA", "[send] via NET/IB/0")
+            .replace("2[0] -> 3[1] via P2P/CUMEM/read", "2[0] -> 3[1] via SHM/direct/direct"))
+    findings, _ = _run(frames_from(tmp_path, text))
+    by = {f.key: f for f in findings}
+    assert set(by) == {"socket", "no_gdr", "intra_node"}
+    # the socket connection 1 -> 2 is logged by rank 1 (sender, nodeA) and rank 2 (receiver, nodeB)
+    assert by["socket"].ranks == (1, 2) and by["socket"].hosts == ("nodeA", "nodeB")
+    assert by["socket"].gpus == ("0000:18:00.0", "0000:2a:00.0")
+    assert by["no_gdr"].ranks == (3,) and by["no_gdr"].gpus == ("0000:2a:00.0",)
+    assert by["intra_node"].ranks == (2,) and by["intra_node"].hosts == ("nodeB",)
+
+
+def test_triggers_on_ib_retry_exceeded_with_meaning(tmp_path):
+    text = HEALTHY + (
+        "\nnodeB:201:299 [1] transport/net_ib.cc:2121 NCCL WARN NET/IB : Got completion from peer 10.0.0.1<4242> "
+        "with status=12 opcode=1 len=0 vendor err 129 (Send) localGid ::ffff:10.0.0.2 remoteGids ::ffff:10.0.0.1\n"
+    )
+    findings, _ = _run(frames_from(tmp_path, text))
+    (f,) = [f for f in findings if f.key == "fail_ib_completion"]
+    assert f.ranks == (3,) and f.hosts == ("nodeB",) and "retry counter exceeded" in f.summary
+
+
+def test_clean_healthy_two_node_job(tmp_path):
+    findings, skipped = _run(frames_from(tmp_path, HEALTHY))
+    assert findings == [] and skipped == []
+
+
+def test_skipped_without_nccl_logs():
+    findings, skipped = _run(JobFrames({}))
+    assert findings == [] and "nccl_channels" in skipped[0].reason
+
+
+def test_skipped_when_logs_have_no_transport_lines(tmp_path):
+    text = "h:1:1 [0] NCCL INFO cudaDriverVersion 12040\nh:1:1 [0] NCCL INFO Init timings - ncclCommInitRank: rank 0 nranks 2 total 1.00 (kernels 0.1)\n"
+    findings, skipped = _run(frames_from(tmp_path, text))
+    assert findings == [] and "no transport" in skipped[0].reason
+
+
+def test_clean_gdr0_on_a_socket_network_is_not_flagged_as_missing_gdr(tmp_path):
+    text = (
+        "h:1:1 [0] NCCL INFO Using network Socket\n"
+        "h:1:1 [0] NCCL INFO Connected all rings, use ring PXN 0 GDR 0\n"
+    )
+    findings, _ = _run(frames_from(tmp_path, text))
+    assert not [f for f in findings if f.key == "no_gdr"]
+    findings, _ = _run(frames_from(tmp_path, text.replace("Socket", "IB"), "ib.log"))
+    assert [f.key for f in findings] == ["no_gdr"]
+
+
+def test_triggers_on_nvls_off_single_nic_mixed_links_and_docker_bridge(tmp_path):
+    text = "".join(
+        f"#  Rank {d} Group  0 Pid    100 on      gpu01 device  {d} [0x{0x18 + d:02x}] NVIDIA H100 80GB HBM3\n" for d in range(8)
+    ) + (
+        "gpu01:100:100 [0] NCCL INFO Bootstrap : Using docker0:172.17.0.1<0>\n"
+        "gpu01:100:100 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/RoCE ; OOB docker0:172.17.0.1<0>\n"
+        "gpu01:100:100 [0] NCCL INFO + NVL[480.0] - NVS/0\n"
+        "gpu01:100:101 [0] NCCL INFO 16 coll channels, 16 collnet channels, 0 nvls channels, 16 p2p channels, 2 p2p channels per peer\n"
+        "gpu02:200:200 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB eth0:10.0.0.2<0>\n"
+    )
+    frames = frames_from(tmp_path, text)
+    findings, _ = _run(frames)
+    by = {f.key: f for f in findings}
+    assert {"nvls_off", "iface", "mixed_link"} <= set(by)
+    assert by["nvls_off"].hosts == ("gpu01",) and by["nvls_off"].gpus == ("0000:18:00.0",)
+    assert "docker0" in by["iface"].summary
+    assert "single_nic" not in by  # gpu01 has 2 NICs, gpu02 shows one GPU only
+
+
+def test_clean_nvls_off_is_not_flagged_without_an_nvswitch(tmp_path):
+    text = ("#  Rank 0 Group  0 Pid    100 on      gpu01 device  0 [0x18] NVIDIA H100 PCIe\n"
+            "gpu01:100:101 [0] NCCL INFO 2 coll channels, 2 collnet channels, 0 nvls channels, 2 p2p channels, 2 p2p channels per peer\n")
+    findings, skipped = _run(frames_from(tmp_path, text))
+    assert findings == [] and skipped == []

@@ -1,0 +1,46 @@
+"""Shared helpers for the kernel-log / GPU-health tests: parse one sample file, run gpu_hw_error on it."""
+
+from __future__ import annotations
+
+import orjson
+import polars as pl
+
+from forensics.detectors import run_detectors
+from forensics.findings import Finding
+from forensics.frames import JobFrames
+from parsers.common import ParseContext, ParseResult
+from tests.conftest import shared_path
+
+
+def parse_sample(name: str) -> ParseResult:
+    """Parse ``dmesg/<name>`` with the parser its content selects (kernel log or nvidia-smi/dcgmi)."""
+    from parsers.discovery import classify, parse_one
+
+    path = shared_path("dmesg", name)
+    item = parse_one(classify(path, name), path.parent)
+    assert item.result.status in ("ok", "partial"), item.result.message
+    return item.result
+
+
+def events(name: str) -> pl.DataFrame:
+    return parse_sample(name).frames["kernel_events"]
+
+
+def fields(df: pl.DataFrame) -> list[dict]:
+    return [orjson.loads(f) for f in df["fields"].to_list()]
+
+
+def kind_counts(df: pl.DataFrame) -> dict[str, int]:
+    return {str(k): int(v) for k, v in df.group_by("kind").len().iter_rows()}
+
+
+def detect(frames: dict[str, pl.DataFrame], **settings: str) -> list[Finding]:
+    job = JobFrames(frames)
+    overrides = {"gpu_hw_error": {k: str(v) for k, v in settings.items()}} if settings else None
+    found, skipped = run_detectors(job, overrides=overrides, only=["gpu_hw_error"])
+    assert not skipped, skipped
+    return found
+
+
+def sample_findings(name: str, **settings: str) -> list[Finding]:
+    return detect(parse_sample(name).frames, **settings)

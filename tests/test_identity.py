@@ -1,0 +1,45 @@
+"""Log processes joined to global ranks, GPUs and trace ranks."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from forensics import identity
+from forensics.frames import JobFrames
+from tests.detectors.nccl_fixtures import HEALTHY, frames_from
+
+
+def test_init_lines_give_rank_and_bus_id(tmp_path):
+    ids = identity.log_identities(frames_from(tmp_path, HEALTHY))
+    got = {(r["host"], r["pid"], r["cuda_dev"]): (r["rank"], r["bus_id"]) for r in ids.iter_rows(named=True)}
+    assert got == {
+        ("nodeA", 100, 0): (0, "0000:18:00.0"),
+        ("nodeA", 101, 1): (1, "0000:2a:00.0"),
+        ("nodeB", 200, 0): (2, "0000:18:00.0"),
+        ("nodeB", 201, 1): (3, "0000:2a:00.0"),
+    }
+
+
+def test_channel_lines_and_host_offset_fill_missing_ranks(tmp_path):
+    text = (
+        "h:10:1 [0] NCCL INFO Channel 00/0 : 8[0] -> 9[1] via P2P/IPC/read\n"
+        "h:11:1 [1] NCCL INFO Channel 00/0 : 9[1] -> 10[2] via P2P/IPC/read\n"
+        "\nh:13:1 [3] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote peer x<1>\n"
+    )
+    ids = identity.log_identities(frames_from(tmp_path, text)).sort("cuda_dev")
+    assert ids["rank"].to_list() == [8, 9, 11]
+    assert ids["how"].to_list() == ["channel", "channel", "host-offset"]
+
+
+def test_trace_ranks_are_joined_on_host_pid_device(tmp_path):
+    frames = frames_from(tmp_path, HEALTHY)
+    ranks = pl.DataFrame({"rank": [0, 1, 2, 3], "host": ["nodeA", "nodeA", "nodeB", "nodeB"],
+                          "pid": [100, 101, 200, 201], "device": [0, 1, 0, 1]})
+    job = JobFrames({n: frames[n] for n in frames.present} | {"ranks": ranks})
+    ids = identity.identities(job)
+    assert (ids["rank"] == ids["trace_rank"]).all()
+    # a log without init lines gets its ranks from the trace (same host and device)
+    text = "nodeB:200:1 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB eth0:1.2.3.4<0>\n"
+    f2 = frames_from(tmp_path, text, "b.log")
+    ids2 = identity.identities(JobFrames({n: f2[n] for n in f2.present} | {"ranks": ranks}))
+    assert ids2.row(0, named=True)["rank"] == 2

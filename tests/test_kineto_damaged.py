@@ -1,0 +1,216 @@
+"""Damaged Kineto input: truncated traces are salvaged, corrupt ones fail with one line.
+
+The expected number of salvaged events is computed here independently of the parser: the
+uncompressed JSON is walked with ``json.JSONDecoder.raw_decode``, one event at a time, recording
+the byte offset where each event's closing brace ends; a trace cut at byte N keeps exactly the
+events ending at or before N. For gzip, the bytes a truncated file still holds come from a plain
+``zlib.decompressobj``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from pathlib import Path
+
+import pytest
+
+from parsers.common import ParseContext
+from parsers.discovery import classify, discover_and_parse
+from parsers.kineto import parse
+from tests.conftest import shared_path
+
+SMALL = ("param_dlrm_8rank", "worker0_step_12.1694128201545.pt.trace.json.gz")
+NS_TRACE = ("hta", "nccl_data.json.gz")
+
+
+def event_ends(text: bytes) -> tuple[int, list[int]]:
+    """(offset just after `[` of traceEvents, byte offsets where each event ends)."""
+    doc = text.decode("utf-8")
+    assert doc.isascii()  # byte offsets == character offsets
+    dec = json.JSONDecoder()
+    i = doc.index("[", doc.index('"traceEvents"')) + 1
+    start = i
+    ends = []
+    while True:
+        while doc[i] in " \t\r\n,":
+            i += 1
+        if doc[i] == "]":
+            return start, ends
+        _, i = dec.raw_decode(doc, i)
+        ends.append(i)
+
+
+def _parse_file(path: Path):
+    return parse(path, ParseContext(path.parent, path.name))
+
+
+def _kept(res) -> int:
+    return sum(res.frames[n].height for n in ("kernels", "cpu_ops"))
+
+
+def _tabulated(text: bytes, upto: int | None = None) -> int:
+    """How many of the first events are ones the parser tabulates (GPU or host ranges)."""
+    doc = json.loads(text)
+    cats = {"kernel", "gpu_memcpy", "gpu_memset", "cpu_op", "user_annotation", "gpu_user_annotation",
+            "cuda_runtime", "cuda_driver", "python_function", "Kernel", "Memcpy", "Memset", "Operator", "Runtime"}
+    events = doc["traceEvents"] if upto is None else doc["traceEvents"][:upto]
+    return sum(1 for e in events if e.get("cat") in cats)
+
+
+@pytest.fixture(scope="module")
+def plain_trace(tmp_path_factory) -> tuple[Path, bytes]:
+    raw = gzip.decompress(shared_path("kineto", *SMALL).read_bytes())
+    path = tmp_path_factory.mktemp("plain") / "worker0.pt.trace.json"
+    path.write_bytes(raw)
+    return path, raw
+
+
+@pytest.mark.parametrize("fraction", [0.05, 0.31, 0.5, 0.77, 0.999])
+def test_plain_trace_cut_mid_write_keeps_every_complete_event(tmp_path: Path, plain_trace, fraction: float):
+    src, raw = plain_trace
+    start, ends = event_ends(raw)
+    cut = start + int((ends[-1] - start) * fraction)
+    path = tmp_path / "cut.pt.trace.json"
+    path.write_bytes(raw[:cut])
+    res = _parse_file(path)
+    complete = sum(1 for e in ends if e <= cut)
+    assert res.status == "partial"
+    assert f"truncated at byte {cut:,}" in res.message and f"kept {complete:,} complete events" in res.message
+    assert "\n" not in res.message
+    assert _kept(res) == _tabulated(raw, complete)
+    assert res.rank == 0  # distributedInfo is before the events
+
+
+def test_cut_exactly_after_an_event_and_after_its_comma(tmp_path: Path, plain_trace):
+    _, raw = plain_trace
+    start, ends = event_ends(raw)
+    for n, cut in ((100, ends[99]), (200, ends[199] + 1)):
+        path = tmp_path / f"cut{n}.json"
+        path.write_bytes(raw[:cut])
+        res = _parse_file(path)
+        assert res.status == "partial" and f"kept {n:,} complete events" in res.message
+        assert _kept(res) == _tabulated(raw, n)
+
+
+def test_cut_after_the_array_keeps_every_event(tmp_path: Path, plain_trace):
+    _, raw = plain_trace
+    _, ends = event_ends(raw)
+    cut = raw.index(b"]", ends[-1]) + 3  # inside the trailing metadata
+    path = tmp_path / "cut.json"
+    path.write_bytes(raw[:cut])
+    res = _parse_file(path)
+    assert res.status == "partial" and f"kept {len(ends):,} complete events" in res.message
+    assert _kept(res) == _tabulated(raw)
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.5, 0.9])
+def test_gzip_trace_cut_mid_write(tmp_path: Path, fraction: float):
+    gz = shared_path("kineto", *NS_TRACE).read_bytes()
+    raw = gzip.decompress(gz)
+    _, ends = event_ends(raw)
+    cut_gz = gz[: int(len(gz) * fraction)]
+    held = zlib.decompressobj(31).decompress(cut_gz)  # what the cut file still holds
+    complete = sum(1 for e in ends if e <= len(held))
+    path = tmp_path / "rank0.json.gz"
+    path.write_bytes(cut_gz)
+    res = _parse_file(path)
+    assert res.status == "partial"
+    assert f"truncated at byte {len(held):,}" in res.message and "gzip stream truncated" in res.message
+    assert f"kept {complete:,} complete events" in res.message
+    assert _kept(res) == _tabulated(raw, complete)
+    # discovery still recognises the cut file and reports it as partial
+    f = classify(path, path.name)
+    assert (f.kind, f.status) == ("kineto", None)
+
+
+def test_corrupt_gzip_fails_cleanly(tmp_path: Path):
+    gz = bytearray(shared_path("kineto", *SMALL).read_bytes())
+    gz[20:60] = bytes(b ^ 0x5A for b in gz[20:60])
+    path = tmp_path / "rank0.json.gz"
+    path.write_bytes(bytes(gz))
+    res = _parse_file(path)
+    assert res.status == "failed" and "gzip" in res.message and "\n" not in res.message
+
+
+def test_corrupt_gzip_mid_stream_salvages_what_came_before(tmp_path: Path):
+    gz = bytearray(shared_path("kineto", *NS_TRACE).read_bytes())
+    mid = len(gz) // 2
+    gz[mid : mid + 64] = bytes(64)
+    path = tmp_path / "rank0.json.gz"
+    path.write_bytes(bytes(gz))
+    res = _parse_file(path)
+    assert res.status == "partial" and "corrupt gzip data" in res.message
+    assert _kept(res) > 0
+
+
+@pytest.mark.parametrize(
+    "content,reason",
+    [
+        (b"", "empty file"),
+        (b"   \n", "empty file"),
+        (b"hello, this is not json", "not JSON"),
+        (b'{"schemaVersion": 1, "deviceProperties": [', "not valid JSON"),
+        (b'{"foo": 1}', "without a traceEvents array"),
+        (b'{"traceEvents": {"ph": "X"}}', "traceEvents is a dict"),
+        (b"[1, 2, 3]", "not a list of event objects"),
+        (b'"just a string"', "not JSON"),
+    ],
+)
+def test_bad_documents_fail_with_one_line_reason(tmp_path: Path, content: bytes, reason: str):
+    path = tmp_path / "trace.json"
+    path.write_bytes(content)
+    res = _parse_file(path)
+    assert res.status == "failed", res.message
+    assert reason in res.message and "\n" not in res.message
+
+
+def test_empty_event_list_is_ok(tmp_path: Path):
+    path = tmp_path / "trace.json"
+    path.write_bytes(b'{"schemaVersion": 1, "traceEvents": []}')
+    res = _parse_file(path)
+    assert res.status == "ok" and res.frames["kernels"].height == 0
+
+
+def test_bare_event_array_and_odd_values(tmp_path: Path):
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_SendRecv", "pid": "0", "tid": "stream 3", "ts": 10.5, "dur": 1,
+         "args": {"grid": [2], "correlation": "17"}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": None, "ts": 1, "dur": 2},
+        {"ph": "X", "cat": "cpu_op", "ts": 1, "dur": 2},  # no name: malformed, counted
+        {"ph": "X", "cat": "kernel", "name": "k", "ts": "soon"},  # no numeric ts: malformed, counted
+        "not an event",
+    ]
+    path = tmp_path / "trace.json"
+    path.write_bytes(json.dumps(events).encode())
+    res = _parse_file(path)
+    assert res.status == "ok" and "3 malformed events skipped" in res.message
+    k = res.frames["kernels"].row(0, named=True)
+    assert (k["class"], k["collective"], k["device"], k["stream"], k["correlation"], k["grid_x"], k["grid_y"]) == (
+        "comm", "sendrecv", 0, 3, 17, 2, None,
+    )
+    assert k["start_ns"] == 10500 and k["end_ns"] == 11500
+    assert res.frames["cpu_ops"].height == 1
+
+
+def test_decompression_is_bounded(tmp_path: Path):
+    src = shared_path("kineto", *SMALL)
+    res = parse(src, ParseContext(src.parent, src.name, max_decompressed_bytes=200_000))
+    assert res.status == "partial" and "exceeds the limit of 200000 bytes" in res.message
+    bomb = tmp_path / "bomb.json.gz"
+    bomb.write_bytes(gzip.compress(b"[" + b" " * 5_000_000 + b"]"))
+    res = parse(bomb, ParseContext(tmp_path, bomb.name, max_decompressed_bytes=1_000_000))
+    assert res.status in ("failed", "partial") and "limit" in res.message
+
+
+def test_truncated_trace_in_a_run_dir_is_a_partial_source(tmp_path: Path, plain_trace):
+    _, raw = plain_trace
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "rank0.pt.trace.json").write_bytes(raw[: len(raw) // 2])
+    (run / "rank1.pt.trace.json.gz").write_bytes(b"\x1f\x8b\x08\x00garbage" * 10)
+    results = {r.file.rel_path: r.result for r in discover_and_parse(run, workers=1)}
+    assert results["rank0.pt.trace.json"].status == "partial"
+    assert results["rank1.pt.trace.json.gz"].status == "failed"
+    assert "gzip" in results["rank1.pt.trace.json.gz"].message

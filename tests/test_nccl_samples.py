@@ -1,0 +1,223 @@
+"""FLAG and OK facts of ../shared/sample_data/nccl_logs/SOURCES.md, one test per file.
+
+Each test parses one real excerpt, runs the three NCCL detectors and checks that what SOURCES.md marks
+FLAG is raised (with the hosts/ranks it names) and what it marks OK is not.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from forensics.detectors import run_detectors
+from forensics.frames import JobFrames
+from parsers.common import ParseContext
+from parsers.nccl_log import parse
+from tests.conftest import shared_path
+
+NCCL = ["nccl_transport", "nccl_algorithm", "nccl_timeout"]
+
+
+def run(prefix: str):
+    folder = shared_path("nccl_logs")
+    path = next(folder.glob(prefix + "_*.log"))
+    res = parse(path, ParseContext(folder, path.name))
+    findings, skipped = run_detectors(JobFrames(res.frames), only=NCCL)
+    return {(f.detector, f.key.split(":")[0]): f for f in findings}, skipped
+
+
+def test_02_ib_completion_error_4_on_three_hosts():
+    f, _ = run("02")
+    ib = f[("nccl_transport", "fail_ib_completion")]
+    assert ib.hosts == ("H100-1", "H100-2", "H100-5")
+    assert "status 4 = local protection" in ib.summary
+
+
+def test_04_socket_between_nodes_and_connect_failure_of_rank_11():
+    f, _ = run("04")
+    assert ("nccl_transport", "socket") in f
+    assert 11 in f[("nccl_transport", "fail_proxy_error")].ranks
+    assert 11 in f[("nccl_transport", "fail_socket_closed")].ranks
+    # OK: intra-node P2P/IPC/read is healthy
+    assert ("nccl_transport", "intra_node") not in f
+
+
+def test_05_single_roce_nic_for_8_gpus_gdr_ok():
+    f, _ = run("05")
+    nic = f[("nccl_transport", "single_nic")]
+    assert set(nic.hosts) == {"nodea", "nodeb"}
+    assert nic.metrics["max_gpus_per_nic"] == 8  # 16 ranks (threadThresholds 128/8) on 2 nodes
+    assert ("nccl_transport", "no_gdr") not in f
+
+
+def test_07_gdrdma_shared_not_flagged():
+    f, _ = run("07")
+    assert not any(k[0] == "nccl_transport" for k in f)
+
+
+def test_08_virbr0_inconsistent_interfaces_and_single_hca():
+    f, _ = run("08")
+    iface = f[("nccl_transport", "iface")]
+    assert "virbr0" in iface.summary and iface.metrics["inconsistent_across_hosts"] is True
+    assert "server3" in f[("nccl_transport", "single_nic")].hosts
+
+
+def test_09_no_intranode_p2p():
+    f, _ = run("09")
+    assert f[("nccl_transport", "intra_node")].hosts == ("deepseek",)
+
+
+def test_10_p2p_direct_pointer_gdr1_ok():
+    f, _ = run("10")
+    assert f == {}
+
+
+def test_11_measured_38x_prediction_and_busbw_cliff_gdr_ok():
+    f, _ = run("11")
+    gap = f[("nccl_algorithm", "model_gap")]
+    assert gap.metrics["worst_bytes"] == 8589934592
+    assert gap.metrics["worst_ratio"] == pytest.approx(3300068 / 86069.968750, rel=0.01)
+    # NCCL's model assumed 2*23/24 x 8 GiB / 86 070 us = 191.4 GB/s bus bandwidth (nranks 24 from the init line)
+    assert gap.metrics["predicted_busbw_gbps"] == pytest.approx(2 * 23 / 24 * 8589934592 / 86069.968750e3, abs=0.1)
+    cliff = f[("nccl_algorithm", "busbw_cliff")]
+    assert (cliff.metrics["from_gbps"], cliff.metrics["to_gbps"], cliff.metrics["at_bytes"]) == (29.50, 5.27, 67108864)
+    assert ("nccl_transport", "no_gdr") not in f and ("nccl_algorithm", "forced") not in f
+
+
+def test_13_libibverbs_missing_and_tunnel_interface():
+    f, _ = run("13")
+    assert ("nccl_transport", "no_libibverbs") in f
+    assert "tunl0" in f[("nccl_transport", "iface")].summary
+    assert ("nccl_transport", "socket") not in f  # single node: sockets unused
+
+
+def test_15_forced_tree_socket_shm_accept_failed():
+    f, _ = run("15")
+    assert "NCCL_ALGO=Tree" in f[("nccl_algorithm", "forced")].summary
+    assert ("nccl_transport", "socket") in f
+    assert ("nccl_transport", "intra_node") in f
+    assert "Accept failed" in f[("nccl_transport", "fail_proxy_error")].summary
+
+
+def test_16_forced_ring_and_mixed_gpus():
+    f, _ = run("16")
+    assert "NCCL_ALGO=RING" in f[("nccl_algorithm", "forced")].summary
+    mixed = f[("nccl_algorithm", "mixed_gpus")]
+    assert set(mixed.hosts) == {"manolinux", "manolinux1"}
+
+
+def test_18_local_catastrophic_error_on_one_host_ranks_12_to_14():
+    f, _ = run("18")
+    ev = f[("nccl_transport", "fail_ib_async")]
+    assert ev.ranks == (12, 13, 14) and len(ev.hosts) == 1 and "local catastrophic error" in ev.summary
+
+
+def test_19_cuda_failure_is_the_cause_socket_reset_secondary_gdr_ok():
+    f, _ = run("19")
+    cuda = f[("nccl_timeout", "cuda_failure")]
+    assert cuda.hosts == ("A03-R28-I49-2-6000166",) and cuda.ranks == (1,)
+    assert f[("nccl_transport", "fail_net_recv_failed")].hosts == ("A03-R28-I49-3-9000018",)
+    assert ("nccl_transport", "no_gdr") not in f and ("nccl_transport", "intra_node") not in f
+
+
+def test_20_desync_broadcast_vs_allreduce():
+    f, _ = run("20")
+    d = f[("nccl_timeout", "desync")]
+    assert "BROADCAST" in d.summary and "ALLREDUCE" in d.summary and set(d.ranks) <= {3, 7}
+
+
+def test_22_hung_seven_hours():
+    f, _ = run("22")
+    t = f[("nccl_timeout", "timeout")]
+    assert t.metrics["ran_over_timeout"] == pytest.approx(25625613 / 1800000, rel=0.01)
+    assert set(t.ranks) == {0, 7}
+
+
+def test_24_four_ranks_time_out_on_seq_2521():
+    f, _ = run("24")
+    t = f[("nccl_timeout", "timeout")]
+    assert t.ranks == (1, 3, 5, 7) and t.metrics["seq"] == 2521
+
+
+def test_25_27_coll_lines_raise_nothing():
+    for prefix in ("25", "27"):
+        f, _ = run(prefix)
+        assert f == {}
+
+
+def test_28_socket_over_tunnel_and_veth():
+    f, _ = run("28")
+    assert ("nccl_transport", "socket") in f  # 2 hosts in the nccl-tests device list
+    s = f[("nccl_transport", "iface")].summary
+    assert "ip6tnl0" in s and "veth0" in s
+
+
+def test_33_forced_ll128_data_corruption():
+    f, _ = run("33")
+    w = f[("nccl_algorithm", "wrong_results")]
+    assert "NCCL_PROTO=LL128" in w.summary and "2 FAILED" in w.summary
+    assert "NCCL_IB_DISABLE=1" in f[("nccl_algorithm", "forced")].summary
+
+
+def test_36_roce_gdrdma_ok():
+    f, _ = run("36")
+    assert f == {}
+
+
+def test_37_single_node_table_raises_no_nccl_flag():
+    f, _ = run("37")
+    assert not any(k[0] == "nccl_transport" for k in f)
+
+
+def test_39_rank_118_timeout_despite_ras_ok():
+    f, _ = run("39")
+    t = f[("nccl_timeout", "timeout")]
+    assert t.ranks == (118,) and "RAS reported every communicator OK" in t.summary
+    assert ("nccl_timeout", "ras") not in f
+
+
+def test_40_ras_incomplete_outlier_node():
+    f, _ = run("40")
+    r = f[("nccl_timeout", "ras")]
+    assert r.hosts == ("10.4.109.13",) and "INCOMPLETE" in r.summary
+
+
+def test_42_pg_status_rank_5():
+    f, _ = run("42")
+    t = f[("nccl_timeout", "timeout")]
+    assert t.ranks == (5,) and "stuck inside" in t.summary
+
+
+def test_44_single_roce_vf_shared_by_the_pod():
+    f, _ = run("44")
+    assert ("nccl_transport", "single_nic") in f
+
+
+def test_46_p2p_shm_disabled_traffic_through_ib():
+    f, _ = run("46")
+    intra = f[("nccl_transport", "intra_node")]
+    assert intra.ranks == (0, 1, 2, 3) and intra.metrics["intra_node_net_connections"] == 12
+    forced = f[("nccl_algorithm", "forced")].summary
+    assert "NCCL_P2P_DISABLE=1" in forced and "NCCL_SHM_DISABLE=1" in forced
+    assert ("nccl_transport", "no_gdr") not in f
+
+
+def test_47_gdr_disabled_on_socket_nics_is_normal():
+    f, _ = run("47")
+    assert f == {}
+
+
+@pytest.mark.parametrize("prefix", ["30"])
+def test_30_old_tuning_table_is_parsed_not_flagged(prefix):
+    f, skipped = run(prefix)
+    assert f == {}
+
+
+def test_11_busbw_far_below_a_user_supplied_hardware_peak():
+    from forensics.detectors import run_detectors as rd
+
+    folder = shared_path("nccl_logs")
+    path = next(folder.glob("11_*.log"))
+    res = parse(path, ParseContext(folder, path.name))
+    findings, _ = rd(JobFrames(res.frames), {"nccl_algorithm": {"expected_busbw_gbps": "190"}}, only=["nccl_algorithm"])
+    (f,) = [x for x in findings if x.key == "busbw_peak"]
+    assert f.metrics["peak_busbw_gbps"] == 29.50  # 32 MiB out-of-place row

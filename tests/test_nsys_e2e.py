@@ -1,0 +1,73 @@
+"""`forensics analyze` end to end on the two real multi-node per-rank nsys jobs (Ring and Tree AllReduce,
+2 nodes x 3 GPUs, with the job's NCCL_DEBUG log), copied to a temporary folder."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from forensics.analyze import analyze
+from tests.conftest import ROOT, assert_valid_findings, shared_path
+
+JOBS = {
+    "ring": ("DistributedSysLab_FS24/ring_simple_2nodes_6gpus_job508813", "RING"),
+    "tree": ("DistributedSysLab_FS24/tree_simple_2nodes_6gpus_job508838", "TREE"),
+}
+# rank -> (host, pid) from the per-rank tables of sample_data/nsys/SOURCES.md
+EXPECTED = {
+    "ring": {0: ("ault43", 485050), 1: ("ault43", 485052), 2: ("ault43", 485055),
+             3: ("ault44", 739538), 4: ("ault44", 739541), 5: ("ault44", 739537)},
+    "tree": {0: ("ault43", 491768), 1: ("ault43", 491764), 2: ("ault43", 491770),
+             3: ("ault44", 742412), 4: ("ault44", 742406), 5: ("ault44", 742413)},
+}
+
+
+def job_copy(tmp_path: Path, key: str) -> Path:
+    src = shared_path("nsys", JOBS[key][0])
+    dst = tmp_path / key
+    # the golden CSVs are not part of what a job leaves behind
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("nsys2023.4.4_reference"))
+    for p in [dst, *dst.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return dst
+
+
+@pytest.mark.parametrize("key", sorted(JOBS))
+def test_analyze_multinode_job(tmp_path, key):
+    run_dir = job_copy(tmp_path, key)
+    result = analyze(run_dir, workers=1)
+    src = result.sources
+    nsys = src.filter(pl.col("path").str.ends_with(".sqlite"))
+    assert nsys.height == 6 and set(nsys["status"]) == {"ok"}
+    # rank and host of every file from its captured environment, never from file order
+    got = {r: (h, int(p.rsplit("_", 1)[1].removesuffix(".sqlite"))) for p, r, h in nsys.select("path", "rank", "host").iter_rows()}
+    assert got == EXPECTED[key]
+    assert result.ranks == [0, 1, 2, 3, 4, 5] and result.hosts == ["ault43", "ault44"] and result.world_size == 6
+    reps = src.filter(pl.col("path").str.ends_with(".nsys-rep"))
+    assert set(reps["status"]) <= {"ignored"}
+    assert src.filter(pl.col("path").str.ends_with(".o"))["kind"].to_list() == ["nccl_log"]
+    # one AllReduce kernel per rank, on the device SOURCES.md lists, algorithm hint as NCCL_ALGO said
+    comm = result.frames["kernels"].filter(pl.col("class") == "comm").sort("rank")
+    assert comm["rank"].to_list() == [0, 1, 2, 3, 4, 5]
+    assert comm["device"].to_list() == [0, 1, 2, 0, 1, 2]
+    assert set(comm["collective"]) == {"allreduce"} and set(comm["name_algo"]) == {JOBS[key][1]}
+    calls = result.frames["comms"].sort("rank")
+    assert calls.select("rank", "collective").rows() == [(r, "allreduce") for r in range(6)]
+    assert calls["kernel_correlation"].null_count() == 0
+
+
+def test_cli_analyze_writes_valid_report(tmp_path, findings_validator):
+    run_dir = job_copy(tmp_path, "ring")
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-m", "forensics.cli", "analyze", str(run_dir), "--out", str(out), "--quiet"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode in (0, 1), res.stderr
+    doc = assert_valid_findings(findings_validator, out / "findings.json")
+    assert json.dumps(doc)  # serialisable
+    assert "6 rank(s) on 2 host(s)" in (out / "summary.md").read_text()
