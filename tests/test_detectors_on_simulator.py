@@ -116,3 +116,15 @@ def test_busy_wait_victims_and_who_they_waited_for(run):
     (bw,) = [f for f in findings if f.detector == "busy_wait"]
     assert list(bw.ranks) == fault["expected"]["victims"]
     assert bw.metrics["waited_for"].split(",")[0] == str(fault["ranks"][0])
+
+
+def test_host_clock_offsets_recovered_from_collective_ends(run):
+    from forensics.collectives import match_collectives
+
+    truth, frames, _, _ = run("ddp_no_overlap")
+    true = {h["host"]: h["clock_offset_ns"] for h in truth["hosts"]}
+    assert len(true) == 2
+    est = dict(match_collectives(frames).host_offsets.select("host", "offset_ns").iter_rows())
+    h0, h1 = sorted(true)
+    # Relative offset between the two nodes, to within 1 µs (collective ends agree to ring-step jitter).
+    assert est[h1] - est[h0] == pytest.approx(true[h1] - true[h0], abs=1_000)
