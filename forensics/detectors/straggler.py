@@ -398,7 +398,12 @@ def _stages(s: pl.DataFrame, cfg: StragglerConfig, step_med: float) -> list[Find
     sigma = worst["c"] / mean_c - 1 if mean_c else 0.0
     if sigma < cfg.stage_imbalance:
         return []
+    ranks = tuple(int(r) for r in worst["ranks"])
+    # The same stage's pipeline_bubble finding carries the impact; point at it (same id recipe).
+    bubble_id = Finding(detector="pipeline_bubble", severity=Severity.WARNING, title="", summary="", remediation="",
+                        ranks=ranks, key=f"imbalance-stage{worst['pp_stage']}").id
     return [Finding(
+        related=(bubble_id,),
         detector="straggler",
         severity=Severity.WARNING,
         title=f"Straggler: pipeline stage {worst['pp_stage']} computes {sigma:.0%} more than the mean stage",
