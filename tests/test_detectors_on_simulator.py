@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from forensics.analyze import load
 from forensics.detectors import run_detectors
 from forensics.detectors._common import analysis
+from forensics.detectors.exposed_comm import exposure_table
 from forensics.detectors.pipeline_bubble import stage_table
 
 OURS = {"straggler", "exposed_comm", "busy_wait", "pipeline_bubble"}
@@ -54,20 +56,25 @@ STRAGGLERS = [
 
 @pytest.mark.parametrize("scenario,kw,cls", STRAGGLERS, ids=["compute8", "compute10pct_64r_5steps", "host", "late_rank"])
 def test_every_injected_straggler_is_found_with_rank_and_class(run, scenario, kw, cls):
-    truth, _, findings, _ = run(scenario, **kw)
+    truth, frames, findings, _ = run(scenario, **kw)
     (fault,) = truth["faults"]
     found = [f for f in findings if f.detector == "straggler"]
     assert [(list(f.ranks), f.metrics["class"]) for f in found] == [(fault["ranks"], cls)]
     assert list(found[0].hosts) == fault["hosts"]
-    # A straggler never shows up as exposed communication (its victims wait, they do not transfer): the
-    # exposed_comm findings are those of the same job without the fault, at no higher exposure.
-    twin_kw = {k: v for k, v in kw.items() if k != "params"}
-    twin_params = {k: v for k, v in kw.get("params", {}).items() if k == "layers"}
-    _, _, clean, _ = run("ddp_clean", **twin_kw, **({"params": twin_params} if twin_params else {}))
-    exp = {f.metrics["pg_type"]: f.metrics["exposed_fraction"] for f in findings if f.detector == "exposed_comm"}
-    exp_clean = {f.metrics["pg_type"]: f.metrics["exposed_fraction"] for f in clean if f.detector == "exposed_comm"}
-    assert set(exp) <= set(exp_clean)
-    assert all(exp[g] <= exp_clean[g] + 0.01 for g in exp)
+    # A straggler never shows up as exposed communication on its victims (they wait, they do not transfer).
+    # Raw "transfer not under compute" does rise on victims here (late_rank: their all-reduce ends after
+    # their compute because they waited), which is why exposure is capped by the exposure on the last
+    # arriver. Checked end to end: no rank is more exposed than the culprit (who waited for nobody) by more
+    # than 1% of the step, and no exposed_comm finding claims more than that either.
+    table = exposure_table(analysis(frames)).group_by("rank").agg(
+        (pl.col("exposed_ns").sum() / pl.col("step_ns").sum()).alias("x")
+    )
+    x = dict(table.iter_rows())
+    culprit_x = x.get(fault["ranks"][0], 0.0)
+    assert max(x.values(), default=0.0) <= culprit_x + 0.01
+    for f in findings:
+        if f.detector == "exposed_comm":
+            assert f.metrics["exposed_fraction"] <= culprit_x + 0.01
 
 
 def test_stage_imbalance_is_found_at_the_right_stage(run):
