@@ -22,8 +22,8 @@ How it measures:
     member is a victim, never a culprit. Arrival: from the matched collectives
     (:mod:`forensics.collectives`), the share of instances where the rank arrived last (least wait)
     by a margin of at least ``min_margin_us``, tested against chance (one-sided binomial,
-    ``max_p_value``). Link: per process group, median transfer time against same-type groups of the
-    same op and size; groups at least ``link_ratio`` slower are slow, and the hosts in every slow group
+    ``max_p_value``). Link: per process group, median transfer time against the lower quartile of
+    same-type groups of the same op and size; groups at least ``link_ratio`` slower are slow, and the hosts in every slow group
     and in at most ``link_max_normal_share`` of the normal ones are named. Stage: median compute per
     pipeline stage at least ``stage_imbalance`` above the mean of stages.
     A late arriver that passes neither test on its own is classed by whichever excess (compute or
@@ -77,7 +77,7 @@ class StragglerConfig:
     """A late arriver whose launch queue (kernel start - launch, median) is at most this share of the
     job's median is host-bound: its CPU barely keeps ahead of its GPU."""
     link_ratio: float = 1.3
-    """A process group is slow when its median transfer time is this many times its type's median."""
+    """A process group is slow when its median transfer time is this many times its type's lower quartile."""
     link_max_normal_share: float = 0.2
     """A host named for slow links may appear in at most this share of the normal groups."""
     stage_imbalance: float = 0.10
@@ -329,7 +329,8 @@ def _links(ta, cfg: StragglerConfig, host_of: dict, step_med: float, n_steps: in
         return []
     per_group = inst.group_by("pg_key", "pg_type", "collective", "bytes").agg(pl.col("transfer_ns").median())
     per_group = per_group.with_columns(
-        pl.col("transfer_ns").median().over("pg_type", "collective", "bytes").alias("type_med"),
+        # Reference = lower quartile of same-type groups: a slow node may sit in half of them.
+        pl.col("transfer_ns").quantile(0.25).over("pg_type", "collective", "bytes").alias("type_med"),
         pl.len().over("pg_type", "collective", "bytes").alias("n_groups"),
     ).filter(pl.col("n_groups") >= 3)
     if per_group.height == 0:

@@ -69,3 +69,18 @@ def test_skipped_without_steps_or_peers():
     one, _ = dp_job(n_ranks=1, steps=2)
     _, skipped = _stragglers(one)
     assert "only one rank" in skipped[0].reason
+
+
+def test_triggers_link_class_naming_the_node_common_to_all_slow_groups():
+    from tests.frame_builders import link_job
+
+    found, _ = _stragglers(link_job(slow_node=2, factor=3.0))
+    assert [(f.metrics["class"], f.hosts, f.ranks) for f in found] == [("link", ("node2",), tuple(range(16, 24)))]
+    # 16 of the 32 groups contain a node-2 rank; their transfers take 3 ms instead of 1 ms.
+    assert found[0].metrics["slow_groups"] == 16 and found[0].metrics["max_transfer_ratio"] == 3.0
+
+
+def test_clean_link_job_has_no_straggler():
+    from tests.frame_builders import link_job
+
+    assert _stragglers(link_job(slow_node=None)) == ([], [])
