@@ -166,9 +166,12 @@ def straggler(frames, cfg: StragglerConfig) -> list[Finding]:
 
     # --- class per culprit rank ----------------------------------------------------------------------
     classes: dict[int, str] = {}
-    comp_ex = dict(s.group_by("rank").agg(
-        (pl.col("compute_ns") - pl.col("compute_ns").median().over("peer", "step")).clip(lower_bound=0).median()
-    ).iter_rows())
+    comp_ex = dict(
+        s.with_columns((pl.col("compute_ns") - pl.col("compute_ns").median().over("peer", "step")).alias("_ex"))
+        .group_by("rank")
+        .agg(pl.col("_ex").clip(lower_bound=0).median())
+        .iter_rows()
+    )
     host_ex = dict(host.select("rank", pl.col("host_excess").clip(lower_bound=0)).iter_rows())
     lateness = dict(
         mk.filter(pl.col("is_last") & (pl.col("margin_ns") >= margin_ns))
