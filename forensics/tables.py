@@ -44,14 +44,14 @@ def step_breakdown_table(frames: JobFrames) -> pl.DataFrame:
     ``compute + exposed_comm + comm_wait + other + idle = step`` per step (see forensics.breakdown);
     ``host_bound`` is the part of idle spent waiting for the host to launch work; ``U_any`` is what
     nvidia-smi would call utilization, ``wait`` the share of the step NCCL kernels only spin.
-    Empty when the traces have no kernels or no steps.
+    Without profiler steps, one row per rank over the whole trace (step -1). Empty without kernels.
     """
     from forensics.detectors._common import analysis
 
     cols = {"rank": pl.Int32, "host": pl.String, "steps": pl.UInt32, "step_ms": pl.Float64, "compute_ms": pl.Float64,
             "exposed_comm_ms": pl.Float64, "comm_wait_ms": pl.Float64, "other_ms": pl.Float64, "idle_ms": pl.Float64,
             "host_bound_ms": pl.Float64, "U_any": pl.Float64, "wait": pl.Float64}
-    if not (frames.has("kernels") and frames.has("steps")):
+    if not frames.has("kernels"):
         return pl.DataFrame(schema=cols)
     b = analysis(frames).steps
     if b.height == 0:

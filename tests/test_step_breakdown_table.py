@@ -22,6 +22,10 @@ def test_per_rank_medians_match_the_builder():
     assert row[0]["wait"] == pytest.approx(10 / 32.1, abs=1e-3)
 
 
-def test_empty_without_steps():
-    frames, _ = dp_job(n_ranks=2, steps=2)
-    assert step_breakdown_table(JobFrames({"kernels": frames["kernels"]})).height == 0
+def test_whole_trace_without_steps_and_empty_without_kernels():
+    frames, _ = dp_job(n_ranks=2, steps=2, compute_ns=20 * MS, tx_ns=2 * MS)
+    t = step_breakdown_table(JobFrames({"kernels": frames["kernels"], "cpu_ops": frames["cpu_ops"]}))
+    # One window per rank from its first kernel start to its last kernel end: 2 x (20 ms + 2 ms) + 0.1 ms gap.
+    assert t["steps"].to_list() == [1, 1] and t["step_ms"].to_list() == [44.1, 44.1]
+    assert t["compute_ms"].to_list() == [40.0, 40.0]
+    assert step_breakdown_table(JobFrames({})).height == 0

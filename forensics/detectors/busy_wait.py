@@ -74,7 +74,7 @@ def utilization_table(steps: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-@detector("busy_wait", config=BusyWaitConfig, requires=("kernels", "steps"))
+@detector("busy_wait", config=BusyWaitConfig, requires=("kernels",))
 def busy_wait(frames, cfg: BusyWaitConfig) -> list[Finding]:
     ta = analysis(frames)
     steps = require_steps(ta)

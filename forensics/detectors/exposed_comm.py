@@ -73,7 +73,7 @@ def exposure_table(ta) -> pl.DataFrame:
     )
 
 
-@detector("exposed_comm", config=ExposedCommConfig, requires=("kernels", "steps"))
+@detector("exposed_comm", config=ExposedCommConfig, requires=("kernels",))
 def exposed_comm(frames, cfg: ExposedCommConfig) -> list[Finding]:
     ta = analysis(frames)
     require_steps(ta)

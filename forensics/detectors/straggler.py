@@ -112,7 +112,7 @@ def _robust_flags(df: pl.DataFrame, value: str, cfg: StragglerConfig, slow_step:
     return per_rank.with_columns(z.alias("z"), med.alias("peer_med"))
 
 
-@detector("straggler", config=StragglerConfig, requires=("kernels", "steps"))
+@detector("straggler", config=StragglerConfig, requires=("kernels",))
 def straggler(frames, cfg: StragglerConfig) -> list[Finding]:
     ta = analysis(frames)
     steps = require_steps(ta)
