@@ -13,6 +13,13 @@ virtual environment; ``--setup-hta`` creates it::
 
 HTA's ``TraceAnalysis`` takes a directory of traces, so the file is copied into a temp directory
 (the same directory serves as RUN_DIR for ``forensics frames``).
+
+Nsight Systems case: ``--nsys`` benchmarks the largest SQLite export under
+``../shared/sample_data/nsys`` (or ``--nsys PATH``): ``forensics frames`` on a folder holding just that
+export, and the nsys parser's ``parse()`` in one process; ``--nsys-synthetic N`` adds a generated
+export with N kernels (see ``benchmarks/nsys_bench.py``)::
+
+    python benchmarks/parse_bench.py --nsys --nsys-synthetic 2000000
 """
 
 from __future__ import annotations
@@ -53,6 +60,19 @@ p = Path(sys.argv[1])
 r = parse(p, ParseContext(p.parent, p.name))
 print(f"status={r.status} kernels={r.frames['kernels'].height} import_s={t1 - t:.3f} inner_s={time.perf_counter() - t1:.3f}")
 """
+
+NSYS_PARSE_CHILD = """
+import sys, time
+from pathlib import Path
+t = time.perf_counter()
+from parsers.common import ParseContext
+from parsers.nsys import parse
+t1 = time.perf_counter()
+p = Path(sys.argv[1])
+r = parse(p, ParseContext(p.parent, p.name))
+print(f"status={r.status} gpu_ops={r.frames['kernels'].height} import_s={t1 - t:.3f} inner_s={time.perf_counter() - t1:.3f}")
+"""
+DEFAULT_NSYS_DIR = ROOT.parent / "shared" / "sample_data" / "nsys"
 
 HTA_CHILD = """
 import sys, time, logging
@@ -110,7 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hta-venv", type=Path, default=DEFAULT_HTA_VENV)
     ap.add_argument("--setup-hta", action="store_true", help="create the HTA venv (pip install holistictraceanalysis)")
     ap.add_argument("--no-hta", action="store_true")
+    ap.add_argument("--nsys", nargs="?", const="largest", default=None, metavar="EXPORT",
+                    help="benchmark the nsys parser instead: the largest sample export, or EXPORT")
+    ap.add_argument("--nsys-synthetic", type=int, default=0, metavar="N",
+                    help="with --nsys: also a generated export with N kernels")
     args = ap.parse_args(argv)
+    if args.nsys:
+        return nsys_main(args)
 
     if args.setup_hta:
         setup_hta(args.hta_venv)
@@ -177,6 +203,53 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for name, runs in results.items():
         print(f"{name}: {runs[-1].note}")
+    return 0
+
+
+def nsys_main(args: argparse.Namespace) -> int:
+    """The nsys case: `forensics frames` and in-process `parse()` on one SQLite export (median of --repeat)."""
+    if args.nsys == "largest":
+        exports = sorted(DEFAULT_NSYS_DIR.rglob("*.sqlite"), key=lambda p: p.stat().st_size)
+        if not exports:
+            print(f"no .sqlite export under {DEFAULT_NSYS_DIR}", file=sys.stderr)
+            return 2
+        cases = [("largest sample export", exports[-1].resolve())]
+    else:
+        cases = [("export", Path(args.nsys).resolve())]
+    with tempfile.TemporaryDirectory(prefix="parse_bench_nsys_") as tmp_s:
+        tmp = Path(tmp_s)
+        if args.nsys_synthetic:
+            sys.path.insert(0, str(ROOT / "benchmarks"))
+            from nsys_bench import synthesize
+
+            synth = tmp / "synthetic.sqlite"
+            synthesize(synth, args.nsys_synthetic)
+            cases.append((f"synthetic, {args.nsys_synthetic:,} kernels", synth))
+        print(f"{args.repeat} runs each, medians; machine: {os.cpu_count()} CPUs")
+        print()
+        print("| export | MB | contender | process wall s | parse s (in-process) | peak RSS MB | RSS / export |")
+        print("|---|---|---|---|---|---|---|")
+        for label, export in cases:
+            run_dir = tmp / f"run_{len(label)}"
+            run_dir.mkdir()
+            shutil.copyfile(export, run_dir / export.name)
+            size = export.stat().st_size
+            contenders = {
+                "forensics frames": [sys.executable, "-m", "forensics.cli", "frames", str(run_dir),
+                                     "--out", str(tmp / "out"), "-q", "--workers", "1"],
+                "nsys parse() in one process": [sys.executable, "-c", NSYS_PARSE_CHILD, str(run_dir / export.name)],
+            }
+            for name, cmd in contenders.items():
+                runs = []
+                for _ in range(args.repeat):
+                    shutil.rmtree(tmp / "out", ignore_errors=True)
+                    runs.append(measure(cmd, ROOT))
+                wall = statistics.median(r.wall_s for r in runs)
+                inners = [_inner(r) for r in runs]
+                inner = f"{statistics.median(inners):.2f}" if all(x is not None for x in inners) else "n/a"
+                rss = statistics.median(r.maxrss_kb for r in runs) / 1024
+                print(f"| {label} ({export.name}) | {size / 1e6:.1f} | {name} | {wall:.2f} | {inner} | {rss:.0f} "
+                      f"| {rss * 1024 * 1024 / size:.1f} |")
     return 0
 
 

@@ -375,7 +375,12 @@ NCCL_ENV = FrameSpec(
         *_NCCL_PROC,
         _c("var", pl.String(), "variable name, e.g. NCCL_ALGO"),
         _c("value", pl.String(), "value as printed (trailing period removed)"),
-        _c("origin", pl.String(), "`nccl` (echoed by NCCL) or `command` (a command line in the log)"),
+        _c(
+            "origin",
+            pl.String(),
+            "`nccl` (echoed by NCCL), `command` (a command line in the log) or `plugin` (set by the net "
+            "plugin, e.g. aws-ofi-nccl's `Adding NCCL_PROTO=simple to environment`)",
+        ),
     ),
 )
 
@@ -391,8 +396,10 @@ NCCL_EVENTS = FrameSpec(
             pl.String(),
             "ib_async, ib_completion, socket_closed, net_recv_failed, proxy_error, cuda_failure, "
             "call_failed, no_libibverbs, no_algo, error_trace, nccl_error, init_timings, channels, "
-            "nvls_support, p2p_check, connected, topo_system, topo_link, ras_group, ras_missing, "
-            "ras_dead, ras_outlier, nccl_tests_check, flight_recorder_disabled, warn_other",
+            "nvls_support, p2p_check, connected, topo_system, topo_link, graph_pattern, thread_thresholds "
+            "(value = nranks), ring_order (a ring per channel), trees, ring_graph, ras_group, ras_missing, "
+            "ras_dead, ras_outlier, nccl_tests_check, nccl_tests_avg, flight_recorder_disabled, "
+            "flight_recorder (dump triggered; code = the rank it came from), warn_other",
         ),
         _c("code", pl.Int64(), "numeric code: IB completion status, ncclResult_t, CUDA error, count"),
         _c("value", pl.Float64(), "numeric value (seconds, channel count, bandwidth) where the kind has one"),
@@ -569,14 +576,14 @@ _register(KERNEL_EVENTS, GPU_HEALTH, GPU_DIAG)
 GPU_METRICS = FrameSpec(
     "gpu_metrics",
     "Sampled GPU hardware counters (`nsys profile --gpu-metrics-device`), one row per (GPU, sample). "
-    "Each value is the percentage of the interval since the previous sample of the same GPU; "
+    "Each value is the percentage over the interval from this sample to the next one of the same GPU; "
     "see forensics/gpu_metrics.py for windowed averages.",
     (
         _RANK,
         _HOST,
         _SOURCE,
         _c("device", pl.Int32(), "GPU index on the host (`GPU_METRICS.typeId & 0xFF`)"),
-        _c("timestamp_ns", pl.Int64(), "sample time (end of the sampled interval), ns"),
+        _c("timestamp_ns", pl.Int64(), "sample time (start of the interval it describes), ns"),
         _c("gr_active", pl.Float64(), "`GR Active`: % of time the graphics/compute engine was busy"),
         _c("sm_active", pl.Float64(), "`SM Active`: % of SM cycles with at least one warp in flight (avg over SMs)"),
         _c("sm_issue", pl.Float64(), "`SM Issue`: % of SM cycles issuing an instruction"),

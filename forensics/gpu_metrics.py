@@ -1,8 +1,10 @@
 """SM-active (and the other sampled GPU counters) from the ``gpu_metrics`` frame, over time windows.
 
 Nsight Systems' ``--gpu-metrics-device`` samples hardware counters per GPU. A sample at time t_i
-with value v_i (a percentage) describes the interval (t_{i-1}, t_i] since the previous sample of
-the same GPU. The averages here are time-weighted over exactly that piecewise-constant signal,
+with value v_i (a percentage) describes the interval [t_i, t_{i+1}) up to the next sample of the
+same GPU (as nsys' own ``gpu_metric_util_map`` recipe reads them: "the timeline [rawTimestamp,
+rawTimestamp + 1/frequency] shows the metric value at rawTimestamp"); the last sample of a GPU
+covers nothing. The averages here are time-weighted over exactly that piecewise-constant signal,
 clipped to the window asked for; ``covered_ns`` says how much of the window the samples covered
 (time before a GPU's first sample or after its last one is not covered).
 
@@ -26,16 +28,17 @@ def has_metric(frames: JobFrames, metric: str = "sm_active") -> bool:
 
 
 def _integral(samples: pl.DataFrame, metric: str) -> pl.DataFrame:
-    """Per GPU: sample times t, value v (fraction 0..1) of (prev t, t], cumulative integral F(t)."""
+    """Per GPU: sample times t, value v (fraction 0..1) of [t, next t), and F(t) = integral up to t."""
     s = (
         samples.filter(pl.col(metric).is_not_null())
         .select(*_KEYS, pl.col("timestamp_ns").alias("t"), (pl.col(metric) / 100.0).alias("v"))
         .unique(subset=[*_KEYS, "t"], keep="first")
         .sort(*_KEYS, "t")
-        .with_columns(pl.col("t").shift(1).over(_KEYS).alias("t_prev"))
+        .with_columns(pl.col("t").shift(-1).over(_KEYS).alias("t_next"))
     )
+    piece = ((pl.col("t_next") - pl.col("t")).fill_null(0) * pl.col("v"))
     return s.with_columns(
-        ((pl.col("t") - pl.col("t_prev")).fill_null(0) * pl.col("v")).cum_sum().over(_KEYS).alias("F"),
+        (piece.cum_sum() - piece).over(_KEYS).alias("F"),
         pl.col("t").min().over(_KEYS).alias("t_first"),
         pl.col("t").max().over(_KEYS).alias("t_last"),
     )
@@ -60,11 +63,11 @@ def sm_active_in_windows(frames: JobFrames, windows: pl.DataFrame, metric: str =
     )
 
     def at(col: str, name: str) -> pl.DataFrame:
-        # F(x) = F(t_i) - v_i * (t_i - x) for the first sample t_i >= x.
+        # F(x) = F(t_i) + v_i * (x - t_i) for the last sample t_i <= x.
         q = w.filter(pl.col("_b") > pl.col("_a")).select("_w", *_KEYS, pl.col(col).alias("x")).sort("x")
         right = g.select(*_KEYS, "t", "v", "F").sort("t")
-        j = q.join_asof(right, left_on="x", right_on="t", by=list(_KEYS), strategy="forward", check_sortedness=False)
-        return j.select("_w", (pl.col("F") - pl.col("v") * (pl.col("t") - pl.col("x"))).alias(name))
+        j = q.join_asof(right, left_on="x", right_on="t", by=list(_KEYS), strategy="backward", check_sortedness=False)
+        return j.select("_w", (pl.col("F") + pl.col("v") * (pl.col("x") - pl.col("t"))).alias(name))
 
     covered = pl.when(pl.col("_b") > pl.col("_a")).then(pl.col("_b") - pl.col("_a")).otherwise(0).cast(pl.Int64)
     w = (

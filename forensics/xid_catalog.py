@@ -92,3 +92,40 @@ def nvlink5_severity(unit: str | None, fatal: bool | None, link: int | None, sub
 
 def max_level(*levels: str) -> str:
     return max(levels, key=lambda s: LEVELS.get(s, 0))
+
+
+# Xid 74 register workflow (NVIDIA WORKFLOW_NVLINK_ERR as quoted in NVSentinel's design doc; registers
+# numbered 1-7, Hopper uses 1, 3, 4, 5): register -> {bit: class}
+_XID74_BITS: dict[int, dict[int, str]] = {
+    1: {0: "ignore", 23: "ignore", 30: "ignore", 1: "sympathetic", 20: "sympathetic", 4: "ecc_parity", 5: "ecc_parity",
+        8: "possible_hw", 9: "possible_hw", 12: "possible_hw", 16: "possible_hw", 17: "possible_hw", 24: "possible_hw",
+        28: "possible_hw", 21: "marginal_si", 22: "marginal_si", 27: "bug_if_repeated", 29: "bug_if_repeated"},
+    3: {0: "ecc_parity", 1: "ecc_parity", 2: "ecc_parity", 6: "ecc_parity", 13: "unexpected", 16: "diag_if_repeated",
+        19: "diag_if_repeated", 17: "bug_if_repeated", 18: "bug_if_repeated"},
+    4: {16: "sympathetic", 17: "sympathetic", 18: "sympathetic_fabric_reset"},
+    5: {18: "ecc_parity", 19: "ecc_parity", 21: "ecc_parity", 22: "ecc_parity", 24: "ecc_parity", 25: "ecc_parity",
+        27: "ecc_parity", 28: "ecc_parity", 20: "ecc_threshold", 23: "ecc_threshold", 26: "ecc_threshold",
+        29: "ecc_threshold"},
+}
+
+
+def decode_xid74(regs: list[str]) -> tuple[list[str], str, str]:
+    """(classes of the set bits, severity, action) for the seven Xid 74 registers."""
+    classes: list[str] = []
+    for reg, bits in _XID74_BITS.items():
+        if reg - 1 >= len(regs):
+            continue
+        try:
+            value = int(regs[reg - 1], 16)
+        except ValueError:
+            continue
+        for bit, cls in bits.items():
+            if value >> bit & 1 and cls not in classes:
+                classes.append(cls)
+    if any(c in ("possible_hw", "marginal_si", "unexpected") for c in classes):
+        return classes, "HIGH", "RESET_GPU;INSPECT_LINK;RMA_CANDIDATE"
+    if "sympathetic_fabric_reset" in classes:
+        return classes, "HIGH", "RESET_GPU"
+    if classes and all(c in ("ignore", "sympathetic", "ecc_threshold") for c in classes):
+        return classes, "WARNING", "NONE" if "sympathetic" not in classes else "INSPECT_LINK"
+    return classes, "HIGH", "RESET_GPU;INSPECT_LINK"

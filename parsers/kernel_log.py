@@ -211,10 +211,41 @@ _M: list[tuple[str, str, re.Pattern[str]]] = [
         r"workqueue: .* hogged CPU|clocksource: |EXT4-fs |sched: RT throttling activated|"
         r"nvidia-nvswitch\d+: open \(major=|audit: |IPv6: ADDRCONF|systemd-journald")),
 ]
+# A literal every match of the pattern contains: `in` is far cheaper than a regex search, and most
+# lines of a real log match nothing. None = always try.
+_NEEDLE: dict[tuple[str, str], str | None] = {
+    ("gpu_identity", "uuid"): "NVRM: GPU at", ("gpu_identity", "serial"): "Serial Number",
+    ("fallen_off_bus", "fallen_off_bus"): "fallen off", ("fallen_off_bus", "probe"): "fallen off",
+    ("driver_load", "driver_load"): "NVRM: loading", ("gsp", "rate_limit"): "Rate limiting GSP",
+    ("gsp", "heartbeat"): "Heartbeat", ("gsp", "timeout_banner"): "GSP Timeout", ("gsp", "pmu_halt"): "PmuHalted",
+    ("gsp", "memsys_error"): "NVRM: GPU", ("gsp", "thread_timeout"): "_threadNodeCheckTimeout",
+    ("gsp", "sysmembar_timeout"): "kbusSendSysmembar", ("gsp", "gsp_exception"): "GSP kernel exception",
+    ("nvlink", "postrx_failed"): "knvlink", ("nvlink", "nvlink"): "NVRM: ",
+    ("ecc", "sbe_interrupts_disabled"): "Disabling ECC", ("ecc", "uncorrectable"): "uncorrectable ECC",
+    ("ecc", "row_remap"): "Row Remapper", ("ecc", "page_retirement"): "Page Retirement",
+    ("nvrm_other", "crash_dump"): "crash dump", ("nvrm_other", "rm_init_failed"): "NVRM: GPU",
+    ("benign", "peermem"): "nvidia-peermem",
+    ("aer", "received"): "AER", ("aer", "bus_error"): "Bus Error", ("aer", "status"): "error status",
+    ("aer", "bit"): "] ", ("aer", "recovery"): ": ", ("aer", "other"): "AER",
+    ("pcie_link", "limited"): "limited by", ("pcie_link", "link_down"): "Link Down",
+    ("ghes", "ghes"): "[Hardware Error]", ("ib_port", "port_state"): "Port:", ("ib_port", "port_event"): "mlx5_",
+    ("mlx5", "link"): "mlx5_core", ("mlx5", "module"): "module event", ("mlx5", "pcie_power"): "mlx5_pcie_event",
+    ("mlx5", "temperature"): "High temperature", ("mlx5", "health"): "mlx5_core",
+    ("netdev_carrier", "carrier"): "arrier", ("cpu_thermal", "throttle"): "above threshold",
+    ("cpu_thermal", "normal"): "speed normal", ("cpu_thermal", "power_limit"): "power limit",
+    ("edac", "error"): "EDAC", ("edac", "mce_handling"): "EDAC", ("mce", "logged"): "mce:",
+    ("mce", "hardware_error"): "mce:", ("oom", "invoked"): "oom-killer", ("oom", "killed"): "ut of memory",
+    ("oom", "context"): "oom-kill:", ("oom", "reaped"): "oom_reaper", ("hung_task", "hung_task"): "blocked for more",
+    ("soft_lockup", "soft_lockup"): "soft lockup", ("hard_lockup", "hard_lockup"): "hard LOCKUP",
+    ("segfault", "segfault"): "segfault", ("boot", "linux_version"): "Linux version",
+    ("context", "stack"): None, ("context", "oom_table"): "[", ("context", "rpc_history"): "NVRM:",
+    ("benign", "noise"): None,
+}
+_M4 = [(kind, tag, rx, _NEEDLE[(kind, tag)]) for kind, tag, rx in _M]
+
 # NVRM lines no specific pattern knows, and generic ``driver dddd:bb:dd.f: text`` device lines.
 _NVRM_ANY = re.compile(r"NVRM: ")
 _DEVICE_ANY = re.compile(rf"^(?P<drv>[\w-]+) (?P<bdf>{BDF4}): ")
-_FM_ANY = re.compile(r"multicast|NVSwitch|fabric|NVLink|GPU", re.I)
 
 # Xid detail decoders (applied to the Xid's text).
 _X74 = re.compile(r"NVLink: fatal error detected on link (?P<link>\d+)\((?P<regs>0x[0-9a-fA-F]+(?:,\s*0x[0-9a-fA-F]+){6})\)")
@@ -489,7 +520,9 @@ def _classify(msg: str) -> tuple[str, dict[str, Any]]:
         f["sxid"] = int(f["sxid"])
         f["what"] = "nvswitch_error"
         return "fabric_manager", f
-    for kind, tag, rx in _M:
+    for kind, tag, rx, needle in _M4:
+        if needle is not None and needle not in msg:
+            continue
         m = rx.search(msg)
         if m:
             f = {k: (int(v) if k in _INT_KEYS and v.isdigit() else v)

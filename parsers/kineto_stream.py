@@ -140,6 +140,13 @@ def _parse_array_piece(piece: bytes | bytearray | memoryview) -> tuple[list, int
     try:
         return orjson.loads(b"".join((b"[", text, b"]"))), flows
     except orjson.JSONDecodeError:
+        if not flows:
+            return None
+    # A cut-out match cannot start inside a string (quotes there are escaped), but one could end at
+    # a `},` inside a string of an instant event; the text is then invalid, so parse it unabridged.
+    try:
+        return orjson.loads(b"".join((b"[", piece, b"]"))), 0
+    except orjson.JSONDecodeError:
         return None
 
 
@@ -189,7 +196,6 @@ def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int = CHUNK
     out = ReadOutcome()
     buf = bytearray()
     blocks = decompressed_blocks(path, limit)
-    base = 0  # decompressed offset of buf[0]
     stop_reason: str | None = None
 
     def pull() -> bool:
@@ -238,7 +244,6 @@ def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int = CHUNK
         out.meta.update(header)
         array_start = m.end()
     del buf[:array_start]
-    base = array_start
 
     # 2. Whole events in chunks.
     while True:
@@ -257,7 +262,6 @@ def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int = CHUNK
             sink(events)
             del events
             del buf[:used]
-            base += used
             continue
         break
 
@@ -267,11 +271,16 @@ def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int = CHUNK
     if stop_reason == "":
         try:
             text, flows = _SKIPPED_EVENT.subn(b"", rest)
+            opening = b"[" if bare else b'{"traceEvents":['
+            try:
+                doc = orjson.loads(opening + text)
+            except orjson.JSONDecodeError:
+                if not flows:
+                    raise
+                doc, flows = orjson.loads(opening + rest), 0  # see _parse_array_piece
             if bare:
-                events = orjson.loads(b"[" + text)
-                trailer: dict = {}
+                events, trailer = doc, {}
             else:
-                doc = orjson.loads(b'{"traceEvents":[' + text)
                 events = doc.pop("traceEvents")
                 trailer = doc
             if not isinstance(events, list) or (
@@ -313,8 +322,8 @@ def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int = CHUNK
     )
     if not bare and "baseTimeNanoseconds" not in out.meta:
         out.problem += " (metadata written after the events, e.g. baseTimeNanoseconds, is lost)"
-    if out.events == 0 and not bare and stop_reason not in ("",) and "gzip" in (stop_reason or ""):
-        raise TraceReadError(stop_reason or "corrupt gzip")
+    if out.events == 0 and stop_reason and "gzip" in stop_reason:
+        raise TraceReadError(stop_reason)  # corrupt before the first event: nothing to salvage
     return out
 
 

@@ -43,7 +43,9 @@ _I = {
     "net_ib_nodev": r"^NET/IB ?: ?No device found\.?$",
     "net_socket_using": r"^NET/Socket ?: ?Using(?P<devs>(?: \[\d+\][^\s:]+:\S*)+)$",
     "using_network": r"^Using network (?P<net>.+?)\s*$",
-    "net_ofi_provider": r"^NET/OFI Selected Provider is (?P<prov>\S+)",
+    "net_ofi_provider": r"^NET/OFI Selected [Pp]rovider is (?P<prov>[^\s,]+)",
+    "net_ofi_gdr_off": r"^NET/OFI (?:.*disabling GDR.*|Need to force simple protocol: GDR not supported.*)$",
+    "net_ofi_env": r"^NET/OFI Adding (?P<var>\w+)=(?P<val>\S+) to environment",
     "gdr_hca": r"^NET/(?P<net>\S+) ?: ?GPU Direct RDMA (?P<state>Enabled|Disabled) for HCA (?P<hca>\d+) '(?P<name>[^']*)'(?P<extra>.*)$",
     "gdr_gpu": r"^GPU Direct RDMA (?P<state>Enabled|Disabled) for GPU (?P<gpu>[0-9a-fx]+) / HCA (?P<hca>[0-9a-fx]+) \(distance (?P<dist>\d+) (?:<=|>) (?P<lvl>\d+)\)(?P<extra>.*)$",
     "env": r"^(?P<var>NCCL_[A-Z0-9_]+) (?:set by environment to|set to) (?P<val>.*?)\.?\s*$",
@@ -72,10 +74,10 @@ _I = {
     "tuning_op": r"^(?:(?P<func>[A-Za-z]+)(?: \[(?P<variant>[^\]]+)\])?: )?(?P<bytes>\d+) Bytes -> (?:Algo (?P<algo>\w+) proto (?P<proto>\w+)(?: time (?P<time>[\d.]+))?(?: channel\{Lo\.\.Hi\}=\{(?P<lo>\d+)\.\.(?P<hi>\d+)\})?|Kernel (?P<kernel>\S+) nchannels (?P<nch>\d+) nthreads (?P<nt>\d+)(?: nWorks (?P<nw>\d+))?|(?P<other>.*))\s*$",
     "coll_op": r"^(?P<op>AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|Send|Recv|AlltoAll|Gather|Scatter): opCount (?P<opCount>[0-9a-f]+) sendbuff (?P<sendbuff>\S+) recvbuff (?P<recvbuff>\S+) count (?P<count>\d+) datatype (?P<dtype>\d+) op (?P<redop>\d+) root (?P<root>-?\d+) comm (?P<comm>0x[0-9a-f]+) \[nranks=(?P<nranks>\d+)\] stream (?P<stream>\S+)\s*$",
     "err_trace": r"^(?P<file>[\w/.]+\.(?:cc|cu|h|cpp)):(?P<line>\d+) -> (?P<ret>\d+)(?: \[(?P<thread>[^\]]+)\])?\s*$",
-    "net_plugin": r"^(?:NET/Plugin ?: ?.*|Plugin Path : .*|P2P plugin \S+|Using non-device net plugin version \d+|(?:Initialized|Assigned) NET plugin .*|Successfully loaded external network plugin .*|TUNER/Plugin: .*|PROFILER/Plugin: .*|NET/Plugin: .*)$",
+    "net_plugin": r"^(?:NET/Plugin ?: ?.*|Plugin Path : .*|P2P plugin .+|Using non-device net plugin version \d+|(?:Initialized|Assigned) NET plugin .*|Successfully loaded external (?:network )?plugin .*|NET/OFI .*|SHARP .*|TUNER/Plugin: .*|PROFILER/Plugin: .*|NET/Plugin: .*)$",
     "version": r"^NCCL version .*$",
-    "misc": r"^(?:cudaDriverVersion \d+|Setting affinity for GPU \d+ to [0-9a-f,]+|Threads per block : .*|\[Proxy (?:Service|Service UDS|Progress)\] Device \d+ CPU core \d+|CC (?:On|Off).*workFifoBytes \d+|[\w/.]+:\d+ Cuda (?:Host )?Alloc Size \d+ pointer 0x[0-9a-f]+|Enabled NCCL Func/Proto/Algo Matrix:.*|comm 0x[0-9a-f]+ rank \d+ nRanks .*|Search \d+ : .*|RAS client listening socket .*|MNNVL .*|NET/IB : Using \[.*|NCCL_\w+ set by environment.*|Init (?:START|COMPLETE).*|Allocated .*|ncclCommInit.*)\s*$",
-    "check_p2p": r"^Check P2P Type (?:intraNodeP2pSupport (?P<p2p>\d+) directMode (?P<direct>\d+)|isAllDirectP2p (?P<alldirect>\d+) directMode (?P<direct2>\d+) isAllCudaP2p (?P<allcuda>\d+))",
+    "misc": r"^(?:cudaDriverVersion \d+|Setting affinity for GPU \d+ to [0-9a-f,]+|Threads per block : .*|\[Proxy (?:Service|Service UDS|Progress)\] Device \d+ CPU core \d+|CC (?:On|Off).*workFifoBytes \d+|[\w/.]+:\d+ Cuda (?:Host )?Alloc Size \d+ pointer 0x[0-9a-f]+|Enabled NCCL Func/Proto/Algo Matrix:.*|comm 0x[0-9a-f]+ rank \d+ nRanks .*|Search \d+ : .*|RAS client listening socket .*|Comm config \w+ set to .*|DMA-BUF is (?:not )?available on GPU device \d+|Bootstrap timings total .*|NET/IB : Made virtual device .*|ncclTopoGetCpuAffinity: .*|NVLS comm .*|MNNVL .*|NET/IB : Using \[.*|NCCL_\w+ set by environment.*|Init (?:START|COMPLETE).*|Allocated .*|ncclCommInit.*)\s*$",
+    "check_p2p": r"^Check P2P Type (?:intraNodeP2pSupport (?P<p2p>\d+) directMode (?P<direct>\d+)|isAllDirectP2p (?P<alldirect>\d+) directMode (?P<direct2>\d+)(?: isAllCudaP2p (?P<allcuda>\d+))?)",
     "topo_tree": r"^\s*(?:\+ (?P<link>[A-Z]+)\[(?P<bw>[\d.]+)\] - )?(?P<node>(?:CPU|PCI|GPU|NIC|NET|NVS)/[0-9A-Fa-fx-]+)(?P<attrs>.*)$",
     "graph_channel": r"^\s*(?P<ch>\d+) : (?P<path>(?:(?:GPU|NET|NVS)/\S+ ?)+)$",
 }
@@ -110,9 +112,12 @@ PT_LAST = re.compile(
 )
 PT_DESYNC = re.compile(r"\[(?P<lag>\d+)\] finished collective #(?P<fin>\d+), but didn't join collective #(?P<next>\d+)")
 PT_NCCL_ERR = re.compile(r"NCCL error in: (?P<file>\S+):(?P<line>\d+), (?P<what>[^,(]+)")
+PT_DUMP = re.compile(r"(?:Received a dump signal|flight recorder dump signal|[Dd]umping (?:the )?(?:flight recorder|debug info))"
+                     r"(?:.*? from (?:this local )?rank (?P<from>\d+))?")
 PT_RANK = re.compile(r"\[rank(?P<r>\d+)\]:|\[Rank (?P<R>\d+)\]")
 PT_ANY = re.compile(r"ProcessGroupNCCL|WorkNCCL|TORCH_NCCL|c10d|Watchdog caught|FlightRecorder")
 
+NCCL_MATRIX = re.compile(r"^\s*(?:Function|Broadcast|Reduce|AllGather|ReduceScatter|AllReduce|SendRecv|AlltoAll) \|(?:\s+(?:\d|LL|LL128|Simple))+\s+\|(?:\s+(?:\d+|\w+))+\s*$")
 RAS_GROUP = re.compile(r"^\s+(?P<grp>\d+)\s+(?P<comms>\d+)\s+(?P<nodes>\d+)\s+(?P<rpn>[\d-]+)\s+(?P<rpc>\d+)\s+(?P<rig>\d+)\s+(?P<status>[A-Z]+)\s+(?P<errors>[A-Z,]+)\s*$")
 RAS_PROC = re.compile(r"^\s*Process (?P<pid>\d+) on node (?P<node>\S+) managing GPU (?P<gpu>\d+)")
 RAS_RANK = re.compile(r"^\s*Rank (?P<rank>\d+) -- GPU (?P<gpu>\d+) managed by process (?P<pid>\d+) on node (?P<node>\S+)")
@@ -362,6 +367,15 @@ def _info(acc: _Acc, base: dict[str, Any], msg: str, src: str | None) -> bool:
         )
     elif kind in ("tuning_hdr_old", "tuning_hdr_new", "tuning_nthreads", "tuning_row"):
         _tuning(acc, base, kind, g)
+    elif kind == "collnet_conn":
+        acc.add("nccl_channels", **base, channel=int(g["ch"]), conn_index=int(g["conn"]), src_rank=int(g["rank"]),
+                direction=g["dir"], transport="COLLNET", via=msg.split(" via ", 1)[1], net=g["net"], nic=int(g["dev"]),
+                gdr="/GDRDMA" in g["rest"], shared="/Shared" in g["rest"])
+    elif kind == "ring_list":
+        acc.add("nccl_events", **base, level="INFO", kind="ring_order", code=int(g["ch"]), value=float(g["nch"]),
+                message=" ".join(g["ranks"].split()))
+    elif kind in ("trees", "tree_graph", "ring_graph", "nvls_trees"):
+        acc.add("nccl_events", **base, level="INFO", kind="trees" if kind != "ring_graph" else "ring_graph", message=msg)
     elif kind == "thread_thresholds":
         vals = [int(v) for v in re.findall(r"\d+", g["vals"])]
         if len(vals) >= 4:
@@ -372,8 +386,14 @@ def _info(acc: _Acc, base: dict[str, Any], msg: str, src: str | None) -> bool:
     elif kind == "nvls_support":
         acc.add("nccl_events", **base, level="INFO", kind="nvls_support", code=0 if g["neg"] else 1, message=msg)
     elif kind == "check_p2p":
+        # intraNodeP2pSupport (2.24-2.26) / isAllCudaP2p (2.27+) = 0: CUDA P2P between the local GPUs is off
         p2p = g["p2p"] if g["p2p"] is not None else g["allcuda"]
-        acc.add("nccl_events", **base, level="INFO", kind="p2p_check", code=int(p2p), message=msg)
+        acc.add("nccl_events", **base, level="INFO", kind="p2p_check", code=_int(p2p), message=msg)
+    elif kind == "net_ofi_gdr_off":
+        acc.add("nccl_net", **base, kind="gdr_hca", name="OFI", state="Disabled", detail="NET/OFI " + msg[8:])
+    elif kind == "net_ofi_env":
+        # the plugin sets NCCL variables itself (e.g. NCCL_PROTO=simple on EFA without GDR)
+        acc.add("nccl_env", **base, var=g["var"], value=g["val"], origin="plugin")
     elif kind == "connected" and g["gdr"] is not None:
         acc.add("nccl_events", **base, level="INFO", kind="connected", code=int(g["gdr"]),
                 value=float(g["pxn"]), message=msg)
@@ -407,10 +427,11 @@ def _hint(acc: _Acc, lo: str | None = None, hi: str | None = None) -> None:
 
 def _transport(acc: _Acc, base: dict[str, Any], g: dict[str, Any]) -> None:
     via = g["via"]
+    busid = len(g["srcdev"]) >= 4  # a busId (>= 0x1000 for bus 01) is never a device index
     if g["kw"] == "Ring":
-        _hint(acc, hi="2.6")
-    elif len(g["srcdev"]) >= 4:
-        _hint(acc, lo="2.5", hi="2.18.1")
+        _hint(acc, *(("2.5", "2.6") if busid else (None, "2.4")))
+    elif busid:
+        _hint(acc, lo="2.7", hi="2.18.1")
     else:
         _hint(acc, lo="2.18.3")  # a device index, not a busId, in the bracket
     row: dict[str, Any] = dict(
@@ -420,7 +441,7 @@ def _transport(acc: _Acc, base: dict[str, Any], g: dict[str, Any]) -> None:
     # the bracket holds a busId up to 2.18.1 and a device index after (and in 2.4 `Ring` lines)
     for side in ("src", "dst"):
         text = g[side + "dev"]
-        if len(text) >= 4 and g["kw"] == "Channel":
+        if len(text) >= 4:
             row[side + "_bus_id"] = bus_id_from_hex(text)
         elif text.isdigit():
             row[side + "_dev"] = int(text)
@@ -511,6 +532,9 @@ def _other(acc: _Acc, line: str, n: int) -> None:
         acc.ras = False
         _pytorch(acc, line, n)
         return
+    if NCCL_MATRIX.match(text):
+        acc.counts["nccl"] += 1  # body of `Enabled NCCL Func/Proto/Algo Matrix:` (2.24+, no envelope)
+        return
     rv = RAS_VERSION.match(text)
     if rv:
         acc.version = acc.version or rv["ver"]
@@ -582,7 +606,7 @@ def _nccl_tests(acc: _Acc, text: str, n: int) -> bool:
         acc.add(
             "nccl_comms", host=m["host"], pid=int(m["pid"]), cuda_dev=int(m["dev"]), rank=int(m["rank"]), line=n,
             origin="nccl-tests", phase="device", gpu_name=m["name"],
-            bus_id=f"0000:{int(bus, 16):02x}:00.0" if re.fullmatch(r"[0-9a-f]{1,2}", bus) else None,
+            bus_id=_nt_bus(bus),
         )
         return True
     m = NT_OOB.match(text)
@@ -604,6 +628,14 @@ def _nccl_tests(acc: _Acc, text: str, n: int) -> bool:
             acc.add("nccl_env", host=None, pid=None, cuda_dev=None, line=n, var=cm["var"], value=cm["val"], origin="command")
         return True
     return False
+
+
+def _nt_bus(bus: str) -> str | None:
+    """nccl-tests prints the PCI bus as `0x4c` (older) or `0000:4c:00` (newer)."""
+    if re.fullmatch(r"[0-9a-f]{1,2}", bus):
+        return f"0000:{int(bus, 16):02x}:00.0"
+    m = re.fullmatch(r"([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})(?:\.([0-7]))?", bus)
+    return f"{m[1]}:{m[2]}:{m[3]}.{m[4] or 0}" if m else None
 
 
 def _pytorch(acc: _Acc, line: str, n: int) -> None:
@@ -640,6 +672,12 @@ def _pytorch(acc: _Acc, line: str, n: int) -> None:
     if "FlightRecorder is disabled" in line:
         acc.add("nccl_events", host=None, line=n, rank=rank, level="INFO", kind="flight_recorder_disabled",
                 message=text)
+        return
+    m = PT_DUMP.search(line)
+    if m:
+        # the flight recorder was triggered; `from rank N` names the rank whose watchdog fired first
+        acc.add("nccl_events", host=None, line=n, rank=rank, level="INFO", kind="flight_recorder",
+                code=_int(m["from"]), message=text[:500])
 
 
 def _ras(acc: _Acc, text: str, n: int) -> None:
@@ -698,6 +736,10 @@ def _frames(acc: _Acc, nlines: int) -> dict[str, pl.DataFrame]:
             "nccl_comms",
             out["nccl_comms"].drop("nnodes", "local_ranks").join(lay, on=["host", "pid", "comm"], how="left"),
         )
+    plugin_vars = set(out["nccl_env"].filter(pl.col("origin") == "plugin")["var"].to_list())
+    if plugin_vars:
+        out["nccl_env"] = out["nccl_env"].with_columns(
+            pl.when(pl.col("var").is_in(list(plugin_vars))).then(pl.lit("plugin")).otherwise(pl.col("origin")).alias("origin"))
     out = _fill_ranks(out)
     c = acc.counts
     out["nccl_files"] = fr.conform("nccl_files", pl.DataFrame([{

@@ -84,7 +84,9 @@ PROFILER_OVERHEAD_NAMES = (
 GPU_METRICS = {
     "GR Active": "gr_active",
     "SM Active": "sm_active",
+    "SMs Active": "sm_active",
     "SM Issue": "sm_issue",
+    "SMs Issue": "sm_issue",
     "Tensor Active": "tensor_active",
 }
 MEMCPY_KINDS = {
@@ -93,7 +95,8 @@ MEMCPY_KINDS = {
     10: "Peer-to-Peer", 11: "Unified Host-to-Device", 12: "Unified Device-to-Host", 13: "Unified Device-to-Device",
 }
 _API_VERSION = re.compile(r"_v\d+$")
-_STEP_RANGE = re.compile(r"^(?:ProfilerStep#|[Ss]tep[ _#:]?|[Ii]teration[ _#:]?)(\d+)$")
+# torch.autograd.profiler.emit_nvtx appends ", op_id = N" (and ", seq = ...") to range names.
+_STEP_RANGE = re.compile(r"^(?:ProfilerStep#|[Ss]tep[ _#:]?|[Ii]teration[ _#:]?)(\d+)(?:,\s.*)?$")
 
 # NVTX payload entry types (nvToolsExtPayload.h) -> struct format; enums are 4-byte ints.
 _PAYLOAD_FMT = {1: "b", 2: "B", 3: "h", 4: "H", 5: "i", 6: "I", 7: "q", 8: "Q", 9: "q", 10: "Q",
@@ -506,7 +509,7 @@ _METRIC_SCHEMA = {"timestamp_ns": pl.Int64(), "device": pl.Int32(), **{c: pl.Flo
 def _gpu_metrics(db: _Db, off: int) -> pl.DataFrame:
     """GPU_METRICS samples pivoted in SQL to one row per (GPU, timestamp); GPU = typeId & 0xFF."""
     if not (db.has("GPU_METRICS") and db.has("TARGET_INFO_GPU_METRICS")):
-        return pl.DataFrame(schema=_METRIC_SCHEMA)
+        return _generic_gpu_metrics(db, off)
     info = db.rows(f'SELECT DISTINCT typeId, metricId, metricName FROM "{db.name("TARGET_INFO_GPU_METRICS")}"')
     wanted: dict[str, list[tuple[int, int]]] = {c: [] for c in GPU_METRICS.values()}
     for type_id, metric_id, metric_name in info:
@@ -525,6 +528,27 @@ def _gpu_metrics(db: _Db, off: int) -> pl.DataFrame:
         f"WHERE {all_pairs} GROUP BY timestamp, typeId & 255 ORDER BY typeId & 255, timestamp"
     )
     return db.frame(sql, _METRIC_SCHEMA)
+
+
+def _generic_gpu_metrics(db: _Db, off: int) -> pl.DataFrame:
+    """Exports before the GPU_METRICS table kept samples as JSON in GENERIC_EVENTS (`data` with keys
+    like "SM Active"); nsys' 2023.3 gpu_metric_util_map recipe reads them that way."""
+    t = "GENERIC_EVENTS"
+    if not db.has(t) or not {"typeId", "data"} <= db.cols(t):
+        return pl.DataFrame(schema=_METRIC_SCHEMA)
+    ts = "COALESCE(timestamp, rawTimestamp)" if "timestamp" in db.cols(t) else "rawTimestamp"
+    keys = {col: [k for k, c in GPU_METRICS.items() if c == col] for col in dict.fromkeys(GPU_METRICS.values())}
+    picks = [
+        "COALESCE(" + ", ".join(f"JSON_EXTRACT(data, '$.\"{k}\"')" for k in ks) + ", NULL)" for ks in keys.values()
+    ]
+    sql = (
+        f"SELECT {ts} + {off}, typeId & 255, {', '.join(picks)} FROM \"{db.name(t)}\" "
+        f"WHERE json_valid(data) AND ({' OR '.join(p + ' IS NOT NULL' for p in picks)})"
+    )
+    try:
+        return db.frame(sql, _METRIC_SCHEMA)
+    except sqlite3.OperationalError:  # SQLite built without JSON functions
+        return pl.DataFrame(schema=_METRIC_SCHEMA)
 
 
 # --- NCCL NVTX payloads -----------------------------------------------------------------------
@@ -644,20 +668,11 @@ def _parse(db: _Db, path: Path, ctx: ParseContext) -> ParseResult:
         rank = pl.col("pid").replace_strict(rank_by_pid, default=None, return_dtype=pl.Int32()) if "pid" in df.columns else pl.lit(None, pl.Int32())
         return df.with_columns(rank.alias("rank"), pl.lit(meta.host, pl.String()).alias("host"), pl.lit(src).alias("source"))
 
-    # kernels
-    kern = tag(gpu)
-    if meta.gpus.height:
-        sms = dict(zip(meta.gpus["device"].to_list(), meta.gpus["sm_count"].to_list()))
-        sm_count = pl.col("device").replace_strict(sms, default=None, return_dtype=pl.Float64())
-        kern = kern.with_columns(
-            (pl.col("grid_x").cast(pl.Float64) * pl.col("grid_y") * pl.col("grid_z") / sm_count).alias("blocks_per_sm")
-        )
-    kernels = fr.conform("kernels", kern.drop("context", "pid", "short", "kind", "sm_count", strict=False))
-
     # cpu_ops: CUDA runtime/driver calls; is_launch = it has a GPU op with the same (pid, correlation)
     # Correlation ids are per process: key = (pid, correlation) packed in one Int64 (ids < 2^32).
     key = (pl.col("pid").cast(pl.Int64) * (1 << 32) + pl.col("correlation").cast(pl.Int64))
-    launched = gpu.select(key.alias("k")).drop_nulls()["k"]
+    # Synchronization records (cudaStreamWaitEvent, cudaEventSynchronize) are not launched work.
+    launched = gpu.select(pl.when(pl.col("kind") != "sync").then(key).alias("k")).drop_nulls()["k"]
     rt = runtime.with_columns(
         key.is_in(launched.implode()).fill_null(False).alias("is_launch"),
         pl.when(pl.col("name").str.starts_with("cu") & ~pl.col("name").str.starts_with("cuda"))
@@ -679,6 +694,28 @@ def _parse(db: _Db, path: Path, ctx: ParseContext) -> ParseResult:
     steps = fr.conform("steps", tag(steps_df.select("pid", "step", "start_ns", "end_ns")).drop("pid").sort("rank", "step", nulls_last=True))
 
     comms = _comms(db, nvtx, ranges, runtime, gpu, rank_by_pid, meta, tag)
+
+    # kernels
+    kern = tag(gpu)
+    if meta.gpus.height:
+        sms = dict(zip(meta.gpus["device"].to_list(), meta.gpus["sm_count"].to_list()))
+        sm_count = pl.col("device").replace_strict(sms, default=None, return_dtype=pl.Float64())
+        kern = kern.with_columns(
+            (pl.col("grid_x").cast(pl.Float64) * pl.col("grid_y") * pl.col("grid_z") / sm_count).alias("blocks_per_sm")
+        )
+    # NCCL kernels take message size and communicator from the NCCL call that launched them (payloads).
+    linked = comms.filter(pl.col("kernel_correlation").is_not_null() & pl.any_horizontal(
+        pl.col("bytes").is_not_null(), pl.col("pg_name").is_not_null()))
+    if linked.height:
+        lk = (linked["pid"] * (1 << 32) + linked["kernel_correlation"]).to_list()
+        kkey = pl.col("pid").cast(pl.Int64) * (1 << 32) + pl.col("correlation").cast(pl.Int64)
+        kern = kern.with_columns(
+            kkey.replace_strict(lk, linked["bytes"].to_list(), default=None, return_dtype=pl.Int64()).alias("bytes"),
+            kkey.replace_strict(lk, linked["pg_name"].to_list(), default=None, return_dtype=pl.String()).alias("pg_name"),
+            kkey.replace_strict(lk, linked["group_size"].to_list(), default=None, return_dtype=pl.Int32()).alias("group_size"),
+        )
+    kernels = fr.conform("kernels", kern.drop("context", "pid", "short", "kind", "sm_count", strict=False))
+
 
     # ranks: one row per GPU process
     nccl_version = meta.env.get("NCCL_VERSION")
@@ -785,7 +822,27 @@ def _comms(db, nvtx, ranges, runtime, gpu, rank_by_pid, meta, tag) -> pl.DataFra
             .filter(pl.col("launch_ns") <= pl.col("end_ns"))
             .select("_i", "kernel_correlation")
         )
-    calls = calls.join(linked, on="_i", how="left").with_columns(pl.col("name").alias("name"))
+        # Grouped calls (ncclGroupStart; ncclSend; ncclRecv; ncclGroupEnd) launch nothing themselves: the
+        # kernel is launched inside the ncclGroupEnd that follows on the same thread.
+        ends = ranges.filter(pl.col("name") == "ncclGroupEnd")
+        if created:
+            ends = ends.filter(pl.col("domain").is_in(created))
+        ends = ends.select("pid", "tid", "start_ns", "end_ns").sort("start_ns").with_row_index("_g")
+        launched_in = (
+            ends.join_asof(launches, left_on="start_ns", right_on="launch_ns", by=["pid", "tid"], strategy="forward")
+            .filter(pl.col("launch_ns") <= pl.col("end_ns"))
+            .select("_g", pl.col("kernel_correlation").alias("_gcorr"))
+        )
+        # every group end stays (null when it launched nothing), so a call never skips to a later group
+        group_links = ends.join(launched_in, on="_g", how="left").select(
+            "pid", "tid", pl.col("start_ns").alias("_ge"), "_gcorr").sort("_ge")
+        unlinked = (
+            calls.join(linked, on="_i", how="anti").select("_i", "pid", "tid", "start_ns").sort("start_ns")
+            .join_asof(group_links, left_on="start_ns", right_on="_ge", by=["pid", "tid"], strategy="forward")
+            .filter(pl.col("_gcorr").is_not_null())
+            .select("_i", pl.col("_gcorr").alias("kernel_correlation"))
+        )
+    calls = calls.join(pl.concat([linked, unlinked]), on="_i", how="left")
     own = pl.col("pid").replace_strict(rank_by_pid, default=None, return_dtype=pl.Int32())
     calls = calls.with_columns(
         pl.when(pl.col("collective") == "send").then(own).when(pl.col("collective") == "recv").then(pl.col("peer")).alias("src_rank"),

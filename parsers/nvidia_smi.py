@@ -72,7 +72,6 @@ def _parse_smi_q(lines: list[str]) -> tuple[list[dict[str, Any]], int]:
     cur: dict[tuple[str, ...], str] | None = None
     stack: list[tuple[int, str]] = []
     unknown = 0
-    base_indent = 0
     for ln in lines:
         if not ln.strip() or ln.strip().startswith(("=", "[...]", "|", "+")):
             continue
@@ -98,13 +97,11 @@ def _parse_smi_q(lines: list[str]) -> tuple[list[dict[str, Any]], int]:
             # a pasted section without a GPU header: one anonymous GPU
             cur = {}
             blocks.append((None, cur))
-            base_indent = indent
         path = tuple(k for _, k in stack) + (key,)
         if kv is not None and kv.group("value") != "":
             cur[path] = kv.group("value")
         else:
             stack.append((indent, key))
-    del base_indent
     snapshot = _ctime_ns(header["timestamp"]) if "timestamp" in header else None
     rows = [
         _gpu_row(i if bdf is not None else None, bdf, kv, snapshot, header.get("driver version"))

@@ -83,6 +83,9 @@ def test_counts_per_sample_trace(rel: str):
     ranks = res.frames["ranks"]
     assert ranks.height == 1
     assert ranks.get_column("world_size")[0] == world
+    # only the 2024-04 HTA trace names its host (`host_name`); no file name has `<host>_<pid>.`
+    host = "twshared39868.02.pnb3.facebook.com" if rel.startswith("hta/rank-0.") else None
+    assert res.host == host and ranks.get_column("host")[0] == host
     if rel.startswith("kineto_tb_plugin"):
         # No distributedInfo in the 2021 trace: the rank comes from the file name `worker0`.
         assert res.rank == 0 and "from the file name" in (res.message or "")

@@ -214,3 +214,48 @@ def test_truncated_trace_in_a_run_dir_is_a_partial_source(tmp_path: Path, plain_
     assert results["rank0.pt.trace.json"].status == "partial"
     assert results["rank1.pt.trace.json.gz"].status == "failed"
     assert "gzip" in results["rank1.pt.trace.json.gz"].message
+
+
+def test_many_random_cuts(tmp_path: Path, plain_trace):
+    """Cut anywhere: before the event array -> failed; inside it -> partial with exactly the complete
+    events; after the last byte of content -> ok."""
+    import random
+
+    _, raw = plain_trace
+    start, ends = event_ends(raw)
+    rnd = random.Random(20261122)
+    path = tmp_path / "cut.json"
+    for cut in [rnd.randrange(0, len(raw)) for _ in range(40)] + [1, start - 1, start, start + 1]:
+        path.write_bytes(raw[:cut])
+        res = _parse_file(path)
+        if cut < start:
+            assert res.status == "failed", (cut, res.message)
+        else:
+            complete = sum(1 for e in ends if e <= cut)
+            assert res.status == "partial", (cut, res.message)
+            assert f"kept {complete:,} complete events" in res.message, (cut, res.message)
+
+
+def test_braces_and_commas_inside_strings(tmp_path: Path):
+    """`},` inside names of instant, flow-like and kernel events must not split or cut events."""
+    events = [
+        {"ph": "i", "cat": "cpu_instant_event", "name": "odd },{ name", "pid": 1, "tid": 1, "ts": 5, "args": {"x": "},"}},
+        {"ph": "X", "cat": "kernel", "name": "void k<{1},{2}>(int) },", "pid": 0, "tid": 7, "ts": 10, "dur": 2,
+         "args": {"stream": 7, "correlation": 3}},
+        {"ph": "f", "id": 3, "pid": 0, "tid": 7, "ts": 10, "cat": "ac2g", "name": "ac2g", "bp": "e"},
+    ] * 3000
+    doc = json.dumps({"traceEvents": events, "baseTimeNanoseconds": 1000}, indent=1).encode()
+    path = tmp_path / "trace.json"
+    path.write_bytes(doc)
+    res = _parse_file(path)
+    assert res.status == "ok", res.message
+    k = res.frames["kernels"]
+    assert k.height == 3000 and set(k.get_column("name")) == {"void k<{1},{2}>(int) },"}
+    assert k.get_column("start_ns")[0] == 10_000 + 1000
+    assert "6,000 flow/instant/metadata events not tabulated" in res.message
+    # and cut in the middle, at a `},` inside a string
+    cut = doc.index(b"odd },{", len(doc) // 2) + 5
+    path.write_bytes(doc[:cut])
+    res = _parse_file(path)
+    _, ends = event_ends(doc)
+    assert res.status == "partial" and f"kept {sum(1 for e in ends if e <= cut):,} complete events" in res.message

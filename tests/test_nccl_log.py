@@ -226,9 +226,9 @@ def test_damaged_input_never_raises(tmp_path):
 def test_version_range_from_line_formats():
     # SOURCES.md: 11_ is 2.22 (per-op TUNING line without function, `Init timings:`), 09_ 2.24-2.26
     # (`Check P2P Type intraNodeP2pSupport`), 15_ 2.17-2.19 (channel summary with nvls, no collnet),
-    # 46_ busId brackets (<= 2.18.1), 04_ device-index brackets (>= 2.18.3)
+    # 46_ `Channel` lines with busId brackets (2.7-2.18.1), 04_ device-index brackets (>= 2.18.3)
     got = {p: _parse(p).frames["nccl_files"]["version_range"][0] for p in ("11", "09", "15", "46", "04")}
-    assert got == {"11": "2.22", "09": "2.24-2.26", "15": "2.18.3-2.19", "46": "2.5-2.18.1", "04": ">=2.18.3"}
+    assert got == {"11": "2.22", "09": "2.24-2.26", "15": "2.18.3-2.19", "46": "2.7-2.18.1", "04": ">=2.18.3"}
 
 
 def test_warn_2_26_timestamp_and_2_30_function_forms(tmp_path):
@@ -253,3 +253,107 @@ def test_pytorch_timeout_at_work_form(tmp_path):
                  "Timeout at NCCL work: 7, last enqueued NCCL work: 7, last completed NCCL work: 6.\n")
     row = parse(p, ParseContext(tmp_path, "t.log")).frames["collective_timeouts"].row(0, named=True)
     assert (row["kind"], row["rank"], row["seq"], row["last_enqueued"], row["last_completed"]) == ("pg_status", 0, 7, 7, 6)
+
+
+def test_ring_lines_of_2_4_and_2_5(tmp_path):
+    p = tmp_path / "r.log"
+    p.write_text(
+        "a:1:2 [2] NCCL INFO Ring 00 : 26[2] -> 24[0] via P2P/IPC\n"
+        "b:1:2 [0] NCCL INFO Ring 01 : 3[1b000] -> 0[20000] [send] via NET/IB/0/GDRDMA\n"
+    )
+    res = parse(p, ParseContext(tmp_path, "r.log"))
+    ch = res.frames["nccl_channels"].sort("line")
+    assert (ch["src_dev"][0], ch["dst_dev"][0], ch["src_bus_id"][0]) == (2, 0, None)
+    assert (ch["src_bus_id"][1], ch["dst_bus_id"][1], ch["src_dev"][1]) == ("0000:1b:00.0", "0000:20:00.0", None)
+    assert res.frames["nccl_files"]["version_range"][0] == "inconsistent: >=2.5 and <=2.4"
+
+
+def test_ring_order_trees_and_collnet_lines(tmp_path):
+    ev = _parse("05").frames["nccl_events"]
+    assert ev.filter(pl.col("kind") == "trees").height == 4  # grep -c 'NCCL INFO Trees' 05_ = 4
+    r13 = _parse("13").frames["nccl_events"].filter(pl.col("kind") == "ring_order").row(0, named=True)
+    assert (r13["code"], r13["value"], r13["message"]) == (0, 2.0, "0 1")
+    p = tmp_path / "c.log"
+    p.write_text("h:1:2 [0] NCCL INFO CollNet 00/0 : 3 [send] via COLLNET/IBext/1/GDRDMA\n")
+    ch = parse(p, ParseContext(tmp_path, "c.log")).frames["nccl_channels"].row(0, named=True)
+    assert (ch["transport"], ch["src_rank"], ch["direction"], ch["net"], ch["nic"], ch["gdr"]) == ("COLLNET", 3, "send", "IBext", 1, True)
+
+
+# aws-ofi-nccl 1.16 on NCCL 2.27 (EFA), formats as printed in a public training log
+EFA_227 = """\
+n0:191:191 [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to ^docker0,lo
+n0:191:191 [0] NCCL INFO Bootstrap: Using eth0:10.0.5.28<0>
+n0:191:191 [0] NCCL INFO NCCL version 2.27.3+cuda12.9
+n0:191:191 [0] NCCL INFO Comm config Blocking set to 1
+n0:191:726 [0] NCCL INFO NET/Plugin: Loaded net plugin Libfabric (v10)
+n0:191:726 [0] NCCL INFO NET/Plugin: Failed to find ncclCollNetPlugin_v10 symbol.
+n0:191:726 [0] NCCL INFO Successfully loaded external plugin libnccl-net.so
+n0:191:726 [0] NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.16.2
+n0:191:726 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 1 nics)
+n0:191:726 [0] NCCL INFO NET/OFI Could not disable CUDA API usage for HMEM, disabling GDR
+n0:191:726 [0] NCCL INFO NET/OFI Need to force simple protocol: GDR not supported
+n0:191:726 [0] NCCL INFO NET/OFI Adding NCCL_PROTO=simple to environment
+n0:191:726 [0] NCCL INFO Initialized NET plugin Libfabric
+n0:191:726 [0] NCCL INFO Assigned NET plugin Libfabric to comm
+n0:191:726 [0] NCCL INFO Using network Libfabric
+n0:191:726 [0] NCCL INFO DMA-BUF is available on GPU device 0
+n0:191:726 [0] NCCL INFO ncclCommInitRankConfig comm 0x556ea5166cf0 rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 38000 commId 0x81dca7568efe26d7 - Init START
+n0:191:726 [0] NCCL INFO Bootstrap timings total 0.730364 (create 0.000079, send 0.000147, recv 0.000953, ring 0.727395, delay 0.000000)
+n0:191:726 [0] NCCL INFO NVLS multicast support is not available on dev 0 (NVLS_NCHANNELS 0)
+n0:191:726 [0] NCCL INFO comm 0x556ea5166cf0 rank 0 nRanks 16 nNodes 4 localRanks 4 localRank 0 MNNVL 0
+n0:191:726 [0] NCCL INFO Check P2P Type isAllDirectP2p 0 directMode 0
+n0:191:726 [0] NCCL INFO NCCL_PROTO set by environment to simple
+n0:191:726 [0] NCCL INFO Enabled NCCL Func/Proto/Algo Matrix:
+     Function |       LL     LL128    Simple   |          Tree           Ring  CollNetDirect   CollNetChain           NVLS       NVLSTree            PAT  
+    Broadcast |        0         0         1   |             1              1              1              1              1              1              1  
+    AllReduce |        0         0         1   |             1              1              1              1              1              1              1  
+
+n0:191:726 [0] NCCL INFO TUNER/Plugin: Using tuner plugin nccl_ofi_tuner
+n0:191:726 [0] NCCL INFO NET/OFI NCCL_OFI_TUNER is not available for platform : g6e.12xlarge, Fall back to NCCL's tuner
+n0:191:1160 [0] NCCL INFO ncclCommSplit comm 0x556ea5a6db80 rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 38000 parent 0x556ea5166cf0 splitCount 1 color 1734919490 key 0- Init START
+"""
+
+
+def test_aws_ofi_efa_2_27_lines(tmp_path):
+    p = tmp_path / "efa.log"
+    p.write_text(EFA_227)
+    res = parse(p, ParseContext(tmp_path, "efa.log"))
+    f = res.frames["nccl_files"].row(0, named=True)
+    assert f["nccl_unknown"] == 0, f["unknown_sample"]
+    assert f["nccl_lines"] == 29 and f["other_lines"] == 1  # 26 envelope lines + 3 matrix body lines; 1 blank
+    env = res.frames["nccl_env"]
+    assert env.filter(pl.col("var") == "NCCL_PROTO")["origin"].to_list() == ["plugin", "plugin"]
+    net = res.frames["nccl_net"]
+    assert net.filter(pl.col("kind") == "ofi_provider")["name"].to_list() == ["efa"]
+    assert net.filter((pl.col("kind") == "gdr_hca") & (pl.col("state") == "Disabled")).height == 2
+    comms = res.frames["nccl_comms"]
+    assert comms["func"].to_list() == ["ncclCommInitRankConfig", "ncclCommSplit"]
+    assert comms["nnodes"].to_list() == [4, None]
+    p2p = res.frames["nccl_events"].filter(pl.col("kind") == "p2p_check")
+    assert p2p["code"].to_list() == [None]
+
+
+def test_sharp_collnet_lines_and_new_nccl_tests_bus_format(tmp_path):
+    p = tmp_path / "s.log"
+    p.write_text(
+        "#  Rank  4 Group  0 Pid   9455 on      gpu40 device  0 [0000:4c:00] NVIDIA A100-SXM4-80GB\n"
+        "gpu40:2899:2929 [0] NCCL INFO NET/IB : Using [0]mlx5_2:1/IB/SHARP [1]mlx5_0:1/IB/SHARP [RO]; OOB ib0:10.159.0.40<0>\n"
+        "gpu40:2899:2929 [0] NCCL INFO CollNet 00/0 : 4 [receive] via COLLNET/SHARP/0/GDRDMA\n"
+        "\ngpu40:2899:2947 [0] sharp_plugin.c:382 NCCL WARN SHARP int8,uint8,bfloat16 Datatypes not supported\n"
+        "gpu40:2899:2947 [0] NCCL INFO SHARP rank 2/4 initialized on mlx5_2:1\n"
+    )
+    res = parse(p, ParseContext(tmp_path, "s.log"))
+    assert res.frames["nccl_files"]["nccl_unknown"][0] == 0
+    dev = res.frames["nccl_comms"].row(0, named=True)
+    assert (dev["rank"], dev["bus_id"], dev["gpu_name"]) == (4, "0000:4c:00.0", "NVIDIA A100-SXM4-80GB")
+    assert res.frames["nccl_net"].filter(pl.col("kind") == "ib")["name"].to_list() == ["mlx5_2", "mlx5_0"]
+    assert res.frames["nccl_channels"]["transport"].to_list() == ["COLLNET"]
+    assert res.frames["nccl_events"].filter(pl.col("level") == "WARN")["kind"].to_list() == ["warn_other"]
+
+
+def test_flight_recorder_dump_signal(tmp_path):
+    p = tmp_path / "fr.log"
+    p.write_text("[rank2]:[E1001 10:00:00.1 ProcessGroupNCCL.cpp:1573] [PG ID 0 PG GUID 0(default_pg) Rank 2] "
+                 "Received a dump signal due to a collective timeout from rank 5 and we will try our best to dump the debug info.\n")
+    ev = parse(p, ParseContext(tmp_path, "fr.log")).frames["nccl_events"].row(0, named=True)
+    assert (ev["kind"], ev["rank"], ev["code"]) == ("flight_recorder", 2, 5)

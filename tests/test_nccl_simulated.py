@@ -34,7 +34,11 @@ def _simulate(tmp_path_factory, scenario: str, traces: bool = False, **kw) -> tu
     parsed = discover_and_parse(out if traces else logs)
     _, frames = collect_frames(parsed)
     findings, _ = run_detectors(frames, only=NCCL)
+    _LAST["frames"] = frames
     return truth, findings, out
+
+
+_LAST: dict = {}
 
 
 def _keys(findings) -> set[tuple[str, str]]:
@@ -75,6 +79,14 @@ def test_forced_algorithm_is_found_and_quantified(tmp_path_factory):
     algo = truth["faults"][0].get("algo") or truth["faults"][0]["params"].get("algo", "Tree")
     assert f"NCCL_ALGO={algo}" in f.summary
     assert set(f.hosts) == _truth_hosts(truth)
+    # log processes and trace ranks are the same ranks on the same GPUs
+    from forensics.identity import identities
+
+    ids = identities(_LAST["frames"])
+    assert ids.height == len(truth["ranks"])
+    assert (ids["rank"] == ids["trace_rank"]).all()
+    want = {(r["host"], r["pid"], r["rank"], r["pci_bus_id"]) for r in truth["ranks"]}
+    assert set(ids.select("host", "pid", "rank", "bus_id").iter_rows()) == want
 
 
 def test_forced_protocol_is_found(tmp_path_factory):
@@ -88,10 +100,14 @@ def test_p2p_disabled_is_found(tmp_path_factory):
     assert ("nccl_transport", "intra_node") in _keys(findings)
 
 
-@pytest.mark.parametrize("kw", [{}, {"ranks": 16, "params": {"rank": "11"}}], ids=["8r", "16r-rank11"])
-def test_collective_timeout_names_the_culprit_rank_host_and_gpu(tmp_path_factory, kw):
-    truth, findings, _ = _simulate(tmp_path_factory, "collective_timeout", **kw)
-    fault = truth["faults"][0]
+@pytest.mark.parametrize(
+    ("scenario", "kw"),
+    [("collective_timeout", {}), ("collective_timeout", {"ranks": 16, "params": {"rank": "11"}}), ("xid79", {})],
+    ids=["8r", "16r-rank11", "xid79"],
+)
+def test_collective_timeout_names_the_culprit_rank_host_and_gpu(tmp_path_factory, scenario, kw):
+    truth, findings, _ = _simulate(tmp_path_factory, scenario, **kw)
+    fault = next(f for f in truth["faults"] if f["kind"] == "collective_timeout")
     (f,) = [f for f in findings if f.detector == "nccl_timeout" and f.key.startswith("timeout")]
     assert list(f.ranks) == fault["ranks"]
     assert list(f.hosts) == fault["hosts"] and list(f.gpus) == fault["gpus"]

@@ -71,3 +71,47 @@ def test_cli_analyze_writes_valid_report(tmp_path, findings_validator):
     doc = assert_valid_findings(findings_validator, out / "findings.json")
     assert json.dumps(doc)  # serialisable
     assert "6 rank(s) on 2 host(s)" in (out / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("key", sorted(JOBS))
+def test_nccl_log_algorithm_joins_trace_collectives(tmp_path, key):
+    """The job's NCCL_DEBUG log says which algorithm NCCL was told to use, per process; the trace's
+    collectives join it on (host, pid), which both sources name the same way (short host name)."""
+    from forensics.frames import FRAME_SPECS
+
+    if "nccl_env" not in FRAME_SPECS:
+        pytest.skip("NCCL log frames not on this branch yet")
+    pytest.importorskip("parsers.nccl_log")
+    result = analyze(job_copy(tmp_path, key), workers=1)
+    env = result.frames["nccl_env"].filter(pl.col("var") == "NCCL_ALGO").select("host", "pid", "value").unique()
+    comm = result.frames["kernels"].filter(pl.col("class") == "comm").select("rank", "source", "name_algo")
+    ranks = result.frames["ranks"].select("rank", "host", "pid", "source")
+    joined = comm.join(ranks, on=["rank", "source"]).join(env, on=["host", "pid"], how="left").sort("rank")
+    assert joined["rank"].to_list() == [0, 1, 2, 3, 4, 5]
+    expected = {"ring": "Ring", "tree": "Tree"}[key]
+    assert joined["value"].to_list() == [expected] * 6
+    assert (joined["name_algo"].str.to_lowercase() == joined["value"].str.to_lowercase()).all()
+
+
+@pytest.mark.parametrize("key,last_rank", [("ring", 2), ("tree", 0)])
+def test_allreduce_matched_across_ranks(tmp_path, key, last_rank):
+    """The six AllReduce kernels form one matched instance; the last to arrive is the rank with the
+    shortest kernel (SOURCES.md per-rank tables: Ring rank 2, 15.541 ms; Tree rank 0, 39.464 ms) and the
+    transfer time is that shortest duration (read here from the raw exports with SQL)."""
+    import sqlite3
+
+    from forensics.collectives import match_collectives
+
+    run_dir = job_copy(tmp_path, key)
+    durations = []
+    for f in sorted(run_dir.glob("*.sqlite")):
+        con = sqlite3.connect(f"file:{f}?mode=ro&immutable=1", uri=True)
+        durations.append(con.execute("SELECT end - start FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0])
+        con.close()
+    result = analyze(run_dir, workers=1)
+    m = match_collectives(result.frames)
+    assert m.instances.height == 1
+    inst = m.instances.row(0, named=True)
+    assert (inst["collective"], inst["n_ranks"], inst["last_rank"]) == ("allreduce", 6, last_rank)
+    assert inst["transfer_ns"] == min(durations)
+    assert m.kernels["matched"].all()

@@ -234,7 +234,8 @@ def test_nccl_nvtx_payloads_and_steps(tmp_path):
             (300, 400, 59, 9, 10, "ncclSend", 1, None, _payload(0xABC, 4096, 5)),
             (410, 420, 59, 9, 10, "ncclRecv", 1, '{"NCCL communicator ID": 2748, "Message size [bytes]": 1024, "Peer rank": 2}', None),
             (0, 1000, 59, 9, 10, "ProfilerStep#5", 0, None, None),
-            (1000, 2000, 59, 9, 10, "ProfilerStep#6", 0, None, None),
+            (1000, 2000, 59, 9, 10, "ProfilerStep#6, op_id = 4711", 0, None, None),
+            (2000, 2100, 59, 9, 10, "stepper_kernel_wrapper", 0, None, None),
         ],
         schema_entries=entries, schemas=[(1, 16777223, 20), (1, 16777226, 20), (1, 16777227, 20)],
     )
@@ -246,11 +247,14 @@ def test_nccl_nvtx_payloads_and_steps(tmp_path):
         ("ncclRecv", "recv", 1024, "0xabc", 8, 2, 0, None),
     ]
     assert res.frames["steps"].select("step", "rank", "start_ns").rows() == [(5, 0, T0), (6, 0, T0 + 1000)]
+    # the AllReduce kernel carries the size and communicator of the call that launched it
+    k = res.frames["kernels"].filter(pl.col("class") == "comm")
+    assert k.select("collective", "bytes", "pg_name", "group_size").rows() == [("allreduce", 8 << 20, "0xabc", 8)]
 
 
 def test_gpu_metrics_frame_and_sm_active_windows(tmp_path):
-    # device 0: samples at 100, 200, 300 ns (raw) with SM Active 50 % then 100 % then 20 %;
-    # a value describes the interval since the previous sample, so the first one covers nothing.
+    # device 0: SM Active samples at 100, 200, 300, 400 ns (raw) of 10, 50, 100, 20 %. A sample describes
+    # the interval up to the next sample (nsys' gpu_metric_util_map reading), so the last covers nothing.
     metrics = [(100, 0, "SM Active [Throughput %]", 10), (200, 0, "SM Active [Throughput %]", 50),
                (300, 0, "SM Active [Throughput %]", 100), (400, 0, "SM Active [Throughput %]", 20),
                (200, 0, "Tensor Active [Throughput %]", 5), (300, 0, "Tensor Active [Throughput %]", 7),
@@ -262,17 +266,33 @@ def test_gpu_metrics_frame_and_sm_active_windows(tmp_path):
     assert gm.select("timestamp_ns", "sm_active", "tensor_active", "rank", "device").rows() == [
         (T0 + 100, 10.0, None, 2, 0), (T0 + 200, 50.0, 5.0, 2, 0), (T0 + 300, 100.0, 7.0, 2, 0), (T0 + 400, 20.0, 9.0, 2, 0)]
     frames = JobFrames(res.frames)
-    # whole sampled span [100, 400]: (50*100 + 100*100 + 20*100) / 300 / 100
+    # whole sampled span [100, 400]: (10*100 + 50*100 + 100*100) / 300 / 100
     whole = sm_active_fraction(frames)
     assert whole.select("rank", "device", "covered_ns", "samples").row(0) == (2, 0, 300, 4)
-    assert whole["sm_active"].item() == pytest.approx(170 / 300)
-    # [150, 250]: 50 % for 50 ns, 100 % for 50 ns -> 0.75; [350, 500] clipped to [350, 400] -> 0.2
+    assert whole["sm_active"].item() == pytest.approx(160 / 300)
+    # [150, 250]: 10 % for 50 ns, 50 % for 50 ns -> 0.30; [350, 500] clipped to [350, 400] -> 1.0
     w = pl.DataFrame({"source": ["m.sqlite"] * 3, "device": [0, 0, 0],
                       "start_ns": [T0 + 150, T0 + 350, T0 + 500], "end_ns": [T0 + 250, T0 + 500, T0 + 600]})
     out = sm_active_in_windows(frames, w)
-    assert out["sm_active"].to_list()[:2] == [pytest.approx(0.75), pytest.approx(0.2)]
+    assert out["sm_active"].to_list()[:2] == [pytest.approx(0.30), pytest.approx(1.0)]
     assert out["sm_active"].to_list()[2] is None
     assert out["sm_active_covered_ns"].to_list() == [100, 50, 0]
+
+
+def test_gpu_metrics_from_generic_events_json(tmp_path):
+    path = make_export(tmp_path / "g.sqlite", kernels=[(150, 350, 1, 7, 1, 5, "k", 1)])
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE GENERIC_EVENTS (rawTimestamp INTEGER NOT NULL, timestamp INTEGER, typeId INTEGER NOT NULL, data TEXT NOT NULL)")
+    con.executemany("INSERT INTO GENERIC_EVENTS VALUES (?, ?, ?, ?)", [
+        (9_000, 100, 0x10001, '{"SM Active": 40, "SM Issue": 12, "Tensor Active": 0}'),
+        (9_100, 200, 0x10001, '{"SM Active": 60, "SM Issue": 30, "Tensor Active": 25}'),
+        (9_150, 250, 0x20000, '{"CPU Frequency": 3000}'),
+    ])
+    con.commit()
+    con.close()
+    gm = run(path).frames["gpu_metrics"].sort("timestamp_ns")
+    assert gm.select("timestamp_ns", "device", "sm_active", "sm_issue", "tensor_active").rows() == [
+        (T0 + 100, 1, 40.0, 12.0, 0.0), (T0 + 200, 1, 60.0, 30.0, 25.0)]
 
 
 def test_no_gpu_metrics_means_empty_answer():
@@ -297,3 +317,27 @@ def test_damaged_page_gives_partial_with_the_table_named(tmp_path):
     assert "CUPTI_ACTIVITY_KIND_RUNTIME" in res.message and "damaged.sqlite" in res.message
     assert res.frames["kernels"].height == whole.frames["kernels"].height
     assert res.frames["cpu_ops"].filter(pl.col("category") == "cuda_runtime").height == 0
+
+
+def test_launch_flags_and_grouped_p2p_calls_linked_to_their_kernel():
+    path = shared_path("nsys", "nsys-ai", "mfu_2gpu_before.sqlite")
+    res = run(path)
+    # is_launch: the runtime call has a kernel / memcpy / memset with the same (pid, correlation id);
+    # counted here from the raw tables in Python.
+    gpu = set()
+    for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
+        gpu |= {(g >> 24, c) for g, c in sql(path, f"SELECT globalPid, correlationId FROM {t}")}
+    runtime = sql(path, "SELECT globalTid, correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME")
+    expected = sum((g >> 24, c) in gpu for g, c in runtime)
+    ops = res.frames["cpu_ops"]
+    assert ops["is_launch"].sum() == expected
+    assert "cudaStreamWaitEvent" not in ops.filter(pl.col("is_launch"))["name"].to_list()
+    # ncclGroupStart; ncclSend x2; ncclRecv x2; ncclGroupEnd: the SendRecv kernel is launched inside
+    # ncclGroupEnd, and all four calls of the group point to it.
+    comms = res.frames["comms"].drop_nulls("kernel_correlation")
+    comm_kernels = res.frames["kernels"].filter(pl.col("class") == "comm")
+    assert comms.join(comm_kernels, left_on="kernel_correlation", right_on="correlation", how="anti").height == 0
+    per_kernel = comms.group_by("pid", "kernel_correlation").agg(pl.col("name").sort())
+    assert per_kernel["name"].to_list() == [["ncclRecv", "ncclRecv", "ncclSend", "ncclSend"]] * per_kernel.height
+    # windowed export: groups cut by the window edge stay unlinked; nearly every kernel is reached
+    assert per_kernel.height >= comm_kernels.height - 2

@@ -114,6 +114,43 @@ def test_trace_files_look_like_kineto(multinode: Path):
         assert [s[0] for s in steps_of(d)] == [100, 101]
 
 
+def test_header_is_what_hta_greps_for(multinode: Path):
+    # HTA (holistictraceanalysis) maps files to ranks with this regex on the raw text; compact JSON
+    # ("rank":0) would make it load a single rank. benchmarks/hta_compat.py runs HTA itself.
+    for f in (multinode / "profiler").iterdir():
+        head = gzip.open(f).read(20_000).decode()
+        m = re.search(r'"rank":\s+(\d+)', head)
+        assert m and json.loads(gzip.open(f).read())["distributedInfo"]["rank"] == int(m.group(1))
+
+
+def test_fsdp_gathers_before_each_layer_and_reduce_scatters_after(tmp_path: Path):
+    simulate("ddp_straggler", tmp_path / "r", ranks=4, steps=1, params={"layers": "3", "dp_mode": "fsdp", "rank": "0"})
+    for r, d in load_traces(tmp_path / "r").items():
+        ks = nccl_kernels(d)
+        ag = [k for k in ks if k["args"]["Collective name"] == "_allgather_base"]
+        rs = [k for k in ks if k["args"]["Collective name"] == "_reduce_scatter_base"]
+        assert len(ag) == 6 and len(rs) == 3  # 3 layers gathered in forward and in backward
+        for k in ag:
+            assert k["args"]["Out msg nelems"] == 4 * k["args"]["In msg nelems"]
+        for k in rs:
+            assert k["args"]["In msg nelems"] == 4 * k["args"]["Out msg nelems"]
+        assert {k["tid"] for k in ag} != {k["tid"] for k in rs}  # separate streams
+        seqs = [k["args"]["Seq"] for k in sorted(ks, key=lambda k: k["ts"])]
+        assert sorted(seqs) == list(range(1, 10))
+
+
+def test_window_skew_opens_odd_ranks_profilers_late(tmp_path: Path):
+    t = simulate("ddp_straggler", tmp_path / "r", ranks=4, steps=3, params={"layers": "2", "window_skew": "1"})
+    traces = load_traces(tmp_path / "r")
+    for r, d in traces.items():
+        steps = [s for s, _, _ in steps_of(d)]
+        assert steps == ([101, 102] if r % 2 else [100, 101, 102]) == t["ranks"][r]["profiled_steps"]
+        first_step_start = steps_of(d)[0][1]
+        assert min(e["ts"] for e in d["traceEvents"] if e.get("cat") in ("kernel", "cpu_op")) >= first_step_start - 1
+    seqs = {r: {k["args"]["Seq"] for k in nccl_kernels(d)} for r, d in traces.items()}
+    assert seqs[1] < seqs[0] and seqs[1] == seqs[3] and seqs[0] == seqs[2]  # the late ranks miss step 100's collectives
+
+
 def test_old_nccl_uses_old_kernel_names(tmp_path: Path):
     simulate("old_nccl", tmp_path / "r", ranks=2, steps=1, params=SMALL)
     d = load_traces(tmp_path / "r")[0]
@@ -289,3 +326,59 @@ def test_cli_simulate_and_usage_errors(tmp_path: Path):
                 ["pp_clean", "--ranks", "6", "--out", str(tmp_path / "y")], ["ddp_clean", "-p", "layers=x", "--out", str(tmp_path / "z")]):
         res = cli(*bad)
         assert res.returncode == 2 and "Traceback" not in res.stderr, (bad, res.stderr)
+
+
+# ---------------------------------------------------------------------------------- fault signatures in the traces
+def _launch_to_start_us(d: dict) -> list[float]:
+    launch = {e["args"]["correlation"]: e["ts"] for e in d["traceEvents"] if e.get("cat") in ("cuda_runtime", "cuda_driver") and "Launch" in e["name"]}
+    return [k["ts"] - launch[k["args"]["correlation"]] for k in compute_kernels(d)]
+
+
+def test_host_straggler_is_launch_bound_and_late_rank_makes_busy_waiters(tmp_path: Path):
+    simulate("host_straggler", tmp_path / "h", ranks=4, steps=2, params={"layers": "2", "rank": "2"})
+    traces = load_traces(tmp_path / "h")
+    # share of kernels that start within 20 us of their launch: the GPU waits for the host
+    at_launch = {r: sum(x < 20 for x in _launch_to_start_us(d)) / len(compute_kernels(d)) for r, d in traces.items()}
+    assert at_launch[2] > 0.1 and max(at_launch[r] for r in (0, 1, 3)) < 0.05
+    idle = {}
+    for r, d in traces.items():
+        gpu = [(e["ts"], e["ts"] + e["dur"]) for e in d["traceEvents"] if e.get("cat") in ("kernel", "gpu_memcpy")]
+        idle[r] = 1 - union_us(gpu) / sum(s1 - s0 for _, s0, s1 in steps_of(d))
+    assert idle[2] > 0.1 and max(idle[r] for r in (0, 1, 3)) < 0.05
+    simulate("late_rank", tmp_path / "l", ranks=4, steps=2, params={"layers": "2", "rank": "3", "stall_ms": "30"})
+    for r, d in load_traces(tmp_path / "l").items():
+        for _, s0, s1 in steps_of(d):
+            longest = max(k["dur"] for k in nccl_kernels(d) if s0 <= k["ts"] < s1)
+            if r == 3:
+                assert longest < 5_000
+            else:
+                assert longest > 25_000  # spins ~30 ms waiting for the late rank
+    f = truth(tmp_path / "l")["faults"][0]
+    assert f["ranks"] == [3] and f["expected"]["victims"] == [0, 1, 2]
+
+
+def _exposed_fraction(d: dict) -> float:
+    comp = [(e["ts"], e["ts"] + e["dur"]) for e in compute_kernels(d)]
+    comm = [(e["ts"], e["ts"] + e["dur"]) for e in nccl_kernels(d)]
+    both = union_us(comp + comm)
+    steps = steps_of(d)
+    return (both - union_us(comp)) / sum(s1 - s0 for _, s0, s1 in steps)
+
+
+def test_no_overlap_exposes_communication_and_slow_links_slow_collectives(tmp_path: Path):
+    frac = {}
+    xfer = {}
+    for name in ("ddp_clean", "ddp_no_overlap", "slow_nic", "net_socket"):
+        simulate(name, tmp_path / name, ranks=16, steps=2, params={"layers": "4", "noise": "0"})
+        traces = load_traces(tmp_path / name)
+        frac[name] = statistics.median(_exposed_fraction(d) for d in traces.values())
+        per: dict[tuple, list[float]] = {}
+        for d in traces.values():
+            for k in nccl_kernels(d):
+                per.setdefault((k["args"]["Process Group Name"], k["args"]["Seq"]), []).append(k["dur"])
+        xfer[name] = statistics.median(min(v) for v in per.values())  # transfer = the shortest member's kernel
+        t = truth(tmp_path / name)
+        if t["faults"] and "exposed_comm_fraction_median" in t["faults"][0]["expected"]:
+            assert t["faults"][0]["expected"]["exposed_comm_fraction_median"] == pytest.approx(frac[name], abs=0.01)
+    assert frac["ddp_no_overlap"] > 1.5 * frac["ddp_clean"]  # clean still exposes the last bucket
+    assert xfer["slow_nic"] > 3 * xfer["ddp_clean"] and xfer["net_socket"] > 10 * xfer["ddp_clean"]

@@ -17,6 +17,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("parsers.kineto") is No
     "scenario,ranks,params",
     [
         ("ddp_straggler", 4, {"layers": "2"}),
+        ("fsdp_clean", 4, {"layers": "2"}),         # all-gather / reduce-scatter with In != Out
+        ("ddp_clean", 4, {"layers": "1", "window_skew": "1", "seq_args": "0"}),  # late windows, no Seq
         ("pp_interleaved", 4, {"layers": "1"}),     # send/recv kernels on their own streams
         ("old_nccl", 2, {"layers": "1"}),           # ncclKernel_* names, cudaLaunchKernel, fp32
         ("collective_timeout", 4, {"layers": "1"}),  # a truncated rank and 600 s kernels
@@ -49,6 +51,8 @@ def test_kineto_parser_counts_match_truth(tmp_path: Path, scenario: str, ranks: 
         assert sorted(f["process_groups"]["pg_name"].to_list()) == mine
         comm = k.filter(pl.col("class") == "comm")
         colls = set(comm["collective"].to_list())
-        assert colls <= {"allreduce", "send", "recv"} and (not comm.height or None not in colls)
-        dp = comm.filter(pl.col("collective") == "allreduce")
-        assert dp["seq"].null_count() == 0 and dp["pg_desc"].null_count() == 0
+        assert colls <= {"allreduce", "allgather", "reduce_scatter", "send", "recv"} and (not comm.height or None not in colls)
+        dp = comm.filter(pl.col("collective").is_in(["allreduce", "allgather", "reduce_scatter"]))
+        assert dp["pg_desc"].null_count() == 0
+        assert dp["seq"].null_count() == (dp.height if params.get("seq_args") == "0" else 0)
+        assert sorted(f["steps"]["step"].to_list()) == row["profiled_steps"]

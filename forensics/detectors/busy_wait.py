@@ -14,7 +14,10 @@ How it measures:
     step (the nvidia-smi quantity), ``U_compute`` = time compute kernels run / step, ``U_SM`` = kernel
     time weighted by ``min(1, blocks / SMs)`` / step, and the wait fraction ``W`` = time when only
     non-pipeline NCCL kernels run and they are in their waiting part (duration minus the collective's
-    transfer time, :mod:`forensics.collectives`) / step. Pipeline (PP) waiting is the bubble and is left
+    transfer time, :mod:`forensics.collectives`) / step. When the job was profiled with GPU metrics
+    (Nsight Systems ``--gpu-metrics-device``), ``U_SM`` is instead the measured SM Active over each
+    step (:mod:`forensics.gpu_metrics`), and the finding says which one it used (``U_SM_source``:
+    ``sm_active`` or ``blocks_estimate``). Pipeline (PP) waiting is the bubble and is left
     to the pipeline_bubble detector. A rank is flagged when, over its steps' medians, ``U_any >=
     min_util_any`` and ``W >= min_wait``, or ``U_any - U_compute >= min_gap`` with ``W`` at least
     ``min_wait_share_of_gap`` of that gap (and ``W >= min_wait_floor``). Who they waited for: each
@@ -37,6 +40,7 @@ import polars as pl
 from forensics.detectors import Skip, detector
 from forensics.detectors._common import EVIDENCE_CAP, analysis, gpu_seconds, ms, require_steps
 from forensics.findings import Finding, Severity
+from forensics.gpu_metrics import has_metric, sm_active_in_windows
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,25 @@ def utilization_table(steps: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def measured_u_sm(frames, min_coverage: float = 0.9) -> pl.DataFrame:
+    """Per rank: median over its steps of measured SM Active (fraction), from the ``gpu_metrics`` frame,
+    using only steps the samples cover for at least ``min_coverage`` of their length. Empty when the
+    job has no SM Active counter."""
+    schema = {"rank": pl.Int32(), "u_sm_measured": pl.Float64()}
+    if not has_metric(frames, "sm_active"):
+        return pl.DataFrame(schema=schema)
+    gpus = (
+        frames["gpu_metrics"].filter(pl.col("rank").is_not_null() & pl.col("sm_active").is_not_null())
+        .select("rank", "source", "device").unique().sort("source", "device").unique("rank", keep="first")
+    )
+    windows = frames["steps"].select("rank", "step", "start_ns", "end_ns").join(gpus, on="rank", how="inner")
+    measured = sm_active_in_windows(frames, windows, "sm_active").filter(
+        pl.col("sm_active_covered_ns") >= min_coverage * (pl.col("end_ns") - pl.col("start_ns"))
+    )
+    return measured.group_by("rank").agg(pl.col("sm_active").median().alias("u_sm_measured")).select(
+        pl.col("rank").cast(pl.Int32), "u_sm_measured")
+
+
 @detector("busy_wait", config=BusyWaitConfig, requires=("kernels",))
 def busy_wait(frames, cfg: BusyWaitConfig) -> list[Finding]:
     ta = analysis(frames)
@@ -81,6 +104,12 @@ def busy_wait(frames, cfg: BusyWaitConfig) -> list[Finding]:
     if ta.match.kernels.height == 0:
         raise Skip("no NCCL/RCCL kernels in the traces: no waiting to measure")
     u = utilization_table(steps)
+    # Measured SM Active replaces the blocks-per-SM estimate of U_SM where the job has it.
+    u = u.join(measured_u_sm(frames), on="rank", how="left").with_columns(
+        pl.when(pl.col("u_sm_measured").is_not_null()).then(pl.lit("sm_active")).otherwise(pl.lit("blocks_estimate"))
+        .alias("u_sm_source"),
+        pl.coalesce("u_sm_measured", "u_sm").alias("u_sm"),
+    )
     rule1 = (pl.col("u_any") >= cfg.min_util_any) & (pl.col("w") >= cfg.min_wait)
     gap = pl.col("u_any") - pl.col("u_compute")
     rule2 = (gap >= cfg.min_gap) & (pl.col("w") >= cfg.min_wait_share_of_gap * gap) & (pl.col("w") >= cfg.min_wait_floor)
@@ -97,11 +126,15 @@ def busy_wait(frames, cfg: BusyWaitConfig) -> list[Finding]:
     )
     pair_d = {int(r): (int(q), w) for r, q, w in per_pair.iter_rows()}
     med = flagged.select(pl.col("u_any", "u_compute", "u_sm", "w").median()).row(0, named=True)
+    sources = set(flagged["u_sm_source"].to_list())
+    sm_source = sources.pop() if len(sources) == 1 else "mixed"
+    sm_text = {"sm_active": "measured SM Active", "blocks_estimate": "SM-weighted estimate"}.get(sm_source, "SM Active or estimate")
     evidence = tuple(
         {"rank": int(r), "host": h, "U_any": round(a, 4), "U_compute": round(c, 4), "U_SM": round(sm, 4),
-         "W": round(w, 4), "waited_for": pair_d.get(int(r), (None, 0))[0],
+         "W": round(w, 4), "U_SM_source": src, "waited_for": pair_d.get(int(r), (None, 0))[0],
          "waited_for_ms": ms(pair_d.get(int(r), (None, 0))[1])}
-        for r, h, a, c, sm, w, *_ in flagged.sort("w", descending=True).head(EVIDENCE_CAP).iter_rows()
+        for r, h, a, c, sm, w, src in flagged.sort("w", descending=True)
+        .select("rank", "host", "u_any", "u_compute", "u_sm", "w", "u_sm_source").head(EVIDENCE_CAP).iter_rows()
     )
     total_wait = float(flagged["wait_ns"].sum())
     hosts = tuple(sorted({h for h in flagged["host"].to_list() if h}))
@@ -111,7 +144,7 @@ def busy_wait(frames, cfg: BusyWaitConfig) -> list[Finding]:
         title=f"GPU utilization inflated by NCCL busy-waiting on {len(ranks)} rank(s)",
         summary=(
             f"{len(ranks)} rank(s) look {med['u_any']:.0%} busy (what nvidia-smi shows), but compute runs only "
-            f"{med['u_compute']:.0%} of the step (SM-weighted {med['u_sm']:.0%}); {med['w']:.0%} of the step is NCCL "
+            f"{med['u_compute']:.0%} of the step ({sm_text} {med['u_sm']:.0%}); {med['w']:.0%} of the step is NCCL "
             f"kernels spinning while waiting, mostly for rank(s) {', '.join(map(str, top_for)) or 'unknown'}. "
             "The lost time is counted in the straggler/bubble finding for the waited-for rank."
         ),
@@ -123,6 +156,7 @@ def busy_wait(frames, cfg: BusyWaitConfig) -> list[Finding]:
         hosts=hosts,
         metrics={
             "U_any": round(med["u_any"], 4), "U_compute": round(med["u_compute"], 4), "U_SM": round(med["u_sm"], 4),
+            "U_SM_source": sm_source,
             "wait_fraction": round(med["w"], 4), "wait_gpu_seconds": gpu_seconds(total_wait),
             "waited_for": ",".join(map(str, top_for)), "ranks_affected": len(ranks),
         },

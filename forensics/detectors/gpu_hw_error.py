@@ -49,7 +49,7 @@ import polars as pl
 from forensics.detectors import Skip, detector
 from forensics.findings import Finding, Severity
 from forensics.frames import FRAME_SPECS, JobFrames
-from forensics.xid_catalog import LEVELS, POLICIES, RECOVERY_ACTIONS, lookup, max_level, nvlink5_severity
+from forensics.xid_catalog import LEVELS, POLICIES, RECOVERY_ACTIONS, decode_xid74, lookup, max_level, nvlink5_severity
 
 # imbue cluster-health allow-list of expected SXids
 BENIGN_SXIDS = frozenset({11012, 11021, 11022, 11023, 12021, 12023, 15008, 15011, 19049, 19055, 19057, 19059,
@@ -59,6 +59,10 @@ BENIGN_CLOCK_REASONS = frozenset({"idle", "gpu idle", "applications clocks setti
 HW_CLOCK_REASONS = {"hw slowdown": "HIGH", "hw thermal slowdown": "HIGH", "hw power brake slowdown": "HIGH",
                     "sw thermal slowdown": "WARNING"}
 SYMPATHETIC_XIDS = frozenset({3, 43, 45})
+# filesystem clients named in a hung task's stack: GPFS, NFS, Lustre, BeeGFS, WekaFS, CephFS, FUSE
+_STORAGE_MODULE = re.compile(r"\[(mmfs26|mmfslinux|nfs|nfsv4|sunrpc|lustre|ptlrpc|lnet|beegfs|wekafsio|ceph|fuse)\]")
+ACTION_ORDER = ("DRAIN_NODE", "REBOOT_NODE", "RESET_GPU", "RMA_CANDIDATE", "INSPECT_PCIE", "INSPECT_LINK",
+                "CHECK_POWER", "CHECK_COOLING", "RESTART_APP", "INVESTIGATE_SW", "INVESTIGATE_STORAGE", "NONE")
 ACTION_TEXT = {
     "RESTART_APP": "restart the application (fix its bug first if the Xid is application-level)",
     "RESET_GPU": "reset the GPU (`nvidia-smi -r`, or reboot where a reset is impossible)",
@@ -99,6 +103,8 @@ class GpuHwErrorConfig:
     """The same throttle reason on at least this fraction of a node's GPUs (and at least 2) is one node-level finding."""
     max_evidence: int = 20
     """Evidence lines kept per finding (the total is in `evidence_total`)."""
+    fleet_min_hosts: int = 3
+    """The same GSP/firmware Xid (62, 119, 120) on at least this many hosts points at software (driver rollout)."""
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -207,6 +213,7 @@ def gpu_hw_error(frames: JobFrames, cfg: GpuHwErrorConfig) -> list[Finding]:
         incidents += _smi_incidents(frames["gpu_health"], cfg, benign, ctx)
     if frames.has("gpu_diag"):
         incidents += _diag_incidents(frames["gpu_diag"], benign, ctx)
+    _mark_fleet_patterns(incidents, cfg)
     for inc in incidents:  # a process the kernel killed or that crashed matters when it is a rank
         if inc.kind in ("oom", "segfault") and ctx.ranks_for(inc.host, None, inc.ranks_pid):
             inc.level = max_level(inc.level, "HIGH" if inc.kind == "oom" else "WARNING")
@@ -226,8 +233,10 @@ class _JobContext:
         self.known_hosts = sorted({_short_host(h) for h in ranks["host"].drop_nulls().to_list()} - {None})  # type: ignore[type-var]
         self.rank_by_dev: dict[tuple[str | None, int], set[int]] = {}
         self.rank_by_pid: dict[tuple[str | None, int], set[int]] = {}
+        self.ranks_by_host: dict[str | None, set[int]] = {}
         for r in ranks.filter(pl.col("rank").is_not_null()).iter_rows(named=True):
             h = _hk(r["host"])
+            self.ranks_by_host.setdefault(h, set()).add(r["rank"])
             if r["device"] is not None:
                 self.rank_by_dev.setdefault((h, r["device"]), set()).add(r["rank"])
             if r["pid"] is not None:
@@ -246,10 +255,13 @@ class _JobContext:
                         if h:
                             self.known_hosts = sorted(set(self.known_hosts) | {_short_host(h)})  # type: ignore[arg-type]
         self.index_by_bus: dict[tuple[str | None, str], int] = {}
+        self.bus_by_index: dict[tuple[str | None, int], str] = {}
         gh = frames["gpu_health"]
-        for h, idx, bus in gh.select("host", "gpu_index", "pci_bus_id").iter_rows():
+        for h, src, idx, bus in gh.select("host", "source", "gpu_index", "pci_bus_id").iter_rows():
             if idx is not None and bus is not None:
-                self.index_by_bus[(_hk(h), bus)] = idx
+                hk = _hk(h) or _hk(self.host_for(None, src))
+                self.index_by_bus[(hk, bus)] = idx
+                self.bus_by_index[(hk, idx)] = bus
         # profiled window per host (epoch ns only: trace clocks of another domain cannot be compared)
         self.window: dict[str | None, tuple[int, int]] = {}
         for name in ("steps", "kernels"):
@@ -259,8 +271,10 @@ class _JobContext:
                      .group_by(pl.col("host").map_elements(_hk, return_dtype=pl.String).alias("h"))
                      .agg(pl.col("start_ns").min().alias("lo"), pl.col("end_ns").max().alias("hi")))
                 for h, lo, hi in w.iter_rows():
-                    if h not in self.window and lo is not None:
-                        self.window[h] = (lo, hi)
+                    if lo is None:
+                        continue
+                    old = self.window.get(h)
+                    self.window[h] = (min(lo, old[0]), max(hi, old[1])) if old else (lo, hi)
         self.traced_ranks: set[int] = set(ranks["rank"].drop_nulls().to_list())
 
     def host_for(self, host: str | None, source: str) -> str | None:
@@ -294,7 +308,44 @@ class _JobContext:
         return out
 
 
+def _place_across_files(ke: pl.DataFrame) -> pl.DataFrame:
+    """A monotonic-only file (plain `dmesg`) of a host whose syslog/journal copy carries wall + monotonic
+    stamps: lines present in both (same host, monotonic stamp and text) prove the same boot and give
+    its boot time, which places every line of that file and boot."""
+    hk = pl.col("host").fill_null("")
+    stamped = (ke.filter(pl.col("wall_ns").is_not_null() & pl.col("mono_ns").is_not_null())
+               .select(hk.alias("_h"), "mono_ns", "message", (pl.col("wall_ns") - pl.col("mono_ns")).alias("_off"),
+                       pl.col("source").alias("_src2")))
+    bare = ke.filter(pl.col("wall_ns").is_null() & pl.col("mono_ns").is_not_null())
+    if stamped.height == 0 or bare.height == 0:
+        return ke
+    offsets = (bare.with_columns(hk.alias("_h"))
+               .join(stamped, on=["_h", "mono_ns", "message"], how="inner")
+               .filter(pl.col("source") != pl.col("_src2"))
+               .group_by("source", "_h", "boot").agg(pl.col("_off").median().cast(pl.Int64).alias("_boot_ns")))
+    if offsets.height == 0:
+        return ke
+    ke = ke.with_columns(hk.alias("_h")).join(offsets, on=["source", "_h", "boot"], how="left")
+    fill = pl.col("wall_ns").is_null() & pl.col("mono_ns").is_not_null() & pl.col("_boot_ns").is_not_null()
+    return ke.with_columns(
+        pl.when(fill).then(pl.col("_boot_ns") + pl.col("mono_ns")).otherwise(pl.col("wall_ns")).alias("wall_ns"),
+        pl.when(fill).then(pl.lit("boot_time_other_file")).otherwise(pl.col("wall_source")).alias("wall_source"),
+    ).drop("_h", "_boot_ns")
+
+
 def _prepare_events(ke: pl.DataFrame, ctx: _JobContext) -> list[dict[str, Any]]:
+    # hosts named inside any kernel log are known hosts too: `n1/dmesg.log` then belongs to `n1`
+    named = {_short_host(h) for h in ke["host"].drop_nulls().unique().to_list()} - {None}
+    ctx.known_hosts = sorted(set(ctx.known_hosts) | named)  # type: ignore[arg-type]
+    pairs = ke.select("host", "source").unique()
+    mapping = pl.DataFrame(
+        {"host": pairs["host"], "source": pairs["source"],
+         "_host": [ctx.host_for(h, s) for h, s in pairs.iter_rows()]},
+        schema={"host": pl.String, "source": pl.String, "_host": pl.String},
+    )
+    ke = (ke.join(mapping, on=["host", "source"], how="left", nulls_equal=True)
+          .with_columns(pl.col("_host").alias("host")).drop("_host"))
+    ke = _place_across_files(ke)
     ke = ke.with_columns(
         pl.when(pl.col("wall_ns").is_not_null()).then(pl.lit("wall"))
         .when(pl.col("mono_ns").is_not_null()).then(pl.lit("mono")).otherwise(pl.lit("none")).alias("clock"),
@@ -304,10 +355,8 @@ def _prepare_events(ke: pl.DataFrame, ctx: _JobContext) -> list[dict[str, Any]]:
     # inside one file are real repeats and stay
     dup_key = [pl.col("host").fill_null(""), pl.col("wall_ns"), pl.col("message")]
     ke = ke.filter(pl.col("wall_ns").is_null() | (pl.col("source") == pl.col("source").first().over(dup_key)))
-    hosts = {(h, s): ctx.host_for(h, s) for h, s in ke.select("host", "source").unique().iter_rows()}
     rows = ke.sort("source", "boot", "line").to_dicts()
     for r in rows:
-        r["host"] = hosts[(r["host"], r["source"])]
         r["f"] = orjson.loads(r["fields"]) if r["fields"] else {}
     # order: per host by time within a clock, file order as tie-breaker (quoted logs are not chronological)
     rows.sort(key=lambda r: (r["host"] or "", r["source"], r["boot"] or 0,
@@ -434,6 +483,18 @@ def _kernel_incidents(rows: list[dict[str, Any]], cfg: GpuHwErrorConfig, benign:
                          and i.close_to(r, cfg.incident_gap_s, cfg.untimed_line_window))
             if tgt:
                 tgt.add(r)  # another function of the same GPU board (USB-C, I2C): sympathetic
+        elif kind == "pcie_link":
+            what = f.get("what")
+            tgt = latest(lambda i: i.kind == "pcie_link" and i.track == ("pcie_link", gpu))
+            if tgt:
+                tgt.add(r)
+            else:
+                title = (f"PCIe link of {gpu} degraded: {f.get('speed')} x{f.get('width')} (limited at {f.get('at')})"
+                         if what == "limited" else f"PCIe link down on {gpu}")
+                inc = _Inc("pcie_link", r, ("pcie_link", gpu), "WARNING", "INSPECT_PCIE", title)
+                inc.gpu = None  # the device may be a NIC or a switch port; GPUs are named only by Xid lines
+                inc.facts["device"] = gpu
+                incs.append(inc)
         elif kind in ("ib_port", "mlx5", "netdev_carrier"):
             _handle_link(r, cfg, incs, latest, count_benign)
         elif kind == "cpu_thermal":
@@ -496,6 +557,15 @@ def _kernel_incidents(rows: list[dict[str, Any]], cfg: GpuHwErrorConfig, benign:
             inc.ranks_pid.add(r["pid"])
             inc.facts["needs_rank"] = True
             incs.append(inc)
+        elif kind == "context":
+            tgt = latest(lambda i: i.kind == "hung" and i.close_to(r, 2.0, 40))
+            if tgt is not None:
+                tgt.add(r)
+                m = _STORAGE_MODULE.search(r["message"] or "")
+                if m and "storage_client" not in tgt.facts:  # the innermost frame names it first
+                    tgt.facts["storage_client"] = m.group(1)
+                    tgt.title = f"Hung tasks blocked in the {m.group(1)} storage client (storage, not GPU)"
+                    tgt.actions = ["INVESTIGATE_STORAGE"]
         elif kind in ("benign",):
             count_benign(r)
     _handle_aer(aer_rows, cfg, incs, by_host, count_benign)
@@ -514,6 +584,9 @@ def _handle_xid(r: dict[str, Any], cfg: GpuHwErrorConfig, incs: list[_Inc], late
         f["catalog_bucket"] = bucket
     if xid == 154:
         level, action = RECOVERY_ACTIONS.get(f.get("recovery_action", ""), ("WARNING", "INVESTIGATE_SW"))
+    if xid == 74 and f.get("nvlink_regs"):
+        classes, level, action = decode_xid74(f["nvlink_regs"])
+        f["catalog_bucket"] = "WORKFLOW_NVLINK_ERR: " + (",".join(classes) or "no known bit")
     win = cfg.sympathetic_window_s
     same_gpu = lambda i: i.track == ("gpu", gpu) and i.host == host  # noqa: E731
     if xid in SYMPATHETIC_XIDS or xid == 154:
@@ -521,6 +594,9 @@ def _handle_xid(r: dict[str, Any], cfg: GpuHwErrorConfig, incs: list[_Inc], late
         tgt = None
         if prev is not None and 144 <= int(prev) <= 150:
             tgt = latest(lambda i: i.kind == "nvlink5" and i.host == host and i.close_to(r, cfg.incident_gap_s, cfg.untimed_line_window))
+        elif prev is not None:  # the driver names the root: join it even beyond the sympathetic window
+            tgt = latest(lambda i: same_gpu(i) and int(prev) in i.facts.get("xids", set())
+                         and i.close_to(r, cfg.incident_gap_s, cfg.untimed_line_window))
         if tgt is None:
             tgt = latest(lambda i: same_gpu(i) and i.close_to(r, win, cfg.untimed_line_window)
                          and (i.group == "hw" or xid != 3))
@@ -776,6 +852,22 @@ def _handle_aer(rows: list[dict[str, Any]], cfg: GpuHwErrorConfig, incs: list[_I
                     count_benign(r)
 
 
+def _mark_fleet_patterns(incs: list[_Inc], cfg: GpuHwErrorConfig) -> None:
+    """The same GSP/firmware Xid on many hosts of one job: a driver/firmware problem, not N bad GPUs."""
+    hosts: dict[int, set[str]] = {}
+    for inc in incs:
+        for x in inc.facts.get("xids", set()) & {62, 119, 120}:
+            if inc.host:
+                hosts.setdefault(x, set()).add(inc.host)
+    for x, hs in hosts.items():
+        if len(hs) >= cfg.fleet_min_hosts:
+            for inc in incs:
+                if x in inc.facts.get("xids", set()):
+                    inc.facts["fleet_pattern"] = f"Xid {x} on {len(hs)} hosts: suspect the driver/firmware"
+                    if "INVESTIGATE_SW" not in inc.actions:
+                        inc.actions.append("INVESTIGATE_SW")
+
+
 def _same_timeline(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Two events whose times compare: wall clock on the same host, or the same file and boot."""
     if a["clock"] != b["clock"] or a["host"] != b["host"]:
@@ -918,8 +1010,11 @@ def _diag_incidents(gd: pl.DataFrame, benign: dict[str | None, int], ctx: _JobCo
         else:
             benign[host] = benign.get(host, 0) + 1
             continue
-        inc = _Inc("dcgmi", ev, ("dcgm", r["gpu_index"], r["line"]), level, act,
-                   title + (f" on GPU {r['gpu_index']}" if r["gpu_index"] is not None else ""))
+        # DCGM GPU ids are NVML indices: nvidia-smi -q of the same host names their bus ids
+        bus = ctx.bus_by_index.get((_hk(host), r["gpu_index"])) if r["gpu_index"] is not None else None
+        inc = _Inc("dcgmi", dict(ev, pci_bus_id=bus), ("gpu", bus) if bus else ("dcgm", r["gpu_index"], r["line"]),
+                   level, act, title + (f" on GPU {r['gpu_index']}" if r["gpu_index"] is not None else ""))
+        inc.gpu = bus
         inc.facts["dcgm_gpu_index"] = r["gpu_index"]
         m = re.search(r"totaling ([\d.]+) seconds?", msg.replace("second s", "seconds"))
         if m:
@@ -978,6 +1073,9 @@ def _to_finding(inc: _Inc, cfg: GpuHwErrorConfig, ctx: _JobContext, benign: dict
         metrics["seconds_from_profile_end"] = round((t_fault - win[1]) / 1e9, 3)
     else:
         metrics["in_profiled_window"] = None
+    if not gpus and host and not ranks and ctx.ranks_by_host.get(_hk(host)):
+        # a node-level cause (power, cooling, NIC, host memory): every rank there is exposed to it
+        metrics["ranks_on_host"] = ",".join(map(str, sorted(ctx.ranks_by_host[_hk(host)])))
     traced = sorted(ranks & ctx.traced_ranks)
     evidence = tuple(
         {k: v for k, v in (("source", e["source"]), ("line", e["line"]), ("time", e.get("time_text")),
@@ -999,6 +1097,9 @@ def _to_finding(inc: _Inc, cfg: GpuHwErrorConfig, ctx: _JobContext, benign: dict
         when += " The rank on this GPU is in the traces."
     summary = (f"{title} on {where}{gpu_txt}{rank_txt}: {len(inc.events)} log line(s) grouped into one incident"
                + (f" (root cause: {inc.facts['root_cause']})" if inc.facts.get("root_cause") else "") + "." + when)
+    if inc.group != "app":  # hardware first: contain (drain/reboot/reset), then inspect, then software
+        inc.actions.sort(key=lambda a: ACTION_ORDER.index(a) if a in ACTION_ORDER else len(ACTION_ORDER))
+        metrics["actions"] = ";".join(inc.actions) or "NONE"
     remediation = "; ".join(ACTION_TEXT.get(a, a) for a in inc.actions) or ACTION_TEXT["NONE"]
     key = f"{inc.kind}|{first['source']}|{first['line']}"
     return Finding(

@@ -159,7 +159,7 @@ def nccl_algorithm(frames, cfg: NcclAlgorithmConfig) -> list[Finding]:
     # 1. user overrides
     # *_DISABLE counts when not 0, *_ENABLE when 0 (NCCL_NVLS_ENABLE=0 turns NVLS off)
     is_enable = pl.col("var").str.ends_with("_ENABLE")
-    forced = env.filter(
+    forced = env.filter(pl.col("origin") != "plugin").filter(
         pl.col("var").is_in(FORCING)
         | (pl.col("var").is_in(DISABLES) & pl.when(is_enable).then(pl.col("value") == "0").otherwise(pl.col("value") != "0"))
     )
@@ -185,6 +185,7 @@ def nccl_algorithm(frames, cfg: NcclAlgorithmConfig) -> list[Finding]:
         detail = "impact not quantified: the logs give no message sizes or too little topology for the model"
         confidence = "medium"
         gpu_s = frac = None
+        harmless = False
         if base is not None and sizes.height and ("NCCL_ALGO" in settings or "NCCL_PROTO" in settings):
             algos = _names(settings["NCCL_ALGO"], _ALGO_NAMES) if "NCCL_ALGO" in settings else None
             protos = _names(settings["NCCL_PROTO"], _PROTO_NAMES) if "NCCL_PROTO" in settings else None
@@ -212,7 +213,9 @@ def nccl_algorithm(frames, cfg: NcclAlgorithmConfig) -> list[Finding]:
             if worst < cfg.min_forced_slowdown:
                 detail = "the cost model predicts no significant loss for the observed sizes"
                 gpu_s = frac = None
-        sev = Severity.WARNING
+                harmless = True
+        # an override the model finds harmless at this job's sizes is reported, not warned about
+        sev = Severity.INFO if harmless else Severity.WARNING
         out.append(Finding(
             "nccl_algorithm", sev, "NCCL algorithm, protocol or transport choice forced by environment",
             "Set by the user: " + ", ".join(f"{k}={v}" for k, v in settings.items()) + f"; {detail}.",

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from forensics.simulate.engine import COLL, COMPUTE, MEMCPY, Engine, Op, iter_steps
+from forensics.simulate.engine import COLL, COLL_OPTYPE, COMPUTE, MEMCPY, Engine, Op, iter_steps
 from forensics.simulate.kineto import EPOCH_NS, T0_NS, TraceWriter
 from forensics.simulate.model import PCI_BUS_IDS, Job
 from forensics.simulate.scenarios import SCENARIOS, Scenario
@@ -68,7 +68,7 @@ class _RankMetrics:
         self.last_arrivals = self.kernel_busy_ns = self.dp_comm_ns = self.p2p_ns = 0
         self.idle_by_step: list[float] = []
 
-    def add(self, rank: int, span: tuple[int, int], prog: list[Op]) -> None:
+    def add(self, span: tuple[int, int], prog: list[Op]) -> None:
         comp: list[tuple[int, int]] = []
         comm: list[tuple[int, int]] = []
         allk: list[tuple[int, int]] = []
@@ -163,10 +163,13 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
         for r, prog in res.programs.items():
             w = writers[r]
             span = res.step_span[r]
+            if r % 2 and res.step < job.first_step + job.window_skew:
+                first_host[r] = span[1]  # this rank's profiler window opens later: nothing of this step is traced
+                continue
             complete = not engine.halted
             if complete:
                 w.step(res.step, span[0], span[1])
-                metrics[r].add(r, span, prog)
+                metrics[r].add(span, prog)
                 step_log[r].append((res.step, span[0], span[1]))
             for op in prog:
                 w.op(op)
@@ -176,7 +179,10 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
             stop = {r: max((op.end or op.start) for op in prog) if prog else res.step_span[r][0] for r, prog in res.programs.items()}
             spec = engine.timeout_spec or {}
             timeout_info = {"step": res.step, "coll": c, "arrive": dict(c.arrive), "launch": launch, "stop": stop,
-                            "timeout_ms": spec.get("timeout_ms", 600000.0), "numel": c.nbytes // (2 if job.new_kernel_names else 4)}
+                            "timeout_ms": spec.get("timeout_ms", 600000.0)}
+            full = c.nbytes // (2 if job.new_kernel_names else 4)
+            timeout_info["numel_in"] = full // len(c.members) if c.op == "allgather" else full
+            timeout_info["numel_out"] = full // len(c.members) if c.op == "reduce_scatter" else full
             break
         if size_mb and writers[0].bytes_written >= size_mb * 1e6:
             break
@@ -197,7 +203,7 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
     truth["kernel_log"] = {"scenario": sc.kernel_log, "injected": injected}
     truth_path = Path(truth_path) if truth_path is not None else out / "truth.json"
     truth_path.parent.mkdir(parents=True, exist_ok=True)
-    truth_path.write_bytes(orjson.dumps(truth, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+    truth_path.write_bytes(orjson.dumps(truth, option=orjson.OPT_INDENT_2) + b"\n")  # "schema" first: easy to recognise
     return truth
 
 
@@ -212,7 +218,7 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
         ranks.append({
             "rank": st.rank, "host": st.host, "node": st.node, "local_rank": st.local, "pid": st.pid,
             "pci_bus_id": PCI_BUS_IDS[st.local % len(PCI_BUS_IDS)], "tp_rank": tp_r, "dp_rank": dp_r, "pp_stage": pp_r,
-            "trace": f"profiler/{w.path.name}",
+            "trace": f"profiler/{w.path.name}", "profiled_steps": [s for s, _, _ in step_log[st.rank]],
             "counts": dict(sorted(w.counts.items())),
         })
     steps_ns = sorted(m["step_ns_mean"] for m in per_rank if m["steps"])
@@ -243,7 +249,8 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
             "layers_per_stage": job.work.layers, "hidden": job.work.hidden, "seq": job.work.seq, "micro_batch": job.work.micro_batch,
             "steps": all_steps, "gpu": job.gpu.name, "num_sms": job.gpu.num_sms, "nccl_version": job.nccl_version,
             "kernel_naming": "ncclDevKernel" if job.new_kernel_names else "ncclKernel",
-            "seq_on_kernels": job.seq_on_kernels, "dp_overlap": job.overlap_dp, "noise_sigma": job.noise,
+            "seq_on_kernels": job.seq_on_kernels, "dp_overlap": job.overlap_dp, "noise_sigma": job.noise, "dp_mode": job.dp_mode,
+            "window_skew": job.window_skew,
             "nccl_env": {k: v for k, v in job.env}, "net": {"intra": job.net.intra, "inter": job.net.inter, "gdr": job.net.gdr},
             "base_time_ns": EPOCH_NS - T0_NS,
         },
@@ -315,8 +322,8 @@ def _fault_truth(f: dict[str, Any], job: Job, engine: Engine, per_rank: list[dic
     elif kind == "collective_timeout" and timeout_info is not None:
         c = timeout_info["coll"]
         exp.update({
-            "step": timeout_info["step"], "pg_name": c.pg.name, "pg_desc": c.pg.desc, "seq": c.seq, "op_type": "ALLREDUCE",
-            "collective": "allreduce", "numel": c.nbytes // (2 if job.new_kernel_names else 4), "timeout_ms": f["timeout_ms"],
+            "step": timeout_info["step"], "pg_name": c.pg.name, "pg_desc": c.pg.desc, "seq": c.seq, "op_type": COLL_OPTYPE[c.op],
+            "collective": c.op, "numel": timeout_info["numel_in"], "numel_out": timeout_info["numel_out"], "timeout_ms": f["timeout_ms"],
             "missing_ranks": sorted(c.absent), "waiting_ranks": sorted(timeout_info["arrive"]),
         })
     elif kind == "xid":

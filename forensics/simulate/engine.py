@@ -11,7 +11,6 @@ stays bounded by one step whatever the trace size.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -22,7 +21,8 @@ from forensics.simulate.model import Job, ProcessGroup, build_groups, choose_alg
 COMPUTE, MEMCPY, COLL, HOST, SYNC = range(5)
 
 STREAM_COMPUTE = 7
-STREAM_DP = 24
+STREAM_DP = 24          # DDP all-reduce / FSDP all-gather
+STREAM_RS = 26          # FSDP reduce-scatter
 STREAM_SEND = 28
 STREAM_RECV = 32
 LAUNCH_LATENCY_NS = 3_500
@@ -297,7 +297,9 @@ class Engine:
         prog: list[Op] = []
         tid = st.pid
         self._step_head(st, prog, tid)
-        if self.topo.pp == 1:
+        if self.topo.pp == 1 and self.job.dp_mode == "fsdp":
+            self._fsdp_step(st, prog, step)
+        elif self.topo.pp == 1:
             self._ddp_step(st, prog, step)
         else:
             self._pipeline_step(st, prog, step)
@@ -313,6 +315,41 @@ class Engine:
         ready = [self._layer_bwd(st, prog, scale, st.bwd_tid, step) for _ in range(w.layers)]
         buckets = self._dp_buckets(st, prog, ready, step, st.bwd_tid)
         self._optimizer(st, prog, buckets, st.pid)
+
+    def _fsdp_step(self, st: RankState, prog: list[Op], step: int) -> None:
+        """FSDP (FULL_SHARD): each layer's parameters are all-gathered before use (prefetched one layer
+        ahead on their own stream) in forward and again in backward; gradients are reduce-scattered
+        on another stream right after each layer's backward."""
+        w = self.job.work
+        scale = st.compute_scale
+        dpg = group_of(self.groups, st.rank, "dp")
+        full = w.layer_params(self.topo.tp) * w.grad_bytes
+        n = w.layers
+
+        def gather(tid: int) -> Op | None:
+            return self._coll(st, prog, "allgather", dpg, full, STREAM_DP, tid, step) if dpg is not None else None
+
+        ag = gather(st.pid)
+        for i in range(n):
+            nxt = gather(st.pid) if i + 1 < n else None  # prefetch the next layer while this one computes
+            start = len(prog)
+            self._layer_fwd(st, prog, scale, st.pid, step)
+            if ag is not None:
+                prog[start].deps = (ag,)
+            ag = nxt
+        self._kernel(st, prog, CE_FWD, "aten::_log_softmax", self._mem_ns(w.micro_batch * w.seq * 32000 * 4, st, scale), st.pid, w.micro_batch * w.seq // 4, 128)
+        rs: list[Op] = []
+        ag = gather(st.bwd_tid)
+        for i in range(n):
+            nxt = gather(st.bwd_tid) if i + 1 < n else None
+            start = len(prog)
+            last = self._layer_bwd(st, prog, scale, st.bwd_tid, step)
+            if ag is not None:
+                prog[start].deps = (ag,)
+            if dpg is not None:
+                rs.append(self._coll(st, prog, "reduce_scatter", dpg, full, STREAM_RS, st.bwd_tid, step, deps=(last,)))
+            ag = nxt
+        self._optimizer(st, prog, rs, st.pid)
 
     # ---------------------------------------------------------------- pipeline
     def pipeline_order(self, stage: int) -> list[tuple[str, int, int]]:
@@ -487,10 +524,14 @@ class Engine:
         spec = self.timeout_spec
         if spec is None or spec.get("step") != step:
             return
-        target = next((c for c in colls if c.op == "allreduce" and c.pg.kind in ("dp", "world") and c.seq == spec["seq"]), None)
-        if target is None:
-            target = next(c for c in colls if c.op == "allreduce" and c.pg.kind in ("dp", "world"))
-            spec["seq"] = target.seq
+        # the data-parallel collectives of that step (all-reduce for DDP, all-gather / reduce-scatter for FSDP)
+        cands = [c for c in colls if c.op not in ("send", "recv") and c.pg.kind in ("dp", "world")]
+        if not cands:
+            from forensics.simulate.scenarios import ScenarioError
+
+            raise ScenarioError(f"no data-parallel collective in step {step} to time out")
+        target = next((c for c in cands if c.seq == spec["seq"]), cands[0])
+        spec["seq"] = target.seq
         target.timeout = True
         target.absent = tuple(spec["ranks"])
         spec["pg_name"], spec["pg_desc"], spec["nelems"] = target.pg.name, target.pg.desc, target.nelems

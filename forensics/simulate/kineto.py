@@ -71,8 +71,10 @@ class TraceWriter:
         self._buf: list[bytes] = []
         self._first = True
         self.bytes_written = 0
-        self.ext = 0
-        self.corr = 0
+        # CUPTI correlation ids count every runtime call since the process started, so a profiled window
+        # starts far from 0 (HTA also downcasts small id columns to int8 and then fails to index them)
+        self.ext = 1000 + st.pid % 9000
+        self.corr = 20000 + (st.pid * 7) % 60000
         self.ev_idx = 0
         self.counts: dict[str, int] = {}
         self.my_groups = [g for g in groups if st.rank in g.ranks]
@@ -134,9 +136,9 @@ class TraceWriter:
             self._ev({"name": "thread_name", "ph": "M", "ts": ts, "pid": st.pid, "tid": tid, "args": {"name": f"thread {tid} ({name})"}}, "metadata")
         self._ev({"name": "process_name", "ph": "M", "ts": ts, "pid": self.dev, "tid": 0, "args": {"name": f"GPU {self.dev}"}}, "metadata")
         self._ev({"name": "process_labels", "ph": "M", "ts": ts, "pid": self.dev, "tid": 0, "args": {"labels": f"GPU {self.dev}"}}, "metadata")
-        from forensics.simulate.engine import STREAM_COMPUTE, STREAM_DP, STREAM_RECV, STREAM_SEND
+        from forensics.simulate.engine import STREAM_COMPUTE, STREAM_DP, STREAM_RECV, STREAM_RS, STREAM_SEND
 
-        for s in (STREAM_COMPUTE, STREAM_DP, STREAM_SEND, STREAM_RECV):
+        for s in (STREAM_COMPUTE, STREAM_DP, STREAM_RS, STREAM_SEND, STREAM_RECV):
             self._ev({"name": "thread_name", "ph": "M", "ts": ts, "pid": self.dev, "tid": s, "args": {"name": f"stream {s} "}}, "metadata")
 
     def step(self, number: int, start: int, end: int) -> None:
@@ -206,9 +208,14 @@ class TraceWriter:
         assert c is not None
         new = job.new_kernel_names
         dtype = "BFloat16" if new else "Float"
-        nelems = c.nbytes // (2 if new else 4)
-        pg = c.pg
         kind = op.name  # send and recv share one Coll; the op says which side this is
+        nelems = c.nbytes // (2 if new else 4)
+        in_n = out_n = nelems
+        if kind == "allgather":  # nbytes is the gathered (full) buffer
+            in_n = nelems // len(c.members)
+        elif kind == "reduce_scatter":
+            out_n = nelems // len(c.members)
+        pg = c.pg
         if kind in ("send", "recv"):
             g_ranks = list(c.members)
         else:
@@ -217,7 +224,7 @@ class TraceWriter:
         if any(b - a != stride for a, b in zip(g_ranks, g_ranks[1:])):
             stride = -1
         coll_args: dict[str, Any] = {
-            "Collective name": TORCH_COLL[kind], "In msg nelems": nelems, "Out msg nelems": nelems,
+            "Collective name": TORCH_COLL[kind], "In msg nelems": in_n, "Out msg nelems": out_n,
             "Group size": len(pg.ranks), "dtype": dtype, "In split size": "[]", "Out split size": "[]",
             "Process Group Name": pg.name, "Process Group Description": pg.desc,
             "Process Group Ranks": "[" + ", ".join(str(r) for r in pg.ranks) + "]",

@@ -198,7 +198,8 @@ def write_stdout_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
         if r == 0:
             lg.raw(f"[after model, optimizer, and learning rate scheduler are built] datetime: {time.strftime('%Y-%m-%d %H:%M:%S', _utc(start_ns + 60_000_000_000))}")
             lg.raw("training ...")
-        tunings = [c for c in coll_log if c["rank0"] == r] if job.tuning_lines else []
+        # per-operation TUNING lines exist at INFO level from NCCL 2.20 (commented out before)
+        tunings = [c for c in coll_log if c["rank0"] == r] if job.tuning_lines and _ver(job.nccl_version)[:2] >= (2, 20) else []
         ti = 0
         prints_loss = (r == 0) or (topo.pp > 1 and pp_r == topo.pp - 1 and tp_r == 0 and dp_r == 0)
         for step, s0, s1 in step_log[r]:
@@ -219,8 +220,9 @@ def write_stdout_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
                 rel = c.pg.ranks.index(r) if r in c.pg.ranks else r
                 t_fire = EPOCH_NS + offsets[st.node] + timeout["launch"][r] + tmo_ms * 1_000_000 + lrng.randrange(5, 40) * 1_000_000
                 ran = tmo_ms + lrng.randrange(0, 40)
-                numel = timeout["numel"]
-                work = f"WorkNCCL(SeqNum={c.seq}, OpType=ALLREDUCE, NumelIn={numel}, NumelOut={numel}, Timeout(ms)={tmo_ms})"
+                optype = {"allreduce": "ALLREDUCE", "allgather": "_ALLGATHER_BASE", "reduce_scatter": "_REDUCE_SCATTER_BASE"}[c.op]
+                work = (f"WorkNCCL(SeqNum={c.seq}, OpType={optype}, NumelIn={timeout['numel_in']}, NumelOut={timeout['numel_out']}, "
+                        f"Timeout(ms)={tmo_ms})")
                 pgtag = f"[PG ID {c.pg.name} PG GUID {c.pg.name}({c.pg.desc}) Rank {rel}]"
                 lg.raw(f"[rank{r}]:[E{_pt_stamp(t_fire)} ProcessGroupNCCL.cpp:632] [Rank {rel}] Watchdog caught collective operation timeout: {work} ran for {ran} milliseconds before timing out.")
                 t2 = t_fire + lrng.randrange(100_000, 2_000_000)
@@ -366,7 +368,7 @@ def write_kernel_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
         if kernel_log == "throttle" and culprit is not None and engine.states[culprit["ranks"][0]].node == node:
             t = wall0 + end_ns // 3
             for cpu in (12, 13, 44, 45):
-                inject(t + cpu * 1000, f"mce: CPU{cpu}: Package temperature above threshold, cpu clock throttled (total events = {rng.randrange(1000, 9000)})", "cpu_throttle")
+                inject(t + cpu * 1000, f"mce: CPU{cpu}: Package temperature above threshold, cpu clock throttled (total events = {rng.randrange(1000, 9000)})", "cpu_throttle", culprit["ranks"][0])
         # benign runtime noise during the job
         k.add(wall0 + end_ns // 4, f"pcieport 0000:{0x16 + node % 4:02x}:01.0: AER: Corrected error received: 0000:{0x16 + node % 4:02x}:01.0")
         k.add(wall0 + end_ns // 4 + 20_000, f"pcieport 0000:{0x16 + node % 4:02x}:01.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)")

@@ -5,7 +5,7 @@ Pure data and arithmetic; no randomness here (noise is drawn in ``engine``)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 GPUS_PER_NODE = 8
@@ -221,10 +221,11 @@ class Job:
     protos: tuple[str, ...] = PROTOS
     env: tuple[tuple[str, str], ...] = ()   # NCCL env overrides echoed in the logs
     overlap_dp: bool = True
+    window_skew: int = 0             # odd ranks open their profiler window this many steps late
+    dp_mode: str = "ddp"             # ddp (bucketed all-reduce) or fsdp (all-gather + reduce-scatter per layer)
     seq_on_kernels: bool = True
     clock_offset_us: float = 1500.0  # per-node clock offsets drawn within +- this
-    host_launch_us: float = 6.0      # cudaLaunchKernel cost
-    host_op_us: float = 14.0         # aten op around it
+    host_op_us: float = 14.0         # host cost of one aten op with its kernel launch
     tuning_lines: bool = False
     faults: tuple[dict[str, Any], ...] = ()
     stage_scale: tuple[float, ...] = ()  # per pipeline stage compute multiplier (stage imbalance)
@@ -238,10 +239,3 @@ class Job:
         major, minor = (int(x) for x in self.nccl_version.split(".")[:2])
         return (major, minor) >= (2, 19)
 
-
-@dataclass
-class Fault:
-    """Kept as plain dicts in Job.faults so that Job stays hashable-free and JSON-ready."""
-
-    kind: str
-    params: dict[str, Any] = field(default_factory=dict)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from forensics.simulate.model import Job, Net, Topology, Workload
@@ -17,9 +17,7 @@ class Scenario:
     name: str
     summary: str
     build: Callable[[int | None, int | None, dict[str, str]], Job]
-    default_ranks: int = 8
-    kernel_log: str = "benign"          # benign / xid79 / xid48 / xid94 / xid63 / aer / throttle / link_flap
-    tags: tuple[str, ...] = field(default_factory=tuple)
+    kernel_log: str = "benign"          # benign / xid79 / xid48 / xid94 / xid63 / throttle / link_flap
 
 
 def _f(params: dict[str, str], key: str, default: float) -> float:
@@ -38,9 +36,14 @@ def _i(params: dict[str, str], key: str, default: int) -> int:
 
 def _ddp(ranks: int | None, steps: int | None, params: dict[str, str], default: int = 8, **job: Any) -> Job:
     n = ranks or default
+    mode = params.get("dp_mode", job.pop("dp_mode", "ddp"))
+    if mode not in ("ddp", "fsdp"):
+        raise ScenarioError(f"dp_mode={mode!r}: expected ddp or fsdp")
+    job["dp_mode"] = mode
     layers = _i(params, "layers", 12 if n <= 16 else 6)
     work = Workload(layers=layers, hidden=_i(params, "hidden", 1024), seq=_i(params, "seq", 4096), micro_batch=_i(params, "micro_batch", 8))
-    return Job(topo=Topology(tp=1, pp=1, dp=n), work=work, steps=steps or 4, noise=_f(params, "noise", 0.02), **job)
+    return Job(topo=Topology(tp=1, pp=1, dp=n), work=work, steps=steps or 4, noise=_f(params, "noise", 0.02),
+               seq_on_kernels=bool(_i(params, "seq_args", 1)), window_skew=_i(params, "window_skew", 0), **job)
 
 
 def _pp(ranks: int | None, steps: int | None, params: dict[str, str], m: int = 8, v: int = 1, **job: Any) -> Job:
@@ -57,7 +60,14 @@ def _pp(ranks: int | None, steps: int | None, params: dict[str, str], m: int = 8
                     micro_batch=_i(params, "micro_batch", 2), microbatches=m, loss_kernel=bool(_i(params, "loss_kernel", 1)),
                     optimizer=bool(_i(params, "optimizer", 1)))
     return Job(topo=Topology(tp=tp, pp=pp, dp=n // (pp * tp)), work=work, steps=steps or 3, chunks=v, noise=_f(params, "noise", 0.02),
+               seq_on_kernels=bool(_i(params, "seq_args", 1)), window_skew=_i(params, "window_skew", 0),
                schedule="interleaved" if v > 1 else "1f1b", **job)
+
+
+def _multinode(ranks: int | None, default: int, what: str) -> None:
+    n = ranks or default
+    if n <= 8:
+        raise ScenarioError(f"{what} needs traffic between nodes: use --ranks > 8 (8 GPUs per node)")
 
 
 def _culprit(params: dict[str, str], n: int, default: int) -> int:
@@ -67,69 +77,80 @@ def _culprit(params: dict[str, str], n: int, default: int) -> int:
     return r
 
 
-def ddp_clean(ranks, steps, params):
+def ddp_clean(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     return _ddp(ranks, steps, params, label="clean")
 
 
-def ddp_straggler(ranks, steps, params):
+def fsdp_clean(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
+    return _ddp(ranks, steps, params, dp_mode="fsdp", label="clean")
+
+
+def ddp_straggler(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     n = ranks or 8
     r = _culprit(params, n, 5 if n > 5 else n - 1)
     return _ddp(ranks, steps, params, faults=({"kind": "compute_straggler", "ranks": (r,), "slowdown": _f(params, "slowdown", 0.15)},))
 
 
-def host_straggler(ranks, steps, params):
+def host_straggler(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     n = ranks or 8
     r = _culprit(params, n, 2 if n > 2 else 0)
-    return _ddp(ranks, steps, params, faults=({"kind": "host_straggler", "ranks": (r,), "launch_factor": _f(params, "launch_factor", 12.0),
+    return _ddp(ranks, steps, params, faults=({"kind": "host_straggler", "ranks": (r,), "launch_factor": _f(params, "launch_factor", 20.0),
                                                "stall_ms": _f(params, "stall_ms", 0.0)},))
 
 
-def late_rank(ranks, steps, params):
+def late_rank(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     n = ranks or 8
     r = _culprit(params, n, 6 if n > 6 else n - 1)
     return _ddp(ranks, steps, params, faults=({"kind": "host_straggler", "ranks": (r,), "launch_factor": 1.0,
                                                "stall_ms": _f(params, "stall_ms", 40.0), "busy_wait": True},))
 
 
-def ddp_no_overlap(ranks, steps, params):
+def ddp_no_overlap(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     return _ddp(ranks, steps, params, default=16, overlap_dp=False, faults=({"kind": "dp_not_overlapped"},))
 
 
-def slow_nic(ranks, steps, params):
+def slow_nic(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
+    _multinode(ranks, 16, "slow_nic")
     n = ranks or 16
     node = _i(params, "node", 1)
+    if not 0 <= node < -(-n // 8):
+        raise ScenarioError(f"node={node} outside 0..{-(-n // 8) - 1}")
     factor = _f(params, "bandwidth_factor", 0.25)
     return _ddp(ranks, steps, params, default=16, net=Net(slow_nodes=((node, factor),)),
                 faults=({"kind": "slow_nic", "nodes": (node,), "bandwidth_factor": factor},))
 
 
-def net_socket(ranks, steps, params):
+def net_socket(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
+    _multinode(ranks, 16, "net_socket")
     return _ddp(ranks, steps, params, default=16, net=Net(inter="Socket"), env=(("NCCL_IB_DISABLE", "1"),),
                 faults=({"kind": "net_socket"},))
 
 
-def gdr_off(ranks, steps, params):
+def gdr_off(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
+    _multinode(ranks, 16, "gdr_off")
     return _ddp(ranks, steps, params, default=16, net=Net(gdr=False), faults=({"kind": "gdr_off"},))
 
 
-def p2p_disabled(ranks, steps, params):
+def p2p_disabled(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     return _ddp(ranks, steps, params, net=Net(intra="SHM"), env=(("NCCL_P2P_DISABLE", "1"),), faults=({"kind": "p2p_disabled"},))
 
 
-def algo_forced(ranks, steps, params):
+def algo_forced(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     algo = params.get("algo", "Tree")
     return _ddp(ranks, steps, params, default=16, algos=(algo,), env=(("NCCL_ALGO", algo),), tuning_lines=True,
                 faults=({"kind": "nccl_algo_forced", "algo": algo},))
 
 
-def proto_forced(ranks, steps, params):
+def proto_forced(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     proto = params.get("proto", "LL")
     return _ddp(ranks, steps, params, default=16, protos=(proto,), env=(("NCCL_PROTO", proto),), tuning_lines=True,
                 faults=({"kind": "nccl_proto_forced", "proto": proto},))
 
 
-def collective_timeout(ranks, steps, params):
+def collective_timeout(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     n = ranks or 8
+    if n < 2:
+        raise ScenarioError("a collective timeout needs at least 2 ranks")
     r = _culprit(params, n, 3 if n > 3 else n - 1)
     steps = steps or 3
     job = _ddp(ranks, steps, params, faults=({"kind": "collective_timeout", "ranks": (r,), "step": 100 + _i(params, "step_index", steps - 1),
@@ -137,15 +158,15 @@ def collective_timeout(ranks, steps, params):
     return job
 
 
-def pp_clean(ranks, steps, params):
+def pp_clean(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     return _pp(ranks, steps, params, label="clean")
 
 
-def pp_small_m(ranks, steps, params):
+def pp_small_m(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     return _pp(ranks, steps, params, m=_i(params, "microbatches", 2), faults=({"kind": "pipeline_bubbles_small_m"},))
 
 
-def pp_imbalance(ranks, steps, params):
+def pp_imbalance(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     pp = _i(params, "pp", 4)
     stage = _i(params, "stage", pp - 1)
     factor = _f(params, "factor", 1.5)
@@ -153,19 +174,21 @@ def pp_imbalance(ranks, steps, params):
     return _pp(ranks, steps, params, stage_scale=scale, faults=({"kind": "pipeline_stage_imbalance", "stage": stage, "factor": factor},))
 
 
-def pp_interleaved(ranks, steps, params):
+def pp_interleaved(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     return _pp(ranks, steps, params, v=_i(params, "chunks", 2), label="clean")
 
 
-def old_nccl(ranks, steps, params):
+def old_nccl(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     return _ddp(ranks, steps, params, nccl_version="2.18.5", cuda_version="12.2", label="clean")
 
 
 def xid(code: int) -> Callable[[int | None, int | None, dict[str, str]], Job]:
-    def build(ranks, steps, params):
+    def build(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
         n = ranks or 8
         r = _culprit(params, n, 4 if n > 4 else 0)
         if code == 79:
+            if n < 2:
+                raise ScenarioError("xid79 hangs a collective: it needs at least 2 ranks")
             # the GPU falls off the bus: its rank never reaches the next gradient all-reduce
             steps = steps or 3
             return _ddp(ranks, steps, params, faults=(
@@ -177,19 +200,20 @@ def xid(code: int) -> Callable[[int | None, int | None, dict[str, str]], Job]:
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("ddp_clean", "healthy data-parallel job (DDP, overlapped bucketed all-reduce)", ddp_clean),
+    Scenario("fsdp_clean", "healthy FSDP job (per-layer all-gather prefetch, reduce-scatter of gradients)", fsdp_clean),
     Scenario("pp_clean", "healthy pipeline + data parallel job (PP=4, 1F1B, m=8)", pp_clean),
     Scenario("pp_interleaved", "healthy interleaved pipeline (PP=4, v=2 chunks, m=8)", pp_interleaved),
     Scenario("old_nccl", "healthy DDP job on NCCL 2.18 (old ncclKernel_* names, fp32 grads)", old_nccl),
     Scenario("ddp_straggler", "one rank's GPU compute is slower (compute straggler)", ddp_straggler),
     Scenario("host_straggler", "one rank's host launches kernels slowly (launch-bound straggler; its node logs CPU thermal throttling)", host_straggler, kernel_log="throttle"),
     Scenario("late_rank", "one rank's data loader stalls every step; the others busy-wait in NCCL", late_rank),
-    Scenario("ddp_no_overlap", "DDP all-reduce runs after backward instead of overlapping it", ddp_no_overlap, default_ranks=16),
-    Scenario("slow_nic", "one node's NIC runs at a fraction of its bandwidth", slow_nic, default_ranks=16, kernel_log="link_flap"),
-    Scenario("net_socket", "inter-node traffic over NET/Socket (TCP) instead of InfiniBand", net_socket, default_ranks=16),
-    Scenario("gdr_off", "GPUDirect RDMA unavailable: inter-node traffic staged through host memory", gdr_off, default_ranks=16),
+    Scenario("ddp_no_overlap", "DDP all-reduce runs after backward instead of overlapping it", ddp_no_overlap),
+    Scenario("slow_nic", "one node's NIC runs at a fraction of its bandwidth", slow_nic, kernel_log="link_flap"),
+    Scenario("net_socket", "inter-node traffic over NET/Socket (TCP) instead of InfiniBand", net_socket),
+    Scenario("gdr_off", "GPUDirect RDMA unavailable: inter-node traffic staged through host memory", gdr_off),
     Scenario("p2p_disabled", "NCCL_P2P_DISABLE=1: intra-node traffic through shared memory, not NVLink", p2p_disabled),
-    Scenario("algo_forced", "NCCL_ALGO forced to Tree for large multi-node all-reduces", algo_forced, default_ranks=16),
-    Scenario("proto_forced", "NCCL_PROTO forced to LL for large all-reduces", proto_forced, default_ranks=16),
+    Scenario("algo_forced", "NCCL_ALGO forced to Tree for large multi-node all-reduces", algo_forced),
+    Scenario("proto_forced", "NCCL_PROTO forced to LL for large all-reduces", proto_forced),
     Scenario("pp_small_m", "pipeline bubbles from too few micro-batches (m=2, p=4)", pp_small_m),
     Scenario("pp_imbalance", "pipeline stage imbalance: the last stage is 1.5x slower", pp_imbalance),
     Scenario("collective_timeout", "one rank never arrives at an all-reduce; the others time out in the watchdog", collective_timeout),

@@ -45,3 +45,34 @@ def test_skipped_without_nccl_kernels():
                               "steps": frames["steps"]})
     _, skipped = _run(compute_only)
     assert [s.detector for s in skipped] == ["busy_wait"] and "no NCCL" in skipped[0].reason
+
+
+def _with_sm_active(frames, pct_by_rank: dict[int, float], every_ns: int = MS):
+    """The same job plus Nsight Systems GPU metrics: constant SM Active per rank over the whole run."""
+    import polars as pl
+
+    from forensics.frames import conform
+
+    steps = frames["steps"]
+    lo, hi = int(steps["start_ns"].min()) - every_ns, int(steps["end_ns"].max()) + 2 * every_ns
+    rows = [dict(rank=r, host=f"node{r // 8}", source=f"r{r}.sqlite", device=r % 8, timestamp_ns=t, sm_active=pct)
+            for r, pct in pct_by_rank.items() for t in range(lo, hi, every_ns)]
+    gm = conform("gpu_metrics", pl.DataFrame(rows))
+    return JobFrames({**{name: frames[name] for name in frames.present}, "gpu_metrics": gm})
+
+
+def test_triggers_with_measured_sm_active_and_says_so():
+    frames, _ = dp_job(n_ranks=8, steps=5, compute_ns=20 * MS, tx_ns=2 * MS, host_delay={3: 10 * MS})
+    found, _ = _run(_with_sm_active(frames, {r: 37.0 for r in range(8)}))
+    (f,) = found
+    assert f.metrics["U_SM_source"] == "sm_active"
+    assert f.metrics["U_SM"] == pytest.approx(0.37)
+    assert "measured SM Active 37%" in f.summary
+    assert all(e["U_SM_source"] == "sm_active" for e in f.evidence)
+
+
+def test_triggers_without_gpu_metrics_uses_the_blocks_estimate():
+    frames, _ = dp_job(n_ranks=8, steps=5, compute_ns=20 * MS, tx_ns=2 * MS, host_delay={3: 10 * MS})
+    (f,) = _run(frames)[0]
+    assert f.metrics["U_SM_source"] == "blocks_estimate"
+    assert "SM-weighted estimate" in f.summary

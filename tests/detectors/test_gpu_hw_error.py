@@ -179,3 +179,81 @@ def test_analyze_real_samples_end_to_end_validates_against_the_schema(tmp_path: 
     assert got == [("critical", ("0000:02:00.0",)), ("critical", ("0000:07:00.0",))]
     kinds = dict(zip(analysis.sources["path"], analysis.sources["kind"]))
     assert kinds["35_nvidia_smi_q_a10_row_remap_pending.txt"] == "nvidia_smi"
+
+
+def test_triggers_dcgm_index_mapped_to_bus_id_and_rank_through_nvidia_smi():
+    diag = "| GPU Memory                | Pass - GPUs: 0                                 |\n" \
+           "|                           | Fail - GPU: 1                                  |\n"
+    frames = {**smi_text(diag, "node02/dcgmi-diag.txt").frames,
+              "gpu_health": smi_text(SMI_NODE02, "node02/nvidia-smi.txt").frames["gpu_health"],
+              "ranks": _ranks([(6, "node02", 1, 77), (7, "node01", 1, 78)])}
+    (x,) = detect(frames)
+    assert x.gpus == ("0000:3b:00.0",) and x.ranks == (6,) and x.hosts == ("node02",)
+    assert x.metrics["severity_level"] == "CRITICAL" and x.metrics["actions"] == "DRAIN_NODE;RMA_CANDIDATE"
+
+
+def test_triggers_xid74_register_decode_and_hung_task_in_gpfs():
+    text = (
+        "[ 100.0] NVRM: Xid (PCI:0000:3b:00): 74, pid=1, name=python, NVLink: fatal error detected on link 3"
+        "(0x00200000, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0)\n"           # reg 1 bit 21: marginal signal integrity
+        "[ 900.0] NVRM: Xid (PCI:0000:5e:00): 74, pid=1, name=python, NVLink: fatal error detected on link 4"
+        "(0x0, 0x0, 0x0, 0x0, 0x00100000, 0x0, 0x0)\n"           # reg 5 bit 20: ECC threshold, no UE
+        "[2000.0] INFO: task python:4242 blocked for more than 120 seconds.\n"
+        "[2000.1] Call Trace:\n"
+        "[2000.1]  cxiWaitEventWait+0x1f0/0x2d0 [mmfslinux]\n"
+        "[2000.1]  _ZN6ThCond12internalWaitEP16KernelSynchStatejPv+0x5a/0x2a0 [mmfs26]\n"
+    )
+    found = detect({"kernel_events": _kernel(text)})
+    si = next(f for f in found if f.gpus == ("0000:3b:00.0",))
+    assert si.metrics["severity_level"] == "HIGH" and "marginal_si" in si.metrics["catalog_bucket"]
+    assert "INSPECT_LINK" in si.metrics["actions"]
+    thr = next(f for f in found if f.gpus == ("0000:5e:00.0",))
+    assert thr.severity is Severity.WARNING and "ecc_threshold" in thr.metrics["catalog_bucket"]
+    hung = next(f for f in found if f.metrics["category"] == "hung")
+    assert hung.metrics["storage_client"] == "mmfslinux" and hung.metrics["actions"] == "INVESTIGATE_STORAGE"
+    assert hung.metrics["events"] == 4 and hung.gpus == ()
+
+
+def test_triggers_same_gsp_xid_on_three_hosts_is_flagged_as_a_fleet_pattern():
+    text = _log([(h, float(i), "NVRM: Xid (PCI:0000:3b:00): 62, pid='<unknown>', name=<unknown>, 2023b230 20238a3a")
+                 for i, h in enumerate(("a1", "a2", "a3"))])
+    found = detect({"kernel_events": _kernel(text)})
+    assert len(found) == 3 and all("3 hosts" in f.metrics["fleet_pattern"] for f in found)
+    assert all("INVESTIGATE_SW" in f.metrics["actions"] for f in found)
+    assert all("fleet_pattern" not in f.metrics for f in detect({"kernel_events": _kernel(text)}, fleet_min_hosts="4"))
+
+
+def test_triggers_xid45_caused_by_previous_xid_joins_its_root_beyond_the_sympathetic_window():
+    text = _log([
+        ("n1", 0.0, "NVRM: Xid (PCI:0000:3b:00): 48, pid=7, name=python, An uncorrectable double bit error (DBE) has been detected on GPU"),
+        ("n1", 60.0, "NVRM: Xid (PCI:0000:3b:00): 45, pid=8, name=python, Ch 00000009 caused by previous Xid 48"),
+        ("n1", 200.0, "NVRM: Xid (PCI:0000:3b:00): 45, pid=9, name=python, Ch 0000000a"),  # solo: its own finding
+    ])
+    found = detect({"kernel_events": _kernel(text)})
+    root = next(f for f in found if f.metrics.get("root_xid") == 48)
+    assert root.metrics["events"] == 2 and root.metrics["caused_by_xid"] == 48
+    solo = next(f for f in found if f is not root)
+    assert solo.severity is Severity.WARNING and solo.metrics["root_xid"] == 45
+
+
+def test_triggers_pcie_link_downtrained():
+    text = _log([("n1", 1.0, "mlx5_core 0000:1a:00.0: 63.008 Gb/s available PCIe bandwidth, limited by 2.5 GT/s PCIe x16 "
+                             "link at 0000:17:00.0 (capable of 252.048 Gb/s with 16.0 GT/s PCIe x16 link)"),
+                 ("n1", 2.0, "mlx5_core 0000:1a:00.0: 252.048 Gb/s available PCIe bandwidth (16.0 GT/s PCIe x16 link)")])
+    (x,) = detect({"kernel_events": _kernel(text)})
+    assert x.severity is Severity.WARNING and x.metrics["device"] == "0000:1a:00.0" and "2.5 GT/s" in x.title
+
+
+def test_triggers_monotonic_dmesg_placed_by_the_same_hosts_syslog_copy():
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=5, name=python, GPU has fallen off the bus."
+    # rsyslog RFC 3339 with the kernel's own stamp embedded
+    syslog = "2025-03-01T10:00:00.000000+00:00 n1 kernel: [  500.000000] nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context\n"
+    dmesg = "[  500.000000] nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context\n" \
+            f"[  560.250000] {xid}\n"
+    ke = pl.concat([_kernel(syslog, "n1/kern.log"), _kernel(dmesg, "n1/dmesg.log")])
+    (x,) = detect({"kernel_events": ke})
+    # boot = 10:00:00 - 500 s (from the line both files hold), so the Xid at 560.25 s is 10:01:00.25
+    assert x.metrics["time_placed"] is True and x.metrics["fault_wall_ns"] == T0 + 60_250_000_000
+    # without the syslog copy the same dmesg stays unplaced
+    (y,) = detect({"kernel_events": _kernel(dmesg, "n1/dmesg.log")})
+    assert y.metrics["time_placed"] is False

@@ -122,3 +122,10 @@ def test_enable_switches_count_only_when_turned_off(tmp_path):
     off = HEALTHY + "nodeA:100:110 [0] NCCL INFO NCCL_NVLS_ENABLE set by environment to 0.\n"
     (f,) = _run(frames_from(tmp_path, off, "off.log"))[0]
     assert "NCCL_NVLS_ENABLE=0" in f.summary
+
+
+def test_clean_protocol_set_by_the_net_plugin_is_not_a_user_override(tmp_path):
+    from tests.test_nccl_log import EFA_227
+
+    findings, _ = _run(frames_from(tmp_path, EFA_227))
+    assert [f for f in findings if f.key == "forced"] == []

@@ -85,3 +85,11 @@ def test_clean_nvls_off_is_not_flagged_without_an_nvswitch(tmp_path):
             "gpu01:100:101 [0] NCCL INFO 2 coll channels, 2 collnet channels, 0 nvls channels, 2 p2p channels, 2 p2p channels per peer\n")
     findings, skipped = _run(frames_from(tmp_path, text))
     assert findings == [] and skipped == []
+
+
+def test_triggers_on_efa_without_gdr(tmp_path):
+    from tests.test_nccl_log import EFA_227
+
+    findings, _ = _run(frames_from(tmp_path, EFA_227))
+    (f,) = [x for x in findings if x.key == "no_gdr"]
+    assert f.ranks == (0,) and f.gpus == ("0000:38:00.0",) and f.hosts == ("n0",)

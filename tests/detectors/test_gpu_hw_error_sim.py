@@ -1,0 +1,67 @@
+"""gpu_hw_error on simulated runs: one finding per injected incident naming the host, GPU and rank that
+truth.json names; benign-only kernel logs produce none. Covers every kernel-log style the simulator
+writes (node 0 monotonic, 1 dmesg -T, 2 syslog, 3 ISO), via the culprit rank's node. (The skip case
+is in test_gpu_hw_error.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from forensics.analyze import analyze
+from forensics.findings import Severity
+from forensics.simulate import simulate
+
+CASES = [
+    # (scenario, world size, culprit rank (node = rank // 8), expected root Xid, severity)
+    ("xid79", 16, 4, 79, Severity.CRITICAL),   # node 0: monotonic dmesg
+    ("xid63", 16, 12, 63, Severity.WARNING),   # node 1: dmesg -T
+    ("xid48", 24, 20, 48, Severity.CRITICAL),  # node 2: syslog with embedded monotonic stamps
+    ("xid94", 32, 28, 94, Severity.CRITICAL),  # node 3: dmesg --time-format iso
+]
+
+
+def _run(tmp_path: Path, scenario: str, ranks: int, params: dict[str, str] | None = None):
+    out = tmp_path / scenario
+    # small model, one step: the kernel logs are the same, the traces are cheap to parse
+    truth = simulate(scenario, out, ranks=ranks, steps=1, params={"layers": "2", **(params or {})})
+    return truth, analyze(out, only=["gpu_hw_error"])
+
+
+@pytest.mark.parametrize(("scenario", "world", "rank", "xid", "severity"), CASES, ids=lambda v: str(v))
+def test_triggers_one_finding_per_simulated_xid_incident(tmp_path: Path, scenario, world, rank, xid, severity):
+    truth, analysis = _run(tmp_path, scenario, world, {"rank": str(rank)})
+    fault = next(f for f in truth["faults"] if f["kind"] == "xid")
+    (f,) = analysis.findings
+    assert f.detector == "gpu_hw_error" and f.severity is severity
+    assert f.metrics["root_xid"] == xid == fault["expected"]["xid"]
+    assert list(f.hosts) == fault["hosts"] and list(f.gpus) == fault["gpus"] and list(f.ranks) == fault["ranks"]
+    injected = {(i["file"], i["line"]) for i in truth["kernel_log"]["injected"] if i["kind"] != "xid_continuation"}
+    assert injected <= {(e["source"], e["line"]) for e in f.evidence}
+    style = next(h["kernel_log_style"] for h in truth["hosts"] if h["host"] == fault["hosts"][0])
+    # monotonic dmesg without a boot time stays unplaced; every other style lands in the profile
+    assert f.metrics["time_placed"] is (style != "monotonic")
+    assert f.metrics["in_profiled_window"] is (None if style == "monotonic" else True)
+
+
+def test_triggers_xid79_pcie_root_cause_and_timeout_rank(tmp_path: Path):
+    truth, analysis = _run(tmp_path, "xid79", 16, {"rank": "9"})
+    (f,) = analysis.findings
+    missing = next(x for x in truth["faults"] if x["kind"] == "collective_timeout")["expected"]["missing_ranks"]
+    assert list(f.ranks) == missing  # the faulty GPU's rank is the one that never arrived
+    assert "PCIe link loss" in f.metrics["root_cause"] and f.metrics["events"] >= 4
+
+
+def test_clean_benign_only_simulated_kernel_logs(tmp_path: Path):
+    truth, analysis = _run(tmp_path, "benign_kernel_log", 16)
+    assert truth["faults"] == [] and analysis.findings == []
+    assert not analysis.skipped  # the detector ran: it had kernel logs and found nothing
+
+
+def test_triggers_slow_nic_link_flap_names_the_node_and_its_ranks(tmp_path: Path):
+    truth, analysis = _run(tmp_path, "slow_nic", 16)
+    fault = next(f for f in truth["faults"] if f["kind"] == "slow_nic")
+    flap = next(f for f in analysis.findings if f.metrics["category"] == "ib_port")
+    assert list(flap.hosts) == fault["hosts"] and flap.ranks == ()  # no GPU, so no culprit rank...
+    assert flap.metrics["ranks_on_host"] == ",".join(map(str, fault["ranks"]))  # ...but the exposed ranks
