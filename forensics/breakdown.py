@@ -1,6 +1,7 @@
 """Per rank and step: where the step time went, by interval algebra on the GPU timeline.
 
-Step windows: per rank, step N runs from its ``ProfilerStep#N`` start to the next step's start (the last
+Step windows (without profiler steps, one window per rank over all its GPU activity, step -1):
+per rank, step N runs from its ``ProfilerStep#N`` start to the next step's start (the last
 step to the later of its own end and the end of the GPU work launched in it). Kernels are cut to the
 windows. Within a window every instant is put in exactly one bucket, by priority:
 
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from forensics.collectives import PG_TYPES, CollectiveMatch, assign_steps, match_collectives
+from forensics.collectives import PG_TYPES, CollectiveMatch, assign_steps, effective_steps, match_collectives
 from forensics.frames import JobFrames
 from forensics.intervals import clip_to_windows, mask_lengths, merge
 
@@ -60,7 +61,7 @@ def _none(bits: int) -> pl.Expr:
 
 def step_windows(frames: JobFrames, kernels: pl.DataFrame) -> pl.DataFrame:
     """Per rank and step: ``w_start``, ``w_end`` (see module doc)."""
-    steps = frames["steps"].drop_nulls("rank").sort("rank", "start_ns")
+    steps = effective_steps(frames).sort("rank", "start_ns")
     if steps.height == 0:
         return pl.DataFrame(schema={"rank": pl.Int32, "step": pl.Int64, "w_start": pl.Int64, "w_end": pl.Int64})
     last_kernel = kernels.group_by("rank", "step").agg(pl.col("end_ns").max().alias("_kend"))
@@ -91,7 +92,7 @@ def compute_breakdown(frames: JobFrames, match: CollectiveMatch | None = None) -
         .agg(pl.col("start_ns").min().alias("launch_ns"))
     )
     kern = kern.join(launches, on=["rank", "correlation"], how="left")
-    kern = assign_steps(kern.with_columns(pl.coalesce("launch_ns", "start_ns").alias("_t")), frames["steps"], "_t")
+    kern = assign_steps(kern.with_columns(pl.coalesce("launch_ns", "start_ns").alias("_t")), effective_steps(frames), "_t")
     windows = step_windows(frames, kern)
 
     sm = frames["ranks"].group_by("rank").agg(pl.col("sm_count").max())

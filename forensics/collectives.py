@@ -72,6 +72,26 @@ class CollectiveMatch:
     unmatched: dict[str, int]
 
 
+WHOLE_TRACE = -1
+"""Step number of the single pseudo-step used when a trace has no profiler steps (e.g. Nsight captures)."""
+
+
+def effective_steps(frames: JobFrames) -> pl.DataFrame:
+    """The ``steps`` frame; without profiler steps, one pseudo-step per rank spanning all its GPU activity
+    (step number :data:`WHOLE_TRACE`), so the analysis still runs on step-less captures."""
+    steps = frames["steps"].filter(pl.col("rank").is_not_null())
+    if steps.height:
+        return steps
+    k = frames["kernels"].filter(pl.col("rank").is_not_null())
+    return k.group_by("rank").agg(
+        pl.col("host").first(),
+        pl.col("source").first(),
+        pl.lit(WHOLE_TRACE, dtype=pl.Int64).alias("step"),
+        pl.col("start_ns").min(),
+        pl.col("end_ns").max(),
+    ).select(frames["steps"].columns).cast(dict(frames["steps"].schema))  # type: ignore[arg-type]
+
+
 def assign_steps(df: pl.DataFrame, steps: pl.DataFrame, time_col: str = "start_ns") -> pl.DataFrame:
     """Add ``step``: the last profiler step (per rank) that began at or before ``time_col``."""
     if steps.height == 0:
@@ -111,7 +131,7 @@ def comm_kernels(frames: JobFrames) -> pl.DataFrame:
     launches = _launch_times(frames)
     k = k.join(launches, on=["rank", "correlation"], how="left")
     k = k.with_columns(pl.coalesce("launch_ns", "start_ns").alias("_t_step"))
-    k = assign_steps(k, frames["steps"], "_t_step").drop("_t_step")
+    k = assign_steps(k, effective_steps(frames), "_t_step").drop("_t_step")
     ranks_txt = pl.col("pg_ranks").cast(pl.List(pl.String)).list.join(",")
     return k.with_columns(
         pl.concat_str(

@@ -36,3 +36,44 @@ def kernel_table(frames: JobFrames) -> pl.DataFrame:
         .agg(pl.len().alias("count"), ((pl.col("end_ns") - pl.col("start_ns")).sum() / 1e6).alias("total_ms"))
         .sort("rank", "class", nulls_last=True)
     )
+
+
+def step_breakdown_table(frames: JobFrames) -> pl.DataFrame:
+    """Per rank, median over its steps: where the step time went (ms), and the utilization it implies.
+
+    ``compute + exposed_comm + comm_wait + other + idle = step`` per step (see forensics.breakdown);
+    ``host_bound`` is the part of idle spent waiting for the host to launch work; ``U_any`` is what
+    nvidia-smi would call utilization, ``wait`` the share of the step NCCL kernels only spin.
+    Without profiler steps, one row per rank over the whole trace (step -1). Empty without kernels.
+    """
+    from forensics.detectors._common import analysis
+
+    cols = {"rank": pl.Int32, "host": pl.String, "steps": pl.UInt32, "step_ms": pl.Float64, "compute_ms": pl.Float64,
+            "exposed_comm_ms": pl.Float64, "comm_wait_ms": pl.Float64, "other_ms": pl.Float64, "idle_ms": pl.Float64,
+            "host_bound_ms": pl.Float64, "U_any": pl.Float64, "wait": pl.Float64}
+    if not frames.has("kernels"):
+        return pl.DataFrame(schema=cols)
+    b = analysis(frames).steps
+    if b.height == 0:
+        return pl.DataFrame(schema=cols)
+
+    def med_ms(c: str) -> pl.Expr:
+        return (pl.col(c).median() / 1e6).round(3)
+
+    return (
+        b.group_by("rank", "host")
+        .agg(
+            pl.col("step").n_unique().alias("steps"),
+            med_ms("step_ns").alias("step_ms"),
+            med_ms("compute_ns").alias("compute_ms"),
+            med_ms("comm_exposed_ns").alias("exposed_comm_ms"),
+            med_ms("comm_wait_ns").alias("comm_wait_ms"),
+            med_ms("other_ns").alias("other_ms"),
+            med_ms("idle_ns").alias("idle_ms"),
+            med_ms("host_bound_ns").alias("host_bound_ms"),
+            (1 - pl.col("idle_ns") / pl.col("step_ns")).median().round(3).alias("U_any"),
+            (pl.col("busy_wait_ns") / pl.col("step_ns")).median().round(3).alias("wait"),
+        )
+        .sort("rank")
+        .cast(cols)  # type: ignore[arg-type]
+    )

@@ -16,7 +16,7 @@ from plotly.offline import get_plotlyjs
 
 from forensics import __version__
 from forensics.analyze import Analysis
-from forensics.tables import kernel_table, step_table
+from forensics.tables import kernel_table, step_breakdown_table, step_table
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem;max-width:1200px;color:#1d1d1f}
@@ -113,6 +113,8 @@ def render(analysis: Analysis) -> str:
         "<h2>Steps per rank</h2>",
         *figures,
         _table(steps),
+        "<h2>Step breakdown per rank (median over steps)</h2>",
+        _table(step_breakdown_table(analysis.frames)),
         "<h2>Ranks</h2>",
         _table(analysis.frames["ranks"].drop("source")),
         "<h2>Sources</h2>",

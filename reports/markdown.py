@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from forensics.analyze import Analysis
-from forensics.tables import step_table
+from forensics.tables import step_breakdown_table, step_table
 
 
 def markdown_table(df: pl.DataFrame, float_digits: int = 2) -> list[str]:
@@ -61,4 +61,8 @@ def render(analysis: Analysis, top: int = 20) -> str:
         lines += markdown_table(bad.select("path", "kind", "status", "message"))
     lines += ["## Steps per rank", ""]
     lines += markdown_table(step_table(analysis.frames))
+    breakdown = step_breakdown_table(analysis.frames)
+    if breakdown.height:
+        lines += ["## Step breakdown per rank (median over steps)", ""]
+        lines += markdown_table(breakdown)
     return "\n".join(lines)

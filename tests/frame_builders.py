@@ -180,3 +180,41 @@ def pp_job(p: int = 4, m: int = 8, steps: int = 3, t_f: int = 1 * MS, t_b: int =
         truth.step_ns[s] = step_end - t0
         t0 = step_end
     return rows.frames(p, [pg]), truth
+
+
+def link_job(slow_node: int | None = 2, factor: float = 3.0, steps: int = 3, compute_ns: int = 10 * MS,
+             tx_ns: int = 1 * MS) -> JobFrames:
+    """4 nodes x 8 ranks; every rank is in two 2-rank DP groups: one pairing nodes (0,1)/(2,3), one pairing
+    nodes (0,2)/(1,3). Per step: compute, then an all-reduce in each group. Transfers of every group with a
+    rank on ``slow_node`` take ``factor`` times longer (a slow NIC)."""
+    rows = _Rows()
+    n = 32
+    groups: list[tuple[str, str, list[int]]] = []
+    for l in range(8):
+        for a, b in ((0, 1), (2, 3)):
+            groups.append((f"A{a}{b}_{l}", "DATA_PARALLEL_GROUP", [8 * a + l, 8 * b + l]))
+        for a, b in ((0, 2), (1, 3)):
+            groups.append((f"B{a}{b}_{l}", "DATA_PARALLEL_GROUP", [8 * a + l, 8 * b + l]))
+    t = {r: 1_000 * MS for r in range(n)}
+    for s in range(steps):
+        start = dict(t)
+        for r in range(n):
+            rows.kernel(r, t[r], t[r] + compute_ns, "compute", launch=start[r])
+            t[r] += compute_ns
+        for phase in ("A", "B"):
+            done = dict(t)
+            for name, desc, members in groups:
+                if not name.startswith(phase):
+                    continue
+                slow = slow_node is not None and any(m // 8 == slow_node for m in members)
+                end = max(t[m] for m in members) + int(tx_ns * (factor if slow else 1.0))
+                for m in members:
+                    rows.kernel(m, t[m], end, "comm", launch=start[m], collective="allreduce", pg_name=name,
+                                pg_desc=desc, pg_ranks=members, group_size=2, bytes=8 << 20, grid=8)
+                    done[m] = end
+            t = done
+        for r in range(n):
+            end = t[r] + 50 * US
+            rows.steps.append(dict(rank=r, host=f"node{r // 8}", source=f"r{r}.json", step=s, start_ns=start[r], end_ns=end))
+            t[r] = end
+    return rows.frames(n, groups)

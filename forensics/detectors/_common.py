@@ -76,7 +76,7 @@ def analysis(frames: JobFrames) -> TraceAnalysis:
 def require_steps(ta: TraceAnalysis) -> pl.DataFrame:
     steps = ta.steps
     if steps.height == 0:
-        raise Skip("the traces have kernels but no profiler steps (ProfilerStep#N) to measure step time against")
+        raise Skip("no GPU kernels with a known rank to measure step time against")
     return steps
 
 

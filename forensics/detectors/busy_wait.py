@@ -97,7 +97,7 @@ def measured_u_sm(frames, min_coverage: float = 0.9) -> pl.DataFrame:
         pl.col("rank").cast(pl.Int32), "u_sm_measured")
 
 
-@detector("busy_wait", config=BusyWaitConfig, requires=("kernels", "steps"))
+@detector("busy_wait", config=BusyWaitConfig, requires=("kernels",))
 def busy_wait(frames, cfg: BusyWaitConfig) -> list[Finding]:
     ta = analysis(frames)
     steps = require_steps(ta)

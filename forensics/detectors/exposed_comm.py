@@ -73,7 +73,7 @@ def exposure_table(ta) -> pl.DataFrame:
     )
 
 
-@detector("exposed_comm", config=ExposedCommConfig, requires=("kernels", "steps"))
+@detector("exposed_comm", config=ExposedCommConfig, requires=("kernels",))
 def exposed_comm(frames, cfg: ExposedCommConfig) -> list[Finding]:
     ta = analysis(frames)
     require_steps(ta)
@@ -150,10 +150,11 @@ def _finding(ta, g: str, sev: Severity, per_rank: pl.DataFrame, culprits: pl.Dat
     )
     by_design = g == "TP/EP/CP"
     what = "exposed by design (between dependent kernels)" if by_design else "not overlapped with compute"
+    label = "default-group" if g == "default" else g
     return Finding(
         detector="exposed_comm",
         severity=sev,
-        title=f"{g} collectives {what}: {med_x:.1%} of the step",
+        title=f"{label} collectives {what}: {med_x:.1%} of the step",
         summary=(
             f"On the median rank, {med_x:.1%} of each step is {g} transfer with no compute running "
             f"(overlap of transfer with compute {med_o:.0%}), on {len(ranks)} rank(s). Waiting for late peers is "

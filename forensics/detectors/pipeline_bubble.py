@@ -125,7 +125,7 @@ def infer_schedule(ta) -> tuple[int, int]:
     return max(1, int(round(first / 2))), 1
 
 
-@detector("pipeline_bubble", config=PipelineBubbleConfig, requires=("kernels", "steps"))
+@detector("pipeline_bubble", config=PipelineBubbleConfig, requires=("kernels",))
 def pipeline_bubble(frames, cfg: PipelineBubbleConfig) -> list[Finding]:
     ta = analysis(frames)
     require_steps(ta)

@@ -22,8 +22,8 @@ How it measures:
     member is a victim, never a culprit. Arrival: from the matched collectives
     (:mod:`forensics.collectives`), the share of instances where the rank arrived last (least wait)
     by a margin of at least ``min_margin_us``, tested against chance (one-sided binomial,
-    ``max_p_value``). Link: per process group, median transfer time against same-type groups of the
-    same op and size; groups at least ``link_ratio`` slower are slow, and the hosts in every slow group
+    ``max_p_value``). Link: per process group, median transfer time against the lower quartile of
+    same-type groups of the same op and size; groups at least ``link_ratio`` slower are slow, and the hosts in every slow group
     and in at most ``link_max_normal_share`` of the normal ones are named. Stage: median compute per
     pipeline stage at least ``stage_imbalance`` above the mean of stages.
     A late arriver that passes neither test on its own is classed by whichever excess (compute or
@@ -77,7 +77,7 @@ class StragglerConfig:
     """A late arriver whose launch queue (kernel start - launch, median) is at most this share of the
     job's median is host-bound: its CPU barely keeps ahead of its GPU."""
     link_ratio: float = 1.3
-    """A process group is slow when its median transfer time is this many times its type's median."""
+    """A process group is slow when its median transfer time is this many times its type's lower quartile."""
     link_max_normal_share: float = 0.2
     """A host named for slow links may appear in at most this share of the normal groups."""
     stage_imbalance: float = 0.10
@@ -112,7 +112,7 @@ def _robust_flags(df: pl.DataFrame, value: str, cfg: StragglerConfig, slow_step:
     return per_rank.with_columns(z.alias("z"), med.alias("peer_med"))
 
 
-@detector("straggler", config=StragglerConfig, requires=("kernels", "steps"))
+@detector("straggler", config=StragglerConfig, requires=("kernels",))
 def straggler(frames, cfg: StragglerConfig) -> list[Finding]:
     ta = analysis(frames)
     steps = require_steps(ta)
@@ -166,9 +166,12 @@ def straggler(frames, cfg: StragglerConfig) -> list[Finding]:
 
     # --- class per culprit rank ----------------------------------------------------------------------
     classes: dict[int, str] = {}
-    comp_ex = dict(s.group_by("rank").agg(
-        (pl.col("compute_ns") - pl.col("compute_ns").median().over("peer", "step")).clip(lower_bound=0).median()
-    ).iter_rows())
+    comp_ex = dict(
+        s.with_columns((pl.col("compute_ns") - pl.col("compute_ns").median().over("peer", "step")).alias("_ex"))
+        .group_by("rank")
+        .agg(pl.col("_ex").clip(lower_bound=0).median())
+        .iter_rows()
+    )
     host_ex = dict(host.select("rank", pl.col("host_excess").clip(lower_bound=0)).iter_rows())
     lateness = dict(
         mk.filter(pl.col("is_last") & (pl.col("margin_ns") >= margin_ns))
@@ -329,7 +332,8 @@ def _links(ta, cfg: StragglerConfig, host_of: dict, step_med: float, n_steps: in
         return []
     per_group = inst.group_by("pg_key", "pg_type", "collective", "bytes").agg(pl.col("transfer_ns").median())
     per_group = per_group.with_columns(
-        pl.col("transfer_ns").median().over("pg_type", "collective", "bytes").alias("type_med"),
+        # Reference = lower quartile of same-type groups: a slow node may sit in half of them.
+        pl.col("transfer_ns").quantile(0.25).over("pg_type", "collective", "bytes").alias("type_med"),
         pl.len().over("pg_type", "collective", "bytes").alias("n_groups"),
     ).filter(pl.col("n_groups") >= 3)
     if per_group.height == 0:
@@ -398,7 +402,12 @@ def _stages(s: pl.DataFrame, cfg: StragglerConfig, step_med: float) -> list[Find
     sigma = worst["c"] / mean_c - 1 if mean_c else 0.0
     if sigma < cfg.stage_imbalance:
         return []
+    ranks = tuple(int(r) for r in worst["ranks"])
+    # The same stage's pipeline_bubble finding carries the impact; point at it (same id recipe).
+    bubble_id = Finding(detector="pipeline_bubble", severity=Severity.WARNING, title="", summary="", remediation="",
+                        ranks=ranks, key=f"imbalance-stage{worst['pp_stage']}").id
     return [Finding(
+        related=(bubble_id,),
         detector="straggler",
         severity=Severity.WARNING,
         title=f"Straggler: pipeline stage {worst['pp_stage']} computes {sigma:.0%} more than the mean stage",

@@ -61,11 +61,32 @@ def test_clean_balanced_pipeline_has_no_straggler():
     assert _stragglers(frames) == ([], [])
 
 
-def test_skipped_without_steps_or_peers():
-    frames, _ = dp_job(n_ranks=4, steps=2)
-    no_steps = JobFrames({"kernels": frames["kernels"]})
-    _, skipped = _stragglers(no_steps)
-    assert [s.detector for s in skipped] == ["straggler"] and "steps" in skipped[0].reason
+def test_skipped_without_kernels_or_peers():
+    _, skipped = _stragglers(JobFrames({}))
+    assert [s.detector for s in skipped] == ["straggler"] and "kernels" in skipped[0].reason
     one, _ = dp_job(n_ranks=1, steps=2)
     _, skipped = _stragglers(one)
     assert "only one rank" in skipped[0].reason
+
+
+def test_triggers_without_profiler_steps_on_the_whole_trace():
+    # Nsight-style capture: kernels and launches, no ProfilerStep ranges; one window per rank.
+    frames, _ = dp_job(n_ranks=8, steps=4, noise=0.01, slow={6: 1.2})
+    no_steps = JobFrames({k: frames[k] for k in ("kernels", "cpu_ops", "ranks", "process_groups")})
+    found, _ = _stragglers(no_steps)
+    assert [(f.ranks, f.metrics["class"]) for f in found] == [((6,), "compute")]
+
+
+def test_triggers_link_class_naming_the_node_common_to_all_slow_groups():
+    from tests.frame_builders import link_job
+
+    found, _ = _stragglers(link_job(slow_node=2, factor=3.0))
+    assert [(f.metrics["class"], f.hosts, f.ranks) for f in found] == [("link", ("node2",), tuple(range(16, 24)))]
+    # 16 of the 32 groups contain a node-2 rank; their transfers take 3 ms instead of 1 ms.
+    assert found[0].metrics["slow_groups"] == 16 and found[0].metrics["max_transfer_ratio"] == 3.0
+
+
+def test_clean_link_job_has_no_straggler():
+    from tests.frame_builders import link_job
+
+    assert _stragglers(link_job(slow_node=None)) == ([], [])
