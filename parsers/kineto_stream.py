@@ -21,8 +21,12 @@ import orjson
 
 from parsers.common import GZIP_MAGIC
 
-READ_BYTES = 1 << 20
-CHUNK_BYTES = 1 << 20
+# Small pieces on purpose: a 32 KB block of JSON and the few hundred event dicts parsed from it
+# stay in the CPU's L2 cache from decompression through orjson to the column buffers, and every
+# per-chunk buffer is reused from the heap instead of being mapped and page-faulted afresh.
+# Measured on a 54 MB trace: 1 MB pieces 0.65 s, 256 KB 0.55 s, 64 KB 0.47 s, 32 KB 0.43 s.
+READ_BYTES = 1 << 15
+CHUNK_BYTES = 1 << 15
 # The text before the traceEvents array (deviceProperties, distributedInfo) is small in practice;
 # past this many bytes without finding the array the file is not read further as a stream.
 MAX_HEADER_BYTES = 256 << 20
@@ -34,9 +38,10 @@ EventSink = Callable[[list], None]
 
 
 def _limit_heap_retention() -> None:
-    """glibc raises its mmap threshold after the first large free, after which every 1 MB chunk
-    buffer comes from the heap and stays there; pinning the threshold lets chunk buffers go back
-    to the OS (measured: about 17 MB less peak RSS on a 54 MB trace). No-op off glibc."""
+    """glibc raises its mmap threshold after the first large free, after which every large
+    buffer (a chunk window grown for a huge event, a column buffer) comes from the heap and stays
+    there; pinning the threshold lets them go back to the OS (measured with 1 MB chunks: about
+    17 MB less peak RSS on a 54 MB trace). No-op off glibc."""
     global _HEAP_TUNED
     if _HEAP_TUNED:
         return
@@ -185,7 +190,7 @@ def _salvage_tail(tail: bytes) -> tuple[list, int, int]:
             return got[0], got[1], pos + 1
 
 
-def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int = CHUNK_BYTES) -> ReadOutcome:
+def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int | None = None) -> ReadOutcome:
     """Stream ``path``'s trace events into ``sink`` (lists of event dicts, one list per chunk).
 
     Raises TraceReadError when not a single event could be read (not JSON, wrong shape, empty,
@@ -193,6 +198,7 @@ def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int = CHUNK
     with ``complete=False`` and the reason.
     """
     _limit_heap_retention()
+    chunk_bytes = chunk_bytes or CHUNK_BYTES
     out = ReadOutcome()
     buf = bytearray()
     blocks = decompressed_blocks(path, limit)
@@ -217,6 +223,9 @@ def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int = CHUNK
     # 1. Find the start of the event array.
     bare = False
     m = None
+    # Searched again only each time the buffer has doubled, so a long header costs O(its size)
+    # in all with small blocks, not a full re-scan per block.
+    next_search = 0
     while True:
         stripped = bytes(buf[:64]).lstrip(b"\xef\xbb\xbf" + _WS)
         if stripped:
@@ -225,10 +234,14 @@ def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int = CHUNK
                 break
             if stripped[:1] != b"{":
                 raise TraceReadError(f"not JSON: starts with {stripped[:12]!r}")
-            m = _EVENTS_KEY.search(buf)
-            if m:
-                break
+            if len(buf) >= next_search:
+                m = _EVENTS_KEY.search(buf)
+                if m:
+                    break
+                next_search = 2 * len(buf)
         if len(buf) > MAX_HEADER_BYTES or not pull():
+            if stripped:
+                m = _EVENTS_KEY.search(buf)  # the text since the last search
             break
     if not bare and m is None:
         _whole_document(buf, stop_reason, out.decompressed_bytes)  # always raises
@@ -246,6 +259,7 @@ def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int = CHUNK
     del buf[:array_start]
 
     # 2. Whole events in chunks.
+    base_chunk = chunk_bytes
     while True:
         while len(buf) < chunk_bytes and pull():
             pass
@@ -257,6 +271,7 @@ def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int = CHUNK
                 chunk_bytes *= 2
                 continue
             events, flows, used = got
+            chunk_bytes = base_chunk  # an event bigger than a chunk widens the window only for itself
             out.events += len(events) + flows
             out.flows += flows
             sink(events)
