@@ -119,6 +119,97 @@ class Extractor:
         return code
 
     def feed(self, events: list) -> None:
+        """Take one chunk: one tuple per event, columns by transposition, else event by event.
+
+        The fast path builds one tuple per event (one list append instead of 8-15 array appends)
+        and turns the chunk into typed arrays with ``zip(*rows)``; nothing is committed until the
+        whole chunk has converted. Any odd value (string id, null ts, short grid, non-object
+        event, an int past 64 bits) raises, and the chunk then goes through ``_feed_rows``, which
+        coerces or counts event by event, so results do not depend on which path ran.
+        """
+        try:
+            staged = self._stage(events)
+        except _DATA_ERRORS:
+            self._feed_rows(events)
+            return
+        gcols, ccols, gargs, cops, skipped = staged
+        g0, c0 = len(self.g["ts"]), len(self.c["ts"])
+        for col, arr in gcols:
+            self.g[col].extend(arr)
+        for col, arr in ccols:
+            self.c[col].extend(arr)
+        if gargs:
+            self.gpu_comm_args.extend((g0 + i, *[_arg_value(col, a.get(key)) for key, col in GPU_ARG_KEYS]) for i, a in gargs)
+        if cops:
+            self.comm_ops.extend((c0 + i, *[_arg_value(col, a.get(key)) for key, col in COMM_ARG_KEYS]) for i, a in cops)
+        self.skipped.update(skipped)
+
+    # Column order of the fast path's per-event tuples, with each column's array typecode.
+    _GROW = (("kind", "b"), ("name", "q"), ("ts", "d"), ("dur", "d"), ("device", "q"), ("stream", "q"),
+             ("correlation", "q"), ("external_id", "q"), ("grid_x", "q"), ("grid_y", "q"), ("grid_z", "q"),
+             ("block_x", "q"), ("block_y", "q"), ("block_z", "q"), ("blocks_per_sm", "d"))
+    _CROW = (("category", "b"), ("name", "q"), ("ts", "d"), ("dur", "d"), ("pid", "q"), ("tid", "q"),
+             ("correlation", "q"), ("external_id", "q"))
+
+    def _stage(self, events: list) -> tuple:
+        """A chunk as typed column arrays plus its comm args and skipped keys; raises on odd values.
+
+        Names met here are interned at once: that is the only state touched before the commit, and
+        an unused entry in the name table changes no output.
+        """
+        gpu_cats, cpu_cats, names, intern = GPU_CATS, CPU_CATS, self.names, self._intern
+        comm_ids = self.comm_name_ids
+        grows: list[tuple] = []
+        crows: list[tuple] = []
+        gargs: list[tuple] = []
+        cops: list[tuple] = []
+        skipped: list[tuple] = []
+        gadd, cadd = grows.append, crows.append
+        for e in events:
+            cat = e.get("cat")
+            code = gpu_cats.get(cat)
+            if code is not None:
+                a = e.get("args") or _EMPTY
+                nm = e["name"]
+                nid = names.get(nm)
+                if nid is None:
+                    nid = intern(nm)
+                dev = a.get("device")
+                st = a.get("stream")
+                ext = a.get("External id")
+                grid = a.get("grid") or _NO3
+                block = a.get("block") or _NO3
+                gadd((code, nid, e["ts"], e.get("dur", NAN),
+                      dev if dev is not None else e.get("pid", NULL),
+                      st if st is not None else e.get("tid", NULL),
+                      a.get("correlation", NULL), ext if ext is not None else a.get("external id", NULL),
+                      grid[0], grid[1], grid[2], block[0], block[1], block[2], a.get("blocks per SM", NAN)))
+                if "Collective name" in a or "In msg nelems" in a:
+                    gargs.append((len(grows) - 1, a))
+                continue
+            code = cpu_cats.get(cat)
+            if code is None:
+                skipped.append((e.get("ph"), cat))
+                continue
+            a = e.get("args") or _EMPTY
+            nm = e["name"]
+            nid = names.get(nm)
+            if nid is None:
+                nid = intern(nm)
+            pid = e.get("pid", NULL)
+            tid = e.get("tid", NULL)
+            ext = a.get("External id")
+            cadd((code, nid, e["ts"], e.get("dur", NAN),
+                  pid if pid.__class__ is int else _to_int(pid), tid if tid.__class__ is int else _to_int(tid),
+                  a.get("correlation", NULL), ext if ext is not None else a.get("external id", NULL)))
+            if nid in comm_ids and code in _COMM_OP_CATS:
+                cops.append((len(crows) - 1, a))
+        # array() raises on a value of the wrong type (a float id, a string ts, a 65-bit int).
+        gcols = [(col, array(tc, vals)) for (col, tc), vals in zip(self._GROW, zip(*grows))] if grows else []
+        ccols = [(col, array(tc, vals)) for (col, tc), vals in zip(self._CROW, zip(*crows))] if crows else []
+        return gcols, ccols, gargs, cops, Counter(skipped)  # Counter(): an unhashable ph raises here
+
+    def _feed_rows(self, events: list) -> None:
         g, c = self.g, self.c
         gk, gn, gdev, gst, gts, gdur, gcorr, gext, ggx, ggy, ggz, gbx, gby, gbz, gbps = (
             g[x].append for x in self._G
@@ -130,10 +221,10 @@ class Extractor:
         for e in events:
             try:
                 cat = e.get("cat")
-            except AttributeError:
+                code = gpu_cats.get(cat)
+            except (AttributeError, TypeError):  # not an object, or an unhashable category
                 self.malformed += 1
                 continue
-            code = gpu_cats.get(cat)
             if code is not None:
                 n = len(g_len)
                 try:
@@ -172,7 +263,10 @@ class Extractor:
                 continue
             code = cpu_cats.get(cat)
             if code is None:
-                skipped[(e.get("ph"), cat)] += 1
+                try:
+                    skipped[(e.get("ph"), cat)] += 1
+                except TypeError:  # an unhashable ph
+                    self.malformed += 1
                 continue
             n = len(c_len)
             try:
@@ -197,7 +291,8 @@ class Extractor:
                     del arr[n:]
                 if not self._slow_cpu(e, code):
                     continue
-                a = e.get("args") or _EMPTY
+                a = e.get("args")
+                a = a if isinstance(a, dict) else _EMPTY
                 nid = self._intern(e["name"])
             if nid in comm_ids and code in _COMM_OP_CATS:
                 self.comm_ops.append((n, *[_arg_value(col, a.get(key)) for key, col in COMM_ARG_KEYS]))

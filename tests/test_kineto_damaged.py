@@ -259,3 +259,57 @@ def test_braces_and_commas_inside_strings(tmp_path: Path):
     res = _parse_file(path)
     _, ends = event_ends(doc)
     assert res.status == "partial" and f"kept {sum(1 for e in ends if e <= cut):,} complete events" in res.message
+
+
+def test_unhashable_category_or_phase_and_non_object_args_are_counted_not_raised(tmp_path: Path):
+    ok = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1, "dur": 2}
+    events = [
+        ok,
+        {"ph": "X", "cat": ["kernel"], "name": "k", "ts": 1},  # list category: malformed
+        {"ph": ["X"], "cat": "mystery", "name": "k", "ts": 1},  # list phase, unknown category: malformed
+        # args that are not an object on a collective op: the op is kept, its collective args are null
+        {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 1, "ts": 5, "dur": 1, "args": [1]},
+        ok,
+    ]
+    path = tmp_path / "trace.json"
+    path.write_bytes(json.dumps({"traceEvents": events}).encode())
+    res = _parse_file(path)
+    assert res.status == "ok" and "2 malformed events skipped" in res.message, res.message
+    assert res.frames["cpu_ops"].height == 3
+    comms = res.frames["comms"]
+    assert comms.height == 1 and comms.row(0, named=True)["collective"] is None
+    assert comms.row(0, named=True)["start_ns"] == 5000
+
+
+def test_event_larger_than_a_chunk_and_events_after_it(tmp_path: Path):
+    """An event bigger than the read window widens it for itself only; every event is kept."""
+    small = {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 1, "dur": 1}
+    huge = {"ph": "X", "cat": "cpu_op", "name": "big", "pid": 1, "tid": 1, "ts": 2, "dur": 1,
+            "args": {"Input Dims": [[i, i + 1] for i in range(60_000)]}}  # ~1 MB of text
+    events = [small] * 5000 + [huge] + [small] * 5000 + [huge, huge] + [small] * 20
+    path = tmp_path / "trace.json"
+    path.write_bytes(json.dumps({"traceEvents": events}).encode())
+    res = _parse_file(path)
+    assert res.status == "ok", res.message
+    names = res.frames["cpu_ops"].get_column("name")
+    assert names.len() == 10_023 and (names == "big").sum() == 3
+
+
+def test_fast_and_per_event_paths_agree(tmp_path: Path):
+    """A chunk with one odd value goes through the per-event loop; both paths give the same frames."""
+    from parsers.kineto_extract import Extractor
+    from parsers.kineto_stream import read_trace
+
+    src = shared_path("kineto", *SMALL)
+    chunks: list[list] = []
+    read_trace(src, 1 << 40, chunks.append)
+    fast, slow = Extractor(), Extractor()
+    for chunk in chunks:
+        fast.feed(chunk)
+        slow._feed_rows(chunk)
+    assert fast.malformed == slow.malformed == 0 and fast.skipped == slow.skipped
+    f_gpu, s_gpu = fast.gpu_frame(), slow.gpu_frame()
+    f_cpu, s_cpu = fast.cpu_frame(), slow.cpu_frame()
+    assert f_gpu is not None and f_gpu.height > 0 and f_gpu.equals(s_gpu)
+    assert f_cpu is not None and f_cpu.height > 0 and f_cpu.equals(s_cpu)
+    assert fast.comm_frame(f_cpu).equals(slow.comm_frame(s_cpu))
