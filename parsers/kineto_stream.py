@@ -161,12 +161,24 @@ def _split(buf: bytearray, start: int, end: int) -> tuple[list, int, int] | None
     Returns (events, flow/instant events skipped, index just past the comma) or None when no boundary in
     the window verifies.
     """
-    # Candidates from the end of the window backwards; the last few are enough in practice.
+    # Candidates from the end of the window backwards; the last few are enough in practice. Each
+    # `}` is found with rfind and checked in place: listing every `},` of the window with finditer
+    # cost more than the rest of the split (measured: ~0.05 s of 0.43 s on a 54 MB trace).
     window_start = max(start, end - (1 << 18))
-    matches = list(_BOUNDARY.finditer(buf, window_start, end))
-    for m in reversed(matches[-64:]):
+    match = _BOUNDARY.match
+    pos = end
+    tries = 0
+    while tries < 64:
+        brace = buf.rfind(b"}", window_start, pos)
+        if brace < 0:
+            return None
+        pos = brace
+        m = match(buf, brace, end)
+        if m is None:
+            continue
+        tries += 1
         with memoryview(buf) as view:
-            got = _parse_array_piece(view[start : m.start() + 1])
+            got = _parse_array_piece(view[start : brace + 1])
         if got is not None:
             return got[0], got[1], m.end()
     return None
