@@ -79,6 +79,18 @@ def test_every_injected_straggler_is_found_with_rank_and_class(run, scenario, kw
             assert f.metrics["exposed_fraction"] <= culprit_x + 0.01
 
 
+@pytest.mark.parametrize("node,seed", [(1, 0), (2, 1)])
+def test_slow_nic_is_found_as_a_link_straggler_on_its_node(run, node, seed):
+    # TP=8 x PP=2 x DP=2 on 4 nodes: only the slow node is in every group whose transfers are slow
+    # (its stage's DP groups, its PP groups); the node is named with its ranks, class link.
+    truth, _, findings, _ = run("slow_nic", seed=seed, steps=2, params={"node": str(node)})
+    (fault,) = truth["faults"]
+    assert fault["ranks"] == list(range(8 * node, 8 * node + 8))
+    found = [f for f in findings if f.detector == "straggler"]
+    assert [(f.metrics["class"], list(f.ranks), list(f.hosts)) for f in found] == [("link", fault["ranks"], fault["hosts"])]
+    assert found[0].metrics["slow_groups"] >= 2 and found[0].metrics["max_transfer_ratio"] > 2
+
+
 def test_stage_imbalance_is_found_at_the_right_stage(run):
     truth, _, findings, _ = run("pp_imbalance")
     (fault,) = truth["faults"]
@@ -90,7 +102,8 @@ def test_stage_imbalance_is_found_at_the_right_stage(run):
 
 
 @pytest.mark.parametrize(
-    "scenario,seed", [("ddp_clean", 0), ("ddp_clean", 1), ("pp_clean", 0), ("pp_interleaved", 0), ("old_nccl", 2)]
+    "scenario,seed",
+    [(s, seed) for s in ("ddp_clean", "pp_clean", "pp_interleaved", "fsdp_clean", "old_nccl") for seed in range(4)],
 )
 def test_clean_baselines_have_no_finding(run, scenario, seed):
     truth, _, findings, _ = run(scenario, seed=seed)
