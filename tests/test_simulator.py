@@ -214,7 +214,14 @@ def test_pipeline_bubble_matches_theory(tmp_path: Path, scenario: str, m: int, v
         busy = union_us([(max(a, s0), min(b, s1)) for a, b in comp if b > s0 and a < s1])
         bubble = 1 - busy / (s1 - s0)
         assert abs(bubble - theory) <= tol * theory, f"rank {r}: bubble {bubble:.4f} vs theory {theory:.4f}"
-    assert truth(tmp_path / "r")["expected"]["bubble_fraction_theory"] == round(theory, 6)
+    t = truth(tmp_path / "r")
+    assert t["expected"]["bubble_fraction_theory"] == round(theory, 6)
+    # The engine's own pipeline-dependency wait (compute stream idle until a neighbour's activation or
+    # gradient arrived), in the steady-state step, is the textbook bubble too; per rank and on average.
+    for row in t["metrics"]:
+        w = row["pipeline_wait_fraction_by_step"][1]
+        assert abs(w - theory) <= tol * theory, f"rank {row['rank']}: pipeline wait {w:.4f} vs theory {theory:.4f}"
+    assert abs(t["expected"]["bubble_fraction_measured_steady"] - theory) <= tol * theory
 
 
 def test_compute_straggler_slowdown_as_configured(tmp_path: Path):

@@ -16,7 +16,8 @@ How it measures:
     group); p = group size. Per rank and step (:mod:`forensics.breakdown`): bubble = time with no compute
     kernel, no non-pipeline NCCL kernel and no copy: either only PP send/recv kernels run (they spin
     until the peer is ready) or nothing runs (the host-bound part is reported alongside, since a
-    host blocked in the pipeline flush also launches late). Per stage ``f_B = bubble / step time``
+    host blocked in the pipeline flush also launches late); gaps between compute kernels shorter than
+    10 µs are launch overhead and never bubble. Per stage ``f_B = bubble / step time``
     summed over its ranks and steps; the job's measured bubble is the mean over stages (P2P latency
     moves bubble from one stage to another; the mean is what the schedule theory predicts). Theory
     ``f_B* = (p-1)/(v*m+p-1)`` for 1F1B / GPipe / interleaved, ``(p-1)/(3m+p-1)`` for ZB-H1, 0 for
