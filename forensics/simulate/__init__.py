@@ -19,6 +19,7 @@ from forensics.simulate.model import PCI_BUS_IDS, Job
 from forensics.simulate.scenarios import SCENARIOS, Scenario
 
 TRUTH_SCHEMA = "forensics-sim-truth/1"
+MAX_ARRIVAL_ROWS = 20_000  # last-arrival rows kept in truth.json (large --size runs are truncated)
 __all__ = ["SCENARIOS", "simulate", "build_job"]
 
 
@@ -172,7 +173,18 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
     timeout_info: dict[str, Any] | None = None
     all_steps: list[int] = []
     coll_log: list[dict[str, Any]] = []
+    arrivals: list[list[Any]] = []
+    arrivals_truncated = False
     for res in iter_steps(engine):
+        for c in res.colls:
+            # Who arrived last (the latest kernel start, engine time, no clock offsets) and by how much.
+            if c.op in ("send", "recv") or c.timeout or len(c.arrive) != len(c.members) or len(c.members) < 2:
+                continue
+            if len(arrivals) >= MAX_ARRIVAL_ROWS:
+                arrivals_truncated = True
+                continue
+            order = sorted(c.arrive.items(), key=lambda kv: (kv[1], kv[0]))
+            arrivals.append([c.pg.name, c.seq, res.step, c.op, order[-1][0], order[-1][1] - order[-2][1]])
         all_steps.append(res.step)
         if job.tuning_lines:
             coll_log += [{"rank0": c.pg.ranks[0], "step": res.step, "op": c.op, "nbytes": c.nbytes, "algo": c.algo, "proto": c.proto,
@@ -207,6 +219,8 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
         w.close(first_host[st.rank], st.host_t)
 
     truth = _truth(sc, job, engine, hosts, offsets, writers, metrics, step_log, timeout_info, seed, params or {}, all_steps)
+    truth["last_arrivals"] = {"columns": ["pg_name", "seq", "step", "op", "last_rank", "margin_ns"], "rows": arrivals,
+                              "truncated": arrivals_truncated}
     from forensics.simulate import logs
 
     log_paths = logs.write_stdout_logs(out, job, engine, offsets, seed, timeout_info, step_log, coll_log)
