@@ -24,7 +24,7 @@ last shows the bare transfer).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import polars as pl
 
@@ -63,6 +63,9 @@ class CollectiveMatch:
     ``instances``: one row per matched collective instance.
     ``rank_offsets`` / ``host_offsets``: estimated clock offset (ns) to subtract from a rank's/host's times.
     ``unmatched``: counts of synchronizing kernels left unmatched, by reason.
+    ``incomplete``: one row per instance some members of the group never joined (instance_key, pg_key,
+    step, collective, n_ranks, n_members, missing_ranks), e.g. the collective a hung rank never reached.
+    ``missing_ranks`` is empty when the group's member list is unknown.
     """
 
     kernels: pl.DataFrame
@@ -70,6 +73,7 @@ class CollectiveMatch:
     rank_offsets: pl.DataFrame
     host_offsets: pl.DataFrame
     unmatched: dict[str, int]
+    incomplete: pl.DataFrame = field(default_factory=pl.DataFrame)
 
 
 WHOLE_TRACE = -1
@@ -185,6 +189,8 @@ def match_collectives(frames: JobFrames) -> CollectiveMatch:
         pl.col("rank").sort_by("dur_ns").first().alias("last_rank"),
         (pl.col("dur_ns").max() - pl.col("dur_ns").min()).alias("max_wait_ns"),
         pl.col("start_ns").min().alias("first_start_ns"),
+        pl.col("pg_ranks").drop_nulls().first().alias("_pg_ranks"),
+        pl.col("rank").unique().alias("_present"),
     )
     complete = (pl.col("n_ranks") == pl.col("n_members")) & (pl.col("n_rows") == pl.col("n_ranks"))
     consistent = (pl.col("_n_coll") == 1) & (pl.col("_n_bytes") <= 1)
@@ -197,6 +203,10 @@ def match_collectives(frames: JobFrames) -> CollectiveMatch:
         "incomplete_instances": int(inst.filter(~pl.col("complete")).height),
         "inconsistent_instances": int(inst.filter(pl.col("complete") & ~pl.col("consistent")).height),
     }
+    incomplete = inst.filter(~pl.col("complete") & (pl.col("n_ranks") < pl.col("n_members"))).select(
+        "instance_key", "pg_key", "step", "collective", "n_ranks", "n_members",
+        pl.col("_pg_ranks").list.set_difference(pl.col("_present")).fill_null([]).list.sort().alias("missing_ranks"),
+    ).sort("pg_key", "step", "instance_key")
     good = inst.filter(pl.col("complete") & pl.col("consistent") & (pl.col("n_ranks") >= 2))
     good = good.sort("pg_key", "first_start_ns").with_row_index("instance").with_columns(
         pl.col("instance").cast(pl.Int64)
@@ -222,13 +232,14 @@ def match_collectives(frames: JobFrames) -> CollectiveMatch:
     cols = ["rank", "host", "step", "pg_key", "pg_type", "pg_name", "collective", "bytes", "stream", "launch_ns",
             "start_ns", "end_ns", "dur_ns", "is_p2p"]
     p2p = k.filter(pl.col("is_p2p")).select(cols).with_columns(
+        pl.lit(None, dtype=pl.String).alias("instance_key"),
         pl.lit(None, dtype=pl.Int64).alias("instance"),
         pl.lit(None, dtype=pl.Int64).alias("_x"),
         pl.lit(None, dtype=pl.Int32).alias("last_rank"),
         pl.lit(None, dtype=pl.Int64).alias("margin_ns"),
     )
     allk = pl.concat(
-        [sync.select(*cols, "instance", "_x", pl.col("last_rank").cast(pl.Int32), "margin_ns"), p2p],
+        [sync.select(*cols, "instance_key", "instance", "_x", pl.col("last_rank").cast(pl.Int32), "margin_ns"), p2p],
         how="vertical",
     ).with_columns(p2p_class.alias("_cls")).join(
         class_min, on=["pg_key", "_cls", "bytes"], how="left", nulls_equal=True
@@ -242,7 +253,7 @@ def match_collectives(frames: JobFrames) -> CollectiveMatch:
     ).drop("_x", "_class_min")
 
     rank_off, host_off = _clock_offsets(allk)
-    return CollectiveMatch(allk, instances, rank_off, host_off, unmatched)
+    return CollectiveMatch(allk, instances, rank_off, host_off, unmatched, incomplete)
 
 
 def _clock_offsets(k: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from forensics.collectives import CollectiveMatch
 from forensics.detectors import Skip, detector
 from forensics.detectors._common import EVIDENCE_CAP, analysis, gpu_seconds, ms, require_steps
 from forensics.findings import Finding, Severity
@@ -57,6 +58,30 @@ class BusyWaitConfig:
     """... and W at least this share of the step."""
     critical_wait: float = 0.4
     """W above which the finding is critical."""
+
+
+def waits_by_culprit(match: CollectiveMatch) -> pl.DataFrame:
+    """(rank, last_rank, wait_ns): whom each rank's NCCL wait was for.
+
+    A matched collective's wait is for its last arrival. In an instance some members never joined (a
+    hung or dead rank), the whole wait is for the missing members, shared equally among them.
+    """
+    matched = match.kernels.filter(pl.col("matched") & (pl.col("rank") != pl.col("last_rank"))).select(
+        "rank", pl.col("last_rank").cast(pl.Int32), pl.col("wait_ns").cast(pl.Float64)
+    )
+    if match.incomplete.height == 0:
+        return matched
+    missing = match.incomplete.filter(pl.col("missing_ranks").list.len() > 0).select(
+        "instance_key", "missing_ranks"
+    )
+    never_arrived = (
+        match.kernels.filter(~pl.col("matched") & pl.col("instance_key").is_not_null())
+        .join(missing, on="instance_key", how="inner")
+        .with_columns((pl.col("wait_ns") / pl.col("missing_ranks").list.len()).alias("wait_ns"))
+        .explode("missing_ranks")
+        .select("rank", pl.col("missing_ranks").cast(pl.Int32).alias("last_rank"), pl.col("wait_ns").cast(pl.Float64))
+    )
+    return pl.concat([matched, never_arrived], how="vertical")
 
 
 def utilization_table(steps: pl.DataFrame) -> pl.DataFrame:
@@ -117,11 +142,11 @@ def busy_wait(frames, cfg: BusyWaitConfig) -> list[Finding]:
     if flagged.height == 0:
         return []
     ranks = [int(r) for r in flagged["rank"].to_list()]
-    mk = ta.match.kernels.filter(pl.col("matched") & pl.col("rank").is_in(ranks) & (pl.col("rank") != pl.col("last_rank")))
-    waited_for = mk.group_by("last_rank").agg(pl.col("wait_ns").sum()).sort("wait_ns", descending=True)
+    mk = waits_by_culprit(ta.match).filter(pl.col("rank").is_in(ranks))
+    waited_for = mk.group_by("last_rank").agg(pl.col("wait_ns").sum()).sort(["wait_ns", "last_rank"], descending=[True, False])
     top_for = [int(r) for r in waited_for["last_rank"].head(5).to_list()]
     per_pair = (
-        mk.group_by("rank", "last_rank").agg(pl.col("wait_ns").sum()).sort("wait_ns", descending=True)
+        mk.group_by("rank", "last_rank").agg(pl.col("wait_ns").sum()).sort(["wait_ns", "last_rank"], descending=[True, False])
         .unique("rank", keep="first").sort("rank")
     )
     pair_d = {int(r): (int(q), w) for r, q, w in per_pair.iter_rows()}

@@ -63,6 +63,8 @@ class PipelineBubbleConfig:
     """Stage imbalance max_s C_s / mean_s C_s - 1 that is flagged."""
     structural: float = 0.30
     """Theoretical bubble share of the step at which the configuration itself is reported (info)."""
+    structural_warning: float = 0.50
+    """... and at which that report is a warning: most of the pipeline's GPU time is then idle."""
 
 
 def theory(p: int, m: int, v: int, schedule: str) -> float:
@@ -207,7 +209,7 @@ def pipeline_bubble(frames, cfg: PipelineBubbleConfig) -> list[Finding]:
     if f_star >= cfg.structural:
         findings.append(Finding(
             detector="pipeline_bubble",
-            severity=Severity.INFO,
+            severity=Severity.WARNING if f_star >= cfg.structural_warning else Severity.INFO,
             title=f"Pipeline schedule wastes {f_star:.0%} of each step by construction (p={p}, m={m}, v={v})",
             summary=(
                 f"With {p} stages and {m} micro-batches ({m_src}) the {cfg.schedule} bubble is (p-1)/(v*m+p-1) = "

@@ -76,3 +76,20 @@ def test_triggers_without_gpu_metrics_uses_the_blocks_estimate():
     (f,) = _run(frames)[0]
     assert f.metrics["U_SM_source"] == "blocks_estimate"
     assert "SM-weighted estimate" in f.summary
+
+
+def test_triggers_on_a_hang_and_names_the_rank_that_never_arrived(tmp_path):
+    """The simulator's collective_timeout: rank 2 never launches the hung all-reduce, the others spin in it
+    until the watchdog. Their wait is for rank 2 although no matched instance has rank 2 arriving last."""
+    from forensics.analyze import load
+    from forensics.simulate import simulate
+
+    truth = simulate("collective_timeout", tmp_path / "run", ranks=4, steps=2, params={"rank": "2"},
+                     truth_path=tmp_path / "truth.json")
+    (culprit,) = {r for f in truth["faults"] for r in f["ranks"]}
+    assert culprit == 2
+    _, frames = load(tmp_path / "run", workers=1)
+    found, _ = _run(frames)
+    (f,) = found
+    assert 2 not in f.ranks
+    assert f.metrics["waited_for"].split(",")[0] == "2"
