@@ -23,8 +23,12 @@ How it measures:
     (:mod:`forensics.collectives`), the share of instances where the rank arrived last (least wait)
     by a margin of at least ``min_margin_us``, tested against chance (one-sided binomial,
     ``max_p_value``). Link: per process group, median transfer time against the lower quartile of
-    same-type groups of the same op and size; groups at least ``link_ratio`` slower are slow, and the hosts in every slow group
-    and in at most ``link_max_normal_share`` of the normal ones are named. Stage: median compute per
+    same-type groups of the same op and size (PP groups by their send/recv transfer estimate, the
+    shortest send/recv of the group: the bare transfer); groups at least ``link_ratio`` slower are
+    slow, and the hosts in every slow group and in at most ``link_max_normal_share`` of the normal
+    ones are named. A node is only localizable when some groups of a type avoid it (e.g. DP groups
+    per pipeline stage plus PP groups pairing different nodes); the impact counts the extra transfer
+    time of the slow synchronizing collectives only. Stage: median compute per
     pipeline stage at least ``stage_imbalance`` above the mean of stages.
     A late arriver that passes neither test on its own is classed by whichever excess (compute or
     host-bound idle) explains at least ``explain_share`` of its lateness margin, or as host when its
