@@ -175,8 +175,11 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
     coll_log: list[dict[str, Any]] = []
     arrivals: list[list[Any]] = []
     arrivals_truncated = False
+    xfer_by_pg: dict[str, list[int]] = {}
     for res in iter_steps(engine):
         for c in res.colls:
+            if len(xfer_by_pg.setdefault(c.pg.name, [])) < 1000:
+                xfer_by_pg[c.pg.name].append(c.t_tx)
             # Who arrived last (the latest kernel start, engine time, no clock offsets) and by how much.
             if c.op in ("send", "recv") or c.timeout or len(c.arrive) != len(c.members) or len(c.members) < 2:
                 continue
@@ -219,6 +222,9 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
         w.close(first_host[st.rank], st.host_t)
 
     truth = _truth(sc, job, engine, hosts, offsets, writers, metrics, step_log, timeout_info, seed, params or {}, all_steps)
+    for f in truth["faults"]:
+        if f["kind"] == "slow_nic":
+            f["expected"].update(_slow_groups(job, engine, f["params"]["nodes"], xfer_by_pg))
     truth["last_arrivals"] = {"columns": ["pg_name", "seq", "step", "op", "last_rank", "margin_ns"], "rows": arrivals,
                               "truncated": arrivals_truncated}
     from forensics.simulate import logs
@@ -307,6 +313,31 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
         "expected": expected,
         "metrics": per_rank,
     }
+
+
+def _slow_groups(job: Job, engine: Engine, nodes: list[int], xfer_by_pg: dict[str, list[int]]) -> dict[str, Any]:
+    """The process groups whose traffic crosses a slow node's NIC (members on that node and on another),
+    and per group kind the engine's median transfer time of those groups over that of the others."""
+    topo = job.topo
+
+    def med(xs: list[float] | list[int]) -> float:
+        xs = sorted(xs)
+        return float(xs[len(xs) // 2]) if xs else 0.0
+
+    slow, ratio = [], {}
+    per_kind: dict[str, tuple[list[float], list[float]]] = {}
+    for g in engine.groups:
+        if g.name not in xfer_by_pg:
+            continue
+        gn = {topo.node_of(r) for r in g.ranks}
+        through = len(gn) > 1 and bool(gn & set(nodes))
+        if through:
+            slow.append(g.name)
+        per_kind.setdefault(g.kind, ([], []))[0 if through else 1].append(med(xfer_by_pg[g.name]))
+    for kind, (a, b) in sorted(per_kind.items()):
+        if a and b:
+            ratio[kind] = round(med(a) / med(b), 4)
+    return {"slow_groups": sorted(slow, key=int), "transfer_ratio_by_kind": ratio}
 
 
 def _who(engine: Engine, ranks: tuple[int, ...]) -> dict[str, Any]:
