@@ -15,7 +15,9 @@ Per PG type ``g`` (DP, TP, PP, EP, CP, default): ``tx_g`` (transfer union), ``wa
 ``exposed_g`` (transfer not under compute), ``overlap_g`` (transfer under compute).
 Pipeline view: ``bubble_wait_ns`` (only PP kernels, waiting or moving) and ``bubble_idle_ns``
 (nothing running; this includes host-bound idle, because a host blocked in a pipeline flush or sync
-launches late for reasons the GPU timeline cannot tell from a slow host); ``busy_wait_ns`` (only non-PP NCCL kernels waiting: the GPU
+launches late for reasons the GPU timeline cannot tell from a slow host); both leave out gaps between
+compute kernels shorter than :data:`LAUNCH_GAP_NS` (launch overhead: a recv spinning on another stream
+across them does not make them pipeline waits); ``busy_wait_ns`` (only non-PP NCCL kernels waiting: the GPU
 looks busy but does nothing). ``u_sm_ns``: kernel time weighted by the share of SMs the kernel's
 blocks can occupy (``min(1, blocks / SMs)``).
 
@@ -37,6 +39,10 @@ COMPUTE = 1
 OTHER = 2
 HOST = 1 << 16
 WINDOW = 1 << 17
+SHORT_GAP = 1 << 18
+LAUNCH_GAP_NS = 10_000
+"""A gap between two compute kernels shorter than this is launch overhead (the next kernel was queued and
+started as soon as the GPU could take it), not a pipeline bubble: no P2P wait is that short."""
 TX = {g: 4 << (2 * i) for i, g in enumerate(PG_TYPES)}
 WAIT = {g: 8 << (2 * i) for i, g in enumerate(PG_TYPES)}
 ALL_TX = sum(TX.values())
@@ -133,7 +139,15 @@ def compute_breakdown(frames: JobFrames, match: CollectiveMatch | None = None) -
     )
     win = windows.select("rank", pl.col("w_start").alias("start_ns"), pl.col("w_end").alias("end_ns"),
                          pl.lit(WINDOW, dtype=pl.Int64).alias("bit"))
-    intervals = pl.concat([x.select(base) for x in (non_comm, comm_tx, comm_wait, host, win)], how="vertical")
+    # Short gaps between consecutive (merged) compute intervals: launch overhead, never counted as bubble.
+    cm = merge(non_comm.filter(pl.col("bit") == COMPUTE).select("rank", "start_ns", "end_ns"), ["rank"]).sort("rank", "start_ns")
+    short = (
+        cm.select("rank", pl.col("end_ns").shift(1).over("rank").alias("_gs"), pl.col("start_ns").alias("_ge"))
+        .filter((pl.col("_ge") - pl.col("_gs")) < LAUNCH_GAP_NS)
+        .select("rank", pl.col("_gs").alias("start_ns"), pl.col("_ge").alias("end_ns"), pl.lit(SHORT_GAP, dtype=pl.Int64).alias("bit"))
+        .collect()
+    )
+    intervals = pl.concat([x.select(base) for x in (non_comm, comm_tx, comm_wait, host, win, short)], how="vertical")
     wcols = windows.select("rank", "step", "w_start", "w_end")
     clipped = clip_to_windows(intervals.lazy(), wcols.lazy(), on=["rank"])
     masks = mask_lengths(clipped.select("rank", "step", "start_ns", "end_ns", "bit"), ["rank", "step"]).filter(
@@ -150,8 +164,8 @@ def compute_breakdown(frames: JobFrames, match: CollectiveMatch | None = None) -
         L.filter(_none(COMPUTE | ALL_TX | ALL_WAIT) & _has(OTHER)).sum().alias("other_ns"),
         L.filter(no_kernel).sum().alias("idle_ns"),
         L.filter(no_kernel & _has(HOST)).sum().alias("host_bound_ns"),
-        L.filter(_none(COMPUTE | OTHER | NON_PP_COMM) & _has(TX["PP"] | WAIT["PP"])).sum().alias("bubble_wait_ns"),
-        L.filter(no_kernel).sum().alias("bubble_idle_ns"),
+        L.filter(_none(COMPUTE | OTHER | NON_PP_COMM | SHORT_GAP) & _has(TX["PP"] | WAIT["PP"])).sum().alias("bubble_wait_ns"),
+        L.filter(no_kernel & _none(SHORT_GAP)).sum().alias("bubble_idle_ns"),
         L.filter(_none(COMPUTE | OTHER | ALL_TX) & _has(NON_PP_COMM & ALL_WAIT)).sum().alias("busy_wait_ns"),
     ]
     for g in PG_TYPES:

@@ -16,7 +16,8 @@ How it measures:
     group); p = group size. Per rank and step (:mod:`forensics.breakdown`): bubble = time with no compute
     kernel, no non-pipeline NCCL kernel and no copy: either only PP send/recv kernels run (they spin
     until the peer is ready) or nothing runs (the host-bound part is reported alongside, since a
-    host blocked in the pipeline flush also launches late). Per stage ``f_B = bubble / step time``
+    host blocked in the pipeline flush also launches late); gaps between compute kernels shorter than
+    10 µs are launch overhead and never bubble. Per stage ``f_B = bubble / step time``
     summed over its ranks and steps; the job's measured bubble is the mean over stages (P2P latency
     moves bubble from one stage to another; the mean is what the schedule theory predicts). Theory
     ``f_B* = (p-1)/(v*m+p-1)`` for 1F1B / GPipe / interleaved, ``(p-1)/(3m+p-1)`` for ZB-H1, 0 for
@@ -62,6 +63,8 @@ class PipelineBubbleConfig:
     """Stage imbalance max_s C_s / mean_s C_s - 1 that is flagged."""
     structural: float = 0.30
     """Theoretical bubble share of the step at which the configuration itself is reported (info)."""
+    structural_warning: float = 0.50
+    """... and at which that report is a warning: most of the pipeline's GPU time is then idle."""
 
 
 def theory(p: int, m: int, v: int, schedule: str) -> float:
@@ -206,7 +209,7 @@ def pipeline_bubble(frames, cfg: PipelineBubbleConfig) -> list[Finding]:
     if f_star >= cfg.structural:
         findings.append(Finding(
             detector="pipeline_bubble",
-            severity=Severity.INFO,
+            severity=Severity.WARNING if f_star >= cfg.structural_warning else Severity.INFO,
             title=f"Pipeline schedule wastes {f_star:.0%} of each step by construction (p={p}, m={m}, v={v})",
             summary=(
                 f"With {p} stages and {m} micro-batches ({m_src}) the {cfg.schedule} bubble is (p-1)/(v*m+p-1) = "

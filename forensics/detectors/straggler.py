@@ -23,8 +23,12 @@ How it measures:
     (:mod:`forensics.collectives`), the share of instances where the rank arrived last (least wait)
     by a margin of at least ``min_margin_us``, tested against chance (one-sided binomial,
     ``max_p_value``). Link: per process group, median transfer time against the lower quartile of
-    same-type groups of the same op and size; groups at least ``link_ratio`` slower are slow, and the hosts in every slow group
-    and in at most ``link_max_normal_share`` of the normal ones are named. Stage: median compute per
+    same-type groups of the same op and size (PP groups by their send/recv transfer estimate, the
+    shortest send/recv of the group: the bare transfer); groups at least ``link_ratio`` slower are
+    slow, and the hosts in every slow group and in at most ``link_max_normal_share`` of the normal
+    ones are named. A node is only localizable when some groups of a type avoid it (e.g. DP groups
+    per pipeline stage plus PP groups pairing different nodes); the impact counts the extra transfer
+    time of the slow synchronizing collectives only. Stage: median compute per
     pipeline stage at least ``stage_imbalance`` above the mean of stages.
     A late arriver that passes neither test on its own is classed by whichever excess (compute or
     host-bound idle) explains at least ``explain_share`` of its lateness margin, or as host when its
@@ -328,9 +332,21 @@ _REMEDY = {
 
 def _links(ta, cfg: StragglerConfig, host_of: dict, step_med: float, n_steps: int) -> list[Finding]:
     inst = ta.match.instances
-    if inst.height == 0:
+    k = ta.match.kernels
+    # Pipeline send/recv are not matched, but each PP group's transfer estimate (the bare transfer of the
+    # side that arrived last) localizes a link just as well: a PP group pairs specific nodes.
+    p2p = (
+        k.filter(pl.col("is_p2p"))
+        .group_by("pg_key", "pg_type", "bytes")
+        .agg(pl.lit("p2p").alias("collective"), pl.col("transfer_ns").min())
+        .select("pg_key", "pg_type", "collective", "bytes", "transfer_ns")
+    )
+    if inst.height == 0 and p2p.height == 0:
         return []
-    per_group = inst.group_by("pg_key", "pg_type", "collective", "bytes").agg(pl.col("transfer_ns").median())
+    per_group = pl.concat(
+        [inst.group_by("pg_key", "pg_type", "collective", "bytes").agg(pl.col("transfer_ns").median()), p2p],
+        how="vertical_relaxed",
+    )
     per_group = per_group.with_columns(
         # Reference = lower quartile of same-type groups: a slow node may sit in half of them.
         pl.col("transfer_ns").quantile(0.25).over("pg_type", "collective", "bytes").alias("type_med"),
@@ -342,9 +358,7 @@ def _links(ta, cfg: StragglerConfig, host_of: dict, step_med: float, n_steps: in
     slow_groups = per_group.filter(pl.col("ratio") >= cfg.link_ratio)
     if slow_groups.height == 0:
         return []
-    group_hosts = (
-        ta.match.kernels.filter(pl.col("matched")).select("pg_key", "host").unique()
-    )
+    group_hosts = k.filter(pl.col("matched") | pl.col("is_p2p")).select("pg_key", "host").unique()
     slow_keys = set(slow_groups["pg_key"].to_list())
     normal_keys = set(per_group["pg_key"].to_list()) - slow_keys
     gh = group_hosts.filter(pl.col("pg_key").is_in(list(slow_keys | normal_keys)))

@@ -13,12 +13,13 @@ from typing import Any
 
 import orjson
 
-from forensics.simulate.engine import COLL, COLL_OPTYPE, COMPUTE, MEMCPY, Engine, Op, iter_steps
+from forensics.simulate.engine import COLL, COLL_OPTYPE, COMPUTE, KERNEL_GAP_NS, LAUNCH_LATENCY_NS, MEMCPY, Engine, Op, iter_steps
 from forensics.simulate.kineto import EPOCH_NS, T0_NS, TraceWriter
 from forensics.simulate.model import PCI_BUS_IDS, Job
 from forensics.simulate.scenarios import SCENARIOS, Scenario
 
 TRUTH_SCHEMA = "forensics-sim-truth/1"
+MAX_ARRIVAL_ROWS = 20_000  # last-arrival rows kept in truth.json (large --size runs are truncated)
 __all__ = ["SCENARIOS", "simulate", "build_job"]
 
 
@@ -60,19 +61,31 @@ def _overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
 
 
 class _RankMetrics:
-    __slots__ = ("steps", "step_ns", "compute_ns", "comm_ns", "exposed_ns", "wait_ns", "last_arrivals", "kernel_busy_ns", "dp_comm_ns", "p2p_ns", "idle_by_step")
+    __slots__ = ("steps", "step_ns", "compute_ns", "comm_ns", "exposed_ns", "wait_ns", "last_arrivals", "kernel_busy_ns", "dp_comm_ns", "p2p_ns", "idle_by_step", "pp_wait_ns", "pp_wait_by_step")
 
     def __init__(self) -> None:
         self.steps = 0
         self.step_ns = self.compute_ns = self.comm_ns = self.exposed_ns = self.wait_ns = 0
         self.last_arrivals = self.kernel_busy_ns = self.dp_comm_ns = self.p2p_ns = 0
         self.idle_by_step: list[float] = []
+        self.pp_wait_ns = 0
+        self.pp_wait_by_step: list[float] = []
 
     def add(self, span: tuple[int, int], prog: list[Op]) -> None:
         comp: list[tuple[int, int]] = []
         comm: list[tuple[int, int]] = []
         allk: list[tuple[int, int]] = []
+        stream_end: dict[int, int] = {}
+        pp_wait = 0
         for op in prog:
+            if op.kind == COMPUTE and any(d.kind == COLL and d.name == "recv" for d in op.deps):
+                # Pipeline-dependency wait, as the engine resolved it: the kernel could have started once its
+                # stream was free, its other inputs were ready and the host had launched it; whatever it
+                # started later than that, it waited for the activation/gradient from the neighbour stage.
+                ready = max([stream_end.get(op.stream, 0)] + [d.end or 0 for d in op.deps if d.name != "recv"])
+                pp_wait += max(0, op.start - max(ready + KERNEL_GAP_NS, op.launch + LAUNCH_LATENCY_NS))
+            if op.kind in (COMPUTE, MEMCPY, COLL) and op.end is not None:
+                stream_end[op.stream] = op.end
             if op.kind == COMPUTE or op.kind == MEMCPY:
                 assert op.end is not None
                 comp.append((op.start, op.end))
@@ -101,6 +114,8 @@ class _RankMetrics:
         self.exposed_ns += _length(mu) - _overlap(cu, mu)
         self.kernel_busy_ns += _length(_merge(allk))
         self.idle_by_step.append(round(1 - _length(cu) / max(span[1] - span[0], 1), 6))
+        self.pp_wait_ns += pp_wait
+        self.pp_wait_by_step.append(round(pp_wait / max(span[1] - span[0], 1), 6))
 
     def as_dict(self, rank: int) -> dict[str, Any]:
         n = max(self.steps, 1)
@@ -119,6 +134,9 @@ class _RankMetrics:
             "compute_idle_fraction_by_step": self.idle_by_step,
             "gpu_idle_fraction": round(1 - self.kernel_busy_ns / n / step, 6) if step else 0.0,
             "collective_wait_ns_total": self.wait_ns,
+            "pipeline_wait_ns_total": self.pp_wait_ns,
+            "pipeline_wait_fraction_by_step": self.pp_wait_by_step,
+            "step_ns_total": self.step_ns,
             "times_arrived_last": self.last_arrivals,
         }
 
@@ -155,7 +173,21 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
     timeout_info: dict[str, Any] | None = None
     all_steps: list[int] = []
     coll_log: list[dict[str, Any]] = []
+    arrivals: list[list[Any]] = []
+    arrivals_truncated = False
+    xfer_by_pg: dict[str, list[int]] = {}
     for res in iter_steps(engine):
+        for c in res.colls:
+            if len(xfer_by_pg.setdefault(c.pg.name, [])) < 1000:
+                xfer_by_pg[c.pg.name].append(c.t_tx)
+            # Who arrived last (the latest kernel start, engine time, no clock offsets) and by how much.
+            if c.op in ("send", "recv") or c.timeout or len(c.arrive) != len(c.members) or len(c.members) < 2:
+                continue
+            if len(arrivals) >= MAX_ARRIVAL_ROWS:
+                arrivals_truncated = True
+                continue
+            order = sorted(c.arrive.items(), key=lambda kv: (kv[1], kv[0]))
+            arrivals.append([c.pg.name, c.seq, res.step, c.op, order[-1][0], order[-1][1] - order[-2][1]])
         all_steps.append(res.step)
         if job.tuning_lines:
             coll_log += [{"rank0": c.pg.ranks[0], "step": res.step, "op": c.op, "nbytes": c.nbytes, "algo": c.algo, "proto": c.proto,
@@ -190,6 +222,11 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
         w.close(first_host[st.rank], st.host_t)
 
     truth = _truth(sc, job, engine, hosts, offsets, writers, metrics, step_log, timeout_info, seed, params or {}, all_steps)
+    for f in truth["faults"]:
+        if f["kind"] == "slow_nic":
+            f["expected"].update(_slow_groups(job, engine, f["params"]["nodes"], xfer_by_pg))
+    truth["last_arrivals"] = {"columns": ["pg_name", "seq", "step", "op", "last_rank", "margin_ns"], "rows": arrivals,
+                              "truncated": arrivals_truncated}
     from forensics.simulate import logs
 
     log_paths = logs.write_stdout_logs(out, job, engine, offsets, seed, timeout_info, step_log, coll_log)
@@ -235,6 +272,20 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
         steady = [x for d in per_rank for x in d["compute_idle_fraction_by_step"][1:-1]]
         if steady:
             expected["bubble_fraction_simulated"] = round(sum(steady) / len(steady), 6)
+        # Ground truth of the pipeline bubble, from the engine: per stage, the time its compute stream sat
+        # idle waiting for an activation/gradient from a neighbour stage, over the step time (all profiled steps).
+        wait: dict[int, list[int]] = {}
+        for d in per_rank:
+            w = wait.setdefault(topo.coords(d["rank"])[2], [0, 0])
+            w[0] += d["pipeline_wait_ns_total"]
+            w[1] += d["step_ns_total"]
+        by_stage = {s: w[0] / w[1] for s, w in sorted(wait.items()) if w[1]}
+        if by_stage:
+            expected["bubble_fraction_measured_by_stage"] = {str(s): round(x, 6) for s, x in by_stage.items()}
+            expected["bubble_fraction_measured"] = round(sum(by_stage.values()) / len(by_stage), 6)
+        steady_w = [x for d in per_rank for x in d["pipeline_wait_fraction_by_step"][1:-1]]
+        if steady_w:
+            expected["bubble_fraction_measured_steady"] = round(sum(steady_w) / len(steady_w), 6)
     faults = [_fault_truth(f, job, engine, per_rank, timeout_info) for f in job.faults]
     return {
         "schema": TRUTH_SCHEMA,
@@ -262,6 +313,31 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
         "expected": expected,
         "metrics": per_rank,
     }
+
+
+def _slow_groups(job: Job, engine: Engine, nodes: list[int], xfer_by_pg: dict[str, list[int]]) -> dict[str, Any]:
+    """The process groups whose traffic crosses a slow node's NIC (members on that node and on another),
+    and per group kind the engine's median transfer time of those groups over that of the others."""
+    topo = job.topo
+
+    def med(xs: list[float] | list[int]) -> float:
+        xs = sorted(xs)
+        return float(xs[len(xs) // 2]) if xs else 0.0
+
+    slow, ratio = [], {}
+    per_kind: dict[str, tuple[list[float], list[float]]] = {}
+    for g in engine.groups:
+        if g.name not in xfer_by_pg:
+            continue
+        gn = {topo.node_of(r) for r in g.ranks}
+        through = len(gn) > 1 and bool(gn & set(nodes))
+        if through:
+            slow.append(g.name)
+        per_kind.setdefault(g.kind, ([], []))[0 if through else 1].append(med(xfer_by_pg[g.name]))
+    for kind, (a, b) in sorted(per_kind.items()):
+        if a and b:
+            ratio[kind] = round(med(a) / med(b), 4)
+    return {"slow_groups": sorted(slow, key=int), "transfer_ratio_by_kind": ratio}
 
 
 def _who(engine: Engine, ranks: tuple[int, ...]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ STREAM_RS = 26          # FSDP reduce-scatter
 STREAM_SEND = 28
 STREAM_RECV = 32
 LAUNCH_LATENCY_NS = 3_500
+KERNEL_GAP_NS = 1_200   # a kernel starts at least this long after what it waits for (stream order, events)
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_{t}_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel__5x_cublas"
 FLASH_FWD = ("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t, "
@@ -465,7 +466,7 @@ class Engine:
             ready = max(ready, e)
         op.cpu_start = st.host_t
         op.launch = st.host_t + op.host_ns // 3
-        op.start = max(op.launch + LAUNCH_LATENCY_NS, ready + 1_200)
+        op.start = max(op.launch + LAUNCH_LATENCY_NS, ready + KERNEL_GAP_NS)
         st.host_t += op.host_ns
         st.last[op.stream] = op
         c = op.coll

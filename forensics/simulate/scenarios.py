@@ -110,14 +110,22 @@ def ddp_no_overlap(ranks: int | None, steps: int | None, params: dict[str, str])
 
 
 def slow_nic(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
-    _multinode(ranks, 16, "slow_nic")
-    n = ranks or 16
+    """Megatron layout TP=8 (one node) x PP=2 x DP=n/16: each pipeline stage spans n/16 nodes, so the DP
+    groups of one stage cross the slow node's NIC and those of the other stage do not, and each PP group
+    pairs node k of stage 0 with node k of stage 1. Only the slow node is in every slow group: the
+    fault can be localized from the trace, as in a real job (with one flat DP group it cannot)."""
+    n = ranks or 32
+    if n < 32 or n % 16:
+        raise ScenarioError(f"slow_nic needs --ranks a multiple of 16, at least 32 (TP=8 x PP=2 x DP>=2 over nodes of 8 GPUs); got {n}")
     node = _i(params, "node", 1)
-    if not 0 <= node < -(-n // 8):
-        raise ScenarioError(f"node={node} outside 0..{-(-n // 8) - 1}")
+    if not 0 <= node < n // 8:
+        raise ScenarioError(f"node={node} outside 0..{n // 8 - 1}")
     factor = _f(params, "bandwidth_factor", 0.25)
-    return _ddp(ranks, steps, params, default=16, net=Net(slow_nodes=((node, factor),)),
-                faults=({"kind": "slow_nic", "nodes": (node,), "bandwidth_factor": factor},))
+    params = {"pp": "2", "tp": "8", **params}
+    if (params["pp"], params["tp"]) != ("2", "8"):
+        raise ScenarioError("slow_nic fixes its layout: tp=8, pp=2")
+    return _pp(n, steps, params, net=Net(slow_nodes=((node, factor),)),
+               faults=({"kind": "slow_nic", "nodes": (node,), "bandwidth_factor": factor},))
 
 
 def net_socket(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
@@ -208,7 +216,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("host_straggler", "one rank's host launches kernels slowly (launch-bound straggler; its node logs CPU thermal throttling)", host_straggler, kernel_log="throttle"),
     Scenario("late_rank", "one rank's data loader stalls every step; the others busy-wait in NCCL", late_rank),
     Scenario("ddp_no_overlap", "DDP all-reduce runs after backward instead of overlapping it", ddp_no_overlap),
-    Scenario("slow_nic", "one node's NIC runs at a fraction of its bandwidth", slow_nic, kernel_log="link_flap"),
+    Scenario("slow_nic", "one node's NIC runs at a fraction of its bandwidth (TP=8 x PP=2 x DP; 32 ranks)", slow_nic, kernel_log="link_flap"),
     Scenario("net_socket", "inter-node traffic over NET/Socket (TCP) instead of InfiniBand", net_socket),
     Scenario("gdr_off", "GPUDirect RDMA unavailable: inter-node traffic staged through host memory", gdr_off),
     Scenario("p2p_disabled", "NCCL_P2P_DISABLE=1: intra-node traffic through shared memory, not NVLink", p2p_disabled),

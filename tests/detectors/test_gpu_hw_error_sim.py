@@ -60,7 +60,7 @@ def test_clean_benign_only_simulated_kernel_logs(tmp_path: Path):
 
 
 def test_triggers_slow_nic_link_flap_names_the_node_and_its_ranks(tmp_path: Path):
-    truth, analysis = _run(tmp_path, "slow_nic", 16)
+    truth, analysis = _run(tmp_path, "slow_nic", 32)
     fault = next(f for f in truth["faults"] if f["kind"] == "slow_nic")
     flap = next(f for f in analysis.findings if f.metrics["category"] == "ib_port")
     assert list(flap.hosts) == fault["hosts"] and flap.ranks == ()  # no GPU, so no culprit rank...

@@ -36,6 +36,14 @@ def test_triggers_structural_bubble_for_few_microbatches():
     found, _ = _run(frames)
     assert [f.key for f in found] == ["structural"]
     assert found[0].metrics["f_B_theory"] == pytest.approx(7 / 11, abs=1e-4)
+    assert found[0].severity.value == "warning"  # 64% of the step idle by construction
+
+
+def test_structural_bubble_below_half_the_step_is_info():
+    frames, _ = pp_job(p=4, m=4, steps=2)  # theory 3/7 = 43%
+    found, _ = _run(frames)
+    structural = [f for f in found if f.key == "structural"]
+    assert [f.severity.value for f in structural] == ["info"]
 
 
 def test_triggers_excess_bubble_when_config_says_more_microbatches():
