@@ -53,6 +53,9 @@ _INT_ARGS = {"in_nelems", "out_nelems", "group_size", "seq", "src_rank", "dst_ra
 _EMPTY: dict = {}
 _NO3 = (NULL, NULL, NULL)
 _DATA_ERRORS = (TypeError, ValueError, IndexError, KeyError, OverflowError, AttributeError)
+# One chunk, converted but not yet committed: GPU and CPU columns, (row in chunk, args) of the
+# kernels and host ops whose collective args are wanted, and the skipped (ph, cat) counts.
+_Staged = tuple[list[tuple[str, array]], list[tuple[str, array]], list[tuple[int, dict]], list[tuple[int, dict]], Counter]
 
 
 def _to_int(value: object) -> int:
@@ -151,7 +154,7 @@ class Extractor:
     _CROW = (("category", "b"), ("name", "q"), ("ts", "d"), ("dur", "d"), ("pid", "q"), ("tid", "q"),
              ("correlation", "q"), ("external_id", "q"))
 
-    def _stage(self, events: list) -> tuple:
+    def _stage(self, events: list) -> _Staged:
         """A chunk as typed column arrays plus its comm args and skipped keys; raises on odd values.
 
         Names met here are interned at once: that is the only state touched before the commit, and
@@ -161,8 +164,8 @@ class Extractor:
         comm_ids = self.comm_name_ids
         grows: list[tuple] = []
         crows: list[tuple] = []
-        gargs: list[tuple] = []
-        cops: list[tuple] = []
+        gargs: list[tuple[int, dict]] = []
+        cops: list[tuple[int, dict]] = []
         skipped: list[tuple] = []
         gadd, cadd = grows.append, crows.append
         for e in events:
@@ -210,6 +213,7 @@ class Extractor:
         return gcols, ccols, gargs, cops, Counter(skipped)  # Counter(): an unhashable ph raises here
 
     def _feed_rows(self, events: list) -> None:
+        """The per-event loop: a value the fast appends reject sends that event to the slow paths."""
         g, c = self.g, self.c
         gk, gn, gdev, gst, gts, gdur, gcorr, gext, ggx, ggy, ggz, gbx, gby, gbz, gbps = (
             g[x].append for x in self._G
