@@ -67,7 +67,7 @@ def _register(*specs: FrameSpec) -> None:
 
 
 _RANK = _c("rank", pl.Int32(), "global rank; null when the source does not say")
-_HOST = _c("host", pl.String(), "host name; null when unknown")
+_HOST = _c("host", pl.String(), "short host name (domain dropped, as NCCL logs print it; forensics.hosts.short_host); null when unknown")
 _SOURCE = _c("source", pl.String(), "file the row came from, relative to RUN_DIR")
 _PG_COLUMNS = (
     _c("pg_name", pl.String(), "process group name (`Process Group Name` / `pg_name`)"),

@@ -15,6 +15,7 @@ from pathlib import Path, PurePosixPath
 import polars as pl
 
 from forensics import frames as fr
+from forensics.hosts import short_host
 from parsers.common import ParseContext, ParseResult
 from parsers.kineto_extract import Extractor
 from parsers.kineto_names import (
@@ -72,6 +73,7 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
     host = next((str(meta[k]) for k in _HOST_KEYS if isinstance(meta.get(k), str) and meta[k]), None)
     if host is None:
         host = host_from_filename(PurePosixPath(ctx.rel_path).name, cpu_pids)
+    host = short_host(host)
 
     ident = {"rank": rank, "host": host, "source": ctx.rel_path}
     kernels = _kernels(gpu)

@@ -28,6 +28,7 @@ from urllib.parse import quote
 import polars as pl
 
 from forensics import frames as fr
+from forensics.hosts import short_host
 from parsers.common import ParseContext, ParseResult
 
 BATCH_ROWS = 50_000
@@ -231,7 +232,7 @@ def _read_meta(db: _Db) -> _Meta:
         schema=export.get("EXPORT_SCHEMA_VERSION"),
         offset_ns=offset,
         env=env,
-        host=_short_host(host),
+        host=short_host(host),
         gpus=_gpus(db, sysenv),
         notes=notes,
     )
@@ -251,16 +252,6 @@ def _looks_absolute(db: _Db) -> bool:
             if row:
                 return int(row[0][0]) > EPOCH_NS_FLOOR
     return False
-
-
-def _short_host(host: str | None) -> str | None:
-    """NCCL logs and most launchers use the short host name; an IP address is kept whole."""
-    if not host:
-        return None
-    host = host.strip().strip('"')
-    if re.fullmatch(r"[\d.]+", host):
-        return host
-    return host.split(".", 1)[0] or None
 
 
 def _capture_env(db: _Db) -> dict[str, str]:

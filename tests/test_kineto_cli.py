@@ -61,3 +61,18 @@ def test_two_files_claiming_the_same_rank_fail_one_source(tmp_path: Path, findin
     res = run_cli("analyze", str(run), "--out", str(tmp_path / "out"), "--fail-on", "never", "--quiet")
     assert res.returncode == 0, res.stderr
     assert_valid_findings(findings_validator, tmp_path / "out" / "findings.json")
+
+
+def test_trace_host_from_a_fqdn_file_name_is_the_short_name_nccl_logs_use(tmp_path):
+    from parsers.common import ParseContext
+    from parsers.kineto import parse
+
+    trace = (
+        '{"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": ['
+        '{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 4242, "tid": 4242, "ts": 1.0, "dur": 2.0}]}'
+    )
+    name = "node7.cluster.example.org_4242.1700000000000.pt.trace.json"
+    (tmp_path / name).write_text(trace)
+    res = parse(tmp_path / name, ParseContext(tmp_path, name))
+    assert res.host == "node7"
+    assert res.frames["ranks"]["host"].to_list() == ["node7"]

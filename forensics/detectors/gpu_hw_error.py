@@ -49,6 +49,7 @@ import polars as pl
 from forensics.detectors import Skip, detector
 from forensics.findings import Finding, Severity
 from forensics.frames import FRAME_SPECS, JobFrames
+from forensics.hosts import short_host
 from forensics.xid_catalog import LEVELS, POLICIES, RECOVERY_ACTIONS, decode_xid74, lookup, max_level, nvlink5_severity
 
 # imbue cluster-health allow-list of expected SXids
@@ -110,17 +111,9 @@ class GpuHwErrorConfig:
 # --- helpers ------------------------------------------------------------------------------------
 
 
-def _short_host(h: str | None) -> str | None:
-    """Display form: the name without its domain (IP addresses kept whole)."""
-    if h is None:
-        return None
-    h = h.strip()
-    return h if re.fullmatch(r"[\d.]+", h) else h.split(".")[0]
-
-
 def _hk(h: str | None) -> str | None:
     """Join key for host names: short and case-insensitive."""
-    s = _short_host(h)
+    s = short_host(h)
     return s.lower() if s else None
 
 
@@ -230,7 +223,7 @@ class _JobContext:
 
     def __init__(self, frames: JobFrames) -> None:
         ranks = frames["ranks"]
-        self.known_hosts = sorted({_short_host(h) for h in ranks["host"].drop_nulls().to_list()} - {None})  # type: ignore[type-var]
+        self.known_hosts = sorted({short_host(h) for h in ranks["host"].drop_nulls().to_list()} - {None})  # type: ignore[type-var]
         self.rank_by_dev: dict[tuple[str | None, int], set[int]] = {}
         self.rank_by_pid: dict[tuple[str | None, int], set[int]] = {}
         self.ranks_by_host: dict[str | None, set[int]] = {}
@@ -253,7 +246,7 @@ class _JobContext:
                     if b is not None and rk is not None:
                         self.rank_by_bus.setdefault((_hk(h), b), set()).add(int(rk))
                         if h:
-                            self.known_hosts = sorted(set(self.known_hosts) | {_short_host(h)})  # type: ignore[arg-type]
+                            self.known_hosts = sorted(set(self.known_hosts) | {short_host(h)})  # type: ignore[arg-type]
         self.index_by_bus: dict[tuple[str | None, str], int] = {}
         self.bus_by_index: dict[tuple[str | None, int], str] = {}
         gh = frames["gpu_health"]
@@ -279,7 +272,7 @@ class _JobContext:
 
     def host_for(self, host: str | None, source: str) -> str | None:
         if host:
-            return _short_host(host)
+            return short_host(host)
         parts = [p.lower() for p in re.split(r"[/._-]+", source) if p]
         whole = [p.lower() for p in source.split("/")]
         for host in self.known_hosts:
@@ -335,7 +328,7 @@ def _place_across_files(ke: pl.DataFrame) -> pl.DataFrame:
 
 def _prepare_events(ke: pl.DataFrame, ctx: _JobContext) -> list[dict[str, Any]]:
     # hosts named inside any kernel log are known hosts too: `n1/dmesg.log` then belongs to `n1`
-    named = {_short_host(h) for h in ke["host"].drop_nulls().unique().to_list()} - {None}
+    named = {short_host(h) for h in ke["host"].drop_nulls().unique().to_list()} - {None}
     ctx.known_hosts = sorted(set(ctx.known_hosts) | named)  # type: ignore[arg-type]
     pairs = ke.select("host", "source").unique()
     mapping = pl.DataFrame(
