@@ -53,8 +53,8 @@ PARSE_CHILD = """
 import sys, time
 from pathlib import Path
 t = time.perf_counter()
-from parsers.common import ParseContext
-from parsers.kineto import parse
+from forensics.parsers.common import ParseContext
+from forensics.parsers.kineto import parse
 t1 = time.perf_counter()
 p = Path(sys.argv[1])
 r = parse(p, ParseContext(p.parent, p.name))
@@ -65,8 +65,8 @@ NSYS_PARSE_CHILD = """
 import sys, time
 from pathlib import Path
 t = time.perf_counter()
-from parsers.common import ParseContext
-from parsers.nsys import parse
+from forensics.parsers.common import ParseContext
+from forensics.parsers.nsys import parse
 t1 = time.perf_counter()
 p = Path(sys.argv[1])
 r = parse(p, ParseContext(p.parent, p.name))

@@ -17,7 +17,7 @@ from forensics.detectors import run_detectors
 from forensics.errors import UsageError
 from forensics.findings import Finding, Skipped, sort_findings
 from forensics.frames import JobFrames
-from parsers.discovery import ParsedSource, discover_and_parse, sources_frame
+from forensics.parsers.discovery import ParsedSource, discover_and_parse, sources_frame
 
 ProgressFn = Callable[[str, int, int], None]
 

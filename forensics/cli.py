@@ -89,8 +89,8 @@ def analyze(
     """Analyze RUN_DIR; write findings.json, summary.md and report.html to --out."""
     from forensics.analyze import analyze as run_analysis
     from forensics.detectors import parse_overrides
-    from reports import html as html_report
-    from reports import json_report, markdown
+    from forensics.reports import html as html_report
+    from forensics.reports import json_report, markdown
 
     out_dir = out_dir or Path.cwd() / f"forensics-{run_dir.resolve().name}"
     _check_out_dir(run_dir, out_dir)
@@ -157,7 +157,7 @@ def triage(
 
     from forensics.detectors import parse_overrides
     from forensics.triage import host_table, job_dirs as find_jobs, job_table, triage as run_triage, triage_document
-    from reports import triage_md
+    from forensics.reports import triage_md
 
     jobs = find_jobs(job_dirs)
     for job in jobs:

@@ -63,7 +63,7 @@ def analyze_job(path: Path, overrides: Mapping[str, Mapping[str, str]] | None = 
     """Analyse one job folder; never raises for a job's bad input (the error is kept instead)."""
     from forensics.analyze import analyze
     from forensics.errors import ForensicsError
-    from reports import json_report, markdown
+    from forensics.reports import json_report, markdown
 
     try:
         analysis = analyze(path, overrides=overrides, workers=1)

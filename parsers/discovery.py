@@ -19,8 +19,8 @@ from typing import Callable, Iterable
 import polars as pl
 
 from forensics import frames as fr
-from parsers import registry, sniff
-from parsers.common import ParseContext, ParseResult, read_head, read_tail
+from forensics.parsers import registry, sniff
+from forensics.parsers.common import ParseContext, ParseResult, read_head, read_tail
 
 HEAD_BYTES = 1 << 20
 TAIL_BYTES = 1 << 20

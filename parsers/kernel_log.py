@@ -28,7 +28,7 @@ import orjson
 import polars as pl
 
 from forensics import frames as fr
-from parsers.common import ParseContext, ParseResult, open_bounded
+from forensics.parsers.common import ParseContext, ParseResult, open_bounded
 
 _MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
 MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"

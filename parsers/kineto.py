@@ -16,9 +16,9 @@ import polars as pl
 
 from forensics import frames as fr
 from forensics.hosts import short_host
-from parsers.common import ParseContext, ParseResult
-from parsers.kineto_extract import Extractor
-from parsers.kineto_names import (
+from forensics.parsers.common import ParseContext, ParseResult
+from forensics.parsers.kineto_extract import Extractor
+from forensics.parsers.kineto_names import (
     COMM_KERNEL_PATTERN,
     DTYPE_BYTES,
     host_from_filename,
@@ -27,7 +27,7 @@ from parsers.kineto_names import (
     parse_rank_list,
     rank_from_filename,
 )
-from parsers.kineto_stream import TraceReadError, read_trace
+from forensics.parsers.kineto_stream import TraceReadError, read_trace
 
 _LAUNCH_PATTERN = r"(?i)launch|memcpy|memset"
 _STEP_PATTERN = r"^ProfilerStep\s*#\s*(\d+)$"

@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 import orjson
 
-from parsers.common import GZIP_MAGIC
+from forensics.parsers.common import GZIP_MAGIC
 
 # Small pieces on purpose: a 32 KB block of JSON and the few hundred event dicts parsed from it
 # stay in the CPU's L2 cache from decompression through orjson to the column buffers, and every

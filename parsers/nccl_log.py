@@ -17,7 +17,7 @@ from typing import Any
 import polars as pl
 
 from forensics import frames as fr
-from parsers.common import DecompressionLimitExceeded, ParseContext, ParseResult, open_bounded
+from forensics.parsers.common import DecompressionLimitExceeded, ParseContext, ParseResult, open_bounded
 
 # --- envelope -------------------------------------------------------------------------------
 # search, not match: launchers put their own tags in front ([1,3]<stdout>:, [0] , Ray, timestamps).

@@ -29,7 +29,7 @@ import polars as pl
 
 from forensics import frames as fr
 from forensics.hosts import short_host
-from parsers.common import ParseContext, ParseResult
+from forensics.parsers.common import ParseContext, ParseResult
 
 BATCH_ROWS = 50_000
 PID_EXPR = "((({col}) >> 24) & 16777215)"

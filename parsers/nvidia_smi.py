@@ -21,8 +21,8 @@ from typing import Any
 import polars as pl
 
 from forensics import frames as fr
-from parsers.common import ParseContext, ParseResult, open_bounded
-from parsers.kernel_log import _ctime_ns, norm_bdf
+from forensics.parsers.common import ParseContext, ParseResult, open_bounded
+from forensics.parsers.kernel_log import _ctime_ns, norm_bdf
 
 _GPU_HDR = re.compile(r"^GPU (?P<bdf>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
 _KV = re.compile(r"^(?P<indent> *)(?P<key>[^:]+?)\s*:\s?(?P<value>.*?)\s*$")

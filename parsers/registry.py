@@ -10,8 +10,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-from parsers import sniff
-from parsers.common import Parser
+from forensics.parsers import sniff
+from forensics.parsers.common import Parser
 
 
 @dataclass(frozen=True)
@@ -24,11 +24,11 @@ class SourceKind:
 
 
 KINDS: tuple[SourceKind, ...] = (
-    SourceKind("nsys", sniff.score_nsys, "parsers.nsys:parse", text=False),
-    SourceKind("kineto", sniff.score_kineto, "parsers.kineto:parse", text=False),
-    SourceKind("nvidia_smi", sniff.score_nvidia_smi, "parsers.nvidia_smi:parse", text=True),
-    SourceKind("nccl_log", sniff.score_nccl_log, "parsers.nccl_log:parse", text=True),
-    SourceKind("dmesg", sniff.score_dmesg, "parsers.kernel_log:parse", text=True),
+    SourceKind("nsys", sniff.score_nsys, "forensics.parsers.nsys:parse", text=False),
+    SourceKind("kineto", sniff.score_kineto, "forensics.parsers.kineto:parse", text=False),
+    SourceKind("nvidia_smi", sniff.score_nvidia_smi, "forensics.parsers.nvidia_smi:parse", text=True),
+    SourceKind("nccl_log", sniff.score_nccl_log, "forensics.parsers.nccl_log:parse", text=True),
+    SourceKind("dmesg", sniff.score_dmesg, "forensics.parsers.kernel_log:parse", text=True),
 )
 
 BY_KIND = {k.kind: k for k in KINDS}

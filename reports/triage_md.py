@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from forensics.triage import JobSummary, host_table, job_table
-from reports.markdown import markdown_table
+from forensics.reports.markdown import markdown_table
 
 
 def render(results: list[JobSummary]) -> str:

@@ -8,13 +8,13 @@ import polars as pl
 from forensics.detectors import run_detectors
 from forensics.findings import Finding
 from forensics.frames import JobFrames
-from parsers.common import ParseContext, ParseResult
+from forensics.parsers.common import ParseContext, ParseResult
 from tests.conftest import shared_path
 
 
 def parse_sample(name: str) -> ParseResult:
     """Parse ``dmesg/<name>`` with the parser its content selects (kernel log or nvidia-smi/dcgmi)."""
-    from parsers.discovery import classify, parse_one
+    from forensics.parsers.discovery import classify, parse_one
 
     path = shared_path("dmesg", name)
     item = parse_one(classify(path, name), path.parent)

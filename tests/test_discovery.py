@@ -4,7 +4,7 @@ import gzip
 import os
 from pathlib import Path
 
-from parsers.discovery import classify, discover_and_parse, walk
+from forensics.parsers.discovery import classify, discover_and_parse, walk
 
 KINETO_HEAD = b'{\n  "schemaVersion": 1,\n  "traceEvents": [\n  {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 2}\n]}'
 NCCL_LINES = b"epoch 1 loss 2.3\nnode1:1234:1234 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>\nmore output\n"

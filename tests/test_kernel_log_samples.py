@@ -57,7 +57,7 @@ def test_every_log_sample_is_listed():
     folder = shared_path("dmesg")
     logs = sorted(p.name for p in folder.glob("*.log"))
     assert logs == sorted(EXPECTED)
-    from parsers.discovery import classify
+    from forensics.parsers.discovery import classify
 
     assert {classify(folder / n, n).kind for n in logs} == {"dmesg"}  # recognised by content
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from parsers.common import ParseContext
-from parsers.discovery import classify, discover_and_parse
-from parsers.kineto import parse
+from forensics.parsers.common import ParseContext
+from forensics.parsers.discovery import classify, discover_and_parse
+from forensics.parsers.kineto import parse
 from tests.conftest import shared_path
 
 SMALL = ("param_dlrm_8rank", "worker0_step_12.1694128201545.pt.trace.json.gz")
@@ -297,8 +297,8 @@ def test_event_larger_than_a_chunk_and_events_after_it(tmp_path: Path):
 
 def test_fast_and_per_event_paths_agree(tmp_path: Path):
     """A chunk with one odd value goes through the per-event loop; both paths give the same frames."""
-    from parsers.kineto_extract import Extractor
-    from parsers.kineto_stream import read_trace
+    from forensics.parsers.kineto_extract import Extractor
+    from forensics.parsers.kineto_stream import read_trace
 
     src = shared_path("kineto", *SMALL)
     chunks: list[list] = []

@@ -10,8 +10,8 @@ import pytest
 
 from forensics.detectors import run_detectors
 from forensics.frames import JobFrames
-from parsers.common import ParseContext
-from parsers.nccl_log import parse
+from forensics.parsers.common import ParseContext
+from forensics.parsers.nccl_log import parse
 from tests.conftest import shared_path
 
 NCCL = ["nccl_transport", "nccl_algorithm", "nccl_timeout"]

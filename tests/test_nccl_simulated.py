@@ -29,7 +29,7 @@ def _simulate(tmp_path_factory, scenario: str, traces: bool = False, **kw) -> tu
     if not logs.exists() or not any(logs.iterdir()):
         pytest.skip("the simulator writes no NCCL logs yet")
     from forensics.analyze import collect_frames
-    from parsers.discovery import discover_and_parse
+    from forensics.parsers.discovery import discover_and_parse
 
     parsed = discover_and_parse(out if traces else logs)
     _, frames = collect_frames(parsed)

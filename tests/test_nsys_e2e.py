@@ -81,7 +81,7 @@ def test_nccl_log_algorithm_joins_trace_collectives(tmp_path, key):
 
     if "nccl_env" not in FRAME_SPECS:
         pytest.skip("NCCL log frames not on this branch yet")
-    pytest.importorskip("parsers.nccl_log")
+    pytest.importorskip("forensics.parsers.nccl_log")
     result = analyze(job_copy(tmp_path, key), workers=1)
     env = result.frames["nccl_env"].filter(pl.col("var") == "NCCL_ALGO").select("host", "pid", "value").unique()
     comm = result.frames["kernels"].filter(pl.col("class") == "comm").select("rank", "source", "name_algo")

@@ -13,8 +13,8 @@ import pytest
 
 from forensics.frames import JobFrames
 from forensics.gpu_metrics import sm_active_fraction, sm_active_in_windows
-from parsers.common import ParseContext
-from parsers.nsys import classify_kernels, parse
+from forensics.parsers.common import ParseContext
+from forensics.parsers.nsys import classify_kernels, parse
 from tests.conftest import shared_path
 from tests.nsys_synth import make_export
 

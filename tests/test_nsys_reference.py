@@ -16,8 +16,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from parsers.common import ParseContext, ParseResult
-from parsers.nsys import parse
+from forensics.parsers.common import ParseContext, ParseResult
+from forensics.parsers.nsys import parse
 from tests import nsys_reference as R
 from tests.conftest import SAMPLE_DATA, shared_path
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from forensics.findings import Severity
-from parsers.nvidia_smi import parse_text
+from forensics.parsers.nvidia_smi import parse_text
 from tests.conftest import shared_path
 from tests.kernlog_helpers import parse_sample, sample_findings
 
@@ -23,7 +23,7 @@ TXT = [
 
 
 def test_every_txt_sample_is_listed_and_recognised_as_nvidia_smi():
-    from parsers.discovery import classify
+    from forensics.parsers.discovery import classify
 
     folder = shared_path("dmesg")
     assert sorted(p.name for p in folder.glob("*.txt")) == TXT

@@ -12,8 +12,8 @@ import polars as pl
 from forensics import frames as fr
 from forensics.analyze import Analysis
 from forensics.findings import Finding, Severity, Skipped, sort_findings
-from reports import html as html_report
-from reports import json_report, markdown
+from forensics.reports import html as html_report
+from forensics.reports import json_report, markdown
 from tests.conftest import assert_valid_findings
 
 

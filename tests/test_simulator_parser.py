@@ -10,7 +10,7 @@ import pytest
 
 from forensics.simulate import simulate
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("parsers.kineto") is None, reason="parsers.kineto not available")
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("forensics.parsers.kineto") is None, reason="forensics.parsers.kineto not available")
 
 
 @pytest.mark.parametrize(
@@ -25,8 +25,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("parsers.kineto") is No
     ],
 )
 def test_kineto_parser_counts_match_truth(tmp_path: Path, scenario: str, ranks: int, params: dict[str, str]):
-    from parsers.common import ParseContext
-    from parsers.kineto import parse
+    from forensics.parsers.common import ParseContext
+    from forensics.parsers.kineto import parse
 
     run = tmp_path / scenario
     truth = simulate(scenario, run, ranks=ranks, steps=2, params=params)

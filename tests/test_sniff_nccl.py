@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from parsers import sniff
+from forensics.parsers import sniff
 
 
 def test_nccl_envelope_beats_everything_text():

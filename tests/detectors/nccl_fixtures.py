@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from forensics.frames import JobFrames
-from parsers.common import ParseContext
-from parsers.nccl_log import parse
+from forensics.parsers.common import ParseContext
+from forensics.parsers.nccl_log import parse
 
 
 def frames_from(tmp_path: Path, text: str, name: str = "rank.log") -> JobFrames:
