@@ -46,14 +46,14 @@ def step_breakdown_table(frames: JobFrames) -> pl.DataFrame:
     nvidia-smi would call utilization, ``wait`` the share of the step NCCL kernels only spin.
     Without profiler steps, one row per rank over the whole trace (step -1). Empty without kernels.
     """
-    from forensics.detectors._common import analysis
+    from forensics.context import JobContext
 
     cols = {"rank": pl.Int32, "host": pl.String, "steps": pl.UInt32, "step_ms": pl.Float64, "compute_ms": pl.Float64,
             "exposed_comm_ms": pl.Float64, "comm_wait_ms": pl.Float64, "other_ms": pl.Float64, "idle_ms": pl.Float64,
             "host_bound_ms": pl.Float64, "U_any": pl.Float64, "wait": pl.Float64}
     if not frames.has("kernels"):
         return pl.DataFrame(schema=cols)
-    b = analysis(frames).steps
+    b = JobContext(frames).steps
     if b.height == 0:
         return pl.DataFrame(schema=cols)
 

@@ -15,7 +15,7 @@ import pytest
 
 from forensics.analyze import load
 from forensics.detectors import run_detectors
-from forensics.detectors._common import analysis
+from forensics.context import JobContext
 from forensics.detectors.exposed_comm import exposure_table
 from forensics.detectors.pipeline_bubble import stage_table
 
@@ -68,7 +68,7 @@ def test_every_injected_straggler_is_found_with_rank_and_class(run, scenario, kw
     # their compute because they waited), which is why exposure is capped by the exposure on the last
     # arriver. Checked end to end: no rank is more exposed than the culprit (who waited for nobody) by more
     # than 1% of the step, and no exposed_comm finding claims more than that either.
-    table = exposure_table(analysis(frames)).group_by("rank").agg(
+    table = exposure_table(JobContext(frames)).group_by("rank").agg(
         (pl.col("exposed_ns").sum() / pl.col("step_ns").sum()).alias("x")
     )
     x = dict(table.iter_rows())
@@ -119,7 +119,7 @@ def test_clean_baselines_have_no_finding(run, scenario, seed):
 @pytest.mark.parametrize("scenario", ["pp_clean", "pp_small_m", "pp_interleaved", "pp_imbalance"])
 def test_bubble_fraction_against_truth(run, scenario):
     truth, frames, findings, _ = run(scenario)
-    table, p = stage_table(analysis(frames))
+    table, p = stage_table(JobContext(frames))
     assert p == truth["job"]["pp"]
     exp = truth["expected"]
     # Ground truth: the simulator engine's pipeline-dependency wait (compute stream idle until the
@@ -170,7 +170,7 @@ def test_last_arrival_per_collective_matches_the_engine(run, scenario, kw):
     assert not la["truncated"]
     cols = la["columns"]
     rows = [dict(zip(cols, r)) for r in la["rows"]]
-    inst = analysis(frames).match.instances
+    inst = JobContext(frames).match.instances
     got = {
         (k.split("|")[0], int(k.rsplit("#s", 1)[1])): r
         for k, r in inst.select("instance_key", "last_rank").iter_rows()

@@ -1,8 +1,9 @@
 """Detector registry.
 
-A detector is one module in this package holding one function decorated with :func:`detector`:
-a pure function ``(JobFrames, Config) -> list[Finding]``. Its config is a frozen dataclass whose
-fields are the detector's named, documented thresholds. Modules are discovered automatically, so
+A detector is one module in this package holding one function ``detect`` decorated with
+:func:`detector`: a pure function ``(JobContext, Settings) -> list[Finding]`` over the job's one
+:class:`forensics.context.JobContext`. Its settings are a frozen dataclass whose fields are the
+detector's named, documented thresholds. Modules are discovered automatically, so
 adding a detector is adding a module (plus its fixtures and tests).
 
 A detector never returns ``[]`` for "I could not look": when its inputs are missing it is skipped
@@ -23,6 +24,7 @@ from typing import Any, Callable, Mapping, TypeVar
 
 from forensics.errors import UsageError
 from forensics.findings import Finding, Skipped
+from forensics.context import JobContext
 from forensics.frames import JobFrames
 
 DOC_SECTIONS = ("What it detects", "Why it matters", "How it measures", "What to do")
@@ -35,7 +37,7 @@ class Skip(Exception):
 @dataclass(frozen=True)
 class DetectorSpec:
     name: str
-    func: Callable[[JobFrames, Any], list[Finding]]
+    func: Callable[[JobContext, Any], list[Finding]]
     requires: tuple[str, ...]
     requires_any: tuple[str, ...]
     config: type
@@ -50,7 +52,7 @@ F = TypeVar("F", bound=Callable[..., list[Finding]])
 def detector(
     name: str,
     *,
-    config: type,
+    settings: type,
     requires: tuple[str, ...] = (),
     requires_any: tuple[str, ...] = (),
 ) -> Callable[[F], F]:
@@ -65,7 +67,7 @@ def detector(
             func=func,
             requires=requires,
             requires_any=requires_any,
-            config=config,
+            config=settings,
             doc=(module.__doc__ or "").strip(),
         )
         return func
@@ -130,6 +132,7 @@ def run_detectors(
         raise UsageError(f"unknown detector(s): {', '.join(sorted(unknown))}; known: {', '.join(registry)}")
     findings: list[Finding] = []
     skipped: list[Skipped] = []
+    ctx = JobContext(frames)
     for name, spec in registry.items():
         if only and name not in only:
             continue
@@ -144,7 +147,7 @@ def run_detectors(
             )
             continue
         try:
-            findings.extend(spec.func(frames, config))
+            findings.extend(spec.func(ctx, config))
         except Skip as skip:
             skipped.append(Skipped(name, str(skip)))
     return findings, skipped

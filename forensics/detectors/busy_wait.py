@@ -38,8 +38,9 @@ from dataclasses import dataclass
 import polars as pl
 
 from forensics.collectives import CollectiveMatch
+from forensics.context import JobContext
 from forensics.detectors import Skip, detector
-from forensics.detectors._common import EVIDENCE_CAP, analysis, gpu_seconds, ms, require_steps
+from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
 from forensics.findings import Finding, Severity
 from forensics.gpu_metrics import has_metric, sm_active_in_windows
 
@@ -122,9 +123,10 @@ def measured_u_sm(frames, min_coverage: float = 0.9) -> pl.DataFrame:
         pl.col("rank").cast(pl.Int32), "u_sm_measured")
 
 
-@detector("busy_wait", config=BusyWaitConfig, requires=("kernels",))
-def busy_wait(frames, cfg: BusyWaitConfig) -> list[Finding]:
-    ta = analysis(frames)
+@detector("busy_wait", settings=BusyWaitConfig, requires=("kernels",))
+def detect(ctx: JobContext, cfg: BusyWaitConfig) -> list[Finding]:
+    frames = ctx.frames
+    ta = ctx
     steps = require_steps(ta)
     if ta.match.kernels.height == 0:
         raise Skip("no NCCL/RCCL kernels in the traces: no waiting to measure")

@@ -37,8 +37,9 @@ from dataclasses import dataclass
 import polars as pl
 
 from forensics.collectives import PG_TYPES
+from forensics.context import JobContext
 from forensics.detectors import Skip, detector
-from forensics.detectors._common import EVIDENCE_CAP, analysis, gpu_seconds, ms, require_steps
+from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
 from forensics.findings import Finding, Severity
 
 
@@ -73,9 +74,10 @@ def exposure_table(ta) -> pl.DataFrame:
     )
 
 
-@detector("exposed_comm", config=ExposedCommConfig, requires=("kernels",))
-def exposed_comm(frames, cfg: ExposedCommConfig) -> list[Finding]:
-    ta = analysis(frames)
+@detector("exposed_comm", settings=ExposedCommConfig, requires=("kernels",))
+def detect(ctx: JobContext, cfg: ExposedCommConfig) -> list[Finding]:
+    frames = ctx.frames
+    ta = ctx
     require_steps(ta)
     if ta.match.kernels.height == 0:
         raise Skip("no NCCL/RCCL kernels in the traces: nothing to measure overlap for")

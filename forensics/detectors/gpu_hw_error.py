@@ -46,6 +46,7 @@ from typing import Any
 import orjson
 import polars as pl
 
+from forensics.context import JobContext
 from forensics.detectors import Skip, detector
 from forensics.findings import Finding, Severity
 from forensics.frames import FRAME_SPECS, JobFrames
@@ -192,8 +193,9 @@ class _Inc:
 # --- detector ------------------------------------------------------------------------------------
 
 
-@detector("gpu_hw_error", config=GpuHwErrorConfig, requires_any=("kernel_events", "gpu_health", "gpu_diag"))
-def gpu_hw_error(frames: JobFrames, cfg: GpuHwErrorConfig) -> list[Finding]:
+@detector("gpu_hw_error", settings=GpuHwErrorConfig, requires_any=("kernel_events", "gpu_health", "gpu_diag"))
+def detect(ctx: JobContext, cfg: GpuHwErrorConfig) -> list[Finding]:
+    frames = ctx.frames
     if cfg.policy not in POLICIES:
         raise Skip(f"unknown policy {cfg.policy!r}; use one of {', '.join(POLICIES)}")
     ctx = _JobContext(frames)

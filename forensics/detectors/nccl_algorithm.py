@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from forensics import nccl_cost as nc
+from forensics.context import JobContext
 from forensics.detectors import Skip, detector
 from forensics.detectors._nccl import JobNccl, evidence, job, where
 from forensics.findings import Finding, Severity
@@ -145,10 +146,11 @@ def _table_predictions(frames, j: JobNccl, calls: pl.DataFrame, tests: pl.DataFr
 
 @detector(
     "nccl_algorithm",
-    config=NcclAlgorithmConfig,
+    settings=NcclAlgorithmConfig,
     requires_any=("nccl_env", "nccl_calls", "nccl_tuning", "nccl_tests", "nccl_comms"),
 )
-def nccl_algorithm(frames, cfg: NcclAlgorithmConfig) -> list[Finding]:
+def detect(ctx: JobContext, cfg: NcclAlgorithmConfig) -> list[Finding]:
+    frames = ctx.frames
     j = job(frames)
     env = frames["nccl_env"]
     calls = frames["nccl_calls"]

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from forensics.context import JobContext
 from forensics.detectors import Skip, detector
 from forensics.detectors._nccl import evidence, job, where
 from forensics.findings import Finding, Severity
@@ -50,8 +51,9 @@ class NcclTimeoutConfig:
     max_silent_fraction: float = 0.25
 
 
-@detector("nccl_timeout", config=NcclTimeoutConfig, requires_any=("collective_timeouts", "nccl_events"))
-def nccl_timeout(frames, cfg: NcclTimeoutConfig) -> list[Finding]:
+@detector("nccl_timeout", settings=NcclTimeoutConfig, requires_any=("collective_timeouts", "nccl_events"))
+def detect(ctx: JobContext, cfg: NcclTimeoutConfig) -> list[Finding]:
+    frames = ctx.frames
     ct = frames["collective_timeouts"]
     ev = frames["nccl_events"]
     ras = ev.filter(pl.col("kind").is_in(["ras_missing", "ras_dead", "ras_outlier"])

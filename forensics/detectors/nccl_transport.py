@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from forensics.context import JobContext
 from forensics.detectors import Skip, detector
 from forensics.detectors._nccl import evidence, job, where
 from forensics.findings import Finding, Severity
@@ -64,10 +65,11 @@ class NcclTransportConfig:
 
 @detector(
     "nccl_transport",
-    config=NcclTransportConfig,
+    settings=NcclTransportConfig,
     requires_any=("nccl_channels", "nccl_net", "nccl_events"),
 )
-def nccl_transport(frames, cfg: NcclTransportConfig) -> list[Finding]:
+def detect(ctx: JobContext, cfg: NcclTransportConfig) -> list[Finding]:
+    frames = ctx.frames
     j = job(frames)
     ch = frames["nccl_channels"]
     net = frames["nccl_net"]

@@ -42,8 +42,9 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from forensics.context import JobContext
 from forensics.detectors import Skip, detector
-from forensics.detectors._common import EVIDENCE_CAP, analysis, gpu_seconds, ms, require_steps
+from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
 from forensics.findings import Finding, Severity
 
 
@@ -128,9 +129,10 @@ def infer_schedule(ta) -> tuple[int, int]:
     return max(1, int(round(first / 2))), 1
 
 
-@detector("pipeline_bubble", config=PipelineBubbleConfig, requires=("kernels",))
-def pipeline_bubble(frames, cfg: PipelineBubbleConfig) -> list[Finding]:
-    ta = analysis(frames)
+@detector("pipeline_bubble", settings=PipelineBubbleConfig, requires=("kernels",))
+def detect(ctx: JobContext, cfg: PipelineBubbleConfig) -> list[Finding]:
+    frames = ctx.frames
+    ta = ctx
     require_steps(ta)
     if ta.stages.height == 0:
         raise Skip("no pipeline-parallel process group in the traces (no PP group description or PP send/recv)")

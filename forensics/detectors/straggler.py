@@ -54,8 +54,9 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from forensics.context import JobContext
 from forensics.detectors import Skip, detector
-from forensics.detectors._common import EVIDENCE_CAP, analysis, gpu_seconds, ms, require_steps
+from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
 from forensics.findings import Finding, Severity
 
 
@@ -116,9 +117,10 @@ def _robust_flags(df: pl.DataFrame, value: str, cfg: StragglerConfig, slow_step:
     return per_rank.with_columns(z.alias("z"), med.alias("peer_med"))
 
 
-@detector("straggler", config=StragglerConfig, requires=("kernels",))
-def straggler(frames, cfg: StragglerConfig) -> list[Finding]:
-    ta = analysis(frames)
+@detector("straggler", settings=StragglerConfig, requires=("kernels",))
+def detect(ctx: JobContext, cfg: StragglerConfig) -> list[Finding]:
+    frames = ctx.frames
+    ta = ctx
     steps = require_steps(ta)
     ranks = steps["rank"].unique()
     if ranks.len() < 2:

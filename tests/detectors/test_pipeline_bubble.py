@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from forensics.detectors import run_detectors
-from forensics.detectors._common import analysis
+from forensics.context import JobContext
 from forensics.detectors.pipeline_bubble import stage_table
 from tests.frame_builders import dp_job, pp_job
 
@@ -16,7 +16,7 @@ def _run(frames, **overrides):
 
 def test_measured_bubble_matches_builder_truth_and_theory():
     frames, truth = pp_job(p=4, m=16, steps=2)
-    table, p = stage_table(analysis(frames))
+    table, p = stage_table(JobContext(frames))
     assert p == 4
     for stage, f_b in table.select("pp_stage", "f_b").iter_rows():
         assert f_b == pytest.approx(truth.bubble[(stage, 1)] / truth.step_ns[1], abs=1e-9)
