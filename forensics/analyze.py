@@ -6,9 +6,9 @@ Library code: no printing. Progress goes through the optional ``progress`` callb
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
 
 import polars as pl
 

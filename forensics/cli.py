@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -79,11 +79,11 @@ def _fail_threshold(fail_on: FailOn) -> int | None:
 @app.command()
 def analyze(
     run_dir: Path = typer.Argument(..., help="folder a training job left behind (traces, logs, kernel logs)"),
-    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="where to write the report [default: ./forensics-<RUN_DIR name>]"),
+    out_dir: Path | None = typer.Option(None, "--out", "-o", help="where to write the report [default: ./forensics-<RUN_DIR name>]"),
     fail_on: FailOn = typer.Option(FailOn.critical, "--fail-on", help="exit 1 when a finding is at or above this severity"),
     settings: list[str] = typer.Option([], "--set", help="override a detector threshold: DETECTOR.SETTING=VALUE (repeatable)"),
     only: list[str] = typer.Option([], "--only", help="run only this detector (repeatable)"),
-    workers: Optional[int] = typer.Option(None, "--workers", help="parser processes [default: CPU count]"),
+    workers: int | None = typer.Option(None, "--workers", help="parser processes [default: CPU count]"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
 ) -> None:
     """Analyze RUN_DIR; write findings.json, summary.md and report.html to --out."""
@@ -125,7 +125,7 @@ def analyze(
 def frames(
     run_dir: Path = typer.Argument(..., help="folder a training job left behind"),
     out_dir: Path = typer.Option(..., "--out", "-o", help="folder for <frame>.parquet files"),
-    workers: Optional[int] = typer.Option(None, "--workers", help="parser processes [default: CPU count]"),
+    workers: int | None = typer.Option(None, "--workers", help="parser processes [default: CPU count]"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
 ) -> None:
     """Parse RUN_DIR and write every canonical frame as Parquet (for Polars or DuckDB)."""
@@ -149,15 +149,17 @@ def triage(
     out_dir: Path = typer.Option(..., "--out", "-o", help="where to write triage.json, triage.md and one folder per job"),
     fail_on: FailOn = typer.Option(FailOn.never, "--fail-on", help="exit 1 when any job has a finding at or above this severity"),
     settings: list[str] = typer.Option([], "--set", help="override a detector threshold: DETECTOR.SETTING=VALUE (repeatable)"),
-    workers: Optional[int] = typer.Option(None, "--workers", help="jobs analysed in parallel [default: CPU count]"),
+    workers: int | None = typer.Option(None, "--workers", help="jobs analysed in parallel [default: CPU count]"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
 ) -> None:
     """Analyze many jobs at once; rank them worst first and list hosts that recur across jobs."""
     import orjson
 
     from forensics.detectors import parse_overrides
-    from forensics.triage import host_table, job_dirs as find_jobs, job_table, triage as run_triage, triage_document
     from forensics.reports import triage_md
+    from forensics.triage import host_table, job_table, triage_document
+    from forensics.triage import job_dirs as find_jobs
+    from forensics.triage import triage as run_triage
 
     jobs = find_jobs(job_dirs)
     for job in jobs:
@@ -196,7 +198,7 @@ def triage(
 
 
 @app.command()
-def rules(name: Optional[str] = typer.Argument(None, help="a detector name; all when omitted")) -> None:
+def rules(name: str | None = typer.Argument(None, help="a detector name; all when omitted")) -> None:
     """Print the documentation of every detector (or one)."""
     from forensics.detectors import load_all
 
@@ -208,15 +210,15 @@ def rules(name: Optional[str] = typer.Argument(None, help="a detector name; all 
 
 @app.command()
 def simulate(
-    scenario: Optional[str] = typer.Argument(None, help="scenario name (see --list); e.g. ddp_clean, ddp_straggler, pp_small_m"),
-    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="RUN_DIR to write (created; must be empty or absent)"),
-    ranks: Optional[int] = typer.Option(None, "--ranks", help="world size [default: the scenario's]"),
-    steps: Optional[int] = typer.Option(None, "--steps", help="profiled training steps [default: the scenario's]"),
+    scenario: str | None = typer.Argument(None, help="scenario name (see --list); e.g. ddp_clean, ddp_straggler, pp_small_m"),
+    out_dir: Path | None = typer.Option(None, "--out", "-o", help="RUN_DIR to write (created; must be empty or absent)"),
+    ranks: int | None = typer.Option(None, "--ranks", help="world size [default: the scenario's]"),
+    steps: int | None = typer.Option(None, "--steps", help="profiled training steps [default: the scenario's]"),
     seed: int = typer.Option(0, "--seed", help="random seed; the same seed gives byte-identical output"),
-    size: Optional[float] = typer.Option(None, "--size", help="keep adding steps until each trace holds about this many MB of JSON (benchmarks)"),
+    size: float | None = typer.Option(None, "--size", help="keep adding steps until each trace holds about this many MB of JSON (benchmarks)"),
     params: list[str] = typer.Option([], "--param", "-p", help="scenario parameter KEY=VALUE (repeatable), e.g. rank=3, slowdown=0.1"),
-    nccl_version: Optional[str] = typer.Option(None, "--nccl-version", help="NCCL version to imitate (< 2.19: old ncclKernel_* names)"),
-    truth_path: Optional[Path] = typer.Option(None, "--truth", help="where to write the ground truth [default: OUT/truth.json]"),
+    nccl_version: str | None = typer.Option(None, "--nccl-version", help="NCCL version to imitate (< 2.19: old ncclKernel_* names)"),
+    truth_path: Path | None = typer.Option(None, "--truth", help="where to write the ground truth [default: OUT/truth.json]"),
     list_: bool = typer.Option(False, "--list", help="list the scenarios and exit"),
 ) -> None:
     """Write a simulated RUN_DIR (traces, NCCL logs, kernel logs) with a known, injected fault, plus truth.json."""

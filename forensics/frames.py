@@ -15,8 +15,8 @@ that it is current.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 import polars as pl
 

@@ -9,7 +9,7 @@ quantity such as ``|A \\ (B u C)|`` is then a sum of segment lengths over the ma
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import polars as pl
 

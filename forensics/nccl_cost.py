@@ -15,8 +15,8 @@ Only Ring, Tree, NVLS, NVLSTree and PAT are modelled (CollNet needs a plugin and
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 ALGOS = ("Tree", "Ring", "NVLS", "NVLSTree", "PAT")
 PROTOS = ("LL", "LL128", "Simple")

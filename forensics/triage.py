@@ -8,11 +8,12 @@ per worker whatever the number of jobs.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import polars as pl
 

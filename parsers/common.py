@@ -5,9 +5,10 @@ from __future__ import annotations
 import gzip
 import io
 import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO
 
 import polars as pl
 
@@ -27,7 +28,7 @@ class ParseResult:
     host: str | None = None
 
     @classmethod
-    def failed(cls, message: str) -> "ParseResult":
+    def failed(cls, message: str) -> ParseResult:
         return cls(status="failed", message=message)
 
 

@@ -10,17 +10,17 @@ import os
 import re
 import time
 import traceback
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Callable, Iterable
 
 import polars as pl
-
-from forensics import frames as fr
 from forensics.parsers import registry, sniff
 from forensics.parsers.common import ParseContext, ParseResult, read_head, read_tail
+
+from forensics import frames as fr
 
 HEAD_BYTES = 1 << 20
 TAIL_BYTES = 1 << 20

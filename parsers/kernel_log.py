@@ -26,9 +26,9 @@ from typing import Any
 
 import orjson
 import polars as pl
+from forensics.parsers.common import ParseContext, ParseResult, open_bounded
 
 from forensics import frames as fr
-from forensics.parsers.common import ParseContext, ParseResult, open_bounded
 
 _MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
 MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
@@ -161,7 +161,7 @@ _M: list[tuple[str, str, re.Pattern[str]]] = [
     ("ib_port", "port_state", re.compile(
         rf"mlx5_core (?P<bdf>{BDF4}) (?P<ibdev>mlx5_\w+): Port: (?P<port>\d+) Link (?P<state>DOWN|INIT|ARMED|ACTIVE_DEFER|ACTIVE)")),
     ("ib_port", "port_event", re.compile(
-        rf"(?:mlx5_ib|ib_core|infiniband) .*?(?P<ibdev>mlx5_\w+).*?port (?P<port>\d+).*?(?P<state>ERR|DOWN|ACTIVE)\b", re.I)),
+        r"(?:mlx5_ib|ib_core|infiniband) .*?(?P<ibdev>mlx5_\w+).*?port (?P<port>\d+).*?(?P<state>ERR|DOWN|ACTIVE)\b", re.I)),
     ("mlx5", "link", re.compile(rf"mlx5_core (?P<bdf>{BDF4}) (?P<netdev>\S+): Link (?P<state>up|down)\b")),
     ("mlx5", "module", re.compile(
         rf"(?:mlx5_core (?P<bdf>{BDF4}): )?(?:mlx5_port_module_event:\d+:\(pid \d+\): )?Port module "
@@ -638,7 +638,6 @@ def parse_text(text: str, source: str, mtime_ns: int | None = None, bad_bytes: i
     year_less: list[tuple[int, tuple[int, int, str, str | None], int]] = []  # (row, stamp, extra delta ns)
     state: dict[str, Any] = {}
     cur: _Rec | None = None
-    cur_kind_fields: tuple[str, dict[str, Any]] | None = None
     file_host: str | None = None
     segment = 0  # `==> file <==` headers (tail/head over several files) start a new segment
     years: list[int] = []

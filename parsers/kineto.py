@@ -13,9 +13,6 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 
 import polars as pl
-
-from forensics import frames as fr
-from forensics.hosts import short_host
 from forensics.parsers.common import ParseContext, ParseResult
 from forensics.parsers.kineto_extract import Extractor
 from forensics.parsers.kineto_names import (
@@ -28,6 +25,9 @@ from forensics.parsers.kineto_names import (
     rank_from_filename,
 )
 from forensics.parsers.kineto_stream import TraceReadError, read_trace
+
+from forensics import frames as fr
+from forensics.hosts import short_host
 
 _LAUNCH_PATTERN = r"(?i)launch|memcpy|memset"
 _STEP_PATTERN = r"^ProfilerStep\s*#\s*(\d+)$"

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import orjson
-
 from forensics.parsers.common import GZIP_MAGIC
 
 # Small pieces on purpose: a 32 KB block of JSON and the few hundred event dicts parsed from it

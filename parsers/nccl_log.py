@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+from forensics.parsers.common import DecompressionLimitExceeded, ParseContext, ParseResult, open_bounded
 
 from forensics import frames as fr
-from forensics.parsers.common import DecompressionLimitExceeded, ParseContext, ParseResult, open_bounded
 
 # --- envelope -------------------------------------------------------------------------------
 # search, not match: launchers put their own tags in front ([1,3]<stdout>:, [0] , Ray, timestamps).

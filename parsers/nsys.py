@@ -20,16 +20,17 @@ import re
 import sqlite3
 import struct
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 from urllib.parse import quote
 
 import polars as pl
+from forensics.parsers.common import ParseContext, ParseResult
 
 from forensics import frames as fr
 from forensics.hosts import short_host
-from forensics.parsers.common import ParseContext, ParseResult
 
 BATCH_ROWS = 50_000
 PID_EXPR = "((({col}) >> 24) & 16777215)"

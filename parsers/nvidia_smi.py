@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-
-from forensics import frames as fr
 from forensics.parsers.common import ParseContext, ParseResult, open_bounded
 from forensics.parsers.kernel_log import _ctime_ns, norm_bdf
+
+from forensics import frames as fr
 
 _GPU_HDR = re.compile(r"^GPU (?P<bdf>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
 _KV = re.compile(r"^(?P<indent> *)(?P<key>[^:]+?)\s*:\s?(?P<value>.*?)\s*$")
@@ -171,7 +171,7 @@ def _gpu_row(index: int | None, bdf: str | None, kv: dict[tuple[str, ...], str],
     reasons: list[str] = []
     section = None
     for path, v in kv.items():
-        for i, part in enumerate(path[:-1]):
+        for _i, part in enumerate(path[:-1]):
             if part.lower() in ("clocks event reasons", "clocks throttle reasons"):
                 section = part
                 if v.strip().lower() == "active":

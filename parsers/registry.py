@@ -7,8 +7,8 @@ installed yet (or fails to import) is reported, not crashed on.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from forensics.parsers import sniff
 from forensics.parsers.common import Parser

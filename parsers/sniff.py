@@ -20,7 +20,7 @@ def is_binary(head: bytes) -> bool:
 def score_kineto(head: bytes) -> int:
     """Kineto / Chrome trace JSON: an object with traceEvents, or a bare array of trace events."""
     text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
-    if not text[:1] in (b"{", b"["):
+    if text[:1] not in (b"{", b"["):
         return 0
     if any(key in head for key in _TRACE_KEYS):
         return 100

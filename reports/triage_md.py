@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from forensics.triage import JobSummary, host_table, job_table
 from forensics.reports.markdown import markdown_table
+
+from forensics.triage import JobSummary, host_table, job_table
 
 
 def render(results: list[JobSummary]) -> str:

@@ -162,7 +162,7 @@ def pp_job(p: int = 4, m: int = 8, steps: int = 3, t_f: int = 1 * MS, t_b: int =
             free[dst] = end
             return end
 
-        for phase, order, dur in (("f", range(p), t_f), ("b", range(p - 1, -1, -1), t_b)):
+        for _phase, order, dur in (("f", range(p), t_f), ("b", range(p - 1, -1, -1), t_b)):
             order = list(order)
             for _mb in range(m):
                 for i, st in enumerate(order):

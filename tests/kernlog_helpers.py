@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import orjson
 import polars as pl
+from forensics.parsers.common import ParseResult
 
 from forensics.detectors import run_detectors
 from forensics.findings import Finding
 from forensics.frames import JobFrames
-from forensics.parsers.common import ParseContext, ParseResult
 from tests.conftest import shared_path
 
 

@@ -8,14 +8,13 @@ not by the detectors).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import polars as pl
 import pytest
 
 from forensics.analyze import load
-from forensics.detectors import run_detectors
 from forensics.context import JobContext
+from forensics.detectors import run_detectors
 from forensics.detectors.exposed_comm import exposure_table
 from forensics.detectors.pipeline_bubble import stage_table
 

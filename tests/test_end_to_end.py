@@ -8,9 +8,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from forensics.reports import json_report
 
 from forensics.analyze import analyze
-from forensics.reports import json_report
 from tests.conftest import ROOT, SAMPLE_DATA, assert_valid_findings
 
 SAMPLES = sorted(p for p in (ROOT / "sample_traces").iterdir() if p.is_dir())

@@ -8,7 +8,6 @@ import gzip
 
 import orjson
 import polars as pl
-
 from forensics.parsers.common import ParseContext
 from forensics.parsers.kernel_log import norm_bdf, parse, parse_text
 

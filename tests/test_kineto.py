@@ -17,10 +17,15 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-
 from forensics.parsers.common import ParseContext, ParseResult
 from forensics.parsers.kineto import parse
-from forensics.parsers.kineto_names import kernel_name_hints, normalise_collective, rank_from_filename, host_from_filename
+from forensics.parsers.kineto_names import (
+    host_from_filename,
+    kernel_name_hints,
+    normalise_collective,
+    rank_from_filename,
+)
+
 from tests.conftest import shared_path
 
 _CACHE: dict[str, ParseResult] = {}

@@ -15,10 +15,10 @@ import zlib
 from pathlib import Path
 
 import pytest
-
 from forensics.parsers.common import ParseContext
 from forensics.parsers.discovery import classify, discover_and_parse
 from forensics.parsers.kineto import parse
+
 from tests.conftest import shared_path
 
 SMALL = ("param_dlrm_8rank", "worker0_step_12.1694128201545.pt.trace.json.gz")

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-
-from forensics import frames as fr
 from forensics.parsers.common import ParseContext
 from forensics.parsers.nccl_log import bus_id_from_hex, parse
+
+from forensics import frames as fr
 from tests.conftest import SAMPLE_DATA, shared_path
 
 # prefix: (wc -l, grep -cE 'host:pid:tid [d] .*NCCL (INFO|WARN)|^\[d\] NCCL' + bare `NCCL version x+cuda` banners,

@@ -7,11 +7,11 @@ FLAG is raised (with the hosts/ranks it names) and what it marks OK is not.
 from __future__ import annotations
 
 import pytest
+from forensics.parsers.common import ParseContext
+from forensics.parsers.nccl_log import parse
 
 from forensics.detectors import run_detectors
 from forensics.frames import JobFrames
-from forensics.parsers.common import ParseContext
-from forensics.parsers.nccl_log import parse
 from tests.conftest import shared_path
 
 NCCL = ["nccl_transport", "nccl_algorithm", "nccl_timeout"]

@@ -6,13 +6,11 @@ Skipped while the simulator does not write NCCL logs (its per-rank stdout under 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from forensics.detectors import run_detectors
-from forensics.frames import JobFrames
 
 NCCL = ["nccl_transport", "nccl_algorithm", "nccl_timeout"]
 
@@ -28,8 +26,9 @@ def _simulate(tmp_path_factory, scenario: str, traces: bool = False, **kw) -> tu
     logs = out / "logs"
     if not logs.exists() or not any(logs.iterdir()):
         pytest.skip("the simulator writes no NCCL logs yet")
-    from forensics.analyze import collect_frames
     from forensics.parsers.discovery import discover_and_parse
+
+    from forensics.analyze import collect_frames
 
     parsed = discover_and_parse(out if traces else logs)
     _, frames = collect_frames(parsed)

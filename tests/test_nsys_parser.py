@@ -10,11 +10,11 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from forensics.parsers.common import ParseContext
+from forensics.parsers.nsys import classify_kernels, parse
 
 from forensics.frames import JobFrames
 from forensics.gpu_metrics import sm_active_fraction, sm_active_in_windows
-from forensics.parsers.common import ParseContext
-from forensics.parsers.nsys import classify_kernels, parse
 from tests.conftest import shared_path
 from tests.nsys_synth import make_export
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from functools import lru_cache
-from pathlib import Path
+from functools import cache
 
 import polars as pl
 import pytest
-
 from forensics.parsers.common import ParseContext, ParseResult
 from forensics.parsers.nsys import parse
+
 from tests import nsys_reference as R
 from tests.conftest import SAMPLE_DATA, shared_path
 
@@ -39,7 +38,7 @@ FILES = [
 ]
 
 
-@lru_cache(maxsize=None)
+@cache
 def parsed(rel: str) -> ParseResult:
     path = shared_path("nsys", rel)
     return parse(path, ParseContext(path.parent, path.name))

@@ -6,9 +6,9 @@ Expected values were read off the files by hand (e.g. `grep -n "Uncorrectable\\|
 from __future__ import annotations
 
 import pytest
+from forensics.parsers.nvidia_smi import parse_text
 
 from forensics.findings import Severity
-from forensics.parsers.nvidia_smi import parse_text
 from tests.conftest import shared_path
 from tests.kernlog_helpers import parse_sample, sample_findings
 

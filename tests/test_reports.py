@@ -8,12 +8,12 @@ from pathlib import Path
 
 import orjson
 import polars as pl
+from forensics.reports import html as html_report
+from forensics.reports import json_report, markdown
 
 from forensics import frames as fr
 from forensics.analyze import Analysis
 from forensics.findings import Finding, Severity, Skipped, sort_findings
-from forensics.reports import html as html_report
-from forensics.reports import json_report, markdown
 from tests.conftest import assert_valid_findings
 
 

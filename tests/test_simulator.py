@@ -125,7 +125,7 @@ def test_header_is_what_hta_greps_for(multinode: Path):
 
 def test_fsdp_gathers_before_each_layer_and_reduce_scatters_after(tmp_path: Path):
     simulate("ddp_straggler", tmp_path / "r", ranks=4, steps=1, params={"layers": "3", "dp_mode": "fsdp", "rank": "0"})
-    for r, d in load_traces(tmp_path / "r").items():
+    for _r, d in load_traces(tmp_path / "r").items():
         ks = nccl_kernels(d)
         ag = [k for k in ks if k["args"]["Collective name"] == "_allgather_base"]
         rs = [k for k in ks if k["args"]["Collective name"] == "_reduce_scatter_base"]
@@ -161,7 +161,7 @@ def test_old_nccl_uses_old_kernel_names(tmp_path: Path):
 
 
 def test_every_scenario_writes_a_complete_run_dir(tmp_path: Path):
-    for name, sc in SCENARIOS.items():
+    for name, _sc in SCENARIOS.items():
         run = tmp_path / name
         t = simulate(name, run, steps=2, params=SMALL)
         world = t["job"]["world_size"]
@@ -404,7 +404,7 @@ def test_slow_nic_slows_exactly_the_transfers_through_that_node(tmp_path: Path):
     pg_nodes = {g["pg_name"]: {r // 8 for r in g["ranks"]} for g in t["process_groups"]}
     pg_kind = {g["pg_name"]: g["kind"] for g in t["process_groups"]}
     per: dict[tuple, list[float]] = {}
-    for r, d in traces.items():
+    for _r, d in traces.items():
         for k in nccl_kernels(d):
             a = k["args"]
             if a["Collective name"] in ("send", "recv"):

@@ -19,12 +19,13 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, TypeVar
 
+from forensics.context import JobContext
 from forensics.errors import UsageError
 from forensics.findings import Finding, Skipped
-from forensics.context import JobContext
 from forensics.frames import JobFrames
 
 DOC_SECTIONS = ("What it detects", "Why it matters", "How it measures", "What to do")

@@ -76,7 +76,6 @@ def exposure_table(ta) -> pl.DataFrame:
 
 @detector("exposed_comm", settings=ExposedCommConfig, requires=("kernels",))
 def detect(ctx: JobContext, cfg: ExposedCommConfig) -> list[Finding]:
-    frames = ctx.frames
     ta = ctx
     require_steps(ta)
     if ta.match.kernels.height == 0:

@@ -818,7 +818,7 @@ def _handle_aer(rows: list[dict[str, Any]], cfg: GpuHwErrorConfig, incs: list[_I
     for j, c in enumerate(corrected):
         if j not in used:
             by_port.setdefault((c["rows"][0]["host"], c["port"]), []).append(c)
-    for (host, port), recs in by_port.items():
+    for (_host, port), recs in by_port.items():
         times = [c["rows"][0]["t"] for c in recs]
         burst = 0
         if all(t is not None for t in times):
@@ -876,7 +876,7 @@ def _merge_nvlink5_node(incs: list[_Inc], cfg: GpuHwErrorConfig) -> None:
     for inc in incs:
         if inc.kind == "nvlink5" and 45 in {e["xid"] for e in inc.events if e["kind"] == "xid"}:
             by_host.setdefault(inc.host, []).append(inc)
-    for host, group in by_host.items():
+    for _host, group in by_host.items():
         if len({i.gpu for i in group}) < 2:
             continue
         keep = group[0]

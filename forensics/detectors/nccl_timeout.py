@@ -130,7 +130,7 @@ def detect(ctx: JobContext, cfg: NcclTimeoutConfig) -> list[Finding]:
             rows = timeouts.join(split.select("seq"), on="seq") if split.height else timeouts.head(0)
             groups = rows.group_by("seq", "op_type", "numel_in").agg(pl.col("rank").unique().sort())
             minority: list[int] = []
-            for (seq,), g in groups.group_by("seq"):
+            for (_seq,), g in groups.group_by("seq"):
                 g = g.with_columns(pl.col("rank").list.len().alias("n")).sort("n")
                 if g.height > 1 and g["n"][0] < g["n"][-1]:
                     minority += g["rank"][0].to_list()

@@ -111,7 +111,7 @@ def detect(ctx: JobContext, cfg: NcclTransportConfig) -> list[Finding]:
             + (" and the OFI provider is TCP-based" if ofi_tcp.height else "")
             + ("; NCCL found no IB device (`NET/IB : No device found`)" if ib_none.height else "")
             + (f"; NCCL_IB_DISABLE={j.env['NCCL_IB_DISABLE']}" if "NCCL_IB_DISABLE" in j.env else "")
-            + f". Sockets give a few GB/s per node where IB/RoCE/EFA give 25-50 GB/s per NIC.",
+            + ". Sockets give a few GB/s per node where IB/RoCE/EFA give 25-50 GB/s per NIC.",
             "Enable the RDMA path: unset NCCL_IB_DISABLE, install libibverbs / the net plugin (aws-ofi-nccl, "
             "HPC-X), check `ibv_devinfo` inside the container, pin NCCL_NET if needed.",
             ranks=ranks, hosts=hosts, gpus=gpus, key="socket",

@@ -131,7 +131,6 @@ def infer_schedule(ta) -> tuple[int, int]:
 
 @detector("pipeline_bubble", settings=PipelineBubbleConfig, requires=("kernels",))
 def detect(ctx: JobContext, cfg: PipelineBubbleConfig) -> list[Finding]:
-    frames = ctx.frames
     ta = ctx
     require_steps(ta)
     if ta.stages.height == 0:

@@ -119,7 +119,6 @@ def _robust_flags(df: pl.DataFrame, value: str, cfg: StragglerConfig, slow_step:
 
 @detector("straggler", settings=StragglerConfig, requires=("kernels",))
 def detect(ctx: JobContext, cfg: StragglerConfig) -> list[Finding]:
-    frames = ctx.frames
     ta = ctx
     steps = require_steps(ta)
     ranks = steps["rank"].unique()
@@ -372,7 +371,7 @@ def _links(ta, cfg: StragglerConfig, host_of: dict, step_med: float, n_steps: in
         & (pl.col("n_normal") <= cfg.link_max_normal_share * max(1, len(normal_keys)))
     )
     findings = []
-    for h, n_slow, n_normal in named.iter_rows():
+    for h, _n_slow, n_normal in named.iter_rows():
         rs = sorted(r for r, hh in host_of.items() if hh == h)
         sg = slow_groups.sort("ratio", descending=True)
         extra = (

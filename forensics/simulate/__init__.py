@@ -13,7 +13,17 @@ from typing import Any
 
 import orjson
 
-from forensics.simulate.engine import COLL, COLL_OPTYPE, COMPUTE, KERNEL_GAP_NS, LAUNCH_LATENCY_NS, MEMCPY, Engine, Op, iter_steps
+from forensics.simulate.engine import (
+    COLL,
+    COLL_OPTYPE,
+    COMPUTE,
+    KERNEL_GAP_NS,
+    LAUNCH_LATENCY_NS,
+    MEMCPY,
+    Engine,
+    Op,
+    iter_steps,
+)
 from forensics.simulate.kineto import EPOCH_NS, T0_NS, TraceWriter
 from forensics.simulate.model import PCI_BUS_IDS, Job
 from forensics.simulate.scenarios import SCENARIOS, Scenario
@@ -245,7 +255,7 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
 
 
 def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: list[int], writers: list[TraceWriter],
-           metrics: dict[int, "_RankMetrics"], step_log: dict[int, list[tuple[int, int, int]]], timeout_info: dict[str, Any] | None,
+           metrics: dict[int, _RankMetrics], step_log: dict[int, list[tuple[int, int, int]]], timeout_info: dict[str, Any] | None,
            seed: int, params: dict[str, str], all_steps: list[int]) -> dict[str, Any]:
     topo = job.topo
     per_rank = [metrics[r].as_dict(r) for r in range(topo.world)]

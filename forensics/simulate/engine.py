@@ -12,8 +12,9 @@ stays bounded by one step whatever the trace size.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from forensics.simulate.model import Job, ProcessGroup, build_groups, choose_algo, group_of
 
@@ -67,7 +68,7 @@ class Op:
                  "launch", "start", "end", "cpu_start", "cls")
 
     def __init__(self, kind: int, stream: int, name: str, cpu: str, dur: int, host_ns: int, tid: int,
-                 deps: tuple["Op", ...] = (), coll: Coll | None = None, meta: Any = None, cls: str = "compute") -> None:
+                 deps: tuple[Op, ...] = (), coll: Coll | None = None, meta: Any = None, cls: str = "compute") -> None:
         self.kind, self.stream, self.name, self.cpu, self.dur, self.host_ns = kind, stream, name, cpu, dur, host_ns
         self.deps, self.coll, self.tid, self.meta, self.cls = deps, coll, tid, meta, cls
         self.jit = 0

@@ -293,7 +293,7 @@ def _boot_noise(k: _KLog, rng: random.Random, gdr: bool) -> None:
     ]
     if gdr:
         msgs.append("nvidia-peermem nv_peer_mem: module loaded (version 1.2)")  # absent when GDR is off
-    for i, b in enumerate(NIC_BUS_IDS):
+    for _i, b in enumerate(NIC_BUS_IDS):
         msgs.append(f"mlx5_core {b}: firmware version: 28.39.1002")
         msgs.append(f"mlx5_core {b}: 252.048 Gb/s available PCIe bandwidth (16.0 GT/s PCIe x16 link)")
     msgs += [f"mlx5_core {b} mlx5_{i}: Port: 1 Link ACTIVE" for i, b in enumerate(NIC_BUS_IDS)]
@@ -308,7 +308,6 @@ def write_kernel_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
                       end_ns: int, timeout: dict[str, Any] | None) -> tuple[dict[str, str], list[dict[str, Any]]]:
     """One kernel log per node (style rotates per node); returns host -> path and the injected lines."""
     (out / "kernel").mkdir(parents=True, exist_ok=True)
-    topo = job.topo
     paths: dict[str, str] = {}
     injected: list[dict[str, Any]] = []
     culprit = next((f for f in job.faults if f["kind"] in ("xid", "compute_straggler", "host_straggler")), None)

@@ -231,7 +231,7 @@ class Job:
     stage_scale: tuple[float, ...] = ()  # per pipeline stage compute multiplier (stage imbalance)
     label: str = ""
 
-    def with_(self, **kw: Any) -> "Job":
+    def with_(self, **kw: Any) -> Job:
         return replace(self, **kw)
 
     @property

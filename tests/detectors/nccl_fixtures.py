@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from forensics.frames import JobFrames
 from forensics.parsers.common import ParseContext
 from forensics.parsers.nccl_log import parse
+
+from forensics.frames import JobFrames
 
 
 def frames_from(tmp_path: Path, text: str, name: str = "rank.log") -> JobFrames:

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from forensics.parsers.kernel_log import parse_text
+from forensics.parsers.nvidia_smi import parse_text as smi_text
+from forensics.reports import json_report
 
 from forensics.analyze import analyze
 from forensics.detectors import run_detectors
 from forensics.findings import Severity
 from forensics.frames import FRAME_SPECS, JobFrames
-from forensics.parsers.kernel_log import parse_text
-from forensics.parsers.nvidia_smi import parse_text as smi_text
-from forensics.reports import json_report
 from tests.conftest import assert_valid_findings, shared_path
 from tests.kernlog_helpers import detect
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from forensics.detectors import run_detectors
 from forensics.context import JobContext
+from forensics.detectors import run_detectors
 from forensics.detectors.pipeline_bubble import stage_table
 from tests.frame_builders import dp_job, pp_job
 
