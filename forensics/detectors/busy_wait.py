@@ -42,6 +42,7 @@ from forensics.context import JobContext
 from forensics.detectors import Skip, detector
 from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
 from forensics.findings import Finding, Severity
+from forensics.frames import JobFrames
 from forensics.gpu_metrics import has_metric, sm_active_in_windows
 
 
@@ -104,7 +105,7 @@ def utilization_table(steps: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def measured_u_sm(frames, min_coverage: float = 0.9) -> pl.DataFrame:
+def measured_u_sm(frames: JobFrames, min_coverage: float = 0.9) -> pl.DataFrame:
     """Per rank: median over its steps of measured SM Active (fraction), from the ``gpu_metrics`` frame,
     using only steps the samples cover for at least ``min_coverage`` of their length. Empty when the
     job has no SM Active counter."""
@@ -123,46 +124,70 @@ def measured_u_sm(frames, min_coverage: float = 0.9) -> pl.DataFrame:
         pl.col("rank").cast(pl.Int32), "u_sm_measured")
 
 
-@detector("busy_wait", settings=BusyWaitConfig, requires=("kernels",))
-def detect(ctx: JobContext, cfg: BusyWaitConfig) -> list[Finding]:
-    frames = ctx.frames
-    ta = ctx
-    steps = require_steps(ta)
-    if ta.match.kernels.height == 0:
-        raise Skip("no NCCL/RCCL kernels in the traces: no waiting to measure")
-    u = utilization_table(steps)
-    # Measured SM Active replaces the blocks-per-SM estimate of U_SM where the job has it.
-    u = u.join(measured_u_sm(frames), on="rank", how="left").with_columns(
+def _rank_table(ctx: JobContext) -> pl.DataFrame:
+    """Per rank: utilization and wait (``utilization_table``), with measured SM Active replacing the
+    blocks-per-SM estimate of U_SM where the job has it (``u_sm_source`` says which)."""
+    u = utilization_table(require_steps(ctx))
+    return u.join(measured_u_sm(ctx.frames), on="rank", how="left").with_columns(
         pl.when(pl.col("u_sm_measured").is_not_null()).then(pl.lit("sm_active")).otherwise(pl.lit("blocks_estimate"))
         .alias("u_sm_source"),
         pl.coalesce("u_sm_measured", "u_sm").alias("u_sm"),
     )
+
+
+def _flagged(u: pl.DataFrame, cfg: BusyWaitConfig) -> pl.DataFrame:
+    """Ranks that look busy while waiting: high U_any with enough wait, or a large busy-but-not-computing
+    gap mostly made of wait."""
     rule1 = (pl.col("u_any") >= cfg.min_util_any) & (pl.col("w") >= cfg.min_wait)
     gap = pl.col("u_any") - pl.col("u_compute")
     rule2 = (gap >= cfg.min_gap) & (pl.col("w") >= cfg.min_wait_share_of_gap * gap) & (pl.col("w") >= cfg.min_wait_floor)
-    flagged = u.filter(rule1 | rule2)
-    if flagged.height == 0:
-        return []
-    ranks = [int(r) for r in flagged["rank"].to_list()]
-    mk = waits_by_culprit(ta.match).filter(pl.col("rank").is_in(ranks))
+    return u.filter(rule1 | rule2)
+
+
+def _waited_for(match: CollectiveMatch, ranks: list[int]) -> tuple[list[int], dict[int, tuple[int, float]]]:
+    """The (up to 5) ranks the flagged ``ranks`` waited for most, and per flagged rank its main culprit
+    with the wait (ns) charged to it."""
+    mk = waits_by_culprit(match).filter(pl.col("rank").is_in(ranks))
     waited_for = mk.group_by("last_rank").agg(pl.col("wait_ns").sum()).sort(["wait_ns", "last_rank"], descending=[True, False])
     top_for = [int(r) for r in waited_for["last_rank"].head(5).to_list()]
     per_pair = (
         mk.group_by("rank", "last_rank").agg(pl.col("wait_ns").sum()).sort(["wait_ns", "last_rank"], descending=[True, False])
         .unique("rank", keep="first").sort("rank")
     )
-    pair_d = {int(r): (int(q), w) for r, q, w in per_pair.iter_rows()}
-    med = flagged.select(pl.col("u_any", "u_compute", "u_sm", "w").median()).row(0, named=True)
-    sources = set(flagged["u_sm_source"].to_list())
-    sm_source = sources.pop() if len(sources) == 1 else "mixed"
-    sm_text = {"sm_active": "measured SM Active", "blocks_estimate": "SM-weighted estimate"}.get(sm_source, "SM Active or estimate")
-    evidence = tuple(
+    return top_for, {int(r): (int(q), w) for r, q, w in per_pair.iter_rows()}
+
+
+def _evidence(flagged: pl.DataFrame, pair_d: dict[int, tuple[int, float]]) -> tuple[dict, ...]:
+    """The flagged ranks, most waiting first, with their utilization and whom they waited for."""
+    return tuple(
         {"rank": int(r), "host": h, "U_any": round(a, 4), "U_compute": round(c, 4), "U_SM": round(sm, 4),
          "W": round(w, 4), "U_SM_source": src, "waited_for": pair_d.get(int(r), (None, 0))[0],
          "waited_for_ms": ms(pair_d.get(int(r), (None, 0))[1])}
         for r, h, a, c, sm, w, src in flagged.sort("w", descending=True)
         .select("rank", "host", "u_any", "u_compute", "u_sm", "w", "u_sm_source").head(EVIDENCE_CAP).iter_rows()
     )
+
+
+def _sm_source(flagged: pl.DataFrame) -> tuple[str, str]:
+    """Where U_SM came from across the flagged ranks: (metric value, words for the text)."""
+    sources = set(flagged["u_sm_source"].to_list())
+    sm_source = sources.pop() if len(sources) == 1 else "mixed"
+    sm_text = {"sm_active": "measured SM Active", "blocks_estimate": "SM-weighted estimate"}.get(sm_source, "SM Active or estimate")
+    return sm_source, sm_text
+
+
+@detector("busy_wait", settings=BusyWaitConfig, requires=("kernels",))
+def detect(ctx: JobContext, cfg: BusyWaitConfig) -> list[Finding]:
+    require_steps(ctx)
+    if ctx.match.kernels.height == 0:
+        raise Skip("no NCCL/RCCL kernels in the traces: no waiting to measure")
+    flagged = _flagged(_rank_table(ctx), cfg)
+    if flagged.height == 0:
+        return []
+    ranks = [int(r) for r in flagged["rank"].to_list()]
+    top_for, pair_d = _waited_for(ctx.match, ranks)
+    med = flagged.select(pl.col("u_any", "u_compute", "u_sm", "w").median()).row(0, named=True)
+    sm_source, sm_text = _sm_source(flagged)
     total_wait = float(flagged["wait_ns"].sum())
     hosts = tuple(sorted({h for h in flagged["host"].to_list() if h}))
     return [Finding(
@@ -187,7 +212,7 @@ def detect(ctx: JobContext, cfg: BusyWaitConfig) -> list[Finding]:
             "wait_fraction": round(med["w"], 4), "wait_gpu_seconds": gpu_seconds(total_wait),
             "waited_for": ",".join(map(str, top_for)), "ranks_affected": len(ranks),
         },
-        evidence=evidence,
+        evidence=_evidence(flagged, pair_d),
         gpu_seconds_lost=None,
         fraction_of_step=round(med["w"], 4),
         key="busy_wait",

@@ -57,7 +57,12 @@ class ExposedCommConfig:
     """DP/default exposure share of the step above which the finding is critical."""
 
 
-def exposure_table(ta) -> pl.DataFrame:
+def _num(x: object) -> float:
+    """A polars scalar statistic (median, mean, max) as a float; mypy cannot narrow their union type."""
+    return float(x)  # type: ignore[arg-type]
+
+
+def exposure_table(ta: JobContext) -> pl.DataFrame:
     """Per rank, step and PG type: transfer, structural exposed transfer, overlap, wait (ns) and step_ns."""
     steps = ta.steps
     k = ta.exposure.filter(pl.col("step").is_not_null())
@@ -103,9 +108,9 @@ def detect(ctx: JobContext, cfg: ExposedCommConfig) -> list[Finding]:
             pl.col("wait_ns").sum(),
             pl.col("step_ns").sum(),
         )
-        med_x = float(per_rank["X"].median())  # type: ignore[arg-type]
-        med_o = float(per_rank["O"].median())  # type: ignore[arg-type]
-        med_share = float(per_rank["share"].median())  # type: ignore[arg-type]
+        med_x = _num(per_rank["X"].median())
+        med_o = _num(per_rank["O"].median())
+        med_share = _num(per_rank["share"].median())
         if med_share < cfg.min_step_share:
             continue
         sev = Severity.CRITICAL if med_x >= cfg.critical_exposed else Severity.WARNING
@@ -123,15 +128,15 @@ def detect(ctx: JobContext, cfg: ExposedCommConfig) -> list[Finding]:
             (pl.col("X") >= cfg.tp_min_exposed).mean().alias("share"), pl.col("X").median(), pl.col("O").median(),
             pl.col("exposed_ns").sum(), pl.col("tx_ns").sum(), pl.col("wait_ns").sum(), pl.col("step_ns").sum(),
         )
-        med_x = float(per_rank["X"].median())  # type: ignore[arg-type]
+        med_x = _num(per_rank["X"].median())
         if med_x >= cfg.tp_min_exposed:
             culprits = per_rank.filter(pl.col("share") >= cfg.min_step_share)
             findings.append(_finding(ta, "TP/EP/CP", Severity.INFO, per_rank, culprits, med_x,
-                                     float(per_rank["O"].median()), n_steps, host_of, design))  # type: ignore[arg-type]
+                                     _num(per_rank["O"].median()), n_steps, host_of, design))
     return findings
 
 
-def _finding(ta, g: str, sev: Severity, per_rank: pl.DataFrame, culprits: pl.DataFrame, med_x: float, med_o: float,
+def _finding(ta: JobContext, g: str, sev: Severity, per_rank: pl.DataFrame, culprits: pl.DataFrame, med_x: float, med_o: float,
              n_steps: int, host_of: dict, table: pl.DataFrame) -> Finding:
     ranks = tuple(sorted(int(r) for r in culprits["rank"].to_list()))
     hosts = tuple(sorted({host_of[r] for r in ranks if host_of.get(r)}))
@@ -167,8 +172,8 @@ def _finding(ta, g: str, sev: Severity, per_rank: pl.DataFrame, culprits: pl.Dat
         hosts=hosts,
         metrics={
             "pg_type": g, "exposed_fraction": round(med_x, 4), "overlap_fraction": round(med_o, 4),
-            "transfer_ms_per_step": ms(float(per_rank["tx_ns"].median()) / max(1, n_steps)),
-            "exposed_ms_per_step": ms(float(per_rank["exposed_ns"].median()) / max(1, n_steps)),
+            "transfer_ms_per_step": ms(_num(per_rank["tx_ns"].median()) / max(1, n_steps)),
+            "exposed_ms_per_step": ms(_num(per_rank["exposed_ns"].median()) / max(1, n_steps)),
             "ranks_affected": len(ranks), "steps": n_steps,
         },
         evidence=evidence,
