@@ -40,6 +40,7 @@ from forensics.collectives import PG_TYPES
 from forensics.context import JobContext
 from forensics.detectors import Skip, detector
 from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
+from forensics.detectors._coverage import at_most, coverage
 from forensics.findings import Finding, Severity
 
 
@@ -155,6 +156,9 @@ def _finding(ta: JobContext, g: str, sev: Severity, per_rank: pl.DataFrame, culp
         ).iter_rows()
     )
     by_design = g == "TP/EP/CP"
+    cov = coverage(ta)
+    if cov.lone_rank and sev == Severity.CRITICAL:
+        sev = Severity.WARNING  # one rank's wait/transfer split is a guess: not enough for critical
     what = "exposed by design (between dependent kernels)" if by_design else "not overlapped with compute"
     label = "default-group" if g == "default" else g
     return Finding(
@@ -164,8 +168,8 @@ def _finding(ta: JobContext, g: str, sev: Severity, per_rank: pl.DataFrame, culp
         summary=(
             f"On the median rank, {med_x:.1%} of each step is {g} transfer with no compute running "
             f"(overlap of transfer with compute {med_o:.0%}), on {len(ranks)} rank(s). Waiting for late peers is "
-            f"not counted here ({ms(float(per_rank['wait_ns'].sum()))} ms of {g} wait in total goes to the "
-            "straggler / busy_wait findings)."
+            f"not counted here ({ms(float(per_rank['wait_ns'].sum()))} ms of {g} kernel time in total was waiting, "
+            f"not transfer).{_LONE if cov.lone_rank else ''}{cov.sentence()}"
         ),
         remediation=_REMEDY_TP if by_design else _REMEDY_DP,
         ranks=ranks,
@@ -175,15 +179,20 @@ def _finding(ta: JobContext, g: str, sev: Severity, per_rank: pl.DataFrame, culp
             "transfer_ms_per_step": ms(_num(per_rank["tx_ns"].median()) / max(1, n_steps)),
             "exposed_ms_per_step": ms(_num(per_rank["exposed_ns"].median()) / max(1, n_steps)),
             "ranks_affected": len(ranks), "steps": n_steps,
+            **(cov.metrics() if cov.missing else {}),
         },
         evidence=evidence,
         gpu_seconds_lost=gpu_seconds(gpu_ns),
         fraction_of_step=round(med_x, 4),
         key=g,
-        confidence="high" if not by_design else "medium",
+        confidence=at_most(cov.confidence(), "high" if not by_design else "medium"),
     )
 
 
+_LONE = (
+    " With one rank's trace, the transfer time of each collective is estimated from that rank's own kernels: "
+    "what looks like exposed transfer may be waiting for peers without data."
+)
 _REMEDY_DP = (
     "Overlap gradient/parameter traffic with compute: DDP bucketing (bucket_cap_mb) and no stream sync before "
     "backward ends; FSDP forward_prefetch/backward_prefetch; Megatron --overlap-grad-reduce and "

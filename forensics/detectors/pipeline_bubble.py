@@ -30,7 +30,7 @@ How it measures:
     ``(f_B - f_B*) * step`` per step, structural ``f_B* * step``, times the ranks and the steps.
 
 What to do:
-    Excess: look for a straggler or slow P2P link (see the straggler finding). Imbalance: move layers
+    Excess: look for a slow rank or slow P2P link in the pipeline. Imbalance: move layers
     off the slow stage (Megatron ``--decoder-first/last-pipeline-num-layers``), account for embedding
     and loss on the first/last stage. Structural: raise the number of micro-batches (m >= 4p), use
     interleaving (``--num-layers-per-virtual-pipeline-stage``) or a zero-bubble schedule.
@@ -283,8 +283,8 @@ _REMEDY_IMB = (
     "--decoder-last-pipeline-num-layers, or a custom split); the first and last stages carry embedding and loss."
 )
 _REMEDY_EXCESS = (
-    "The stages are balanced, so the extra bubble comes from elsewhere: check the straggler findings for a slow "
-    "rank in this pipeline and the P2P transfer times between stages."
+    "The stages are balanced, so the extra bubble comes from elsewhere: look for a slow rank in this pipeline "
+    "(a GPU or host that arrives late at its sends) and at the P2P transfer times between stages."
 )
 _REMEDY_STRUCT = (
     "Raise the number of micro-batches (m >= 4p keeps the 1F1B bubble under ~20%), use interleaving "

@@ -37,7 +37,11 @@ How it measures:
     Impact (GPU-seconds lost): had the culprits arrived with the latest other member, every other
     member would have waited that much less; per step the largest such saving (waits at successive
     collectives overlap in time), times the other members, summed over steps. Findings below
-    ``min_impact`` of a step are reported as ``info``.
+    ``min_impact`` of a step are reported as ``info``. A rank finding names the culprits' hosts and
+    GPUs (PCI bus id through the NCCL init lines, when the job has them). Only ranks with data can be
+    culprits; the ranks the job has without data are in the metrics, and confidence (high for the
+    compute and host classes, low for an unclassified late arrival) drops to medium with at least half
+    of the ranks or a single step, low below that.
 
 What to do:
     Compute: check the GPU (clocks, power, temperature, Xid/ECC lines in the kernel log; run a
@@ -57,6 +61,7 @@ import polars as pl
 from forensics.context import JobContext
 from forensics.detectors import Skip, detector
 from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
+from forensics.detectors._coverage import Coverage, at_most, coverage, gpus_of
 from forensics.findings import Finding, Severity
 
 
@@ -253,6 +258,8 @@ class _Job:
     step_med: float
     n_steps: int
     n_ranks: int
+    cov: Coverage
+    gpu_of: dict[int, str]
 
 
 @detector("straggler", settings=StragglerConfig, requires=("kernels",))
@@ -262,14 +269,16 @@ def detect(ctx: JobContext, cfg: StragglerConfig) -> list[Finding]:
     if ranks.len() < 2:
         raise Skip("only one rank in the traces: a straggler needs peers to compare with")
     s = _peer_steps(ctx, steps)
+    sc = _scores(ctx, s, cfg)
+    classes = _classify(s, sc, cfg)
     job = _Job(
         host_of=dict(steps.select("rank", "host").unique("rank").iter_rows()),
         step_med=_num(s["step_ns"].median()),
         n_steps=s["step"].n_unique(),
         n_ranks=ranks.len(),
+        cov=coverage(ctx),
+        gpu_of=gpus_of(ctx, classes),
     )
-    sc = _scores(ctx, s, cfg)
-    classes = _classify(s, sc, cfg)
     findings = [_rank_finding(h, c, rs, sc, job, cfg) for h, c, rs in _by_node(classes, job.host_of)]
     findings += _links(ctx, cfg, job.host_of, job.step_med, job.n_steps)
     findings += _stages(s, cfg, job.step_med)
@@ -280,13 +289,14 @@ def _rows(df: pl.DataFrame) -> dict[int, dict]:
     return {row["rank"]: row for row in df.iter_rows(named=True)}
 
 
-def _rank_evidence(rs: list[int], c: str, sc: _Scores, vic: pl.DataFrame, host_of: dict) -> list[dict]:
+def _rank_evidence(rs: list[int], c: str, sc: _Scores, vic: pl.DataFrame, host_of: dict,
+                   gpu_of: dict[int, str]) -> list[dict]:
     """The culprits with their scores, then the victims with how long they waited."""
     comp_d, host_d, arr_d = _rows(sc.comp), _rows(sc.host), _rows(sc.arrivals)
     evidence: list[dict] = []
     for r in rs[:EVIDENCE_CAP]:
         evidence.append({
-            "role": "culprit", "rank": r, "host": host_of.get(r), "class": c,
+            "role": "culprit", "rank": r, "host": host_of.get(r), "gpu": gpu_of.get(r), "class": c,
             "compute_ms": ms(comp_d.get(r, {}).get("med")), "peer_compute_ms": ms(comp_d.get(r, {}).get("peer_med")),
             "rho": round(float(comp_d.get(r, {}).get("rho") or float("nan")), 4),
             "host_bound_excess_ms": ms(host_d.get(r, {}).get("host_excess")),
@@ -325,11 +335,12 @@ def _rank_finding(h: str | None, c: str, rs: list[int], sc: _Scores, job: _Job, 
             f"{sum(int(arr_d.get(r, {}).get('n_last') or 0) for r in rs)} collective(s); "
             f"compute {ms(comp_d.get(r0, {}).get('med'))} ms vs peers {ms(comp_d.get(r0, {}).get('peer_med'))} ms "
             f"per step, host-bound idle {ms(host_d.get(r0, {}).get('host_excess'))} ms above peers. "
-            f"Removing it would save about {frac:.1%} of the step."
+            f"Removing it would save about {frac:.1%} of the step.{job.cov.sentence()}"
         ),
         remediation=_REMEDY[c],
         ranks=tuple(rs),
         hosts=(h,) if h else (),
+        gpus=tuple(sorted({job.gpu_of[r] for r in rs if r in job.gpu_of})),
         metrics={
             "class": c, "ranks_implicated": len(rs), "node": node,
             "rho_median": round(float(comp_d.get(r0, {}).get("rho") or float("nan")), 4),
@@ -337,12 +348,14 @@ def _rank_finding(h: str | None, c: str, rs: list[int], sc: _Scores, job: _Job, 
             "last_arrival_share": round(float(arr_d.get(r0, {}).get("last_share") or 0.0), 4),
             "last_arrival_p_value": float(arr_d.get(r0, {}).get("p_value") or 1.0),
             "saving_per_step_ms": ms(wall_ns), "victims": vic.height, "steps": job.n_steps,
+            **job.cov.metrics(),
         },
-        evidence=tuple(_rank_evidence(rs, c, sc, vic, job.host_of)),
+        evidence=tuple(_rank_evidence(rs, c, sc, vic, job.host_of, job.gpu_of)),
         gpu_seconds_lost=gpu_seconds(gpu_ns) if gpu_ns else gpu_seconds(wall_ns * job.n_steps * job.n_ranks),
         fraction_of_step=round(frac, 4),
         key=c,
-        confidence="high" if c in ("compute", "host") else "low",
+        # A late arrival without its cause classified is weak evidence; any class weakens with missing ranks.
+        confidence=at_most(job.cov.confidence(), "high" if c in ("compute", "host") else "low"),
     )
 
 
@@ -483,19 +496,14 @@ def _stages(s: pl.DataFrame, cfg: StragglerConfig, step_med: float) -> list[Find
     sigma = worst["c"] / mean_c - 1 if mean_c else 0.0
     if sigma < cfg.stage_imbalance:
         return []
-    ranks = tuple(int(r) for r in worst["ranks"])
-    # The same stage's pipeline_bubble finding carries the impact; point at it (same id recipe).
-    bubble_id = Finding(detector="pipeline_bubble", severity=Severity.WARNING, title="", summary="", remediation="",
-                        ranks=ranks, key=f"imbalance-stage{worst['pp_stage']}").id
     return [Finding(
-        related=(bubble_id,),
         detector="straggler",
         severity=Severity.WARNING,
         title=f"Straggler: pipeline stage {worst['pp_stage']} computes {sigma:.0%} more than the mean stage",
         summary=(
             f"Stage {worst['pp_stage']} (ranks {', '.join(map(str, worst['ranks'][:16]))}) spends "
             f"{ms(worst['c'])} ms per step in compute against a stage mean of {ms(mean_c)} ms; the pipeline runs at "
-            "its pace. The lost time is counted once, in the pipeline_bubble finding for this stage."
+            "its pace. Its cost is the other stages' wait for it (pipeline bubble), not counted here."
         ),
         remediation=_REMEDY["stage"],
         ranks=tuple(int(r) for r in worst["ranks"]),
