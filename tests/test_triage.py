@@ -17,8 +17,7 @@ def _finding(detector: str, severity: str, hosts: list[str], lost: float | None)
 
 
 def _job(name: str, findings: list[dict], counts: dict[str, int]) -> JobSummary:
-    doc = {"run": {"sources": [{"status": "ok"}]}, "findings": findings}
-    return JobSummary(name, f"/x/{name}", doc, "", counts=counts)
+    return JobSummary(name, f"/x/{name}", findings, counts=counts)
 
 
 def test_jobs_rank_worst_severity_first_then_gpu_seconds():
@@ -27,7 +26,7 @@ def test_jobs_rank_worst_severity_first_then_gpu_seconds():
         _job("warn_big", [_finding("straggler", "warning", ["n1"], 500.0)], {"warning": 1}),
         _job("crit_small", [_finding("gpu_hw_error", "critical", ["n2"], 1.0)], {"critical": 1}),
         _job("warn_small", [_finding("straggler", "warning", ["n2"], 5.0)], {"warning": 1}),
-        JobSummary("broken", "/x/broken", None, None, error="no readable trace or log"),
+        JobSummary("broken", "/x/broken", None, error="no readable trace or log"),
     ]
     table = job_table(results)
     assert table["job"].to_list() == ["broken", "crit_small", "warn_big", "warn_small", "quiet"]
