@@ -200,16 +200,29 @@ def triage(
         raise typer.Exit(EXIT_FINDINGS)
 
 
+class RulesFormat(str, Enum):
+    text = "text"
+    md = "md"
+
+
 @app.command()
-def rules(name: str | None = typer.Argument(None, help="a detector name; all when omitted")) -> None:
-    """Print the documentation of every detector (or one)."""
+def rules(
+    name: str | None = typer.Argument(None, help="a detector name; all when omitted"),
+    fmt: RulesFormat = typer.Option(RulesFormat.text, "--format", help="text (terminal) or md (Markdown, as in docs/detectors.md)"),
+) -> None:
+    """Print each detector (or one) with its documentation and its settings table."""
     from forensics.detectors import load_all
+    from forensics.reports import rules as rules_report
 
     registry = load_all()
     if name and name not in registry:
         raise UsageError(f"unknown detector {name!r}; known: {', '.join(registry)}")
-    for det in ([registry[name]] if name else registry.values()):
-        out.print(f"[bold]{det.name}[/]\n{det.doc}\n", highlight=False)
+    chosen = [registry[name]] if name else list(registry.values())
+    if fmt is RulesFormat.md:
+        typer.echo(rules_report.markdown(chosen, intro=name is None), nl=False)
+    else:
+        typer.echo(rules_report.text(chosen), nl=False)
+
 
 @app.command()
 def simulate(
