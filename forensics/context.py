@@ -84,13 +84,15 @@ class JobContext:
 
     @cached_property
     def identity(self) -> pl.DataFrame:
-        """Ranks <-> hosts <-> GPUs as one frame (:func:`forensics.identity.identities`).
+        """Ranks <-> hosts <-> GPUs as one frame.
 
-        One row per (host, pid, cuda_dev) process the NCCL logs mention: host, pid, cuda_dev (CUDA
-        device index), rank (global rank), bus_id (normalised PCI bus id), how (which evidence gave the
-        rank), trace_rank (the Kineto ``ranks`` frame's rank for that process, when the job has traces).
+        One row per (host, pid, cuda_dev) process: those the NCCL logs mention
+        (:func:`forensics.identity.identities`), then traced ranks no log names (``how`` = "trace").
+        Columns: host, pid, cuda_dev (CUDA device index), rank (global rank), bus_id (normalised PCI
+        bus id, null when no log gave it), how (which evidence gave the rank), trace_rank (the trace
+        ``ranks`` frame's rank for that process; null without traces).
         """
-        return identities(self.frames)
+        return _with_traced_ranks(identities(self.frames), self.frames["ranks"])
 
     # --- trace facts (GPU timeline, ns) ------------------------------------------------------------
 
@@ -132,6 +134,18 @@ class JobContext:
         """Pipeline stage map: rank, pp_stage (0-based position in its pipeline group), pp_size (stages),
         pp_key (the group's sorted member list). Empty without pipeline parallelism."""
         return _stage_map(self.frames, self.match)
+
+
+def _with_traced_ranks(ident: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
+    """``ident`` plus one row per traced rank that no NCCL log process was joined to."""
+    traced = ranks.drop_nulls("rank").filter(~pl.col("rank").is_in(ident["rank"].drop_nulls().implode()))
+    if traced.height == 0:
+        return ident
+    extra = traced.unique(["rank"], keep="first", maintain_order=True).select(
+        "host", "pid", pl.col("device").alias("cuda_dev"), "rank", pl.lit(None, pl.String).alias("bus_id"),
+        pl.lit("trace").alias("how"), pl.col("rank").alias("trace_rank"),
+    )
+    return pl.concat([ident, extra.cast(dict(ident.schema))], how="vertical")  # type: ignore[arg-type]
 
 
 def _pp_members(frames: JobFrames, match: CollectiveMatch) -> pl.DataFrame:

@@ -12,7 +12,7 @@ from forensics.reports import json_report, markdown
 import forensics.context as context_mod
 from forensics.analyze import analyze
 from forensics.context import JobContext
-from forensics.frames import JobFrames
+from forensics.frames import JobFrames, conform
 from forensics.identity import identities
 from forensics.tables import step_breakdown_table
 from tests.conftest import ROOT
@@ -45,7 +45,14 @@ def test_stages_identity_and_job_facts():
     ctx = JobContext(frames)
     assert ctx.stages.height == 0  # no pipeline group
     assert ctx.ranks == [0, 1, 2, 3] and ctx.hosts == ["node0"] and ctx.world_size == 4
-    assert ctx.identity.equals(identities(frames))
+    assert identities(frames).height == 0 and ctx.identity["rank"].sort().to_list() == [0, 1, 2, 3]
+
+
+def test_identity_of_a_trace_only_job_is_every_traced_rank_on_its_host_and_device():
+    ranks = pl.DataFrame({"rank": [0, 1, 9], "host": ["a", "a", "b"], "pid": [10, 11, 12], "device": [0, 1, 1]})
+    ctx = JobContext(JobFrames({"ranks": conform("ranks", ranks)}))
+    got = ctx.identity.sort("rank").select("rank", "host", "pid", "cuda_dev", "how", "trace_rank").rows()
+    assert got == [(0, "a", 10, 0, "trace", 0), (1, "a", 11, 1, "trace", 1), (9, "b", 12, 1, "trace", 9)]
     empty = JobContext(JobFrames({}))
     assert empty.ranks == [] and empty.hosts == [] and empty.world_size is None and empty.stages.height == 0
 
@@ -97,3 +104,12 @@ def test_analysis_exposes_the_context_sources_and_frames():
     assert analysis.sources is analysis.context.sources
     assert analysis.frames is analysis.context.frames
     assert isinstance(analysis.run_dir, Path)
+
+
+def test_identity_keeps_the_logs_join_and_adds_only_unlogged_traced_ranks():
+    comms = pl.DataFrame({"origin": ["init"], "nranks": [2], "host": ["a"], "pid": [10], "cuda_dev": [0], "rank": [0],
+                          "bus_id": ["0000:3b:00.0"]})
+    ranks = pl.DataFrame({"rank": [0, 1], "host": ["a", "a"], "pid": [10, 11], "device": [0, 1]})
+    frames = JobFrames({"nccl_comms": conform("nccl_comms", comms), "ranks": conform("ranks", ranks)})
+    got = JobContext(frames).identity.sort("rank").select("rank", "cuda_dev", "bus_id", "how", "trace_rank").rows()
+    assert got == [(0, 0, "0000:3b:00.0", "init", 0), (1, 1, None, "trace", 1)]
