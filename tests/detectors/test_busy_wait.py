@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from forensics.context import JobContext
 from forensics.detectors import run_detectors
 from forensics.frames import JobFrames
 from tests.detectors.partial_inputs import only_ranks, simulate_with_traces_of
@@ -13,7 +14,7 @@ from tests.frame_builders import MS, dp_job
 
 
 def _run(frames):
-    return run_detectors(frames, only=["busy_wait"])
+    return run_detectors(JobContext(frames), only=["busy_wait"])
 
 
 def _ranks_in(text: str) -> set[int]:
