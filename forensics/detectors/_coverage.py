@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import polars as pl
 
 from forensics.context import JobContext
-from forensics.identity import identities
 
 LEVELS = ("low", "medium", "high")
 
@@ -79,14 +78,10 @@ class Coverage:
 def _world_ranks(ctx: JobContext) -> set[int]:
     """Ranks the job has by its own account: world sizes (trace metadata, NCCL init lines), group members."""
     frames = ctx.frames
-    out: set[int] = set()
-    sizes = [frames["ranks"]["world_size"].max()] if frames.has("ranks") else []
+    sizes = [ctx.world_size]
     if frames.has("nccl_comms"):
-        comms = frames["nccl_comms"].filter(pl.col("origin") == "init")
-        sizes.append(comms["nranks"].max())
-    for n in sizes:
-        if isinstance(n, int) and n > 0:
-            out |= set(range(n))
+        sizes.append(frames["nccl_comms"].filter(pl.col("origin") == "init")["nranks"].max())  # type: ignore[arg-type]
+    out = {r for n in sizes if isinstance(n, int) and n > 0 for r in range(n)}
     if frames.has("process_groups"):
         out |= set(frames["process_groups"]["pg_ranks"].explode().drop_nulls().to_list())
     return out
@@ -108,12 +103,12 @@ def coverage(ctx: JobContext) -> Coverage:
 
 
 def gpus_of(ctx: JobContext, ranks: Iterable[int]) -> dict[int, str]:
-    """Rank -> PCI bus id of its GPU through the identity join (NCCL init lines, trace device ids);
-    ranks the inputs say nothing about are left out."""
+    """Rank -> PCI bus id of its GPU through the job's identity join (``JobContext.identity``: NCCL init
+    lines joined to the traced processes); ranks the inputs say nothing about are left out."""
     wanted = [int(r) for r in ranks]
     if not wanted:
         return {}
-    ident = identities(ctx.frames)
+    ident = ctx.identity
     if ident.height == 0:
         return {}
     rank = pl.coalesce("trace_rank", "rank") if "trace_rank" in ident.columns else pl.col("rank")
