@@ -23,7 +23,7 @@ How it measures:
     ``min_wait_share_of_gap`` of that gap (and ``W >= min_wait_floor``). Who they waited for: each
     wait is charged to the instance's last-arriving rank, or shared among the members that never
     joined it (a hang). The finding's ``ranks`` are the culprits, not the waiting ranks: the ranks with
-    data that at least ``CULPRIT_MIN_SHARE`` (20%) of the flagged ranks' wait was for (at most 5), with
+    data that at least ``culprit_min_share`` (default 20%) of the flagged ranks' wait was for (at most 5), with
     their host and GPU; the waiting ranks are in the metrics (``ranks_waiting``) and the evidence
     (role ``victim``). A rank without data is never blamed: wait for ranks without a trace is reported
     as such (evidence role ``no_data``), and then the finding is at most a warning. Partial inputs:
@@ -74,6 +74,9 @@ class BusyWaitConfig:
                                     doc="... and W at least this share of the step")
     critical_wait: float = setting(0.4, unit="fraction of step", low=0.0, high=1.0,
                                    doc="wait fraction W above which the finding is critical")
+    culprit_min_share: float = setting(0.2, unit="fraction of wait", low=0.0, high=1.0,
+                                       doc="a rank with data is named as culprit when at least this share of the "
+                                           "flagged ranks' wait was for it")
 
 
 def waits_by_culprit(match: CollectiveMatch) -> pl.DataFrame:
@@ -160,8 +163,6 @@ def _flagged(u: pl.DataFrame, cfg: BusyWaitConfig) -> pl.DataFrame:
     return u.filter(rule1 | rule2)
 
 
-CULPRIT_MIN_SHARE = 0.2
-"""A rank with data is named as the culprit when at least this share of the waiting ranks' wait was for it."""
 MAX_CULPRITS = 5
 
 
@@ -235,10 +236,10 @@ class _Blame:
     rows: list[dict]
 
 
-def _who(ctx: JobContext, flagged: pl.DataFrame, cov: Coverage) -> _Blame:
+def _who(ctx: JobContext, flagged: pl.DataFrame, cov: Coverage, min_share: float) -> _Blame:
     victims = [int(r) for r in flagged["rank"].to_list()]
     blame = _blame(ctx.match, victims, cov.with_data)
-    guilty = blame.filter(pl.col("has_data") & (pl.col("share") >= CULPRIT_MIN_SHARE)).head(MAX_CULPRITS)
+    guilty = blame.filter(pl.col("has_data") & (pl.col("share") >= min_share)).head(MAX_CULPRITS)
     # A rank without data is never blamed: the wait for it is reported, not pinned on it.
     absent = blame.filter(~pl.col("has_data"))
     culprits = [int(r) for r in guilty["last_rank"].to_list()]
@@ -255,7 +256,7 @@ def _who(ctx: JobContext, flagged: pl.DataFrame, cov: Coverage) -> _Blame:
                   absent_share=float(absent["share"].sum()), rows=rows)
 
 
-def _texts(b: _Blame, cov: Coverage) -> tuple[str, str]:
+def _texts(b: _Blame, cov: Coverage, min_share: float) -> tuple[str, str]:
     """(what the waiting was for, what to do) from the evidence: culprits, ranks without data, or neither."""
     if b.culprits and b.never:
         who = (f"mostly for rank(s) {rank_list(b.culprits)} ({b.share:.0%} of the wait), which never reached the "
@@ -271,10 +272,10 @@ def _texts(b: _Blame, cov: Coverage) -> tuple[str, str]:
                "cannot be placed")
         do = f"Collect traces of rank(s) {rank_list(b.absent)} to see why the others wait for them."
     else:
-        who = (f"spread over late ranks none of which accounts for {CULPRIT_MIN_SHARE:.0%} of it (each waiting "
+        who = (f"spread over late ranks none of which accounts for {min_share:.0%} of it (each waiting "
                "rank's main wait is in the evidence)")
         do = "Look at the ranks in the evidence's waited_for column: none of them dominates."
-    if b.culprits and b.absent_share >= CULPRIT_MIN_SHARE:
+    if b.culprits and b.absent_share >= min_share:
         who += f"; {b.absent_share:.0%} of it was for rank(s) {rank_list(b.absent)}, which have no trace here"
     if cov.lone_rank:
         who += ("; with one rank's trace the wait/transfer split of its collectives is estimated from its own "
@@ -291,11 +292,11 @@ def detect(ctx: JobContext, cfg: BusyWaitConfig) -> list[Finding]:
     if flagged.height == 0:
         return []
     cov = coverage(ctx)
-    b = _who(ctx, flagged, cov)
+    b = _who(ctx, flagged, cov, cfg.culprit_min_share)
     victims = [int(r) for r in flagged["rank"].to_list()]
     med = flagged.select(pl.col("u_any", "u_compute", "u_sm", "w").median()).row(0, named=True)
     sm_source, sm_text = _sm_source(flagged)
-    who, do = _texts(b, cov)
+    who, do = _texts(b, cov, cfg.culprit_min_share)
     return [Finding(
         detector="busy_wait",
         severity=_severity(med["w"], b, cov, cfg),

@@ -383,6 +383,9 @@ def _fault_truth(f: dict[str, Any], job: Job, engine: Engine, per_rank: list[dic
         exp["victims"] = [d["rank"] for d in others]
         exp["victims_wait_ns_median"] = med("collective_wait_ns_total", others)
         exp["culprit_wait_ns"] = per_rank[r]["collective_wait_ns_total"]
+    elif kind == "input_bound":
+        exp["stall_ms_per_step"] = f["stall_ms"]
+        exp["gpu_idle_fraction_median"] = med("gpu_idle_fraction", per_rank)
     elif kind == "dp_not_overlapped":
         exp["exposed_comm_fraction_median"] = med("exposed_comm_fraction", per_rank)
     elif kind == "slow_nic":

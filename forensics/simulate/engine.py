@@ -140,7 +140,7 @@ class Engine:
             if f["kind"] == "compute_straggler":
                 for r in st_ranks:
                     self.states[r].compute_scale = 1.0 + f["slowdown"]
-            elif f["kind"] == "host_straggler":
+            elif f["kind"] in ("host_straggler", "input_bound"):
                 for r in st_ranks:
                     self.states[r].host_scale = f.get("launch_factor", 1.0)
                     self.states[r].stall_ns = int(f.get("stall_ms", 0.0) * 1e6)

@@ -106,6 +106,13 @@ def late_rank(ranks: int | None, steps: int | None, params: dict[str, str]) -> J
                                                "stall_ms": _f(params, "stall_ms", 40.0), "busy_wait": True},))
 
 
+def input_bound(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
+    """Every rank's data loader stalls at each step start (``stall_ms``, default 60 ms: the GPU idles
+    about 40% of each ~90 ms default DDP step)."""
+    n = ranks or 8
+    return _ddp(ranks, steps, params, faults=({"kind": "input_bound", "ranks": tuple(range(n)), "stall_ms": _f(params, "stall_ms", 60.0)},))
+
+
 def ddp_no_overlap(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     return _ddp(ranks, steps, params, default=16, overlap_dp=False, faults=({"kind": "dp_not_overlapped"},))
 
@@ -216,6 +223,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("ddp_straggler", "one rank's GPU compute is slower (compute straggler)", ddp_straggler),
     Scenario("host_straggler", "one rank's host launches kernels slowly (launch-bound straggler; its node logs CPU thermal throttling)", host_straggler, kernel_log="throttle"),
     Scenario("late_rank", "one rank's data loader stalls every step; the others busy-wait in NCCL", late_rank),
+    Scenario("input_bound", "input-bound job: every rank's data loader stalls each step, the GPU idles ~40% of it", input_bound),
     Scenario("ddp_no_overlap", "DDP all-reduce runs after backward instead of overlapping it", ddp_no_overlap),
     Scenario("slow_nic", "one node's NIC runs at a fraction of its bandwidth (TP=8 x PP=2 x DP; 32 ranks)", slow_nic, kernel_log="link_flap"),
     Scenario("net_socket", "inter-node traffic over NET/Socket (TCP) instead of InfiniBand", net_socket),

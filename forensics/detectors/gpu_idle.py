@@ -1,0 +1,278 @@
+"""GPU idle: steps in which no kernel runs on any stream for a large share of the time, and why.
+
+What it detects:
+    Ranks whose GPU runs no kernel at all (compute, NCCL or copy, on any stream) for at least
+    ``min_idle`` of the step time, classified by what the host was doing meanwhile: ``input`` (the
+    host was in the data loader while the GPU waited: input bound), ``sync`` (the host had blocked in
+    ``cudaStreamSynchronize`` / ``cudaDeviceSynchronize`` / ``.item()``, so nothing was queued when the
+    GPU drained: sync bound), ``pause`` (one long gap: a checkpoint, an evaluation, a logging stall),
+    ``launch`` (many short kernels and a host busy for nearly the whole step: launch bound), or
+    ``other`` (idle the CPU-side evidence does not explain).
+
+Why it matters:
+    Idle GPU time is lost outright, and nvidia-smi utilization hides none of it only when it is read
+    per step. Each class has a different fix, so naming the class is most of the diagnosis.
+
+How it measures:
+    The idle time per rank and step is the breakdown's ``idle_ns`` (:mod:`forensics.breakdown`: time
+    in the step window with no kernel, copy or NCCL kernel running); a rank is flagged when its idle
+    time over all its steps is at least ``min_idle`` of its step time. Its idle gaps (between the union
+    of its kernels, inside the step windows) are each put in one class, first match wins: ``input``
+    when data-loader ops (``enumerate(DataLoader)``, ``DataLoader``, ``__next__``) cover at least
+    ``input_cover`` of the gap; ``sync`` when the gap starts while the host is inside a synchronizing
+    call (the host waited for the GPU to drain, then had nothing queued); ``pause`` when the gap alone
+    is at least ``pause_share`` of its step or checkpoint / evaluation ops (``checkpoint``,
+    ``torch.save``, ``eval``, ``validat``) cover ``input_cover`` of it; ``launch`` for the rest when
+    the rank's median kernel is shorter than ``short_kernel_us`` and either its CPU ops (cpu_op and CUDA
+    API calls, union over threads) cover at least ``cpu_busy`` of the step or at least ``host_bound`` of
+    its idle time is host-bound (the breakdown's ``host_bound_ns``: the next kernel's launch call began
+    only after the GPU had gone idle); ``other`` otherwise. A rank's
+    class is the one holding most of its idle time; one finding per class names its ranks, hosts and
+    GPUs. Impact: the idle time itself (``gpu_seconds_lost`` = summed idle of the ranks over the
+    profiled steps; ``fraction_of_step`` = their median idle share). Severity: info from ``min_idle``,
+    warning from ``warning_idle``, critical from ``critical_idle`` (median idle share of the ranks).
+
+What to do:
+    input: more data-loader workers (``num_workers``), ``pin_memory=True``, ``prefetch_factor``,
+    faster storage or pre-processed data. sync: remove ``.item()`` / ``.cpu()`` / ``print(loss)`` from
+    the hot loop, log asynchronously every N steps. pause: make checkpoints asynchronous (e.g.
+    ``torch.distributed.checkpoint`` async save) and evaluate less often. launch: CUDA graphs
+    (``torch.compile(mode="reduce-overhead")``), fused kernels, larger batches per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from forensics.context import JobContext
+from forensics.detectors import detector
+from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
+from forensics.detectors._coverage import gpus_of, rank_list
+from forensics.findings import Finding, Severity
+from forensics.intervals import clip_to_windows, merge
+from forensics.settings import setting
+
+LOADER = r"(?i)dataloader|__next__"
+SYNC = r"^(?:cuda|hip)(?:Stream|Device|Event)Synchronize$|^aten::(?:item|_local_scalar_dense)$"
+PAUSE = r"(?i)checkpoint|torch\.save|(?:^|[^a-z])eval(?:uation)?(?:[^a-z]|$)|validat"
+CPU_CATEGORIES = ("cpu_op", "cuda_runtime", "cuda_driver")
+CLASSES = ("input", "sync", "pause", "launch", "other")
+
+
+@dataclass(frozen=True)
+class GpuIdleConfig:
+    """Thresholds of the GPU idle check (shares of the step time unless stated)."""
+
+    min_idle: float = setting(0.10, unit="fraction of step", low=0.0, high=1.0,
+                              doc="idle share of the step (no kernel on any stream) from which a rank is flagged")
+    warning_idle: float = setting(0.20, unit="fraction of step", low=0.0, high=1.0,
+                                  doc="median idle share of the flagged ranks from which the finding is a warning")
+    critical_idle: float = setting(0.60, unit="fraction of step", low=0.0, high=1.0,
+                                   doc="... and from which it is critical")
+    input_cover: float = setting(0.5, unit="fraction of gap", low=0.0, high=1.0,
+                                 doc="share of an idle gap that data-loader (or checkpoint/eval) ops must cover")
+    pause_share: float = setting(0.5, unit="fraction of step", low=0.0, high=1.0,
+                                 doc="a single idle gap at least this share of its step is a pause")
+    short_kernel_us: float = setting(20.0, unit="us", low=0.0,
+                                     doc="launch bound: median kernel duration of the rank below this ...")
+    cpu_busy: float = setting(0.8, unit="fraction of step", low=0.0, high=1.0,
+                              doc="... and CPU ops covering at least this share of the step ...")
+    host_bound: float = setting(0.5, unit="fraction of idle", low=0.0, high=1.0,
+                                doc="... or at least this share of the idle time host-bound (next kernel launched after the GPU went idle)")
+
+
+def idle_table(ctx: JobContext) -> pl.DataFrame:
+    """Per rank (from the breakdown): host, steps, step_ns, idle_ns, host_bound_ns (sums), idle share."""
+    return (
+        ctx.steps.group_by("rank")
+        .agg(pl.col("host").first(), pl.col("step").n_unique().alias("steps"),
+             pl.col("step_ns").sum(), pl.col("idle_ns").sum(), pl.col("host_bound_ns").sum())
+        .with_columns((pl.col("idle_ns") / pl.col("step_ns")).alias("idle"))
+        .sort("rank")
+    )
+
+
+def idle_gaps(ctx: JobContext, ranks: list[int]) -> pl.DataFrame:
+    """rank, step, g_start, g_end, step_ns: the intervals of each step window with no kernel running."""
+    win = ctx.step_windows.filter(pl.col("rank").is_in(ranks)).select("rank", "step", "w_start", "w_end")
+    kern = ctx.frames["kernels"].filter(pl.col("rank").is_in(ranks)).select("rank", "start_ns", "end_ns")
+    busy = merge(clip_to_windows(kern.lazy(), win.lazy(), on=["rank"]), ["rank", "step"]).collect()
+    # Sentinels of zero length at both window edges; a gap is then "start minus the previous end".
+    edges = pl.concat([
+        win.select("rank", "step", pl.col("w_start").alias("start_ns"), pl.col("w_start").alias("end_ns")),
+        win.select("rank", "step", pl.col("w_end").alias("start_ns"), pl.col("w_end").alias("end_ns")),
+    ])
+    allk = pl.concat([busy.select(edges.columns).cast(dict(edges.schema)), edges])  # type: ignore[arg-type]
+    prev_end = pl.col("end_ns").cum_max().shift(1).over("rank", "step", order_by="start_ns")
+    gaps = (
+        allk.with_columns(prev_end.alias("g_start"))
+        .select("rank", "step", "g_start", pl.col("start_ns").alias("g_end"))
+        .filter(pl.col("g_end") > pl.col("g_start"))
+    )
+    return gaps.join(win.select("rank", "step", (pl.col("w_end") - pl.col("w_start")).alias("step_ns")), on=["rank", "step"])
+
+
+def _cover(gaps: pl.DataFrame, ops: pl.DataFrame, name: str) -> pl.DataFrame:
+    """Per gap: ns of it covered by ``ops`` (merged per rank) as column ``name``."""
+    if ops.height == 0:
+        return gaps.with_columns(pl.lit(0, pl.Int64).alias(name))
+    merged = merge(ops.select("rank", "start_ns", "end_ns"), ["rank"]).collect()
+    keyed = gaps.with_row_index("_gid")
+    cov = (
+        clip_to_windows(merged.lazy(), keyed.lazy(), on=["rank"], window_cols=("g_start", "g_end"))
+        .group_by("_gid").agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias(name)).collect()
+    )
+    return keyed.join(cov, on="_gid", how="left").with_columns(pl.col(name).fill_null(0)).drop("_gid")
+
+
+def _in_sync(gaps: pl.DataFrame, sync: pl.DataFrame) -> pl.DataFrame:
+    """Per gap: whether it starts while the host is inside a synchronizing call (``in_sync``)."""
+    if sync.height == 0:
+        return gaps.with_columns(pl.lit(False).alias("in_sync"))
+    calls = merge(sync.select("rank", "start_ns", "end_ns"), ["rank"]).collect().sort("start_ns")
+    j = gaps.with_row_index("_gid").sort("g_start").join_asof(
+        calls, left_on="g_start", right_on="start_ns", by="rank", strategy="backward", check_sortedness=False,
+    )
+    return j.with_columns((pl.col("end_ns").is_not_null() & (pl.col("end_ns") >= pl.col("g_start"))).alias("in_sync")).sort(
+        "_gid").drop("_gid", "start_ns", "end_ns")
+
+
+def classify_gaps(ctx: JobContext, gaps: pl.DataFrame, launch_ranks: list[int], cfg: GpuIdleConfig) -> pl.DataFrame:
+    """``gaps`` with a ``cls`` column (one of :data:`CLASSES`), by the CPU-side evidence during each gap."""
+    ops = ctx.frames["cpu_ops"].filter(pl.col("rank").is_in(gaps["rank"].unique().implode()))
+    g = _cover(gaps, ops.filter(pl.col("name").str.contains(LOADER)), "_loader")
+    g = _cover(g, ops.filter(pl.col("name").str.contains(PAUSE)), "_pause")
+    g = _in_sync(g, ops.filter(pl.col("name").str.contains(SYNC)))
+    length = (pl.col("g_end") - pl.col("g_start")).cast(pl.Float64)
+    cls = (
+        pl.when(pl.col("_loader") >= cfg.input_cover * length).then(pl.lit("input"))
+        .when(pl.col("in_sync")).then(pl.lit("sync"))
+        .when((length >= cfg.pause_share * pl.col("step_ns")) | (pl.col("_pause") >= cfg.input_cover * length)).then(pl.lit("pause"))
+        .when(pl.col("rank").is_in(launch_ranks)).then(pl.lit("launch"))
+        .otherwise(pl.lit("other"))
+    )
+    return g.with_columns(cls.alias("cls"), length.cast(pl.Int64).alias("gap_ns")).drop("_loader", "_pause", "in_sync")
+
+
+def launch_facts(ctx: JobContext, ranks: list[int]) -> pl.DataFrame:
+    """Per rank: median kernel duration (us) and the share of its step time covered by CPU ops."""
+    win = ctx.step_windows.filter(pl.col("rank").is_in(ranks))
+    kern = ctx.frames["kernels"].filter(pl.col("rank").is_in(ranks))
+    med = kern.group_by("rank").agg(((pl.col("end_ns") - pl.col("start_ns")).median() / 1e3).alias("median_kernel_us"))
+    ops = ctx.frames["cpu_ops"].filter(pl.col("rank").is_in(ranks) & pl.col("category").cast(pl.String).is_in(CPU_CATEGORIES))
+    clipped = clip_to_windows(ops.select("rank", "start_ns", "end_ns").lazy(), win.select("rank", "step", "w_start", "w_end").lazy(), on=["rank"])
+    cpu = merge(clipped, ["rank"]).group_by("rank").agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("_cpu")).collect()
+    span = win.group_by("rank").agg((pl.col("w_end") - pl.col("w_start")).sum().alias("_span"))
+    return (
+        med.join(cpu, on="rank", how="left").join(span, on="rank", how="left")
+        .select("rank", "median_kernel_us", (pl.col("_cpu").fill_null(0) / pl.col("_span")).alias("cpu_busy"))
+    )
+
+
+def rank_classes(ctx: JobContext, flagged: pl.DataFrame, cfg: GpuIdleConfig) -> pl.DataFrame:
+    """``flagged`` (from :func:`idle_table`) with the idle ns of each class, the longest gap, the launch
+    facts and ``cls`` (the class holding most of the rank's idle time)."""
+    ranks = [int(r) for r in flagged["rank"].to_list()]
+    facts = launch_facts(ctx, ranks)
+    facts = facts.join(flagged.select("rank", (pl.col("host_bound_ns") / pl.col("idle_ns")).alias("_hb")), on="rank")
+    busy_host = (pl.col("cpu_busy") >= cfg.cpu_busy) | (pl.col("_hb") >= cfg.host_bound)
+    launch = facts.filter((pl.col("median_kernel_us") < cfg.short_kernel_us) & busy_host)
+    facts = facts.drop("_hb")
+    gaps = classify_gaps(ctx, idle_gaps(ctx, ranks), [int(r) for r in launch["rank"].to_list()], cfg)
+    per = gaps.group_by("rank").agg(
+        *[pl.col("gap_ns").filter(pl.col("cls") == c).sum().alias(f"{c}_ns") for c in CLASSES],
+        pl.col("gap_ns").max().alias("longest_gap_ns"), pl.len().alias("gaps"),
+    )
+    top = pl.concat_list([pl.col(f"{c}_ns") for c in CLASSES]).list.arg_max()
+    return (
+        flagged.join(per, on="rank", how="left").join(facts, on="rank", how="left")
+        .with_columns(top.replace_strict(dict(enumerate(CLASSES)), return_dtype=pl.String).alias("cls"))
+    )
+
+
+@detector("gpu_idle", settings=GpuIdleConfig, requires=("kernels",))
+def detect(ctx: JobContext, cfg: GpuIdleConfig) -> list[Finding]:
+    require_steps(ctx)
+    flagged = idle_table(ctx).filter(pl.col("idle") >= cfg.min_idle)
+    if flagged.height == 0:
+        return []
+    table = rank_classes(ctx, flagged, cfg)
+    return [_finding(ctx, table.filter(pl.col("cls") == c), c, cfg) for c in CLASSES if (table["cls"] == c).any()]
+
+
+_TITLE = {
+    "input": "input bound: GPU idle while the host waits for the data loader",
+    "sync": "sync bound: GPU idle after the host blocks in a synchronization",
+    "pause": "paused: one long GPU gap per step (checkpoint, evaluation or a host stall)",
+    "launch": "launch bound: the host cannot launch kernels fast enough",
+    "other": "GPU idle without CPU-side evidence of the cause",
+}
+_WHY = {
+    "input": "data-loader ops cover the idle gaps (most of them at the step start)",
+    "sync": "the gaps start while the host is inside a synchronizing call (cudaStreamSynchronize, "
+            "cudaDeviceSynchronize, .item()), so no work was queued when the GPU drained",
+    "pause": "most of the idle time is one gap per step",
+    "launch": "kernels are short and the host's CPU ops fill nearly the whole step",
+    "other": "neither the data loader, a synchronization, one long pause nor a busy launching host explains the gaps",
+}
+_DO = {
+    "input": "Feed the GPU faster: more DataLoader workers (num_workers), pin_memory=True, prefetch_factor, "
+             "faster storage or pre-processed/cached data.",
+    "sync": "Remove host synchronizations from the training loop (.item(), .cpu(), print(loss), "
+            "torch.cuda.synchronize()); accumulate metrics on the GPU and read them every N steps.",
+    "pause": "Make checkpoints asynchronous (torch.distributed.checkpoint async save), evaluate less often, "
+             "and check what the host does in the gap.",
+    "launch": "Cut launch overhead: CUDA graphs (torch.compile mode='reduce-overhead'), fused kernels, "
+              "larger micro-batches; check for Python overhead in the step.",
+    "other": "Look at the host timeline of these ranks during the gaps (profiler CPU view): what runs "
+             "instead of launching work.",
+}
+
+
+def _severity(share: float, cfg: GpuIdleConfig) -> Severity:
+    if share >= cfg.critical_idle:
+        return Severity.CRITICAL
+    return Severity.WARNING if share >= cfg.warning_idle else Severity.INFO
+
+
+def _rows(t: pl.DataFrame, gpu_of: dict[int, str]) -> tuple[dict, ...]:
+    return tuple(
+        {"rank": int(r["rank"]), "host": r["host"], "gpu": gpu_of.get(int(r["rank"])), "idle": round(float(r["idle"]), 4),
+         "idle_ms_per_step": ms(r["idle_ns"] / r["steps"]),
+         **{f"{c}_share": round(float(r[f"{c}_ns"] or 0) / float(r["idle_ns"]), 4) for c in CLASSES},
+         "host_bound_share": round(float(r["host_bound_ns"]) / float(r["idle_ns"]), 4),
+         "longest_gap_ms": ms(r["longest_gap_ns"]), "median_kernel_us": round(float(r["median_kernel_us"] or 0), 2),
+         "cpu_busy": round(float(r["cpu_busy"] or 0), 4), "gpu_seconds_lost": gpu_seconds(r["idle_ns"])}
+        for r in t.sort("idle", descending=True).head(EVIDENCE_CAP).iter_rows(named=True)
+    )
+
+
+def _finding(ctx: JobContext, t: pl.DataFrame, cls: str, cfg: GpuIdleConfig) -> Finding:
+    ranks = [int(r) for r in t["rank"].to_list()]
+    gpu_of = gpus_of(ctx, ranks)
+    share = float(t["idle"].median())  # type: ignore[arg-type]
+    cls_share = float(t[f"{cls}_ns"].sum()) / float(t["idle_ns"].sum())
+    per_step = float((t["idle_ns"] / t["steps"]).median())  # type: ignore[arg-type]
+    return Finding(
+        detector="gpu_idle",
+        severity=_severity(share, cfg),
+        title=f"GPU idle {share:.0%} of the step on {len(ranks)} rank(s), {_TITLE[cls]}",
+        summary=(
+            f"Rank(s) {rank_list(ranks)} run no kernel on any stream for {share:.1%} of the step (median; "
+            f"{ms(per_step)} ms per step); {cls_share:.0%} of that idle time is classed {cls}: {_WHY[cls]}."
+        ),
+        remediation=_DO[cls],
+        ranks=tuple(ranks),
+        hosts=tuple(sorted({str(h) for h in t["host"].drop_nulls().to_list()})),
+        gpus=tuple(sorted(set(gpu_of.values()))),
+        metrics={"class": cls, "idle_share": round(share, 4), "class_share_of_idle": round(cls_share, 4),
+                 "idle_ms_per_step": ms(per_step), "ranks_flagged": len(ranks), "ranks_with_data": ctx.steps["rank"].n_unique(),
+                 "steps": int(t["steps"].max()), "min_idle": cfg.min_idle},  # type: ignore[arg-type]
+        evidence=_rows(t, gpu_of),
+        gpu_seconds_lost=gpu_seconds(float(t["idle_ns"].sum())),
+        fraction_of_step=round(share, 4),
+        key=f"class-{cls}",
+        confidence="high" if int(t["steps"].max()) >= 2 and cls_share >= 0.7 else "medium",  # type: ignore[arg-type]
+    )
