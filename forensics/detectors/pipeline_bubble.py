@@ -45,6 +45,7 @@ import polars as pl
 from forensics.context import JobContext
 from forensics.detectors import Skip, detector
 from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
+from forensics.detectors._coverage import rank_list
 from forensics.findings import Finding, Severity
 from forensics.settings import setting
 
@@ -65,6 +66,9 @@ class PipelineBubbleConfig:
                                 doc="theoretical bubble share at which the configuration itself is reported (info)")
     structural_warning: float = setting(0.50, unit="fraction of step", low=0.0, high=1.0,
                                         doc="... and at which that report is a warning")
+    theory_tolerance: float = setting(0.5, unit="fraction of theory", low=0.0,
+                                      doc="theory above the measured bubble by more than this share of it (and by more "
+                                          "than excess_floor): the schedule is uncertain and only the measured bubble is reported")
 
 
 def _num(x: object) -> float:
@@ -195,9 +199,35 @@ def detect(ctx: JobContext, cfg: PipelineBubbleConfig) -> list[Finding]:
         findings.append(_imbalance(pl_))
     else:
         findings += _excess(pl_, cfg)
-    if pl_.f_star >= cfg.structural:
+    measured = _num(pl_.table["f_b"].mean())
+    if pl_.f_star - measured > max(cfg.excess_floor, cfg.theory_tolerance * pl_.f_star):
+        findings.append(_uncertain(pl_, measured))
+    elif pl_.f_star >= cfg.structural:
         findings.append(_structural(pl_, cfg))
     return findings
+
+
+def _uncertain(pp: _Pipeline, measured: float) -> Finding:
+    """The schedule's theory claims far more bubble than the trace shows: report what was measured only."""
+    return Finding(
+        detector="pipeline_bubble",
+        severity=Severity.INFO,
+        title=f"Pipeline bubble measured at {measured:.0%} of the step; the schedule inference is uncertain",
+        summary=(
+            f"The stages spend {measured:.1%} of the step without compute (mean over stages), while p={pp.p}, "
+            f"m={pp.m} ({pp.m_src}), v={pp.v} would give {pp.f_star:.1%}. The trace does not support that "
+            "schedule (e.g. batched send/recv or interleaving read as fewer micro-batches), so the schedule "
+            "inference is uncertain and only the measured bubble is reported."
+        ),
+        remediation=_REMEDY_UNCERTAIN,
+        ranks=(),
+        metrics={**pp.common, "schedule_uncertain": True},
+        evidence=pp.evidence,
+        gpu_seconds_lost=gpu_seconds(measured * pp.step_ns * pp.n_ranks * pp.n_steps),
+        fraction_of_step=round(measured, 4),
+        key="measured",
+        confidence="low",
+    )
 
 
 def _imbalance(pp: _Pipeline) -> Finding:
@@ -209,7 +239,8 @@ def _imbalance(pp: _Pipeline) -> Finding:
         severity=Severity.WARNING,
         title=f"Pipeline stage {worst['pp_stage']} is {pp.sigma:.0%} slower than the mean stage",
         summary=(
-            f"Stage {worst['pp_stage']} computes {ms(worst['compute_ns'])} ms per step against a stage mean of "
+            f"Stage {worst['pp_stage']} (rank(s) {rank_list(int(r) for r in worst['ranks'])}) computes "
+            f"{ms(worst['compute_ns'])} ms per step against a stage mean of "
             f"{ms(pp.mean_c)} ms; every other stage waits for it (measured bubble {pp.common['f_B_measured']:.1%} of "
             f"the step vs {f_star:.1%} in theory for p={p}, m={m}, v={v}). Balancing would save about "
             f"{ms(delta)} ms per step."
@@ -284,6 +315,10 @@ _REMEDY_IMB = (
 _REMEDY_EXCESS = (
     "The stages are balanced, so the extra bubble comes from elsewhere: look for a slow rank in this pipeline "
     "(a GPU or host that arrives late at its sends) and at the P2P transfer times between stages."
+)
+_REMEDY_UNCERTAIN = (
+    "Set the schedule explicitly (pipeline_bubble.microbatches / chunks / schedule) to compare the measured "
+    "bubble with its theory; if the measured bubble is large, raise the number of micro-batches or use interleaving."
 )
 _REMEDY_STRUCT = (
     "Raise the number of micro-batches (m >= 4p keeps the 1F1B bubble under ~20%), use interleaving "

@@ -62,3 +62,45 @@ def test_skipped_without_a_pipeline_group():
     frames, _ = dp_job(n_ranks=4, steps=2)
     _, skipped = _run(frames)
     assert [s.detector for s in skipped] == ["pipeline_bubble"] and "pipeline" in skipped[0].reason
+
+
+def test_theory_far_above_measured_reports_measured_and_no_by_construction_claim():
+    # The trace runs m=32 (measured bubble ~3/35 = 9%) but the schedule says m=2 (theory 3/5 = 60%):
+    # the theory cannot be backed by the trace, so no "by construction" claim and no structural warning.
+    frames, truth = pp_job(p=4, m=32, steps=2)
+    measured = sum(truth.bubble[(s, 1)] for s in range(4)) / 4 / truth.step_ns[1]
+    assert measured == pytest.approx(3 / 35, abs=0.03)  # GPipe plus the builder's P2P latency
+    found, _ = _run(frames, microbatches="2")
+    assert found, "the disagreement between schedule and trace must be reported"
+    for f in found:
+        assert "by construction" not in f.title + f.summary
+        assert f.severity.value == "info"
+        assert f.metrics["schedule_uncertain"] is True
+        assert f.metrics["f_B_measured"] == pytest.approx(measured, abs=0.01)
+        assert f.fraction_of_step == pytest.approx(measured, abs=0.01)
+        assert "uncertain" in f.summary
+
+
+def test_theory_agreeing_with_measured_is_not_uncertain():
+    frames, _ = pp_job(p=8, m=4, steps=2)
+    (f,) = _run(frames)[0]
+    assert f.metrics.get("schedule_uncertain", False) is False
+    assert "by construction" in f.title
+
+
+def test_sim_stage_imbalance_stage2_25pct_names_stage_and_its_ranks(tmp_path):
+    import json
+
+    from forensics.analyze import load
+    from forensics.simulate import simulate
+
+    simulate("pp_imbalance", tmp_path, seed=0, params={"stage": "2", "factor": "1.25"})
+    truth = json.loads((tmp_path / "truth.json").read_text())
+    (fault,) = truth["faults"]
+    _, frames = load(tmp_path, workers=1)
+    found, _ = _run(frames)
+    imb = [f for f in found if f.key.startswith("imbalance")]
+    assert len(imb) == 1
+    assert imb[0].metrics["slow_stage"] == fault["expected"]["stage"] == 2
+    assert sorted(imb[0].ranks) == sorted(fault["ranks"]) and fault["ranks"]
+    assert "stage 2" in imb[0].title.lower() and "rank" in imb[0].summary.lower()
