@@ -22,11 +22,17 @@ How it measures:
     moves bubble from one stage to another; the mean is what the schedule theory predicts). Theory
     ``f_B* = (p-1)/(v*m+p-1)`` for 1F1B / GPipe / interleaved, ``(p-1)/(3m+p-1)`` for ZB-H1, 0 for
     zero-bubble schedules. m and v come from the config when set; else they are inferred from the
-    number of pipeline send/recv kernels per step: ``4mv - 2m`` on the first stage, ``4mv`` on a
-    middle stage (one kernel per send or receive; see :func:`infer_schedule`). Flags: excess when a
+    pipeline send/recv kernels per step: ``4mv - 2m`` on the first stage, ``4mv`` on a middle stage
+    (one kernel per send or receive); when sends and receives share kernels (batched exchanges, as
+    Megatron's batch_isend_irecv launches one SendRecv kernel per exchange) m comes from their order
+    instead: the runs of compute kernels between two send/recv kernels on the last stage (see
+    :func:`infer_schedule`). When the theory exceeds the measured bubble by more than
+    ``theory_tolerance`` of itself (and by more than ``excess_floor``), the trace does not support the
+    schedule: the only finding is then an info one with the measured bubble, saying the schedule
+    inference is uncertain (no structural claim). Flags: excess when a
     stage's ``f_B >= max(excess_floor, excess_ratio * f_B*)``; imbalance when
     ``max_s C_s / mean_s C_s - 1 >= imbalance`` (C_s = median compute per step of stage s); structural
-    when ``f_B* >= structural`` (info). Impact: imbalance ``(max C - mean C)(m+p-1)/m`` per step, excess
+    when ``f_B* >= structural`` (info) and the measured bubble agrees. Impact: imbalance ``(max C - mean C)(m+p-1)/m`` per step, excess
     ``(f_B - f_B*) * step`` per step, structural ``f_B* * step``, times the ranks and the steps.
 
 What to do:
@@ -42,11 +48,13 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from forensics.collectives import assign_steps, effective_steps
 from forensics.context import JobContext
 from forensics.detectors import Skip, detector
 from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
 from forensics.detectors._coverage import rank_list
 from forensics.findings import Finding, Severity
+from forensics.frames import JobFrames
 from forensics.settings import setting
 
 
@@ -111,12 +119,16 @@ def stage_table(ta: JobContext) -> tuple[pl.DataFrame, int]:
 
 
 def infer_schedule(ta: JobContext) -> tuple[int, int]:
-    """(m, v) from pipeline send/recv kernels per step, one kernel per send or receive.
+    """(m, v) from the order of pipeline send/recv kernels per step.
 
-    Stage 0 sends m*v activations and receives m*v gradients, and for chunks after the first also
-    receives m*(v-1) activations from the last stage and sends m*(v-1) gradients back: 4mv - 2m kernels.
-    A middle stage does all four for every chunk: 4mv. So m = (middle - first) / 2 and
-    v = middle / 4m when there is a middle stage; with two stages v = 1 and m = first / 2.
+    One kernel per send or receive: stage 0 sends m*v activations and receives m*v gradients, and for
+    chunks after the first also receives m*(v-1) activations from the last stage and sends m*(v-1)
+    gradients back: 4mv - 2m kernels. A middle stage does all four for every chunk: 4mv. So
+    m = (middle - first) / 2 and v = middle / 4m when there is a middle stage; with two stages v = 1 and
+    m = first / 2. Engines that batch a send and a receive into one kernel per exchange (Megatron's
+    batch_isend_irecv) break these counts; they show as sends and receives that no longer pair up (or
+    kernels labelled sendrecv), and then for a non-interleaved schedule m is taken from the order instead
+    (:func:`microbatches_from_order`) whenever that gives a number.
     """
     k = ta.match.kernels.filter(pl.col("is_p2p") & pl.col("step").is_not_null()).join(ta.stages, on="rank")
     if k.height == 0:
@@ -128,13 +140,63 @@ def infer_schedule(ta: JobContext) -> tuple[int, int]:
     first = counts.get(0)
     if not first:
         return 0, 0
+    m_c, v_c = max(1, int(round(first / 2))), 1
     middle = [counts[s] for s in range(1, p - 1) if s in counts]
     if middle:
         mid = sorted(middle)[len(middle) // 2]
-        m = int(round((mid - first) / 2))
-        if m >= 1:
-            return m, max(1, int(round(mid / (4 * m))))
-    return max(1, int(round(first / 2))), 1
+        m_mid = int(round((mid - first) / 2))
+        if m_mid >= 1:
+            m_c, v_c = m_mid, max(1, int(round(mid / (4 * m_mid))))
+    m_o = microbatches_from_order(ta, k) if v_c == 1 and _batched(k) else 0
+    return (m_o or m_c), v_c
+
+
+def _batched(p2p: pl.DataFrame) -> bool:
+    """Whether sends and receives share kernels: with one kernel per send or receive every stage launches
+    as many sends as receives (each transfer is sent once and received once per neighbour pair in 1F1B,
+    GPipe and interleaved schedules alike); a batched exchange is labelled by one side only, or as sendrecv."""
+    n = p2p.group_by("collective").agg(pl.len())
+    c = dict(n.iter_rows())
+    return bool(c.get("sendrecv")) or c.get("send", 0) != c.get("recv", 0)
+
+
+def microbatches_from_order(ta: JobContext, p2p: pl.DataFrame) -> int:
+    """m on the last stage of a non-interleaved schedule: the number of runs of compute kernels, in launch
+    order, that sit between two pipeline send/recv kernels. There every micro-batch's forward and
+    backward run back to back between receiving its activation and sending its gradient, whether each
+    transfer is its own kernel or a send and a receive share one (batched); 0 when it cannot be told."""
+    last = p2p.filter(pl.col("pp_stage") == pl.col("pp_size") - 1)
+    ranks = last["rank"].unique().implode()
+    if last.height == 0:
+        return 0
+    frames = ta.frames
+    launches = _launches(frames).filter(pl.col("rank").is_in(ranks))
+    comp = frames["kernels"].filter(pl.col("rank").is_in(ranks) & (pl.col("class") == "compute")).join(
+        launches, on=["rank", "correlation"], how="left")
+    comp = assign_steps(comp.with_columns(pl.coalesce("launch_ns", "start_ns").alias("_t")), effective_steps(frames), "_t")
+    items = pl.concat([
+        comp.select("rank", "step", "_t", pl.col("start_ns").alias("_s"), pl.lit(False).alias("_p2p")),
+        last.select("rank", "step", pl.coalesce("launch_ns", "start_ns").alias("_t"), pl.col("start_ns").alias("_s"),
+                    pl.lit(True).alias("_p2p")),
+    ]).drop_nulls("step")
+    order = ["rank", "step"]
+    runs = (
+        items.sort(*order, "_t", "_s")
+        .with_columns(
+            pl.col("_p2p").shift(1).over(order).fill_null(False).alias("_prev_p2p"),
+            pl.col("_p2p").cast(pl.Int32).reverse().cum_sum().reverse().over(order).alias("_p2p_from_here"),
+        )
+        .filter(~pl.col("_p2p") & pl.col("_prev_p2p") & (pl.col("_p2p_from_here") > 0))
+        .group_by(order).agg(pl.len().alias("runs"))
+    )
+    return int(round(_num(runs["runs"].median()))) if runs.height else 0
+
+
+def _launches(frames: JobFrames) -> pl.DataFrame:
+    """rank, correlation, launch_ns: when the host launched each kernel."""
+    ops = frames["cpu_ops"]
+    return ops.filter(pl.col("is_launch") & pl.col("correlation").is_not_null()).group_by("rank", "correlation").agg(
+        pl.col("start_ns").min().alias("launch_ns"))
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ class Coll:
 
 class Op:
     __slots__ = ("kind", "stream", "name", "cpu", "dur", "host_ns", "deps", "coll", "tid", "meta", "jit",
-                 "launch", "start", "end", "cpu_start", "cls")
+                 "launch", "start", "end", "cpu_start", "cls", "send")
 
     def __init__(self, kind: int, stream: int, name: str, cpu: str, dur: int, host_ns: int, tid: int,
                  deps: tuple[Op, ...] = (), coll: Coll | None = None, meta: Any = None, cls: str = "compute") -> None:
@@ -74,6 +74,7 @@ class Op:
         self.jit = 0
         self.launch = self.start = self.cpu_start = 0
         self.end: int | None = None
+        self.send: Coll | None = None  # a batched exchange: the send this (receive) kernel also carries
 
 
 @dataclass
@@ -112,6 +113,8 @@ def _end_of(op: Op) -> int | None:
     c = op.coll
     if c is not None and c.end is not None:
         op.end = max(c.end + (0 if op.name == "recv" else op.jit), op.start + 1_000)
+        if op.send is not None:  # a batched exchange ends when both of its transfers are done
+            op.end = max(op.end, op.start + op.send.t_tx)
         return op.end
     return None
 
@@ -303,6 +306,8 @@ class Engine:
             self._fsdp_step(st, prog, step)
         elif self.topo.pp == 1:
             self._ddp_step(st, prog, step)
+        elif self.job.p2p_batched:
+            self._pipeline_step_batched(st, prog, step)
         else:
             self._pipeline_step(st, prog, step)
         self._step_tail(st, prog, tid)
@@ -434,6 +439,35 @@ class Engine:
         buckets = self._dp_buckets(st, prog, [last_bwd[-1]] * (w.layers * v), step, st.pid)
         self._optimizer(st, prog, buckets, st.pid)
 
+    def _pipeline_step_batched(self, st: RankState, prog: list[Op], step: int) -> None:
+        """Megatron 1F1B (v=1) with batched P2P: in the steady state ``send_forward_recv_backward`` and
+        ``send_backward_recv_forward`` are one batch_isend_irecv each, i.e. one SendRecv kernel per exchange
+        (the kernel carries the receive's metadata, the send rides along); warm-up and cool-down transfers
+        are single kernels."""
+        b = _Batched(self, st, prog, step)
+        p, m, s = self.topo.pp, self.job.work.microbatches, b.s
+        first, last = s == 0, s == p - 1
+        warm = min(p - s - 1, m)
+        for i in range(warm):
+            b.compute("F", None if first else b.p2p("recv", "F", i))
+            if not last:
+                b.p2p("send", "F", i)
+        pending = b.p2p("recv", "F", warm) if m > warm and not first else None
+        for i in range(m - warm):
+            b.compute("F", pending)
+            b.compute("B", None if last else b.batched("F", warm + i, "B", i))
+            pending = None
+            if not first and i == m - warm - 1:
+                b.p2p("send", "B", i)
+            elif not first:
+                pending = b.batched("B", i, "F", warm + i + 1)
+        for i in range(m - warm, m):
+            b.compute("B", None if last else b.p2p("recv", "B", i))
+            if not first:
+                b.p2p("send", "B", i)
+        buckets = self._dp_buckets(st, prog, [b.last_bwd[-1]] * self.job.work.layers, step, st.pid)
+        self._optimizer(st, prog, buckets, st.pid)
+
     # ---------------------------------------------------------------- resolution
     def _try(self, st: RankState, op: Op) -> bool:
         if op.kind == HOST:
@@ -475,6 +509,7 @@ class Engine:
             op.end = op.start + op.dur
             return True
         c.arrive[st.rank] = op.start
+        _arrive_send(op, st.rank)
         if op.name == "send":
             # a send does not wait for the receiver's stream (NCCL buffers it); the receive ends at
             # max(send start, receive start) + transfer. Blocking sends on one stream would deadlock
@@ -550,6 +585,63 @@ class Engine:
                 del prog[idx + 1:]
             self.states[r].stopped = True
         self.halted = True
+
+
+def _arrive_send(op: Op, rank: int) -> None:
+    """The send half of a batched exchange arrives with its kernel."""
+    c = op.send
+    if c is None:
+        return
+    c.arrive[rank] = op.start
+    if len(c.arrive) == len(c.members):
+        c.end = max(c.arrive.values()) + c.t_tx
+
+
+class _Batched:
+    """One rank's step program under :meth:`Engine._pipeline_step_batched`: its transfers and compute."""
+
+    def __init__(self, eng: Engine, st: RankState, prog: list[Op], step: int) -> None:
+        self.eng, self.st, self.prog, self.step = eng, st, prog, step
+        topo, w = eng.topo, eng.job.work
+        tp_r, dp_r, self.s = topo.coords(st.rank)
+        self.prev = topo.rank_of(tp_r, dp_r, (self.s - 1) % topo.pp)
+        self.next = topo.rank_of(tp_r, dp_r, (self.s + 1) % topo.pp)
+        ppg = group_of(eng.groups, st.rank, "pp")
+        assert ppg is not None
+        self.ppg = ppg
+        self.scale = st.compute_scale * eng.stage_scale[self.s]
+        self.act = w.micro_batch * w.seq * w.hidden * 2 // topo.tp
+        self.last_bwd: list[Op] = []
+
+    def p2p(self, name: str, kind: str, mb: int) -> Op:
+        """A single send (of this stage's output, after the last kernel) or receive (from the neighbour)."""
+        peer = self.next if (name == "send") == (kind == "F") else self.prev
+        src = self.s if name == "send" else self.s + (1 if kind == "B" else -1)
+        deps = (self.prog[-1],) if name == "send" else ()
+        return self.eng._coll(self.st, self.prog, name, self.ppg, self.act, STREAM_SEND if name == "send" else STREAM_RECV,
+                              self.st.pid, self.step, deps=deps, peer=peer, p2p_index=hash_idx(kind, self.step, mb, src))
+
+    def batched(self, send_kind: str, send_mb: int, recv_kind: str, recv_mb: int) -> Op:
+        """One kernel for a send and a receive (batch_isend_irecv); labelled as the receive."""
+        snd = self.p2p("send", send_kind, send_mb)
+        self.prog.pop()
+        rcv = self.p2p("recv", recv_kind, recv_mb)
+        rcv.deps, rcv.send = snd.deps, snd.coll
+        return rcv
+
+    def compute(self, kind: str, dep: Op | None) -> None:
+        eng, st, prog, w = self.eng, self.st, self.prog, self.eng.job.work
+        start = len(prog)
+        for _ in range(w.layers):
+            if kind == "F":
+                eng._layer_fwd(st, prog, self.scale, st.pid, self.step)
+            else:
+                self.last_bwd.append(eng._layer_bwd(st, prog, self.scale, st.pid, self.step))
+        if dep is not None:
+            prog[start].deps = (dep,)
+        if kind == "F" and self.s == eng.topo.pp - 1 and w.loss_kernel:
+            eng._kernel(st, prog, CE_FWD, "aten::_log_softmax", eng._mem_ns(w.micro_batch * w.seq * 32000 * 4 / eng.topo.tp, st, self.scale),
+                        st.pid, w.micro_batch * w.seq // 4, 128)
 
 
 def hash_idx(kind: str, step: int, mb: int, src_vstage: int) -> int:

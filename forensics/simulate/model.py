@@ -212,6 +212,7 @@ class Job:
     net: Net = Net()
     schedule: str = "1f1b"          # 1f1b or interleaved (pipeline only)
     chunks: int = 1                 # v, model chunks per stage (interleaved)
+    p2p_batched: bool = False       # Megatron batch_isend_irecv: one SendRecv kernel per send+recv exchange (1F1B, v=1)
     steps: int = 4
     first_step: int = 100           # ProfilerStep# of the first profiled step
     noise: float = 0.02             # lognormal sigma of compute kernel durations

@@ -194,6 +194,15 @@ def pp_interleaved(ranks: int | None, steps: int | None, params: dict[str, str])
     return _pp(ranks, steps, params, v=_i(params, "chunks", 2), label="clean")
 
 
+def pp_megatron(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
+    """Megatron-style 1F1B, p=4, m=32, with batched send/recv (one SendRecv kernel per exchange)."""
+    return _pp(ranks, steps, params, m=32, p2p_batched=True, label="clean")
+
+
+def pp_imbalance_stage2(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
+    return pp_imbalance(ranks, steps, {"stage": "2", "factor": "1.25", **params})
+
+
 def old_nccl(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
     return _ddp(ranks, steps, params, nccl_version="2.18.5", cuda_version="12.2", label="clean")
 
@@ -219,6 +228,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("fsdp_clean", "healthy FSDP job (per-layer all-gather prefetch, reduce-scatter of gradients)", fsdp_clean),
     Scenario("pp_clean", "healthy pipeline + data parallel job (PP=4, 1F1B, m=8)", pp_clean),
     Scenario("pp_interleaved", "healthy interleaved pipeline (PP=4, v=2 chunks, m=8)", pp_interleaved),
+    Scenario("pp_megatron", "healthy Megatron-style 1F1B pipeline (PP=4, m=32) with batched send/recv", pp_megatron),
+    Scenario("pp_imbalance_stage2", "pipeline stage imbalance: stage 2 computes 25% longer", pp_imbalance_stage2),
     Scenario("old_nccl", "healthy DDP job on NCCL 2.18 (old ncclKernel_* names, fp32 grads)", old_nccl),
     Scenario("ddp_straggler", "one rank's GPU compute is slower (compute straggler)", ddp_straggler),
     Scenario("host_straggler", "one rank's host launches kernels slowly (launch-bound straggler; its node logs CPU thermal throttling)", host_straggler, kernel_log="throttle"),

@@ -112,7 +112,7 @@ def test_below_threshold_is_silent_and_threshold_is_a_setting():
 
 # --- simulator --------------------------------------------------------------------------------------
 
-CLEAN = ["ddp_clean", "fsdp_clean", "pp_clean", "pp_interleaved", "old_nccl"]
+CLEAN = ["ddp_clean", "fsdp_clean", "pp_clean", "pp_interleaved", "pp_megatron", "old_nccl"]
 
 
 def _simulate(tmp_path_factory, scenario: str, **kw):

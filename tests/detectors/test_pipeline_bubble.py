@@ -88,19 +88,53 @@ def test_theory_agreeing_with_measured_is_not_uncertain():
     assert "by construction" in f.title
 
 
-def test_sim_stage_imbalance_stage2_25pct_names_stage_and_its_ranks(tmp_path):
+def _sim(tmp_path, scenario):
     import json
 
     from forensics.analyze import load
     from forensics.simulate import simulate
 
-    simulate("pp_imbalance", tmp_path, seed=0, params={"stage": "2", "factor": "1.25"})
-    truth = json.loads((tmp_path / "truth.json").read_text())
-    (fault,) = truth["faults"]
+    simulate(scenario, tmp_path, seed=0)
     _, frames = load(tmp_path, workers=1)
+    return json.loads((tmp_path / "truth.json").read_text()), frames
+
+
+def test_sim_stage_imbalance_stage2_25pct_names_stage_and_its_ranks(tmp_path):
+    truth, frames = _sim(tmp_path, "pp_imbalance_stage2")
+    (fault,) = truth["faults"]
+    assert fault["expected"]["stage"] == 2 and fault["expected"]["factor"] == 1.25
     found, _ = _run(frames)
     imb = [f for f in found if f.key.startswith("imbalance")]
     assert len(imb) == 1
-    assert imb[0].metrics["slow_stage"] == fault["expected"]["stage"] == 2
+    assert imb[0].metrics["slow_stage"] == 2
     assert sorted(imb[0].ranks) == sorted(fault["ranks"]) and fault["ranks"]
-    assert "stage 2" in imb[0].title.lower() and "rank" in imb[0].summary.lower()
+    assert "stage 2" in imb[0].title.lower()
+    assert all(str(r) in imb[0].summary for r in fault["ranks"])
+    assert "by construction" not in " ".join(f.title + f.summary for f in found)
+
+
+def test_sim_megatron_batched_p2p_schedule_inferred_from_order(tmp_path):
+    # Megatron 1F1B, p=4, m=32, one SendRecv kernel per batched exchange: the kernel counts alone give
+    # m=17 (35 kernels on stage 0, 69 on stage 1); the order of P2P and compute kernels gives m=32.
+    from forensics.detectors.pipeline_bubble import infer_schedule
+
+    truth, frames = _sim(tmp_path, "pp_megatron")
+    job = truth["job"]
+    assert (job["pp"], job["microbatches"], job["chunks"]) == (4, 32, 1)
+    ctx = JobContext(frames)
+    assert infer_schedule(ctx) == (32, 1)
+    table, p = stage_table(ctx)
+    measured = float(table["f_b"].mean())
+    assert measured == pytest.approx(truth["expected"]["bubble_fraction_measured"], abs=0.02)
+    assert truth["expected"]["bubble_fraction_theory"] == pytest.approx(3 / 35, abs=1e-6)
+    found, skipped = run_detectors(ctx, only=["pipeline_bubble", "gpu_idle", "straggler", "busy_wait", "exposed_comm"])
+    assert found == [], [f.title for f in found]
+
+
+def test_schedule_inference_unchanged_for_unbatched_schedules(tmp_path_factory):
+    from forensics.detectors.pipeline_bubble import infer_schedule
+
+    for scenario in ("pp_clean", "pp_interleaved", "pp_small_m"):
+        truth, frames = _sim(tmp_path_factory.mktemp(scenario), scenario)
+        job = truth["job"]
+        assert infer_schedule(JobContext(frames)) == (job["microbatches"], job["chunks"]), scenario
