@@ -7,8 +7,8 @@ import re
 import polars as pl
 
 from forensics.analyze import Analysis
+from forensics.findings import Finding
 from forensics.tables import step_breakdown_table, step_table
-
 
 # Characters that start markup in GitHub Markdown (CommonMark + tables, autolinks, HTML) or in Jira's
 # wiki syntax. Each is backslash-escaped, which both render as the character itself.
@@ -38,6 +38,21 @@ def markdown_table(df: pl.DataFrame, float_digits: int = 2) -> list[str]:
     return [head, sep, *rows, ""]
 
 
+def _finding_lines(f: Finding) -> list[str]:
+    lost = f" ({f.gpu_seconds_lost:.1f} GPU-s lost)" if f.gpu_seconds_lost else ""
+    lines = [f"### [{f.severity.value}] {md_text(f.title)}{lost}", ""]  # no link: input cannot define [x]: refs
+    scope = []
+    if f.ranks:
+        scope.append("ranks " + ", ".join(map(str, sorted(f.ranks))))
+    if f.hosts:
+        scope.append("hosts " + ", ".join(sorted(f.hosts)))
+    if f.gpus:
+        scope.append("GPUs " + ", ".join(sorted(f.gpus)))
+    if scope:
+        lines += ["_" + md_text("; ".join(scope)) + "_", ""]
+    return [*lines, md_text(f.summary), "", f"**What to do:** {md_text(f.remediation)}", ""]
+
+
 def render(analysis: Analysis, top: int = 20) -> str:
     lines = [f"# forensics: {md_text(analysis.run_dir.name)}", ""]
     n_ok = analysis.sources.filter(pl.col("status") == "ok").height
@@ -52,19 +67,7 @@ def render(analysis: Analysis, top: int = 20) -> str:
     if not analysis.findings:
         lines += ["No problems found by the detectors that could run.", ""]
     for f in analysis.findings[:top]:
-        lost = f" ({f.gpu_seconds_lost:.1f} GPU-s lost)" if f.gpu_seconds_lost else ""
-        lines.append(f"### \\[{f.severity.value}\\] {md_text(f.title)}{lost}")
-        lines.append("")
-        scope = []
-        if f.ranks:
-            scope.append("ranks " + ", ".join(map(str, sorted(f.ranks))))
-        if f.hosts:
-            scope.append("hosts " + ", ".join(sorted(f.hosts)))
-        if f.gpus:
-            scope.append("GPUs " + ", ".join(sorted(f.gpus)))
-        if scope:
-            lines += ["_" + md_text("; ".join(scope)) + "_", ""]
-        lines += [md_text(f.summary), "", f"**What to do:** {md_text(f.remediation)}", ""]
+        lines += _finding_lines(f)
     if len(analysis.findings) > top:
         lines += [f"... and {len(analysis.findings) - top} more in findings.json.", ""]
     if analysis.skipped:
