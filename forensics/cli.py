@@ -362,18 +362,14 @@ def _write_parquet(df: Any, path: Path) -> None:
 
 
 def _triage_outputs(results: list[Any], out_dir: Path) -> Any:
-    import orjson
-
     from forensics.outputs import OutputSet
-    from forensics.reports import triage_md
-    from forensics.triage import triage_document
+    from forensics.reports import triage_json, triage_md
 
     outs = OutputSet(out_dir)
     for res in results:
-        if res.findings_doc is not None:
-            outs.add_bytes(f"{res.name}/findings.json", orjson.dumps(res.findings_doc, option=orjson.OPT_INDENT_2))
-            outs.add_text(f"{res.name}/summary.md", res.summary_md or "")
-    outs.add_bytes("triage.json", orjson.dumps(triage_document(results), option=orjson.OPT_INDENT_2))
+        for name, content in (res.files or {}).items():  # rendered in the worker: findings.json, summary.md
+            outs.add_bytes(f"{res.name}/{name}", content)
+    outs.add_bytes("triage.json", triage_json.render(results))
     outs.add_text("triage.md", triage_md.render(results))
     outs.remove("crash.txt")
     return outs
@@ -411,12 +407,14 @@ def triage(
     jobs = find_jobs(job_dirs)
     _check_out_dir([*job_dirs, *jobs], out_dir)
     from forensics.detectors import parse_overrides
+    from forensics.reports import triage_json
     from forensics.triage import triage as run_triage
 
     overrides = parse_overrides(settings)
     _run.phase = "parse"
     with _progress("jobs", quiet) as update:
-        results = run_triage(jobs, overrides=overrides, workers=workers, progress=update)  # type: ignore[arg-type]
+        results = run_triage(jobs, overrides=overrides, workers=workers, progress=update,  # type: ignore[arg-type]
+                             render=triage_json.job_files)
     _run.phase = "render"
     _commit(_triage_outputs(results, out_dir))
     _print_triage(results, out_dir)
@@ -425,21 +423,34 @@ def triage(
     threshold = _fail_threshold(fail_on)
     if threshold is not None and any(
         Severity(f["severity"]).rank >= threshold
-        for r in results if r.findings_doc for f in r.findings_doc["findings"]
+        for r in results for f in r.findings or []
     ):
         raise typer.Exit(EXIT_FINDINGS)
 
 
+class RulesFormat(str, Enum):
+    text = "text"
+    md = "md"
+
+
 @app.command()
-def rules(name: str | None = typer.Argument(None, help="a detector name; all when omitted")) -> None:
-    """Print the documentation of every detector (or one)."""
+def rules(
+    name: str | None = typer.Argument(None, help="a detector name; all when omitted"),
+    fmt: RulesFormat = typer.Option(RulesFormat.text, "--format", help="text (terminal) or md (Markdown, as in docs/detectors.md)"),
+) -> None:
+    """Print each detector (or one) with its documentation and its settings table."""
     from forensics.detectors import load_all
+    from forensics.reports import rules as rules_report
 
     registry = load_all()
     if name and name not in registry:
         raise UsageError(f"unknown detector {name!r}; known: {', '.join(registry)}")
-    for det in ([registry[name]] if name else registry.values()):
-        out.print(f"[bold]{det.name}[/]\n{det.doc}\n", highlight=False)
+    chosen = [registry[name]] if name else list(registry.values())
+    if fmt is RulesFormat.md:
+        typer.echo(rules_report.markdown(chosen, intro=name is None), nl=False)
+    else:
+        typer.echo(rules_report.text(chosen), nl=False)
+
 
 # --- simulate ----------------------------------------------------------------------------------
 
