@@ -178,7 +178,7 @@ def _interrupted(exc: KeyboardInterrupt) -> int:
         left = f"no new output written; anything already in {_run.out_dir} is as it was"
     else:
         left = "no output written"
-    _line(err, label, "yellow", f"during {_run.phase}; {left}")
+    _line(err, label, "yellow", f"during {_where(exc.__traceback__)[0]}; {left}")
     return code
 
 
@@ -355,7 +355,12 @@ def frames(
 
 
 def _write_parquet(df: Any, path: Path) -> None:
-    df.write_parquet(path)
+    import polars as pl
+
+    try:
+        df.write_parquet(path)
+    except pl.exceptions.ComputeError as exc:  # Polars' own I/O error (e.g. "No space left on device (os error 28)")
+        raise OSError(str(exc).splitlines()[0] if str(exc) else "write failed") from exc
 
 
 # --- triage ------------------------------------------------------------------------------------

@@ -247,3 +247,17 @@ def test_single_file_run_dir_passes_the_cli_checks(tmp_path: Path):
     assert "no such file or directory" not in res.stderr and "inside RUN_DIR" not in res.stderr
     res = run_cli("analyze", str(tmp_path / "missing.json"), "--out", str(tmp_path / "o"))
     assert res.returncode == 2 and "missing.json: no such file or directory" in one_line(res.stderr)
+
+
+def test_frames_write_error_is_exit_2_and_keeps_previous_parquet(tmp_path: Path):
+    out = tmp_path / "frames"
+    out.mkdir()
+    (out / "kernels.parquet").write_bytes(b"previous")
+    # Polars reports its own write errors (not OSError): the disk fills while it writes
+    patch = ("import polars as pl\n"
+             "def full(self, path, *a, **k): raise pl.exceptions.ComputeError('No space left on device (os error 28)')\n"
+             "pl.DataFrame.write_parquet = full")
+    res = run_patched(patch, "frames", str(SAMPLE), "--out", str(out), "-q")
+    assert res.returncode == 2, res.stderr
+    assert "No space left on device" in one_line(res.stderr)
+    assert folder(out) == {"kernels.parquet": b"previous"}
