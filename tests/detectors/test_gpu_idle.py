@@ -44,7 +44,7 @@ def _op(rows, name: str, start: int, end: int, category: str = "cpu_op") -> None
                          end_ns=end, is_launch=False))
 
 
-def test_sync_bound_gap_after_a_synchronization():
+def test_triggers_sync_bound_gap_after_a_synchronization():
     # GPU busy 0-6 ms; the host blocks in cudaStreamSynchronize 2 ms .. 6.01 ms, then does 3 ms of Python
     # before the next launch: the GPU idles 6-9 ms = 30% of every step.
     def layout(rows, t0):
@@ -60,7 +60,7 @@ def test_sync_bound_gap_after_a_synchronization():
     assert f.severity.value == "warning"
 
 
-def test_input_bound_gap_while_the_host_is_in_the_data_loader():
+def test_triggers_input_bound_gap_while_the_host_is_in_the_data_loader():
     # The loader runs 0-4 ms of each step; the first kernel is launched after it: idle 0-4 ms = 40%.
     def layout(rows, t0):
         _op(rows, "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", t0, t0 + 4 * MS, "user_annotation")
@@ -72,7 +72,7 @@ def test_input_bound_gap_while_the_host_is_in_the_data_loader():
     assert "num_workers" in f.remediation
 
 
-def test_pause_one_long_gap():
+def test_triggers_pause_one_long_gap():
     # One 6 ms gap (60% of the step) with nothing on the host side that explains it.
     def layout(rows, t0):
         rows.kernel(0, t0, t0 + 4 * MS, "compute", launch=t0 - 10 * US)
@@ -86,7 +86,7 @@ def test_pause_one_long_gap():
     assert g.severity.value == "critical"
 
 
-def test_launch_bound_many_short_kernels_launched_late():
+def test_triggers_launch_bound_many_short_kernels_launched_late():
     # 500 kernels of 5 us, each launched 15 us after the previous one ended: GPU idle 75% of the step,
     # every gap host-bound, median kernel 5 us.
     def layout(rows, t0):
@@ -99,6 +99,14 @@ def test_launch_bound_many_short_kernels_launched_late():
     assert f.metrics["class"] == "launch"
     assert f.metrics["idle_share"] == pytest.approx(0.75, abs=1e-6)
     assert "CUDA graphs" in f.remediation
+
+
+def test_skipped_without_kernels():
+    from forensics.frames import JobFrames
+
+    findings, skipped = run_detectors(JobContext(JobFrames({})), only=["gpu_idle"])
+    assert findings == []
+    assert [s.detector for s in skipped] == ["gpu_idle"] and "kernels" in skipped[0].reason
 
 
 def test_below_threshold_is_silent_and_threshold_is_a_setting():
