@@ -43,3 +43,27 @@ def test_trace_ranks_are_joined_on_host_pid_device(tmp_path):
     f2 = frames_from(tmp_path, text, "b.log")
     ids2 = identity.identities(JobFrames({n: f2[n] for n in f2.present} | {"ranks": ranks}))
     assert ids2.row(0, named=True)["rank"] == 2
+
+
+def test_bus_id_spellings_of_every_writer_become_one():
+    # kernel logs and nvidia-smi: colon forms, any domain width, function optional
+    norm = identity.normalize_bus_id
+    assert norm("0000:3b:00") == "0000:3b:00.0"
+    assert norm("00000000:3B:00.0") == "0000:3b:00.0"
+    assert norm("0018:01:00") == "0018:01:00.0"
+    assert norm("01:00") == "0000:01:00.0"
+    assert norm(" 0000:3b:00.1 ") == "0000:3b:00.1"
+    assert norm("...") is None and norm(None) is None and norm("zz") is None and norm("") is None
+    assert norm("0000:3b:00.9") is None  # functions are 0-7
+    # a bare number is an address only when its writer says how to read it
+    assert norm("3b000") is None
+    # NCCL `busId`: hex digits of dddd:bb:dd.f without separators
+    assert norm("a4000", bare="packed") == "0000:a4:00.0"
+    assert norm("1000", bare="packed") == "0000:01:00.0"
+    assert norm("0xc7000", bare="packed") == "0000:c7:00.0"
+    assert norm("18c7001", bare="packed") == "0018:c7:00.1"
+    # older nccl-tests: `[0x4c]` is the bus number; newer ones print the colon form
+    assert norm("0x4c", bare="bus") == "0000:4c:00.0"
+    assert norm("4", bare="bus") == "0000:04:00.0"
+    assert norm("4c0", bare="bus") is None
+    assert norm("0000:4c:00", bare="bus") == "0000:4c:00.0"
