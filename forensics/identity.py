@@ -144,10 +144,38 @@ def with_trace_ranks(ident: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
 
 
 def identities(frames: JobFrames) -> pl.DataFrame:
-    """Log identities joined to trace ranks when the job has traces."""
+    """The job's rank <-> host <-> GPU frame (``JobContext.identity``): one row per process, from logs and traces.
+
+    Columns:
+
+    - ``host`` (String): short host name as the frames store it;
+    - ``pid`` (Int64): process id;
+    - ``cuda_dev`` (Int32): CUDA device index the process drives (traces: ``ranks.device``);
+    - ``rank`` (Int32): global rank (logs first, else the trace's); null when unknown;
+    - ``bus_id`` (String): PCI address of its GPU, ``dddd:bb:dd.f`` (:func:`normalize_bus_id`); null when no
+      log names it;
+    - ``how`` (String): where ``rank`` came from: ``init``, ``nccl-tests``, ``channel``, ``host-offset`` (see
+      the module docstring), ``trace`` for a traced process no log names; null when unknown;
+    - ``trace_rank`` (Int32): the Kineto ``ranks`` frame's rank of this process; null without one.
+
+    Log processes come first (sorted by host, pid, cuda_dev), then traced processes the logs do not name.
+    """
     ident = log_identities(frames)
-    return with_trace_ranks(ident, frames["ranks"]) if frames.has("ranks") else ident.with_columns(
-        pl.lit(None, pl.Int32()).alias("trace_rank")
+    if not frames.has("ranks"):
+        return ident.with_columns(pl.lit(None, pl.Int32()).alias("trace_rank"))
+    return pl.concat([with_trace_ranks(ident, frames["ranks"]), trace_only(ident, frames["ranks"])], how="vertical")
+
+
+def trace_only(ident: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
+    """Traced processes (host, pid, device) that no log process is, in the identity frame's schema."""
+    tr = ranks.filter(pl.col("rank").is_not_null()).select(
+        pl.col("host").cast(pl.String()), pl.col("pid").cast(pl.Int64()),
+        pl.col("device").cast(pl.Int32()).alias("cuda_dev"), pl.col("rank").cast(pl.Int32()),
+    ).unique(maintain_order=True)
+    tr = tr.join(ident.select("host", "pid", "cuda_dev"), on=["host", "pid", "cuda_dev"], how="anti", nulls_equal=True)
+    return tr.select(
+        "host", "pid", "cuda_dev", "rank", pl.lit(None, pl.String()).alias("bus_id"), pl.lit("trace").alias("how"),
+        pl.col("rank").alias("trace_rank"),
     )
 
 
