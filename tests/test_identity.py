@@ -67,3 +67,20 @@ def test_bus_id_spellings_of_every_writer_become_one():
     assert norm("4", bare="bus") == "0000:04:00.0"
     assert norm("4c0", bare="bus") is None
     assert norm("0000:4c:00", bare="bus") == "0000:4c:00.0"
+
+
+def test_traced_processes_no_log_names_are_rows_of_their_own(tmp_path):
+    # the log knows nodeB pid 200 (rank 2 by init line); the trace also has ranks 0 and 1 on nodeA
+    text = "nodeB:200:1 [0] NCCL INFO ncclCommInitRank comm 0x1 rank 2 nranks 4 cudaDev 0 busId 18000 commId 0xa - Init COMPLETE\n"
+    f = frames_from(tmp_path, text)
+    ranks = pl.DataFrame({"rank": [0, 1, 2], "host": ["nodeA", "nodeA", "nodeB"], "pid": [10, 11, 200],
+                          "device": [0, 1, 0]}, schema_overrides={"rank": pl.Int32, "device": pl.Int32})
+    ids = identity.identities(JobFrames({n: f[n] for n in f.present} | {"ranks": ranks}))
+    got = [(r["host"], r["pid"], r["cuda_dev"], r["rank"], r["bus_id"], r["how"], r["trace_rank"])
+           for r in ids.iter_rows(named=True)]
+    assert got == [
+        ("nodeB", 200, 0, 2, "0000:18:00.0", "init", 2),  # log processes first
+        ("nodeA", 10, 0, 0, None, "trace", 0),
+        ("nodeA", 11, 1, 1, None, "trace", 1),
+    ]
+    assert list(ids.columns) == ["host", "pid", "cuda_dev", "rank", "bus_id", "how", "trace_rank"]
