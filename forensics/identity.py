@@ -172,7 +172,8 @@ def trace_only(ident: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
         pl.col("host").cast(pl.String()), pl.col("pid").cast(pl.Int64()),
         pl.col("device").cast(pl.Int32()).alias("cuda_dev"), pl.col("rank").cast(pl.Int32()),
     ).unique(maintain_order=True)
-    tr = tr.join(ident.select("host", "pid", "cuda_dev"), on=["host", "pid", "cuda_dev"], how="anti", nulls_equal=True)
+    tr = tr.join(ident.select("host", "pid", "cuda_dev"), on=["host", "pid", "cuda_dev"], how="anti", nulls_equal=True,
+                 maintain_order="left")
     return tr.select(
         "host", "pid", "cuda_dev", "rank", pl.lit(None, pl.String()).alias("bus_id"), pl.lit("trace").alias("how"),
         pl.col("rank").alias("trace_rank"),
