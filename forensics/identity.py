@@ -144,26 +144,40 @@ def with_trace_ranks(ident: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
 
 
 def identities(frames: JobFrames) -> pl.DataFrame:
-    """The job's rank <-> host <-> GPU frame (``JobContext.identity``): one row per process, from logs and traces.
+    """The processes the NCCL logs mention, joined to trace ranks: one row per (host, pid, cuda_dev).
 
     Columns:
 
     - ``host`` (String): short host name as the frames store it;
     - ``pid`` (Int64): process id;
-    - ``cuda_dev`` (Int32): CUDA device index the process drives (traces: ``ranks.device``);
+    - ``cuda_dev`` (Int32): CUDA device index the process drives;
     - ``rank`` (Int32): global rank (logs first, else the trace's); null when unknown;
     - ``bus_id`` (String): PCI address of its GPU, ``dddd:bb:dd.f`` (:func:`normalize_bus_id`); null when no
       log names it;
     - ``how`` (String): where ``rank`` came from: ``init``, ``nccl-tests``, ``channel``, ``host-offset`` (see
-      the module docstring), ``trace`` for a traced process no log names; null when unknown;
+      the module docstring); null when unknown;
     - ``trace_rank`` (Int32): the Kineto ``ranks`` frame's rank of this process; null without one.
 
-    Log processes come first (sorted by host, pid, cuda_dev), then traced processes the logs do not name.
+    Sorted by host, pid, cuda_dev. :func:`job_identities` adds the traced processes no log names.
     """
     ident = log_identities(frames)
     if not frames.has("ranks"):
         return ident.with_columns(pl.lit(None, pl.Int32()).alias("trace_rank"))
-    return pl.concat([with_trace_ranks(ident, frames["ranks"]), trace_only(ident, frames["ranks"])], how="vertical")
+    return with_trace_ranks(ident, frames["ranks"])
+
+
+def job_identities(frames: JobFrames) -> pl.DataFrame:
+    """The job's rank <-> host <-> GPU frame (``JobContext.identity``): every process of the job.
+
+    :func:`identities` (the log processes) first, then one row per traced process (host, pid, device)
+    that is none of them, with ``how`` = ``trace``, ``rank`` = ``trace_rank`` = the trace's rank and no
+    ``bus_id``. Same columns as :func:`identities`; a rank may appear twice when its log process and its
+    traced process differ (another pid), both naming the same host and GPU.
+    """
+    ident = identities(frames)
+    if not frames.has("ranks"):
+        return ident
+    return pl.concat([ident, trace_only(ident, frames["ranks"])], how="vertical_relaxed")
 
 
 def trace_only(ident: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:

@@ -75,7 +75,7 @@ def test_traced_processes_no_log_names_are_rows_of_their_own(tmp_path):
     f = frames_from(tmp_path, text)
     ranks = pl.DataFrame({"rank": [0, 1, 2], "host": ["nodeA", "nodeA", "nodeB"], "pid": [10, 11, 200],
                           "device": [0, 1, 0]}, schema_overrides={"rank": pl.Int32, "device": pl.Int32})
-    ids = identity.identities(JobFrames({n: f[n] for n in f.present} | {"ranks": ranks}))
+    ids = identity.job_identities(JobFrames({n: f[n] for n in f.present} | {"ranks": ranks}))
     got = [(r["host"], r["pid"], r["cuda_dev"], r["rank"], r["bus_id"], r["how"], r["trace_rank"])
            for r in ids.iter_rows(named=True)]
     assert got == [

@@ -30,8 +30,7 @@ class JobNccl:
 
 
 def job(frames: JobFrames) -> JobNccl:
-    # the NCCL checks speak of log processes: traced processes no log names are not theirs
-    ident = identity.identities(frames).filter(pl.col("how").ne_missing("trace"))
+    ident = identity.identities(frames)
     hosts: set[str] = set()
     for name in ("nccl_comms", "nccl_net", "nccl_channels", "nccl_events"):
         hosts |= set(frames[name]["host"].drop_nulls().to_list())

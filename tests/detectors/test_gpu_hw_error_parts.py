@@ -7,7 +7,7 @@ import polars as pl
 from forensics.frames import KERNEL_EVENT_KINDS, JobFrames
 from forensics.gpufaults.kernel import HANDLERS
 from forensics.gpufaults.placement import Placement
-from forensics.identity import identities
+from forensics.identity import job_identities
 from tests.detectors.nccl_fixtures import frames_from
 
 # kinds that prove nothing about a fault on their own (identity, driver banners, boot, unparsed lines)
@@ -28,7 +28,7 @@ def test_placement_names_ranks_by_bus_id_device_index_and_pid(tmp_path):
     smi = pl.DataFrame({"host": ["n1", "n1"], "source": ["n1/smi.txt"] * 2, "gpu_index": [0, 1],
                         "pci_bus_id": ["0000:1b:00.0", "0000:3b:00.0"]})
     frames = JobFrames({n: f[n] for n in f.present} | {"ranks": ranks, "gpu_health": smi})
-    place = Placement(frames, identities(frames))
+    place = Placement(frames, job_identities(frames))
     assert place.known_hosts == ["n1"]  # trace host (short) = the log host
     assert place.ranks_for("n1", "0000:3b:00.0", set()) == {5}  # the NCCL init line's bus id
     assert place.ranks_for("n1", "0000:1b:00.0", set()) == {4}  # nvidia-smi index 0 = the trace's device 0
