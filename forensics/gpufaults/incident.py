@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from forensics.gpufaults.events import Event
@@ -88,20 +89,19 @@ class Book:
         self.by_host.setdefault(inc.host, []).append(inc)
         return inc
 
+    def _candidates(self) -> Iterator[Incident]:
+        """The current host's incidents, newest first, at most LATEST_SCAN_CAP of them."""
+        return islice(reversed(self.by_host.get(self.host, ())), LATEST_SCAN_CAP)
+
     def latest(self, pred: Callable[[Incident], bool]) -> Incident | None:
         """The current host's newest incident that ``pred`` accepts."""
-        for seen, inc in enumerate(reversed(self.by_host.get(self.host, ()))):
-            if seen >= LATEST_SCAN_CAP:
-                break
-            if pred(inc):
-                return inc
-        return None
+        return next((inc for inc in self._candidates() if pred(inc)), None)
 
     def near(self, ev: Event, pred: Callable[[Incident], bool], window_s: float | None = None) -> Incident | None:
         """The newest incident ``pred`` accepts within ``window_s`` (default: ``incident_gap_s``) of ``ev``."""
         win = self.cfg.incident_gap_s if window_s is None else window_s
         lines = self.cfg.untimed_line_window
-        return self.latest(lambda i: pred(i) and i.close_to(ev, win, lines))
+        return next((inc for inc in self._candidates() if pred(inc) and inc.close_to(ev, win, lines)), None)
 
     def count_benign(self, ev: Event) -> None:
         self.benign[ev["host"]] = self.benign.get(ev["host"], 0) + 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from forensics.gpufaults.events import Event
@@ -40,11 +41,12 @@ def on_xid(book: Book, r: Event) -> None:
     kind = "nvlink5" if is_nvlink5(x) else "xid"
     if x == 109 and _join_app_fault(book, r, level, action):
         return
+    same_gpu = _on_gpu(r)
     if group == "hw" and info.xid_class == "memory":
         # 48 -> 63/64, 94 -> 63: one memory incident on the GPU
-        tgt = book.near(r, lambda i: _same_gpu(i, r) and bool(i.facts.get("memory")))
+        tgt = book.near(r, lambda i: same_gpu(i) and bool(i.facts.get("memory")))
     else:
-        tgt = book.near(r, lambda i: _same_gpu(i, r) and i.group == group and i.kind == kind)
+        tgt = book.near(r, lambda i: same_gpu(i) and i.group == group and i.kind == kind)
     if tgt is None:
         tgt = book.open(Incident(kind, r, ("gpu", gpu), level, action, "", group))
         tgt.gpu = gpu
@@ -55,21 +57,23 @@ def on_xid(book: Book, r: Event) -> None:
         tgt.ranks_pid.add(r["pid"])
 
 
-def _same_gpu(i: Incident, r: Event) -> bool:
-    return i.track == ("gpu", r["pci_bus_id"]) and i.host == r["host"]
+def _on_gpu(r: Event) -> Callable[[Incident], bool]:
+    """Accepts the incidents of the event's GPU on its host."""
+    track, host = ("gpu", r["pci_bus_id"]), r["host"]
+    return lambda i: i.track == track and i.host == host
 
 
 def _join_root(book: Book, r: Event, x: int, level: str, action: str) -> bool:
     """A sympathetic Xid (3, 43, 45) or Xid 154 joins the incident it follows; True when it did."""
-    f, host = r["f"], r["host"]
+    f, host, same_gpu = r["f"], r["host"], _on_gpu(r)
     prev = f.get("caused_by_xid")
     tgt = None
     if prev is not None and is_nvlink5(int(prev)):
         tgt = book.near(r, lambda i: i.kind == "nvlink5" and i.host == host)
     elif prev is not None:  # the driver names the root: join it even beyond the sympathetic window
-        tgt = book.near(r, lambda i: _same_gpu(i, r) and int(prev) in i.facts.get("xids", set()))
+        tgt = book.near(r, lambda i: same_gpu(i) and int(prev) in i.facts.get("xids", set()))
     if tgt is None:
-        tgt = book.near(r, lambda i: _same_gpu(i, r) and (i.group == "hw" or x != 3), book.cfg.sympathetic_window_s)
+        tgt = book.near(r, lambda i: same_gpu(i) and (i.group == "hw" or x != 3), book.cfg.sympathetic_window_s)
     if tgt is None:
         return False
     tgt.add(r, level if x == 154 else None, action if x == 154 else None)
@@ -86,7 +90,8 @@ def _join_root(book: Book, r: Event, x: int, level: str, action: str) -> bool:
 
 def _join_app_fault(book: Book, r: Event, level: str, action: str) -> bool:
     """Xid 109 is often sympathetic to an application fault just before it; True when it joined one."""
-    tgt = book.near(r, lambda i: _same_gpu(i, r) and i.group == "app", book.cfg.sympathetic_window_s)
+    same_gpu = _on_gpu(r)
+    tgt = book.near(r, lambda i: same_gpu(i) and i.group == "app", book.cfg.sympathetic_window_s)
     if tgt is None:
         return False
     tgt.add(r, level, action)
