@@ -8,7 +8,6 @@ import shutil
 from pathlib import Path
 
 import polars as pl
-import pytest
 from forensics.parsers.kernel_log import parse_text
 from forensics.parsers.nvidia_smi import parse_text as smi_text
 from forensics.reports import json_report
@@ -16,7 +15,7 @@ from forensics.reports import json_report
 from forensics.analyze import analyze
 from forensics.detectors import run_detectors
 from forensics.findings import Severity
-from forensics.frames import FRAME_SPECS, JobFrames
+from forensics.frames import JobFrames
 from tests.conftest import assert_valid_findings, shared_path
 from tests.kernlog_helpers import detect
 
@@ -114,7 +113,6 @@ def test_triggers_memory_incident_xid48_then_xid63_and_policy_switch():
     assert {"DRAIN_NODE", "RESET_GPU", "RMA_CANDIDATE"} <= set(x.metrics["actions"].split(";"))
 
 
-@pytest.mark.skipif("nccl_comms" not in FRAME_SPECS, reason="nccl_comms frame not on this branch yet")
 def test_triggers_rank_from_nccl_init_bus_id():
     text = _log([("n7", 1.0, "NVRM: Xid (PCI:0000:5e:00): 94, pid=99, name=python, Ch 00000008")])
     comms = pl.DataFrame({"host": ["n7", "n7"], "rank": [12, 13], "bus_id": ["0000:3b:00.0", "5e000"], "pid": [1, 2]},
