@@ -5,6 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from forensics.analyze import Analysis
+from forensics.findings import Finding
 from forensics.tables import step_breakdown_table, step_table
 
 
@@ -21,6 +22,18 @@ def markdown_table(df: pl.DataFrame, float_digits: int = 2) -> list[str]:
         ]
         rows.append("| " + " | ".join(cells) + " |")
     return [head, sep, *rows, ""]
+
+
+def _scope(f: Finding) -> list[str]:
+    """Which ranks, hosts and GPUs a finding names, one phrase each."""
+    scope = []
+    if f.ranks:
+        scope.append("ranks " + ", ".join(map(str, sorted(f.ranks))))
+    if f.hosts:
+        scope.append("hosts " + ", ".join(sorted(f.hosts)))
+    if f.gpus:
+        scope.append("GPUs " + ", ".join(sorted(f.gpus)))
+    return scope
 
 
 def render(analysis: Analysis, top: int = 20) -> str:
@@ -40,13 +53,7 @@ def render(analysis: Analysis, top: int = 20) -> str:
         lost = f" ({f.gpu_seconds_lost:.1f} GPU-s lost)" if f.gpu_seconds_lost else ""
         lines.append(f"### [{f.severity.value}] {f.title}{lost}")
         lines.append("")
-        scope = []
-        if f.ranks:
-            scope.append("ranks " + ", ".join(map(str, sorted(f.ranks))))
-        if f.hosts:
-            scope.append("hosts " + ", ".join(sorted(f.hosts)))
-        if f.gpus:
-            scope.append("GPUs " + ", ".join(sorted(f.gpus)))
+        scope = _scope(f)
         if scope:
             lines += ["_" + "; ".join(scope) + "_", ""]
         lines += [f.summary, "", f"**What to do:** {f.remediation}", ""]
