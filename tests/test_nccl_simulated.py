@@ -10,6 +10,7 @@ import pytest
 from forensics.parsers.discovery import discover_and_parse
 
 from forensics.analyze import collect_frames
+from forensics.context import JobContext
 from forensics.detectors import run_detectors
 from forensics.simulate import simulate
 
@@ -24,7 +25,7 @@ def _simulate(tmp_path_factory, scenario: str, traces: bool = False, **kw) -> tu
     assert logs.is_dir() and any(logs.iterdir()), f"the simulator wrote no NCCL logs for {scenario}"
     parsed = discover_and_parse(out if traces else logs)
     _, frames = collect_frames(parsed)
-    findings, _ = run_detectors(frames, only=NCCL)
+    findings, _ = run_detectors(JobContext(frames), only=NCCL)
     _LAST["frames"] = frames
     return truth, findings, out
 
