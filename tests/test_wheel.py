@@ -52,6 +52,9 @@ def test_wheel_has_only_the_forensics_package(tmp_path: Path):
         inside = {n.removeprefix(f"forensics/{folder}/") for n in names
                   if n.startswith(f"forensics/{folder}/") and n.endswith(".py")}
         assert inside == _py_files(folder), folder
+    # every module of forensics/ itself, subpackages included (a package missing from pyproject's list is lost)
+    inside = {n.removeprefix("forensics/") for n in names if n.startswith("forensics/") and n.endswith(".py")}
+    assert _py_files("forensics") <= inside
     assert "forensics/cli.py" in names and "forensics/schema/findings.schema.json" in names
     entry_points = zipfile.ZipFile(wheel).read(f"{dist}-{project['version']}.dist-info/entry_points.txt").decode()
     assert "forensics = forensics.cli:main" in entry_points
