@@ -14,7 +14,7 @@ from forensics.parsers.common import ParseContext
 from forensics.parsers.nccl_log import parse
 
 from forensics import frames as fr
-from tests.conftest import SAMPLE_DATA, shared_path
+from tests.conftest import shared_path
 
 # prefix: (wc -l, grep -cE 'host:pid:tid [d] .*NCCL (INFO|WARN)|^\[d\] NCCL' + bare `NCCL version x+cuda` banners,
 #          grep -c ' via ', grep -c 'via NET/Socket', grep -c '/GDRDMA', grep -c 'via SHM',
@@ -64,9 +64,7 @@ def _parse(prefix: str):
 
 
 def test_every_sample_file_is_listed():
-    folder = SAMPLE_DATA / "nccl_logs"
-    if not folder.exists():
-        pytest.skip("shared sample data not available")
+    folder = shared_path("nccl_logs")
     assert sorted(p.name[:2] for p in folder.glob("*.log")) == sorted(COUNTS)
 
 
