@@ -17,6 +17,7 @@ from forensics.detectors import run_detectors
 from forensics.errors import UsageError
 from forensics.findings import Finding, Skipped, sort_findings
 from forensics.frames import JobFrames
+from forensics.incidents import Incident, correlate, job_facts
 from forensics.parsers.discovery import ParsedSource, discover_and_parse, sources_frame
 
 ProgressFn = Callable[[str, int, int], None]
@@ -29,6 +30,7 @@ class Analysis:
     frames: JobFrames
     findings: list[Finding] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    incidents: list[Incident] = field(default_factory=list)
 
     @property
     def readable(self) -> bool:
@@ -83,4 +85,7 @@ def analyze(
 ) -> Analysis:
     sources, frames = load(run_dir, progress=progress, workers=workers)
     findings, skipped = run_detectors(frames, overrides=overrides, only=only)
-    return Analysis(run_dir, sources, frames, sort_findings(findings), skipped)
+    analysis = Analysis(run_dir, sources, frames, sort_findings(findings), skipped)
+    facts = job_facts(frames, analysis.world_size, len(analysis.ranks))
+    analysis.findings, analysis.incidents = correlate(analysis.findings, facts)
+    return analysis

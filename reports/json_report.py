@@ -29,6 +29,7 @@ def build(analysis: Analysis) -> dict[str, Any]:
         },
         "findings": [f.to_json() for f in analysis.findings],
         "skipped": [s.to_json() for s in analysis.skipped],
+        "incidents": [i.to_json() for i in analysis.incidents],
     }
 
 

@@ -30,7 +30,9 @@ What to do:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import polars as pl
 
@@ -38,6 +40,7 @@ from forensics.context import JobContext
 from forensics.detectors import Skip, detector
 from forensics.detectors._nccl import evidence, job, where
 from forensics.findings import Finding, Severity
+from forensics.frames import JobFrames
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,9 @@ def detect(ctx: JobContext, cfg: NcclTimeoutConfig) -> list[Finding]:
             metrics={"reporting_ranks": len(reporters), "culprit_ranks": ",".join(map(str, culprits)) or None,
                      "timeout_ms": int(timeout_ms.max()) // 1_000_000 if timeout_ms.len() else None,
                      "ran_over_timeout": round(ratio, 2) if ratio is not None else None,
-                     "seq": seqs[0] if seqs else None},
+                     "seq": seqs[0] if seqs else None,
+                     "ran_ms": int(ran_ms.max()) // 1_000_000 if ran_ms.len() else None,  # type: ignore[arg-type]
+                     "time_ns": _watchdog_time(timeouts["message"].drop_nulls().to_list(), _job_year(frames))},
             evidence=evidence(pl.concat([timeouts, status], how="vertical"),
                               ("rank", "kind", "pg", "seq", "op_type", "numel_in", "last_enqueued", "last_completed", "line")),
         ))
@@ -178,3 +183,33 @@ def detect(ctx: JobContext, cfg: NcclTimeoutConfig) -> list[Finding]:
             evidence=evidence(cuda, ("host", "pid", "cuda_dev", "line", "file_line", "message")),
         ))
     return out
+
+
+# glog prefix of PyTorch lines: `[E0314 09:10:00.205065660 ProcessGroupNCCL.cpp:632]` (month, day, time; no year)
+_GLOG = re.compile(r"\[[EWIF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")
+
+
+def _job_year(frames: JobFrames) -> int | None:
+    """The year of the job, for glog stamps that omit it: from trace steps, else placed kernel-log lines."""
+    for name, col in (("steps", "start_ns"), ("kernel_events", "wall_ns")):
+        t = frames[name][col].drop_nulls().min() if frames.has(name) and frames[name].height else None
+        if t is not None:
+            return datetime.fromtimestamp(int(t) / 1e9, tz=timezone.utc).year  # type: ignore[arg-type]
+    return None
+
+
+def _watchdog_time(messages: list[str], year: int | None) -> int | None:
+    """Earliest glog stamp of the timeout lines as Unix ns (read as UTC), when the job's year is known."""
+    if year is None:
+        return None
+    times = []
+    for msg in messages:
+        m = _GLOG.search(msg)
+        if m:
+            mo, d, hh, mi, ss, frac = m.groups()
+            try:
+                t = datetime(year, int(mo), int(d), int(hh), int(mi), int(ss), tzinfo=timezone.utc)
+            except ValueError:
+                continue
+            times.append(int(t.timestamp()) * 1_000_000_000 + int((frac or "0").ljust(9, "0")))
+    return min(times) if times else None
