@@ -89,6 +89,7 @@ def analyze(
     """Analyze RUN_DIR; write findings.json, summary.md and report.html to --out."""
     from forensics.analyze import analyze as run_analysis
     from forensics.detectors import parse_overrides
+    from forensics.incidents import verdict_text
     from forensics.reports import html as html_report
     from forensics.reports import json_report, markdown
 
@@ -104,6 +105,8 @@ def analyze(
 
     for row in analysis.sources.filter(analysis.sources["status"].is_in(["partial", "failed"])).iter_rows(named=True):
         err.print(f"[yellow]{row['status']}[/]: {row['path']}: {row['message']}", highlight=False)
+    for inc in analysis.incidents:  # the verdict: one line per incident, worst first
+        out.print(verdict_text(inc), highlight=False, markup=False)
     counts = {s: sum(1 for f in analysis.findings if f.severity.value == s) for s in ("critical", "warning", "info")}
     out.print(
         f"{len(analysis.findings)} finding(s): {counts['critical']} critical, {counts['warning']} warning, "

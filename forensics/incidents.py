@@ -441,6 +441,11 @@ def _fatal_cost(root: Finding, to: Finding, facts: JobFacts) -> Cost:
     return Cost(facts.gpus * hang_s, method, True, died, hang_s)
 
 
+def verdict_text(inc: Incident) -> str:
+    """The line the CLI prints and the reports open with: severity, then the verdict."""
+    return f"{inc.severity.value.upper()}: {inc.verdict}"
+
+
 def fmt_time(ns: int | None) -> str | None:
     if ns is None:
         return None

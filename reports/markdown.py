@@ -5,6 +5,8 @@ from __future__ import annotations
 import polars as pl
 
 from forensics.analyze import Analysis
+from forensics.incidents import verdict_text
+from forensics.runinfo import header_lines, run_header
 from forensics.tables import step_breakdown_table, step_table
 
 
@@ -23,15 +25,38 @@ def markdown_table(df: pl.DataFrame, float_digits: int = 2) -> list[str]:
     return [head, sep, *rows, ""]
 
 
-def render(analysis: Analysis, top: int = 20) -> str:
-    lines = [f"# forensics: {analysis.run_dir.name}", ""]
-    n_ok = analysis.sources.filter(pl.col("status") == "ok").height
-    bad = analysis.sources.filter(pl.col("status").is_in(["partial", "failed"]))
-    lines.append(
-        f"{len(analysis.ranks)} rank(s) on {len(analysis.hosts)} host(s); {analysis.sources.height} file(s): "
-        f"{n_ok} ok, {bad.height} partial or failed."
-    )
+def md_escape(text: str) -> str:
+    """Input text is never markup: escape Markdown's inline syntax."""
+    return "".join("\\" + c if c in "\\`*_[]<>#|" else c for c in text)
+
+
+def _head(analysis: Analysis) -> list[str]:
+    """Title, the verdict (the lines the CLI prints), the run header, the incidents."""
+    lines = [f"# forensics: {md_escape(analysis.run_dir.name)}", ""]
+    verdicts = [f"- {md_escape(verdict_text(i))}" for i in analysis.incidents]
+    lines += verdicts or ["No problems found by the detectors that could run."]
     lines.append("")
+    n_ok = analysis.sources.filter(pl.col("status") == "ok").height
+    n_bad = analysis.sources.filter(pl.col("status").is_in(["partial", "failed"])).height
+    lines += [md_escape(line) + "  " for line in header_lines(run_header(analysis))]
+    lines += [f"{analysis.sources.height} file(s): {n_ok} ok, {n_bad} partial or failed.", ""]
+    return lines + _incidents_md(analysis)
+
+
+def _incidents_md(analysis: Analysis) -> list[str]:
+    if not analysis.incidents:
+        return []
+    lines = [f"## Incidents ({len(analysis.incidents)})", ""]
+    for i in analysis.incidents:
+        lost = f", {i.gpu_hours_lost:.4g} GPU-hours lost" if i.gpu_hours_lost is not None else ""
+        lines += [f"### [{i.severity.value}] {md_escape(i.title)} (confidence {i.confidence}{lost})", "",
+                  md_escape(i.summary), "", "Findings: " + ", ".join(f"`{fid}`" for fid in i.findings), ""]
+    return lines
+
+
+def render(analysis: Analysis, top: int = 20) -> str:
+    lines = _head(analysis)
+    bad = analysis.sources.filter(pl.col("status").is_in(["partial", "failed"]))
     lines.append(f"## Findings ({len(analysis.findings)})")
     lines.append("")
     if not analysis.findings:
