@@ -111,7 +111,8 @@ def job_table(results: list[JobSummary]) -> pl.DataFrame:
     order = {sev: i for i, sev in enumerate(SEVERITIES)}
     rows = []
     for r in results:
-        top = r.findings_doc["findings"][0]["title"] if r.findings_doc and r.findings_doc["findings"] else None
+        inc = _top_incident(r.findings_doc)
+        top = inc["title"] if inc else None
         sources = r.findings_doc["run"]["sources"] if r.findings_doc else []
         rows.append(
             {
@@ -123,6 +124,8 @@ def job_table(results: list[JobSummary]) -> pl.DataFrame:
                 "gpu_seconds_lost": round(r.gpu_seconds_lost, 3),
                 "damaged_sources": sum(1 for s in sources if s["status"] in ("partial", "failed")),
                 "top_finding": top or r.error,
+                "top_incident": inc["verdict"] if inc else None,
+                "top_incident_gpu_hours": inc["gpu_hours_lost"] if inc else None,
                 "_order": order.get(r.worst or "", 3 if not r.error else -1),
             }
         )
@@ -130,9 +133,16 @@ def job_table(results: list[JobSummary]) -> pl.DataFrame:
         return pl.DataFrame()
     return (
         pl.DataFrame(rows)
-        .sort(["_order", "gpu_seconds_lost", "job"], descending=[False, True, False])
+        .sort(["_order", "top_incident_gpu_hours", "gpu_seconds_lost", "job"], descending=[False, True, True, False],
+              nulls_last=True)
         .drop("_order")
     )
+
+
+def _top_incident(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The job's worst incident (findings.json lists them worst first); its root cause names the job's problem."""
+    incidents = (doc or {}).get("incidents") or []
+    return incidents[0] if incidents else None
 
 
 def host_table(results: list[JobSummary]) -> pl.DataFrame:

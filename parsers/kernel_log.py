@@ -718,7 +718,8 @@ def parse_text(text: str, source: str, mtime_ns: int | None = None, bad_bytes: i
     df = _assign_boots_and_place(df)
     df = df.with_columns(pl.lit(source).alias("source")).drop("segment")
     out = fr.conform("kernel_events", df)
-    counts = out.group_by("kind").len().sort("len", descending=True)
+    # ties by name: the message must be the same bytes on every run
+    counts = out.group_by("kind").len().sort([pl.col("len"), pl.col("kind").cast(pl.String)], descending=[True, False])
     summary = ", ".join(f"{k}={v}" for k, v in counts.iter_rows())
     unknown = int(out.filter(pl.col("kind") == "unknown").height)
     hosts = out["host"].drop_nulls().unique().to_list()
