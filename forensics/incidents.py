@@ -29,8 +29,9 @@ from forensics.frames import JobFrames
 GPU_FAULT_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140, 143, 144, 145, 149})
 #: gpu_hw_error / node_health categories that are a GPU fault whatever the Xid.
 GPU_FAULT_CATEGORIES = frozenset({"fallen_off_bus", "nvlink", "nvlink5", "gsp", "aer", "nvswitch", "nvidia_smi"})
-#: host-side faults: storage hangs (hung tasks), lockups, host memory errors, the OOM killer.
-HOST_FAULT_CATEGORIES = frozenset({"hung", "lockup", "edac", "ghes", "mce", "oom", "storage", "host_memory"})
+#: host-side faults: storage hangs (hung tasks), lockups, host memory errors, the OOM killer, CPU throttling.
+HOST_FAULT_CATEGORIES = frozenset({"hung", "lockup", "edac", "ghes", "mce", "oom", "storage", "host_memory",
+                                   "cpu_thermal"})
 #: NIC faults on a host: IB port down, mlx5 errors, carrier loss.
 NIC_FAULT_CATEGORIES = frozenset({"ib_port", "mlx5", "carrier"})
 #: nccl_transport finding keys that mean a slower path than the hardware offers.
@@ -417,7 +418,7 @@ def incident_cost(members: list[Finding], facts: JobFacts) -> Cost:
         worst = max(measured, key=lambda f: (f.gpu_seconds_lost or 0.0, f.id))
         return Cost(worst.gpu_seconds_lost, f"slowdown: the largest measured consequence ({worst.detector}: excess "
                     f"time x steps x GPUs) = {worst.gpu_seconds_lost:.3f} GPU-s; the root cause itself is not timed")
-    return Cost(None, "not computed: no finding of this incident measures lost time (no times in the inputs)")
+    return Cost(None, "not computed: no finding of this incident measures lost time")
 
 
 def _fatal_cost(root: Finding, to: Finding, facts: JobFacts) -> Cost:

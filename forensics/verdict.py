@@ -30,7 +30,7 @@ def _scope(f: Finding) -> str:
 
 def cost_text(cost: Cost) -> str:
     if cost.gpu_seconds is None:
-        return "Cost unknown (" + cost.method.split(": ", 1)[-1] + ")"
+        return "Cost unknown (" + cost.method.split("not computed: ", 1)[-1] + ")"
     hours = cost.gpu_seconds / 3600
     return f"Cost {hours:.2f} GPU-hours" if hours >= 0.01 else f"Cost {cost.gpu_seconds:.3g} GPU-seconds"
 

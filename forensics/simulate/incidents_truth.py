@@ -24,8 +24,9 @@ ROOTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
-def expected_incidents(faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One expected incident per independent fault; a GPU fault absorbs the timeout on its own rank."""
+def expected_incidents(faults: list[dict[str, Any]], kernel_log: str = "benign") -> list[dict[str, Any]]:
+    """One expected incident per independent fault; a GPU fault absorbs the timeout on its own rank, and
+    CPU thermal throttling written to the straggler's node (kernel log `throttle`) is its root cause."""
     xid_ranks = {r for f in faults if f["kind"] == "xid" for r in f["ranks"]}
     out: list[dict[str, Any]] = []
     for f in faults:
@@ -37,6 +38,10 @@ def expected_incidents(faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if f["kind"] == "xid" and f["ranks"] and any(
                 g["kind"] == "collective_timeout" and set(g["ranks"]) & set(f["ranks"]) for g in faults):
             must, may = ("nccl_timeout", "busy_wait"), ("straggler",)
+        if f["kind"] == "host_straggler" and kernel_log == "throttle":
+            out.append({"root": {"detector": "gpu_hw_error", "ranks": [], "category": "cpu_thermal"},
+                        "consequences": ["straggler"], "may_include": list(may), "fatal": False})
+            continue
         out.append({"root": {"detector": root, "ranks": sorted(f.get("ranks") or [])},
                     "consequences": list(must), "may_include": list(may), "fatal": "nccl_timeout" in (root, *must)})
     return out
