@@ -64,8 +64,9 @@ def verdict_line(members: list[Finding], cost: Cost, confidence: str, facts: Job
             what = f"{root.title} {_scope(root)}".strip()
         text = f"{head}{what}; {_waiters(to)} waited{hang} in NCCL until the watchdog killed the job"
     else:
-        lead = "Slowdown" if cost.method.startswith("slowdown") else root.severity.value.capitalize()
-        text = f"{lead}: {root.title} {_scope(root)}".strip()
+        # the CLI/report prefix already says the severity
+        lead = "Slowdown: " if cost.method.startswith("slowdown") else ""
+        text = f"{lead}{root.title} {_scope(root)}".strip()
         if len(members) > 1:
             text += f"; it explains {len(members) - 1} other finding(s) ({', '.join(sorted({f.detector for f in members[1:]}))})"
     return f"{text}. {cost_text(cost)}. Do: {_do(root)}. (confidence {confidence})"

@@ -133,7 +133,7 @@ def detect(ctx: JobContext, cfg: NcclTimeoutConfig) -> list[Finding]:
         split = per_seq.filter((pl.col("op_type").list.len() > 1) | (pl.col("numel_in").list.len() > 1))
         if split.height or desync.height:
             rows = timeouts.join(split.select("seq"), on="seq") if split.height else timeouts.head(0)
-            groups = rows.group_by("seq", "op_type", "numel_in").agg(pl.col("rank").unique().sort())
+            groups = rows.group_by("seq", "op_type", "numel_in", maintain_order=True).agg(pl.col("rank").unique().sort())
             minority: list[int] = []
             for (_seq,), g in groups.group_by("seq"):
                 g = g.with_columns(pl.col("rank").list.len().alias("n")).sort("n")

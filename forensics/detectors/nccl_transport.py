@@ -88,7 +88,7 @@ def detect(ctx: JobContext, cfg: NcclTransportConfig) -> list[Finding]:
         netch = netch.join(a, on="src_rank", how="left").join(b, on="dst_rank", how="left").with_columns(
             (pl.lit(single_node) | ((pl.col("_ps") == pl.col("_pd")) & (pl.col("_hs") == pl.col("_hd")))
              .fill_null(False)).alias("intra")
-        ).unique(["line", "source"])
+        ).unique(["line", "source"], keep="first", maintain_order=True)  # same evidence order on every run
     else:
         netch = netch.with_columns(pl.lit(False).alias("intra"))
 
@@ -130,7 +130,7 @@ def detect(ctx: JobContext, cfg: NcclTransportConfig) -> list[Finding]:
     sock_procs = pl.concat([
         netsel.filter(pl.col("name").str.to_lowercase() == "socket").select("host", "pid"),
         ch.filter(pl.col("net") == "Socket").select("host", "pid"),
-    ]).unique()
+    ]).unique(maintain_order=True)
     gdr0 = ev.filter((pl.col("kind") == "connected") & (pl.col("code") == 0)).join(
         sock_procs, on=["host", "pid"], how="anti", nulls_equal=True)
     if nogdr.height or hca_off.height or gpu_off.height or gdr0.height:
@@ -196,9 +196,9 @@ def detect(ctx: JobContext, cfg: NcclTransportConfig) -> list[Finding]:
     ib = net.filter(pl.col("kind") == "ib")
     if ib.height:
         even = (j.nranks // j.nnodes) if (j.nranks and j.nnodes and j.nnodes > 1) else 0
-        gpus_per_host = j.ident.group_by("host").agg(
+        gpus_per_host = j.ident.group_by("host", maintain_order=True).agg(
             pl.max_horizontal(pl.col("cuda_dev").n_unique(), pl.lit(even)).alias("gpus"))
-        nics = ib.group_by("host").agg(pl.col("name").n_unique().alias("nics"), pl.col("name").first().alias("nic"))
+        nics = ib.group_by("host", maintain_order=True).agg(pl.col("name").n_unique().alias("nics"), pl.col("name").first().alias("nic"))
         shared = nics.join(gpus_per_host, on="host").filter(
             (pl.col("nics") == 1) & (pl.col("gpus") >= cfg.min_gpus_per_single_nic))
         if shared.height:
@@ -217,7 +217,7 @@ def detect(ctx: JobContext, cfg: NcclTransportConfig) -> list[Finding]:
     # 6. wrong or inconsistent socket interfaces
     ifs = net.filter(pl.col("kind").is_in(["bootstrap", "socket"]) & pl.col("name").is_not_null())
     bad = ifs.filter(pl.col("name").str.contains(cfg.bad_iface_pattern))
-    sets = ifs.filter(pl.col("kind") == "socket").group_by("host").agg(pl.col("name").unique().sort().str.join(",").alias("ifaces"))
+    sets = ifs.filter(pl.col("kind") == "socket").group_by("host", maintain_order=True).agg(pl.col("name").unique().sort().str.join(",").alias("ifaces"))
     inconsistent = sets.height > 1 and sets["ifaces"].n_unique() > 1
     if bad.height or inconsistent:
         ranks, hosts, gpus = where(bad if bad.height else ifs, j.ident)
@@ -253,7 +253,7 @@ def detect(ctx: JobContext, cfg: NcclTransportConfig) -> list[Finding]:
             "NCCL lists both IB and RoCE devices; 2.28+ refuses to connect such pairs and older versions mis-tune.",
             "Restrict NCCL_IB_HCA to one link layer.",
             ranks=ranks, hosts=hosts, gpus=gpus, key="mixed_link", confidence="high",
-            evidence=evidence(ib.unique(["host", "name"]), ("host", "name", "link_layer")),
+            evidence=evidence(ib.unique(["host", "name"], maintain_order=True), ("host", "name", "link_layer")),
         ))
 
     # 8. a failing fabric
