@@ -236,3 +236,33 @@ def test_simulated_scenarios_give_the_incidents_of_their_truth(tmp_path, scenari
         assert found, (scenario, exp, [i.to_json() for i in analysis.incidents])
         members = {by_id[f].detector for f in found[0].findings[1:]}
         assert set(exp["consequences"]) <= members <= set(exp["consequences"]) | set(exp["may_include"]), members
+
+
+def test_real_nccl_logs_give_byte_identical_findings(tmp_path):
+    logs = ROOT.parent / "shared" / "sample_data" / "nccl_logs"
+    assert logs.is_dir(), f"shared sample data missing: {logs} (this test needs ../shared)"
+    runs = [_cli("analyze", str(logs), "--out", str(tmp_path / f"r{i}"), "-q", "--fail-on", "never") for i in (1, 2, 3)]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    first = (tmp_path / "r1" / "findings.json").read_bytes()
+    assert all((tmp_path / f"r{i}" / "findings.json").read_bytes() == first for i in (2, 3))
+    doc = json.loads(first)
+    assert sorted(i for inc in doc["incidents"] for i in inc["findings"]) == sorted(f["id"] for f in doc["findings"])
+
+
+def test_triage_ranks_jobs_by_their_top_incident():
+    from forensics.triage import JobSummary, analyze_job, job_table
+
+    xid = analyze_job(ROOT / "sample_traces" / "xid79")
+    table = job_table([analyze_job(ROOT / "sample_traces" / "ddp_straggler"), xid])
+    top = table.row(0, named=True)
+    assert top["job"] == "xid79" and top["top_finding"].startswith("Xid 79")  # not the busy_wait symptom
+    assert top["top_incident"] == xid.findings_doc["incidents"][0]["verdict"]
+
+    def job(name: str, hours: float, total_s: float) -> JobSummary:
+        doc = {"run": {"sources": []}, "incidents": [{"title": name, "verdict": name, "gpu_hours_lost": hours}],
+               "findings": [{"impact": {"gpu_seconds_lost": total_s}}]}
+        return JobSummary(name, name, doc, "", counts={"critical": 1})
+
+    # equal severity: the larger top incident first, whatever the sum over all findings
+    order = job_table([job("small_top", 0.5, 9000.0), job("big_top", 2.0, 7200.0)])["job"].to_list()
+    assert order == ["big_top", "small_top"]
