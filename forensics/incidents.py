@@ -275,10 +275,12 @@ def find_edges(findings: list[Finding], window: tuple[int, int] | None) -> list[
 
 
 def _parents(findings: list[Finding], edges: list[Edge]) -> dict[str, Edge]:
-    """One parent per consequence: the nearest cause (highest tier), then the stronger link, then the id."""
+    """One parent per consequence: the nearest cause (highest tier), then the stronger link, then the rule
+    listed first in RULES, then the id."""
     tier = {f.id: TIERS[kind_of(f)] for f in findings}
+    order = {r.name: i for i, r in enumerate(RULES)}
     best: dict[str, Edge] = {}
-    for e in sorted(edges, key=lambda e: (-tier[e.cause], -_CONF.index(e.confidence), e.cause, e.rule)):
+    for e in sorted(edges, key=lambda e: (-tier[e.cause], -_CONF.index(e.confidence), order[e.rule], e.cause)):
         best.setdefault(e.consequence, e)
     return best
 

@@ -216,7 +216,7 @@ def test_xid79_run_header(xid79_out):
 
 
 SIMULATED = [("collective_timeout", {}), ("ddp_straggler", {}), ("host_straggler", {"ranks": 16}),
-             ("xid48", {})]
+             ("xid48", {}), ("net_socket", {})]
 
 
 @pytest.mark.parametrize("scenario,kw", SIMULATED, ids=[s for s, _ in SIMULATED])
