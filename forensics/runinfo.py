@@ -63,15 +63,18 @@ def run_header(analysis: Analysis) -> dict[str, Any]:
 
 def header_lines(run: dict[str, Any]) -> list[str]:
     """The run header in plain words (the reports escape it)."""
-    world = run["world_size"]
-    ranks = len(run["ranks"])
-    seen = f"{ranks} of {world} rank(s) (world size from {run['world_size_source']})" if world else f"{ranks} rank(s)"
+    world, hosts = run["world_size"], run["hosts"]
+    line = f"{len(run['ranks'])} rank(s) on {len(hosts)} host(s)"
+    if hosts:
+        line += f" ({', '.join(hosts[:16])}{' ...' if len(hosts) > 16 else ''})"
+    if world:
+        line += f"; world size {world} from {run['world_size_source']}"
+    if run["hosts_expected"]:
+        line += f"; {run['hosts_expected']} host(s) expected"
     if run["ranks_missing"]:
         miss = run["ranks_missing"]
-        seen += f"; no data for rank(s) {', '.join(map(str, miss[:16]))}{' ...' if len(miss) > 16 else ''}"
-    hosts = run["hosts"]
-    exp = f" of {run['hosts_expected']} expected" if run["hosts_expected"] else ""
-    lines = [f"{seen}; {len(hosts)} host(s){exp}: {', '.join(hosts[:16])}{' ...' if len(hosts) > 16 else ''}"]
+        line += f"; no data for rank(s) {', '.join(map(str, miss[:16]))}{' ...' if len(miss) > 16 else ''}"
+    lines = [line]
     if run["gpus"]:
         gp = [f"{g['host']} {g['pci_bus_id']}" + (f" (rank {g['rank']})" if g["rank"] is not None else "")
               for g in run["gpus"][:32]]

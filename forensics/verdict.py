@@ -17,8 +17,10 @@ def _scope(f: Finding) -> str:
     """`on GPU 0000:3b:00.0 of node07 (rank 12)`; counts instead of lists when there are many."""
     gpus, hosts, ranks = sorted(f.gpus), sorted(f.hosts), sorted(f.ranks)
     parts = []
-    if gpus:
+    if len(gpus) == 1 or (gpus and len(hosts) <= 1):  # bus ids repeat across hosts: count them on one host only
         parts.append(f"on GPU {gpus[0]}" if len(gpus) == 1 else f"on {len(gpus)} GPUs")
+    else:
+        gpus = []
     if hosts:
         word = "of" if gpus else "on"
         parts.append(f"{word} {hosts[0]}" if len(hosts) == 1 else f"{word} {len(hosts)} hosts")
