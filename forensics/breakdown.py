@@ -55,6 +55,7 @@ NON_PP_COMM = (ALL_TX | ALL_WAIT) & ~(TX["PP"] | WAIT["PP"])
 class Breakdown:
     steps: pl.DataFrame  # one row per (rank, step)
     collectives: CollectiveMatch
+    windows: pl.DataFrame  # rank, host, step, w_start, w_end: the measured step windows (ns)
 
 
 def _has(bits: int) -> pl.Expr:
@@ -69,7 +70,7 @@ def step_windows(frames: JobFrames, kernels: pl.DataFrame) -> pl.DataFrame:
     """Per rank and step: ``w_start``, ``w_end`` (see module doc)."""
     steps = effective_steps(frames).sort("rank", "start_ns")
     if steps.height == 0:
-        return pl.DataFrame(schema={"rank": pl.Int32, "step": pl.Int64, "w_start": pl.Int64, "w_end": pl.Int64})
+        return pl.DataFrame(schema={"rank": pl.Int32, "host": pl.String, "step": pl.Int64, "w_start": pl.Int64, "w_end": pl.Int64})
     last_kernel = kernels.group_by("rank", "step").agg(pl.col("end_ns").max().alias("_kend"))
     w = (
         steps.group_by("rank", "step")
@@ -194,7 +195,7 @@ def compute_breakdown(frames: JobFrames, match: CollectiveMatch | None = None) -
         )
         .sort("rank", "step")
     )
-    return Breakdown(table, match)
+    return Breakdown(table, match, windows)
 
 
 def comm_model(steps: pl.DataFrame) -> pl.DataFrame:

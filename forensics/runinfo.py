@@ -11,8 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from forensics import identity
-
 if TYPE_CHECKING:
     from forensics.analyze import Analysis
 
@@ -38,9 +36,9 @@ def _gpus(ident: pl.DataFrame) -> list[dict[str, Any]]:
 def run_header(analysis: Analysis) -> dict[str, Any]:
     """The `run` facts of findings.json beyond path and sources (schema: `run`)."""
     frames = analysis.frames
-    ident = identity.identities(frames)
-    ranks = set(analysis.ranks) | set(ident["rank"].drop_nulls().to_list())
-    hosts = set(analysis.hosts) | set(ident["host"].drop_nulls().to_list())
+    ident = analysis.context.identity
+    ranks = set(analysis.context.ranks) | set(ident["rank"].drop_nulls().to_list())
+    hosts = set(analysis.context.hosts) | set(ident["host"].drop_nulls().to_list())
     if frames.has("kernel_events"):
         hosts |= set(frames["kernel_events"]["host"].drop_nulls().to_list())
     world, world_src = _world_size(analysis)

@@ -52,8 +52,15 @@ def _table(df: pl.DataFrame, max_rows: int = 500, status_col: str | None = None)
     return "".join(out)
 
 
+def _script_json(value: Any) -> str:
+    """JSON for inside <script>: `<`, `>` and `&` as \\u escapes, so no label from the input can
+    close the script element or open a comment (they occur only inside JSON strings)."""
+    text = orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
 def _figure(fig: go.Figure, div_id: str) -> str:
-    spec = orjson.dumps(fig.to_plotly_json(), option=orjson.OPT_SERIALIZE_NUMPY).decode()
+    spec = _script_json(fig.to_plotly_json())
     return (
         f'<div id="{div_id}" style="height:360px"></div>'
         f"<script>(function(){{var s={spec};Plotly.newPlot('{div_id}',s.data,s.layout,"
@@ -107,7 +114,7 @@ def _incidents_html(analysis: Analysis) -> str:
 
 
 def render(analysis: Analysis) -> str:
-    steps = step_table(analysis.frames)
+    steps = step_table(analysis.context)
     figures = []
     if steps.height:
         labels = [str(r) if r is not None else "?" for r in steps["rank"].to_list()]
@@ -115,7 +122,7 @@ def render(analysis: Analysis) -> str:
         fig.update_layout(title="Mean step time per rank", xaxis_title="rank", yaxis_title="ms",
                           margin=dict(t=40, b=40, l=50, r=10))
         figures.append(_figure(fig, "fig-steps"))
-    kernels = kernel_table(analysis.frames)
+    kernels = kernel_table(analysis.context)
     if kernels.height:
         fig = go.Figure()
         for cls in kernels["class"].unique(maintain_order=True).to_list():
@@ -137,7 +144,7 @@ def render(analysis: Analysis) -> str:
         *figures,
         _table(steps),
         "<h2>Step breakdown per rank (median over steps)</h2>",
-        _table(step_breakdown_table(analysis.frames)),
+        _table(step_breakdown_table(analysis.context)),
         "<h2>Ranks</h2>",
         _table(analysis.frames["ranks"].drop("source")),
         "<h2>Sources</h2>",

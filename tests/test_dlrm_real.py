@@ -60,9 +60,10 @@ def test_last_arrival_per_collective_matches_the_raw_events(dlrm):
 
 
 def test_what_the_detectors_say_on_the_real_set(dlrm):
+    from forensics.context import JobContext
     from forensics.detectors import run_detectors
 
-    findings, skipped = run_detectors(dlrm, only=["straggler", "exposed_comm", "busy_wait", "pipeline_bubble"])
+    findings, skipped = run_detectors(JobContext(dlrm), only=["straggler", "exposed_comm", "busy_wait", "pipeline_bubble"])
     assert [s.detector for s in skipped] == ["pipeline_bubble"]  # no pipeline group in DLRM
     by = {f.detector: f for f in findings}
     # Ranks 1 and 3 do more compute (310/315 kernels vs ~246) but they are the ones that wait longest:
@@ -72,9 +73,13 @@ def test_what_the_detectors_say_on_the_real_set(dlrm):
     assert "straggler" not in by
     assert "exposed_comm" not in by  # transfers (sum of minimum durations, 217 us) are ~1.5% of a 12-20 ms step
     bw = by["busy_wait"]
-    assert bw.ranks == (0, 1, 2, 3, 4, 5, 6)
-    assert bw.metrics["waited_for"].split(",")[0] == "7"
-    ev = {e["rank"]: e for e in bw.evidence}
+    # Culprits, not victims: ranks 0-6 waited; from the table above, 78.5% of their wait (d - transfer summed
+    # over ordinals 0-4) was for rank 7, 12.1% for rank 5 (5-6) and 9.4% for rank 4 (7): only rank 7 is named.
+    assert bw.ranks == (7,)
+    assert {e["rank"] for e in bw.evidence if e["role"] == "victim"} == {0, 1, 2, 3, 4, 5, 6}
+    assert bw.metrics["waited_for"] == "7"
+    assert bw.metrics["culprit_wait_share"] == pytest.approx(35543 / (35543 + 5481 + 4253), abs=2e-3)
+    ev = {e["rank"]: e for e in bw.evidence if e["role"] == "victim"}
     # Rank 1 waited for rank 7 at ordinals 0-4 (rank 7 last): sum of (d_1 - min d) from the table above.
     assert ev[1]["waited_for"] == 7
     assert ev[1]["waited_for_ms"] == pytest.approx((7625 + 1017 + 162 + 125 + 221) / 1000, abs=1e-3)

@@ -256,12 +256,11 @@ def test_triage_ranks_jobs_by_their_top_incident():
     table = job_table([analyze_job(ROOT / "sample_traces" / "ddp_straggler"), xid])
     top = table.row(0, named=True)
     assert top["job"] == "xid79" and top["top_finding"].startswith("Xid 79")  # not the busy_wait symptom
-    assert top["top_incident"] == xid.findings_doc["incidents"][0]["verdict"]
+    assert top["top_incident"] == xid.top_incident["verdict"]
 
     def job(name: str, hours: float, total_s: float) -> JobSummary:
-        doc = {"run": {"sources": []}, "incidents": [{"title": name, "verdict": name, "gpu_hours_lost": hours}],
-               "findings": [{"impact": {"gpu_seconds_lost": total_s}}]}
-        return JobSummary(name, name, doc, "", counts={"critical": 1})
+        return JobSummary(name, name, [{"impact": {"gpu_seconds_lost": total_s}}], counts={"critical": 1},
+                          top_incident={"title": name, "verdict": name, "gpu_hours_lost": hours})
 
     # equal severity: the larger top incident first, whatever the sum over all findings
     order = job_table([job("small_top", 0.5, 9000.0), job("big_top", 2.0, 7200.0)])["job"].to_list()
