@@ -7,6 +7,7 @@ the node count NCCL prints (`nNodes`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -59,9 +60,14 @@ def run_header(analysis: Analysis) -> dict[str, Any]:
     }
 
 
-def header_lines(run: dict[str, Any]) -> list[str]:
-    """The run header in plain words (the reports escape it)."""
-    world, hosts = run["world_size"], run["hosts"]
+def _same(text: str) -> str:
+    return text
+
+
+def header_lines(run: dict[str, Any], esc: Callable[[str], str] = _same) -> list[str]:
+    """The run header in plain words; ``esc`` escapes what comes from the input (host names, paths,
+    reasons) for the report's markup (HTML escapes whole lines instead)."""
+    world, hosts = run["world_size"], [esc(h) for h in run["hosts"]]
     line = f"{len(run['ranks'])} rank(s) on {len(hosts)} host(s)"
     if hosts:
         line += f" ({', '.join(hosts[:16])}{' ...' if len(hosts) > 16 else ''})"
@@ -74,10 +80,11 @@ def header_lines(run: dict[str, Any]) -> list[str]:
         line += f"; no data for rank(s) {', '.join(map(str, miss[:16]))}{' ...' if len(miss) > 16 else ''}"
     lines = [line]
     if run["gpus"]:
-        gp = [f"{g['host']} {g['pci_bus_id']}" + (f" (rank {g['rank']})" if g["rank"] is not None else "")
+        gp = [f"{esc(str(g['host']))} {esc(str(g['pci_bus_id']))}" + (f" (rank {g['rank']})" if g["rank"] is not None else "")
               for g in run["gpus"][:32]]
         lines.append(f"{len(run['gpus'])} GPU(s): " + "; ".join(gp) + (" ..." if len(run["gpus"]) > 32 else ""))
     ign = run["sources_ignored"]
     lines.append(f"{run['sources_used']} source(s) used, {len(ign)} ignored or unreadable"
-                 + (": " + "; ".join(f"{s['path']} ({s['reason'] or s['status']})" for s in ign[:20]) if ign else ""))
+                 + (": " + "; ".join(f"{esc(s['path'])} ({esc(str(s['reason'] or s['status']))})" for s in ign[:20])
+                    if ign else ""))
     return lines

@@ -63,7 +63,7 @@ def _head(analysis: Analysis) -> list[str]:
     lines.append("")
     n_ok = analysis.sources.filter(pl.col("status") == "ok").height
     n_bad = analysis.sources.filter(pl.col("status").is_in(["partial", "failed"])).height
-    lines += [md_text(line) + "  " for line in header_lines(run_header(analysis))]
+    lines += [line + "  " for line in header_lines(run_header(analysis), md_text)]
     lines += [f"{analysis.sources.height} file(s): {n_ok} ok, {n_bad} partial or failed.", ""]
     return lines + _incidents_md(analysis)
 
