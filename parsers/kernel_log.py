@@ -29,6 +29,7 @@ import polars as pl
 from forensics.parsers.common import ParseContext, ParseResult, open_bounded
 
 from forensics import frames as fr
+from forensics.identity import normalize_bus_id
 
 _MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
 MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
@@ -272,20 +273,6 @@ _XGSP = re.compile(
 _XSM = re.compile(r"\(GPC (?P<gpc>\d+), TPC (?P<tpc>\d+), SM (?P<sm>\d+)\)")
 _XCH = re.compile(r"\b(?:Ch|channel) (?:0x)?(?P<ch>[0-9a-f]{8})\b")
 _XMMU = re.compile(r"MMU Fault: ENGINE (?P<engine>.+?) faulted @ (?P<addr>\S+)\. Fault is of type (?P<ftype>\S+)")
-
-
-def norm_bdf(text: str | None) -> str | None:
-    """`0000:3b:00` / `00000000:3B:00.0` / `3b:00` -> `0000:3b:00.0`; None when redacted or absent."""
-    if not text or "..." in text:
-        return None
-    t = text.strip().lower()
-    m = re.fullmatch(r"(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([0-9a-f]{2})(?:\.([0-7]))?", t)
-    if not m:
-        return None
-    dom = (m.group(1) or "0").lstrip("0").rjust(4, "0")[-4:] if len(m.group(1) or "") <= 8 else None
-    if dom is None:
-        return None
-    return f"{dom}:{m.group(2)}:{m.group(3)}.{m.group(4) or '0'}"
 
 
 def _epoch_ns(y: int, mo: int, d: int, hms: str, frac: str | None = None, offset_s: int = 0) -> int | None:
@@ -609,7 +596,7 @@ def _column_values(kind: str, f: dict[str, Any]) -> tuple[str | None, int | None
     except (TypeError, ValueError):
         pid = None
     proc = f.get("process") if kind == "xid" else f.get("comm")
-    return norm_bdf(bdf), xid, pid, proc
+    return normalize_bus_id(bdf), xid, pid, proc
 
 
 def parse(path: Path, ctx: ParseContext) -> ParseResult:

@@ -18,6 +18,7 @@ import polars as pl
 from forensics.parsers.common import DecompressionLimitExceeded, ParseContext, ParseResult, open_bounded
 
 from forensics import frames as fr
+from forensics.identity import normalize_bus_id
 
 # --- envelope -------------------------------------------------------------------------------
 # search, not match: launchers put their own tags in front ([1,3]<stdout>:, [0] , Ray, timestamps).
@@ -155,12 +156,6 @@ NET_VIA = re.compile(r"^NET/(?P<net>.+?)/(?P<nic>\d+)(?:\((?P<proxy>\d+)\))?(?P<
 P2P_VIA = re.compile(r"^P2P/(?P<kind>IPC|CUMEM|MNNVL|direct pointer|common device|indirect)")
 SOCKET_DEV = re.compile(r"\[(?P<idx>\d+)\](?P<ifname>[^\s:]+):(?P<addr>\S*)")
 IB_DEV = re.compile(r"\[(?P<idx>\d+)\](?P<name>[^\s:]+):(?P<port>\d+)/(?P<link>IB|RoCE)(?P<sharp>/SHARP)?")
-
-
-def bus_id_from_hex(h: str) -> str:
-    """NCCL prints the busId as the hex of `dddd:bb:dd.f` with separators removed."""
-    h = h.lower().removeprefix("0x").rjust(9, "0")
-    return f"{h[-9:-5]}:{h[-5:-3]}:{h[-3:-1]}.{h[-1]}"
 
 
 class _Acc:
@@ -308,7 +303,7 @@ def _info(acc: _Acc, base: dict[str, Any], msg: str, src: str | None) -> bool:
         acc.add(
             "nccl_comms", **{**base, "cuda_dev": int(g["cudaDev"])}, origin="init", comm=g["comm"], comm_id=g["commId"], rank=int(g["rank"]),
             nranks=int(g["nranks"]), nvml_dev=_int(g["nvmlDev"]),
-            bus_id=bus_id_from_hex(g["busId"]) if g["busId"] else None, phase=g["phase"], func=g["func"],
+            bus_id=normalize_bus_id(g["busId"], bare="packed"), phase=g["phase"], func=g["func"],
         )
     elif kind == "comm_layout":
         acc.rows["_layout"].append({"host": base["host"], "pid": base["pid"], "comm": g["comm"],
@@ -442,7 +437,7 @@ def _transport(acc: _Acc, base: dict[str, Any], g: dict[str, Any]) -> None:
     for side in ("src", "dst"):
         text = g[side + "dev"]
         if len(text) >= 4:
-            row[side + "_bus_id"] = bus_id_from_hex(text)
+            row[side + "_bus_id"] = normalize_bus_id(text, bare="packed")
         elif text.isdigit():
             row[side + "_dev"] = int(text)
     nm = NET_VIA.match(via)
@@ -606,7 +601,7 @@ def _nccl_tests(acc: _Acc, text: str, n: int) -> bool:
         acc.add(
             "nccl_comms", host=m["host"], pid=int(m["pid"]), cuda_dev=int(m["dev"]), rank=int(m["rank"]), line=n,
             origin="nccl-tests", phase="device", gpu_name=m["name"],
-            bus_id=_nt_bus(bus),
+            bus_id=normalize_bus_id(bus, bare="bus"),
         )
         return True
     m = NT_OOB.match(text)
@@ -628,14 +623,6 @@ def _nccl_tests(acc: _Acc, text: str, n: int) -> bool:
             acc.add("nccl_env", host=None, pid=None, cuda_dev=None, line=n, var=cm["var"], value=cm["val"], origin="command")
         return True
     return False
-
-
-def _nt_bus(bus: str) -> str | None:
-    """nccl-tests prints the PCI bus as `0x4c` (older) or `0000:4c:00` (newer)."""
-    if re.fullmatch(r"[0-9a-f]{1,2}", bus):
-        return f"0000:{int(bus, 16):02x}:00.0"
-    m = re.fullmatch(r"([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})(?:\.([0-7]))?", bus)
-    return f"{m[1]}:{m[2]}:{m[3]}.{m[4] or 0}" if m else None
 
 
 def _pytorch(acc: _Acc, line: str, n: int) -> None:

@@ -20,9 +20,10 @@ from typing import Any
 
 import polars as pl
 from forensics.parsers.common import ParseContext, ParseResult, open_bounded
-from forensics.parsers.kernel_log import _ctime_ns, norm_bdf
+from forensics.parsers.kernel_log import _ctime_ns
 
 from forensics import frames as fr
+from forensics.identity import normalize_bus_id
 
 _GPU_HDR = re.compile(r"^GPU (?P<bdf>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
 _KV = re.compile(r"^(?P<indent> *)(?P<key>[^:]+?)\s*:\s?(?P<value>.*?)\s*$")
@@ -141,7 +142,7 @@ def _sum(*vals: int | None) -> int | None:
 
 def _gpu_row(index: int | None, bdf: str | None, kv: dict[tuple[str, ...], str], snapshot: int | None,
              driver: str | None) -> dict[str, Any]:
-    row: dict[str, Any] = {"gpu_index": index, "pci_bus_id": norm_bdf(bdf) or norm_bdf(_find(kv, "pci", "bus id")),
+    row: dict[str, Any] = {"gpu_index": index, "pci_bus_id": normalize_bus_id(bdf) or normalize_bus_id(_find(kv, "pci", "bus id")),
                            "snapshot_ns": snapshot, "driver_version": driver,
                            "uuid": _find(kv, "gpu uuid"), "serial": _find(kv, "serial number"),
                            "product": _find(kv, "product name")}

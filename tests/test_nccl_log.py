@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 from forensics.parsers.common import ParseContext
-from forensics.parsers.nccl_log import bus_id_from_hex, parse
+from forensics.parsers.nccl_log import parse
 
 from forensics import frames as fr
 from tests.conftest import SAMPLE_DATA, shared_path
@@ -93,12 +93,6 @@ def test_file_parses_with_every_line_explained(prefix):
     for name, df in res.frames.items():
         assert df.schema == fr.schema(name), name
     assert "0 not understood" in res.message
-
-
-def test_bus_id_decoding():
-    assert bus_id_from_hex("a4000") == "0000:a4:00.0"
-    assert bus_id_from_hex("1000") == "0000:01:00.0"
-    assert bus_id_from_hex("c7000") == "0000:c7:00.0"
 
 
 def test_versions_from_banners():
