@@ -843,8 +843,8 @@ def _result(cols: dict[str, list[Any]], source: str, bad_bytes: int) -> ParseRes
     df = _assign_boots_and_place(df)
     df = df.with_columns(pl.lit(source).alias("source")).drop("segment")
     out = fr.conform("kernel_events", df)
-    # ties by name: group_by order is not stable, and the message should not change from run to run
-    counts = out.group_by("kind").len().sort(["len", "kind"], descending=[True, False])
+    # ties by name: the message must be the same bytes on every run
+    counts = out.group_by("kind").len().sort([pl.col("len"), pl.col("kind").cast(pl.String)], descending=[True, False])
     summary = ", ".join(f"{k}={v}" for k, v in counts.iter_rows())
     unknown = int(out.filter(pl.col("kind") == "unknown").height)
     hosts = out["host"].drop_nulls().unique().to_list()

@@ -160,7 +160,7 @@ def check_no_gdr(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
     sock_procs = pl.concat([
         t.netsel.filter(pl.col("name").str.to_lowercase() == "socket").select("host", "pid"),
         t.ch.filter(pl.col("net") == "Socket").select("host", "pid"),
-    ]).unique()
+    ]).unique(maintain_order=True)
     gdr0 = t.ev.filter((pl.col("kind") == "connected") & (pl.col("code") == 0)).join(
         sock_procs, on=["host", "pid"], how="anti", nulls_equal=True)
     if not (nogdr.height or hca_off.height or gpu_off.height or gdr0.height):
