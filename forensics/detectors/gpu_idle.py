@@ -14,7 +14,8 @@ Why it matters:
     per step. Each class has a different fix, so naming the class is most of the diagnosis.
 
 How it measures:
-    The idle time per rank and step is the breakdown's ``idle_ns`` (:mod:`forensics.breakdown`: time
+    Needs profiler steps (a capture without them is skipped: its one window spans start-up and
+    teardown). The idle time per rank and step is the breakdown's ``idle_ns`` (:mod:`forensics.breakdown`: time
     in the step window with no kernel, copy or NCCL kernel running); a rank is flagged when its idle
     time over all its steps is at least ``min_idle`` of its step time. Its idle gaps (between the union
     of its kernels, inside the step windows) are each put in one class, first match wins: ``input``
@@ -46,8 +47,9 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from forensics.collectives import WHOLE_TRACE
 from forensics.context import JobContext
-from forensics.detectors import detector
+from forensics.detectors import Skip, detector
 from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
 from forensics.detectors._coverage import gpus_of, rank_list
 from forensics.findings import Finding, Severity
@@ -83,10 +85,10 @@ class GpuIdleConfig:
                                 doc="... or at least this share of the idle time host-bound (next kernel launched after the GPU went idle)")
 
 
-def idle_table(ctx: JobContext) -> pl.DataFrame:
-    """Per rank (from the breakdown): host, steps, step_ns, idle_ns, host_bound_ns (sums), idle share."""
+def idle_table(steps: pl.DataFrame) -> pl.DataFrame:
+    """Per rank (from the breakdown's ``steps``): host, steps, step_ns, idle_ns, host_bound_ns (sums), idle share."""
     return (
-        ctx.steps.group_by("rank")
+        steps.group_by("rank")
         .agg(pl.col("host").first(), pl.col("step").n_unique().alias("steps"),
              pl.col("step_ns").sum(), pl.col("idle_ns").sum(), pl.col("host_bound_ns").sum())
         .with_columns((pl.col("idle_ns") / pl.col("step_ns")).alias("idle"))
@@ -195,7 +197,11 @@ def rank_classes(ctx: JobContext, flagged: pl.DataFrame, cfg: GpuIdleConfig) -> 
 @detector("gpu_idle", settings=GpuIdleConfig, requires=("kernels",))
 def detect(ctx: JobContext, cfg: GpuIdleConfig) -> list[Finding]:
     require_steps(ctx)
-    flagged = idle_table(ctx).filter(pl.col("idle") >= cfg.min_idle)
+    if (ctx.steps["step"] == WHOLE_TRACE).all():
+        # The window is then the whole capture (start-up, teardown, pauses between benchmark runs):
+        # its idle share says nothing about a training step.
+        raise Skip("no profiler steps (ProfilerStep# / NVTX step ranges) to measure idle time per step against")
+    flagged = idle_table(ctx.steps.filter(pl.col("step") != WHOLE_TRACE)).filter(pl.col("idle") >= cfg.min_idle)
     if flagged.height == 0:
         return []
     table = rank_classes(ctx, flagged, cfg)

@@ -109,6 +109,16 @@ def test_skipped_without_kernels():
     assert [s.detector for s in skipped] == ["gpu_idle"] and "kernels" in skipped[0].reason
 
 
+def test_skipped_without_profiler_steps():
+    # A capture without steps (e.g. one collective benchmark): one window over the whole trace, mostly idle.
+    rows = _Rows()
+    rows.kernel(0, 1_000 * MS, 1_001 * MS, "compute")
+    rows.kernel(0, 1_100 * MS, 1_101 * MS, "compute")
+    findings, skipped = run_detectors(JobContext(rows.frames(1, [])), only=["gpu_idle"])
+    assert findings == []
+    assert [s.detector for s in skipped] == ["gpu_idle"] and "profiler steps" in skipped[0].reason
+
+
 def test_below_threshold_is_silent_and_threshold_is_a_setting():
     def layout(rows, t0):  # 8% idle
         rows.kernel(0, t0 + 800 * US, t0 + 10 * MS, "compute", launch=t0 + 790 * US)
