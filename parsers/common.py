@@ -26,6 +26,9 @@ class ParseResult:
     message: str | None = None
     rank: int | None = None
     host: str | None = None
+    # True when the file named no rank and the parser numbered its process(es) from 0: usable only
+    # when it is the job's only trace (discovery decides, knowing the other files).
+    rank_guessed: bool = False
 
     @classmethod
     def failed(cls, message: str) -> ParseResult:

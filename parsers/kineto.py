@@ -31,6 +31,7 @@ from forensics.hosts import short_host
 
 _LAUNCH_PATTERN = r"(?i)launch|memcpy|memset"
 _STEP_PATTERN = r"^ProfilerStep\s*#\s*(\d+)$"
+UNRANKED = "rank unknown (no distributedInfo, none in the file name)"
 _HOST_KEYS = ("host_name", "hostname", "host", "hostName")
 _MSG_AND_PG = ("pg_name", "pg_desc", "pg_ranks", "group_size", "in_nelems", "out_nelems", "dtype", "bytes", "seq")
 
@@ -56,6 +57,7 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
     dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
     rank = dist.get("rank") if isinstance(dist.get("rank"), int) else None
     rank_note = ""
+    rank_guessed = False
     if rank is None:
         for part in reversed(PurePosixPath(ctx.rel_path).parts):
             rank = rank_from_filename(part)
@@ -63,7 +65,8 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
                 rank_note = f"rank {rank} from the file name"
                 break
         else:
-            rank_note = "rank unknown (no distributedInfo, none in the file name)"
+            rank, rank_guessed = 0, True
+            rank_note = f"{UNRANKED}: analysed as rank 0"
     cpu_pids: set[int] = set()
     if cpu is not None:
         cpu_pids = set(
@@ -101,8 +104,9 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
     if rank_note:
         summary += f"; {rank_note}"
     if outcome.complete:
-        return ParseResult(out, status="ok", message=summary, rank=rank, host=host)
-    return ParseResult(out, status="partial", message=f"{outcome.problem}; {summary}", rank=rank, host=host)
+        return ParseResult(out, status="ok", message=summary, rank=rank, host=host, rank_guessed=rank_guessed)
+    return ParseResult(out, status="partial", message=f"{outcome.problem}; {summary}", rank=rank, host=host,
+                       rank_guessed=rank_guessed)
 
 
 def _stamp(name: str, df: pl.DataFrame | None, ident: dict) -> pl.DataFrame:
