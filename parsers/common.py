@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -15,6 +16,9 @@ import polars as pl
 GZIP_MAGIC = b"\x1f\x8b"
 # A gzip bomb must not exhaust memory: decompression stops past this many bytes.
 DEFAULT_MAX_DECOMPRESSED = 64 * 1024**3
+# A line or event longer than this is not held in memory: it is skipped (or the read stops), and said.
+# FORENSICS_MAX_RECORD_BYTES overrides it (tests use a small one).
+DEFAULT_MAX_RECORD_BYTES = int(os.environ.get("FORENSICS_MAX_RECORD_BYTES") or 64 << 20)
 
 
 @dataclass

@@ -42,10 +42,13 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
         outcome = read_trace(path, ctx.max_decompressed_bytes, ex.feed)
     except TraceReadError as exc:
         return ParseResult.failed(str(exc))
+    if outcome.events == 0 and not outcome.complete:
+        return ParseResult.failed(f"{outcome.problem}: nothing usable (cut before its first event?)")
     meta = outcome.meta
     gpu = ex.gpu_frame()
     cpu = ex.cpu_frame()
     comm_raw = ex.comm_frame(cpu)
+    cpu = cpu.drop("_row") if cpu is not None else None
 
     base = meta.get("baseTimeNanoseconds")
     if isinstance(base, int) and base:
@@ -100,7 +103,7 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
         f"{skipped:,} flow/instant/metadata events not tabulated"
     )
     if ex.malformed:
-        summary += f"; {ex.malformed:,} malformed events skipped"
+        summary += f"; {ex.malformed:,} malformed events skipped (no name, or a time that is not a finite number in range)"
     if rank_note:
         summary += f"; {rank_note}"
     if outcome.complete:

@@ -359,11 +359,12 @@ class Extractor:
     def gpu_frame(self) -> pl.DataFrame | None:
         if not len(self.g["ts"]):
             return None
-        df = _typed_frame(self.g, self.name_table())  # consumes the buffers
+        df, bad = _typed_frame(self.g, self.name_table())  # consumes the buffers
+        self.malformed += bad
         df = df.with_columns(
             pl.col("kind").replace_strict(dict(enumerate(GPU_KINDS)), return_dtype=pl.String),
             *[pl.col(c).cast(pl.Int32) for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")],
-        ).with_row_index("_row")
+        )
         args = _args_frame(self.gpu_comm_args, GPU_ARG_KEYS)
         df = df.join(args, on="_row", how="left") if args is not None else df.with_columns(
             [pl.lit(None, dtype=pl.Int64 if col in _INT_ARGS else pl.String).alias(col) for _, col in GPU_ARG_KEYS]
@@ -371,9 +372,11 @@ class Extractor:
         return df.drop("_row")
 
     def cpu_frame(self) -> pl.DataFrame | None:
+        """Host ops, with ``_row`` (their position in the buffers) kept for ``comm_frame``."""
         if not len(self.c["ts"]):
             return None
-        df = _typed_frame(self.c, self.name_table())  # consumes the buffers
+        df, bad = _typed_frame(self.c, self.name_table())  # consumes the buffers
+        self.malformed += bad
         return df.with_columns(
             pl.col("category").replace_strict(dict(enumerate(CPU_CATEGORIES)), return_dtype=pl.String)
         )
@@ -384,12 +387,19 @@ class Extractor:
             return None
         args = _args_frame(self.comm_ops, COMM_ARG_KEYS)
         assert args is not None
-        rows = cpu.with_row_index("_row").join(args, on="_row", how="inner")
+        rows = cpu.join(args, on="_row", how="inner")
         return rows.select("pid", "tid", "name", "start_ns", "end_ns", "external_id",
                            *[col for _, col in COMM_ARG_KEYS])
 
 
-def _typed_frame(cols: dict[str, array], names: pl.Series) -> pl.DataFrame:
+# Times (µs) beyond this are rejected per event: start + duration in ns must fit an Int64 (year 2096).
+TIME_LIMIT_US = 4e15
+
+
+def _typed_frame(cols: dict[str, array], names: pl.Series) -> tuple[pl.DataFrame, int]:
+    """The columns as a frame with integer-ns ``start_ns`` / ``end_ns`` and the buffer position in
+    ``_row``; events whose ts or dur is not a finite number within ``TIME_LIMIT_US`` are dropped
+    and counted (second value)."""
     data = {}
     for col in list(cols):
         arr = cols.pop(col)  # each buffer is freed as soon as its column exists
@@ -403,10 +413,15 @@ def _typed_frame(cols: dict[str, array], names: pl.Series) -> pl.DataFrame:
         elif typecode == "d" and col != "ts":
             s = s.fill_nan(None)
         data[col] = s
-    df = pl.DataFrame(data)
+    df = pl.DataFrame(data).with_row_index("_row")
+    in_range = pl.col("ts").is_finite() & (pl.col("ts").abs() < TIME_LIMIT_US) & (
+        pl.col("dur").is_null() | (pl.col("dur").is_finite() & (pl.col("dur").abs() < TIME_LIMIT_US))
+    )
+    n = df.height
+    df = df.filter(in_range)
     start = us_to_ns("ts")
     dur = us_to_ns("dur").fill_null(0)
-    return df.with_columns(start.alias("start_ns"), (start + dur).alias("end_ns")).drop("ts", "dur")
+    return df.with_columns(start.alias("start_ns"), (start + dur).alias("end_ns")).drop("ts", "dur"), n - df.height
 
 
 def _args_frame(rows: list[tuple], keys: tuple[tuple[str, str], ...]) -> pl.DataFrame | None:
