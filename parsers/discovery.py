@@ -28,6 +28,7 @@ HEAD_BYTES = 1 << 20
 TAIL_BYTES = 1 << 20
 # Parse in worker processes only when there is enough work to pay for their start-up.
 PARALLEL_MIN_BYTES = 32 << 20
+PARALLEL_MIN_FILES = 64
 
 # Names that make an empty or undecompressable file count as a broken trace rather than noise.
 _TRACE_NAME = re.compile(r"\.json(\.gz)?$|\.pt\.trace|trace", re.IGNORECASE)
@@ -253,7 +254,8 @@ def discover_and_parse(
         if progress:
             progress(item.file.rel_path, len(results), len(files))
 
-    if n_workers > 1 and len(to_parse) > 1 and total_bytes >= PARALLEL_MIN_BYTES:
+    # Many small files pay for the workers too: each costs a few ms of fixed Polars work.
+    if n_workers > 1 and len(to_parse) > 1 and (total_bytes >= PARALLEL_MIN_BYTES or len(to_parse) >= PARALLEL_MIN_FILES):
         _parse_in_pool(files, root, n_workers, tick)
     else:
         for f in files:
@@ -267,7 +269,8 @@ def _parse_in_pool(files: list[DiscoveredFile], root: Path, n_workers: int, tick
     # spawn, not fork: Polars' thread pool does not survive fork.
     pool = ProcessPoolExecutor(max_workers=n_workers, mp_context=get_context("spawn"), initializer=_worker_init)
     try:
-        for item in pool.map(_parse_worker, [(f, root) for f in files], chunksize=1):
+        chunk = max(1, min(16, len(files) // (8 * n_workers)))  # small files: fewer round trips
+        for item in pool.map(_parse_worker, [(f, root) for f in files], chunksize=chunk):
             tick(item)
     except BaseException:
         _stop_pool(pool)

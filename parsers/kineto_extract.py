@@ -394,26 +394,35 @@ class Extractor:
 
 # Times (µs) beyond this are rejected per event: start + duration in ns must fit an Int64 (year 2096).
 TIME_LIMIT_US = 4e15
+SMALL_ROWS = 50_000
 
 
 def _typed_frame(cols: dict[str, array], names: pl.Series) -> tuple[pl.DataFrame, int]:
     """The columns as a frame with integer-ns ``start_ns`` / ``end_ns`` and the buffer position in
     ``_row``; events whose ts or dur is not a finite number within ``TIME_LIMIT_US`` are dropped
     and counted (second value)."""
+    ints = [c for c, arr in cols.items() if arr.typecode == "q" and c != "name"]
+    floats = [c for c, arr in cols.items() if arr.typecode == "d" and c != "ts"]
+    # Small frames: one pass for every column (each Polars call has a fixed cost that dominates
+    # tiny traces). Large ones: column by column, so each buffer is freed as its column exists.
+    small = len(cols["ts"]) < SMALL_ROWS
     data = {}
     for col in list(cols):
-        arr = cols.pop(col)  # each buffer is freed as soon as its column exists
-        typecode = arr.typecode
+        arr = cols.pop(col)
         s = pl.Series(col, arr)
         del arr
         if col == "name":
             s = names.gather(s).alias("name")
-        elif typecode == "q":
+        elif not small and col in ints:
             s = pl.select(pl.when(s != NULL).then(s)).to_series().alias(col)
-        elif typecode == "d" and col != "ts":
+        elif not small and col in floats:
             s = s.fill_nan(None)
         data[col] = s
-    df = pl.DataFrame(data).with_row_index("_row")
+    df = pl.DataFrame(data)
+    if small:
+        df = df.with_columns(*[pl.when(pl.col(c) != NULL).then(pl.col(c)).alias(c) for c in ints],
+                             *[pl.col(c).fill_nan(None) for c in floats])
+    df = df.with_row_index("_row")
     in_range = pl.col("ts").is_finite() & (pl.col("ts").abs() < TIME_LIMIT_US) & (
         pl.col("dur").is_null() | (pl.col("dur").is_finite() & (pl.col("dur").abs() < TIME_LIMIT_US))
     )

@@ -418,6 +418,9 @@ def _read_end(rd: _Reader, sink: EventSink, bare: bool) -> bool:
             if not flows:
                 raise
             doc, flows = _loads(opening + rest), 0  # see _parse_array_piece
+    except _TooDeep:
+        rd.out.deep = True
+        return False
     except ValueError:
         return False
     if bare:
@@ -433,7 +436,8 @@ def _read_end(rd: _Reader, sink: EventSink, bare: bool) -> bool:
     rd.out.meta.update(trailer)
     if rd.out.damaged:
         rd.out.complete = False
-        rd.out.problem = f"{rd.out.damaged:,} damaged event(s) skipped; kept {rd.out.events:,} events"
+        deep = " (nesting too deep: more levels than the JSON parser allows)" if rd.out.deep else ""
+        rd.out.problem = f"{rd.out.damaged:,} damaged event(s) skipped{deep}; kept {rd.out.events:,} events"
     return True
 
 
