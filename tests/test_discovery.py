@@ -4,6 +4,7 @@ import gzip
 import os
 from pathlib import Path
 
+import pytest
 from forensics.parsers.discovery import classify, discover_and_parse, walk
 
 KINETO_HEAD = b'{\n  "schemaVersion": 1,\n  "traceEvents": [\n  {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 2}\n]}'
@@ -172,3 +173,69 @@ def test_classifying_long_lines_takes_bounded_time(tmp_path: Path):
         start = time.process_time()  # CPU time: the CI machine may be shared
         classify(path, name)
         assert time.process_time() - start < 1.0, name
+
+
+_DRIVER = """
+import signal, sys
+from pathlib import Path
+from forensics.parsers.discovery import discover_and_parse
+
+def _term(*_):
+    raise SystemExit(143)
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _term)
+    try:
+        discover_and_parse(Path(sys.argv[1]), workers=2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    sys.exit(0)
+"""
+
+
+def _children(pid: int) -> list[int]:
+    import subprocess
+
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+
+@pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_interrupt_mid_parse_ends_every_worker(tmp_path: Path, sig: str, code: int):
+    """SIGINT / SIGTERM while the pool parses: the call returns promptly with the interrupt, and no
+    worker process is left behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    for rank in range(400):  # many files: the pool is used, and parsing lasts well past the signal
+        _write(run / f"rank{rank}.json", _ranked(rank))
+    script = tmp_path / "driver.py"
+    script.write_text(_DRIVER)
+    proc = subprocess.Popen([sys.executable, str(script), str(run)])
+    deadline = time.monotonic() + 60
+    workers: list[int] = []
+    while time.monotonic() < deadline and len(workers) < 2 and proc.poll() is None:
+        time.sleep(0.2)
+        workers = [p for p in _children(proc.pid) if _alive(p)]
+    assert proc.poll() is None and len(workers) >= 2, "the pool never started"
+    time.sleep(1.0)  # mid-parse
+    sent = time.monotonic()
+    proc.send_signal(getattr(signal, sig))
+    assert proc.wait(timeout=10) == code
+    assert time.monotonic() - sent < 5.0
+    end = time.monotonic() + 3
+    while any(_alive(p) for p in workers) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert not [p for p in workers if _alive(p)], "worker processes left behind"
