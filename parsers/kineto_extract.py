@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections import Counter
+from typing import Any
 
 import polars as pl
 
@@ -61,7 +62,7 @@ _Staged = tuple[list[tuple[str, array]], list[tuple[str, array]], list[tuple[int
 def _to_int(value: object) -> int:
     """Kineto ids are ints, but legacy traces write `"25738"` or `"stream 7"`; NULL otherwise."""
     if value.__class__ is int:
-        return value if -(1 << 63) < value < (1 << 63) else NULL  # type: ignore[return-value,operator]
+        return value if -(1 << 63) < value < (1 << 63) else NULL
     if isinstance(value, str):
         digits = value.rsplit(" ", 1)[-1]
         if digits.lstrip("-").isdigit():
@@ -111,6 +112,9 @@ class Extractor:
         self.comm_ops: list[tuple] = []  # (cpu row, *COMM_ARG_KEYS values)
         self.skipped: Counter[tuple] = Counter()
         self.malformed = 0
+        # bound appends of every column, in _G / _C order, for the per-event path
+        self._gapp = tuple(self.g[x].append for x in self._G)
+        self._capp = tuple(self.c[x].append for x in self._C)
 
     def _intern(self, name: object) -> int:
         key = name if isinstance(name, str) else str(name)
@@ -214,14 +218,7 @@ class Extractor:
 
     def _feed_rows(self, events: list) -> None:
         """The per-event loop: a value the fast appends reject sends that event to the slow paths."""
-        g, c = self.g, self.c
-        gk, gn, gdev, gst, gts, gdur, gcorr, gext, ggx, ggy, ggz, gbx, gby, gbz, gbps = (
-            g[x].append for x in self._G
-        )
-        ck, cn, cpid, ctid, cts, cdur, ccorr, cext = (c[x].append for x in self._C)
-        g_len, c_len = g["ts"], c["ts"]
-        gpu_cats, cpu_cats, names, comm_ids, skipped = GPU_CATS, CPU_CATS, self.names, self.comm_name_ids, self.skipped
-        intern = self._intern
+        gpu_cats, cpu_cats = GPU_CATS, CPU_CATS
         for e in events:
             try:
                 cat = e.get("cat")
@@ -230,76 +227,84 @@ class Extractor:
                 self.malformed += 1
                 continue
             if code is not None:
-                n = len(g_len)
-                try:
-                    a = e.get("args") or _EMPTY
-                    nm = e["name"]
-                    nid = names.get(nm)
-                    if nid is None:
-                        nid = intern(nm)
-                    gts(e["ts"])
-                    gdur(e.get("dur", NAN))
-                    gk(code)
-                    gn(nid)
-                    v = a.get("device")
-                    gdev(v if v is not None else e.get("pid", NULL))
-                    v = a.get("stream")
-                    gst(v if v is not None else e.get("tid", NULL))
-                    gcorr(a.get("correlation", NULL))
-                    v = a.get("External id")
-                    gext(v if v is not None else a.get("external id", NULL))
-                    v = a.get("grid") or _NO3
-                    ggx(v[0])
-                    ggy(v[1])
-                    ggz(v[2])
-                    v = a.get("block") or _NO3
-                    gbx(v[0])
-                    gby(v[1])
-                    gbz(v[2])
-                    gbps(a.get("blocks per SM", NAN))
-                except _DATA_ERRORS:
-                    for arr in g.values():
-                        del arr[n:]
-                    self._slow_gpu(e, code)
-                    continue
-                if "Collective name" in a or "In msg nelems" in a:
-                    self.gpu_comm_args.append((n, *[_arg_value(col, a.get(key)) for key, col in GPU_ARG_KEYS]))
+                self._row_gpu(e, code)
                 continue
             code = cpu_cats.get(cat)
-            if code is None:
-                try:
-                    skipped[(e.get("ph"), cat)] += 1
-                except TypeError:  # an unhashable ph
-                    self.malformed += 1
+            if code is not None:
+                self._row_cpu(e, code)
                 continue
-            n = len(c_len)
             try:
-                a = e.get("args") or _EMPTY
-                nm = e["name"]
-                nid = names.get(nm)
-                if nid is None:
-                    nid = intern(nm)
-                cts(e["ts"])
-                cdur(e.get("dur", NAN))
-                ck(code)
-                cn(nid)
-                v = e.get("pid", NULL)
-                cpid(v if v.__class__ is int else _to_int(v))
-                v = e.get("tid", NULL)
-                ctid(v if v.__class__ is int else _to_int(v))
-                ccorr(a.get("correlation", NULL))
-                v = a.get("External id")
-                cext(v if v is not None else a.get("external id", NULL))
-            except _DATA_ERRORS:
-                for arr in c.values():
-                    del arr[n:]
-                if not self._slow_cpu(e, code):
-                    continue
-                a = e.get("args")
-                a = a if isinstance(a, dict) else _EMPTY
-                nid = self._intern(e["name"])
-            if nid in comm_ids and code in _COMM_OP_CATS:
-                self.comm_ops.append((n, *[_arg_value(col, a.get(key)) for key, col in COMM_ARG_KEYS]))
+                self.skipped[(e.get("ph"), cat)] += 1
+            except TypeError:  # an unhashable ph
+                self.malformed += 1
+
+    def _name_id(self, name: object) -> int:
+        nid = self.names.get(name)  # type: ignore[call-overload]
+        return nid if nid is not None else self._intern(name)
+
+    def _row_gpu(self, e: dict, code: int) -> None:
+        g = self.g
+        n = len(g["ts"])
+        gk, gn, gdev, gst, gts, gdur, gcorr, gext, ggx, ggy, ggz, gbx, gby, gbz, gbps = self._gapp
+        try:
+            a = e.get("args") or _EMPTY
+            nid = self._name_id(e["name"])
+            gts(e["ts"])
+            gdur(e.get("dur", NAN))
+            gk(code)
+            gn(nid)
+            v = a.get("device")
+            gdev(v if v is not None else e.get("pid", NULL))
+            v = a.get("stream")
+            gst(v if v is not None else e.get("tid", NULL))
+            gcorr(a.get("correlation", NULL))
+            v = a.get("External id")
+            gext(v if v is not None else a.get("external id", NULL))
+            v = a.get("grid") or _NO3
+            ggx(v[0])
+            ggy(v[1])
+            ggz(v[2])
+            v = a.get("block") or _NO3
+            gbx(v[0])
+            gby(v[1])
+            gbz(v[2])
+            gbps(a.get("blocks per SM", NAN))
+        except _DATA_ERRORS:
+            for arr in g.values():
+                del arr[n:]
+            self._slow_gpu(e, code)
+            return
+        if "Collective name" in a or "In msg nelems" in a:
+            self.gpu_comm_args.append((n, *[_arg_value(col, a.get(key)) for key, col in GPU_ARG_KEYS]))
+
+    def _row_cpu(self, e: dict, code: int) -> None:
+        c = self.c
+        n = len(c["ts"])
+        ck, cn, cpid, ctid, cts, cdur, ccorr, cext = self._capp
+        try:
+            a = e.get("args") or _EMPTY
+            nid = self._name_id(e["name"])
+            cts(e["ts"])
+            cdur(e.get("dur", NAN))
+            ck(code)
+            cn(nid)
+            v = e.get("pid", NULL)
+            cpid(v if v.__class__ is int else _to_int(v))
+            v = e.get("tid", NULL)
+            ctid(v if v.__class__ is int else _to_int(v))
+            ccorr(a.get("correlation", NULL))
+            v = a.get("External id")
+            cext(v if v is not None else a.get("external id", NULL))
+        except _DATA_ERRORS:
+            for arr in c.values():
+                del arr[n:]
+            if not self._slow_cpu(e, code):
+                return
+            a = e.get("args")
+            a = a if isinstance(a, dict) else _EMPTY
+            nid = self._intern(e["name"])
+        if nid in self.comm_name_ids and code in _COMM_OP_CATS:
+            self.comm_ops.append((n, *[_arg_value(col, a.get(key)) for key, col in COMM_ARG_KEYS]))
 
     # Slow paths: an event with an unusual value (string ids, nulls, short grid lists, a missing
     # ts). Values are coerced one by one; an event without a name or a numeric ts is malformed.
@@ -315,9 +320,10 @@ class Extractor:
         dev = a.get("device")
         st = a.get("stream")
         ext = a.get("External id")
-        grid = a.get("grid") if isinstance(a.get("grid"), list) else []
-        block = a.get("block") if isinstance(a.get("block"), list) else []
-        values = {
+        grid_v, block_v = a.get("grid"), a.get("block")
+        grid = grid_v if isinstance(grid_v, list) else []
+        block = block_v if isinstance(block_v, list) else []
+        values: dict[str, Any] = {
             "kind": code, "name": self._intern(e["name"]), "ts": ts, "dur": _to_float(e.get("dur")),
             "device": _to_int(dev if dev is not None else e.get("pid")),
             "stream": _to_int(st if st is not None else e.get("tid")),
@@ -341,7 +347,7 @@ class Extractor:
             self.malformed += 1
             return False
         ext = a.get("External id")
-        values = {
+        values: dict[str, Any] = {
             "category": code, "name": self._intern(e["name"]), "ts": ts, "dur": _to_float(e.get("dur")),
             "pid": _to_int(e.get("pid")), "tid": _to_int(e.get("tid")),
             "correlation": _to_int(a.get("correlation")),
