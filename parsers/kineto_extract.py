@@ -424,19 +424,22 @@ def _typed_frame(cols: dict[str, array], names: pl.Series) -> tuple[pl.DataFrame
         elif not small and col in floats:
             s = s.fill_nan(None)
         data[col] = s
-    df = pl.DataFrame(data)
+    n = len(data["ts"])
+    lazy = pl.DataFrame(data).lazy()
     if small:
-        df = df.with_columns(*[pl.when(pl.col(c) != NULL).then(pl.col(c)).alias(c) for c in ints],
-                             *[pl.col(c).fill_nan(None) for c in floats])
-    df = df.with_row_index("_row")
+        lazy = lazy.with_columns(*[pl.when(pl.col(c) != NULL).then(pl.col(c)).alias(c) for c in ints],
+                                 *[pl.col(c).fill_nan(None) for c in floats])
     in_range = pl.col("ts").is_finite() & (pl.col("ts").abs() < TIME_LIMIT_US) & (
         pl.col("dur").is_null() | (pl.col("dur").is_finite() & (pl.col("dur").abs() < TIME_LIMIT_US))
     )
-    n = df.height
-    df = df.filter(in_range)
     start = us_to_ns("ts")
     dur = us_to_ns("dur").fill_null(0)
-    return df.with_columns(start.alias("start_ns"), (start + dur).alias("end_ns")).drop("ts", "dur"), n - df.height
+    df = (
+        lazy.with_row_index("_row").filter(in_range)
+        .with_columns(start.alias("start_ns"), (start + dur).alias("end_ns")).drop("ts", "dur")
+        .collect()
+    )
+    return df, n - df.height
 
 
 def _args_frame(rows: list[tuple], keys: tuple[tuple[str, str], ...]) -> pl.DataFrame | None:
