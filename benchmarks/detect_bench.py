@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from forensics.analyze import load  # noqa: E402
 from forensics.breakdown import compute_breakdown  # noqa: E402
 from forensics.collectives import match_collectives  # noqa: E402
+from forensics.context import JobContext  # noqa: E402
 from forensics.detectors import run_detectors  # noqa: E402
 from forensics.frames import JobFrames  # noqa: E402
 
@@ -66,7 +67,7 @@ def main() -> int:
 
         fresh = JobFrames({n: frames[n] for n in frames.present if n in frames}, present=frames.present)
         t = time.perf_counter()
-        findings, skipped = run_detectors(fresh, only=TRACE_DETECTORS)
+        findings, skipped = run_detectors(JobContext(fresh), only=TRACE_DETECTORS)
         detect_s = time.perf_counter() - t
 
     k = frames["kernels"].height

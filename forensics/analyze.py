@@ -13,6 +13,7 @@ from pathlib import Path
 import polars as pl
 
 from forensics import frames as fr
+from forensics.context import JobContext
 from forensics.detectors import run_detectors
 from forensics.errors import UsageError
 from forensics.findings import Finding, Skipped, sort_findings
@@ -24,35 +25,25 @@ ProgressFn = Callable[[str, int, int], None]
 
 @dataclass
 class Analysis:
+    """The result of one analysis: the job's one :class:`JobContext`, and what the detectors found."""
+
     run_dir: Path
-    sources: pl.DataFrame
-    frames: JobFrames
+    context: JobContext
     findings: list[Finding] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+
+    @property
+    def frames(self) -> JobFrames:
+        return self.context.frames
+
+    @property
+    def sources(self) -> pl.DataFrame:
+        return self.context.sources
 
     @property
     def readable(self) -> bool:
         """At least one source yielded data."""
         return self.sources.filter(pl.col("status").is_in(["ok", "partial"])).height > 0
-
-    @property
-    def ranks(self) -> list[int]:
-        found: set[int] = set()
-        for name in ("ranks", "sources"):
-            found.update(r for r in self.frames[name]["rank"].drop_nulls().to_list())
-        return sorted(found)
-
-    @property
-    def hosts(self) -> list[str]:
-        found: set[str] = set()
-        for name in ("ranks", "sources"):
-            found.update(h for h in self.frames[name]["host"].drop_nulls().to_list())
-        return sorted(found)
-
-    @property
-    def world_size(self) -> int | None:
-        sizes = self.frames["ranks"]["world_size"].drop_nulls()
-        return int(sizes.max()) if sizes.len() else None  # type: ignore[arg-type]
 
 
 def collect_frames(parsed: list[ParsedSource]) -> tuple[pl.DataFrame, JobFrames]:
@@ -81,6 +72,7 @@ def analyze(
     progress: ProgressFn | None = None,
     workers: int | None = None,
 ) -> Analysis:
-    sources, frames = load(run_dir, progress=progress, workers=workers)
-    findings, skipped = run_detectors(frames, overrides=overrides, only=only)
-    return Analysis(run_dir, sources, frames, sort_findings(findings), skipped)
+    _, frames = load(run_dir, progress=progress, workers=workers)
+    context = JobContext(frames)  # the one context of this analysis: detectors and reports share it
+    findings, skipped = run_detectors(context, overrides=overrides, only=only)
+    return Analysis(run_dir, context, sort_findings(findings), skipped)

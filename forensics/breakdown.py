@@ -55,6 +55,7 @@ NON_PP_COMM = (ALL_TX | ALL_WAIT) & ~(TX["PP"] | WAIT["PP"])
 class Breakdown:
     steps: pl.DataFrame  # one row per (rank, step)
     collectives: CollectiveMatch
+    windows: pl.DataFrame  # rank, host, step, w_start, w_end: the measured step windows (ns)
 
 
 def _has(bits: int) -> pl.Expr:
@@ -194,7 +195,7 @@ def compute_breakdown(frames: JobFrames, match: CollectiveMatch | None = None) -
         )
         .sort("rank", "step")
     )
-    return Breakdown(table, match)
+    return Breakdown(table, match, windows)
 
 
 def comm_model(steps: pl.DataFrame) -> pl.DataFrame:

@@ -143,6 +143,14 @@ def frames(
         raise typer.Exit(EXIT_ERROR)
 
 
+def _write_files(folder: Path, files: dict[str, bytes]) -> None:
+    """Write rendered report files (name -> content) into ``folder``; nothing (no folder) when none."""
+    if files:
+        folder.mkdir(exist_ok=True)
+        for name, content in files.items():
+            (folder / name).write_bytes(content)
+
+
 @app.command()
 def triage(
     job_dirs: list[Path] = typer.Argument(..., help="one folder holding one subfolder per job, or several job folders"),
@@ -153,11 +161,9 @@ def triage(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
 ) -> None:
     """Analyze many jobs at once; rank them worst first and list hosts that recur across jobs."""
-    import orjson
-
     from forensics.detectors import parse_overrides
-    from forensics.reports import triage_md
-    from forensics.triage import host_table, job_table, triage_document
+    from forensics.reports import triage_json, triage_md
+    from forensics.triage import host_table, job_table
     from forensics.triage import job_dirs as find_jobs
     from forensics.triage import triage as run_triage
 
@@ -166,15 +172,12 @@ def triage(
         _check_out_dir(job, out_dir)
     overrides = parse_overrides(settings)
     with _progress("jobs", quiet) as update:
-        results = run_triage(jobs, overrides=overrides, workers=workers, progress=update)  # type: ignore[arg-type]
+        results = run_triage(jobs, overrides=overrides, workers=workers, progress=update,  # type: ignore[arg-type]
+                             render=triage_json.job_files)
     out_dir.mkdir(parents=True, exist_ok=True)
     for res in results:
-        if res.findings_doc is not None:
-            job_out = out_dir / res.name
-            job_out.mkdir(exist_ok=True)
-            (job_out / "findings.json").write_bytes(orjson.dumps(res.findings_doc, option=orjson.OPT_INDENT_2))
-            (job_out / "summary.md").write_text(res.summary_md or "", encoding="utf-8")
-    (out_dir / "triage.json").write_bytes(orjson.dumps(triage_document(results), option=orjson.OPT_INDENT_2))
+        _write_files(out_dir / res.name, res.files)
+    (out_dir / "triage.json").write_bytes(triage_json.render(results))
     (out_dir / "triage.md").write_text(triage_md.render(results), encoding="utf-8")
     table = job_table(results)
     out.print(f"{len(results)} job(s) analysed. Report: {out_dir}", highlight=False)
@@ -192,21 +195,34 @@ def triage(
     threshold = _fail_threshold(fail_on)
     if threshold is not None and any(
         Severity(f["severity"]).rank >= threshold
-        for r in results if r.findings_doc for f in r.findings_doc["findings"]
+        for r in results for f in r.findings or []
     ):
         raise typer.Exit(EXIT_FINDINGS)
 
 
+class RulesFormat(str, Enum):
+    text = "text"
+    md = "md"
+
+
 @app.command()
-def rules(name: str | None = typer.Argument(None, help="a detector name; all when omitted")) -> None:
-    """Print the documentation of every detector (or one)."""
+def rules(
+    name: str | None = typer.Argument(None, help="a detector name; all when omitted"),
+    fmt: RulesFormat = typer.Option(RulesFormat.text, "--format", help="text (terminal) or md (Markdown, as in docs/detectors.md)"),
+) -> None:
+    """Print each detector (or one) with its documentation and its settings table."""
     from forensics.detectors import load_all
+    from forensics.reports import rules as rules_report
 
     registry = load_all()
     if name and name not in registry:
         raise UsageError(f"unknown detector {name!r}; known: {', '.join(registry)}")
-    for det in ([registry[name]] if name else registry.values()):
-        out.print(f"[bold]{det.name}[/]\n{det.doc}\n", highlight=False)
+    chosen = [registry[name]] if name else list(registry.values())
+    if fmt is RulesFormat.md:
+        typer.echo(rules_report.markdown(chosen, intro=name is None), nl=False)
+    else:
+        typer.echo(rules_report.text(chosen), nl=False)
+
 
 @app.command()
 def simulate(

@@ -1,4 +1,12 @@
-"""The JobContext: one object per analysis that holds the frames and every fact derived from them."""
+"""The JobContext: one object per analysis that holds the frames and every fact derived from them.
+
+The pipeline (:func:`forensics.analyze.analyze`) builds exactly one context per job; every detector,
+table and report reads it, so two views can never disagree about a number. Derived facts are
+``cached_property`` attributes of the context itself: computed on first use, at most once, and never
+stashed anywhere else (not in the frames, not in module globals).
+
+Units: every time is integer nanoseconds (``*_ns``); on a rank's own GPU timeline for trace facts.
+"""
 
 from __future__ import annotations
 
@@ -8,59 +16,163 @@ from functools import cached_property
 import polars as pl
 
 from forensics.breakdown import Breakdown, compute_breakdown, kernel_exposure
-from forensics.collectives import CollectiveMatch, match_collectives
+from forensics.collectives import CollectiveMatch, match_collectives, pg_type_expr
 from forensics.frames import JobFrames
+from forensics.identity import identities
+
+STAGES_SCHEMA = {"rank": pl.Int32, "pp_stage": pl.Int64, "pp_size": pl.Int64, "pp_key": pl.String}
+
+
+@dataclass(frozen=True)
+class ClockOffsets:
+    """Clock offsets between ranks and hosts, from how matched collectives end together.
+
+    Every member of a synchronizing collective finishes within microseconds of the others, so a rank
+    whose end times sit consistently after the instance's median end runs a clock that far ahead:
+    ``offset_ns = median over instances of (end_ns - median end_ns of the instance)``
+    (:mod:`forensics.collectives`). Subtract it from a rank's (host's) times to put them on the job's
+    common clock. Empty without matched synchronizing collectives.
+
+    ``by_rank``: rank (Int32), host (String), offset_ns (Int64, ns).
+    ``by_host``: host (String), offset_ns (Int64, ns; relative to the median host), n_ranks (UInt32).
+    """
+
+    by_rank: pl.DataFrame
+    by_host: pl.DataFrame
 
 
 @dataclass
 class JobContext:
-    """Facts about one job shared by every detector and view, computed once on first use.
+    """Facts about one job shared by every detector and view, each computed once on first use.
 
-    ``frames`` are the parsed, canonical frames (forensics.frames); everything else is derived from
-    them lazily and cached on this object, so two readers never compute (or disagree about) a fact twice.
+    ``frames`` are the parsed, canonical frames (:mod:`forensics.frames`); every other attribute is
+    derived from them. Build one per analysis (the pipeline does) and pass it around; never build a
+    second one for the same frames, or its facts are computed twice.
     """
 
     frames: JobFrames
+    """The canonical frames of the job (one Polars frame per name; see docs/frames.md)."""
+
+    # --- who is who --------------------------------------------------------------------------------
+
+    @cached_property
+    def sources(self) -> pl.DataFrame:
+        """One row per file found in the run folder: path, kind, rank, host, status, message, parse_ns."""
+        return self.frames["sources"]
+
+    @cached_property
+    def ranks(self) -> list[int]:
+        """Global ranks named by any trace or source, ascending."""
+        found: set[int] = set()
+        for name in ("ranks", "sources"):
+            found.update(int(r) for r in self.frames[name]["rank"].drop_nulls().to_list())
+        return sorted(found)
+
+    @cached_property
+    def hosts(self) -> list[str]:
+        """Host names (short form, as the frames carry them) named by any trace or source, sorted."""
+        found: set[str] = set()
+        for name in ("ranks", "sources"):
+            found.update(str(h) for h in self.frames[name]["host"].drop_nulls().to_list())
+        return sorted(found)
+
+    @cached_property
+    def world_size(self) -> int | None:
+        """The job's world size as the traces report it (largest value seen); None when unknown."""
+        sizes = self.frames["ranks"]["world_size"].drop_nulls()
+        return int(sizes.max()) if sizes.len() else None  # type: ignore[arg-type]
+
+    @cached_property
+    def identity(self) -> pl.DataFrame:
+        """Ranks <-> hosts <-> GPUs as one frame.
+
+        One row per (host, pid, cuda_dev) process: those the NCCL logs mention
+        (:func:`forensics.identity.identities`), then traced ranks no log names (``how`` = "trace").
+        Columns: host, pid, cuda_dev (CUDA device index), rank (global rank), bus_id (normalised PCI
+        bus id, null when no log gave it), how (which evidence gave the rank), trace_rank (the trace
+        ``ranks`` frame's rank for that process; null without traces).
+        """
+        return _with_traced_ranks(identities(self.frames), self.frames["ranks"])
+
+    # --- trace facts (GPU timeline, ns) ------------------------------------------------------------
 
     @cached_property
     def match(self) -> CollectiveMatch:
+        """NCCL kernels matched into collective instances, each split into transfer and wait (ns)."""
         return match_collectives(self.frames)
 
     @cached_property
     def breakdown(self) -> Breakdown:
+        """Per rank and step: where the step time went (:mod:`forensics.breakdown`)."""
         return compute_breakdown(self.frames, self.match)
 
     @property
     def steps(self) -> pl.DataFrame:
+        """The breakdown frame: one row per (rank, step), ``step_ns = compute_ns + comm_exposed_ns +
+        comm_wait_ns + other_ns + idle_ns`` and the per-PG-type columns (all ns)."""
         return self.breakdown.steps
+
+    @property
+    def step_windows(self) -> pl.DataFrame:
+        """Per rank and step, the window the breakdown measures on the GPU timeline: rank, host, step,
+        w_start, w_end (ns). Step N runs from its ProfilerStep#N start to the next step's start (see
+        :mod:`forensics.breakdown`); without profiler steps one window per rank (step -1)."""
+        return self.breakdown.windows
 
     @cached_property
     def exposure(self) -> pl.DataFrame:
+        """Per NCCL kernel: ``exposed_ns`` and ``structural_exposed_ns`` (transfer not under compute)."""
         return kernel_exposure(self.frames, self.match)
 
     @cached_property
-    def stages(self) -> pl.DataFrame:
-        """rank -> (pp_stage, pp_size, pp_key) from the pipeline process groups; empty without PP."""
-        pgs = self.frames["process_groups"]
-        from forensics.collectives import pg_type_expr
+    def clock_offsets(self) -> ClockOffsets:
+        """Per rank and per host clock offsets (ns) from collective end alignment (:class:`ClockOffsets`)."""
+        return ClockOffsets(self.match.rank_offsets, self.match.host_offsets)
 
-        pp = pgs.filter(pg_type_expr(pl.col("pg_desc").fill_null("")) == "PP").drop_nulls("rank")
-        if pp.height == 0:
-            k = self.match.kernels.filter(pl.col("pg_type") == "PP")
-            if k.height == 0:
-                return pl.DataFrame(schema={"rank": pl.Int32, "pp_stage": pl.Int64, "pp_size": pl.Int64,
-                                            "pp_key": pl.String})
-            full = self.frames["kernels"].filter(pl.col("class") == "comm").join(
-                k.select("rank", "pg_name").unique(), on=["rank", "pg_name"]
-            )
-            pp = full.select("rank", "pg_name", "pg_ranks").drop_nulls("pg_ranks")
-        pp = pp.unique(["rank"], keep="first").select("rank", "pg_ranks")
-        key = pl.col("pg_ranks").list.sort().cast(pl.List(pl.String)).list.join(",")
-        sizes = pp.select("rank", key.alias("pp_key"), pl.col("pg_ranks").list.len().cast(pl.Int64).alias("pp_size"))
-        # Stage = position of the rank in its (sorted) pipeline group.
-        stage = (
-            pp.explode("pg_ranks")
-            .group_by("rank")
-            .agg((pl.col("pg_ranks") < pl.col("rank")).sum().cast(pl.Int64).alias("pp_stage"))
+    @cached_property
+    def stages(self) -> pl.DataFrame:
+        """Pipeline stage map: rank, pp_stage (0-based position in its pipeline group), pp_size (stages),
+        pp_key (the group's sorted member list). Empty without pipeline parallelism."""
+        return _stage_map(self.frames, self.match)
+
+
+def _with_traced_ranks(ident: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
+    """``ident`` plus one row per traced rank that no NCCL log process was joined to."""
+    traced = ranks.drop_nulls("rank").filter(~pl.col("rank").is_in(ident["rank"].drop_nulls().implode()))
+    if traced.height == 0:
+        return ident
+    extra = traced.unique(["rank"], keep="first", maintain_order=True).select(
+        "host", "pid", pl.col("device").alias("cuda_dev"), "rank", pl.lit(None, pl.String).alias("bus_id"),
+        pl.lit("trace").alias("how"), pl.col("rank").alias("trace_rank"),
+    )
+    return pl.concat([ident, extra.cast(dict(ident.schema))], how="vertical")  # type: ignore[arg-type]
+
+
+def _pp_members(frames: JobFrames, match: CollectiveMatch) -> pl.DataFrame:
+    """rank, pg_ranks of each rank's pipeline group: from the process groups, else from PP kernels."""
+    pgs = frames["process_groups"]
+    pp = pgs.filter(pg_type_expr(pl.col("pg_desc").fill_null("")) == "PP").drop_nulls("rank")
+    if pp.height == 0:
+        k = match.kernels.filter(pl.col("pg_type") == "PP")
+        if k.height == 0:
+            return pl.DataFrame(schema={"rank": pl.Int32, "pg_ranks": pl.List(pl.Int64)})
+        full = frames["kernels"].filter(pl.col("class") == "comm").join(
+            k.select("rank", "pg_name").unique(), on=["rank", "pg_name"]
         )
-        return stage.join(sizes, on="rank").select("rank", "pp_stage", "pp_size", "pp_key").sort("rank")
+        pp = full.select("rank", "pg_name", "pg_ranks").drop_nulls("pg_ranks")
+    return pp.unique(["rank"], keep="first").select("rank", "pg_ranks")
+
+
+def _stage_map(frames: JobFrames, match: CollectiveMatch) -> pl.DataFrame:
+    pp = _pp_members(frames, match)
+    if pp.height == 0:
+        return pl.DataFrame(schema=STAGES_SCHEMA)
+    key = pl.col("pg_ranks").list.sort().cast(pl.List(pl.String)).list.join(",")
+    sizes = pp.select("rank", key.alias("pp_key"), pl.col("pg_ranks").list.len().cast(pl.Int64).alias("pp_size"))
+    # Stage = position of the rank in its (sorted) pipeline group.
+    stage = (
+        pp.explode("pg_ranks")
+        .group_by("rank")
+        .agg((pl.col("pg_ranks") < pl.col("rank")).sum().cast(pl.Int64).alias("pp_stage"))
+    )
+    return stage.join(sizes, on="rank").select("rank", "pp_stage", "pp_size", "pp_key").sort("rank")

@@ -19,6 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import polars as pl
+
 from forensics.errors import UsageError
 
 _META = "forensics.setting"
@@ -39,6 +41,7 @@ class SettingSpec:
     low: float | None = None
     high: float | None = None
     choices: tuple[str, ...] | None = None
+    regex: bool = False
 
     @property
     def allowed(self) -> str:
@@ -47,6 +50,10 @@ class SettingSpec:
             return "one of " + ", ".join(self.choices)
         if self.type is bool:
             return "true or false"
+        if self.regex:
+            return "a regular expression"
+        if self.type is str:
+            return "any text"
         lo = "-inf" if self.low is None else _num(self.low)
         hi = "inf" if self.high is None else _num(self.high)
         kind = "an integer" if self.type is int else "a number"
@@ -65,9 +72,14 @@ def setting(
     low: float | None = None,
     high: float | None = None,
     choices: tuple[str, ...] | None = None,
+    regex: bool = False,
 ) -> Any:
-    """A dataclass field carrying its declaration; use as the default of a settings field."""
-    meta = {"unit": unit, "doc": doc, "low": low, "high": high, "choices": choices}
+    """A dataclass field carrying its declaration; use as the default of a settings field.
+
+    ``low``/``high``: inclusive bounds of a number; ``choices``: the only valid texts; ``regex``: the
+    text must be a valid (Polars/Rust) regular expression.
+    """
+    meta = {"unit": unit, "doc": doc, "low": low, "high": high, "choices": choices, "regex": regex}
     return dataclasses.field(default=default, metadata={_META: meta})
 
 
@@ -82,7 +94,7 @@ def specs(cls: type) -> list[SettingSpec]:
         if typ is None:
             raise TypeError(f"{cls.__name__}.{f.name}: settings are bool, int, float or str, not {f.type}")
         out.append(SettingSpec(f.name, typ, f.default, meta["unit"], meta["doc"], meta["low"], meta["high"],
-                               meta["choices"]))
+                               meta["choices"], meta["regex"]))
     return out
 
 
@@ -98,7 +110,7 @@ def parse_value(detector: str, spec: SettingSpec, text: str) -> Any:
             return False
         raise bad
     if spec.type is str:
-        if spec.choices and raw not in spec.choices:
+        if (spec.choices and raw not in spec.choices) or (spec.regex and not _is_regex(raw)):
             raise bad
         return raw
     try:
@@ -110,6 +122,15 @@ def parse_value(detector: str, spec: SettingSpec, text: str) -> Any:
     if (spec.low is not None and value < spec.low) or (spec.high is not None and value > spec.high):
         raise bad
     return value
+
+
+def _is_regex(text: str) -> bool:
+    """Whether Polars (which runs the detectors' patterns) accepts ``text`` as a regular expression."""
+    try:
+        pl.Series([""]).str.contains(text)
+    except pl.exceptions.ComputeError:
+        return False
+    return True
 
 
 def build(detector: str, cls: type, overrides: dict[str, str]) -> Any:

@@ -1,15 +1,19 @@
-"""Small per-rank tables derived from frames for reports (aggregates, never raw events)."""
+"""Small per-rank tables for reports (aggregates, never raw events), read from the job's one JobContext.
+
+Every table takes the analysis's :class:`~forensics.context.JobContext`, never frames: the numbers it
+shows are the same cached facts the detectors used.
+"""
 
 from __future__ import annotations
 
 import polars as pl
 
-from forensics.frames import JobFrames
+from forensics.context import JobContext
 
 
-def step_table(frames: JobFrames) -> pl.DataFrame:
-    """Per rank: steps seen, and step time mean / median / max in milliseconds."""
-    steps = frames["steps"]
+def step_table(ctx: JobContext) -> pl.DataFrame:
+    """Per rank: profiler steps seen, and step time mean / median / max in milliseconds."""
+    steps = ctx.frames["steps"]
     if steps.height == 0:
         return pl.DataFrame(
             schema={"rank": pl.Int32, "host": pl.String, "steps": pl.UInt32, "mean_ms": pl.Float64,
@@ -28,9 +32,9 @@ def step_table(frames: JobFrames) -> pl.DataFrame:
     )
 
 
-def kernel_table(frames: JobFrames) -> pl.DataFrame:
+def kernel_table(ctx: JobContext) -> pl.DataFrame:
     """Per rank and kernel class: count and total busy milliseconds."""
-    kernels = frames["kernels"]
+    kernels = ctx.frames["kernels"]
     return (
         kernels.group_by("rank", "class")
         .agg(pl.len().alias("count"), ((pl.col("end_ns") - pl.col("start_ns")).sum() / 1e6).alias("total_ms"))
@@ -38,7 +42,7 @@ def kernel_table(frames: JobFrames) -> pl.DataFrame:
     )
 
 
-def step_breakdown_table(frames: JobFrames) -> pl.DataFrame:
+def step_breakdown_table(ctx: JobContext) -> pl.DataFrame:
     """Per rank, median over its steps: where the step time went (ms), and the utilization it implies.
 
     ``compute + exposed_comm + comm_wait + other + idle = step`` per step (see forensics.breakdown);
@@ -46,14 +50,12 @@ def step_breakdown_table(frames: JobFrames) -> pl.DataFrame:
     nvidia-smi would call utilization, ``wait`` the share of the step NCCL kernels only spin.
     Without profiler steps, one row per rank over the whole trace (step -1). Empty without kernels.
     """
-    from forensics.context import JobContext
-
     cols = {"rank": pl.Int32, "host": pl.String, "steps": pl.UInt32, "step_ms": pl.Float64, "compute_ms": pl.Float64,
             "exposed_comm_ms": pl.Float64, "comm_wait_ms": pl.Float64, "other_ms": pl.Float64, "idle_ms": pl.Float64,
             "host_bound_ms": pl.Float64, "U_any": pl.Float64, "wait": pl.Float64}
-    if not frames.has("kernels"):
+    if not ctx.frames.has("kernels"):
         return pl.DataFrame(schema=cols)
-    b = JobContext(frames).steps
+    b = ctx.steps
     if b.height == 0:
         return pl.DataFrame(schema=cols)
 

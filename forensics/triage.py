@@ -1,8 +1,9 @@
 """Batch triage: the same analysis over many jobs' folders, ranking jobs and recurring bad nodes.
 
 Each job is analysed on its own (in parallel worker processes); the result per job is reduced to a
-small picklable summary plus its findings.json document, so memory stays bounded by one job at a time
-per worker whatever the number of jobs.
+small picklable summary (its finding records, counts, and the report files an optional renderer made
+of it in the worker), so memory stays bounded by one job at a time per worker whatever the number of
+jobs. This module computes records only; rendering lives in forensics.reports (the CLI wires them).
 """
 
 from __future__ import annotations
@@ -13,23 +14,35 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
 from forensics.errors import UsageError
 
+if TYPE_CHECKING:
+    from forensics.analyze import Analysis
+
 SEVERITIES = ("critical", "warning", "info")
+
+
+JobRenderer = Callable[["Analysis"], dict[str, bytes]]
+"""Renders one analysed job into its report files (file name -> content); runs in the worker process,
+so it must be a module-level function (picklable). The CLI passes one from forensics.reports."""
 
 
 @dataclass
 class JobSummary:
-    """What triage keeps of one job."""
+    """What triage keeps of one job: records, plus the files the renderer made of it (if any)."""
 
     name: str
     path: str
-    findings_doc: dict[str, Any] | None
-    summary_md: str | None
+    findings: list[dict[str, Any]] | None
+    """Each finding as its findings.json record (:meth:`Finding.to_json`), worst first; None when the job
+    could not be analysed at all."""
+    damaged_sources: int = 0
+    """Files of the job that were read only in part or not at all (status partial or failed)."""
+    files: dict[str, bytes] = field(default_factory=dict)
     error: str | None = None
     counts: dict[str, int] = field(default_factory=dict)
 
@@ -42,9 +55,7 @@ class JobSummary:
 
     @property
     def gpu_seconds_lost(self) -> float:
-        if not self.findings_doc:
-            return 0.0
-        return float(sum((f.get("impact") or {}).get("gpu_seconds_lost") or 0.0 for f in self.findings_doc["findings"]))
+        return float(sum((f.get("impact") or {}).get("gpu_seconds_lost") or 0.0 for f in self.findings or []))
 
 
 def job_dirs(paths: list[Path]) -> list[Path]:
@@ -60,26 +71,25 @@ def job_dirs(paths: list[Path]) -> list[Path]:
     return sorted(paths)
 
 
-def analyze_job(path: Path, overrides: Mapping[str, Mapping[str, str]] | None = None) -> JobSummary:
+def analyze_job(
+    path: Path, overrides: Mapping[str, Mapping[str, str]] | None = None, render: JobRenderer | None = None
+) -> JobSummary:
     """Analyse one job folder; never raises for a job's bad input (the error is kept instead)."""
     from forensics.analyze import analyze
     from forensics.errors import ForensicsError
-    from forensics.reports import json_report, markdown
 
     try:
         analysis = analyze(path, overrides=overrides, workers=1)
     except ForensicsError as exc:
-        return JobSummary(path.name, str(path), None, None, error=str(exc))
-    doc = json_report.build(analysis)
-    if not analysis.readable:
-        error = "no readable trace or log"
-    else:
-        error = None
+        return JobSummary(path.name, str(path), None, error=str(exc))
+    error = None if analysis.readable else "no readable trace or log"
     counts = {sev: sum(1 for f in analysis.findings if f.severity.value == sev) for sev in SEVERITIES}
-    return JobSummary(path.name, str(path), doc, markdown.render(analysis), error=error, counts=counts)
+    damaged = analysis.sources.filter(pl.col("status").is_in(["partial", "failed"])).height
+    files = render(analysis) if render is not None else {}
+    return JobSummary(path.name, str(path), [f.to_json() for f in analysis.findings], damaged, files, error, counts)
 
 
-def _worker(args: tuple[Path, Mapping[str, Mapping[str, str]] | None]) -> JobSummary:
+def _worker(args: tuple[Path, Mapping[str, Mapping[str, str]] | None, JobRenderer | None]) -> JobSummary:
     return analyze_job(*args)
 
 
@@ -88,18 +98,20 @@ def triage(
     overrides: Mapping[str, Mapping[str, str]] | None = None,
     workers: int | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    render: JobRenderer | None = None,
 ) -> list[JobSummary]:
+    """Analyse every job (in ``workers`` processes); ``render`` makes each job's report files there."""
     n_workers = workers if workers is not None else min(os.cpu_count() or 1, len(jobs))
     results: list[JobSummary] = []
     if n_workers > 1 and len(jobs) > 1:
         with ProcessPoolExecutor(max_workers=n_workers, mp_context=get_context("spawn")) as pool:
-            for i, res in enumerate(pool.map(_worker, [(j, overrides) for j in jobs]), 1):
+            for i, res in enumerate(pool.map(_worker, [(j, overrides, render) for j in jobs]), 1):
                 results.append(res)
                 if progress:
                     progress(res.name, i, len(jobs))
     else:
         for i, job in enumerate(jobs, 1):
-            res = analyze_job(job, overrides)
+            res = analyze_job(job, overrides, render)
             results.append(res)
             if progress:
                 progress(res.name, i, len(jobs))
@@ -111,8 +123,7 @@ def job_table(results: list[JobSummary]) -> pl.DataFrame:
     order = {sev: i for i, sev in enumerate(SEVERITIES)}
     rows = []
     for r in results:
-        top = r.findings_doc["findings"][0]["title"] if r.findings_doc and r.findings_doc["findings"] else None
-        sources = r.findings_doc["run"]["sources"] if r.findings_doc else []
+        top = r.findings[0]["title"] if r.findings else None
         rows.append(
             {
                 "job": r.name,
@@ -121,7 +132,7 @@ def job_table(results: list[JobSummary]) -> pl.DataFrame:
                 "warning": r.counts.get("warning", 0),
                 "info": r.counts.get("info", 0),
                 "gpu_seconds_lost": round(r.gpu_seconds_lost, 3),
-                "damaged_sources": sum(1 for s in sources if s["status"] in ("partial", "failed")),
+                "damaged_sources": r.damaged_sources,
                 "top_finding": top or r.error,
                 "_order": order.get(r.worst or "", 3 if not r.error else -1),
             }
@@ -140,8 +151,7 @@ def host_table(results: list[JobSummary]) -> pl.DataFrame:
     rows = [
         {"host": host, "job": r.name, "detector": f["detector"], "severity": f["severity"]}
         for r in results
-        if r.findings_doc
-        for f in r.findings_doc["findings"]
+        for f in r.findings or []
         for host in f["hosts"]
     ]
     if not rows:
@@ -159,14 +169,3 @@ def host_table(results: list[JobSummary]) -> pl.DataFrame:
         )
         .sort(["jobs", "critical", "findings", "host"], descending=[True, True, True, False])
     )
-
-
-def triage_document(results: list[JobSummary]) -> dict[str, Any]:
-    from forensics import __version__
-
-    return {
-        "schema_version": 1,
-        "tool": {"name": "forensics", "version": __version__},
-        "jobs": job_table(results).to_dicts(),
-        "hosts": host_table(results).to_dicts(),
-    }

@@ -86,7 +86,7 @@ def _findings_html(analysis: Analysis) -> str:
 
 
 def render(analysis: Analysis) -> str:
-    steps = step_table(analysis.frames)
+    steps = step_table(analysis.context)
     figures = []
     if steps.height:
         labels = [str(r) if r is not None else "?" for r in steps["rank"].to_list()]
@@ -94,7 +94,7 @@ def render(analysis: Analysis) -> str:
         fig.update_layout(title="Mean step time per rank", xaxis_title="rank", yaxis_title="ms",
                           margin=dict(t=40, b=40, l=50, r=10))
         figures.append(_figure(fig, "fig-steps"))
-    kernels = kernel_table(analysis.frames)
+    kernels = kernel_table(analysis.context)
     if kernels.height:
         fig = go.Figure()
         for cls in kernels["class"].unique(maintain_order=True).to_list():
@@ -106,7 +106,7 @@ def render(analysis: Analysis) -> str:
     skipped = pl.DataFrame([s.to_json() for s in analysis.skipped]) if analysis.skipped else pl.DataFrame()
     body = [
         f"<h1>forensics report: {_esc(analysis.run_dir.name)}</h1>",
-        f"<p>{len(analysis.ranks)} rank(s) on {len(analysis.hosts)} host(s), "
+        f"<p>{len(analysis.context.ranks)} rank(s) on {len(analysis.context.hosts)} host(s), "
         f"{analysis.sources.height} file(s) read. forensics {__version__}.</p>",
         f"<h2>Findings ({len(analysis.findings)})</h2>",
         _findings_html(analysis),
@@ -114,7 +114,7 @@ def render(analysis: Analysis) -> str:
         *figures,
         _table(steps),
         "<h2>Step breakdown per rank (median over steps)</h2>",
-        _table(step_breakdown_table(analysis.frames)),
+        _table(step_breakdown_table(analysis.context)),
         "<h2>Ranks</h2>",
         _table(analysis.frames["ranks"].drop("source")),
         "<h2>Sources</h2>",

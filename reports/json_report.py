@@ -18,9 +18,9 @@ def build(analysis: Analysis) -> dict[str, Any]:
         "tool": {"name": "forensics", "version": __version__},
         "run": {
             "path": str(analysis.run_dir),
-            "world_size": analysis.world_size,
-            "ranks": analysis.ranks,
-            "hosts": analysis.hosts,
+            "world_size": analysis.context.world_size,
+            "ranks": analysis.context.ranks,
+            "hosts": analysis.context.hosts,
             "steps_analyzed": steps_analyzed,
             "sources": [
                 {k: row[k] for k in ("path", "kind", "rank", "host", "status", "message")}

@@ -28,7 +28,7 @@ def render(analysis: Analysis, top: int = 20) -> str:
     n_ok = analysis.sources.filter(pl.col("status") == "ok").height
     bad = analysis.sources.filter(pl.col("status").is_in(["partial", "failed"]))
     lines.append(
-        f"{len(analysis.ranks)} rank(s) on {len(analysis.hosts)} host(s); {analysis.sources.height} file(s): "
+        f"{len(analysis.context.ranks)} rank(s) on {len(analysis.context.hosts)} host(s); {analysis.sources.height} file(s): "
         f"{n_ok} ok, {bad.height} partial or failed."
     )
     lines.append("")
@@ -60,8 +60,8 @@ def render(analysis: Analysis, top: int = 20) -> str:
         lines += ["## Damaged inputs", ""]
         lines += markdown_table(bad.select("path", "kind", "status", "message"))
     lines += ["## Steps per rank", ""]
-    lines += markdown_table(step_table(analysis.frames))
-    breakdown = step_breakdown_table(analysis.frames)
+    lines += markdown_table(step_table(analysis.context))
+    breakdown = step_breakdown_table(analysis.context)
     if breakdown.height:
         lines += ["## Step breakdown per rank (median over steps)", ""]
         lines += markdown_table(breakdown)

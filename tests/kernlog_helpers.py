@@ -6,6 +6,7 @@ import orjson
 import polars as pl
 from forensics.parsers.common import ParseResult
 
+from forensics.context import JobContext
 from forensics.detectors import run_detectors
 from forensics.findings import Finding
 from forensics.frames import JobFrames
@@ -37,7 +38,7 @@ def kind_counts(df: pl.DataFrame) -> dict[str, int]:
 def detect(frames: dict[str, pl.DataFrame], **settings: str) -> list[Finding]:
     job = JobFrames(frames)
     overrides = {"gpu_hw_error": {k: str(v) for k, v in settings.items()}} if settings else None
-    found, skipped = run_detectors(job, overrides=overrides, only=["gpu_hw_error"])
+    found, skipped = run_detectors(JobContext(job), overrides=overrides, only=["gpu_hw_error"])
     assert not skipped, skipped
     return found
 

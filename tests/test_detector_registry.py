@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from forensics.context import JobContext
 from forensics.detectors import DOC_SECTIONS, load_all, run_detectors
 from forensics.frames import JobFrames
 from tests.conftest import ROOT
@@ -37,7 +38,7 @@ def test_each_detector_has_trigger_clean_and_skip_tests(name):
 
 
 def test_every_detector_skips_with_a_reason_on_an_empty_job():
-    findings, skipped = run_detectors(JobFrames({}))
+    findings, skipped = run_detectors(JobContext(JobFrames({})))
     assert findings == []
     assert sorted(s.detector for s in skipped) == sorted(REGISTRY)
     assert all(s.reason for s in skipped)

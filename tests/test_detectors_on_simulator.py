@@ -36,7 +36,7 @@ def run(tmp_path_factory):
             simulate(scenario, out, params=params, **kw)
             truth = json.loads((out / "truth.json").read_text())
             _, frames = load(out, workers=1)
-            findings, skipped = run_detectors(frames, only=sorted(OURS))
+            findings, skipped = run_detectors(JobContext(frames), only=sorted(OURS))
             cache[key] = (truth, frames, findings, skipped)
         return cache[key]
 

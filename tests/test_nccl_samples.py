@@ -10,6 +10,7 @@ import pytest
 from forensics.parsers.common import ParseContext
 from forensics.parsers.nccl_log import parse
 
+from forensics.context import JobContext
 from forensics.detectors import run_detectors
 from forensics.frames import JobFrames
 from tests.conftest import shared_path
@@ -21,7 +22,7 @@ def run(prefix: str):
     folder = shared_path("nccl_logs")
     path = next(folder.glob(prefix + "_*.log"))
     res = parse(path, ParseContext(folder, path.name))
-    findings, skipped = run_detectors(JobFrames(res.frames), only=NCCL)
+    findings, skipped = run_detectors(JobContext(JobFrames(res.frames)), only=NCCL)
     return {(f.detector, f.key.split(":")[0]): f for f in findings}, skipped
 
 
@@ -218,6 +219,6 @@ def test_11_busbw_far_below_a_user_supplied_hardware_peak():
     folder = shared_path("nccl_logs")
     path = next(folder.glob("11_*.log"))
     res = parse(path, ParseContext(folder, path.name))
-    findings, _ = rd(JobFrames(res.frames), {"nccl_algorithm": {"expected_busbw_gbps": "190"}}, only=["nccl_algorithm"])
+    findings, _ = rd(JobContext(JobFrames(res.frames)), {"nccl_algorithm": {"expected_busbw_gbps": "190"}}, only=["nccl_algorithm"])
     (f,) = [x for x in findings if x.key == "busbw_peak"]
     assert f.metrics["peak_busbw_gbps"] == 29.50  # 32 MiB out-of-place row

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from forensics.context import JobContext
 from forensics.detectors import run_detectors
 
 NCCL = ["nccl_transport", "nccl_algorithm", "nccl_timeout"]
@@ -32,7 +33,7 @@ def _simulate(tmp_path_factory, scenario: str, traces: bool = False, **kw) -> tu
 
     parsed = discover_and_parse(out if traces else logs)
     _, frames = collect_frames(parsed)
-    findings, _ = run_detectors(frames, only=NCCL)
+    findings, _ = run_detectors(JobContext(frames), only=NCCL)
     _LAST["frames"] = frames
     return truth, findings, out
 

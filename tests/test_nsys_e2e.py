@@ -48,7 +48,8 @@ def test_analyze_multinode_job(tmp_path, key):
     # rank and host of every file from its captured environment, never from file order
     got = {r: (h, int(p.rsplit("_", 1)[1].removesuffix(".sqlite"))) for p, r, h in nsys.select("path", "rank", "host").iter_rows()}
     assert got == EXPECTED[key]
-    assert result.ranks == [0, 1, 2, 3, 4, 5] and result.hosts == ["ault43", "ault44"] and result.world_size == 6
+    ctx = result.context
+    assert ctx.ranks == [0, 1, 2, 3, 4, 5] and ctx.hosts == ["ault43", "ault44"] and ctx.world_size == 6
     reps = src.filter(pl.col("path").str.ends_with(".nsys-rep"))
     assert set(reps["status"]) <= {"ignored"}
     assert src.filter(pl.col("path").str.ends_with(".o"))["kind"].to_list() == ["nccl_log"]

@@ -13,6 +13,7 @@ from forensics.reports import json_report, markdown
 
 from forensics import frames as fr
 from forensics.analyze import Analysis
+from forensics.context import JobContext
 from forensics.findings import Finding, Severity, Skipped, sort_findings
 from tests.conftest import assert_valid_findings
 
@@ -43,7 +44,7 @@ def _analysis() -> Analysis:
             evidence=({"line": 12, "text": "NVRM: Xid (PCI:0000:3b:00): 79"},), gpu_seconds_lost=12.5,
         ),
     ]
-    return Analysis(Path("/runs/job42"), sources, frames, sort_findings(findings), [Skipped("busy_wait", "needs kernels")])
+    return Analysis(Path("/runs/job42"), JobContext(frames), sort_findings(findings), [Skipped("busy_wait", "needs kernels")])
 
 
 def test_findings_json_validates_and_is_deterministic(findings_validator):

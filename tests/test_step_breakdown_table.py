@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from forensics.context import JobContext
 from forensics.frames import JobFrames
 from forensics.tables import step_breakdown_table
 from tests.frame_builders import MS, dp_job
@@ -12,7 +13,7 @@ from tests.frame_builders import MS, dp_job
 def test_per_rank_medians_match_the_builder():
     # 20 ms compute, 2 ms all-reduce; rank 3's host stalls 10 ms each step: the others wait 10 ms for it.
     frames, truth = dp_job(n_ranks=4, steps=3, compute_ns=20 * MS, tx_ns=2 * MS, host_delay={3: 10 * MS})
-    t = step_breakdown_table(frames)
+    t = step_breakdown_table(JobContext(frames))
     assert t["rank"].to_list() == [0, 1, 2, 3]
     row = {r["rank"]: r for r in t.iter_rows(named=True)}
     assert row[0]["step_ms"] == pytest.approx(truth.step_ns[(0, 1)] / 1e6, abs=1e-3)
@@ -24,8 +25,8 @@ def test_per_rank_medians_match_the_builder():
 
 def test_whole_trace_without_steps_and_empty_without_kernels():
     frames, _ = dp_job(n_ranks=2, steps=2, compute_ns=20 * MS, tx_ns=2 * MS)
-    t = step_breakdown_table(JobFrames({"kernels": frames["kernels"], "cpu_ops": frames["cpu_ops"]}))
+    t = step_breakdown_table(JobContext(JobFrames({"kernels": frames["kernels"], "cpu_ops": frames["cpu_ops"]})))
     # One window per rank from its first kernel start to its last kernel end: 2 x (20 ms + 2 ms) + 0.1 ms gap.
     assert t["steps"].to_list() == [1, 1] and t["step_ms"].to_list() == [44.1, 44.1]
     assert t["compute_ms"].to_list() == [40.0, 40.0]
-    assert step_breakdown_table(JobFrames({})).height == 0
+    assert step_breakdown_table(JobContext(JobFrames({}))).height == 0

@@ -2,8 +2,9 @@
 
 A detector is one module in this package holding one function ``detect`` decorated with
 :func:`detector`: a pure function ``(JobContext, Settings) -> list[Finding]`` over the job's one
-:class:`forensics.context.JobContext`. Its settings are a frozen dataclass whose fields are the
-detector's named, documented thresholds. Modules are discovered automatically, so
+:class:`forensics.context.JobContext`. Its settings are a frozen dataclass whose fields are declared
+with :func:`forensics.settings.setting` (type, default, unit, valid range or choices, one line of doc);
+``--set`` is validated against that declaration and ``forensics rules`` prints it. Modules are discovered automatically, so
 adding a detector is adding a module (plus its fixtures and tests).
 
 A detector never returns ``[]`` for "I could not look": when its inputs are missing it is skipped
@@ -16,7 +17,6 @@ Every detector's docstring has the sections ``What it detects``, ``Why it matter
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
@@ -27,6 +27,7 @@ from forensics.context import JobContext
 from forensics.errors import UsageError
 from forensics.findings import Finding, Skipped
 from forensics.frames import JobFrames
+from forensics.settings import build
 
 DOC_SECTIONS = ("What it detects", "Why it matters", "How it measures", "What to do")
 
@@ -84,71 +85,64 @@ def load_all() -> dict[str, DetectorSpec]:
     return dict(sorted(REGISTRY.items()))
 
 
-def build_config(spec: DetectorSpec, overrides: Mapping[str, str]) -> Any:
-    """The detector's config with ``overrides`` (field name -> text) applied and type-checked."""
-    fields = {f.name: f for f in dataclasses.fields(spec.config)}
-    values: dict[str, Any] = {}
-    defaults = spec.config()
-    for key, text in overrides.items():
-        if key not in fields:
-            raise UsageError(
-                f"detector {spec.name!r} has no setting {key!r}; known: {', '.join(sorted(fields))}"
-            )
-        current = getattr(defaults, key)
-        try:
-            if isinstance(current, bool):
-                values[key] = text.lower() in ("1", "true", "yes", "on")
-            elif isinstance(current, int):
-                values[key] = int(text)
-            elif isinstance(current, float):
-                values[key] = float(text)
-            else:
-                values[key] = text
-        except ValueError:
-            raise UsageError(f"{spec.name}.{key}: {text!r} is not a {type(current).__name__}") from None
-    return dataclasses.replace(defaults, **values)
-
-
 def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
-    """``["straggler.min_slowdown=0.05"]`` -> ``{"straggler": {"min_slowdown": "0.05"}}``."""
+    """``["straggler.min_z=4"]`` -> ``{"straggler": {"min_z": "4"}}``, validated against the declared
+    settings (unknown detector or key, wrong type, out of range, nan/inf: UsageError naming the key)."""
     out: dict[str, dict[str, str]] = {}
     for item in items:
         name, sep, value = item.partition("=")
         det, dot, key = name.partition(".")
-        if not sep or not dot or not det or not key:
+        if not sep or not dot or not det.strip() or not key.strip():
             raise UsageError(f"--set expects DETECTOR.SETTING=VALUE, got {item!r}")
         out.setdefault(det.strip(), {})[key.strip()] = value.strip()
+    build_settings(out)
     return out
 
 
+def build_settings(
+    overrides: Mapping[str, Mapping[str, str]] | None = None, only: list[str] | None = None
+) -> dict[str, Any]:
+    """Every detector's settings instance with the validated ``overrides`` applied (name -> settings)."""
+    registry = load_all()
+    overrides = overrides or {}
+    unknown = sorted((set(overrides) | set(only or [])) - set(registry))
+    if unknown:
+        bad = ", ".join(unknown)
+        keys = [f"{d}.{k}" for d in unknown for k in overrides.get(d, {})]
+        where = f"--set {', '.join(keys)}: " if keys else ""
+        raise UsageError(f"{where}unknown detector(s) {bad}; known: {', '.join(registry)}")
+    return {name: build(name, spec.config, dict(overrides.get(name, {}))) for name, spec in registry.items()}
+
+
+def _missing_inputs(spec: DetectorSpec, frames: JobFrames) -> str | None:
+    """Why ``spec`` cannot run on ``frames`` (a frame it requires is absent or empty), or None."""
+    missing = [f for f in spec.requires if not frames.has(f)]
+    if missing:
+        return f"needs {' and '.join(missing)}, which no source provided"
+    if spec.requires_any and not any(frames.has(f) for f in spec.requires_any):
+        return f"needs one of {', '.join(spec.requires_any)}, which no source provided"
+    return None
+
+
 def run_detectors(
-    frames: JobFrames,
+    ctx: JobContext,
     overrides: Mapping[str, Mapping[str, str]] | None = None,
     only: list[str] | None = None,
 ) -> tuple[list[Finding], list[Skipped]]:
+    """Run every detector (or ``only`` those) over the job's one context."""
     registry = load_all()
-    overrides = overrides or {}
-    unknown = (set(overrides) | set(only or [])) - set(registry)
-    if unknown:
-        raise UsageError(f"unknown detector(s): {', '.join(sorted(unknown))}; known: {', '.join(registry)}")
+    settings = build_settings(overrides, only)
     findings: list[Finding] = []
     skipped: list[Skipped] = []
-    ctx = JobContext(frames)
     for name, spec in registry.items():
         if only and name not in only:
             continue
-        config = build_config(spec, overrides.get(name, {}))
-        missing = [f for f in spec.requires if not frames.has(f)]
-        if missing:
-            skipped.append(Skipped(name, f"needs {' and '.join(missing)}, which no source provided"))
-            continue
-        if spec.requires_any and not any(frames.has(f) for f in spec.requires_any):
-            skipped.append(
-                Skipped(name, f"needs one of {', '.join(spec.requires_any)}, which no source provided")
-            )
+        why = _missing_inputs(spec, ctx.frames)
+        if why:
+            skipped.append(Skipped(name, why))
             continue
         try:
-            findings.extend(spec.func(ctx, config))
+            findings.extend(spec.func(ctx, settings[name]))
         except Skip as skip:
             skipped.append(Skipped(name, str(skip)))
     return findings, skipped

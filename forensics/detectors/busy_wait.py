@@ -43,22 +43,25 @@ from forensics.detectors import Skip, detector
 from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
 from forensics.findings import Finding, Severity
 from forensics.gpu_metrics import has_metric, sm_active_in_windows
+from forensics.settings import setting
 
 
 @dataclass(frozen=True)
 class BusyWaitConfig:
-    min_util_any: float = 0.8
-    """Any-kernel active share of the step (nvidia-smi utilization) at or above which a rank can be flagged."""
-    min_wait: float = 0.15
-    """Wait fraction W of the step that flags a rank with high U_any."""
-    min_gap: float = 0.2
-    """Second rule: U_any - U_compute at or above this ..."""
-    min_wait_share_of_gap: float = 0.5
-    """... with W at least this share of that gap ..."""
-    min_wait_floor: float = 0.05
-    """... and W at least this share of the step."""
-    critical_wait: float = 0.4
-    """W above which the finding is critical."""
+    """Thresholds of the busy-wait check (shares of the step time)."""
+
+    min_util_any: float = setting(0.8, unit="fraction of step", low=0.0, high=1.0,
+                                  doc="any-kernel active share (nvidia-smi utilization) from which a rank can be flagged")
+    min_wait: float = setting(0.15, unit="fraction of step", low=0.0, high=1.0,
+                              doc="wait fraction W that flags a rank with U_any at or above min_util_any")
+    min_gap: float = setting(0.2, unit="fraction of step", low=0.0, high=1.0,
+                             doc="second rule: U_any - U_compute at or above this ...")
+    min_wait_share_of_gap: float = setting(0.5, unit="fraction of gap", low=0.0, high=1.0,
+                                           doc="... with W at least this share of that gap ...")
+    min_wait_floor: float = setting(0.05, unit="fraction of step", low=0.0, high=1.0,
+                                    doc="... and W at least this share of the step")
+    critical_wait: float = setting(0.4, unit="fraction of step", low=0.0, high=1.0,
+                                   doc="wait fraction W above which the finding is critical")
 
 
 def waits_by_culprit(match: CollectiveMatch) -> pl.DataFrame:

@@ -41,20 +41,23 @@ from forensics.context import JobContext
 from forensics.detectors import Skip, detector
 from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
 from forensics.findings import Finding, Severity
+from forensics.settings import setting
 
 
 @dataclass(frozen=True)
 class ExposedCommConfig:
-    dp_min_exposed: float = 0.05
-    """DP/default: exposed transfer as a share of the step at or above which a step counts."""
-    dp_max_overlap: float = 0.5
-    """DP/default: the step counts only if less than this share of the transfer overlaps compute."""
-    min_step_share: float = 0.5
-    """Share of steps (on the median rank) that must count."""
-    tp_min_exposed: float = 0.15
-    """TP+EP+CP exposed transfer share of the step at which an informational finding is made."""
-    critical_exposed: float = 0.25
-    """DP/default exposure share of the step above which the finding is critical."""
+    """Thresholds of the exposed-communication check (shares of the step or of the transfer)."""
+
+    dp_min_exposed: float = setting(0.05, unit="fraction of step", low=0.0, high=1.0,
+                                    doc="DP/default: exposed transfer share of the step from which a step counts")
+    dp_max_overlap: float = setting(0.5, unit="fraction of transfer", low=0.0, high=1.0,
+                                    doc="DP/default: a step counts only if less than this share of the transfer overlaps compute")
+    min_step_share: float = setting(0.5, unit="fraction of steps", low=0.0, high=1.0,
+                                    doc="share of steps (on the median rank) that must count")
+    tp_min_exposed: float = setting(0.15, unit="fraction of step", low=0.0, high=1.0,
+                                    doc="TP+EP+CP exposed transfer share of the step for an informational finding")
+    critical_exposed: float = setting(0.25, unit="fraction of step", low=0.0, high=1.0,
+                                      doc="DP/default exposure share of the step above which the finding is critical")
 
 
 def exposure_table(ta) -> pl.DataFrame:

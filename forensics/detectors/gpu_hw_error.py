@@ -51,6 +51,7 @@ from forensics.detectors import Skip, detector
 from forensics.findings import Finding, Severity
 from forensics.frames import FRAME_SPECS, JobFrames
 from forensics.hosts import short_host
+from forensics.settings import setting
 from forensics.xid_catalog import LEVELS, POLICIES, RECOVERY_ACTIONS, decode_xid74, lookup, max_level, nvlink5_severity
 
 # imbue cluster-health allow-list of expected SXids
@@ -83,30 +84,32 @@ ACTION_TEXT = {
 
 @dataclass(frozen=True)
 class GpuHwErrorConfig:
-    policy: str = "default"
-    """Xid severity policy: `default` (research consensus), `strict` (Azure NHC/imbue/DCGM) or `lenient` (NVIDIA catalog/gcm)."""
-    incident_gap_s: float = 300.0
-    """Events on the same GPU (or switch, port, host) closer than this belong to one incident."""
-    sympathetic_window_s: float = 10.0
-    """Xid 43/45/154, GSP and device lines join the incident they follow within this many seconds."""
-    aer_xid_window_s: float = 5.0
-    """A fatal/uncorrected AER and an Xid 79 / fallen-off-the-bus on the same host this close are one incident."""
-    precursor_window_s: float = 600.0
-    """Corrected AER on a port up to this long before its fatal AER are precursors of that incident."""
-    untimed_line_window: int = 5
-    """Logs without timestamps: events at most this many lines apart may share an incident."""
-    corrected_aer_min_count: int = 3
-    """Corrected AER errors on one port within `corrected_aer_window_s` needed for a finding (below: benign, counted)."""
-    corrected_aer_window_s: float = 60.0
-    """Window for `corrected_aer_min_count`."""
-    carrier_flap_min: int = 5
-    """`Lost carrier` events per interface needed for a link-flap finding (Azure NHC uses 5 in 24 h)."""
-    node_level_min_fraction: float = 0.5
-    """The same throttle reason on at least this fraction of a node's GPUs (and at least 2) is one node-level finding."""
-    max_evidence: int = 20
-    """Evidence lines kept per finding (the total is in `evidence_total`)."""
-    fleet_min_hosts: int = 3
-    """The same GSP/firmware Xid (62, 119, 120) on at least this many hosts points at software (driver rollout)."""
+    """Xid grading policy and the windows that group hardware events into incidents."""
+
+    policy: str = setting("default", choices=POLICIES,
+                          doc="Xid severity policy: default (research consensus), strict (Azure NHC/imbue/DCGM), "
+                              "lenient (NVIDIA catalog/gcm)")
+    incident_gap_s: float = setting(300.0, unit="s", low=0.0,
+                                    doc="events on the same GPU (switch, port, host) closer than this are one incident")
+    sympathetic_window_s: float = setting(10.0, unit="s", low=0.0,
+                                          doc="Xid 43/45/154, GSP and device lines join the incident they follow within this")
+    aer_xid_window_s: float = setting(5.0, unit="s", low=0.0,
+                                      doc="a fatal AER and an Xid 79 / fallen-off-the-bus on one host this close are one incident")
+    precursor_window_s: float = setting(600.0, unit="s", low=0.0,
+                                        doc="corrected AER on a port up to this long before its fatal AER are its precursors")
+    untimed_line_window: int = setting(5, unit="lines", low=0,
+                                       doc="logs without timestamps: events at most this many lines apart may share an incident")
+    corrected_aer_min_count: int = setting(3, unit="errors", low=1,
+                                           doc="corrected AER errors on one port within corrected_aer_window_s for a finding")
+    corrected_aer_window_s: float = setting(60.0, unit="s", low=0.0, doc="window for corrected_aer_min_count")
+    carrier_flap_min: int = setting(5, unit="events", low=1,
+                                    doc="Lost carrier events per interface for a link-flap finding (Azure NHC: 5 in 24 h)")
+    node_level_min_fraction: float = setting(0.5, unit="fraction of GPUs", low=0.0, high=1.0,
+                                             doc="one throttle reason on this share of a node's GPUs (and >= 2) is node-level")
+    max_evidence: int = setting(20, unit="lines", low=1,
+                                doc="evidence lines kept per finding (the total is in evidence_total)")
+    fleet_min_hosts: int = setting(3, unit="hosts", low=1,
+                                   doc="one GSP/firmware Xid (62, 119, 120) on this many hosts points at software")
 
 
 # --- helpers ------------------------------------------------------------------------------------

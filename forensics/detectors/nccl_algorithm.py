@@ -39,6 +39,7 @@ from forensics.context import JobContext
 from forensics.detectors import Skip, detector
 from forensics.detectors._nccl import JobNccl, evidence, job, where
 from forensics.findings import Finding, Severity
+from forensics.settings import setting
 
 FORCING = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_MAX_NCHANNELS", "NCCL_MAX_CTAS", "NCCL_NTHREADS",
            "NCCL_LL_THRESHOLD", "NCCL_TREE_THRESHOLD", "NCCL_LL128_NTHREADS")
@@ -52,19 +53,18 @@ _PROTO_NAMES = {p.lower(): p for p in nc.PROTOS}
 class NcclAlgorithmConfig:
     """Thresholds of the algorithm checks."""
 
-    # a measured time this many times NCCL's predicted time is flagged
-    min_measured_over_predicted: float = 3.0
-    # ...for messages at least this large (bytes); tiny ops are launch-latency bound
-    min_bytes_for_gap: int = 1 << 20
-    # a busbw drop by this factor between adjacent nccl-tests sizes is a cliff
-    min_busbw_cliff: float = 3.0
-    # model time ratio (forced / default) from which a forced choice is called slower
-    min_forced_slowdown: float = 1.25
-    # the hardware's expected nccl-tests bus bandwidth in GB/s (e.g. ~360 for 8x H100 NVLink AllReduce,
-    # ~45 per 400 Gb/s NIC per GPU between nodes); 0 = unknown, check off
-    expected_busbw_gbps: float = 0.0
-    # nccl-tests peak busbw below this fraction of expected_busbw_gbps is flagged
-    min_busbw_fraction: float = 0.5
+    min_measured_over_predicted: float = setting(3.0, unit="ratio", low=1.0,
+                                                 doc="a measured time this many times NCCL's predicted time is flagged")
+    min_bytes_for_gap: int = setting(1 << 20, unit="bytes", low=0,
+                                     doc="... for messages at least this large (tiny ops are launch-latency bound)")
+    min_busbw_cliff: float = setting(3.0, unit="ratio", low=1.0,
+                                     doc="a busbw drop by this factor between adjacent nccl-tests sizes is a cliff")
+    min_forced_slowdown: float = setting(1.25, unit="ratio", low=1.0,
+                                         doc="model time ratio (forced / default) from which a forced choice is slower")
+    expected_busbw_gbps: float = setting(0.0, unit="GB/s", low=0.0,
+                                         doc="the hardware's expected nccl-tests bus bandwidth (0 = unknown, check off)")
+    min_busbw_fraction: float = setting(0.5, unit="fraction", low=0.0, high=1.0,
+                                        doc="nccl-tests peak busbw below this share of expected_busbw_gbps is flagged")
 
 
 def _names(value: str, table: dict[str, str]) -> frozenset[str] | None:

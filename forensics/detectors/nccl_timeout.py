@@ -38,17 +38,17 @@ from forensics.context import JobContext
 from forensics.detectors import Skip, detector
 from forensics.detectors._nccl import evidence, job, where
 from forensics.findings import Finding, Severity
+from forensics.settings import setting
 
 
 @dataclass(frozen=True)
 class NcclTimeoutConfig:
     """Thresholds of the timeout checks."""
 
-    # `ran for` / `Timeout(ms)` above this means the watchdog noticed the hang late
-    late_detection_ratio: float = 2.0
-    # ranks that stay silent while the others time out are named culprits only if they are at most
-    # this fraction of the communicator (more silence means missing logs, not culprits)
-    max_silent_fraction: float = 0.25
+    late_detection_ratio: float = setting(2.0, unit="ratio", low=1.0,
+                                          doc="ran-for / Timeout(ms) above this means the watchdog noticed the hang late")
+    max_silent_fraction: float = setting(0.25, unit="fraction of communicator", low=0.0, high=1.0,
+                                         doc="silent ranks are named culprits only up to this share of the communicator")
 
 
 @detector("nccl_timeout", settings=NcclTimeoutConfig, requires_any=("collective_timeouts", "nccl_events"))

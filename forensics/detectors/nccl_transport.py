@@ -40,6 +40,7 @@ from forensics.context import JobContext
 from forensics.detectors import Skip, detector
 from forensics.detectors._nccl import evidence, job, where
 from forensics.findings import Finding, Severity
+from forensics.settings import setting
 
 IB_STATUS = {
     4: "local protection error (IBV_WC_LOC_PROT_ERR): memory registration / GDR problem",
@@ -55,12 +56,13 @@ IB_STATUS = {
 class NcclTransportConfig:
     """Thresholds of the transport checks."""
 
-    # a node whose GPUs share one NIC is flagged from this many GPUs on that node
-    min_gpus_per_single_nic: int = 4
-    # interface names that are virtual / wrong for NCCL traffic (regular expression)
-    bad_iface_pattern: str = r"^(docker\d*|br-\w+|virbr\d*|veth\w*|tunl\d*|ip6tnl\d*|tun\d*|tap\d*|lo|cni\d*|flannel\S*|cali\w+)$"
-    # GPU generations on which NVLS is expected when an NVSwitch is present
-    nvls_archs: str = "hopper,blackwell"
+    min_gpus_per_single_nic: int = setting(4, unit="GPUs", low=1,
+                                           doc="a node whose GPUs share one NIC is flagged from this many GPUs")
+    bad_iface_pattern: str = setting(
+        r"^(docker\d*|br-\w+|virbr\d*|veth\w*|tunl\d*|ip6tnl\d*|tun\d*|tap\d*|lo|cni\d*|flannel\S*|cali\w+)$",
+        regex=True, doc="interface names that are virtual or wrong for NCCL traffic (regular expression)")
+    nvls_archs: str = setting("hopper,blackwell", unit="comma-separated",
+                              doc="GPU generations on which NVLS is expected when an NVSwitch is present")
 
 
 @detector(

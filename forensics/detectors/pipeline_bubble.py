@@ -46,26 +46,25 @@ from forensics.context import JobContext
 from forensics.detectors import Skip, detector
 from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
 from forensics.findings import Finding, Severity
+from forensics.settings import setting
 
 
 @dataclass(frozen=True)
 class PipelineBubbleConfig:
-    microbatches: int = 0
-    """Micro-batches per step m; 0 = infer from pipeline send/recv counts."""
-    chunks: int = 0
-    """Model chunks per stage v (interleaving); 0 = 1 unless configured."""
-    schedule: str = "1f1b"
-    """1f1b (also GPipe and interleaved), zb-h1, or zb (zero-bubble: theory 0)."""
-    excess_ratio: float = 1.5
-    """Excess bubble: measured f_B at least this times the theory ..."""
-    excess_floor: float = 0.05
-    """... and at least this share of the step."""
-    imbalance: float = 0.10
-    """Stage imbalance max_s C_s / mean_s C_s - 1 that is flagged."""
-    structural: float = 0.30
-    """Theoretical bubble share of the step at which the configuration itself is reported (info)."""
-    structural_warning: float = 0.50
-    """... and at which that report is a warning: most of the pipeline's GPU time is then idle."""
+    """The pipeline schedule (inferred when 0) and the thresholds of the bubble checks."""
+
+    microbatches: int = setting(0, unit="micro-batches", low=0,
+                                doc="micro-batches per step m; 0 = infer from pipeline send/recv counts")
+    chunks: int = setting(0, unit="chunks", low=0, doc="model chunks per stage v (interleaving); 0 = 1 unless inferred")
+    schedule: str = setting("1f1b", choices=("1f1b", "zb-h1", "zb"),
+                            doc="1f1b (also GPipe and interleaved), zb-h1, or zb (zero bubble: theory 0)")
+    excess_ratio: float = setting(1.5, unit="ratio", low=0.0, doc="excess bubble: measured f_B at least this times the theory ...")
+    excess_floor: float = setting(0.05, unit="fraction of step", low=0.0, high=1.0, doc="... and at least this share of the step")
+    imbalance: float = setting(0.10, unit="fraction", low=0.0, doc="stage imbalance max_s C_s / mean_s C_s - 1 that is flagged")
+    structural: float = setting(0.30, unit="fraction of step", low=0.0, high=1.0,
+                                doc="theoretical bubble share at which the configuration itself is reported (info)")
+    structural_warning: float = setting(0.50, unit="fraction of step", low=0.0, high=1.0,
+                                        doc="... and at which that report is a warning")
 
 
 def theory(p: int, m: int, v: int, schedule: str) -> float:

@@ -58,39 +58,41 @@ from forensics.context import JobContext
 from forensics.detectors import Skip, detector
 from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
 from forensics.findings import Finding, Severity
+from forensics.settings import setting
 
 
 @dataclass(frozen=True)
 class StragglerConfig:
-    compute_rho: float = 0.95
-    """A step counts as slow when median(peers' compute) / own compute is at or below this."""
-    min_step_share: float = 0.5
-    """Share of steps that must be slow (compute or host test)."""
-    min_z: float = 3.5
-    """Robust z-score (0.6745 * (x - median) / MAD over peers) a rank must reach."""
-    host_min_excess: float = 0.02
-    """Host test: host-bound idle above the peers' median, as a share of the step, in a slow step."""
-    min_margin_us: float = 20.0
-    """An instance counts as 'arrived last' only if the rank was later than the next one by this much."""
-    max_p_value: float = 1e-3
-    """One-sided binomial p-value for a rank's last-arrival count against chance."""
-    min_last_share: float = 0.5
-    """Arrival test: share of its instances a rank must arrive last at (at least 3/n as well)."""
-    explain_share: float = 0.5
-    """A late arriver's compute or host-bound excess must cover this share of its lateness to class it."""
-    host_slack_ratio: float = 0.5
-    """A late arriver whose launch queue (kernel start - launch, median) is at most this share of the
-    job's median is host-bound: its CPU barely keeps ahead of its GPU."""
-    link_ratio: float = 1.3
-    """A process group is slow when its median transfer time is this many times its type's lower quartile."""
-    link_max_normal_share: float = 0.2
-    """A host named for slow links may appear in at most this share of the normal groups."""
-    stage_imbalance: float = 0.10
-    """Stage class: a pipeline stage's median compute at least this much above the mean of stages."""
-    min_impact: float = 0.03
-    """Findings whose saving is below this share of the step are 'info' (ByteDance's S >= 1.03)."""
-    critical_impact: float = 0.15
-    """Share of the step above which a straggler is critical."""
+    """Thresholds of the straggler tests (compute, host, arrival, link, stage) and of its severity."""
+
+    compute_rho: float = setting(0.95, unit="ratio", low=0.0, high=1.0,
+                                 doc="a step is slow when median(peers' compute) / own compute is at or below this")
+    min_step_share: float = setting(0.5, unit="fraction of steps", low=0.0, high=1.0,
+                                    doc="share of steps that must be slow (compute or host test)")
+    min_z: float = setting(3.5, unit="robust z", low=0.0,
+                           doc="robust z-score (0.6745 * (x - median) / MAD over peers) a rank must reach")
+    host_min_excess: float = setting(0.02, unit="fraction of step", low=0.0, high=1.0,
+                                     doc="host test: host-bound idle above the peers' median in a slow step")
+    min_margin_us: float = setting(20.0, unit="us", low=0.0,
+                                   doc="a rank 'arrived last' only if later than the next one by this much")
+    max_p_value: float = setting(1e-3, unit="probability", low=0.0, high=1.0,
+                                 doc="one-sided binomial p-value for a rank's last-arrival count against chance")
+    min_last_share: float = setting(0.5, unit="fraction of instances", low=0.0, high=1.0,
+                                    doc="arrival test: share of its instances a rank must arrive last at (and >= 3/n)")
+    explain_share: float = setting(0.5, unit="fraction of lateness", low=0.0, high=1.0,
+                                   doc="compute or host-bound excess must cover this share of a late arriver's lateness")
+    host_slack_ratio: float = setting(0.5, unit="ratio", low=0.0,
+                                      doc="a late arriver whose launch queue is at most this share of the job median is host-bound")
+    link_ratio: float = setting(1.3, unit="ratio", low=1.0,
+                                doc="a group is slow when its median transfer is this many times its type's lower quartile")
+    link_max_normal_share: float = setting(0.2, unit="fraction of groups", low=0.0, high=1.0,
+                                           doc="a host named for slow links may be in at most this share of normal groups")
+    stage_imbalance: float = setting(0.10, unit="fraction", low=0.0,
+                                     doc="stage class: a stage's median compute at least this much above the mean of stages")
+    min_impact: float = setting(0.03, unit="fraction of step", low=0.0, high=1.0,
+                                doc="findings saving less than this share of the step are info (ByteDance's S >= 1.03)")
+    critical_impact: float = setting(0.15, unit="fraction of step", low=0.0, high=1.0,
+                                     doc="share of the step above which a straggler is critical")
 
 
 def _binom_sf(k: int, n: int, p: float) -> float:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from forensics.context import JobContext
 from forensics.detectors import run_detectors
 from forensics.frames import JobFrames
 from tests.frame_builders import MS, dp_job
 
 
 def _run(frames):
-    return run_detectors(frames, only=["busy_wait"])
+    return run_detectors(JobContext(frames), only=["busy_wait"])
 
 
 def test_triggers_on_victims_of_a_late_rank_and_names_it():

@@ -6,13 +6,14 @@ import statistics
 
 import pytest
 
+from forensics.context import JobContext
 from forensics.detectors import run_detectors
 from forensics.frames import JobFrames
 from tests.frame_builders import MS, dp_job
 
 
 def _run(frames):
-    return run_detectors(frames, only=["exposed_comm"])
+    return run_detectors(JobContext(frames), only=["exposed_comm"])
 
 
 def test_triggers_on_unoverlapped_dp_allreduce_with_the_true_fraction():

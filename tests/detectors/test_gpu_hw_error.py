@@ -14,7 +14,9 @@ from forensics.parsers.nvidia_smi import parse_text as smi_text
 from forensics.reports import json_report
 
 from forensics.analyze import analyze
+from forensics.context import JobContext
 from forensics.detectors import run_detectors
+from forensics.errors import UsageError
 from forensics.findings import Severity
 from forensics.frames import FRAME_SPECS, JobFrames
 from tests.conftest import assert_valid_findings, shared_path
@@ -156,15 +158,15 @@ def test_clean_healthy_nvidia_smi_makes_no_finding():
 
 
 def test_skipped_without_kernel_logs_or_nvidia_smi():
-    findings, skipped = run_detectors(JobFrames({}), only=["gpu_hw_error"])
+    findings, skipped = run_detectors(JobContext(JobFrames({})), only=["gpu_hw_error"])
     assert findings == [] and len(skipped) == 1
     assert "kernel_events" in skipped[0].reason and "gpu_health" in skipped[0].reason
 
 
-def test_skipped_unknown_policy_says_why():
-    job = JobFrames({"kernel_events": _kernel("[ 1.0] NVRM: Xid (PCI:0000:3b:00): 79, x\n")})
-    findings, skipped = run_detectors(job, overrides={"gpu_hw_error": {"policy": "paranoid"}}, only=["gpu_hw_error"])
-    assert findings == [] and "paranoid" in skipped[0].reason
+def test_unknown_policy_is_a_usage_error_naming_the_choices():
+    job = JobContext(JobFrames({"kernel_events": _kernel("[ 1.0] NVRM: Xid (PCI:0000:3b:00): 79, x\n")}))
+    with pytest.raises(UsageError, match=r"gpu_hw_error\.policy.*one of default, strict, lenient"):
+        run_detectors(job, overrides={"gpu_hw_error": {"policy": "paranoid"}}, only=["gpu_hw_error"])
 
 
 def test_analyze_real_samples_end_to_end_validates_against_the_schema(tmp_path: Path, findings_validator):

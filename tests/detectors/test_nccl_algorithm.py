@@ -3,13 +3,14 @@ from __future__ import annotations
 import polars as pl
 
 from forensics import nccl_cost as nc
+from forensics.context import JobContext
 from forensics.detectors import run_detectors
 from forensics.frames import JobFrames
 from tests.detectors.nccl_fixtures import HEALTHY, frames_from
 
 
 def _run(frames):
-    return run_detectors(frames, only=["nccl_algorithm"])
+    return run_detectors(JobContext(frames), only=["nccl_algorithm"])
 
 
 def test_triggers_on_forced_algorithm(tmp_path):

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from forensics.context import JobContext
 from forensics.detectors import run_detectors
 from forensics.frames import JobFrames
 from tests.detectors.nccl_fixtures import HEALTHY, frames_from
@@ -12,7 +13,7 @@ TIMEOUT = """\
 
 
 def _run(frames):
-    return run_detectors(frames, only=["nccl_timeout"])
+    return run_detectors(JobContext(frames), only=["nccl_timeout"])
 
 
 def test_triggers_and_names_the_rank_that_never_issued_the_collective(tmp_path):

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+from forensics.context import JobContext
 from forensics.detectors import run_detectors
 from forensics.frames import JobFrames
 from tests.detectors.nccl_fixtures import HEALTHY, frames_from
 
 
 def _run(frames):
-    return run_detectors(frames, only=["nccl_transport"])
+    return run_detectors(JobContext(frames), only=["nccl_transport"])
 
 
 def test_triggers_on_sockets_between_nodes_without_gdr_and_shm(tmp_path):

@@ -11,7 +11,7 @@ from tests.frame_builders import dp_job, pp_job
 
 
 def _run(frames, **overrides):
-    return run_detectors(frames, only=["pipeline_bubble"], overrides={"pipeline_bubble": overrides} if overrides else None)
+    return run_detectors(JobContext(frames), only=["pipeline_bubble"], overrides={"pipeline_bubble": overrides} if overrides else None)
 
 
 def test_measured_bubble_matches_builder_truth_and_theory():

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from forensics.context import JobContext
 from forensics.detectors import run_detectors
 from forensics.frames import JobFrames
 from tests.frame_builders import MS, dp_job, pp_job
 
 
 def _stragglers(frames):
-    findings, skipped = run_detectors(frames, only=["straggler"])
+    findings, skipped = run_detectors(JobContext(frames), only=["straggler"])
     return findings, skipped
 
 
