@@ -70,7 +70,7 @@ def step_windows(frames: JobFrames, kernels: pl.DataFrame) -> pl.DataFrame:
     """Per rank and step: ``w_start``, ``w_end`` (see module doc)."""
     steps = effective_steps(frames).sort("rank", "start_ns")
     if steps.height == 0:
-        return pl.DataFrame(schema={"rank": pl.Int32, "step": pl.Int64, "w_start": pl.Int64, "w_end": pl.Int64})
+        return pl.DataFrame(schema={"rank": pl.Int32, "host": pl.String, "step": pl.Int64, "w_start": pl.Int64, "w_end": pl.Int64})
     last_kernel = kernels.group_by("rank", "step").agg(pl.col("end_ns").max().alias("_kend"))
     w = (
         steps.group_by("rank", "step")

@@ -1,21 +1,31 @@
 """Command line. The only module that talks to the terminal: progress on stderr, results on stdout.
 
-Exit codes: 0 analysis done and nothing at or above ``--fail-on``; 1 findings at or above it;
-2 bad usage or no readable input.
+Exit codes: 0 analysis done and nothing at or above ``--fail-on``; 1 findings at or above it (and
+only that); 2 bad usage, unreadable input or an output that cannot be written; 3 internal error (a
+bug: one line on stderr, the traceback in OUT/crash.txt); 130 interrupted (SIGINT), 143 terminated
+(SIGTERM). Text that comes from the input (file, host, kernel names) is never read as rich markup.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import signal
 import sys
-from collections.abc import Iterator
+import tempfile
+import traceback
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from forensics.errors import ForensicsError, UsageError
 from forensics.findings import Severity
@@ -23,16 +33,38 @@ from forensics.findings import Severity
 EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_ERROR = 2
+EXIT_INTERNAL = 3
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
 
 app = typer.Typer(
     name="forensics",
     help="Why was this distributed GPU training job slow, or why did it die?",
     add_completion=False,
     no_args_is_help=True,
-    pretty_exceptions_show_locals=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 err = Console(stderr=True, soft_wrap=True)
 out = Console(soft_wrap=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread. A KeyboardInterrupt so that code which cleans up on
+    Ctrl-C (the parser pool, temporary outputs) cleans up on SIGTERM the same way."""
+
+
+@dataclass
+class _RunState:
+    """What the running command is doing, for the one line an interrupt or a bug ends with."""
+
+    phase: str = "start"
+    out_dir: Path | None = None  # set once --out passed its checks: crash.txt may go there
+    committed: bool = False
+
+
+_run = _RunState()
 
 
 class FailOn(str, Enum):
@@ -40,6 +72,19 @@ class FailOn(str, Enum):
     warning = "warning"
     info = "info"
     never = "never"
+
+
+def _line(console: Console, label: str, style: str, message: str) -> None:
+    """One line: a styled label, then ``message`` as plain text (never parsed as markup)."""
+    console.print(Text.assemble((label, style), ": ", " ".join(message.split())), highlight=False)
+
+
+def _error(message: str) -> None:
+    _line(err, "error", "red", message)
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise Terminated()
 
 
 @contextmanager
@@ -52,7 +97,7 @@ def _progress(label: str, quiet: bool) -> Iterator[object]:
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        TextColumn("{task.fields[item]}"),
+        TextColumn("{task.fields[item]}", markup=False),  # a file name is text, not markup
         console=err,
         transient=True,
     ) as bar:
@@ -64,56 +109,213 @@ def _progress(label: str, quiet: bool) -> Iterator[object]:
         yield update
 
 
-def _check_out_dir(run_dir: Path, out_dir: Path) -> None:
-    if not run_dir.is_dir():
-        raise UsageError(f"{run_dir}: no such directory")
-    run_real, out_real = run_dir.resolve(), out_dir.resolve()
-    if out_real == run_real or out_real.is_relative_to(run_real):
-        raise UsageError(f"--out {out_dir} is inside RUN_DIR; forensics never writes into the run folder")
+# --- interrupts and internal errors ------------------------------------------------------------
+
+# Pipeline functions that tell which phase a traceback went through (the innermost one wins).
+_PHASE_OF_FUNCTION = {
+    "walk": "discover", "classify": "discover",
+    "load": "parse", "discover_and_parse": "parse", "parse_one": "parse", "collect_frames": "parse",
+    "run_detectors": "detect",
+}
+
+
+def _where(tb: TracebackType | None) -> tuple[str, str | None]:
+    """(phase, the file or detector being handled) from the pipeline frames a traceback went through."""
+    phase, what = _run.phase, None
+    while tb is not None:
+        frame = tb.tb_frame
+        name = frame.f_code.co_name
+        if name in _PHASE_OF_FUNCTION and frame.f_globals.get("__name__", "").startswith("forensics"):
+            phase, what = _PHASE_OF_FUNCTION[name], _subject(frame)
+        tb = tb.tb_next
+    return phase, what
+
+
+def _subject(frame: FrameType) -> str | None:
+    local = frame.f_locals
+    if isinstance(local.get("rel_path"), str):
+        return f"file {local['rel_path']}"
+    rel = getattr(local.get("file"), "rel_path", None)
+    if isinstance(rel, str):
+        return f"file {rel}"
+    if frame.f_code.co_name == "run_detectors" and isinstance(local.get("name"), str):
+        return f"detector {local['name']}"
+    return None
+
+
+def _write_crash(text: str) -> Path:
+    """crash.txt in --out when it is known and writable, else a file in the temporary folder."""
+    from forensics.outputs import write_one
+
+    data = text.encode("utf-8", "replace")
+    if _run.out_dir is not None:
+        try:
+            write_one(_run.out_dir / "crash.txt", data)
+            return _run.out_dir / "crash.txt"
+        except (OSError, ForensicsError):
+            pass
+    fd, name = tempfile.mkstemp(prefix="forensics-crash-", suffix=".txt")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    return Path(name)
+
+
+def _internal_error(exc: BaseException) -> None:
+    phase, what = _where(exc.__traceback__)
+    header = f"forensics {_version()}: internal error during {phase}" + (f" ({what})" if what else "")
+    body = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    where = _write_crash(f"{header}\ncommand: {' '.join(sys.argv)}\n\n{body}")
+    detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+    subject = f" of {what}" if what else ""
+    _error(f"internal error during {phase}{subject}: {detail} (a bug, please report it; traceback in {where})")
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    label, code = ("terminated", EXIT_SIGTERM) if isinstance(exc, Terminated) else ("interrupted", EXIT_SIGINT)
+    if _run.committed:
+        left = f"the outputs in {_run.out_dir} were already complete"
+    elif _run.out_dir is not None:
+        left = f"no new output written; anything already in {_run.out_dir} is as it was"
+    else:
+        left = "no output written"
+    _line(err, label, "yellow", f"during {_where(exc.__traceback__)[0]}; {left}")
+    return code
+
+
+def _command(func: F) -> F:
+    """Every command ends in exactly one line for a usage error, an interrupt or a bug."""
+
+    @functools.wraps(func)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        _run.phase, _run.out_dir, _run.committed = "start", None, False
+        try:
+            return func(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except ForensicsError as exc:
+            _error(str(exc))
+            raise typer.Exit(EXIT_ERROR) from None
+        except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM as Terminated
+            raise typer.Exit(_interrupted(exc)) from None
+        except Exception as exc:
+            _internal_error(exc)
+            raise typer.Exit(EXIT_INTERNAL) from None
+
+    return guarded  # type: ignore[return-value]
+
+
+# --- argument checks ---------------------------------------------------------------------------
+
+
+def _check_input(path: Path) -> None:
+    """RUN_DIR: a folder or a single file."""
+    if not path.exists():
+        raise UsageError(f"{path}: no such file or directory")
+    if not (path.is_dir() or path.is_file()):
+        raise UsageError(f"{path}: not a folder or a regular file")
+
+
+def _check_out_dir(inputs: list[Path], out_dir: Path) -> None:
+    from forensics.outputs import check_out_dir
+
+    for path in inputs:
+        _check_input(path)
+    check_out_dir(out_dir, inputs)
+    _run.out_dir = out_dir
 
 
 def _fail_threshold(fail_on: FailOn) -> int | None:
     return {"critical": 3, "warning": 2, "info": 1, "never": None}[fail_on.value]
 
 
-@app.command()
-def analyze(
-    run_dir: Path = typer.Argument(..., help="folder a training job left behind (traces, logs, kernel logs)"),
-    out_dir: Path | None = typer.Option(None, "--out", "-o", help="where to write the report [default: ./forensics-<RUN_DIR name>]"),
-    fail_on: FailOn = typer.Option(FailOn.critical, "--fail-on", help="exit 1 when a finding is at or above this severity"),
-    settings: list[str] = typer.Option([], "--set", help="override a detector threshold: DETECTOR.SETTING=VALUE (repeatable)"),
-    only: list[str] = typer.Option([], "--only", help="run only this detector (repeatable)"),
-    workers: int | None = typer.Option(None, "--workers", help="parser processes [default: CPU count]"),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trace-forensics")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        from forensics import __version__
+
+        return __version__
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"forensics {_version()}", markup=False, highlight=False)
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="print the version and exit"),
 ) -> None:
-    """Analyze RUN_DIR; write findings.json, summary.md and report.html to --out."""
-    from forensics.analyze import analyze as run_analysis
-    from forensics.detectors import parse_overrides
+    """Why was this distributed GPU training job slow, or why did it die?"""
+
+
+_WORKERS_HELP = "parser processes, at least 1 [default: CPU count]"
+
+
+# --- analyze -----------------------------------------------------------------------------------
+
+
+def _analysis_outputs(analysis: Any, out_dir: Path) -> Any:
+    from forensics.outputs import OutputSet
     from forensics.reports import html as html_report
     from forensics.reports import json_report, markdown
 
-    out_dir = out_dir or Path.cwd() / f"forensics-{run_dir.resolve().name}"
-    _check_out_dir(run_dir, out_dir)
-    overrides = parse_overrides(settings)
-    with _progress("parsing", quiet) as update:
-        analysis = run_analysis(run_dir, overrides=overrides, only=only or None, progress=update, workers=workers)  # type: ignore[arg-type]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "findings.json").write_bytes(json_report.render(analysis))
-    (out_dir / "summary.md").write_text(markdown.render(analysis), encoding="utf-8")
-    (out_dir / "report.html").write_text(html_report.render(analysis), encoding="utf-8")
+    outs = OutputSet(out_dir)
+    outs.add_bytes("findings.json", json_report.render(analysis))
+    outs.add_text("summary.md", markdown.render(analysis))
+    outs.add_text("report.html", html_report.render(analysis))
+    outs.remove("crash.txt")  # from an earlier run that crashed: this one did not
+    return outs
 
+
+def _commit(outs: Any) -> None:
+    _run.phase = "write"
+    outs.commit()
+    _run.committed = True
+
+
+def _print_analysis(analysis: Any, out_dir: Path) -> None:
     for row in analysis.sources.filter(analysis.sources["status"].is_in(["partial", "failed"])).iter_rows(named=True):
-        err.print(f"[yellow]{row['status']}[/]: {row['path']}: {row['message']}", highlight=False)
+        _line(err, row["status"], "yellow", f"{row['path']}: {row['message']}")
     counts = {s: sum(1 for f in analysis.findings if f.severity.value == s) for s in ("critical", "warning", "info")}
     out.print(
         f"{len(analysis.findings)} finding(s): {counts['critical']} critical, {counts['warning']} warning, "
         f"{counts['info']} info; {len(analysis.skipped)} detector(s) skipped. Report: {out_dir}",
-        highlight=False,
+        highlight=False, markup=False,
     )
     for f in analysis.findings[:10]:
         out.print(f"  [{f.severity.value}] {f.title}", highlight=False, markup=False)
+
+
+@app.command()
+@_command
+def analyze(
+    run_dir: Path = typer.Argument(..., help="folder a training job left behind (traces, logs, kernel logs), or one file"),
+    out_dir: Path | None = typer.Option(None, "--out", "-o", help="where to write the report [default: ./forensics-<RUN_DIR name>]"),
+    fail_on: FailOn = typer.Option(FailOn.critical, "--fail-on", help="exit 1 when a finding is at or above this severity"),
+    settings: list[str] = typer.Option([], "--set", help="override a detector threshold: DETECTOR.SETTING=VALUE (repeatable)"),
+    only: list[str] = typer.Option([], "--only", help="run only this detector (repeatable)"),
+    workers: int | None = typer.Option(None, "--workers", min=1, help=_WORKERS_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
+) -> None:
+    """Analyze RUN_DIR; write findings.json, summary.md and report.html to --out."""
+    out_dir = out_dir or Path.cwd() / f"forensics-{run_dir.resolve().name}"
+    _check_out_dir([run_dir], out_dir)
+    from forensics.analyze import analyze as run_analysis
+    from forensics.detectors import parse_overrides
+
+    overrides = parse_overrides(settings)
+    _run.phase = "parse"
+    with _progress("parsing", quiet) as update:
+        analysis = run_analysis(run_dir, overrides=overrides, only=only or None, progress=update, workers=workers)  # type: ignore[arg-type]
+    _run.phase = "render"
+    _commit(_analysis_outputs(analysis, out_dir))
+    _print_analysis(analysis, out_dir)
     if not analysis.readable:
-        err.print(f"[red]error[/]: no readable trace or log under {run_dir}")
+        _error(f"no readable trace or log under {run_dir}")
         raise typer.Exit(EXIT_ERROR)
     threshold = _fail_threshold(fail_on)
     if threshold is not None and any(f.severity.rank >= threshold for f in analysis.findings):
@@ -122,65 +324,67 @@ def analyze(
 
 
 @app.command()
+@_command
 def frames(
-    run_dir: Path = typer.Argument(..., help="folder a training job left behind"),
+    run_dir: Path = typer.Argument(..., help="folder a training job left behind, or one file"),
     out_dir: Path = typer.Option(..., "--out", "-o", help="folder for <frame>.parquet files"),
-    workers: int | None = typer.Option(None, "--workers", help="parser processes [default: CPU count]"),
+    workers: int | None = typer.Option(None, "--workers", min=1, help=_WORKERS_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
 ) -> None:
     """Parse RUN_DIR and write every canonical frame as Parquet (for Polars or DuckDB)."""
+    _check_out_dir([run_dir], out_dir)
     from forensics.analyze import load
+    from forensics.frames import FRAME_SPECS
+    from forensics.outputs import OutputSet
 
-    _check_out_dir(run_dir, out_dir)
+    _run.phase = "parse"
     with _progress("parsing", quiet) as update:
         sources, job = load(run_dir, progress=update, workers=workers)  # type: ignore[arg-type]
-    out_dir.mkdir(parents=True, exist_ok=True)
+    _run.phase = "render"
+    outs = OutputSet(out_dir)
     for name in sorted(job.present):
-        job[name].write_parquet(out_dir / f"{name}.parquet")
-    out.print(f"{len(job.present)} frame(s) written to {out_dir}", highlight=False)
+        outs.add(f"{name}.parquet", functools.partial(_write_parquet, job[name]))
+    for name in FRAME_SPECS:
+        outs.remove(f"{name}.parquet")  # frames an earlier run had and this one has not
+    outs.remove("crash.txt")
+    _commit(outs)
+    out.print(f"{len(job.present)} frame(s) written to {out_dir}", highlight=False, markup=False)
     if sources.filter(sources["status"].is_in(["ok", "partial"])).height == 0:
-        err.print(f"[red]error[/]: no readable trace or log under {run_dir}")
+        _error(f"no readable trace or log under {run_dir}")
         raise typer.Exit(EXIT_ERROR)
 
 
-def _write_files(folder: Path, files: dict[str, bytes]) -> None:
-    """Write rendered report files (name -> content) into ``folder``; nothing (no folder) when none."""
-    if files:
-        folder.mkdir(exist_ok=True)
-        for name, content in files.items():
-            (folder / name).write_bytes(content)
+def _write_parquet(df: Any, path: Path) -> None:
+    import polars as pl
+
+    try:
+        df.write_parquet(path)
+    except pl.exceptions.ComputeError as exc:  # Polars' own I/O error (e.g. "No space left on device (os error 28)")
+        raise OSError(str(exc).splitlines()[0] if str(exc) else "write failed") from exc
 
 
-@app.command()
-def triage(
-    job_dirs: list[Path] = typer.Argument(..., help="one folder holding one subfolder per job, or several job folders"),
-    out_dir: Path = typer.Option(..., "--out", "-o", help="where to write triage.json, triage.md and one folder per job"),
-    fail_on: FailOn = typer.Option(FailOn.never, "--fail-on", help="exit 1 when any job has a finding at or above this severity"),
-    settings: list[str] = typer.Option([], "--set", help="override a detector threshold: DETECTOR.SETTING=VALUE (repeatable)"),
-    workers: int | None = typer.Option(None, "--workers", help="jobs analysed in parallel [default: CPU count]"),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
-) -> None:
-    """Analyze many jobs at once; rank them worst first and list hosts that recur across jobs."""
-    from forensics.detectors import parse_overrides
+# --- triage ------------------------------------------------------------------------------------
+
+
+def _triage_outputs(results: list[Any], out_dir: Path) -> Any:
+    from forensics.outputs import OutputSet
     from forensics.reports import triage_json, triage_md
-    from forensics.triage import host_table, job_table
-    from forensics.triage import job_dirs as find_jobs
-    from forensics.triage import triage as run_triage
 
-    jobs = find_jobs(job_dirs)
-    for job in jobs:
-        _check_out_dir(job, out_dir)
-    overrides = parse_overrides(settings)
-    with _progress("jobs", quiet) as update:
-        results = run_triage(jobs, overrides=overrides, workers=workers, progress=update,  # type: ignore[arg-type]
-                             render=triage_json.job_files)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    outs = OutputSet(out_dir)
     for res in results:
-        _write_files(out_dir / res.name, res.files)
-    (out_dir / "triage.json").write_bytes(triage_json.render(results))
-    (out_dir / "triage.md").write_text(triage_md.render(results), encoding="utf-8")
+        for name, content in (res.files or {}).items():  # rendered in the worker: findings.json, summary.md
+            outs.add_bytes(f"{res.name}/{name}", content)
+    outs.add_bytes("triage.json", triage_json.render(results))
+    outs.add_text("triage.md", triage_md.render(results))
+    outs.remove("crash.txt")
+    return outs
+
+
+def _print_triage(results: list[Any], out_dir: Path) -> None:
+    from forensics.triage import host_table, job_table
+
     table = job_table(results)
-    out.print(f"{len(results)} job(s) analysed. Report: {out_dir}", highlight=False)
+    out.print(f"{len(results)} job(s) analysed. Report: {out_dir}", highlight=False, markup=False)
     for row in table.head(10).iter_rows(named=True):
         out.print(f"  {row['worst']:>8}  {row['job']}: {row['top_finding'] or '-'}", highlight=False, markup=False)
     hosts = host_table(results)
@@ -189,7 +393,36 @@ def triage(
         out.print(f"  recurring host {row['host']}: {row['jobs']} jobs ({row['detectors']})", highlight=False, markup=False)
     for res in results:
         if res.error:
-            err.print(f"[yellow]{res.name}[/]: {res.error}", highlight=False)
+            _line(err, res.name, "yellow", str(res.error))
+
+
+@app.command()
+@_command
+def triage(
+    job_dirs: list[Path] = typer.Argument(..., help="one folder holding one subfolder per job, or several job folders"),
+    out_dir: Path = typer.Option(..., "--out", "-o", help="where to write triage.json, triage.md and one folder per job"),
+    fail_on: FailOn = typer.Option(FailOn.never, "--fail-on", help="exit 1 when any job has a finding at or above this severity"),
+    settings: list[str] = typer.Option([], "--set", help="override a detector threshold: DETECTOR.SETTING=VALUE (repeatable)"),
+    workers: int | None = typer.Option(None, "--workers", min=1, help="jobs analysed in parallel, at least 1 [default: CPU count]"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
+) -> None:
+    """Analyze many jobs at once; rank them worst first and list hosts that recur across jobs."""
+    from forensics.triage import job_dirs as find_jobs
+
+    jobs = find_jobs(job_dirs)
+    _check_out_dir([*job_dirs, *jobs], out_dir)
+    from forensics.detectors import parse_overrides
+    from forensics.reports import triage_json
+    from forensics.triage import triage as run_triage
+
+    overrides = parse_overrides(settings)
+    _run.phase = "parse"
+    with _progress("jobs", quiet) as update:
+        results = run_triage(jobs, overrides=overrides, workers=workers, progress=update,  # type: ignore[arg-type]
+                             render=triage_json.job_files)
+    _run.phase = "render"
+    _commit(_triage_outputs(results, out_dir))
+    _print_triage(results, out_dir)
     if all(r.error for r in results):
         raise typer.Exit(EXIT_ERROR)
     threshold = _fail_threshold(fail_on)
@@ -224,93 +457,114 @@ def rules(
         typer.echo(rules_report.text(chosen), nl=False)
 
 
+# --- simulate ----------------------------------------------------------------------------------
+
+
+def _parse_params(params: list[str]) -> dict[str, str]:
+    kv: dict[str, str] = {}
+    for item in params:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--param {item!r}: expected KEY=VALUE")
+        kv[key.strip()] = value.strip()
+    return kv
+
+
+def _simulation_target(out_dir: Path | None) -> Path:
+    from forensics.outputs import check_out_dir
+
+    if out_dir is None:
+        raise UsageError("--out DIR is required")
+    check_out_dir(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise UsageError(f"--out {out_dir} is not empty")
+    return out_dir
+
+
+def _simulate_into(out_dir: Path, truth_path: Path | None, run: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """Simulate into a hidden sibling folder, then rename it to ``out_dir``: an interrupted or failed
+    simulation leaves no RUN_DIR that looks complete but is not."""
+    import shutil
+
+    from forensics.outputs import OutputError, write_one
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.{os.getpid()}.tmp"
+    try:
+        truth = run(tmp)
+        _run.phase = "write"
+        if truth_path is not None:
+            write_one(truth_path, (tmp / "truth.json").read_bytes())
+            (tmp / "truth.json").unlink()
+        os.replace(tmp, out_dir)
+    except OSError as exc:
+        raise OutputError(f"cannot write {out_dir}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _run.committed = True
+    return truth
+
+
 @app.command()
+@_command
 def simulate(
     scenario: str | None = typer.Argument(None, help="scenario name (see --list); e.g. ddp_clean, ddp_straggler, pp_small_m"),
     out_dir: Path | None = typer.Option(None, "--out", "-o", help="RUN_DIR to write (created; must be empty or absent)"),
     ranks: int | None = typer.Option(None, "--ranks", help="world size [default: the scenario's]"),
-    steps: int | None = typer.Option(None, "--steps", help="profiled training steps [default: the scenario's]"),
+    steps: int | None = typer.Option(None, "--steps", help="profiled training steps, at least 1 [default: the scenario's]"),
     seed: int = typer.Option(0, "--seed", help="random seed; the same seed gives byte-identical output"),
     size: float | None = typer.Option(None, "--size", help="keep adding steps until each trace holds about this many MB of JSON (benchmarks)"),
     params: list[str] = typer.Option([], "--param", "-p", help="scenario parameter KEY=VALUE (repeatable), e.g. rank=3, slowdown=0.1"),
-    nccl_version: str | None = typer.Option(None, "--nccl-version", help="NCCL version to imitate (< 2.19: old ncclKernel_* names)"),
+    nccl_version: str | None = typer.Option(None, "--nccl-version", help="NCCL version to imitate, e.g. 2.18.5 (< 2.19: old ncclKernel_* names)"),
     truth_path: Path | None = typer.Option(None, "--truth", help="where to write the ground truth [default: OUT/truth.json]"),
     list_: bool = typer.Option(False, "--list", help="list the scenarios and exit"),
 ) -> None:
     """Write a simulated RUN_DIR (traces, NCCL logs, kernel logs) with a known, injected fault, plus truth.json."""
-    from forensics.simulate import SCENARIOS
+    from forensics.simulate import SCENARIOS, check_run_args
     from forensics.simulate import simulate as run_simulation
     from forensics.simulate.scenarios import ScenarioError
 
     if list_ or scenario == "list":
         for sc in SCENARIOS.values():
-            out.print(f"{sc.name:20s} {sc.summary}", highlight=False)
+            out.print(f"{sc.name:20s} {sc.summary}", highlight=False, markup=False)
         raise typer.Exit(EXIT_OK)
     if scenario is None:
         raise UsageError("name a scenario (forensics simulate --list shows them)")
     if scenario not in SCENARIOS:
         raise UsageError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
-    if out_dir is None:
-        raise UsageError("--out DIR is required")
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise UsageError(f"--out {out_dir} is not empty")
-    kv: dict[str, str] = {}
-    for item in params:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--param {item!r}: expected KEY=VALUE")
-        kv[key.strip()] = value.strip()
-    if ranks is not None and ranks < 1:
-        raise UsageError("--ranks must be >= 1")
+    out_dir = _simulation_target(out_dir)
+    kv = _parse_params(params)
     try:
-        truth = run_simulation(scenario, out_dir, ranks=ranks, steps=steps, seed=seed, size_mb=size, params=kv, nccl_version=nccl_version,
-                                 truth_path=truth_path)
-    except (ScenarioError, KeyError) as exc:
-        raise UsageError(str(exc)) from exc
+        check_run_args(scenario, ranks=ranks, steps=steps, size_mb=size, params=kv, nccl_version=nccl_version)
+    except ScenarioError as exc:
+        raise UsageError(str(exc)) from None
+    _run.phase = "simulate"
+    truth = _simulate_into(out_dir, truth_path, lambda tmp: run_simulation(
+        scenario, tmp, ranks=ranks, steps=steps, seed=seed, size_mb=size, params=kv, nccl_version=nccl_version))
     culprits = sorted({r for f in truth["faults"] for r in f["ranks"]})
     out.print(
         f"{scenario}: {truth['job']['world_size']} ranks on {truth['job']['nodes']} node(s), {len(truth['job']['steps'])} step(s); "
         f"culprit rank(s): {culprits or 'none'}. Wrote {out_dir}; ground truth in {truth_path or out_dir / 'truth.json'}",
-        highlight=False,
+        highlight=False, markup=False,
     )
 
 
 def main() -> None:
-    """Entry point: user errors become one line on stderr and exit code 2, never a traceback."""
+    """Entry point: a usage error, an interrupt or a bug ends in one line and its exit code, never a traceback."""
     # Polars spreads over all cores by default; parser processes already do that.
     os.environ.setdefault("POLARS_MAX_THREADS", str(os.cpu_count() or 1))
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        code = app(standalone_mode=False)
-        sys.exit(code if isinstance(code, int) else EXIT_OK)
-    except ForensicsError as exc:
-        err.print(f"[red]error[/]: {exc}", highlight=False)
+        app()  # typer reports its own usage errors (exit 2) and exits with the command's code
+    except ForensicsError as exc:  # from a command without its own guard
+        _error(str(exc))
         sys.exit(EXIT_ERROR)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        err.print("[red]aborted[/]", highlight=False)
-        sys.exit(EXIT_ERROR)
-    except _usage_exceptions() as exc:  # unknown option, missing argument, bad value
-        exc.show(file=sys.stderr)  # type: ignore[attr-defined]
-        sys.exit(EXIT_ERROR)
+    except KeyboardInterrupt as exc:
+        sys.exit(_interrupted(exc))
+    except Exception as exc:
+        _internal_error(exc)
+        sys.exit(EXIT_INTERNAL)
 
-
-def _usage_exceptions() -> tuple[type[Exception], ...]:
-    """Click's usage-error base class: typer >= 0.20 vendors click, older typer uses click itself."""
-    found: list[type[Exception]] = []
-    try:
-        from typer._click.exceptions import ClickException as VendoredClickException
-
-        found.append(VendoredClickException)
-    except ImportError:
-        pass
-    try:
-        from click.exceptions import ClickException
-
-        found.append(ClickException)
-    except ImportError:
-        pass
-    return tuple(found)
 
 if __name__ == "__main__":
     main()

@@ -50,8 +50,15 @@ def _table(df: pl.DataFrame, max_rows: int = 500, status_col: str | None = None)
     return "".join(out)
 
 
+def _script_json(value: Any) -> str:
+    """JSON for inside <script>: `<`, `>` and `&` as \\u escapes, so no label from the input can
+    close the script element or open a comment (they occur only inside JSON strings)."""
+    text = orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
 def _figure(fig: go.Figure, div_id: str) -> str:
-    spec = orjson.dumps(fig.to_plotly_json(), option=orjson.OPT_SERIALIZE_NUMPY).decode()
+    spec = _script_json(fig.to_plotly_json())
     return (
         f'<div id="{div_id}" style="height:360px"></div>'
         f"<script>(function(){{var s={spec};Plotly.newPlot('{div_id}',s.data,s.layout,"

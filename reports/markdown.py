@@ -2,29 +2,59 @@
 
 from __future__ import annotations
 
+import re
+
 import polars as pl
 
 from forensics.analyze import Analysis
+from forensics.findings import Finding
 from forensics.tables import step_breakdown_table, step_table
+
+# Characters that start markup in GitHub Markdown (CommonMark + tables, autolinks, HTML) or in Jira's
+# wiki syntax. Each is backslash-escaped, which both render as the character itself.
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#+!|~^&])")
+_LINE_START = re.compile(r"^(\s*)([-=]|\d+[.)])")
+
+
+def md_text(value: object) -> str:
+    """Text from the input (file, host, kernel, rank names), safe to put anywhere in Markdown: it is
+    shown as written, never as a link, an HTML tag, a table cell border, code or emphasis."""
+    text = " ".join(str(value).split())  # a newline would end a table row or a paragraph
+    return _LINE_START.sub(lambda m: m.group(1) + "\\" + m.group(2), _MD_SPECIAL.sub(r"\\\1", text))
+
+
+def _cell(value: object, float_digits: int) -> str:
+    if isinstance(value, float):
+        return f"{value:.{float_digits}f}"
+    return "" if value is None else md_text(value)
 
 
 def markdown_table(df: pl.DataFrame, float_digits: int = 2) -> list[str]:
     if df.height == 0:
         return ["_none_", ""]
-    head = "| " + " | ".join(df.columns) + " |"
+    head = "| " + " | ".join(md_text(c) for c in df.columns) + " |"
     sep = "|" + "---|" * len(df.columns)
-    rows = []
-    for row in df.iter_rows():
-        cells = [
-            f"{v:.{float_digits}f}" if isinstance(v, float) else ("" if v is None else str(v).replace("|", "\\|"))
-            for v in row
-        ]
-        rows.append("| " + " | ".join(cells) + " |")
+    rows = ["| " + " | ".join(_cell(v, float_digits) for v in row) + " |" for row in df.iter_rows()]
     return [head, sep, *rows, ""]
 
 
+def _finding_lines(f: Finding) -> list[str]:
+    lost = f" ({f.gpu_seconds_lost:.1f} GPU-s lost)" if f.gpu_seconds_lost else ""
+    lines = [f"### [{f.severity.value}] {md_text(f.title)}{lost}", ""]  # no link: input cannot define [x]: refs
+    scope = []
+    if f.ranks:
+        scope.append("ranks " + ", ".join(map(str, sorted(f.ranks))))
+    if f.hosts:
+        scope.append("hosts " + ", ".join(sorted(f.hosts)))
+    if f.gpus:
+        scope.append("GPUs " + ", ".join(sorted(f.gpus)))
+    if scope:
+        lines += ["_" + md_text("; ".join(scope)) + "_", ""]
+    return [*lines, md_text(f.summary), "", f"**What to do:** {md_text(f.remediation)}", ""]
+
+
 def render(analysis: Analysis, top: int = 20) -> str:
-    lines = [f"# forensics: {analysis.run_dir.name}", ""]
+    lines = [f"# forensics: {md_text(analysis.run_dir.name)}", ""]
     n_ok = analysis.sources.filter(pl.col("status") == "ok").height
     bad = analysis.sources.filter(pl.col("status").is_in(["partial", "failed"]))
     lines.append(
@@ -37,24 +67,12 @@ def render(analysis: Analysis, top: int = 20) -> str:
     if not analysis.findings:
         lines += ["No problems found by the detectors that could run.", ""]
     for f in analysis.findings[:top]:
-        lost = f" ({f.gpu_seconds_lost:.1f} GPU-s lost)" if f.gpu_seconds_lost else ""
-        lines.append(f"### [{f.severity.value}] {f.title}{lost}")
-        lines.append("")
-        scope = []
-        if f.ranks:
-            scope.append("ranks " + ", ".join(map(str, sorted(f.ranks))))
-        if f.hosts:
-            scope.append("hosts " + ", ".join(sorted(f.hosts)))
-        if f.gpus:
-            scope.append("GPUs " + ", ".join(sorted(f.gpus)))
-        if scope:
-            lines += ["_" + "; ".join(scope) + "_", ""]
-        lines += [f.summary, "", f"**What to do:** {f.remediation}", ""]
+        lines += _finding_lines(f)
     if len(analysis.findings) > top:
         lines += [f"... and {len(analysis.findings) - top} more in findings.json.", ""]
     if analysis.skipped:
         lines += ["## Detectors skipped", ""]
-        lines += [f"- `{s.detector}`: {s.reason}" for s in analysis.skipped]
+        lines += [f"- {md_text(s.detector)}: {md_text(s.reason)}" for s in analysis.skipped]
         lines.append("")
     if bad.height:
         lines += ["## Damaged inputs", ""]

@@ -1,9 +1,14 @@
 from __future__ import annotations
 
 import json
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import ROOT, SCHEMA_PATH, SHARED, assert_valid_findings
 
@@ -21,7 +26,7 @@ def test_vendored_schema_matches_shared_contract():
 def test_missing_run_dir_is_exit_2_without_traceback(tmp_path: Path):
     res = run_cli("analyze", str(tmp_path / "nope"), "--out", str(tmp_path / "o"))
     assert res.returncode == 2
-    assert "Traceback" not in res.stderr and "no such directory" in res.stderr
+    assert "Traceback" not in res.stderr and "no such file or directory" in res.stderr
 
 
 def test_bad_option_value_is_exit_2(tmp_path: Path):
@@ -59,3 +64,200 @@ def test_unknown_option_and_missing_argument_are_exit_2_without_traceback(tmp_pa
         res = run_cli(*args)
         assert res.returncode == 2, args
         assert "Traceback" not in res.stderr and "Error" in res.stderr, args
+
+
+# --- issue #13: outputs, exits, interrupts, markup ----------------------------------------------------
+
+SAMPLE = ROOT / "sample_traces" / "ddp_straggler"
+
+
+def one_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == 1, text
+    assert "Traceback" not in text
+    return lines[0]
+
+
+def run_patched(patch: str, *args: str, **kw) -> subprocess.Popen | subprocess.CompletedProcess:
+    """The real entry point, with ``patch`` (Python source) applied first: to make a bug or a slow phase."""
+    code = f"{patch}\nimport sys\nsys.argv = ['forensics', *{list(args)!r}]\nfrom forensics.cli import main\nmain()\n"
+    if kw.pop("background", False):
+        return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, **kw)
+
+
+def previous_outputs(out: Path) -> dict[str, bytes]:
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"findings.json": b'{"previous": true}', "summary.md": b"previous", "report.html": b"previous"}
+    for name, data in files.items():
+        (out / name).write_bytes(data)
+    return files
+
+
+def folder(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())} if out.exists() else {}
+
+
+@pytest.mark.parametrize("make_out,expect", [
+    (lambda t: (t / "f.txt").write_text("x") and t / "f.txt", "exists and is not a folder"),
+    (lambda t: Path("/usr/share/forensics-out"), "system folder"),
+    (lambda t: Path("/"), "system folder"),
+    (lambda t: (t / "f.txt").write_text("x") and t / "f.txt" / "sub", "is not a folder"),
+])
+def test_bad_out_is_exit_2_one_line_before_parsing(tmp_path: Path, make_out, expect: str):
+    out = make_out(tmp_path)
+    touched = tmp_path / "parsing-started"
+    # parsing would leave a mark: the check must refuse --out before it
+    patch = (f"import pathlib, forensics.analyze as an\nreal = an.load\n"
+             f"def load(*a, **k):\n    pathlib.Path({str(touched)!r}).touch()\n    return real(*a, **k)\nan.load = load")
+    res = run_patched(patch, "analyze", str(SAMPLE), "--out", str(out))
+    assert res.returncode == 2, res.stderr
+    assert expect in one_line(res.stderr)
+    assert res.stdout == "" and not touched.exists()
+    start = time.perf_counter()
+    assert run_cli("analyze", str(SAMPLE), "--out", str(out)).returncode == 2
+    elapsed = time.perf_counter() - start
+    start = time.perf_counter()
+    run_cli("--version")
+    baseline = time.perf_counter() - start  # interpreter and import time on this (possibly busy) machine
+    assert elapsed < baseline + 1.0
+
+
+def test_out_file_given_to_frames_and_triage_too(tmp_path: Path):
+    (tmp_path / "f").write_text("x")
+    for cmd in (("frames", str(SAMPLE)), ("triage", str(SAMPLE.parent))):
+        res = run_cli(*cmd, "--out", str(tmp_path / "f"))
+        assert res.returncode == 2 and "exists and is not a folder" in one_line(res.stderr), cmd
+
+
+def test_version_help_and_workers(tmp_path: Path):
+    from importlib.metadata import version
+
+    res = run_cli("--version")
+    assert res.returncode == 0 and res.stdout.strip() == f"forensics {version('trace-forensics')}"
+    for cmd in ((), ("analyze",), ("frames",), ("triage",), ("simulate",), ("rules",)):
+        res = run_cli(*cmd, "-h")
+        assert res.returncode == 0 and "Usage" in res.stdout, cmd
+    res = run_cli("analyze", str(SAMPLE), "--out", str(tmp_path / "o"), "--workers", "0")
+    assert res.returncode == 2 and "--workers" in res.stderr and not (tmp_path / "o").exists()
+
+
+def test_write_error_is_exit_2_and_keeps_previous_outputs(tmp_path: Path):
+    out = tmp_path / "o"
+    before = previous_outputs(out)
+    patch = ("import errno, os, forensics.outputs as o\n"
+             "def full(path): raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n"
+             "o._fsync_file = full")
+    res = run_patched(patch, "analyze", str(SAMPLE), "--out", str(out), "-q")
+    assert res.returncode == 2, res.stderr
+    assert "No space left on device" in one_line(res.stderr)
+    assert folder(out) == before
+
+
+def test_internal_error_is_exit_3_with_phase_file_and_crash_txt(tmp_path: Path):
+    out = tmp_path / "o"
+    # a bug below the real classify(): the traceback runs through discovery with the file at hand
+    patch = ("import forensics.parsers.discovery as d\n"
+             "real = d.read_head\n"
+             "def read_head(path, n):\n"
+             "    if str(path).endswith('dmesg.log'): raise ZeroDivisionError('boom')\n"
+             "    return real(path, n)\n"
+             "d.read_head = read_head")
+    res = run_patched(patch, "analyze", str(SAMPLE), "--out", str(out), "-q", "--fail-on", "never")
+    assert res.returncode == 3, res.stderr
+    line = one_line(res.stderr)
+    assert "internal error during discover" in line and "kernel/hgx-5200/dmesg.log" in line and "ZeroDivisionError" in line
+    crash = (out / "crash.txt").read_text()
+    assert "Traceback" in crash and "ZeroDivisionError: boom" in crash and "in read_head" in crash
+    assert sorted(p.name for p in out.iterdir()) == ["crash.txt"]  # no report that looks complete
+
+
+def test_bug_in_a_detector_or_renderer_names_the_phase(tmp_path: Path):
+    patch = ("import dataclasses, forensics.detectors as d\n"
+             "d.load_all()\n"
+             "def bad(ctx, cfg): raise KeyError('oops')\n"
+             "d.REGISTRY['straggler'] = dataclasses.replace(d.REGISTRY['straggler'], func=bad)")
+    res = run_patched(patch, "analyze", str(SAMPLE), "--out", str(tmp_path / "a"), "-q")
+    assert res.returncode == 3 and "internal error during detect of detector straggler" in one_line(res.stderr)
+    patch = "import forensics.reports.markdown as m\ndef bad(a, top=20): raise ValueError('md')\nm.render = bad"
+    res = run_patched(patch, "analyze", str(SAMPLE), "--out", str(tmp_path / "b"), "-q")
+    assert res.returncode == 3 and "internal error during render" in one_line(res.stderr)
+    assert "ValueError: md" in (tmp_path / "b" / "crash.txt").read_text()
+
+
+@pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_signal_is_one_line_and_leaves_previous_outputs(tmp_path: Path, sig: int, code: int, word: str):
+    out = tmp_path / "o"
+    before = previous_outputs(out)
+    ready = tmp_path / "ready"
+    # the detectors phase waits (as a slow one would); the signal arrives while it runs
+    patch = ("import time, pathlib, forensics.detectors as d\n"
+             "real = d.run_detectors\n"
+             f"def slow(*a, **k):\n    pathlib.Path({str(ready)!r}).touch()\n    time.sleep(60)\n"
+             "d.run_detectors = slow\n"
+             "import forensics.analyze as an\nan.run_detectors = slow")
+    proc = run_patched(patch, "analyze", str(SAMPLE), "--out", str(out), "-q", background=True)
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 5
+    assert proc.returncode == code, stderr
+    assert one_line(stderr).startswith(f"{word}: during parse")
+    assert stdout == ""
+    assert folder(out) == before  # no new output, nothing half-written, no temporary file
+
+
+HOSTILE = "a[b]<script>|x`y`[red]z"  # rich would print "a<script>|x`y`z" in bold red
+
+
+def test_hostile_file_names_are_text_everywhere(tmp_path: Path):
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLE, run)
+    (run / f"{HOSTILE}.pt.trace.json").write_text('{"traceEvents": [')  # damaged: listed on stderr and in reports
+    out = tmp_path / "o"
+    res = run_cli("analyze", str(run), "--out", str(out), "--fail-on", "never")
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr
+    assert f"{HOSTILE}.pt.trace.json" in res.stderr  # printed as written, brackets included
+    md = (out / "summary.md").read_text()
+    assert "<script>" not in md and "\\<script\\>" in md and "\\|x\\`y\\`" in md
+    page = (out / "report.html").read_text()
+    assert HOSTILE not in page and "a[b]&lt;script&gt;|x`y`[red]z" in page
+
+
+def test_hostile_out_and_run_dir_names_reach_the_terminal_as_text(tmp_path: Path):
+    run = tmp_path / f"run{HOSTILE}"
+    shutil.copytree(SAMPLE, run)
+    out = tmp_path / f"out{HOSTILE}"
+    res = run_cli("analyze", str(run), "--out", str(out), "-q", "--fail-on", "never")
+    assert res.returncode == 0, res.stderr
+    assert f"Report: {out}" in res.stdout
+    res = run_cli("analyze", str(run), "--out", str(run / "x"))
+    assert res.returncode == 2 and f"--out {run / 'x'} is inside RUN_DIR" in one_line(res.stderr)
+
+
+def test_single_file_run_dir_passes_the_cli_checks(tmp_path: Path):
+    trace = next(SAMPLE.glob("profiler/*.pt.trace.json.gz"))
+    res = run_cli("analyze", str(trace), "--out", str(trace.parent / "o"))
+    # a file is not a folder: an --out beside it is fine, the checks do not call RUN_DIR a missing folder
+    assert "no such file or directory" not in res.stderr and "inside RUN_DIR" not in res.stderr
+    res = run_cli("analyze", str(tmp_path / "missing.json"), "--out", str(tmp_path / "o"))
+    assert res.returncode == 2 and "missing.json: no such file or directory" in one_line(res.stderr)
+
+
+def test_frames_write_error_is_exit_2_and_keeps_previous_parquet(tmp_path: Path):
+    out = tmp_path / "frames"
+    out.mkdir()
+    (out / "kernels.parquet").write_bytes(b"previous")
+    # Polars reports its own write errors (not OSError): the disk fills while it writes
+    patch = ("import polars as pl\n"
+             "def full(self, path, *a, **k): raise pl.exceptions.ComputeError('No space left on device (os error 28)')\n"
+             "pl.DataFrame.write_parquet = full")
+    res = run_patched(patch, "frames", str(SAMPLE), "--out", str(out), "-q")
+    assert res.returncode == 2, res.stderr
+    assert "No space left on device" in one_line(res.stderr)
+    assert folder(out) == {"kernels.parquet": b"previous"}

@@ -63,7 +63,7 @@ def test_markdown_lists_findings_worst_first_and_damaged_inputs():
     md = markdown.render(_analysis())
     assert md.index("[info] minor") > md.index("[critical] Xid 79")
     assert "bad.json" in md and "not JSON" in md
-    assert "`busy_wait`: needs kernels" in md
+    assert "- busy\\_wait: needs kernels" in md
 
 
 class _Collector(HTMLParser):
@@ -89,3 +89,71 @@ def test_html_is_self_contained_escaped_and_attachable():
     assert "<GPU fell off the bus>" not in page and "&lt;GPU fell off the bus&gt;" in page
     assert "Plotly.newPlot('fig-steps'" in page
     assert len(page.encode()) < 9 * 1024 * 1024  # fits a ticket attachment
+
+
+# --- input text is never markup (issue #13.6) ---------------------------------------------------------
+
+HOSTILE = ["a[b](http://x)<script>|`c`", "*bold* _em_ **x** ~~s~~ {code} ^sup^", "# head\n- item\n1. one", "&lt; \\ |", "k<T>::run[0]!"]
+
+
+def _md_html(text: str) -> str:
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").enable("table").render(text)
+
+
+def test_md_text_renders_as_the_text_itself():
+    import html as html_mod
+
+    for raw in HOSTILE:
+        rendered = _md_html(markdown.md_text(raw))
+        flat = " ".join(raw.split())
+        # one paragraph whose text is the input (newlines folded), with no element inside it
+        assert rendered == f"<p>{html_mod.escape(flat, quote=True)}</p>\n", (raw, rendered)
+
+
+def test_markdown_table_cells_with_pipes_and_html_stay_in_their_cell():
+    from html.parser import HTMLParser
+
+    df = pl.DataFrame({"na|me": HOSTILE, "n": list(range(len(HOSTILE)))})
+    rendered = _md_html("\n".join(markdown.markdown_table(df)))
+
+    class Cells(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cells: list[str] = []
+            self.tags: set[str] = set()
+            self._in = False
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.add(tag)
+            if tag in ("td", "th"):
+                self._in, self.cells = True, [*self.cells, ""]
+
+        def handle_endtag(self, tag):
+            self._in = self._in and tag not in ("td", "th")
+
+        def handle_data(self, data):
+            if self._in:
+                self.cells[-1] += data
+
+    parser = Cells()
+    parser.feed(rendered)
+    assert parser.tags <= {"table", "thead", "tbody", "tr", "th", "td"}  # no link, code, emphasis or script
+    expected = ["na|me", "n"] + [c for i, raw in enumerate(HOSTILE) for c in (" ".join(raw.split()), str(i))]
+    assert parser.cells == expected
+
+
+def test_findings_with_hostile_names_render_as_text_in_markdown_and_html():
+    a = _analysis()
+    name = "ncclKernel<|`x`|>[0](javascript:alert(1))"
+    a.findings.append(Finding("straggler", Severity.WARNING, f"slow kernel {name}", f"kernel {name} on host h[1]|<b>", "check",
+                              ranks=(2,), hosts=("h[1]|<b>",)))
+    md = markdown.render(a)
+    rendered = _md_html(md)
+    assert "<b>" not in rendered and "href" not in rendered and "<a " not in rendered
+    assert "ncclKernel&lt;|`x`|&gt;[0](javascript:alert(1))" in rendered  # shown as text
+    assert "<code>" not in rendered
+    page = html_report.render(a)
+    assert name not in page and "ncclKernel&lt;|`x`|&gt;[0](javascript:alert(1))" in page
+    assert "h[1]|&lt;b&gt;" in page

@@ -21,14 +21,24 @@ How it measures:
     to the pipeline_bubble detector. A rank is flagged when, over its steps' medians, ``U_any >=
     min_util_any`` and ``W >= min_wait``, or ``U_any - U_compute >= min_gap`` with ``W`` at least
     ``min_wait_share_of_gap`` of that gap (and ``W >= min_wait_floor``). Who they waited for: each
-    wait is charged to the instance's last-arriving rank.
-    Impact: this is a symptom; the lost GPU time is counted once, by the straggler finding for the
-    waited-for rank (or the bubble finding), so ``gpu_seconds_lost`` is left empty here and the wait is
-    in the metrics.
+    wait is charged to the instance's last-arriving rank, or shared among the members that never
+    joined it (a hang). The finding's ``ranks`` are the culprits, not the waiting ranks: the ranks with
+    data that at least ``CULPRIT_MIN_SHARE`` (20%) of the flagged ranks' wait was for (at most 5), with
+    their host and GPU; the waiting ranks are in the metrics (``ranks_waiting``) and the evidence
+    (role ``victim``). A rank without data is never blamed: wait for ranks without a trace is reported
+    as such (evidence role ``no_data``), and then the finding is at most a warning. Partial inputs:
+    the ranks the job has (world size from trace metadata or NCCL init lines, process-group members)
+    against the ranks with data are in the metrics; confidence is high with every rank and two steps
+    or more, medium with at least half of the ranks, low below that, and at most medium without a
+    culprit. A lone rank of a multi-rank job has no peer to split its collectives into wait and transfer
+    with, so its finding is information only.
+    Impact: this is a symptom; the lost GPU time belongs to the cause (the late rank, or the
+    pipeline bubble), so ``gpu_seconds_lost`` is left empty here and the wait is in the metrics.
 
 What to do:
-    Do not read GPU utilization as efficiency. Fix the rank that is waited for (see the straggler
-    finding naming it); for a hang-like 100% at idle power, look for the rank that never joined.
+    Do not read GPU utilization as efficiency. Find out why the culprit rank arrives late (its GPU
+    speed, host stalls, data loading); for a hang-like 100% at idle power, look at the rank that never
+    joined (its GPU and host logs).
 """
 
 from __future__ import annotations
@@ -41,7 +51,9 @@ from forensics.collectives import CollectiveMatch
 from forensics.context import JobContext
 from forensics.detectors import Skip, detector
 from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
+from forensics.detectors._coverage import Coverage, at_most, coverage, gpus_of, rank_list
 from forensics.findings import Finding, Severity
+from forensics.frames import JobFrames
 from forensics.gpu_metrics import has_metric, sm_active_in_windows
 from forensics.settings import setting
 
@@ -65,13 +77,14 @@ class BusyWaitConfig:
 
 
 def waits_by_culprit(match: CollectiveMatch) -> pl.DataFrame:
-    """(rank, last_rank, wait_ns): whom each rank's NCCL wait was for.
+    """(rank, last_rank, wait_ns, never): whom each rank's NCCL wait was for.
 
     A matched collective's wait is for its last arrival. In an instance some members never joined (a
-    hung or dead rank), the whole wait is for the missing members, shared equally among them.
+    hung or dead rank), the whole wait is for the missing members, shared equally among them
+    (``never`` is true on those rows).
     """
     matched = match.kernels.filter(pl.col("matched") & (pl.col("rank") != pl.col("last_rank"))).select(
-        "rank", pl.col("last_rank").cast(pl.Int32), pl.col("wait_ns").cast(pl.Float64)
+        "rank", pl.col("last_rank").cast(pl.Int32), pl.col("wait_ns").cast(pl.Float64), pl.lit(False).alias("never")
     )
     if match.incomplete.height == 0:
         return matched
@@ -83,7 +96,8 @@ def waits_by_culprit(match: CollectiveMatch) -> pl.DataFrame:
         .join(missing, on="instance_key", how="inner")
         .with_columns((pl.col("wait_ns") / pl.col("missing_ranks").list.len()).alias("wait_ns"))
         .explode("missing_ranks")
-        .select("rank", pl.col("missing_ranks").cast(pl.Int32).alias("last_rank"), pl.col("wait_ns").cast(pl.Float64))
+        .select("rank", pl.col("missing_ranks").cast(pl.Int32).alias("last_rank"), pl.col("wait_ns").cast(pl.Float64),
+                pl.lit(True).alias("never"))
     )
     return pl.concat([matched, never_arrived], how="vertical")
 
@@ -107,7 +121,7 @@ def utilization_table(steps: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def measured_u_sm(frames, min_coverage: float = 0.9) -> pl.DataFrame:
+def measured_u_sm(frames: JobFrames, min_coverage: float = 0.9) -> pl.DataFrame:
     """Per rank: median over its steps of measured SM Active (fraction), from the ``gpu_metrics`` frame,
     using only steps the samples cover for at least ``min_coverage`` of their length. Empty when the
     job has no SM Active counter."""
@@ -126,73 +140,198 @@ def measured_u_sm(frames, min_coverage: float = 0.9) -> pl.DataFrame:
         pl.col("rank").cast(pl.Int32), "u_sm_measured")
 
 
-@detector("busy_wait", settings=BusyWaitConfig, requires=("kernels",))
-def detect(ctx: JobContext, cfg: BusyWaitConfig) -> list[Finding]:
-    frames = ctx.frames
-    ta = ctx
-    steps = require_steps(ta)
-    if ta.match.kernels.height == 0:
-        raise Skip("no NCCL/RCCL kernels in the traces: no waiting to measure")
-    u = utilization_table(steps)
-    # Measured SM Active replaces the blocks-per-SM estimate of U_SM where the job has it.
-    u = u.join(measured_u_sm(frames), on="rank", how="left").with_columns(
+def _rank_table(ctx: JobContext) -> pl.DataFrame:
+    """Per rank: utilization and wait (``utilization_table``), with measured SM Active replacing the
+    blocks-per-SM estimate of U_SM where the job has it (``u_sm_source`` says which)."""
+    u = utilization_table(require_steps(ctx))
+    return u.join(measured_u_sm(ctx.frames), on="rank", how="left").with_columns(
         pl.when(pl.col("u_sm_measured").is_not_null()).then(pl.lit("sm_active")).otherwise(pl.lit("blocks_estimate"))
         .alias("u_sm_source"),
         pl.coalesce("u_sm_measured", "u_sm").alias("u_sm"),
     )
+
+
+def _flagged(u: pl.DataFrame, cfg: BusyWaitConfig) -> pl.DataFrame:
+    """Ranks that look busy while waiting: high U_any with enough wait, or a large busy-but-not-computing
+    gap mostly made of wait."""
     rule1 = (pl.col("u_any") >= cfg.min_util_any) & (pl.col("w") >= cfg.min_wait)
     gap = pl.col("u_any") - pl.col("u_compute")
     rule2 = (gap >= cfg.min_gap) & (pl.col("w") >= cfg.min_wait_share_of_gap * gap) & (pl.col("w") >= cfg.min_wait_floor)
-    flagged = u.filter(rule1 | rule2)
-    if flagged.height == 0:
-        return []
-    ranks = [int(r) for r in flagged["rank"].to_list()]
-    mk = waits_by_culprit(ta.match).filter(pl.col("rank").is_in(ranks))
-    waited_for = mk.group_by("last_rank").agg(pl.col("wait_ns").sum()).sort(["wait_ns", "last_rank"], descending=[True, False])
-    top_for = [int(r) for r in waited_for["last_rank"].head(5).to_list()]
+    return u.filter(rule1 | rule2)
+
+
+CULPRIT_MIN_SHARE = 0.2
+"""A rank with data is named as the culprit when at least this share of the waiting ranks' wait was for it."""
+MAX_CULPRITS = 5
+
+
+def _blame(match: CollectiveMatch, victims: list[int], with_data: tuple[int, ...]) -> pl.DataFrame:
+    """Per waited-for rank: the wait (ns) the ``victims`` spent on it (``never_ns`` of it in collectives
+    the rank never reached), its share of their wait, whether the rank has data, and how many matched
+    collectives it arrived last at; most waited-for first."""
+    mk = waits_by_culprit(match).filter(pl.col("rank").is_in(victims))
+    last = match.kernels.filter(pl.col("is_last")).group_by(pl.col("rank").cast(pl.Int32).alias("last_rank")).agg(
+        pl.len().alias("arrived_last"))
+    return (
+        mk.group_by("last_rank").agg(pl.col("wait_ns").sum(), pl.col("wait_ns").filter(pl.col("never")).sum().alias("never_ns"))
+        .with_columns(
+            (pl.col("wait_ns") / pl.col("wait_ns").sum()).alias("share"),
+            pl.col("last_rank").is_in(list(with_data)).alias("has_data"),
+        )
+        .join(last, on="last_rank", how="left")
+        .sort(["wait_ns", "last_rank"], descending=[True, False])
+    )
+
+
+def _main_culprit(match: CollectiveMatch, victims: list[int]) -> dict[int, tuple[int, float]]:
+    """Per waiting rank: the rank it waited for most, with that wait (ns)."""
     per_pair = (
-        mk.group_by("rank", "last_rank").agg(pl.col("wait_ns").sum()).sort(["wait_ns", "last_rank"], descending=[True, False])
+        waits_by_culprit(match).filter(pl.col("rank").is_in(victims))
+        .group_by("rank", "last_rank").agg(pl.col("wait_ns").sum()).sort(["wait_ns", "last_rank"], descending=[True, False])
         .unique("rank", keep="first").sort("rank")
     )
-    pair_d = {int(r): (int(q), w) for r, q, w in per_pair.iter_rows()}
-    med = flagged.select(pl.col("u_any", "u_compute", "u_sm", "w").median()).row(0, named=True)
+    return {int(r): (int(q), w) for r, q, w in per_pair.iter_rows()}
+
+
+def _victim_rows(flagged: pl.DataFrame, pair_d: dict[int, tuple[int, float]], cap: int) -> list[dict]:
+    """The waiting ranks, most waiting first, with their utilization and whom they waited for."""
+    return [
+        {"role": "victim", "rank": int(r), "host": h, "U_any": round(a, 4), "U_compute": round(c, 4),
+         "U_SM": round(sm, 4), "W": round(w, 4), "U_SM_source": src, "waited_for": pair_d.get(int(r), (None, 0))[0],
+         "waited_for_ms": ms(pair_d.get(int(r), (None, 0))[1])}
+        for r, h, a, c, sm, w, src in flagged.sort("w", descending=True)
+        .select("rank", "host", "u_any", "u_compute", "u_sm", "w", "u_sm_source").head(cap).iter_rows()
+    ]
+
+
+def _culprit_rows(guilty: pl.DataFrame, host_of: dict, gpu_of: dict[int, str]) -> list[dict]:
+    """The culprits: ranks with data that the waiting ranks waited for."""
+    return [
+        {"role": "culprit", "rank": int(r), "host": host_of.get(int(r)), "gpu": gpu_of.get(int(r)),
+         "waited_for_ms": ms(w), "share_of_wait": round(float(sh), 4), "arrived_last": int(n or 0),
+         "never_arrived_ms": ms(nv)}
+        for r, w, sh, n, nv in guilty.select("last_rank", "wait_ns", "share", "arrived_last", "never_ns").iter_rows()
+    ]
+
+
+def _sm_source(flagged: pl.DataFrame) -> tuple[str, str]:
+    """Where U_SM came from across the flagged ranks: (metric value, words for the text)."""
     sources = set(flagged["u_sm_source"].to_list())
     sm_source = sources.pop() if len(sources) == 1 else "mixed"
     sm_text = {"sm_active": "measured SM Active", "blocks_estimate": "SM-weighted estimate"}.get(sm_source, "SM Active or estimate")
-    evidence = tuple(
-        {"rank": int(r), "host": h, "U_any": round(a, 4), "U_compute": round(c, 4), "U_SM": round(sm, 4),
-         "W": round(w, 4), "U_SM_source": src, "waited_for": pair_d.get(int(r), (None, 0))[0],
-         "waited_for_ms": ms(pair_d.get(int(r), (None, 0))[1])}
-        for r, h, a, c, sm, w, src in flagged.sort("w", descending=True)
-        .select("rank", "host", "u_any", "u_compute", "u_sm", "w", "u_sm_source").head(EVIDENCE_CAP).iter_rows()
-    )
-    total_wait = float(flagged["wait_ns"].sum())
-    hosts = tuple(sorted({h for h in flagged["host"].to_list() if h}))
+    return sm_source, sm_text
+
+
+@dataclass(frozen=True)
+class _Blame:
+    """Whom the waiting ranks waited for: culprits with data and their share of the wait, whether that was
+    mostly in collectives they never reached, the ranks without data and their share, evidence rows."""
+
+    culprits: list[int]
+    share: float
+    never: bool
+    absent: list[int]
+    absent_share: float
+    rows: list[dict]
+
+
+def _who(ctx: JobContext, flagged: pl.DataFrame, cov: Coverage) -> _Blame:
+    victims = [int(r) for r in flagged["rank"].to_list()]
+    blame = _blame(ctx.match, victims, cov.with_data)
+    guilty = blame.filter(pl.col("has_data") & (pl.col("share") >= CULPRIT_MIN_SHARE)).head(MAX_CULPRITS)
+    # A rank without data is never blamed: the wait for it is reported, not pinned on it.
+    absent = blame.filter(~pl.col("has_data"))
+    culprits = [int(r) for r in guilty["last_rank"].to_list()]
+    host_of = dict(ctx.steps.select("rank", "host").unique("rank").iter_rows())
+    rows = _culprit_rows(guilty, host_of, gpus_of(ctx, culprits))
+    absent_ranks = sorted(int(r) for r in absent["last_rank"].to_list())
+    if absent_ranks:
+        rows.append({"role": "no_data", "ranks": rank_list(absent_ranks), "waited_for_ms": ms(float(absent["wait_ns"].sum())),
+                     "share_of_wait": round(float(absent["share"].sum()), 4)})
+    rows += _victim_rows(flagged, _main_culprit(ctx.match, victims), max(0, EVIDENCE_CAP - len(rows)))
+    # Mostly waited out in collectives the culprits never reached (a hang), rather than arrived late at.
+    never = float(guilty["never_ns"].sum()) > 0.5 * float(guilty["wait_ns"].sum())
+    return _Blame(culprits=culprits, share=float(guilty["share"].sum()), never=never, absent=absent_ranks,
+                  absent_share=float(absent["share"].sum()), rows=rows)
+
+
+def _texts(b: _Blame, cov: Coverage) -> tuple[str, str]:
+    """(what the waiting was for, what to do) from the evidence: culprits, ranks without data, or neither."""
+    if b.culprits and b.never:
+        who = (f"mostly for rank(s) {rank_list(b.culprits)} ({b.share:.0%} of the wait), which never reached the "
+               "collective the others spun in")
+        do = (f"Find out why rank(s) {rank_list(b.culprits)} stopped: its GPU and host logs (Xid, NCCL watchdog, "
+              "process exit) around the hang.")
+    elif b.culprits:
+        who = (f"mostly for rank(s) {rank_list(b.culprits)} ({b.share:.0%} of the wait), which arrived last at the "
+               "collectives the others spun in")
+        do = f"Find out why rank(s) {rank_list(b.culprits)} arrive late (GPU speed, host stalls, data loading on it)."
+    elif b.absent_share >= 0.5:
+        who = (f"{b.absent_share:.0%} of it for rank(s) {rank_list(b.absent)}, which have no trace here, so the cause "
+               "cannot be placed")
+        do = f"Collect traces of rank(s) {rank_list(b.absent)} to see why the others wait for them."
+    else:
+        who = (f"spread over late ranks none of which accounts for {CULPRIT_MIN_SHARE:.0%} of it (each waiting "
+               "rank's main wait is in the evidence)")
+        do = "Look at the ranks in the evidence's waited_for column: none of them dominates."
+    if b.culprits and b.absent_share >= CULPRIT_MIN_SHARE:
+        who += f"; {b.absent_share:.0%} of it was for rank(s) {rank_list(b.absent)}, which have no trace here"
+    if cov.lone_rank:
+        who += ("; with one rank's trace the wait/transfer split of its collectives is estimated from its own "
+                "kernels alone")
+    return who, do
+
+
+@detector("busy_wait", settings=BusyWaitConfig, requires=("kernels",))
+def detect(ctx: JobContext, cfg: BusyWaitConfig) -> list[Finding]:
+    require_steps(ctx)
+    if ctx.match.kernels.height == 0:
+        raise Skip("no NCCL/RCCL kernels in the traces: no waiting to measure")
+    flagged = _flagged(_rank_table(ctx), cfg)
+    if flagged.height == 0:
+        return []
+    cov = coverage(ctx)
+    b = _who(ctx, flagged, cov)
+    victims = [int(r) for r in flagged["rank"].to_list()]
+    med = flagged.select(pl.col("u_any", "u_compute", "u_sm", "w").median()).row(0, named=True)
+    sm_source, sm_text = _sm_source(flagged)
+    who, do = _texts(b, cov)
     return [Finding(
         detector="busy_wait",
-        severity=Severity.CRITICAL if med["w"] >= cfg.critical_wait else Severity.WARNING,
-        title=f"GPU utilization inflated by NCCL busy-waiting on {len(ranks)} rank(s)",
+        severity=_severity(med["w"], b, cov, cfg),
+        title=f"GPU utilization inflated by NCCL busy-waiting on {len(victims)} rank(s)",
         summary=(
-            f"{len(ranks)} rank(s) look {med['u_any']:.0%} busy (what nvidia-smi shows), but compute runs only "
+            f"Rank(s) {rank_list(victims)} look {med['u_any']:.0%} busy (what nvidia-smi shows), but compute runs only "
             f"{med['u_compute']:.0%} of the step ({sm_text} {med['u_sm']:.0%}); {med['w']:.0%} of the step is NCCL "
-            f"kernels spinning while waiting, mostly for rank(s) {', '.join(map(str, top_for)) or 'unknown'}. "
-            "The lost time is counted in the straggler/bubble finding for the waited-for rank."
+            f"kernels spinning while waiting, {who}. The wait is a symptom: its GPU time is not counted here."
+            f"{cov.sentence()}"
         ),
-        remediation=(
-            "Treat GPU utilization as 'some kernel was running', not as work done. Fix the rank(s) waited for "
-            f"({', '.join(map(str, top_for)) or 'see straggler findings'}); see the straggler finding for its cause."
-        ),
-        ranks=tuple(ranks),
-        hosts=hosts,
+        remediation=f"Treat GPU utilization as 'some kernel was running', not as work done. {do}",
+        ranks=tuple(b.culprits),
+        hosts=tuple(sorted({r["host"] for r in b.rows if r["role"] == "culprit" and r["host"]})),
+        gpus=tuple(sorted({r["gpu"] for r in b.rows if r["role"] == "culprit" and r["gpu"]})),
         metrics={
             "U_any": round(med["u_any"], 4), "U_compute": round(med["u_compute"], 4), "U_SM": round(med["u_sm"], 4),
             "U_SM_source": sm_source,
-            "wait_fraction": round(med["w"], 4), "wait_gpu_seconds": gpu_seconds(total_wait),
-            "waited_for": ",".join(map(str, top_for)), "ranks_affected": len(ranks),
+            "wait_fraction": round(med["w"], 4), "wait_gpu_seconds": gpu_seconds(float(flagged["wait_ns"].sum())),
+            "waited_for": rank_list(b.culprits), "waited_for_without_data": rank_list(b.absent),
+            "culprit_wait_share": round(b.share, 4),
+            "ranks_affected": len(victims), "ranks_waiting": rank_list(victims), "steps": cov.steps,
+            **cov.metrics(),
         },
-        evidence=evidence,
+        evidence=tuple(b.rows),
         gpu_seconds_lost=None,
         fraction_of_step=round(med["w"], 4),
         key="busy_wait",
-        confidence="high",
+        confidence=at_most(cov.confidence(), "high" if b.culprits else "medium"),
     )]
+
+
+def _severity(w: float, b: _Blame, cov: Coverage, cfg: BusyWaitConfig) -> Severity:
+    """Critical by the wait, but never on ranks without data: without a culprit that has data at most a
+    warning, and a lone rank's wait (its split into wait and transfer is a guess) is information."""
+    if cov.lone_rank:
+        return Severity.INFO
+    if w >= cfg.critical_wait and b.culprits:
+        return Severity.CRITICAL
+    return Severity.WARNING

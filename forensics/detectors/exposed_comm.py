@@ -40,6 +40,7 @@ from forensics.collectives import PG_TYPES
 from forensics.context import JobContext
 from forensics.detectors import Skip, detector
 from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
+from forensics.detectors._coverage import at_most, coverage
 from forensics.findings import Finding, Severity
 from forensics.settings import setting
 
@@ -60,7 +61,12 @@ class ExposedCommConfig:
                                       doc="DP/default exposure share of the step above which the finding is critical")
 
 
-def exposure_table(ta) -> pl.DataFrame:
+def _num(x: object) -> float:
+    """A polars scalar statistic (median, mean, max) as a float; mypy cannot narrow their union type."""
+    return float(x)  # type: ignore[arg-type]
+
+
+def exposure_table(ta: JobContext) -> pl.DataFrame:
     """Per rank, step and PG type: transfer, structural exposed transfer, overlap, wait (ns) and step_ns."""
     steps = ta.steps
     k = ta.exposure.filter(pl.col("step").is_not_null())
@@ -106,9 +112,9 @@ def detect(ctx: JobContext, cfg: ExposedCommConfig) -> list[Finding]:
             pl.col("wait_ns").sum(),
             pl.col("step_ns").sum(),
         )
-        med_x = float(per_rank["X"].median())  # type: ignore[arg-type]
-        med_o = float(per_rank["O"].median())  # type: ignore[arg-type]
-        med_share = float(per_rank["share"].median())  # type: ignore[arg-type]
+        med_x = _num(per_rank["X"].median())
+        med_o = _num(per_rank["O"].median())
+        med_share = _num(per_rank["share"].median())
         if med_share < cfg.min_step_share:
             continue
         sev = Severity.CRITICAL if med_x >= cfg.critical_exposed else Severity.WARNING
@@ -126,15 +132,15 @@ def detect(ctx: JobContext, cfg: ExposedCommConfig) -> list[Finding]:
             (pl.col("X") >= cfg.tp_min_exposed).mean().alias("share"), pl.col("X").median(), pl.col("O").median(),
             pl.col("exposed_ns").sum(), pl.col("tx_ns").sum(), pl.col("wait_ns").sum(), pl.col("step_ns").sum(),
         )
-        med_x = float(per_rank["X"].median())  # type: ignore[arg-type]
+        med_x = _num(per_rank["X"].median())
         if med_x >= cfg.tp_min_exposed:
             culprits = per_rank.filter(pl.col("share") >= cfg.min_step_share)
             findings.append(_finding(ta, "TP/EP/CP", Severity.INFO, per_rank, culprits, med_x,
-                                     float(per_rank["O"].median()), n_steps, host_of, design))  # type: ignore[arg-type]
+                                     _num(per_rank["O"].median()), n_steps, host_of, design))
     return findings
 
 
-def _finding(ta, g: str, sev: Severity, per_rank: pl.DataFrame, culprits: pl.DataFrame, med_x: float, med_o: float,
+def _finding(ta: JobContext, g: str, sev: Severity, per_rank: pl.DataFrame, culprits: pl.DataFrame, med_x: float, med_o: float,
              n_steps: int, host_of: dict, table: pl.DataFrame) -> Finding:
     ranks = tuple(sorted(int(r) for r in culprits["rank"].to_list()))
     hosts = tuple(sorted({host_of[r] for r in ranks if host_of.get(r)}))
@@ -153,6 +159,9 @@ def _finding(ta, g: str, sev: Severity, per_rank: pl.DataFrame, culprits: pl.Dat
         ).iter_rows()
     )
     by_design = g == "TP/EP/CP"
+    cov = coverage(ta)
+    if cov.lone_rank and sev == Severity.CRITICAL:
+        sev = Severity.WARNING  # one rank's wait/transfer split is a guess: not enough for critical
     what = "exposed by design (between dependent kernels)" if by_design else "not overlapped with compute"
     label = "default-group" if g == "default" else g
     return Finding(
@@ -162,26 +171,31 @@ def _finding(ta, g: str, sev: Severity, per_rank: pl.DataFrame, culprits: pl.Dat
         summary=(
             f"On the median rank, {med_x:.1%} of each step is {g} transfer with no compute running "
             f"(overlap of transfer with compute {med_o:.0%}), on {len(ranks)} rank(s). Waiting for late peers is "
-            f"not counted here ({ms(float(per_rank['wait_ns'].sum()))} ms of {g} wait in total goes to the "
-            "straggler / busy_wait findings)."
+            f"not counted here ({ms(float(per_rank['wait_ns'].sum()))} ms of {g} kernel time in total was waiting, "
+            f"not transfer).{_LONE if cov.lone_rank else ''}{cov.sentence()}"
         ),
         remediation=_REMEDY_TP if by_design else _REMEDY_DP,
         ranks=ranks,
         hosts=hosts,
         metrics={
             "pg_type": g, "exposed_fraction": round(med_x, 4), "overlap_fraction": round(med_o, 4),
-            "transfer_ms_per_step": ms(float(per_rank["tx_ns"].median()) / max(1, n_steps)),
-            "exposed_ms_per_step": ms(float(per_rank["exposed_ns"].median()) / max(1, n_steps)),
+            "transfer_ms_per_step": ms(_num(per_rank["tx_ns"].median()) / max(1, n_steps)),
+            "exposed_ms_per_step": ms(_num(per_rank["exposed_ns"].median()) / max(1, n_steps)),
             "ranks_affected": len(ranks), "steps": n_steps,
+            **(cov.metrics() if cov.missing else {}),
         },
         evidence=evidence,
         gpu_seconds_lost=gpu_seconds(gpu_ns),
         fraction_of_step=round(med_x, 4),
         key=g,
-        confidence="high" if not by_design else "medium",
+        confidence=at_most(cov.confidence(), "high" if not by_design else "medium"),
     )
 
 
+_LONE = (
+    " With one rank's trace, the transfer time of each collective is estimated from that rank's own kernels: "
+    "what looks like exposed transfer may be waiting for peers without data."
+)
 _REMEDY_DP = (
     "Overlap gradient/parameter traffic with compute: DDP bucketing (bucket_cap_mb) and no stream sync before "
     "backward ends; FSDP forward_prefetch/backward_prefetch; Megatron --overlap-grad-reduce and "

@@ -30,7 +30,7 @@ How it measures:
     ``(f_B - f_B*) * step`` per step, structural ``f_B* * step``, times the ranks and the steps.
 
 What to do:
-    Excess: look for a straggler or slow P2P link (see the straggler finding). Imbalance: move layers
+    Excess: look for a slow rank or slow P2P link in the pipeline. Imbalance: move layers
     off the slow stage (Megatron ``--decoder-first/last-pipeline-num-layers``), account for embedding
     and loss on the first/last stage. Structural: raise the number of micro-batches (m >= 4p), use
     interleaving (``--num-layers-per-virtual-pipeline-stage``) or a zero-bubble schedule.
@@ -67,6 +67,11 @@ class PipelineBubbleConfig:
                                         doc="... and at which that report is a warning")
 
 
+def _num(x: object) -> float:
+    """A polars scalar statistic (median, mean, max) as a float; mypy cannot narrow their union type."""
+    return float(x)  # type: ignore[arg-type]
+
+
 def theory(p: int, m: int, v: int, schedule: str) -> float:
     if p <= 1 or m <= 0:
         return 0.0
@@ -77,14 +82,14 @@ def theory(p: int, m: int, v: int, schedule: str) -> float:
     return (p - 1) / (v * m + p - 1)
 
 
-def stage_table(ta) -> tuple[pl.DataFrame, int]:
+def stage_table(ta: JobContext) -> tuple[pl.DataFrame, int]:
     """Per stage: ranks, median compute per step, measured f_B (median), bubble wait/idle; and p."""
     steps = ta.steps
     st = ta.stages
     s = steps.join(st, on="rank", how="inner").with_columns(
         (pl.col("bubble_wait_ns") + pl.col("bubble_idle_ns")).alias("_bubble")
     )
-    p = int(st["pp_size"].max())  # type: ignore[arg-type]
+    p = int(_num(st["pp_size"].max()))
     table = (
         s.group_by("pp_stage")
         .agg(
@@ -101,7 +106,7 @@ def stage_table(ta) -> tuple[pl.DataFrame, int]:
     return table, p
 
 
-def infer_schedule(ta) -> tuple[int, int]:
+def infer_schedule(ta: JobContext) -> tuple[int, int]:
     """(m, v) from pipeline send/recv kernels per step, one kernel per send or receive.
 
     Stage 0 sends m*v activations and receives m*v gradients, and for chunks after the first also
@@ -115,7 +120,7 @@ def infer_schedule(ta) -> tuple[int, int]:
     per = k.group_by("rank", "step", "pp_stage", "pp_size").agg(pl.len().alias("n"))
     by_stage = per.group_by("pp_stage", "pp_size").agg(pl.col("n").median()).sort("pp_stage")
     counts = dict(by_stage.select("pp_stage", "n").iter_rows())
-    p = int(by_stage["pp_size"].max())  # type: ignore[arg-type]
+    p = int(_num(by_stage["pp_size"].max()))
     first = counts.get(0)
     if not first:
         return 0, 0
@@ -128,103 +133,148 @@ def infer_schedule(ta) -> tuple[int, int]:
     return max(1, int(round(first / 2))), 1
 
 
-@detector("pipeline_bubble", settings=PipelineBubbleConfig, requires=("kernels",))
-def detect(ctx: JobContext, cfg: PipelineBubbleConfig) -> list[Finding]:
-    ta = ctx
-    require_steps(ta)
-    if ta.stages.height == 0:
+@dataclass(frozen=True)
+class _Pipeline:
+    """The measured stages and the schedule they are compared with."""
+
+    table: pl.DataFrame
+    p: int
+    m: int
+    v: int
+    m_src: str
+    f_star: float
+    n_ranks: int
+    n_steps: int
+    step_ns: float
+    mean_c: float
+    worst: dict
+    sigma: float
+    common: dict
+    evidence: tuple[dict, ...]
+
+
+def _pipeline(ctx: JobContext, cfg: PipelineBubbleConfig) -> _Pipeline:
+    """Stage table, schedule (config or inferred) and theory; Skip when there is no pipeline to measure."""
+    if ctx.stages.height == 0:
         raise Skip("no pipeline-parallel process group in the traces (no PP group description or PP send/recv)")
-    table, p = stage_table(ta)
+    table, p = stage_table(ctx)
     if p < 2 or table.height < 2:
         raise Skip(f"pipeline group of size {p} with {table.height} stage(s) in the traces: no pipeline to measure")
-    m_inf, v_inf = infer_schedule(ta)
+    m_inf, v_inf = infer_schedule(ctx)
     m = cfg.microbatches or m_inf
     v = cfg.chunks or (v_inf if not cfg.microbatches else 1) or 1
     m_src = "config" if cfg.microbatches else "inferred from send/recv counts"
     if m <= 0:
         raise Skip("cannot tell the number of micro-batches (no PP send/recv kernels in steps); set pipeline_bubble.microbatches")
     f_star = theory(p, m, v, cfg.schedule)
-    n_ranks = int(table["ranks"].list.len().sum())
-    n_steps = int(table["steps"].max())  # type: ignore[arg-type]
-    step_ns = float(table["step_ns"].median())  # type: ignore[arg-type]
-    mean_c = float(table["compute_ns"].mean())  # type: ignore[arg-type]
+    mean_c = _num(table["compute_ns"].mean())
     worst = table.sort("compute_ns", descending=True).row(0, named=True)
     sigma = worst["compute_ns"] / mean_c - 1 if mean_c else 0.0
     common = {"p": p, "m": m, "v": v, "m_source": m_src, "schedule": cfg.schedule, "f_B_theory": round(f_star, 4),
-              "f_B_measured": round(float(table["f_b"].mean()), 4), "stage_imbalance": round(sigma, 4),  # type: ignore[arg-type]
-              "steps": n_steps}
+              "f_B_measured": round(_num(table["f_b"].mean()), 4), "stage_imbalance": round(sigma, 4),
+              "steps": int(_num(table["steps"].max()))}
     evidence = tuple(
         {"stage": int(r["pp_stage"]), "ranks": ",".join(map(str, r["ranks"][:8])), "compute_ms": ms(r["compute_ns"]),
          "bubble_wait_ms": ms(r["bubble_wait_ns"]), "bubble_idle_ms": ms(r["bubble_idle_ns"]),
          "f_B": round(r["f_b"], 4), "f_B_theory": round(f_star, 4)}
         for r in table.head(EVIDENCE_CAP).iter_rows(named=True)
     )
+    return _Pipeline(
+        table=table, p=p, m=m, v=v, m_src=m_src, f_star=f_star, n_ranks=int(table["ranks"].list.len().sum()),
+        n_steps=int(_num(table["steps"].max())), step_ns=_num(table["step_ns"].median()), mean_c=mean_c,
+        worst=worst, sigma=sigma, common=common, evidence=evidence,
+    )
+
+
+@detector("pipeline_bubble", settings=PipelineBubbleConfig, requires=("kernels",))
+def detect(ctx: JobContext, cfg: PipelineBubbleConfig) -> list[Finding]:
+    require_steps(ctx)
+    pl_ = _pipeline(ctx, cfg)
     findings: list[Finding] = []
-    if sigma >= cfg.imbalance:
-        delta = (worst["compute_ns"] - mean_c) * (m + p - 1) / m
-        findings.append(Finding(
-            detector="pipeline_bubble",
-            severity=Severity.WARNING,
-            title=f"Pipeline stage {worst['pp_stage']} is {sigma:.0%} slower than the mean stage",
-            summary=(
-                f"Stage {worst['pp_stage']} computes {ms(worst['compute_ns'])} ms per step against a stage mean of "
-                f"{ms(mean_c)} ms; every other stage waits for it (measured bubble {common['f_B_measured']:.1%} of the step "
-                f"vs {f_star:.1%} in theory for p={p}, m={m}, v={v}). Balancing would save about "
-                f"{ms(delta)} ms per step."
-            ),
-            remediation=_REMEDY_IMB,
-            ranks=tuple(int(r) for r in worst["ranks"]),
-            metrics={**common, "slow_stage": int(worst["pp_stage"]), "saving_per_step_ms": ms(delta)},
-            evidence=evidence,
-            gpu_seconds_lost=gpu_seconds(delta * n_ranks * n_steps),
-            fraction_of_step=round(delta / step_ns, 4) if step_ns else None,
-            key=f"imbalance-stage{worst['pp_stage']}",
-            confidence="high",
-        ))
+    if pl_.sigma >= cfg.imbalance:
+        findings.append(_imbalance(pl_))
     else:
-        limit = max(cfg.excess_floor, cfg.excess_ratio * f_star)
-        bad = table.filter(pl.col("f_b") >= limit)
-        if bad.height:
-            excess = float((bad["f_b"] - f_star).max())  # type: ignore[arg-type]
-            ranks = tuple(sorted(int(r) for rs in bad["ranks"].to_list() for r in rs))
-            findings.append(Finding(
-                detector="pipeline_bubble",
-                severity=Severity.WARNING,
-                title=f"Pipeline bubble {float(bad['f_b'].max()):.0%} of the step, theory {f_star:.0%}",
-                summary=(
-                    f"Stage(s) {', '.join(str(x) for x in bad['pp_stage'].to_list())} spend "
-                    f"{float(bad['f_b'].max()):.1%} of the step without compute (waiting on pipeline peers or idle), "
-                    f"against {f_star:.1%} expected for p={p}, m={m} ({m_src}), v={v}; stages are balanced "
-                    f"(imbalance {sigma:.1%}), so look for a straggler or slow P2P link."
-                ),
-                remediation=_REMEDY_EXCESS,
-                ranks=ranks,
-                metrics=common,
-                evidence=evidence,
-                gpu_seconds_lost=gpu_seconds(excess * step_ns * n_ranks * n_steps),
-                fraction_of_step=round(excess, 4),
-                key="excess",
-                confidence="medium",
-            ))
-    if f_star >= cfg.structural:
-        findings.append(Finding(
-            detector="pipeline_bubble",
-            severity=Severity.WARNING if f_star >= cfg.structural_warning else Severity.INFO,
-            title=f"Pipeline schedule wastes {f_star:.0%} of each step by construction (p={p}, m={m}, v={v})",
-            summary=(
-                f"With {p} stages and {m} micro-batches ({m_src}) the {cfg.schedule} bubble is (p-1)/(v*m+p-1) = "
-                f"{f_star:.1%} of the step on every stage (measured {common['f_B_measured']:.1%})."
-            ),
-            remediation=_REMEDY_STRUCT,
-            ranks=(),
-            metrics=common,
-            evidence=evidence,
-            gpu_seconds_lost=gpu_seconds(f_star * step_ns * n_ranks * n_steps),
-            fraction_of_step=round(f_star, 4),
-            key="structural",
-            confidence="medium" if cfg.microbatches else "low",
-        ))
+        findings += _excess(pl_, cfg)
+    if pl_.f_star >= cfg.structural:
+        findings.append(_structural(pl_, cfg))
     return findings
+
+
+def _imbalance(pp: _Pipeline) -> Finding:
+    """The slowest stage sets the pace: every other stage waits its extra compute per micro-batch."""
+    worst, p, m, v, f_star = pp.worst, pp.p, pp.m, pp.v, pp.f_star
+    delta = (worst["compute_ns"] - pp.mean_c) * (m + p - 1) / m
+    return Finding(
+        detector="pipeline_bubble",
+        severity=Severity.WARNING,
+        title=f"Pipeline stage {worst['pp_stage']} is {pp.sigma:.0%} slower than the mean stage",
+        summary=(
+            f"Stage {worst['pp_stage']} computes {ms(worst['compute_ns'])} ms per step against a stage mean of "
+            f"{ms(pp.mean_c)} ms; every other stage waits for it (measured bubble {pp.common['f_B_measured']:.1%} of "
+            f"the step vs {f_star:.1%} in theory for p={p}, m={m}, v={v}). Balancing would save about "
+            f"{ms(delta)} ms per step."
+        ),
+        remediation=_REMEDY_IMB,
+        ranks=tuple(int(r) for r in worst["ranks"]),
+        metrics={**pp.common, "slow_stage": int(worst["pp_stage"]), "saving_per_step_ms": ms(delta)},
+        evidence=pp.evidence,
+        gpu_seconds_lost=gpu_seconds(delta * pp.n_ranks * pp.n_steps),
+        fraction_of_step=round(delta / pp.step_ns, 4) if pp.step_ns else None,
+        key=f"imbalance-stage{worst['pp_stage']}",
+        confidence="high",
+    )
+
+
+def _excess(pp: _Pipeline, cfg: PipelineBubbleConfig) -> list[Finding]:
+    """Balanced stages that still idle well beyond the schedule's theoretical bubble."""
+    f_star = pp.f_star
+    limit = max(cfg.excess_floor, cfg.excess_ratio * f_star)
+    bad = pp.table.filter(pl.col("f_b") >= limit)
+    if bad.height == 0:
+        return []
+    excess = _num((bad["f_b"] - f_star).max())
+    ranks = tuple(sorted(int(r) for rs in bad["ranks"].to_list() for r in rs))
+    return [Finding(
+        detector="pipeline_bubble",
+        severity=Severity.WARNING,
+        title=f"Pipeline bubble {_num(bad['f_b'].max()):.0%} of the step, theory {f_star:.0%}",
+        summary=(
+            f"Stage(s) {', '.join(str(x) for x in bad['pp_stage'].to_list())} spend "
+            f"{_num(bad['f_b'].max()):.1%} of the step without compute (waiting on pipeline peers or idle), "
+            f"against {f_star:.1%} expected for p={pp.p}, m={pp.m} ({pp.m_src}), v={pp.v}; stages are balanced "
+            f"(imbalance {pp.sigma:.1%}), so look for a straggler or slow P2P link."
+        ),
+        remediation=_REMEDY_EXCESS,
+        ranks=ranks,
+        metrics=pp.common,
+        evidence=pp.evidence,
+        gpu_seconds_lost=gpu_seconds(excess * pp.step_ns * pp.n_ranks * pp.n_steps),
+        fraction_of_step=round(excess, 4),
+        key="excess",
+        confidence="medium",
+    )]
+
+
+def _structural(pp: _Pipeline, cfg: PipelineBubbleConfig) -> Finding:
+    """The configuration itself (few micro-batches for the stages) wastes a large share of every step."""
+    f_star = pp.f_star
+    return Finding(
+        detector="pipeline_bubble",
+        severity=Severity.WARNING if f_star >= cfg.structural_warning else Severity.INFO,
+        title=f"Pipeline schedule wastes {f_star:.0%} of each step by construction (p={pp.p}, m={pp.m}, v={pp.v})",
+        summary=(
+            f"With {pp.p} stages and {pp.m} micro-batches ({pp.m_src}) the {cfg.schedule} bubble is (p-1)/(v*m+p-1) = "
+            f"{f_star:.1%} of the step on every stage (measured {pp.common['f_B_measured']:.1%})."
+        ),
+        remediation=_REMEDY_STRUCT,
+        ranks=(),
+        metrics=pp.common,
+        evidence=pp.evidence,
+        gpu_seconds_lost=gpu_seconds(f_star * pp.step_ns * pp.n_ranks * pp.n_steps),
+        fraction_of_step=round(f_star, 4),
+        key="structural",
+        confidence="medium" if cfg.microbatches else "low",
+    )
 
 
 _REMEDY_IMB = (
@@ -232,8 +282,8 @@ _REMEDY_IMB = (
     "--decoder-last-pipeline-num-layers, or a custom split); the first and last stages carry embedding and loss."
 )
 _REMEDY_EXCESS = (
-    "The stages are balanced, so the extra bubble comes from elsewhere: check the straggler findings for a slow "
-    "rank in this pipeline and the P2P transfer times between stages."
+    "The stages are balanced, so the extra bubble comes from elsewhere: look for a slow rank in this pipeline "
+    "(a GPU or host that arrives late at its sends) and at the P2P transfer times between stages."
 )
 _REMEDY_STRUCT = (
     "Raise the number of micro-batches (m >= 4p keeps the 1F1B bubble under ~20%), use interleaving "

@@ -37,7 +37,11 @@ How it measures:
     Impact (GPU-seconds lost): had the culprits arrived with the latest other member, every other
     member would have waited that much less; per step the largest such saving (waits at successive
     collectives overlap in time), times the other members, summed over steps. Findings below
-    ``min_impact`` of a step are reported as ``info``.
+    ``min_impact`` of a step are reported as ``info``. A rank finding names the culprits' hosts and
+    GPUs (PCI bus id through the NCCL init lines, when the job has them). Only ranks with data can be
+    culprits; the ranks the job has without data are in the metrics, and confidence (high for the
+    compute and host classes, low for an unclassified late arrival) drops to medium with at least half
+    of the ranks or a single step, low below that.
 
 What to do:
     Compute: check the GPU (clocks, power, temperature, Xid/ECC lines in the kernel log; run a
@@ -57,6 +61,7 @@ import polars as pl
 from forensics.context import JobContext
 from forensics.detectors import Skip, detector
 from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
+from forensics.detectors._coverage import Coverage, at_most, coverage, gpus_of
 from forensics.findings import Finding, Severity
 from forensics.settings import setting
 
@@ -95,6 +100,11 @@ class StragglerConfig:
                                      doc="share of the step above which a straggler is critical")
 
 
+def _num(x: object) -> float:
+    """A polars scalar statistic (median, mean, max) as a float; mypy cannot narrow their union type."""
+    return float(x)  # type: ignore[arg-type]
+
+
 def _binom_sf(k: int, n: int, p: float) -> float:
     """P[X >= k] for X ~ Binomial(n, p)."""
     if k <= 0:
@@ -119,80 +129,94 @@ def _robust_flags(df: pl.DataFrame, value: str, cfg: StragglerConfig, slow_step:
     return per_rank.with_columns(z.alias("z"), med.alias("peer_med"))
 
 
-@detector("straggler", settings=StragglerConfig, requires=("kernels",))
-def detect(ctx: JobContext, cfg: StragglerConfig) -> list[Finding]:
-    ta = ctx
-    steps = require_steps(ta)
-    ranks = steps["rank"].unique()
-    if ranks.len() < 2:
-        raise Skip("only one rank in the traces: a straggler needs peers to compare with")
-    stages = ta.stages
-    s = steps.join(stages.select("rank", "pp_stage"), on="rank", how="left").with_columns(
+@dataclass(frozen=True)
+class _Scores:
+    """Per-rank test results: compute and host scores (``_robust_flags`` rows plus the median rho /
+    host excess), arrival counts, and the matched NCCL kernels they came from."""
+
+    comp: pl.DataFrame
+    host: pl.DataFrame
+    arrivals: pl.DataFrame
+    mk: pl.DataFrame
+
+
+def _peer_steps(ctx: JobContext, steps: pl.DataFrame) -> pl.DataFrame:
+    """Steps with the peer class (pipeline stage, 0 without PP), rho and host-bound excess per step."""
+    s = steps.join(ctx.stages.select("rank", "pp_stage"), on="rank", how="left").with_columns(
         pl.col("pp_stage").fill_null(0).alias("peer")
     )
-    step_med = float(s["step_ns"].median())  # type: ignore[arg-type]
-    n_steps = s["step"].n_unique()
-
-    # --- compute and host scores (peers = same pipeline stage) -------------------------------------
-    s = s.with_columns(
+    return s.with_columns(
         (pl.col("compute_ns").median().over("peer", "step") / pl.col("compute_ns")).alias("rho"),
         (pl.col("host_bound_ns") - pl.col("host_bound_ns").median().over("peer", "step")).alias("host_excess"),
     )
+
+
+def _scores(ctx: JobContext, s: pl.DataFrame, cfg: StragglerConfig) -> _Scores:
+    """Compute and host scores (peers = same pipeline stage) and arrival counts per rank."""
     comp = _robust_flags(s, "compute_ns", cfg, (pl.col("rho") <= cfg.compute_rho).cast(pl.Float64))
     comp = comp.join(s.group_by("rank").agg(pl.col("rho").median()), on="rank")
-    comp_flag = comp.filter((pl.col("slow_share") >= cfg.min_step_share) & (pl.col("z") >= cfg.min_z))
     host = _robust_flags(
         s, "host_bound_ns", cfg, (pl.col("host_excess") >= cfg.host_min_excess * pl.col("step_ns")).cast(pl.Float64)
     )
     host = host.join(s.group_by("rank").agg(pl.col("host_excess").median()), on="rank")
-    host_flag = host.filter((pl.col("slow_share") >= cfg.min_step_share) & (pl.col("z") >= cfg.min_z))
+    mk = ctx.match.kernels.filter(pl.col("matched"))
+    return _Scores(comp=comp, host=host, arrivals=_arrivals(ctx, mk, cfg), mk=mk)
 
-    # --- arrival -----------------------------------------------------------------------------------
-    mk = ta.match.kernels.filter(pl.col("matched"))
+
+def _arrivals(ctx: JobContext, mk: pl.DataFrame, cfg: StragglerConfig) -> pl.DataFrame:
+    """Per rank: instances, times arrived last by the margin, share, and the binomial p-value of that count."""
     margin_ns = cfg.min_margin_us * 1e3
-    inst = ta.match.instances
     arrivals = mk.group_by("rank").agg(
         pl.len().alias("n_inst"),
         (pl.col("is_last") & (pl.col("margin_ns") >= margin_ns)).sum().alias("n_last"),
         pl.col("pg_key").first(),
     )
-    sizes = inst.group_by("pg_key").agg(pl.col("n_ranks").max())
+    sizes = ctx.match.instances.group_by("pg_key").agg(pl.col("n_ranks").max())
     arrivals = arrivals.join(sizes, on="pg_key", how="left")
     p_vals = [
         _binom_sf(int(k), int(n), 1.0 / max(2, int(g)))
         for k, n, g in arrivals.select("n_last", "n_inst", "n_ranks").iter_rows()
     ]
-    arrivals = arrivals.with_columns(
+    return arrivals.with_columns(
         pl.Series("p_value", p_vals, dtype=pl.Float64),
         (pl.col("n_last") / pl.col("n_inst")).alias("last_share"),
     )
-    late_flag = arrivals.filter(
+
+
+def _flagged(df: pl.DataFrame, cfg: StragglerConfig) -> list[int]:
+    """Ranks whose score is slow in enough steps and far enough from their peers."""
+    return df.filter((pl.col("slow_share") >= cfg.min_step_share) & (pl.col("z") >= cfg.min_z))["rank"].to_list()
+
+
+def _late_classes(s: pl.DataFrame, sc: _Scores, cfg: StragglerConfig) -> dict[int, str]:
+    """Class of each rank that passes the arrival test: whichever excess explains its lateness."""
+    arr = sc.arrivals
+    late = arr.filter(
         (pl.col("last_share") >= pl.max_horizontal(pl.lit(cfg.min_last_share), 3.0 / pl.col("n_ranks")))
         & (pl.col("p_value") < cfg.max_p_value)
-    )
-
-    # --- class per culprit rank ----------------------------------------------------------------------
-    classes: dict[int, str] = {}
+    )["rank"].to_list()
+    margin_ns = cfg.min_margin_us * 1e3
     comp_ex = dict(
         s.with_columns((pl.col("compute_ns") - pl.col("compute_ns").median().over("peer", "step")).alias("_ex"))
         .group_by("rank")
         .agg(pl.col("_ex").clip(lower_bound=0).median())
         .iter_rows()
     )
-    host_ex = dict(host.select("rank", pl.col("host_excess").clip(lower_bound=0)).iter_rows())
+    host_ex = dict(sc.host.select("rank", pl.col("host_excess").clip(lower_bound=0)).iter_rows())
     lateness = dict(
-        mk.filter(pl.col("is_last") & (pl.col("margin_ns") >= margin_ns))
+        sc.mk.filter(pl.col("is_last") & (pl.col("margin_ns") >= margin_ns))
         .group_by("rank", "step").agg(pl.col("margin_ns").max())
         .group_by("rank").agg(pl.col("margin_ns").median()).iter_rows()
     )
     # How far ahead of the GPU the host runs when it launches collectives: a host-bound rank has
     # little or no launch queue left, a GPU-bound one a long one.
-    slack = mk.filter(pl.col("launch_ns").is_not_null()).group_by("rank").agg(
+    slack = sc.mk.filter(pl.col("launch_ns").is_not_null()).group_by("rank").agg(
         (pl.col("start_ns") - pl.col("launch_ns")).median().alias("slack")
     )
     slack = slack.with_columns((pl.col("slack") / pl.col("slack").median()).alias("slack_ratio"))
     slack_d = dict(slack.select("rank", "slack_ratio").iter_rows())
-    for r in late_flag["rank"].to_list():
+    classes: dict[int, str] = {}
+    for r in late:
         ec, eh, lt = comp_ex.get(r, 0.0) or 0.0, host_ex.get(r, 0.0) or 0.0, lateness.get(r, 0.0) or 0.0
         sr = slack_d.get(r)
         if lt > 0 and ec >= cfg.explain_share * lt and ec >= eh:
@@ -201,91 +225,140 @@ def detect(ctx: JobContext, cfg: StragglerConfig) -> list[Finding]:
             classes[r] = "host"
         else:
             classes[r] = "late_arrival"
-    for r in host_flag["rank"].to_list():
-        classes[r] = "host"
-    for r in comp_flag["rank"].to_list():
-        classes[r] = "compute"
+    return classes
 
+
+def _classify(s: pl.DataFrame, sc: _Scores, cfg: StragglerConfig) -> dict[int, str]:
+    """Culprit rank -> class; the compute test wins over the host test, which wins over lateness alone."""
+    classes = _late_classes(s, sc, cfg)
+    classes.update({r: "host" for r in _flagged(sc.host, cfg)})
+    classes.update({r: "compute" for r in _flagged(sc.comp, cfg)})
     # A culprit makes others wait; a rank that itself waits more than the typical member of its groups
     # is a victim whatever its kernels look like (e.g. it simply has more work that others wait out).
-    waits = mk.group_by("rank").agg(pl.col("wait_ns").sum())
+    waits = sc.mk.group_by("rank").agg(pl.col("wait_ns").sum())
     if waits.height:
-        med_wait = float(waits["wait_ns"].median())  # type: ignore[arg-type]
+        med_wait = _num(waits["wait_ns"].median())
         victims_like = set(waits.filter(pl.col("wait_ns") > med_wait)["rank"].to_list())
         classes = {r: c for r, c in classes.items() if r not in victims_like}
+    return classes
 
-    host_of = dict(steps.select("rank", "host").unique("rank").iter_rows())
-    findings: list[Finding] = []
+
+def _by_node(classes: dict[int, str], host_of: dict[int, str | None]) -> list[tuple[str | None, str, list[int]]]:
+    """Culprits grouped by (host, class); ranks on an unknown host are never rolled up into a "node"."""
     by_node: dict[tuple[str | None, str], list[int]] = {}
     for r, c in sorted(classes.items()):
         h = host_of.get(r)
-        # Ranks on an unknown host are never rolled up into a "node".
         by_node.setdefault((h, c) if h else (f"?{r}", c), []).append(r)
+    return [(h, c, rs) for (h, c), rs in sorted(by_node.items(), key=lambda kv: (str(kv[0][0]), kv[0][1]))]
 
-    comp_d = {row["rank"]: row for row in comp.iter_rows(named=True)}
-    host_d = {row["rank"]: row for row in host.iter_rows(named=True)}
-    arr_d = {row["rank"]: row for row in arrivals.iter_rows(named=True)}
 
-    for (h, c), rs in sorted(by_node.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
-        gpu_ns, wall_ns, vic = _impact(mk, rs)
-        wall_ns /= max(1, n_steps)
-        if c != "late_arrival" and wall_ns == 0:
-            # Slower but nobody waited for it (e.g. its lateness is hidden): extra compute is the bound.
-            ex = [max(0.0, comp_d[r]["med"] - comp_d[r]["peer_med"]) if c == "compute" else host_d[r]["host_excess"]
-                  for r in rs]
-            wall_ns = max(ex)
-        frac = wall_ns / step_med if step_med else 0.0
-        sev = Severity.CRITICAL if frac >= cfg.critical_impact else Severity.WARNING if frac >= cfg.min_impact else Severity.INFO
-        node = len(rs) >= 2
-        h = host_of.get(rs[0])
-        evidence: list[dict] = []
-        for r in rs[:EVIDENCE_CAP]:
-            evidence.append({
-                "role": "culprit", "rank": r, "host": host_of.get(r), "class": c,
-                "compute_ms": ms(comp_d.get(r, {}).get("med")), "peer_compute_ms": ms(comp_d.get(r, {}).get("peer_med")),
-                "rho": round(float(comp_d.get(r, {}).get("rho") or float("nan")), 4),
-                "host_bound_excess_ms": ms(host_d.get(r, {}).get("host_excess")),
-                "arrived_last": int(arr_d.get(r, {}).get("n_last") or 0),
-                "collectives": int(arr_d.get(r, {}).get("n_inst") or 0),
-            })
-        for vr, w in vic.head(max(0, EVIDENCE_CAP - len(evidence))).iter_rows():
-            evidence.append({"role": "victim", "rank": vr, "host": host_of.get(vr), "waited_ms": ms(w)})
-        label = {"compute": "slow GPU compute", "host": "host-bound (GPU starved by the CPU)",
-                 "late_arrival": "arrives last at collectives (cause not classified)"}[c]
-        who = f"node {h} (ranks {', '.join(map(str, rs))})" if node else f"rank {rs[0]}"
-        r0 = rs[0]
-        findings.append(Finding(
-            detector="straggler",
-            severity=sev,
-            title=f"Straggler {who}: {label}",
-            summary=(
-                f"{who} made {vic.height} other rank(s) wait: arrived last at "
-                f"{sum(int(arr_d.get(r, {}).get('n_last') or 0) for r in rs)} collective(s); "
-                f"compute {ms(comp_d.get(r0, {}).get('med'))} ms vs peers {ms(comp_d.get(r0, {}).get('peer_med'))} ms "
-                f"per step, host-bound idle {ms(host_d.get(r0, {}).get('host_excess'))} ms above peers. "
-                f"Removing it would save about {frac:.1%} of the step."
-            ),
-            remediation=_REMEDY[c],
-            ranks=tuple(rs),
-            hosts=(h,) if h else (),
-            metrics={
-                "class": c, "ranks_implicated": len(rs), "node": node,
-                "rho_median": round(float(comp_d.get(r0, {}).get("rho") or float("nan")), 4),
-                "compute_z": float(comp_d.get(r0, {}).get("z") or 0.0),
-                "last_arrival_share": round(float(arr_d.get(r0, {}).get("last_share") or 0.0), 4),
-                "last_arrival_p_value": float(arr_d.get(r0, {}).get("p_value") or 1.0),
-                "saving_per_step_ms": ms(wall_ns), "victims": vic.height, "steps": n_steps,
-            },
-            evidence=tuple(evidence),
-            gpu_seconds_lost=gpu_seconds(gpu_ns) if gpu_ns else gpu_seconds(wall_ns * n_steps * ranks.len()),
-            fraction_of_step=round(frac, 4),
-            key=c,
-            confidence="high" if c in ("compute", "host") else "low",
-        ))
+@dataclass(frozen=True)
+class _Job:
+    """Job-wide numbers every straggler finding is scaled by."""
 
-    findings += _links(ta, cfg, host_of, step_med, n_steps)
-    findings += _stages(s, cfg, step_med)
+    host_of: dict[int, str | None]
+    step_med: float
+    n_steps: int
+    n_ranks: int
+    cov: Coverage
+    gpu_of: dict[int, str]
+
+
+@detector("straggler", settings=StragglerConfig, requires=("kernels",))
+def detect(ctx: JobContext, cfg: StragglerConfig) -> list[Finding]:
+    steps = require_steps(ctx)
+    ranks = steps["rank"].unique()
+    if ranks.len() < 2:
+        raise Skip("only one rank in the traces: a straggler needs peers to compare with")
+    s = _peer_steps(ctx, steps)
+    sc = _scores(ctx, s, cfg)
+    classes = _classify(s, sc, cfg)
+    job = _Job(
+        host_of=dict(steps.select("rank", "host").unique("rank").iter_rows()),
+        step_med=_num(s["step_ns"].median()),
+        n_steps=s["step"].n_unique(),
+        n_ranks=ranks.len(),
+        cov=coverage(ctx),
+        gpu_of=gpus_of(ctx, classes),
+    )
+    findings = [_rank_finding(h, c, rs, sc, job, cfg) for h, c, rs in _by_node(classes, job.host_of)]
+    findings += _links(ctx, cfg, job.host_of, job.step_med, job.n_steps)
+    findings += _stages(s, cfg, job.step_med)
     return findings
+
+
+def _rows(df: pl.DataFrame) -> dict[int, dict]:
+    return {row["rank"]: row for row in df.iter_rows(named=True)}
+
+
+def _rank_evidence(rs: list[int], c: str, sc: _Scores, vic: pl.DataFrame, host_of: dict,
+                   gpu_of: dict[int, str]) -> list[dict]:
+    """The culprits with their scores, then the victims with how long they waited."""
+    comp_d, host_d, arr_d = _rows(sc.comp), _rows(sc.host), _rows(sc.arrivals)
+    evidence: list[dict] = []
+    for r in rs[:EVIDENCE_CAP]:
+        evidence.append({
+            "role": "culprit", "rank": r, "host": host_of.get(r), "gpu": gpu_of.get(r), "class": c,
+            "compute_ms": ms(comp_d.get(r, {}).get("med")), "peer_compute_ms": ms(comp_d.get(r, {}).get("peer_med")),
+            "rho": round(float(comp_d.get(r, {}).get("rho") or float("nan")), 4),
+            "host_bound_excess_ms": ms(host_d.get(r, {}).get("host_excess")),
+            "arrived_last": int(arr_d.get(r, {}).get("n_last") or 0),
+            "collectives": int(arr_d.get(r, {}).get("n_inst") or 0),
+        })
+    for vr, w in vic.head(max(0, EVIDENCE_CAP - len(evidence))).iter_rows():
+        evidence.append({"role": "victim", "rank": vr, "host": host_of.get(vr), "waited_ms": ms(w)})
+    return evidence
+
+
+def _rank_finding(h: str | None, c: str, rs: list[int], sc: _Scores, job: _Job, cfg: StragglerConfig) -> Finding:
+    """One straggler finding for the culprit ranks ``rs`` of class ``c`` (a node when there are several)."""
+    comp_d, host_d, arr_d = _rows(sc.comp), _rows(sc.host), _rows(sc.arrivals)
+    gpu_ns, wall_ns, vic = _impact(sc.mk, rs)
+    wall_ns /= max(1, job.n_steps)
+    if c != "late_arrival" and wall_ns == 0:
+        # Slower but nobody waited for it (e.g. its lateness is hidden): extra compute is the bound.
+        ex = [max(0.0, comp_d[r]["med"] - comp_d[r]["peer_med"]) if c == "compute" else host_d[r]["host_excess"]
+              for r in rs]
+        wall_ns = max(ex)
+    frac = wall_ns / job.step_med if job.step_med else 0.0
+    sev = Severity.CRITICAL if frac >= cfg.critical_impact else Severity.WARNING if frac >= cfg.min_impact else Severity.INFO
+    node = len(rs) >= 2
+    h = job.host_of.get(rs[0])
+    label = {"compute": "slow GPU compute", "host": "host-bound (GPU starved by the CPU)",
+             "late_arrival": "arrives last at collectives (cause not classified)"}[c]
+    who = f"node {h} (ranks {', '.join(map(str, rs))})" if node else f"rank {rs[0]}"
+    r0 = rs[0]
+    return Finding(
+        detector="straggler",
+        severity=sev,
+        title=f"Straggler {who}: {label}",
+        summary=(
+            f"{who} made {vic.height} other rank(s) wait: arrived last at "
+            f"{sum(int(arr_d.get(r, {}).get('n_last') or 0) for r in rs)} collective(s); "
+            f"compute {ms(comp_d.get(r0, {}).get('med'))} ms vs peers {ms(comp_d.get(r0, {}).get('peer_med'))} ms "
+            f"per step, host-bound idle {ms(host_d.get(r0, {}).get('host_excess'))} ms above peers. "
+            f"Removing it would save about {frac:.1%} of the step.{job.cov.sentence()}"
+        ),
+        remediation=_REMEDY[c],
+        ranks=tuple(rs),
+        hosts=(h,) if h else (),
+        gpus=tuple(sorted({job.gpu_of[r] for r in rs if r in job.gpu_of})),
+        metrics={
+            "class": c, "ranks_implicated": len(rs), "node": node,
+            "rho_median": round(float(comp_d.get(r0, {}).get("rho") or float("nan")), 4),
+            "compute_z": float(comp_d.get(r0, {}).get("z") or 0.0),
+            "last_arrival_share": round(float(arr_d.get(r0, {}).get("last_share") or 0.0), 4),
+            "last_arrival_p_value": float(arr_d.get(r0, {}).get("p_value") or 1.0),
+            "saving_per_step_ms": ms(wall_ns), "victims": vic.height, "steps": job.n_steps,
+            **job.cov.metrics(),
+        },
+        evidence=tuple(_rank_evidence(rs, c, sc, vic, job.host_of, job.gpu_of)),
+        gpu_seconds_lost=gpu_seconds(gpu_ns) if gpu_ns else gpu_seconds(wall_ns * job.n_steps * job.n_ranks),
+        fraction_of_step=round(frac, 4),
+        key=c,
+        # A late arrival without its cause classified is weak evidence; any class weakens with missing ranks.
+        confidence=at_most(job.cov.confidence(), "high" if c in ("compute", "host") else "low"),
+    )
 
 
 def _impact(mk: pl.DataFrame, rs: list[int]) -> tuple[float, float, pl.DataFrame]:
@@ -333,7 +406,9 @@ _REMEDY = {
 }
 
 
-def _links(ta, cfg: StragglerConfig, host_of: dict, step_med: float, n_steps: int) -> list[Finding]:
+def _group_transfers(ta: JobContext) -> pl.DataFrame:
+    """Per process group (and op, size): median transfer time, its type's lower quartile and the ratio;
+    only types with at least three groups to compare."""
     inst = ta.match.instances
     k = ta.match.kernels
     # Pipeline send/recv are not matched, but each PP group's transfer estimate (the bare transfer of the
@@ -345,7 +420,7 @@ def _links(ta, cfg: StragglerConfig, host_of: dict, step_med: float, n_steps: in
         .select("pg_key", "pg_type", "collective", "bytes", "transfer_ns")
     )
     if inst.height == 0 and p2p.height == 0:
-        return []
+        return pl.DataFrame()
     per_group = pl.concat(
         [inst.group_by("pg_key", "pg_type", "collective", "bytes").agg(pl.col("transfer_ns").median()), p2p],
         how="vertical_relaxed",
@@ -355,13 +430,17 @@ def _links(ta, cfg: StragglerConfig, host_of: dict, step_med: float, n_steps: in
         pl.col("transfer_ns").quantile(0.25).over("pg_type", "collective", "bytes").alias("type_med"),
         pl.len().over("pg_type", "collective", "bytes").alias("n_groups"),
     ).filter(pl.col("n_groups") >= 3)
+    return per_group.with_columns((pl.col("transfer_ns") / pl.col("type_med")).alias("ratio"))
+
+
+def _links(ta: JobContext, cfg: StragglerConfig, host_of: dict, step_med: float, n_steps: int) -> list[Finding]:
+    per_group = _group_transfers(ta)
     if per_group.height == 0:
         return []
-    per_group = per_group.with_columns((pl.col("transfer_ns") / pl.col("type_med")).alias("ratio"))
     slow_groups = per_group.filter(pl.col("ratio") >= cfg.link_ratio)
     if slow_groups.height == 0:
         return []
-    group_hosts = k.filter(pl.col("matched") | pl.col("is_p2p")).select("pg_key", "host").unique()
+    group_hosts = ta.match.kernels.filter(pl.col("matched") | pl.col("is_p2p")).select("pg_key", "host").unique()
     slow_keys = set(slow_groups["pg_key"].to_list())
     normal_keys = set(per_group["pg_key"].to_list()) - slow_keys
     gh = group_hosts.filter(pl.col("pg_key").is_in(list(slow_keys | normal_keys)))
@@ -372,23 +451,23 @@ def _links(ta, cfg: StragglerConfig, host_of: dict, step_med: float, n_steps: in
         (pl.col("n_slow") == len(slow_keys))
         & (pl.col("n_normal") <= cfg.link_max_normal_share * max(1, len(normal_keys)))
     )
+    sg = slow_groups.sort("ratio", descending=True)
+    extra = (
+        ta.match.instances.join(sg.select("pg_key", "type_med"), on="pg_key")
+        .with_columns((pl.col("transfer_ns") - pl.col("type_med")).clip(lower_bound=0).alias("extra"))
+    )
+    gpu_ns = float((extra["extra"] * extra["n_ranks"]).sum())
+    wall = float(extra.group_by("step").agg(pl.col("extra").max())["extra"].sum()) / max(1, n_steps)
+    frac = wall / step_med if step_med else 0.0
     findings = []
     for h, _n_slow, n_normal in named.iter_rows():
         rs = sorted(r for r, hh in host_of.items() if hh == h)
-        sg = slow_groups.sort("ratio", descending=True)
-        extra = (
-            inst.join(sg.select("pg_key", "type_med"), on="pg_key")
-            .with_columns((pl.col("transfer_ns") - pl.col("type_med")).clip(lower_bound=0).alias("extra"))
-        )
-        gpu_ns = float((extra["extra"] * extra["n_ranks"]).sum())
-        wall = float(extra.group_by("step").agg(pl.col("extra").max())["extra"].sum()) / max(1, n_steps)
-        frac = wall / step_med if step_med else 0.0
         findings.append(Finding(
             detector="straggler",
             severity=Severity.CRITICAL if frac >= cfg.critical_impact else Severity.WARNING if frac >= cfg.min_impact else Severity.INFO,
             title=f"Slow network on node {h}: transfers of every group through it are slow",
             summary=(
-                f"{len(slow_keys)} process group(s) move data {float(sg['ratio'].max()):.2f}x slower than groups of "
+                f"{len(slow_keys)} process group(s) move data {_num(sg['ratio'].max()):.2f}x slower than groups of "
                 f"the same type, op and size; node {h} is in all of them and in {n_normal} of {len(normal_keys)} "
                 f"normal ones."
             ),
@@ -396,7 +475,7 @@ def _links(ta, cfg: StragglerConfig, host_of: dict, step_med: float, n_steps: in
             ranks=tuple(rs),
             hosts=(h,),
             metrics={"class": "link", "slow_groups": len(slow_keys), "normal_groups": len(normal_keys),
-                     "max_transfer_ratio": round(float(sg["ratio"].max()), 3), "saving_per_step_ms": ms(wall)},
+                     "max_transfer_ratio": round(_num(sg["ratio"].max()), 3), "saving_per_step_ms": ms(wall)},
             evidence=tuple(
                 {"pg": k, "pg_type": t, "collective": c, "bytes": b, "transfer_ms": ms(x), "type_median_ms": ms(m),
                  "ratio": round(float(q), 3)}
@@ -414,24 +493,19 @@ def _stages(s: pl.DataFrame, cfg: StragglerConfig, step_med: float) -> list[Find
     if s["pp_stage"].null_count() == s.height or s["pp_stage"].n_unique() < 2:
         return []
     st = s.group_by("pp_stage").agg(pl.col("compute_ns").median().alias("c"), pl.col("rank").unique().sort().alias("ranks"))
-    mean_c = float(st["c"].mean())  # type: ignore[arg-type]
+    mean_c = _num(st["c"].mean())
     worst = st.sort("c", descending=True).row(0, named=True)
     sigma = worst["c"] / mean_c - 1 if mean_c else 0.0
     if sigma < cfg.stage_imbalance:
         return []
-    ranks = tuple(int(r) for r in worst["ranks"])
-    # The same stage's pipeline_bubble finding carries the impact; point at it (same id recipe).
-    bubble_id = Finding(detector="pipeline_bubble", severity=Severity.WARNING, title="", summary="", remediation="",
-                        ranks=ranks, key=f"imbalance-stage{worst['pp_stage']}").id
     return [Finding(
-        related=(bubble_id,),
         detector="straggler",
         severity=Severity.WARNING,
         title=f"Straggler: pipeline stage {worst['pp_stage']} computes {sigma:.0%} more than the mean stage",
         summary=(
             f"Stage {worst['pp_stage']} (ranks {', '.join(map(str, worst['ranks'][:16]))}) spends "
             f"{ms(worst['c'])} ms per step in compute against a stage mean of {ms(mean_c)} ms; the pipeline runs at "
-            "its pace. The lost time is counted once, in the pipeline_bubble finding for this stage."
+            "its pace. Its cost is the other stages' wait for it (pipeline bubble), not counted here."
         ),
         remediation=_REMEDY["stage"],
         ranks=tuple(int(r) for r in worst["ranks"]),

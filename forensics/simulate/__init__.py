@@ -7,7 +7,10 @@ Library code only; ``forensics simulate`` in cli.py is the front end. See docs/s
 
 from __future__ import annotations
 
+import math
 import random
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,22 +25,50 @@ from forensics.simulate.engine import (
     MEMCPY,
     Engine,
     Op,
+    StepResult,
     iter_steps,
 )
 from forensics.simulate.kineto import EPOCH_NS, T0_NS, TraceWriter
 from forensics.simulate.model import PCI_BUS_IDS, Job
-from forensics.simulate.scenarios import SCENARIOS, Scenario
+from forensics.simulate.scenarios import SCENARIOS, Params, Scenario, ScenarioError
 
 TRUTH_SCHEMA = "forensics-sim-truth/1"
 MAX_ARRIVAL_ROWS = 20_000  # last-arrival rows kept in truth.json (large --size runs are truncated)
-__all__ = ["SCENARIOS", "simulate", "build_job"]
+MAX_RANKS = 4096  # beyond this the simulator's own memory, not the job, is what you would measure
+MAX_STEPS = 100_000
+MAX_SIZE_MB = 100_000.0
+_NCCL_VERSION = re.compile(r"\d{1,3}\.\d{1,3}(\.\d{1,3})?")
+__all__ = ["SCENARIOS", "simulate", "build_job", "check_run_args"]
+
+
+def check_run_args(scenario: str, *, ranks: int | None = None, steps: int | None = None, size_mb: float | None = None,
+                   params: dict[str, str] | None = None, nccl_version: str | None = None) -> None:
+    """Raise ScenarioError (naming the valid range) for any argument the simulator cannot honour."""
+    _check_scalars(ranks, steps, size_mb, nccl_version)
+    build_job(scenario, ranks, steps, params)
+
+
+def _check_scalars(ranks: int | None, steps: int | None, size_mb: float | None, nccl_version: str | None) -> None:
+    if ranks is not None and not 1 <= ranks <= MAX_RANKS:
+        raise ScenarioError(f"ranks={ranks}: outside the valid range 1..{MAX_RANKS}")
+    if steps is not None and not 1 <= steps <= MAX_STEPS:
+        raise ScenarioError(f"steps={steps}: outside the valid range 1..{MAX_STEPS}")
+    if size_mb is not None and not (math.isfinite(size_mb) and 0 < size_mb <= MAX_SIZE_MB):
+        raise ScenarioError(f"size={size_mb}: outside the valid range (0, {MAX_SIZE_MB}] MB")
+    if nccl_version is not None and not _NCCL_VERSION.fullmatch(nccl_version):
+        raise ScenarioError(f"nccl-version {nccl_version!r}: expected MAJOR.MINOR[.PATCH], e.g. 2.18.5")
 
 
 def build_job(scenario: str, ranks: int | None = None, steps: int | None = None, params: dict[str, str] | None = None) -> tuple[Scenario, Job]:
     if scenario not in SCENARIOS:
         raise KeyError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
     sc = SCENARIOS[scenario]
-    job = sc.build(ranks, steps, dict(params or {}))
+    given = Params(params or {})
+    job = sc.build(ranks, steps, given)
+    unknown = given.unknown()
+    if unknown:
+        raise ScenarioError(f"--param {', '.join(unknown)}: not a parameter of {scenario}; "
+                            f"it reads {', '.join(sorted(given.asked))}")
     return sc, job.with_(label=scenario)
 
 
@@ -151,24 +182,76 @@ class _RankMetrics:
         }
 
 
-def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int | None = None, seed: int = 0,
-             size_mb: float | None = None, params: dict[str, str] | None = None, nccl_version: str | None = None,
-             compresslevel: int = 6, truth_path: Path | None = None) -> dict[str, Any]:
-    """Write the RUN_DIR for ``scenario`` under ``out``; return the truth document, also written to
-    ``truth_path`` (default ``out/truth.json``)."""
-    sc, job = build_job(scenario, ranks, steps, params)
-    if nccl_version:
-        job = job.with_(nccl_version=nccl_version)
-    if size_mb:
-        job = job.with_(steps=10**9)
-    topo = job.topo
-    rng = random.Random(f"{seed}:job")
-    cluster = rng.choice(("gpu-h100", "trn-h100", "hgx"))
-    hosts = [f"{cluster}-{rng.randrange(10, 90)}{n:02d}" for n in range(topo.nodes)]
-    offsets = [int(rng.uniform(-job.clock_offset_us, job.clock_offset_us) * 1e3) for _ in range(topo.nodes)]
-    engine = Engine(job, seed, hosts)
+@dataclass
+class _Recorder:
+    """What the step loop of :func:`simulate` collects for truth.json and the logs."""
 
-    out = Path(out)
+    job: Job
+    engine: Engine
+    writers: list[TraceWriter]
+    first_host: dict[int, int] = field(default_factory=dict)
+    metrics: dict[int, _RankMetrics] = field(default_factory=dict)
+    step_log: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
+    timeout_info: dict[str, Any] | None = None
+    all_steps: list[int] = field(default_factory=list)
+    coll_log: list[dict[str, Any]] = field(default_factory=list)
+    arrivals: list[list[Any]] = field(default_factory=list)
+    arrivals_truncated: bool = False
+    xfer_by_pg: dict[str, list[int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.first_host = {st.rank: st.host_t for st in self.engine.states}
+        self.metrics = {st.rank: _RankMetrics() for st in self.engine.states}
+        self.step_log = {st.rank: [] for st in self.engine.states}
+
+    def collectives(self, res: StepResult) -> None:
+        for c in res.colls:
+            if len(self.xfer_by_pg.setdefault(c.pg.name, [])) < 1000:
+                self.xfer_by_pg[c.pg.name].append(c.t_tx)
+            # Who arrived last (the latest kernel start, engine time, no clock offsets) and by how much.
+            if c.op in ("send", "recv") or c.timeout or len(c.arrive) != len(c.members) or len(c.members) < 2:
+                continue
+            if len(self.arrivals) >= MAX_ARRIVAL_ROWS:
+                self.arrivals_truncated = True
+                continue
+            order = sorted(c.arrive.items(), key=lambda kv: (kv[1], kv[0]))
+            self.arrivals.append([c.pg.name, c.seq, res.step, c.op, order[-1][0], order[-1][1] - order[-2][1]])
+        self.all_steps.append(res.step)
+        if self.job.tuning_lines:
+            self.coll_log += [{"rank0": c.pg.ranks[0], "step": res.step, "op": c.op, "nbytes": c.nbytes, "algo": c.algo, "proto": c.proto,
+                               "channels": c.channels, "t_us": c.t_tx / 1e3} for c in res.colls if c.op not in ("send", "recv")]
+
+    def programs(self, res: StepResult) -> None:
+        job = self.job
+        for r, prog in res.programs.items():
+            w = self.writers[r]
+            span = res.step_span[r]
+            if r % 2 and res.step < job.first_step + job.window_skew:
+                self.first_host[r] = span[1]  # this rank's profiler window opens later: nothing of this step is traced
+                continue
+            if not self.engine.halted:
+                w.step(res.step, span[0], span[1])
+                self.metrics[r].add(span, prog)
+                self.step_log[r].append((res.step, span[0], span[1]))
+            for op in prog:
+                w.op(op)
+
+    def halt(self, res: StepResult) -> None:
+        """The step in which a collective timed out: what the logs and the truth say about it."""
+        job = self.job
+        c = next(c for c in res.colls if c.timeout)
+        launch = {r: op.launch for r, prog in res.programs.items() for op in prog if op.coll is c}
+        stop = {r: max((op.end or op.start) for op in prog) if prog else res.step_span[r][0] for r, prog in res.programs.items()}
+        spec = self.engine.timeout_spec or {}
+        info: dict[str, Any] = {"step": res.step, "coll": c, "arrive": dict(c.arrive), "launch": launch, "stop": stop,
+                                "timeout_ms": spec.get("timeout_ms", 600000.0)}
+        full = c.nbytes // (2 if job.new_kernel_names else 4)
+        info["numel_in"] = full // len(c.members) if c.op == "allgather" else full
+        info["numel_out"] = full // len(c.members) if c.op == "reduce_scatter" else full
+        self.timeout_info = info
+
+
+def _open_writers(out: Path, job: Job, engine: Engine, offsets: list[int], compresslevel: int) -> list[TraceWriter]:
     (out / "profiler").mkdir(parents=True, exist_ok=True)
     writers: list[TraceWriter] = []
     for st in engine.states:
@@ -177,71 +260,54 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
         w = TraceWriter(out / "profiler" / name, job, st, engine.groups, offsets[st.node], compresslevel)
         w.metadata(st.host_t)
         writers.append(w)
-    first_host = {st.rank: st.host_t for st in engine.states}
-    metrics = {st.rank: _RankMetrics() for st in engine.states}
-    step_log: dict[int, list[tuple[int, int, int]]] = {st.rank: [] for st in engine.states}
-    timeout_info: dict[str, Any] | None = None
-    all_steps: list[int] = []
-    coll_log: list[dict[str, Any]] = []
-    arrivals: list[list[Any]] = []
-    arrivals_truncated = False
-    xfer_by_pg: dict[str, list[int]] = {}
-    for res in iter_steps(engine):
-        for c in res.colls:
-            if len(xfer_by_pg.setdefault(c.pg.name, [])) < 1000:
-                xfer_by_pg[c.pg.name].append(c.t_tx)
-            # Who arrived last (the latest kernel start, engine time, no clock offsets) and by how much.
-            if c.op in ("send", "recv") or c.timeout or len(c.arrive) != len(c.members) or len(c.members) < 2:
-                continue
-            if len(arrivals) >= MAX_ARRIVAL_ROWS:
-                arrivals_truncated = True
-                continue
-            order = sorted(c.arrive.items(), key=lambda kv: (kv[1], kv[0]))
-            arrivals.append([c.pg.name, c.seq, res.step, c.op, order[-1][0], order[-1][1] - order[-2][1]])
-        all_steps.append(res.step)
-        if job.tuning_lines:
-            coll_log += [{"rank0": c.pg.ranks[0], "step": res.step, "op": c.op, "nbytes": c.nbytes, "algo": c.algo, "proto": c.proto,
-                          "channels": c.channels, "t_us": c.t_tx / 1e3} for c in res.colls if c.op not in ("send", "recv")]
-        for r, prog in res.programs.items():
-            w = writers[r]
-            span = res.step_span[r]
-            if r % 2 and res.step < job.first_step + job.window_skew:
-                first_host[r] = span[1]  # this rank's profiler window opens later: nothing of this step is traced
-                continue
-            complete = not engine.halted
-            if complete:
-                w.step(res.step, span[0], span[1])
-                metrics[r].add(span, prog)
-                step_log[r].append((res.step, span[0], span[1]))
-            for op in prog:
-                w.op(op)
-        if engine.halted:
-            c = next(c for c in res.colls if c.timeout)
-            launch = {r: op.launch for r, prog in res.programs.items() for op in prog if op.coll is c}
-            stop = {r: max((op.end or op.start) for op in prog) if prog else res.step_span[r][0] for r, prog in res.programs.items()}
-            spec = engine.timeout_spec or {}
-            timeout_info = {"step": res.step, "coll": c, "arrive": dict(c.arrive), "launch": launch, "stop": stop,
-                            "timeout_ms": spec.get("timeout_ms", 600000.0)}
-            full = c.nbytes // (2 if job.new_kernel_names else 4)
-            timeout_info["numel_in"] = full // len(c.members) if c.op == "allgather" else full
-            timeout_info["numel_out"] = full // len(c.members) if c.op == "reduce_scatter" else full
-            break
-        if size_mb and writers[0].bytes_written >= size_mb * 1e6:
-            break
-    for st, w in zip(engine.states, writers):
-        w.close(first_host[st.rank], st.host_t)
+    return writers
 
-    truth = _truth(sc, job, engine, hosts, offsets, writers, metrics, step_log, timeout_info, seed, params or {}, all_steps)
+
+def _run_steps(rec: _Recorder, size_mb: float | None) -> None:
+    for res in iter_steps(rec.engine):
+        rec.collectives(res)
+        rec.programs(res)
+        if rec.engine.halted:
+            rec.halt(res)
+            break
+        if size_mb and rec.writers[0].bytes_written >= size_mb * 1e6:
+            break
+    for st, w in zip(rec.engine.states, rec.writers):
+        w.close(rec.first_host[st.rank], st.host_t)
+
+
+def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int | None = None, seed: int = 0,
+             size_mb: float | None = None, params: dict[str, str] | None = None, nccl_version: str | None = None,
+             compresslevel: int = 6, truth_path: Path | None = None) -> dict[str, Any]:
+    """Write the RUN_DIR for ``scenario`` under ``out``; return the truth document, also written to
+    ``truth_path`` (default ``out/truth.json``)."""
+    _check_scalars(ranks, steps, size_mb, nccl_version)
+    sc, job = build_job(scenario, ranks, steps, params)
+    if nccl_version:
+        job = job.with_(nccl_version=nccl_version)
+    if size_mb:
+        job = job.with_(steps=10**9)
+    rng = random.Random(f"{seed}:job")
+    cluster = rng.choice(("gpu-h100", "trn-h100", "hgx"))
+    hosts = [f"{cluster}-{rng.randrange(10, 90)}{n:02d}" for n in range(job.topo.nodes)]
+    offsets = [int(rng.uniform(-job.clock_offset_us, job.clock_offset_us) * 1e3) for _ in range(job.topo.nodes)]
+    engine = Engine(job, seed, hosts)
+    out = Path(out)
+    rec = _Recorder(job, engine, _open_writers(out, job, engine, offsets, compresslevel))
+    _run_steps(rec, size_mb)
+
+    truth = _truth(sc, job, engine, hosts, offsets, rec.writers, rec.metrics, rec.step_log, rec.timeout_info, seed, params or {},
+                   rec.all_steps)
     for f in truth["faults"]:
         if f["kind"] == "slow_nic":
-            f["expected"].update(_slow_groups(job, engine, f["params"]["nodes"], xfer_by_pg))
-    truth["last_arrivals"] = {"columns": ["pg_name", "seq", "step", "op", "last_rank", "margin_ns"], "rows": arrivals,
-                              "truncated": arrivals_truncated}
+            f["expected"].update(_slow_groups(job, engine, f["params"]["nodes"], rec.xfer_by_pg))
+    truth["last_arrivals"] = {"columns": ["pg_name", "seq", "step", "op", "last_rank", "margin_ns"], "rows": rec.arrivals,
+                              "truncated": rec.arrivals_truncated}
     from forensics.simulate import logs
 
-    log_paths = logs.write_stdout_logs(out, job, engine, offsets, seed, timeout_info, step_log, coll_log)
+    log_paths = logs.write_stdout_logs(out, job, engine, offsets, seed, rec.timeout_info, rec.step_log, rec.coll_log)
     end_ns = max(st.host_t for st in engine.states)
-    klog_paths, injected = logs.write_kernel_logs(out, job, engine, offsets, seed, sc.kernel_log, end_ns, timeout_info)
+    klog_paths, injected = logs.write_kernel_logs(out, job, engine, offsets, seed, sc.kernel_log, end_ns, rec.timeout_info)
     for row in truth["ranks"]:
         row["log"] = log_paths[row["rank"]]
     for row in truth["hosts"]:
@@ -286,9 +352,9 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
         # idle waiting for an activation/gradient from a neighbour stage, over the step time (all profiled steps).
         wait: dict[int, list[int]] = {}
         for d in per_rank:
-            w = wait.setdefault(topo.coords(d["rank"])[2], [0, 0])
-            w[0] += d["pipeline_wait_ns_total"]
-            w[1] += d["step_ns_total"]
+            acc = wait.setdefault(topo.coords(d["rank"])[2], [0, 0])
+            acc[0] += d["pipeline_wait_ns_total"]
+            acc[1] += d["step_ns_total"]
         by_stage = {s: w[0] / w[1] for s, w in sorted(wait.items()) if w[1]}
         if by_stage:
             expected["bubble_fraction_measured_by_stage"] = {str(s): round(x, 6) for s, x in by_stage.items()}
@@ -355,6 +421,11 @@ def _who(engine: Engine, ranks: tuple[int, ...]) -> dict[str, Any]:
     return {"ranks": sorted(ranks), "hosts": sorted({s.host for s in sts}), "gpus": sorted({PCI_BUS_IDS[s.local] for s in sts})}
 
 
+def _upper_median(key: str, rows: list[dict[str, Any]]) -> float:
+    xs = sorted(d[key] for d in rows)
+    return xs[len(xs) // 2] if xs else 0.0
+
+
 def _fault_truth(f: dict[str, Any], job: Job, engine: Engine, per_rank: list[dict[str, Any]], timeout_info: dict[str, Any] | None) -> dict[str, Any]:
     kind = f["kind"]
     out: dict[str, Any] = {"kind": kind, "params": {k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(f.items()) if k != "kind"}}
@@ -363,11 +434,7 @@ def _fault_truth(f: dict[str, Any], job: Job, engine: Engine, per_rank: list[dic
     out.update(_who(engine, culprits) if culprits else {"ranks": [], "hosts": [], "gpus": []})
     exp: dict[str, Any] = {}
     others = [d for d in per_rank if d["rank"] not in culprits and d["steps"]]
-
-    def med(key: str, rows: list[dict[str, Any]]) -> float:
-        xs = sorted(d[key] for d in rows)
-        return xs[len(xs) // 2] if xs else 0.0
-
+    med = _upper_median
     if kind == "compute_straggler":
         r = culprits[0]
         exp["compute_slowdown"] = f["slowdown"]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from forensics.simulate.model import Job, Net, Topology, Workload
+from forensics.simulate.model import ALGOS, PROTOS, Job, Net, Topology, Workload
 
 
 class ScenarioError(ValueError):
@@ -17,52 +18,95 @@ class ScenarioError(ValueError):
 class Scenario:
     name: str
     summary: str
-    build: Callable[[int | None, int | None, dict[str, str]], Job]
+    build: Callable[[int | None, int | None, Params], Job]
     kernel_log: str = "benign"          # benign / xid79 / xid48 / xid94 / xid63 / throttle / link_flap
 
 
-def _f(params: dict[str, str], key: str, default: float) -> float:
-    try:
-        return float(params[key]) if key in params else default
-    except ValueError:
-        raise ScenarioError(f"--param {key}={params[key]!r}: expected a number") from None
+class Params:
+    """The ``--param KEY=VALUE`` strings of one run, read through typed, range-checked accessors.
+
+    It remembers every key a scenario asked for, so a key that the scenario never reads is reported
+    as unknown (with the keys it does read) instead of being silently ignored.
+    """
+
+    def __init__(self, raw: Mapping[str, str], asked: set[str] | None = None) -> None:
+        self.raw = dict(raw)
+        self.asked: set[str] = set() if asked is None else asked
+
+    def choice(self, key: str, default: str, choices: tuple[str, ...]) -> str:
+        self.asked.add(key)
+        value = self.raw.get(key, default)
+        if value not in choices:
+            raise ScenarioError(f"--param {key}={value!r}: expected one of {', '.join(choices)}")
+        return value
+
+    def integer(self, key: str, default: int, low: int, high: int) -> int:
+        self.asked.add(key)
+        if key not in self.raw:
+            return default
+        try:
+            value = int(self.raw[key])
+        except ValueError:
+            raise ScenarioError(f"--param {key}={self.raw[key]!r}: expected an integer in {low}..{high}") from None
+        if not low <= value <= high:
+            raise ScenarioError(f"--param {key}={value}: outside the valid range {low}..{high}")
+        return value
+
+    def number(self, key: str, default: float, low: float, high: float, low_open: bool = False) -> float:
+        self.asked.add(key)
+        if key not in self.raw:
+            return default
+        bounds = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        try:
+            value = float(self.raw[key])
+        except ValueError:
+            raise ScenarioError(f"--param {key}={self.raw[key]!r}: expected a number in {bounds}") from None
+        if not math.isfinite(value) or value < low or value > high or (low_open and value == low):
+            raise ScenarioError(f"--param {key}={self.raw[key]}: outside the valid range {bounds}")
+        return value
+
+    def flag(self, key: str, default: int) -> bool:
+        return bool(self.integer(key, default, 0, 1))
+
+    def with_defaults(self, **defaults: str) -> Params:
+        """The same parameters with ``defaults`` for keys not given (keys asked stay shared)."""
+        return Params({**defaults, **self.raw}, self.asked)
+
+    def without(self, key: str) -> Params:
+        """The same parameters less ``key`` (which the caller reads with its own meaning)."""
+        return Params({k: v for k, v in self.raw.items() if k != key}, self.asked)
+
+    def unknown(self) -> list[str]:
+        return sorted(set(self.raw) - self.asked)
 
 
-def _i(params: dict[str, str], key: str, default: int) -> int:
-    try:
-        return int(params[key]) if key in params else default
-    except ValueError:
-        raise ScenarioError(f"--param {key}={params[key]!r}: expected an integer") from None
-
-
-def _ddp(ranks: int | None, steps: int | None, params: dict[str, str], default: int = 8, **job: Any) -> Job:
+def _ddp(ranks: int | None, steps: int | None, params: Params, default: int = 8, **job: Any) -> Job:
     n = ranks or default
-    mode = params.get("dp_mode", job.pop("dp_mode", "ddp"))
-    if mode not in ("ddp", "fsdp"):
-        raise ScenarioError(f"dp_mode={mode!r}: expected ddp or fsdp")
+    mode = params.choice("dp_mode", job.pop("dp_mode", "ddp"), ("ddp", "fsdp"))
     job["dp_mode"] = mode
-    layers = _i(params, "layers", 12 if n <= 16 else 6)
-    work = Workload(layers=layers, hidden=_i(params, "hidden", 1024), seq=_i(params, "seq", 4096), micro_batch=_i(params, "micro_batch", 8))
-    return Job(topo=Topology(tp=1, pp=1, dp=n), work=work, steps=steps or 4, noise=_f(params, "noise", 0.02),
-               seq_on_kernels=bool(_i(params, "seq_args", 1)), window_skew=_i(params, "window_skew", 0), **job)
+    layers = params.integer("layers", 12 if n <= 16 else 6, 1, 256)
+    work = Workload(layers=layers, hidden=params.integer("hidden", 1024, 8, 65536), seq=params.integer("seq", 4096, 1, 1 << 20),
+                    micro_batch=params.integer("micro_batch", 8, 1, 4096))
+    return Job(topo=Topology(tp=1, pp=1, dp=n), work=work, steps=steps or 4, noise=params.number("noise", 0.02, 0.0, 1.0),
+               seq_on_kernels=params.flag("seq_args", 1), window_skew=params.integer("window_skew", 0, 0, 1000), **job)
 
 
-def _pp(ranks: int | None, steps: int | None, params: dict[str, str], m: int = 8, v: int = 1, **job: Any) -> Job:
+def _pp(ranks: int | None, steps: int | None, params: Params, m: int = 8, v: int = 1, **job: Any) -> Job:
     n = ranks or 8
-    pp = _i(params, "pp", 4)
-    tp = _i(params, "tp", 1)
+    pp = params.integer("pp", 4, 1, n)
+    tp = params.integer("tp", 1, 1, n)
     if n % (pp * tp):
         raise ScenarioError(f"--ranks {n} is not a multiple of pp*tp = {pp * tp}")
-    m = _i(params, "microbatches", m)
-    v = _i(params, "chunks", v)
+    m = params.integer("microbatches", m, 1, 1024)
+    v = params.integer("chunks", v, 1, 16)
     if v > 1 and m % pp:
         raise ScenarioError(f"interleaved schedule needs microbatches ({m}) divisible by pp ({pp})")
-    work = Workload(layers=_i(params, "layers", 2 if v == 1 else 1), hidden=_i(params, "hidden", 2048), seq=_i(params, "seq", 2048),
-                    micro_batch=_i(params, "micro_batch", 2), microbatches=m, loss_kernel=bool(_i(params, "loss_kernel", 1)),
-                    optimizer=bool(_i(params, "optimizer", 1)))
-    return Job(topo=Topology(tp=tp, pp=pp, dp=n // (pp * tp)), work=work, steps=steps or 3, chunks=v, noise=_f(params, "noise", 0.02),
-               seq_on_kernels=bool(_i(params, "seq_args", 1)), window_skew=_i(params, "window_skew", 0),
-               schedule="interleaved" if v > 1 else "1f1b", **job)
+    work = Workload(layers=params.integer("layers", 2 if v == 1 else 1, 1, 256), hidden=params.integer("hidden", 2048, 8, 65536),
+                    seq=params.integer("seq", 2048, 1, 1 << 20), micro_batch=params.integer("micro_batch", 2, 1, 4096), microbatches=m,
+                    loss_kernel=params.flag("loss_kernel", 1), optimizer=params.flag("optimizer", 1))
+    return Job(topo=Topology(tp=tp, pp=pp, dp=n // (pp * tp)), work=work, steps=steps or 3, chunks=v,
+               noise=params.number("noise", 0.02, 0.0, 1.0), seq_on_kernels=params.flag("seq_args", 1),
+               window_skew=params.integer("window_skew", 0, 0, 1000), schedule="interleaved" if v > 1 else "1f1b", **job)
 
 
 def _multinode(ranks: int | None, default: int, what: str) -> None:
@@ -71,46 +115,43 @@ def _multinode(ranks: int | None, default: int, what: str) -> None:
         raise ScenarioError(f"{what} needs traffic between nodes: use --ranks > 8 (8 GPUs per node)")
 
 
-def _culprit(params: dict[str, str], n: int, default: int) -> int:
-    r = _i(params, "rank", default)
-    if not 0 <= r < n:
-        raise ScenarioError(f"rank={r} outside 0..{n - 1}")
-    return r
+def _culprit(params: Params, n: int, default: int) -> int:
+    return params.integer("rank", default, 0, n - 1)
 
 
-def ddp_clean(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
+def ddp_clean(ranks: int | None, steps: int | None, params: Params) -> Job:
     return _ddp(ranks, steps, params, label="clean")
 
 
-def fsdp_clean(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
+def fsdp_clean(ranks: int | None, steps: int | None, params: Params) -> Job:
     return _ddp(ranks, steps, params, dp_mode="fsdp", label="clean")
 
 
-def ddp_straggler(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
+def ddp_straggler(ranks: int | None, steps: int | None, params: Params) -> Job:
     n = ranks or 8
     r = _culprit(params, n, 5 if n > 5 else n - 1)
-    return _ddp(ranks, steps, params, faults=({"kind": "compute_straggler", "ranks": (r,), "slowdown": _f(params, "slowdown", 0.15)},))
+    return _ddp(ranks, steps, params, faults=({"kind": "compute_straggler", "ranks": (r,), "slowdown": params.number("slowdown", 0.15, 0.0, 10.0)},))
 
 
-def host_straggler(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
+def host_straggler(ranks: int | None, steps: int | None, params: Params) -> Job:
     n = ranks or 8
     r = _culprit(params, n, 2 if n > 2 else 0)
-    return _ddp(ranks, steps, params, faults=({"kind": "host_straggler", "ranks": (r,), "launch_factor": _f(params, "launch_factor", 20.0),
-                                               "stall_ms": _f(params, "stall_ms", 0.0)},))
+    return _ddp(ranks, steps, params, faults=({"kind": "host_straggler", "ranks": (r,), "launch_factor": params.number("launch_factor", 20.0, 0.0, 1000.0, low_open=True),
+                                               "stall_ms": params.number("stall_ms", 0.0, 0.0, 60000.0)},))
 
 
-def late_rank(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
+def late_rank(ranks: int | None, steps: int | None, params: Params) -> Job:
     n = ranks or 8
     r = _culprit(params, n, 6 if n > 6 else n - 1)
     return _ddp(ranks, steps, params, faults=({"kind": "host_straggler", "ranks": (r,), "launch_factor": 1.0,
-                                               "stall_ms": _f(params, "stall_ms", 40.0), "busy_wait": True},))
+                                               "stall_ms": params.number("stall_ms", 40.0, 0.0, 60000.0), "busy_wait": True},))
 
 
-def ddp_no_overlap(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
+def ddp_no_overlap(ranks: int | None, steps: int | None, params: Params) -> Job:
     return _ddp(ranks, steps, params, default=16, overlap_dp=False, faults=({"kind": "dp_not_overlapped"},))
 
 
-def slow_nic(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
+def slow_nic(ranks: int | None, steps: int | None, params: Params) -> Job:
     """Megatron layout TP=8 (one node) x PP=2 x DP=n/16: each pipeline stage spans n/16 nodes, so the DP
     groups of one stage cross the slow node's NIC and those of the other stage do not, and each PP group
     pairs node k of stage 0 with node k of stage 1. Only the slow node is in every slow group: the
@@ -118,81 +159,80 @@ def slow_nic(ranks: int | None, steps: int | None, params: dict[str, str]) -> Jo
     n = ranks or 32
     if n < 32 or n % 16:
         raise ScenarioError(f"slow_nic needs --ranks a multiple of 16, at least 32 (TP=8 x PP=2 x DP>=2 over nodes of 8 GPUs); got {n}")
-    node = _i(params, "node", 1)
-    if not 0 <= node < n // 8:
-        raise ScenarioError(f"node={node} outside 0..{n // 8 - 1}")
-    factor = _f(params, "bandwidth_factor", 0.25)
-    params = {"pp": "2", "tp": "8", **params}
-    if (params["pp"], params["tp"]) != ("2", "8"):
+    node = params.integer("node", 1, 0, n // 8 - 1)
+    factor = params.number("bandwidth_factor", 0.25, 0.0, 1.0, low_open=True)
+    params = params.with_defaults(pp="2", tp="8")
+    if (params.raw["pp"], params.raw["tp"]) != ("2", "8"):
         raise ScenarioError("slow_nic fixes its layout: tp=8, pp=2")
     return _pp(n, steps, params, net=Net(slow_nodes=((node, factor),)),
                faults=({"kind": "slow_nic", "nodes": (node,), "bandwidth_factor": factor},))
 
 
-def net_socket(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
+def net_socket(ranks: int | None, steps: int | None, params: Params) -> Job:
     _multinode(ranks, 16, "net_socket")
     return _ddp(ranks, steps, params, default=16, net=Net(inter="Socket"), env=(("NCCL_IB_DISABLE", "1"),),
                 faults=({"kind": "net_socket"},))
 
 
-def gdr_off(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
+def gdr_off(ranks: int | None, steps: int | None, params: Params) -> Job:
     _multinode(ranks, 16, "gdr_off")
     return _ddp(ranks, steps, params, default=16, net=Net(gdr=False), faults=({"kind": "gdr_off"},))
 
 
-def p2p_disabled(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
+def p2p_disabled(ranks: int | None, steps: int | None, params: Params) -> Job:
     return _ddp(ranks, steps, params, net=Net(intra="SHM"), env=(("NCCL_P2P_DISABLE", "1"),), faults=({"kind": "p2p_disabled"},))
 
 
-def algo_forced(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
-    algo = params.get("algo", "Tree")
+def algo_forced(ranks: int | None, steps: int | None, params: Params) -> Job:
+    algo = params.choice("algo", "Tree", ALGOS)
     return _ddp(ranks, steps, params, default=16, algos=(algo,), env=(("NCCL_ALGO", algo),), tuning_lines=True,
                 faults=({"kind": "nccl_algo_forced", "algo": algo},))
 
 
-def proto_forced(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
-    proto = params.get("proto", "LL")
+def proto_forced(ranks: int | None, steps: int | None, params: Params) -> Job:
+    proto = params.choice("proto", "LL", PROTOS)
     return _ddp(ranks, steps, params, default=16, protos=(proto,), env=(("NCCL_PROTO", proto),), tuning_lines=True,
                 faults=({"kind": "nccl_proto_forced", "proto": proto},))
 
 
-def collective_timeout(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
+def collective_timeout(ranks: int | None, steps: int | None, params: Params) -> Job:
     n = ranks or 8
     if n < 2:
         raise ScenarioError("a collective timeout needs at least 2 ranks")
     r = _culprit(params, n, 3 if n > 3 else n - 1)
     steps = steps or 3
-    job = _ddp(ranks, steps, params, faults=({"kind": "collective_timeout", "ranks": (r,), "step": 100 + _i(params, "step_index", steps - 1),
-                                              "seq": _i(params, "seq", 0), "timeout_ms": _f(params, "timeout_ms", 600000.0)},))
+    # here `seq` names the all-reduce that hangs, not the sequence length of the model
+    job = _ddp(ranks, steps, params.without("seq"), faults=({"kind": "collective_timeout", "ranks": (r,), "step": 100 + params.integer("step_index", steps - 1, 0, steps - 1),
+                                              "seq": params.integer("seq", 0, 0, 1 << 20), "timeout_ms": params.number("timeout_ms", 600000.0, 0.0, 1e9, low_open=True)},))
     return job
 
 
-def pp_clean(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
+def pp_clean(ranks: int | None, steps: int | None, params: Params) -> Job:
     return _pp(ranks, steps, params, label="clean")
 
 
-def pp_small_m(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
-    return _pp(ranks, steps, params, m=_i(params, "microbatches", 2), faults=({"kind": "pipeline_bubbles_small_m"},))
+def pp_small_m(ranks: int | None, steps: int | None, params: Params) -> Job:
+    return _pp(ranks, steps, params, m=params.integer("microbatches", 2, 1, 1024), faults=({"kind": "pipeline_bubbles_small_m"},))
 
 
-def pp_imbalance(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
-    pp = _i(params, "pp", 4)
-    stage = _i(params, "stage", pp - 1)
-    factor = _f(params, "factor", 1.5)
+def pp_imbalance(ranks: int | None, steps: int | None, params: Params) -> Job:
+    pp = params.integer("pp", 4, 1, ranks or 8)
+    stage = params.integer("stage", pp - 1, 0, pp - 1)
+    factor = params.number("factor", 1.5, 0.0, 100.0, low_open=True)
     scale = tuple(factor if s == stage else 1.0 for s in range(pp))
     return _pp(ranks, steps, params, stage_scale=scale, faults=({"kind": "pipeline_stage_imbalance", "stage": stage, "factor": factor},))
 
 
-def pp_interleaved(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
-    return _pp(ranks, steps, params, v=_i(params, "chunks", 2), label="clean")
+def pp_interleaved(ranks: int | None, steps: int | None, params: Params) -> Job:
+    return _pp(ranks, steps, params, v=params.integer("chunks", 2, 1, 16), label="clean")
 
 
-def old_nccl(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
+def old_nccl(ranks: int | None, steps: int | None, params: Params) -> Job:
     return _ddp(ranks, steps, params, nccl_version="2.18.5", cuda_version="12.2", label="clean")
 
 
-def xid(code: int) -> Callable[[int | None, int | None, dict[str, str]], Job]:
-    def build(ranks: int | None, steps: int | None, params: dict[str, str]) -> Job:
+def xid(code: int) -> Callable[[int | None, int | None, Params], Job]:
+    def build(ranks: int | None, steps: int | None, params: Params) -> Job:
         n = ranks or 8
         r = _culprit(params, n, 4 if n > 4 else 0)
         if code == 79:

@@ -54,3 +54,19 @@ def test_skipped_without_nccl_kernels_or_kernels():
     assert "no NCCL" in skipped[0].reason
     _, skipped = _run(JobFrames({}))
     assert "kernels" in skipped[0].reason
+
+
+def test_a_lone_rank_is_never_critical_and_names_the_ranks_without_data(tmp_path):
+    from tests.detectors.partial_inputs import simulate_with_traces_of
+
+    # late_rank: rank 5's data loader stalls, the others wait for it in the all-reduce. With every
+    # trace the wait is told apart from the transfer and nothing is exposed ...
+    _, full = simulate_with_traces_of(tmp_path / "all", "late_rank", set(range(6)), ranks=6, steps=4)
+    assert _run(full) == ([], [])
+    # ... with rank 0's alone, its wait looks like transfer: reported, but never critical nor confident.
+    _, lone = simulate_with_traces_of(tmp_path / "one", "late_rank", {0}, ranks=6, steps=4)
+    (f,) = _run(lone)[0]
+    assert f.ranks == (0,)
+    assert f.severity.value == "warning" and f.confidence == "low"
+    assert f.metrics["ranks_without_data"] == "1-5" and f.metrics["ranks_expected"] == 6
+    assert "one rank's trace" in f.summary and "Rank(s) 1-5 (5 of 6) have no trace" in f.summary

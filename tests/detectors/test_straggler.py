@@ -91,3 +91,28 @@ def test_clean_link_job_has_no_straggler():
     from tests.frame_builders import link_job
 
     assert _stragglers(link_job(slow_node=None)) == ([], [])
+
+
+def test_with_half_the_traces_the_straggler_is_found_with_less_confidence_and_the_missing_ranks_named():
+    from tests.detectors.partial_inputs import only_ranks
+
+    frames, _ = dp_job(n_ranks=16, steps=5, noise=0.01, slow={12: 1.2}, seed=1)
+    (full,) = _stragglers(frames)[0]
+    assert full.ranks == (12,) and full.confidence == "high" and full.metrics["ranks_without_data"] == ""
+    assert "no trace" not in full.summary
+    (half,) = _stragglers(only_ranks(frames, set(range(8, 16))))[0]
+    assert half.ranks == (12,) and half.metrics["class"] == "compute"
+    assert half.confidence == "medium"
+    assert (half.metrics["ranks_expected"], half.metrics["ranks_with_data"], half.metrics["ranks_without_data"]) == (
+        16, 8, "0-7")
+    assert "Rank(s) 0-7 (8 of 16) have no trace" in half.summary
+    # Victims are ranks with data only.
+    assert {e["rank"] for e in half.evidence if e["role"] == "victim"} <= set(range(8, 16))
+
+
+def test_a_straggler_on_a_quarter_of_the_traces_has_low_confidence():
+    from tests.detectors.partial_inputs import only_ranks
+
+    frames, _ = dp_job(n_ranks=16, steps=5, noise=0.01, slow={12: 1.2}, seed=1)
+    found, _ = _stragglers(only_ranks(frames, {10, 11, 12, 13}))
+    assert [(f.ranks, f.confidence) for f in found] == [((12,), "low")]
