@@ -18,6 +18,7 @@ from forensics.detectors import run_detectors
 from forensics.errors import UsageError
 from forensics.findings import Finding, Skipped, sort_findings
 from forensics.frames import JobFrames
+from forensics.incidents import Incident, correlate, job_facts
 from forensics.parsers.discovery import ParsedSource, discover_and_parse, sources_frame
 
 ProgressFn = Callable[[str, int, int], None]
@@ -31,6 +32,7 @@ class Analysis:
     context: JobContext
     findings: list[Finding] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    incidents: list[Incident] = field(default_factory=list)
 
     @property
     def frames(self) -> JobFrames:
@@ -75,4 +77,6 @@ def analyze(
     _, frames = load(run_dir, progress=progress, workers=workers)
     context = JobContext(frames)  # the one context of this analysis: detectors and reports share it
     findings, skipped = run_detectors(context, overrides=overrides, only=only)
-    return Analysis(run_dir, context, sort_findings(findings), skipped)
+    facts = job_facts(frames, context.world_size, len(context.ranks))
+    correlated, incidents = correlate(sort_findings(findings), facts)
+    return Analysis(run_dir, context, correlated, skipped, incidents)

@@ -91,6 +91,38 @@ def step_windows(frames: JobFrames, kernels: pl.DataFrame) -> pl.DataFrame:
 def compute_breakdown(frames: JobFrames, match: CollectiveMatch | None = None) -> Breakdown:
     """The per (rank, step) breakdown frame; ``match`` is reused when the caller already has it."""
     match = match if match is not None else match_collectives(frames)
+    kern = _kernels_with_launch_and_sm_share(frames)
+    windows = step_windows(frames, kern)
+    intervals = _labelled_intervals(kern, match, windows)
+    wcols = windows.select("rank", "step", "w_start", "w_end")
+    clipped = clip_to_windows(intervals.lazy(), wcols.lazy(), on=["rank"])
+    masks = mask_lengths(clipped.select("rank", "step", "start_ns", "end_ns", "bit"), ["rank", "step"]).filter(
+        _has(WINDOW)
+    )
+    table = masks.group_by("rank", "step").agg(_bucket_aggs()).collect()
+
+    usm = (
+        clip_to_windows(kern.select("rank", "start_ns", "end_ns", "_sm_share").lazy(), wcols.lazy(), on=["rank"])
+        .group_by("rank", "step")
+        .agg(((pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64) * pl.col("_sm_share")).sum().alias("u_sm_ns"))
+        .collect()
+    )
+    table = (
+        windows.select("rank", "host", "step")
+        .join(table, on=["rank", "step"], how="inner")
+        .join(usm, on=["rank", "step"], how="left")
+        .with_columns(
+            pl.min_horizontal(
+                pl.col("u_sm_ns").fill_null(0.0), (pl.col("step_ns") - pl.col("idle_ns")).cast(pl.Float64)
+            ).alias("u_sm_ns")
+        )
+        .sort("rank", "step")
+    )
+    return Breakdown(table, match, windows)
+
+
+def _kernels_with_launch_and_sm_share(frames: JobFrames) -> pl.DataFrame:
+    """Ranked kernels with their launch time (``launch_ns``), step (by launch time) and SM share."""
     kern = frames["kernels"].filter(pl.col("rank").is_not_null())
     ops = frames["cpu_ops"]
     launches = (
@@ -100,10 +132,8 @@ def compute_breakdown(frames: JobFrames, match: CollectiveMatch | None = None) -
     )
     kern = kern.join(launches, on=["rank", "correlation"], how="left")
     kern = assign_steps(kern.with_columns(pl.coalesce("launch_ns", "start_ns").alias("_t")), effective_steps(frames), "_t")
-    windows = step_windows(frames, kern)
-
     sm = frames["ranks"].group_by("rank").agg(pl.col("sm_count").max())
-    kern = kern.join(sm, on="rank", how="left").with_columns(
+    return kern.join(sm, on="rank", how="left").with_columns(
         pl.coalesce(
             pl.col("blocks_per_sm"),
             (pl.col("grid_x") * pl.col("grid_y").fill_null(1) * pl.col("grid_z").fill_null(1)).cast(pl.Float64)
@@ -114,6 +144,10 @@ def compute_breakdown(frames: JobFrames, match: CollectiveMatch | None = None) -
         .alias("_sm_share")
     )
 
+
+def _labelled_intervals(kern: pl.DataFrame, match: CollectiveMatch, windows: pl.DataFrame) -> pl.DataFrame:
+    """Every interval with its bit: kernels, NCCL transfer and wait parts, host-bound gaps, step windows and
+    short launch gaps (rank, start_ns, end_ns, bit)."""
     base = ["rank", "start_ns", "end_ns", "bit"]
     non_comm = kern.filter(pl.col("class") != "comm").select(
         "rank", "start_ns", "end_ns",
@@ -148,13 +182,11 @@ def compute_breakdown(frames: JobFrames, match: CollectiveMatch | None = None) -
         .select("rank", pl.col("_gs").alias("start_ns"), pl.col("_ge").alias("end_ns"), pl.lit(SHORT_GAP, dtype=pl.Int64).alias("bit"))
         .collect()
     )
-    intervals = pl.concat([x.select(base) for x in (non_comm, comm_tx, comm_wait, host, win, short)], how="vertical")
-    wcols = windows.select("rank", "step", "w_start", "w_end")
-    clipped = clip_to_windows(intervals.lazy(), wcols.lazy(), on=["rank"])
-    masks = mask_lengths(clipped.select("rank", "step", "start_ns", "end_ns", "bit"), ["rank", "step"]).filter(
-        _has(WINDOW)
-    )
+    return pl.concat([x.select(base) for x in (non_comm, comm_tx, comm_wait, host, win, short)], how="vertical")
 
+
+def _bucket_aggs() -> list[pl.Expr]:
+    """The step buckets and per-PG-type sums over the mask lengths (see module doc for the priorities)."""
     L = pl.col("length_ns")
     no_kernel = _none(KERNEL_BITS)
     aggs = [
@@ -176,26 +208,7 @@ def compute_breakdown(frames: JobFrames, match: CollectiveMatch | None = None) -
             L.filter(_has(TX[g]) & _none(COMPUTE)).sum().alias(f"exposed_{g}_ns"),
             L.filter(_has(TX[g]) & _has(COMPUTE)).sum().alias(f"overlap_{g}_ns"),
         ]
-    table = masks.group_by("rank", "step").agg(aggs).collect()
-
-    usm = (
-        clip_to_windows(kern.select("rank", "start_ns", "end_ns", "_sm_share").lazy(), wcols.lazy(), on=["rank"])
-        .group_by("rank", "step")
-        .agg(((pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64) * pl.col("_sm_share")).sum().alias("u_sm_ns"))
-        .collect()
-    )
-    table = (
-        windows.select("rank", "host", "step")
-        .join(table, on=["rank", "step"], how="inner")
-        .join(usm, on=["rank", "step"], how="left")
-        .with_columns(
-            pl.min_horizontal(
-                pl.col("u_sm_ns").fill_null(0.0), (pl.col("step_ns") - pl.col("idle_ns")).cast(pl.Float64)
-            ).alias("u_sm_ns")
-        )
-        .sort("rank", "step")
-    )
-    return Breakdown(table, match, windows)
+    return aggs
 
 
 def comm_model(steps: pl.DataFrame) -> pl.DataFrame:

@@ -280,6 +280,10 @@ def _commit(outs: Any) -> None:
 def _print_analysis(analysis: Any, out_dir: Path) -> None:
     for row in analysis.sources.filter(analysis.sources["status"].is_in(["partial", "failed"])).iter_rows(named=True):
         _line(err, row["status"], "yellow", f"{row['path']}: {row['message']}")
+    from forensics.incidents import verdict_text
+
+    for inc in analysis.incidents:  # the verdict: one line per incident, worst first
+        out.print(verdict_text(inc), highlight=False, markup=False)
     counts = {s: sum(1 for f in analysis.findings if f.severity.value == s) for s in ("critical", "warning", "info")}
     out.print(
         f"{len(analysis.findings)} finding(s): {counts['critical']} critical, {counts['warning']} warning, "

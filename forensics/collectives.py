@@ -151,8 +151,32 @@ def match_collectives(frames: JobFrames) -> CollectiveMatch:
     k = comm_kernels(frames).filter(pl.col("rank").is_not_null())
     is_p2p = pl.col("collective").is_in(P2P_OPS) & (pl.col("pg_type") == "PP")
     k = k.with_columns(is_p2p.alias("is_p2p"))
-    sync = k.filter(~pl.col("is_p2p"))
+    sync = _with_instance_keys(k.filter(~pl.col("is_p2p")))
+    inst = _instance_table(sync)
+    unmatched = {
+        "incomplete_instances": int(inst.filter(~pl.col("complete")).height),
+        "inconsistent_instances": int(inst.filter(pl.col("complete") & ~pl.col("consistent")).height),
+    }
+    incomplete = inst.filter(~pl.col("complete") & (pl.col("n_ranks") < pl.col("n_members"))).select(
+        "instance_key", "pg_key", "step", "collective", "n_ranks", "n_members",
+        pl.col("_pg_ranks").list.set_difference(pl.col("_present")).fill_null([]).list.sort().alias("missing_ranks"),
+    ).sort("pg_key", "step", "instance_key")
+    good = inst.filter(pl.col("complete") & pl.col("consistent") & (pl.col("n_ranks") >= 2))
+    good = good.sort("pg_key", "first_start_ns").with_row_index("instance").with_columns(
+        pl.col("instance").cast(pl.Int64)
+    )
+    instances = good.select(
+        "instance", "instance_key", "pg_key", "pg_type", "step", "collective", "bytes", "n_ranks",
+        "transfer_ns", "last_rank", "margin_ns", "max_wait_ns",
+    )
+    allk = _split_wait_transfer(k, sync, instances)
+    rank_off, host_off = _clock_offsets(allk)
+    return CollectiveMatch(allk, instances, rank_off, host_off, unmatched, incomplete)
 
+
+def _with_instance_keys(sync: pl.DataFrame) -> pl.DataFrame:
+    """Add ``n_members`` and ``instance_key``: one key per call of one collective on one group (by NCCL
+    sequence number where every row has one, else by step and call order per rank)."""
     # Members of each group: the listed ranks, else every rank seen with that key.
     members = sync.group_by("pg_key").agg(
         pl.col("group_size").max().alias("_gsize"),
@@ -162,7 +186,7 @@ def match_collectives(frames: JobFrames) -> CollectiveMatch:
     sync = sync.join(members.select("pg_key", "n_members", "_has_seq"), on="pg_key", how="left")
 
     ordinal = (pl.int_range(pl.len()).over(["rank", "pg_key", "step"], order_by="start_ns")).cast(pl.Int64)
-    sync = sync.with_columns(
+    return sync.with_columns(
         pl.when(pl.col("_has_seq"))
         .then(pl.concat_str([pl.col("pg_key"), pl.lit("#s"), pl.col("seq").cast(pl.String)]))
         .otherwise(
@@ -173,6 +197,10 @@ def match_collectives(frames: JobFrames) -> CollectiveMatch:
         )
         .alias("instance_key")
     )
+
+
+def _instance_table(sync: pl.DataFrame) -> pl.DataFrame:
+    """One row per instance key: who took part, the shortest duration (the transfer), who arrived last."""
     inst = sync.group_by("instance_key").agg(
         pl.col("pg_key").first(),
         pl.col("pg_type").first(),
@@ -194,28 +222,15 @@ def match_collectives(frames: JobFrames) -> CollectiveMatch:
     )
     complete = (pl.col("n_ranks") == pl.col("n_members")) & (pl.col("n_rows") == pl.col("n_ranks"))
     consistent = (pl.col("_n_coll") == 1) & (pl.col("_n_bytes") <= 1)
-    inst = inst.with_columns(
+    return inst.with_columns(
         complete.alias("complete"),
         consistent.alias("consistent"),
         (pl.col("_second_ns") - pl.col("transfer_ns")).alias("margin_ns"),
     )
-    unmatched = {
-        "incomplete_instances": int(inst.filter(~pl.col("complete")).height),
-        "inconsistent_instances": int(inst.filter(pl.col("complete") & ~pl.col("consistent")).height),
-    }
-    incomplete = inst.filter(~pl.col("complete") & (pl.col("n_ranks") < pl.col("n_members"))).select(
-        "instance_key", "pg_key", "step", "collective", "n_ranks", "n_members",
-        pl.col("_pg_ranks").list.set_difference(pl.col("_present")).fill_null([]).list.sort().alias("missing_ranks"),
-    ).sort("pg_key", "step", "instance_key")
-    good = inst.filter(pl.col("complete") & pl.col("consistent") & (pl.col("n_ranks") >= 2))
-    good = good.sort("pg_key", "first_start_ns").with_row_index("instance").with_columns(
-        pl.col("instance").cast(pl.Int64)
-    )
-    instances = good.select(
-        "instance", "instance_key", "pg_key", "pg_type", "step", "collective", "bytes", "n_ranks",
-        "transfer_ns", "last_rank", "margin_ns", "max_wait_ns",
-    )
 
+
+def _split_wait_transfer(k: pl.DataFrame, sync: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
+    """Every comm kernel with ``transfer_ns`` / ``wait_ns``, its instance (when matched) and ``is_last``."""
     sync = sync.join(
         instances.select("instance_key", "instance", pl.col("transfer_ns").alias("_x"), "last_rank", "margin_ns"),
         on="instance_key",
@@ -244,16 +259,13 @@ def match_collectives(frames: JobFrames) -> CollectiveMatch:
     ).with_columns(p2p_class.alias("_cls")).join(
         class_min, on=["pg_key", "_cls", "bytes"], how="left", nulls_equal=True
     ).drop("_cls")
-    allk = allk.with_columns(
+    return allk.with_columns(
         pl.col("instance").is_not_null().alias("matched"),
         pl.min_horizontal(pl.coalesce("_x", "_class_min"), "dur_ns").alias("transfer_ns"),
     ).with_columns(
         (pl.col("dur_ns") - pl.col("transfer_ns")).alias("wait_ns"),
         (pl.col("matched") & (pl.col("rank") == pl.col("last_rank"))).alias("is_last"),
     ).drop("_x", "_class_min")
-
-    rank_off, host_off = _clock_offsets(allk)
-    return CollectiveMatch(allk, instances, rank_off, host_off, unmatched, incomplete)
 
 
 def _clock_offsets(k: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:

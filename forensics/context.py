@@ -18,7 +18,7 @@ import polars as pl
 from forensics.breakdown import Breakdown, compute_breakdown, kernel_exposure
 from forensics.collectives import CollectiveMatch, match_collectives, pg_type_expr
 from forensics.frames import JobFrames
-from forensics.identity import identities
+from forensics.identity import job_identities
 
 STAGES_SCHEMA = {"rank": pl.Int32, "pp_stage": pl.Int64, "pp_size": pl.Int64, "pp_key": pl.String}
 
@@ -87,12 +87,12 @@ class JobContext:
         """Ranks <-> hosts <-> GPUs as one frame.
 
         One row per (host, pid, cuda_dev) process: those the NCCL logs mention
-        (:func:`forensics.identity.identities`), then traced ranks no log names (``how`` = "trace").
+        (:func:`forensics.identity.identities`), then traced processes no log names (``how`` = "trace").
         Columns: host, pid, cuda_dev (CUDA device index), rank (global rank), bus_id (normalised PCI
         bus id, null when no log gave it), how (which evidence gave the rank), trace_rank (the trace
         ``ranks`` frame's rank for that process; null without traces).
         """
-        return _with_traced_ranks(identities(self.frames), self.frames["ranks"])
+        return job_identities(self.frames)
 
     # --- trace facts (GPU timeline, ns) ------------------------------------------------------------
 
@@ -134,18 +134,6 @@ class JobContext:
         """Pipeline stage map: rank, pp_stage (0-based position in its pipeline group), pp_size (stages),
         pp_key (the group's sorted member list). Empty without pipeline parallelism."""
         return _stage_map(self.frames, self.match)
-
-
-def _with_traced_ranks(ident: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
-    """``ident`` plus one row per traced rank that no NCCL log process was joined to."""
-    traced = ranks.drop_nulls("rank").filter(~pl.col("rank").is_in(ident["rank"].drop_nulls().implode()))
-    if traced.height == 0:
-        return ident
-    extra = traced.unique(["rank"], keep="first", maintain_order=True).select(
-        "host", "pid", pl.col("device").alias("cuda_dev"), "rank", pl.lit(None, pl.String).alias("bus_id"),
-        pl.lit("trace").alias("how"), pl.col("rank").alias("trace_rank"),
-    )
-    return pl.concat([ident, extra.cast(dict(ident.schema))], how="vertical")  # type: ignore[arg-type]
 
 
 def _pp_members(frames: JobFrames, match: CollectiveMatch) -> pl.DataFrame:

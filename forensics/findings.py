@@ -46,6 +46,9 @@ class Finding:
     key: str = ""
     confidence: str = "medium"
     related: tuple[str, ...] = ()
+    # Set by forensics.incidents.correlate, never by detectors; not part of the id.
+    incident: str | None = None
+    caused_by: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
@@ -78,6 +81,8 @@ class Finding:
                 "fraction_of_step": _json_number(self.fraction_of_step),
             },
             "related": list(self.related),
+            "incident": self.incident,
+            "caused_by": list(self.caused_by),
         }
 
 

@@ -15,7 +15,7 @@ that it is current.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import polars as pl
@@ -666,7 +666,7 @@ class JobFrames(Mapping[str, pl.DataFrame]):
             return empty(name)
         raise KeyError(name)
 
-    def __iter__(self):  # type: ignore[override]
+    def __iter__(self) -> Iterator[str]:
         return iter(FRAME_SPECS)
 
     def __len__(self) -> int:

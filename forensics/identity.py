@@ -10,14 +10,49 @@ Sources of identity, strongest first:
 4. on a host where every known (cudaDev, rank) pair has the same offset ``rank - cudaDev`` (one
    communicator, ranks laid out by local GPU), the missing devices of that host by the same offset;
 5. the Kineto ``ranks`` frame (rank, host, pid, device), joined on (host, pid, device), then
-   (host, device).
+   (host, device);
+6. a trace rank no log process matched is a process of its own (``how`` = ``trace``).
+
+PCI addresses are spelled one way everywhere (``dddd:bb:dd.f``, lower case): every parser and detector
+normalises them with :func:`normalize_bus_id`.
 """
 
 from __future__ import annotations
 
+import re
+from typing import Literal
+
 import polars as pl
 
 from forensics.frames import JobFrames
+
+_BDF = re.compile(r"(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([0-9a-f]{2})(?:\.([0-7]))?")
+_HEX = re.compile(r"(?:0x)?([0-9a-f]+)")
+
+
+def normalize_bus_id(text: str | None, bare: Literal["none", "packed", "bus"] = "none") -> str | None:
+    """Any spelling of a PCI address -> ``dddd:bb:dd.f`` lower case; None when absent, redacted or unreadable.
+
+    Colon forms: ``0000:3b:00.0``, nvidia-smi's ``00000000:3B:00.0``, the kernel's ``0000:3b:00`` and
+    ``3b:00``. A bare hex number (optional ``0x``) means what its writer meant by it: ``packed`` is NCCL's
+    ``busId 3b000`` (the address's hex digits without separators), ``bus`` is older nccl-tests' ``[0x4c]``
+    (the bus number alone, one or two digits); with ``none`` it is not an address.
+    """
+    if not text or "..." in text:
+        return None
+    t = text.strip().lower()
+    m = _BDF.fullmatch(t)
+    if m:
+        dom = (m[1] or "0").lstrip("0").rjust(4, "0")[-4:]
+        return f"{dom}:{m[2]}:{m[3]}.{m[4] or '0'}"
+    h = _HEX.fullmatch(t)
+    if h is None or bare == "none":
+        return None
+    digits = h[1]
+    if bare == "bus":
+        return f"0000:{int(digits, 16):02x}:00.0" if len(digits) <= 2 else None
+    digits = digits.rjust(9, "0")
+    return f"{digits[-9:-5]}:{digits[-5:-3]}:{digits[-3:-1]}.{digits[-1]}"
 
 IDENTITY_SCHEMA = {
     "host": pl.String(), "pid": pl.Int64(), "cuda_dev": pl.Int32(), "rank": pl.Int32(),
@@ -109,10 +144,53 @@ def with_trace_ranks(ident: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
 
 
 def identities(frames: JobFrames) -> pl.DataFrame:
-    """Log identities joined to trace ranks when the job has traces."""
+    """The processes the NCCL logs mention, joined to trace ranks: one row per (host, pid, cuda_dev).
+
+    Columns:
+
+    - ``host`` (String): short host name as the frames store it;
+    - ``pid`` (Int64): process id;
+    - ``cuda_dev`` (Int32): CUDA device index the process drives;
+    - ``rank`` (Int32): global rank (logs first, else the trace's); null when unknown;
+    - ``bus_id`` (String): PCI address of its GPU, ``dddd:bb:dd.f`` (:func:`normalize_bus_id`); null when no
+      log names it;
+    - ``how`` (String): where ``rank`` came from: ``init``, ``nccl-tests``, ``channel``, ``host-offset`` (see
+      the module docstring); null when unknown;
+    - ``trace_rank`` (Int32): the Kineto ``ranks`` frame's rank of this process; null without one.
+
+    Sorted by host, pid, cuda_dev. :func:`job_identities` adds the traced processes no log names.
+    """
     ident = log_identities(frames)
-    return with_trace_ranks(ident, frames["ranks"]) if frames.has("ranks") else ident.with_columns(
-        pl.lit(None, pl.Int32()).alias("trace_rank")
+    if not frames.has("ranks"):
+        return ident.with_columns(pl.lit(None, pl.Int32()).alias("trace_rank"))
+    return with_trace_ranks(ident, frames["ranks"])
+
+
+def job_identities(frames: JobFrames) -> pl.DataFrame:
+    """The job's rank <-> host <-> GPU frame (``JobContext.identity``): every process of the job.
+
+    :func:`identities` (the log processes) first, then one row per traced process (host, pid, device)
+    that is none of them, with ``how`` = ``trace``, ``rank`` = ``trace_rank`` = the trace's rank and no
+    ``bus_id``. Same columns as :func:`identities`; a rank may appear twice when its log process and its
+    traced process differ (another pid), both naming the same host and GPU.
+    """
+    ident = identities(frames)
+    if not frames.has("ranks"):
+        return ident
+    return pl.concat([ident, trace_only(ident, frames["ranks"])], how="vertical_relaxed")
+
+
+def trace_only(ident: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
+    """Traced processes (host, pid, device) that no log process is, in the identity frame's schema."""
+    tr = ranks.filter(pl.col("rank").is_not_null()).select(
+        pl.col("host").cast(pl.String()), pl.col("pid").cast(pl.Int64()),
+        pl.col("device").cast(pl.Int32()).alias("cuda_dev"), pl.col("rank").cast(pl.Int32()),
+    ).unique(maintain_order=True)
+    tr = tr.join(ident.select("host", "pid", "cuda_dev"), on=["host", "pid", "cuda_dev"], how="anti", nulls_equal=True,
+                 maintain_order="left")
+    return tr.select(
+        "host", "pid", "cuda_dev", "rank", pl.lit(None, pl.String()).alias("bus_id"), pl.lit("trace").alias("how"),
+        pl.col("rank").alias("trace_rank"),
     )
 
 

@@ -112,22 +112,30 @@ def enabled(c: Comm, coll: str, algo: str, proto: str) -> bool:
         return False
     if proto == "LL128" and not c.ll128:
         return False
-    if coll in ("Broadcast", "Reduce") and algo != "Ring":
-        return False
-    if coll in ("AllGather", "ReduceScatter") and algo not in ("Ring", "PAT", "NVLS"):
-        return False
-    if coll == "AllReduce" and algo == "PAT":
+    if not _applicable(coll, algo):
         return False
     if algo == "PAT" and (c.era == "2.22" or c.ppn != 1 or c.nnodes < 2):
         return False
     if algo in ("NVLS", "NVLSTree"):
-        if c.nvls is None or c.nvls.nchannels < 2 or ARCH_INDEX[c.arch] < 2 or proto != "Simple":
-            return False
-        if algo == "NVLSTree" and c.nnodes == 1:
-            return False
-        if algo == "NVLS" and c.nnodes > 1:
-            return False  # multi-node NVLS needs CollNet
+        return _nvls_enabled(c, algo, proto)
     return True
+
+
+def _applicable(coll: str, algo: str) -> bool:
+    """Which algorithms implement which collective."""
+    if coll in ("Broadcast", "Reduce"):
+        return algo == "Ring"
+    if coll in ("AllGather", "ReduceScatter"):
+        return algo in ("Ring", "PAT", "NVLS")
+    return not (coll == "AllReduce" and algo == "PAT")
+
+
+def _nvls_enabled(c: Comm, algo: str, proto: str) -> bool:
+    if c.nvls is None or c.nvls.nchannels < 2 or ARCH_INDEX[c.arch] < 2 or proto != "Simple":
+        return False
+    if algo == "NVLSTree" and c.nnodes == 1:
+        return False
+    return not (algo == "NVLS" and c.nnodes > 1)  # multi-node NVLS needs CollNet
 
 
 def bandwidth(c: Comm, coll: str, algo: str, proto: str) -> float:
@@ -135,31 +143,10 @@ def bandwidth(c: Comm, coll: str, algo: str, proto: str) -> float:
     g = _graph(c, algo)
     if g is None or not enabled(c, coll, algo, proto):
         return 0.0
-    arch = ARCH_INDEX[c.arch]
-    i2 = min(c.nnodes, 3) - 1
-    i1 = arch if c.nnodes == 1 else (1 if c.cpu_vendor == "amd" else 0)
-    ll_max = LL_MAX_BWS[i1][i2]
-    nch = g.nchannels
     bw = g.bw_intra if c.nnodes <= 2 else g.bw_inter
     if algo in ("NVLS", "NVLSTree"):
-        intra = g.bw_intra * NVLS_EFFICIENCY[arch] * (nch - 1) / nch
-        intra *= 2 if coll == "AllReduce" else (c.ppn - 1) / c.ppn
-        bw = intra
-        if c.nnodes > 1:
-            bw = min(bw, g.bw_inter * (2 if (c.nnodes <= 2 and algo == "NVLSTree") else 1))
-        if algo == "NVLSTree":
-            bw = min(bw, PER_CH_MAX_NVLS_TREE[arch][i2])
-    bus = nch * bw
-    if algo == "Ring" and proto == "LL":
-        bus = min(ll_max, bus * 0.5)
-    if algo == "Ring" and proto == "LL128":
-        bus = min(bus * 0.92, nch * PER_CH_MAX_RING_LL128[arch][i2])
-    if algo == "Tree" and coll == "AllReduce":
-        bus = min(bus * 0.92, nch * PER_CH_MAX_TREE[arch][i2])
-    if algo == "Tree" and proto == "LL":
-        bus = min(bus / 3.8, ll_max)
-    if algo == "Tree" and proto == "LL128":
-        bus = min(bus * (7.0 / 9.0 if c.nnodes == 1 else 120.0 / 128.0), nch * PER_CH_MAX_TREE_LL128[arch][i2])
+        bw = _nvls_bw(c, g, coll, algo)
+    bus = _proto_bus(c, g, coll, algo, proto, g.nchannels * bw)
     if algo == "Tree" and g.tree_pattern_is_tree:
         bus *= 0.85
     if algo == "PAT":
@@ -170,42 +157,49 @@ def bandwidth(c: Comm, coll: str, algo: str, proto: str) -> float:
     return bus
 
 
+def _nvls_bw(c: Comm, g: Graph, coll: str, algo: str) -> float:
+    """Per-channel bandwidth of NVLS / NVLSTree."""
+    arch = ARCH_INDEX[c.arch]
+    nch = g.nchannels
+    intra = g.bw_intra * NVLS_EFFICIENCY[arch] * (nch - 1) / nch
+    intra *= 2 if coll == "AllReduce" else (c.ppn - 1) / c.ppn
+    bw = intra
+    if c.nnodes > 1:
+        bw = min(bw, g.bw_inter * (2 if (c.nnodes <= 2 and algo == "NVLSTree") else 1))
+    if algo == "NVLSTree":
+        bw = min(bw, PER_CH_MAX_NVLS_TREE[arch][min(c.nnodes, 3) - 1])
+    return bw
+
+
+def _proto_bus(c: Comm, g: Graph, coll: str, algo: str, proto: str, bus: float) -> float:
+    """Bus bandwidth after the LL / LL128 factors and per-channel caps of Ring and Tree."""
+    arch = ARCH_INDEX[c.arch]
+    i2 = min(c.nnodes, 3) - 1
+    i1 = arch if c.nnodes == 1 else (1 if c.cpu_vendor == "amd" else 0)
+    ll_max = LL_MAX_BWS[i1][i2]
+    nch = g.nchannels
+    if algo == "Ring" and proto == "LL":
+        bus = min(ll_max, bus * 0.5)
+    if algo == "Ring" and proto == "LL128":
+        bus = min(bus * 0.92, nch * PER_CH_MAX_RING_LL128[arch][i2])
+    if algo == "Tree" and coll == "AllReduce":
+        bus = min(bus * 0.92, nch * PER_CH_MAX_TREE[arch][i2])
+    if algo == "Tree" and proto == "LL":
+        bus = min(bus / 3.8, ll_max)
+    if algo == "Tree" and proto == "LL128":
+        bus = min(bus * (7.0 / 9.0 if c.nnodes == 1 else 120.0 / 128.0), nch * PER_CH_MAX_TREE_LL128[arch][i2])
+    return bus
+
+
 def latency(c: Comm, coll: str, algo: str, proto: str) -> float:
     """Latency (µs) NCCL puts in comm->latencies[coll][algo][proto]."""
     g = _graph(c, algo)
     if g is None:
         return 0.0
-    p = PROTOS.index(proto)
-    hw_lat = HW_LAT
-    tree_simple = 28.0 if c.era == "2.22" else None
-    link = "NVLINK" if g.intra_nvlink else "PCI"
-    intra = hw_lat[link][algo][p]
-    if tree_simple is not None and algo == "Tree" and proto == "Simple":
-        intra = tree_simple
-    net_algo = "Tree" if (c.ppn == 1 and algo != "PAT") else algo
-    inter = hw_lat["NET"][net_algo][p]
-    if tree_simple is not None and net_algo == "Tree" and proto == "Simple":
-        inter = tree_simple
-    if c.era == "2.22" and algo == "NVLSTree":
-        inter = 14.0
-    inter += g.latency_inter * (2 if proto == "Simple" else 1)
-    base = BASE_LAT[algo][p]
-    n = c.nranks
-    nsteps = _nsteps(coll, n)
+    intra, inter = _hop_latencies(c, g, algo, proto)
+    base = BASE_LAT[algo][PROTOS.index(proto)]
     if algo == "Ring":
-        if coll in ("AllReduce", "AllGather", "ReduceScatter"):
-            if c.nnodes > 1:
-                overhead = 2.0 if c.cpu_vendor == "amd" else 1.0
-                intra = max(intra, overhead * (3 if proto == "Simple" else 1))
-                if coll == "AllReduce":
-                    n_inter = 2 * c.nnodes if c.era == "2.22" else 2 * (c.nnodes - 1)
-                else:
-                    n_inter = c.nnodes - 1
-            else:
-                n_inter = 0
-            return base + (nsteps - n_inter) * intra + n_inter * inter
-        # Broadcast / Reduce: pipelined chain, one hop of latency per step
-        return base + nsteps * (inter if c.nnodes > 1 else intra)
+        return _ring_latency(c, coll, proto, base, intra, inter)
     if algo == "Tree":
         return base + 2 * ((c.ppn - 1) * intra + log2i(c.nnodes) * inter)
     if algo == "NVLS":
@@ -213,8 +207,42 @@ def latency(c: Comm, coll: str, algo: str, proto: str) -> float:
     if algo == "NVLSTree":
         return base + intra + 2 * log2i(c.nnodes) * inter
     if algo == "PAT":
-        return base + log2i(c.nnodes) * inter / 3.5 + n * 2.8
+        return base + log2i(c.nnodes) * inter / 3.5 + c.nranks * 2.8
     return 0.0
+
+
+def _hop_latencies(c: Comm, g: Graph, algo: str, proto: str) -> tuple[float, float]:
+    """(intra-node, inter-node) latency of one hop (µs)."""
+    p = PROTOS.index(proto)
+    tree_simple = 28.0 if c.era == "2.22" else None
+    link = "NVLINK" if g.intra_nvlink else "PCI"
+    intra = HW_LAT[link][algo][p]
+    if tree_simple is not None and algo == "Tree" and proto == "Simple":
+        intra = tree_simple
+    net_algo = "Tree" if (c.ppn == 1 and algo != "PAT") else algo
+    inter = HW_LAT["NET"][net_algo][p]
+    if tree_simple is not None and net_algo == "Tree" and proto == "Simple":
+        inter = tree_simple
+    if c.era == "2.22" and algo == "NVLSTree":
+        inter = 14.0
+    inter += g.latency_inter * (2 if proto == "Simple" else 1)
+    return intra, inter
+
+
+def _ring_latency(c: Comm, coll: str, proto: str, base: float, intra: float, inter: float) -> float:
+    nsteps = _nsteps(coll, c.nranks)
+    if coll not in ("AllReduce", "AllGather", "ReduceScatter"):
+        # Broadcast / Reduce: pipelined chain, one hop of latency per step
+        return base + nsteps * (inter if c.nnodes > 1 else intra)
+    n_inter = 0
+    if c.nnodes > 1:
+        overhead = 2.0 if c.cpu_vendor == "amd" else 1.0
+        intra = max(intra, overhead * (3 if proto == "Simple" else 1))
+        if coll == "AllReduce":
+            n_inter = 2 * c.nnodes if c.era == "2.22" else 2 * (c.nnodes - 1)
+        else:
+            n_inter = c.nnodes - 1
+    return base + (nsteps - n_inter) * intra + n_inter * inter
 
 
 def op_time(lat: float, bw: float, coll: str, algo: str, proto: str, nbytes: int, c: Comm | None,

@@ -45,6 +45,8 @@ class JobSummary:
     files: dict[str, bytes] = field(default_factory=dict)
     error: str | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    top_incident: dict[str, Any] | None = None
+    """The job's worst incident (its findings.json record); the job is ranked by it."""
 
     @property
     def worst(self) -> str | None:
@@ -86,7 +88,8 @@ def analyze_job(
     counts = {sev: sum(1 for f in analysis.findings if f.severity.value == sev) for sev in SEVERITIES}
     damaged = analysis.sources.filter(pl.col("status").is_in(["partial", "failed"])).height
     files = render(analysis) if render is not None else {}
-    return JobSummary(path.name, str(path), [f.to_json() for f in analysis.findings], damaged, files, error, counts)
+    top = analysis.incidents[0].to_json() if analysis.incidents else None
+    return JobSummary(path.name, str(path), [f.to_json() for f in analysis.findings], damaged, files, error, counts, top)
 
 
 def _worker(args: tuple[Path, Mapping[str, Mapping[str, str]] | None, JobRenderer | None]) -> JobSummary:
@@ -119,11 +122,12 @@ def triage(
 
 
 def job_table(results: list[JobSummary]) -> pl.DataFrame:
-    """One row per job, worst first: severity, then GPU-seconds lost."""
+    """One row per job, worst first: severity, then the top incident's GPU-hours, then all GPU-seconds lost."""
     order = {sev: i for i, sev in enumerate(SEVERITIES)}
     rows = []
     for r in results:
-        top = r.findings[0]["title"] if r.findings else None
+        inc = r.top_incident  # its root cause names the job's problem, not a symptom
+        top = inc["title"] if inc else None
         rows.append(
             {
                 "job": r.name,
@@ -134,6 +138,8 @@ def job_table(results: list[JobSummary]) -> pl.DataFrame:
                 "gpu_seconds_lost": round(r.gpu_seconds_lost, 3),
                 "damaged_sources": r.damaged_sources,
                 "top_finding": top or r.error,
+                "top_incident": inc["verdict"] if inc else None,
+                "top_incident_gpu_hours": inc["gpu_hours_lost"] if inc else None,
                 "_order": order.get(r.worst or "", 3 if not r.error else -1),
             }
         )
@@ -141,7 +147,8 @@ def job_table(results: list[JobSummary]) -> pl.DataFrame:
         return pl.DataFrame()
     return (
         pl.DataFrame(rows)
-        .sort(["_order", "gpu_seconds_lost", "job"], descending=[False, True, False])
+        .sort(["_order", "top_incident_gpu_hours", "gpu_seconds_lost", "job"], descending=[False, True, True, False],
+              nulls_last=True)
         .drop("_order")
     )
 

@@ -21,6 +21,7 @@ import calendar
 import datetime as dt
 import re
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ import polars as pl
 from forensics.parsers.common import ParseContext, ParseResult, open_bounded
 
 from forensics import frames as fr
+from forensics.identity import normalize_bus_id
 
 _MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
 MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
@@ -274,20 +276,6 @@ _XCH = re.compile(r"\b(?:Ch|channel) (?:0x)?(?P<ch>[0-9a-f]{8})\b")
 _XMMU = re.compile(r"MMU Fault: ENGINE (?P<engine>.+?) faulted @ (?P<addr>\S+)\. Fault is of type (?P<ftype>\S+)")
 
 
-def norm_bdf(text: str | None) -> str | None:
-    """`0000:3b:00` / `00000000:3B:00.0` / `3b:00` -> `0000:3b:00.0`; None when redacted or absent."""
-    if not text or "..." in text:
-        return None
-    t = text.strip().lower()
-    m = re.fullmatch(r"(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([0-9a-f]{2})(?:\.([0-7]))?", t)
-    if not m:
-        return None
-    dom = (m.group(1) or "0").lstrip("0").rjust(4, "0")[-4:] if len(m.group(1) or "") <= 8 else None
-    if dom is None:
-        return None
-    return f"{dom}:{m.group(2)}:{m.group(3)}.{m.group(4) or '0'}"
-
-
 def _epoch_ns(y: int, mo: int, d: int, hms: str, frac: str | None = None, offset_s: int = 0) -> int | None:
     try:
         h, mi, s = (int(x) for x in hms.split(":"))
@@ -351,152 +339,222 @@ _LEVELS = ["emerg", "alert", "crit", "err", "warn", "notice", "info", "debug"]
 _FACILITIES = ["kern", "user", "mail", "daemon", "auth", "syslog", "lpr", "news"]
 
 
+# Each peeler matches one wrapper or timestamp prefix at the start of the text, fills the record and returns
+# how many characters it consumed (None: not this prefix). Order matters: _peel tries them in this order.
+_Peeler = Callable[[str, "_Rec", dict[str, Any]], "int | None"]
+
+
+def _peel_grep(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
+    m = _P_GREP.match(rest)
+    return m.end() if m else None
+
+
+def _peel_alert(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
+    m = _P_ALERT.match(rest)
+    if not m:
+        return None
+    rec.host = m.group("host").strip()
+    return m.end()
+
+
+def _peel_talos(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
+    m = _P_TALOS.match(rest)
+    if not m:
+        return None
+    rec.host = m.group("host")
+    rec.facility = "kernel" if m.group("facility") == "kern" else m.group("facility")
+    rec.level = m.group("level")
+    rec.time_text, rec.time_format = m.group("iso"), "talos"
+    rec.wall_ns, rec.wall_source = _iso_ns(m.group("iso")), "stamp"
+    return m.end()
+
+
+def _peel_pdsh(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
+    m = _P_PDSH.match(rest)
+    if not m:
+        return None
+    rec.host = m.group("host")
+    return m.end()
+
+
+def _peel_kmsg(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
+    m = _P_KMSG.match(rest)
+    if not m:
+        return None
+    prio = int(m.group("prio"))
+    rec.level = _LEVELS[prio & 7]
+    fac = prio >> 3
+    rec.facility = "kernel" if fac == 0 else (_FACILITIES[fac] if fac < len(_FACILITIES) else str(fac))
+    rec.time_text, rec.time_format = m.group("usec"), "kmsg"
+    rec.mono_ns = int(m.group("usec")) * 1000
+    return m.end()
+
+
+def _peel_prio(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
+    m = _P_PRIO.match(rest)
+    if not m:
+        return None
+    rec.level = _LEVELS[int(m.group("prio")) & 7]
+    return m.end()
+
+
+def _peel_decode(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
+    m = _P_DECODE.match(rest)
+    if not m:
+        return None
+    rec.facility = "kernel" if m.group("facility") == "kern" else m.group("facility")
+    rec.level = m.group("level")
+    return m.end()
+
+
+def _peel_iso(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
+    m = _P_ISO.match(rest)
+    if not m:
+        return None
+    rec.time_text, rec.time_format = m.group("iso"), "iso"
+    rec.wall_ns, rec.wall_source = _iso_ns(m.group("iso")), "stamp"
+    if m.group("host"):
+        rec.host = m.group("host")
+    if m.group("ident"):
+        rec.facility = m.group("ident")
+    return m.end()
+
+
+def _peel_short_full(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
+    m = _P_SHORT_FULL.match(rest)
+    if not m:
+        return None
+    rec.time_text, rec.time_format = " ".join(m.group(0).split()[:4]), "syslog"
+    off = 0
+    tz = m.group("tz")
+    if tz[0] in "+-":
+        z = tz.replace(":", "")
+        off = (1 if z[0] == "+" else -1) * (int(z[1:3]) * 3600 + int(z[3:5]) * 60)
+    y, mo, d = (int(x) for x in m.group("date").split("-"))
+    hms, _, frac = m.group("hms").partition(".")
+    rec.wall_ns, rec.wall_source = _epoch_ns(y, mo, d, hms, frac or None, off), "stamp"
+    if m.group("host"):
+        rec.host = m.group("host")
+    rec.facility = m.group("ident")
+    return m.end()
+
+
+def _peel_syslog(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
+    m = _P_SYSLOG.match(rest)
+    if not m:
+        return None
+    rec.time_text = f"{m.group('mon')} {m.group('day')} {m.group('hms')}{m.group('frac') or ''}"
+    rec.time_format = "syslog"
+    rec.year_less = (_MONTHS[m.group("mon")], int(m.group("day")), m.group("hms"), m.group("frac"))
+    if m.group("host"):
+        rec.host = m.group("host")
+    rec.facility = m.group("ident")
+    return m.end()
+
+
+def _peel_wall_kernel(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
+    """`kernel:` after a `wall` header line: the header gave host and time."""
+    m = _P_WALL_KERNEL.match(rest)
+    if not (m and state.get("wall_header")):
+        return None
+    host, stamp = state.pop("wall_header")
+    rec.host = host
+    rec.time_text, rec.time_format, rec.year_less = stamp[0], "syslog", stamp[1]
+    rec.facility = "kernel"
+    return m.end()
+
+
+def _peel_bare_kernel(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
+    m = _P_BARE_KERNEL.match(rest) or _P_WALL_KERNEL.match(rest)
+    if not m:
+        return None
+    rec.facility = "kernel"
+    return m.end()
+
+
+def _peel_fm(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
+    m = _P_FM.match(rest)
+    if not m:
+        return None
+    rec.time_text, rec.time_format = m.group("fmts"), "fabricmanager"
+    mon, day, year, hms = m.group("fmts").split()
+    rec.wall_ns, rec.wall_source = _epoch_ns(int(year), _MONTHS[mon], int(day), hms), "stamp"
+    rec.facility, rec.level = "fabricmanager", m.group("level").lower()
+    return m.end()
+
+
+def _peel_ctime(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
+    m = _P_CTIME.match(rest)
+    if not m or (ns := _ctime_ns(m.group("ctime"))) is None:
+        return None
+    rec.time_text, rec.time_format = m.group("ctime"), "ctime"
+    rec.wall_ns, rec.wall_source = ns, "stamp"
+    return m.end()
+
+
+def _peel_human_abs(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
+    m = _P_HUMAN_ABS.match(rest)
+    if not m:
+        return None
+    rec.time_text, rec.time_format = m.group(0).strip(" []"), "human"
+    hms = m.group("hm") + ":" + (m.group("s") or "00")
+    rec.year_less = (_MONTHS[m.group("mon")], int(m.group("day")), hms, None)
+    state["human_base"] = rec.year_less
+    state["human_delta_ns"] = 0
+    return m.end()
+
+
+def _peel_human_rel(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
+    """`dmesg -H` relative lines: a delta from the last absolute line."""
+    m = _P_HUMAN_REL.match(rest)
+    if not (m and state.get("human_base")):
+        return None
+    delta = int(round(float(m.group("delta")) * 1e9))
+    state["human_delta_ns"] += delta
+    rec.time_text, rec.time_format = "+" + m.group("delta"), "human"
+    rec.year_less = state["human_base"]
+    rec.delta_ns = state["human_delta_ns"]
+    return m.end()
+
+
+def _peel_mono(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
+    m = _P_MONO.match(rest)
+    if not m:
+        return None
+    if rec.time_format in ("none", "syslog"):
+        if rec.time_format == "none":
+            rec.time_text, rec.time_format = m.group("mono"), "monotonic"
+        else:
+            rec.time_text = f"{rec.time_text} [{m.group('mono')}]"
+    rec.mono_ns = int(round(float(m.group("mono")) * 1e9))
+    end = m.end()
+    if rec.host is None or rec.facility is None:
+        m2 = _P_AFTER_MONO_HOST.match(rest[end:])  # the pattern is anchored with ^: slice, not pos
+        if m2:
+            rec.host = rec.host or m2.group("host")
+            rec.facility = m2.group("ident")
+            end += m2.end()
+    return end
+
+
+_PEELERS: tuple[_Peeler, ...] = (
+    _peel_grep, _peel_alert, _peel_talos, _peel_pdsh, _peel_kmsg, _peel_prio, _peel_decode, _peel_iso,
+    _peel_short_full, _peel_syslog, _peel_wall_kernel, _peel_bare_kernel, _peel_fm, _peel_ctime,
+    _peel_human_abs, _peel_human_rel, _peel_mono,
+)
+
+
 def _peel(line: str, rec: _Rec, state: dict[str, Any]) -> str:
     """Strip every wrapper and timestamp prefix, filling ``rec``; returns the message text."""
     rest = line
     for _ in range(8):
-        m = _P_GREP.match(rest)
-        if m:
-            rest = rest[m.end():]
-            continue
-        m = _P_ALERT.match(rest)
-        if m:
-            rec.host = m.group("host").strip()
-            rest = rest[m.end():]
-            continue
-        m = _P_TALOS.match(rest)
-        if m:
-            rec.host = m.group("host")
-            rec.facility = "kernel" if m.group("facility") == "kern" else m.group("facility")
-            rec.level = m.group("level")
-            rec.time_text, rec.time_format = m.group("iso"), "talos"
-            rec.wall_ns, rec.wall_source = _iso_ns(m.group("iso")), "stamp"
-            rest = rest[m.end():]
-            continue
-        m = _P_PDSH.match(rest)
-        if m:
-            rec.host = m.group("host")
-            rest = rest[m.end():]
-            continue
-        m = _P_KMSG.match(rest)
-        if m:
-            prio = int(m.group("prio"))
-            rec.level = _LEVELS[prio & 7]
-            fac = prio >> 3
-            rec.facility = "kernel" if fac == 0 else (_FACILITIES[fac] if fac < len(_FACILITIES) else str(fac))
-            rec.time_text, rec.time_format = m.group("usec"), "kmsg"
-            rec.mono_ns = int(m.group("usec")) * 1000
-            rest = rest[m.end():]
-            continue
-        m = _P_PRIO.match(rest)
-        if m:
-            rec.level = _LEVELS[int(m.group("prio")) & 7]
-            rest = rest[m.end():]
-            continue
-        m = _P_DECODE.match(rest)
-        if m:
-            rec.facility = "kernel" if m.group("facility") == "kern" else m.group("facility")
-            rec.level = m.group("level")
-            rest = rest[m.end():]
-            continue
-        m = _P_ISO.match(rest)
-        if m:
-            rec.time_text, rec.time_format = m.group("iso"), "iso"
-            rec.wall_ns, rec.wall_source = _iso_ns(m.group("iso")), "stamp"
-            if m.group("host"):
-                rec.host = m.group("host")
-            if m.group("ident"):
-                rec.facility = m.group("ident")
-            rest = rest[m.end():]
-            continue
-        m = _P_SHORT_FULL.match(rest)
-        if m:
-            rec.time_text, rec.time_format = " ".join(m.group(0).split()[:4]), "syslog"
-            off = 0
-            tz = m.group("tz")
-            if tz[0] in "+-":
-                z = tz.replace(":", "")
-                off = (1 if z[0] == "+" else -1) * (int(z[1:3]) * 3600 + int(z[3:5]) * 60)
-            y, mo, d = (int(x) for x in m.group("date").split("-"))
-            hms, _, frac = m.group("hms").partition(".")
-            rec.wall_ns, rec.wall_source = _epoch_ns(y, mo, d, hms, frac or None, off), "stamp"
-            if m.group("host"):
-                rec.host = m.group("host")
-            rec.facility = m.group("ident")
-            rest = rest[m.end():]
-            continue
-        m = _P_SYSLOG.match(rest)
-        if m:
-            rec.time_text = f"{m.group('mon')} {m.group('day')} {m.group('hms')}{m.group('frac') or ''}"
-            rec.time_format = "syslog"
-            rec.year_less = (_MONTHS[m.group("mon")], int(m.group("day")), m.group("hms"), m.group("frac"))
-            if m.group("host"):
-                rec.host = m.group("host")
-            rec.facility = m.group("ident")
-            rest = rest[m.end():]
-            continue
-        m = _P_WALL_KERNEL.match(rest)
-        if m and state.get("wall_header"):
-            host, stamp = state.pop("wall_header")
-            rec.host = host
-            rec.time_text, rec.time_format, rec.year_less = stamp[0], "syslog", stamp[1]
-            rec.facility = "kernel"
-            rest = rest[m.end():]
-            continue
-        m = _P_BARE_KERNEL.match(rest) or _P_WALL_KERNEL.match(rest)
-        if m:
-            rec.facility = "kernel"
-            rest = rest[m.end():]
-            continue
-        m = _P_FM.match(rest)
-        if m:
-            rec.time_text, rec.time_format = m.group("fmts"), "fabricmanager"
-            mon, day, year, hms = m.group("fmts").split()
-            rec.wall_ns, rec.wall_source = _epoch_ns(int(year), _MONTHS[mon], int(day), hms), "stamp"
-            rec.facility, rec.level = "fabricmanager", m.group("level").lower()
-            rest = rest[m.end():]
-            continue
-        m = _P_CTIME.match(rest)
-        if m and (ns := _ctime_ns(m.group("ctime"))) is not None:
-            rec.time_text, rec.time_format = m.group("ctime"), "ctime"
-            rec.wall_ns, rec.wall_source = ns, "stamp"
-            rest = rest[m.end():]
-            continue
-        m = _P_HUMAN_ABS.match(rest)
-        if m:
-            rec.time_text, rec.time_format = m.group(0).strip(" []"), "human"
-            hms = m.group("hm") + ":" + (m.group("s") or "00")
-            rec.year_less = (_MONTHS[m.group("mon")], int(m.group("day")), hms, None)
-            state["human_base"] = rec.year_less
-            state["human_delta_ns"] = 0
-            rest = rest[m.end():]
-            continue
-        m = _P_HUMAN_REL.match(rest)
-        if m and state.get("human_base"):
-            delta = int(round(float(m.group("delta")) * 1e9))
-            state["human_delta_ns"] += delta
-            rec.time_text, rec.time_format = "+" + m.group("delta"), "human"
-            rec.year_less = state["human_base"]
-            rec.delta_ns = state["human_delta_ns"]
-            rest = rest[m.end():]
-            continue
-        m = _P_MONO.match(rest)
-        if m:
-            if rec.time_format in ("none", "syslog"):
-                if rec.time_format == "none":
-                    rec.time_text, rec.time_format = m.group("mono"), "monotonic"
-                else:
-                    rec.time_text = f"{rec.time_text} [{m.group('mono')}]"
-            rec.mono_ns = int(round(float(m.group("mono")) * 1e9))
-            rest = rest[m.end():]
-            if rec.host is None or rec.facility is None:
-                m2 = _P_AFTER_MONO_HOST.match(rest)
-                if m2:
-                    rec.host = rec.host or m2.group("host")
-                    rec.facility = m2.group("ident")
-                    rest = rest[m2.end():]
-            continue
-        break
+        for peeler in _PEELERS:
+            end = peeler(rest, rec, state)
+            if end is not None:
+                rest = rest[end:]
+                break
+        else:
+            break
     return rest
 
 
@@ -558,36 +616,16 @@ def _xid_fields(m: re.Match[str]) -> dict[str, Any]:
     if m.group("prev_xid"):
         f["caused_by_xid"] = int(m.group("prev_xid"))
     xid = f["xid"]
-    if xid == 74 and (d := _X74.search(text)):
-        f["link"] = int(d.group("link"))
-        f["nvlink_regs"] = [r.strip() for r in d.group("regs").split(",")]
-    elif 144 <= xid <= 150 and (d := _NVL5.search(text)):
-        f.update(nvlink_unit=d.group("unit"), fatal=d.group("fatality") == "Fatal", link=int(d.group("link")),
-                 xc=d.group("xc"), instance=d.group("inst"))
-        if d.group("intrinfo"):
-            intr = int(d.group("intrinfo"), 16)
-            f.update(intrinfo=d.group("intrinfo"), error_status=d.group("errstatus"), subcode=(intr >> 20) & 0x3F)
-    elif xid in (94, 95):
-        if d := _X9495.search(text):
-            f.update(containment=d.group("containment"), unit=d.group("unit"), rst=d.group("rst") == "Yes",
-                     deferred_rst=d.group("drst") == "Yes")
-            if d.group("phys"):
-                f["phys_addr"] = d.group("phys")
-    elif xid == 154 and (d := _X154.search(text)):
-        f.update(recovery_from=d.group("from_name"), recovery_action=d.group("to_name"))
-    elif xid == 48 and (d := _X48.search(text)):
-        if d.group("phys"):
-            f["phys_addr"] = d.group("phys")
-    elif xid in (63, 64) and (d := _XREMAP.search(text)):
-        f["row"] = d.group("row") or d.group("row2")
-        if d.group("why"):
-            f["remap_error"] = d.group("why").strip()
-    elif xid in (119, 120) and (d := _XGSP.search(text)):
-        f.update(rpc_function=int(d.group("fn")), rpc_function_name=d.group("fn_name"))
-        if d.group("gpuidx"):
-            f["gpu_instance"] = int(d.group("gpuidx"))
-        if d.group("secs"):
-            f["timeout_s"] = int(d.group("secs"))
+    decoder = _XID_DECODERS.get(xid)
+    if decoder is not None:
+        f.update(decoder(text))
+    f.update(_xid_location(xid, text))
+    return f
+
+
+def _xid_location(xid: int, text: str) -> dict[str, Any]:
+    """Where on the GPU: SM coordinates (Xid 13), the MMU fault (Xid 31), the channel (any Xid)."""
+    f: dict[str, Any] = {}
     if xid == 13 and (d := _XSM.search(text)):
         f.update(gpc=int(d.group("gpc")), tpc=int(d.group("tpc")), sm=int(d.group("sm")))
     if xid == 31 and (d := _XMMU.search(text)):
@@ -595,6 +633,73 @@ def _xid_fields(m: re.Match[str]) -> dict[str, Any]:
     if d := _XCH.search(text):
         f["channel"] = d.group("ch")
     return f
+
+
+# Per-Xid message decoders: the fields one Xid's free text carries (empty when the text does not match).
+def _x74(text: str) -> dict[str, Any]:
+    d = _X74.search(text)
+    return {"link": int(d.group("link")), "nvlink_regs": [r.strip() for r in d.group("regs").split(",")]} if d else {}
+
+
+def _x_nvl5(text: str) -> dict[str, Any]:
+    d = _NVL5.search(text)
+    if not d:
+        return {}
+    f: dict[str, Any] = dict(nvlink_unit=d.group("unit"), fatal=d.group("fatality") == "Fatal", link=int(d.group("link")),
+                             xc=d.group("xc"), instance=d.group("inst"))
+    if d.group("intrinfo"):
+        intr = int(d.group("intrinfo"), 16)
+        f.update(intrinfo=d.group("intrinfo"), error_status=d.group("errstatus"), subcode=(intr >> 20) & 0x3F)
+    return f
+
+
+def _x9495(text: str) -> dict[str, Any]:
+    d = _X9495.search(text)
+    if not d:
+        return {}
+    f: dict[str, Any] = dict(containment=d.group("containment"), unit=d.group("unit"), rst=d.group("rst") == "Yes",
+                             deferred_rst=d.group("drst") == "Yes")
+    if d.group("phys"):
+        f["phys_addr"] = d.group("phys")
+    return f
+
+
+def _x154(text: str) -> dict[str, Any]:
+    d = _X154.search(text)
+    return {"recovery_from": d.group("from_name"), "recovery_action": d.group("to_name")} if d else {}
+
+
+def _x48(text: str) -> dict[str, Any]:
+    d = _X48.search(text)
+    return {"phys_addr": d.group("phys")} if d and d.group("phys") else {}
+
+
+def _x_remap(text: str) -> dict[str, Any]:
+    d = _XREMAP.search(text)
+    if not d:
+        return {}
+    f: dict[str, Any] = {"row": d.group("row") or d.group("row2")}
+    if d.group("why"):
+        f["remap_error"] = d.group("why").strip()
+    return f
+
+
+def _x_gsp(text: str) -> dict[str, Any]:
+    d = _XGSP.search(text)
+    if not d:
+        return {}
+    f: dict[str, Any] = dict(rpc_function=int(d.group("fn")), rpc_function_name=d.group("fn_name"))
+    if d.group("gpuidx"):
+        f["gpu_instance"] = int(d.group("gpuidx"))
+    if d.group("secs"):
+        f["timeout_s"] = int(d.group("secs"))
+    return f
+
+
+_XID_DECODERS: dict[int, Callable[[str], dict[str, Any]]] = {
+    74: _x74, **{x: _x_nvl5 for x in range(144, 151)}, 94: _x9495, 95: _x9495, 154: _x154, 48: _x48,
+    63: _x_remap, 64: _x_remap, 119: _x_gsp, 120: _x_gsp,
+}
 
 
 def _column_values(kind: str, f: dict[str, Any]) -> tuple[str | None, int | None, int | None, str | None]:
@@ -609,7 +714,7 @@ def _column_values(kind: str, f: dict[str, Any]) -> tuple[str | None, int | None
     except (TypeError, ValueError):
         pid = None
     proc = f.get("process") if kind == "xid" else f.get("comm")
-    return norm_bdf(bdf), xid, pid, proc
+    return normalize_bus_id(bdf), xid, pid, proc
 
 
 def parse(path: Path, ctx: ParseContext) -> ParseResult:
@@ -629,21 +734,24 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
     return parse_text(text, ctx.rel_path, mtime_ns=mtime_ns, bad_bytes=bad_bytes)
 
 
-def parse_text(text: str, source: str, mtime_ns: int | None = None, bad_bytes: int = 0) -> ParseResult:
-    """Parse kernel-log text; ``mtime_ns`` (the file's mtime) supplies the year of year-less stamps
-    when the text has no absolute stamp of its own."""
-    cols: dict[str, list[Any]] = {k: [] for k in (
-        "host", "line", "time_text", "time_format", "mono_ns", "wall_ns", "wall_source", "facility",
-        "level", "kind", "pci_bus_id", "xid", "pid", "process", "message", "fields", "segment")}
-    year_less: list[tuple[int, tuple[int, int, str, str | None], int]] = []  # (row, stamp, extra delta ns)
-    state: dict[str, Any] = {}
-    cur: _Rec | None = None
-    file_host: str | None = None
-    segment = 0  # `==> file <==` headers (tail/head over several files) start a new segment
-    years: list[int] = []
+_COLUMNS = ("host", "line", "time_text", "time_format", "mono_ns", "wall_ns", "wall_source", "facility",
+            "level", "kind", "pci_bus_id", "xid", "pid", "process", "message", "fields", "segment")
 
-    def flush() -> None:
-        nonlocal cur
+
+class _Collector:
+    """The records of one kernel-log text, column by column, built line by line."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list[Any]] = {k: [] for k in _COLUMNS}
+        self.year_less: list[tuple[int, tuple[int, int, str, str | None], int]] = []  # (row, stamp, extra delta ns)
+        self.state: dict[str, Any] = {}
+        self.cur: _Rec | None = None
+        self.file_host: str | None = None
+        self.segment = 0  # `==> file <==` headers (tail/head over several files) start a new segment
+        self.years: list[int] = []
+
+    def flush(self) -> None:
+        cur = self.cur
         if cur is None:
             return
         kind, f = _classify(cur.message)
@@ -652,65 +760,82 @@ def parse_text(text: str, source: str, mtime_ns: int | None = None, bad_bytes: i
         if kind == "unknown" and cur.facility and cur.facility != "kernel" and cur.facility != "fabricmanager":
             kind, f = "benign", {"what": "not_kernel"}  # systemd[1] & co. interleaved in a journal
         bdf, xid, pid, proc = _column_values(kind, f)
+        cols = self.cols
         if cur.year_less is not None:
-            year_less.append((len(cols["line"]), cur.year_less, cur.delta_ns))
+            self.year_less.append((len(cols["line"]), cur.year_less, cur.delta_ns))
         if cur.wall_ns is not None and cur.wall_source == "stamp":
-            years.append(dt.datetime.fromtimestamp(cur.wall_ns / 1e9, dt.timezone.utc).year)
-        for k, v in (("host", cur.host or file_host), ("line", cur.line), ("time_text", cur.time_text),
+            self.years.append(dt.datetime.fromtimestamp(cur.wall_ns / 1e9, dt.timezone.utc).year)
+        for k, v in (("host", cur.host or self.file_host), ("line", cur.line), ("time_text", cur.time_text),
                      ("time_format", cur.time_format), ("mono_ns", cur.mono_ns), ("wall_ns", cur.wall_ns),
                      ("wall_source", cur.wall_source), ("facility", cur.facility), ("level", cur.level),
                      ("kind", kind), ("pci_bus_id", bdf), ("xid", xid), ("pid", pid), ("process", proc),
                      ("message", cur.message), ("fields", orjson.dumps(f).decode() if f else "{}"),
-                     ("segment", segment)):
+                     ("segment", self.segment)):
             cols[k].append(v)
-        cur = None
+        self.cur = None
 
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    def feed(self, lineno: int, line: str) -> None:
+        cur = self.cur
         if not line.strip():
-            continue
+            return
         if cur is not None and (_KMSG_DICT.match(line) and cur.time_format == "kmsg"):
-            continue  # /dev/kmsg dictionary (" SUBSYSTEM=pci") belongs to the record; not message text
+            return  # /dev/kmsg dictionary (" SUBSYSTEM=pci") belongs to the record; not message text
         if cur is not None and _CONTINUATION.match(line) and not _STAMP_START.match(line):
             piece = line.strip()
             piece = piece[6:] if piece.startswith("NVRM: ") and cur.message.lstrip().startswith("NVRM:") else piece
             cur.message = f"{cur.message.rstrip()} {piece}"
-            continue
-        m = _FILE_HEADER.match(line)
-        if m:
-            flush()
-            segment += 1
-            file_host = None
-            state.clear()
-            continue
+            return
+        if _FILE_HEADER.match(line):
+            self.flush()
+            self.segment += 1
+            self.file_host = None
+            self.state.clear()
+            return
         m = _WALL_HEADER.match(line)
         if m:
-            flush()
+            self.flush()
             ts = f"{m.group('mon')} {m.group('day')} {m.group('hms')}"
-            state["wall_header"] = (m.group("host"), (ts, (_MONTHS[m.group("mon")], int(m.group("day")), m.group("hms"), None)))
-            continue
-        flush()
-        cur = _Rec()
+            self.state["wall_header"] = (m.group("host"),
+                                         (ts, (_MONTHS[m.group("mon")], int(m.group("day")), m.group("hms"), None)))
+            return
+        self.flush()
+        cur = self.cur = _Rec()
         cur.line = lineno
-        cur.message = _peel(line, cur, state)
+        cur.message = _peel(line, cur, self.state)
         if cur.facility is None and cur.time_format in ("monotonic", "ctime", "human", "kmsg", "iso", "none"):
             cur.facility = "kernel" if cur.time_format != "none" or cur.message.startswith("NVRM") else None
-    flush()
 
-    n = len(cols["line"])
-    # Year-less stamps: the year of the file's own absolute stamps, else the file's mtime year;
-    # a date after the reference moment (Dec -> Jan rollover) belongs to the previous year.
-    mtime_year = dt.datetime.fromtimestamp(mtime_ns / 1e9, dt.timezone.utc).year if mtime_ns else None
-    ref_year = max(years) if years else mtime_year
-    if ref_year is not None:
-        for row, (mo, d, hms, frac), delta in year_less:
+    def resolve_year_less(self, mtime_ns: int | None) -> None:
+        """Year-less stamps: the year of the file's own absolute stamps, else the file's mtime year;
+        a date after the reference moment (Dec -> Jan rollover) belongs to the previous year."""
+        years = self.years
+        mtime_year = dt.datetime.fromtimestamp(mtime_ns / 1e9, dt.timezone.utc).year if mtime_ns else None
+        ref_year = max(years) if years else mtime_year
+        if ref_year is None:
+            return
+        for row, (mo, d, hms, frac), delta in self.year_less:
             ns = _epoch_ns(ref_year, mo, d, hms, frac)
             # a log is written before its file's mtime: a later date means last year (Dec -> Jan)
             if ns is not None and not years and mtime_ns is not None and ns > mtime_ns + 86_400 * 10**9:
                 ns = _epoch_ns(ref_year - 1, mo, d, hms, frac)
-            if ns is not None and cols["wall_ns"][row] is None:
-                cols["wall_ns"][row] = ns + delta
-                cols["wall_source"][row] = "stamp_year_from_file"
+            if ns is not None and self.cols["wall_ns"][row] is None:
+                self.cols["wall_ns"][row] = ns + delta
+                self.cols["wall_source"][row] = "stamp_year_from_file"
 
+
+def parse_text(text: str, source: str, mtime_ns: int | None = None, bad_bytes: int = 0) -> ParseResult:
+    """Parse kernel-log text; ``mtime_ns`` (the file's mtime) supplies the year of year-less stamps
+    when the text has no absolute stamp of its own."""
+    c = _Collector()
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        c.feed(lineno, line)
+    c.flush()
+    c.resolve_year_less(mtime_ns)
+    return _result(c.cols, source, bad_bytes)
+
+
+def _result(cols: dict[str, list[Any]], source: str, bad_bytes: int) -> ParseResult:
+    n = len(cols["line"])
     df = pl.DataFrame(cols, schema_overrides={
         "mono_ns": pl.Int64, "wall_ns": pl.Int64, "xid": pl.Int32, "pid": pl.Int64, "line": pl.Int64,
     }, strict=False) if n else fr.empty("kernel_events").drop("source", "boot").with_columns(
@@ -718,7 +843,8 @@ def parse_text(text: str, source: str, mtime_ns: int | None = None, bad_bytes: i
     df = _assign_boots_and_place(df)
     df = df.with_columns(pl.lit(source).alias("source")).drop("segment")
     out = fr.conform("kernel_events", df)
-    counts = out.group_by("kind").len().sort("len", descending=True)
+    # ties by name: the message must be the same bytes on every run
+    counts = out.group_by("kind").len().sort([pl.col("len"), pl.col("kind").cast(pl.String)], descending=[True, False])
     summary = ", ".join(f"{k}={v}" for k, v in counts.iter_rows())
     unknown = int(out.filter(pl.col("kind") == "unknown").height)
     hosts = out["host"].drop_nulls().unique().to_list()

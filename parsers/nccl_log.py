@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import zlib
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import polars as pl
 from forensics.parsers.common import DecompressionLimitExceeded, ParseContext, ParseResult, open_bounded
 
 from forensics import frames as fr
+from forensics.identity import normalize_bus_id
 
 # --- envelope -------------------------------------------------------------------------------
 # search, not match: launchers put their own tags in front ([1,3]<stdout>:, [0] , Ray, timestamps).
@@ -157,12 +159,6 @@ SOCKET_DEV = re.compile(r"\[(?P<idx>\d+)\](?P<ifname>[^\s:]+):(?P<addr>\S*)")
 IB_DEV = re.compile(r"\[(?P<idx>\d+)\](?P<name>[^\s:]+):(?P<port>\d+)/(?P<link>IB|RoCE)(?P<sharp>/SHARP)?")
 
 
-def bus_id_from_hex(h: str) -> str:
-    """NCCL prints the busId as the hex of `dddd:bb:dd.f` with separators removed."""
-    h = h.lower().removeprefix("0x").rjust(9, "0")
-    return f"{h[-9:-5]}:{h[-5:-3]}:{h[-3:-1]}.{h[-1]}"
-
-
 class _Acc:
     """Row accumulators for one file (plain lists of dicts, turned into frames once)."""
 
@@ -252,7 +248,7 @@ def _line(acc: _Acc, line: str, n: int) -> None:
     if m:
         acc.counts["nccl"] += 1
         acc.ras = False
-        base = {
+        base: dict[str, Any] = {
             "host": host,
             "pid": int(m["pid"]) if host else None,
             "cuda_dev": int(m["dev"]) if m["dev"] is not None else None,
@@ -289,132 +285,197 @@ _HINTS = {
 }
 
 
-def _info(acc: _Acc, base: dict[str, Any], msg: str, src: str | None) -> bool:
-    if not msg:
-        return True  # `NCCL INFO` with nothing after it (WARN separators, cut lines)
+def _match_info(msg: str) -> tuple[str, re.Match[str]] | None:
+    """The first INFO_RX pattern that matches ``msg`` (order matters: specific patterns come first)."""
     for kind, rx in INFO_RX.items():
         m = rx.match(msg)
         if m:
-            break
-    else:
+            return kind, m
+    return None
+
+
+def _info(acc: _Acc, base: dict[str, Any], msg: str, src: str | None) -> bool:
+    if not msg:
+        return True  # `NCCL INFO` with nothing after it (WARN separators, cut lines)
+    found = _match_info(msg)
+    if found is None:
         return False
+    kind, m = found
     g = m.groupdict()
     hint = _HINTS.get(kind)
     if hint:
         _hint(acc, *hint(g))
-    if kind == "transport":
-        _transport(acc, base, g)
-    elif kind == "comm_init":
-        acc.add(
-            "nccl_comms", **{**base, "cuda_dev": int(g["cudaDev"])}, origin="init", comm=g["comm"], comm_id=g["commId"], rank=int(g["rank"]),
-            nranks=int(g["nranks"]), nvml_dev=_int(g["nvmlDev"]),
-            bus_id=bus_id_from_hex(g["busId"]) if g["busId"] else None, phase=g["phase"], func=g["func"],
-        )
-    elif kind == "comm_layout":
-        acc.rows["_layout"].append({"host": base["host"], "pid": base["pid"], "comm": g["comm"],
-                                    "nnodes": int(g["nnodes"]), "local_ranks": int(g["localRanks"])})
-    elif kind == "env":
-        acc.add("nccl_env", **base, var=g["var"], value=g["val"].strip(), origin="nccl")
-    elif kind == "bootstrap":
-        devs = list(SOCKET_DEV.finditer(g["ifaces"]))
-        if devs:
-            for d in devs:
-                acc.add("nccl_net", **base, kind="bootstrap", index=int(d["idx"]), name=d["ifname"], address=d["addr"])
-        else:
-            name, _, addr = g["ifaces"].strip().partition(":")
-            acc.add("nccl_net", **base, kind="bootstrap", index=0, name=name, address=addr)
-    elif kind == "net_socket_using":
-        for d in SOCKET_DEV.finditer(g["devs"]):
-            acc.add("nccl_net", **base, kind="socket", index=int(d["idx"]), name=d["ifname"], address=d["addr"])
-    elif kind == "net_ib_using":
-        for d in IB_DEV.finditer(g["devs"]):
-            acc.add("nccl_net", **base, kind="ib", index=int(d["idx"]), name=d["name"], port=int(d["port"]),
-                    link_layer=d["link"], detail=g["oob"])
-    elif kind == "net_ib_nodev":
-        acc.add("nccl_net", **base, kind="ib_none", detail=msg)
-    elif kind == "using_network":
-        acc.add("nccl_net", **base, kind="network", name=g["net"])
-    elif kind == "net_ofi_provider":
-        acc.add("nccl_net", **base, kind="ofi_provider", name=g["prov"])
-    elif kind == "gdr_hca":
-        acc.add("nccl_net", **base, kind="gdr_hca", index=int(g["hca"]), name=g["name"], state=g["state"],
-                detail=f"NET/{g['net']}{g['extra']}")
-    elif kind == "gdr_gpu":
-        acc.add("nccl_net", **base, kind="gdr_gpu", name=g["gpu"], state=g["state"], detail=msg)
-    elif kind == "net_plugin":
-        acc.add("nccl_net", **base, kind="plugin", name=msg.split(":")[0].strip(), detail=msg)
-    elif kind == "coll_op":
-        dtype = DTYPES[int(g["dtype"])] if int(g["dtype"]) < len(DTYPES) else g["dtype"]
-        redop = int(g["redop"])
-        acc.add(
-            "nccl_calls", **base, kind="coll", op=g["op"], comm=g["comm"], op_count=int(g["opCount"], 16),
-            count=int(g["count"]), datatype=dtype, redop=REDOPS[redop] if redop < 5 else "premulsum",
-            root=int(g["root"]), nranks=int(g["nranks"]),
-            bytes=int(g["count"]) * DTYPE_SIZE[dtype] if dtype in DTYPE_SIZE else None,
-        )
-    elif kind == "tuning_op":
-        if g["other"] is not None and not g["other"].startswith("cudaMemcpy"):
-            return False
-        algo, proto = g["algo"], g["proto"]
-        if algo is not None and algo.isdigit():
-            algo = ALGO_IDS[int(algo)] if int(algo) < len(ALGO_IDS) else algo
-        if proto is not None and proto.isdigit():
-            proto = PROTO_IDS[int(proto)] if int(proto) < len(PROTO_IDS) else proto
-        acc.add(
-            "nccl_calls", **base, kind="tuning", op=g["func"],
-            bytes=int(g["bytes"]), algo=algo if algo else g["kernel"], proto=proto,
-            predicted_us=_float(g["time"]), chan_lo=_int(g["lo"]), chan_hi=_int(g["hi"]),
-        )
-    elif kind in ("tuning_hdr_old", "tuning_hdr_new", "tuning_nthreads", "tuning_row"):
-        _tuning(acc, base, kind, g)
-    elif kind == "collnet_conn":
-        acc.add("nccl_channels", **base, channel=int(g["ch"]), conn_index=int(g["conn"]), src_rank=int(g["rank"]),
-                direction=g["dir"], transport="COLLNET", via=msg.split(" via ", 1)[1], net=g["net"], nic=int(g["dev"]),
-                gdr="/GDRDMA" in g["rest"], shared="/Shared" in g["rest"])
-    elif kind == "ring_list":
-        acc.add("nccl_events", **base, level="INFO", kind="ring_order", code=int(g["ch"]), value=float(g["nch"]),
-                message=" ".join(g["ranks"].split()))
-    elif kind in ("trees", "tree_graph", "ring_graph", "nvls_trees"):
-        acc.add("nccl_events", **base, level="INFO", kind="trees" if kind != "ring_graph" else "ring_graph", message=msg)
-    elif kind == "thread_thresholds":
-        vals = [int(v) for v in re.findall(r"\d+", g["vals"])]
-        if len(vals) >= 4:
-            acc.add("nccl_events", **base, level="INFO", kind="thread_thresholds", value=vals[3] / 8.0, message=msg)
-    elif kind == "channels_summary":
-        acc.add("nccl_events", **base, level="INFO", kind="channels", value=float(g["coll"]),
-                code=_int(g["nvls"]), message=msg)
-    elif kind == "nvls_support":
-        acc.add("nccl_events", **base, level="INFO", kind="nvls_support", code=0 if g["neg"] else 1, message=msg)
-    elif kind == "check_p2p":
-        # intraNodeP2pSupport (2.24-2.26) / isAllCudaP2p (2.27+) = 0: CUDA P2P between the local GPUs is off
-        p2p = g["p2p"] if g["p2p"] is not None else g["allcuda"]
-        acc.add("nccl_events", **base, level="INFO", kind="p2p_check", code=_int(p2p), message=msg)
-    elif kind == "net_ofi_gdr_off":
-        acc.add("nccl_net", **base, kind="gdr_hca", name="OFI", state="Disabled", detail="NET/OFI " + msg[8:])
-    elif kind == "net_ofi_env":
-        # the plugin sets NCCL variables itself (e.g. NCCL_PROTO=simple on EFA without GDR)
-        acc.add("nccl_env", **base, var=g["var"], value=g["val"], origin="plugin")
-    elif kind == "connected" and g["gdr"] is not None:
+    handler = _INFO_HANDLERS.get(kind)
+    # a handler returns False when the line only looked like its kind; other kinds are known and carry nothing
+    return handler is None or handler(acc, base, g, msg) is not False
+
+
+_InfoHandler = Callable[[_Acc, dict[str, Any], dict[str, Any], str], "bool | None"]
+
+
+def _i_comm_init(acc: _Acc, base: dict[str, Any], g: dict[str, Any], msg: str) -> None:
+    acc.add(
+        "nccl_comms", **{**base, "cuda_dev": int(g["cudaDev"])}, origin="init", comm=g["comm"], comm_id=g["commId"], rank=int(g["rank"]),
+        nranks=int(g["nranks"]), nvml_dev=_int(g["nvmlDev"]),
+        bus_id=normalize_bus_id(g["busId"], bare="packed"), phase=g["phase"], func=g["func"],
+    )
+
+
+def _i_comm_layout(acc: _Acc, base: dict[str, Any], g: dict[str, Any], msg: str) -> None:
+    acc.rows["_layout"].append({"host": base["host"], "pid": base["pid"], "comm": g["comm"],
+                                "nnodes": int(g["nnodes"]), "local_ranks": int(g["localRanks"])})
+
+
+def _i_bootstrap(acc: _Acc, base: dict[str, Any], g: dict[str, Any], msg: str) -> None:
+    devs = list(SOCKET_DEV.finditer(g["ifaces"]))
+    if devs:
+        for d in devs:
+            acc.add("nccl_net", **base, kind="bootstrap", index=int(d["idx"]), name=d["ifname"], address=d["addr"])
+    else:
+        name, _, addr = g["ifaces"].strip().partition(":")
+        acc.add("nccl_net", **base, kind="bootstrap", index=0, name=name, address=addr)
+
+
+def _i_net_socket_using(acc: _Acc, base: dict[str, Any], g: dict[str, Any], msg: str) -> None:
+    for d in SOCKET_DEV.finditer(g["devs"]):
+        acc.add("nccl_net", **base, kind="socket", index=int(d["idx"]), name=d["ifname"], address=d["addr"])
+
+
+def _i_net_ib_using(acc: _Acc, base: dict[str, Any], g: dict[str, Any], msg: str) -> None:
+    for d in IB_DEV.finditer(g["devs"]):
+        acc.add("nccl_net", **base, kind="ib", index=int(d["idx"]), name=d["name"], port=int(d["port"]),
+                link_layer=d["link"], detail=g["oob"])
+
+
+def _i_gdr_hca(acc: _Acc, base: dict[str, Any], g: dict[str, Any], msg: str) -> None:
+    acc.add("nccl_net", **base, kind="gdr_hca", index=int(g["hca"]), name=g["name"], state=g["state"],
+            detail=f"NET/{g['net']}{g['extra']}")
+
+
+def _i_coll_op(acc: _Acc, base: dict[str, Any], g: dict[str, Any], msg: str) -> None:
+    dtype = DTYPES[int(g["dtype"])] if int(g["dtype"]) < len(DTYPES) else g["dtype"]
+    redop = int(g["redop"])
+    acc.add(
+        "nccl_calls", **base, kind="coll", op=g["op"], comm=g["comm"], op_count=int(g["opCount"], 16),
+        count=int(g["count"]), datatype=dtype, redop=REDOPS[redop] if redop < 5 else "premulsum",
+        root=int(g["root"]), nranks=int(g["nranks"]),
+        bytes=int(g["count"]) * DTYPE_SIZE[dtype] if dtype in DTYPE_SIZE else None,
+    )
+
+
+def _i_tuning_op(acc: _Acc, base: dict[str, Any], g: dict[str, Any], msg: str) -> bool:
+    if g["other"] is not None and not g["other"].startswith("cudaMemcpy"):
+        return False
+    algo, proto = g["algo"], g["proto"]
+    if algo is not None and algo.isdigit():
+        algo = ALGO_IDS[int(algo)] if int(algo) < len(ALGO_IDS) else algo
+    if proto is not None and proto.isdigit():
+        proto = PROTO_IDS[int(proto)] if int(proto) < len(PROTO_IDS) else proto
+    acc.add(
+        "nccl_calls", **base, kind="tuning", op=g["func"],
+        bytes=int(g["bytes"]), algo=algo if algo else g["kernel"], proto=proto,
+        predicted_us=_float(g["time"]), chan_lo=_int(g["lo"]), chan_hi=_int(g["hi"]),
+    )
+    return True
+
+
+def _i_tuning(kind: str) -> _InfoHandler:
+    return lambda acc, base, g, msg: _tuning(acc, base, kind, g)
+
+
+def _i_collnet_conn(acc: _Acc, base: dict[str, Any], g: dict[str, Any], msg: str) -> None:
+    acc.add("nccl_channels", **base, channel=int(g["ch"]), conn_index=int(g["conn"]), src_rank=int(g["rank"]),
+            direction=g["dir"], transport="COLLNET", via=msg.split(" via ", 1)[1], net=g["net"], nic=int(g["dev"]),
+            gdr="/GDRDMA" in g["rest"], shared="/Shared" in g["rest"])
+
+
+def _i_ring_list(acc: _Acc, base: dict[str, Any], g: dict[str, Any], msg: str) -> None:
+    acc.add("nccl_events", **base, level="INFO", kind="ring_order", code=int(g["ch"]), value=float(g["nch"]),
+            message=" ".join(g["ranks"].split()))
+
+
+def _i_event(kind: str) -> _InfoHandler:
+    """The whole line as an `nccl_events` row of ``kind`` (tree and ring graphs)."""
+    return lambda acc, base, g, msg: acc.add("nccl_events", **base, level="INFO", kind=kind, message=msg)
+
+
+def _i_thread_thresholds(acc: _Acc, base: dict[str, Any], g: dict[str, Any], msg: str) -> None:
+    vals = [int(v) for v in re.findall(r"\d+", g["vals"])]
+    if len(vals) >= 4:
+        acc.add("nccl_events", **base, level="INFO", kind="thread_thresholds", value=vals[3] / 8.0, message=msg)
+
+
+def _i_check_p2p(acc: _Acc, base: dict[str, Any], g: dict[str, Any], msg: str) -> None:
+    # intraNodeP2pSupport (2.24-2.26) / isAllCudaP2p (2.27+) = 0: CUDA P2P between the local GPUs is off
+    p2p = g["p2p"] if g["p2p"] is not None else g["allcuda"]
+    acc.add("nccl_events", **base, level="INFO", kind="p2p_check", code=_int(p2p), message=msg)
+
+
+def _i_connected(acc: _Acc, base: dict[str, Any], g: dict[str, Any], msg: str) -> None:
+    if g["gdr"] is not None:
         acc.add("nccl_events", **base, level="INFO", kind="connected", code=int(g["gdr"]),
                 value=float(g["pxn"]), message=msg)
-    elif kind == "init_timings":
-        acc.add("nccl_events", **base, level="INFO", kind="init_timings", value=float(g["total"]), message=msg)
-    elif kind == "topo_system":
-        acc.add("nccl_events", **base, level="INFO", kind="topo_system", value=float(g["maxBw"]), message=msg)
-    elif kind == "topo_tree" and g["link"]:
+
+
+def _i_topo_tree(acc: _Acc, base: dict[str, Any], g: dict[str, Any], msg: str) -> None:
+    if g["link"]:
         acc.add("nccl_events", **base, level="INFO", kind="topo_link", value=float(g["bw"]),
                 peer=g["node"], message=f"{g['link']} {g['node']}")
-    elif kind == "graph_pattern":
-        acc.add("nccl_events", **base, level="INFO", kind="graph_pattern", value=float(g["bwInter"]),
-                code=int(g["nch"]), message=msg)
-    elif kind == "err_trace":
-        acc.add("nccl_events", **base, level="INFO", kind="error_trace", code=int(g["ret"]),
-                file_line=f"{g['file']}:{g['line']}", message=msg)
-    elif kind == "version":
-        vm = VERSION.search(msg)
-        if vm:
-            acc.version = acc.version or vm["ver"]
-    return True
+
+
+def _i_version(acc: _Acc, base: dict[str, Any], g: dict[str, Any], msg: str) -> None:
+    vm = VERSION.search(msg)
+    if vm:
+        acc.version = acc.version or vm["ver"]
+
+
+_INFO_HANDLERS: dict[str, _InfoHandler] = {
+    "transport": lambda acc, base, g, msg: _transport(acc, base, g),
+    "comm_init": _i_comm_init,
+    "comm_layout": _i_comm_layout,
+    "env": lambda acc, base, g, msg: acc.add("nccl_env", **base, var=g["var"], value=g["val"].strip(), origin="nccl"),
+    "bootstrap": _i_bootstrap,
+    "net_socket_using": _i_net_socket_using,
+    "net_ib_using": _i_net_ib_using,
+    "net_ib_nodev": lambda acc, base, g, msg: acc.add("nccl_net", **base, kind="ib_none", detail=msg),
+    "using_network": lambda acc, base, g, msg: acc.add("nccl_net", **base, kind="network", name=g["net"]),
+    "net_ofi_provider": lambda acc, base, g, msg: acc.add("nccl_net", **base, kind="ofi_provider", name=g["prov"]),
+    "gdr_hca": _i_gdr_hca,
+    "gdr_gpu": lambda acc, base, g, msg: acc.add("nccl_net", **base, kind="gdr_gpu", name=g["gpu"], state=g["state"],
+                                                 detail=msg),
+    "net_plugin": lambda acc, base, g, msg: acc.add("nccl_net", **base, kind="plugin", name=msg.split(":")[0].strip(),
+                                                    detail=msg),
+    "coll_op": _i_coll_op,
+    "tuning_op": _i_tuning_op,
+    **{k: _i_tuning(k) for k in ("tuning_hdr_old", "tuning_hdr_new", "tuning_nthreads", "tuning_row")},
+    "collnet_conn": _i_collnet_conn,
+    "ring_list": _i_ring_list,
+    "trees": _i_event("trees"),
+    "tree_graph": _i_event("trees"),
+    "nvls_trees": _i_event("trees"),
+    "ring_graph": _i_event("ring_graph"),
+    "thread_thresholds": _i_thread_thresholds,
+    "channels_summary": lambda acc, base, g, msg: acc.add("nccl_events", **base, level="INFO", kind="channels",
+                                                          value=float(g["coll"]), code=_int(g["nvls"]), message=msg),
+    "nvls_support": lambda acc, base, g, msg: acc.add("nccl_events", **base, level="INFO", kind="nvls_support",
+                                                      code=0 if g["neg"] else 1, message=msg),
+    "check_p2p": _i_check_p2p,
+    "net_ofi_gdr_off": lambda acc, base, g, msg: acc.add("nccl_net", **base, kind="gdr_hca", name="OFI", state="Disabled",
+                                                         detail="NET/OFI " + msg[8:]),
+    # the plugin sets NCCL variables itself (e.g. NCCL_PROTO=simple on EFA without GDR)
+    "net_ofi_env": lambda acc, base, g, msg: acc.add("nccl_env", **base, var=g["var"], value=g["val"], origin="plugin"),
+    "connected": _i_connected,
+    "init_timings": lambda acc, base, g, msg: acc.add("nccl_events", **base, level="INFO", kind="init_timings",
+                                                      value=float(g["total"]), message=msg),
+    "topo_system": lambda acc, base, g, msg: acc.add("nccl_events", **base, level="INFO", kind="topo_system",
+                                                     value=float(g["maxBw"]), message=msg),
+    "topo_tree": _i_topo_tree,
+    "graph_pattern": lambda acc, base, g, msg: acc.add("nccl_events", **base, level="INFO", kind="graph_pattern",
+                                                       value=float(g["bwInter"]), code=int(g["nch"]), message=msg),
+    "err_trace": lambda acc, base, g, msg: acc.add("nccl_events", **base, level="INFO", kind="error_trace",
+                                                   code=int(g["ret"]), file_line=f"{g['file']}:{g['line']}", message=msg),
+    "version": _i_version,
+}
 
 
 def _hint(acc: _Acc, lo: str | None = None, hi: str | None = None) -> None:
@@ -442,7 +503,7 @@ def _transport(acc: _Acc, base: dict[str, Any], g: dict[str, Any]) -> None:
     for side in ("src", "dst"):
         text = g[side + "dev"]
         if len(text) >= 4:
-            row[side + "_bus_id"] = bus_id_from_hex(text)
+            row[side + "_bus_id"] = normalize_bus_id(text, bare="packed")
         elif text.isdigit():
             row[side + "_dev"] = int(text)
     nm = NET_VIA.match(via)
@@ -568,47 +629,66 @@ def _seen_tests(acc: _Acc) -> bool:
 
 
 def _nccl_tests(acc: _Acc, text: str, n: int) -> bool:
+    """One line of nccl-tests output (a result row, a cut row, a device line, a check or a header)."""
+    return (_nt_row(acc, text, n) or _nt_tail(acc, text, n) or _nt_device(acc, text, n) or _nt_check(acc, text, n)
+            or _nt_misc(acc, text, n))
+
+
+def _nt_row(acc: _Acc, text: str, n: int) -> bool:
     m = NT_ROW.match(text)
-    if m:
-        acc.nt_seen = True
-        vals = m["vals"].split()
-        for k, placement in enumerate(("out-of-place", "in-place")):
-            part = vals[4 * k : 4 * k + 4]
-            if len(part) < 3:
-                break
-            acc.add(
-                "nccl_tests", host=None, line=n, size_bytes=int(m["size"]), count=int(m["count"]), type=m["type"],
-                redop=m["redop"], root=_int(m["root"]), placement=placement, time_us=_float(part[0]),
-                algbw_gbps=_float(part[1]), busbw_gbps=_float(part[2]),
-                wrong=_float(part[3]) if len(part) > 3 else None, size_inferred=False,
-            )
-        return True
-    m = NT_TAIL.match(text)
-    if m:
-        # a row cut by interleaved output: its size is algbw x time (GB/s x us = kB), a power of two
-        est = float(m["algbw"]) * float(m["time"]) * 1e3
-        if est <= 0:
-            return _seen_tests(acc)
-        p2 = 1 << max(0, round(est).bit_length() - 1)
-        size = min((p2, 2 * p2), key=lambda s: abs(s - est))
-        if abs(size - est) / size >= 0.05:
-            return _seen_tests(acc)
-        # kept only if the file turns out to hold nccl-tests output (decided at the end of the file)
-        acc.tails.append(dict(
-            source=acc.source, host=None, line=n, size_bytes=size, placement=None, time_us=float(m["time"]),
-            algbw_gbps=float(m["algbw"]), busbw_gbps=float(m["busbw"]), wrong=_float(m["wrong"]), size_inferred=True,
-        ))
-        return True
-    m = NT_DEVICE.match(text)
-    if m:
-        acc.nt_seen = True
-        bus = m["bus"].lower().removeprefix("0x")
+    if not m:
+        return False
+    acc.nt_seen = True
+    vals = m["vals"].split()
+    for k, placement in enumerate(("out-of-place", "in-place")):
+        part = vals[4 * k : 4 * k + 4]
+        if len(part) < 3:
+            break
         acc.add(
-            "nccl_comms", host=m["host"], pid=int(m["pid"]), cuda_dev=int(m["dev"]), rank=int(m["rank"]), line=n,
-            origin="nccl-tests", phase="device", gpu_name=m["name"],
-            bus_id=_nt_bus(bus),
+            "nccl_tests", host=None, line=n, size_bytes=int(m["size"]), count=int(m["count"]), type=m["type"],
+            redop=m["redop"], root=_int(m["root"]), placement=placement, time_us=_float(part[0]),
+            algbw_gbps=_float(part[1]), busbw_gbps=_float(part[2]),
+            wrong=_float(part[3]) if len(part) > 3 else None, size_inferred=False,
         )
-        return True
+    return True
+
+
+def _nt_tail(acc: _Acc, text: str, n: int) -> bool:
+    m = NT_TAIL.match(text)
+    if not m:
+        return False
+    # a row cut by interleaved output: its size is algbw x time (GB/s x us = kB), a power of two
+    est = float(m["algbw"]) * float(m["time"]) * 1e3
+    if est <= 0:
+        return _seen_tests(acc)
+    p2 = 1 << max(0, round(est).bit_length() - 1)
+    size = min((p2, 2 * p2), key=lambda s: abs(s - est))
+    if abs(size - est) / size >= 0.05:
+        return _seen_tests(acc)
+    # kept only if the file turns out to hold nccl-tests output (decided at the end of the file)
+    acc.tails.append(dict(
+        source=acc.source, host=None, line=n, size_bytes=size, placement=None, time_us=float(m["time"]),
+        algbw_gbps=float(m["algbw"]), busbw_gbps=float(m["busbw"]), wrong=_float(m["wrong"]), size_inferred=True,
+    ))
+    return True
+
+
+def _nt_device(acc: _Acc, text: str, n: int) -> bool:
+    m = NT_DEVICE.match(text)
+    if not m:
+        return False
+    acc.nt_seen = True
+    bus = m["bus"].lower().removeprefix("0x")
+    acc.add(
+        "nccl_comms", host=m["host"], pid=int(m["pid"]), cuda_dev=int(m["dev"]), rank=int(m["rank"]), line=n,
+        origin="nccl-tests", phase="device", gpu_name=m["name"],
+        bus_id=normalize_bus_id(bus, bare="bus"),
+    )
+    return True
+
+
+def _nt_check(acc: _Acc, text: str, n: int) -> bool:
+    """The out-of-bounds check count and the average bus bandwidth line."""
     m = NT_OOB.match(text)
     if m:
         acc.add("nccl_events", host=None, line=n, level="ERROR" if m["ok"] == "FAILED" else "INFO",
@@ -619,23 +699,21 @@ def _nccl_tests(acc: _Acc, text: str, n: int) -> bool:
         acc.add("nccl_events", host=None, line=n, level="ERROR" if m["ok"] == "FAILED" else "INFO",
                 kind="nccl_tests_avg", value=float(m["bw"]), message=text)
         return True
+    return False
+
+
+def _nt_misc(acc: _Acc, text: str, n: int) -> bool:
+    """Parameter and header lines: they prove nccl-tests output and may name the test and its environment."""
     if NT_PARAMS.match(text) or re.search(r"out-of-place|\(elements\)|Avg bus bandwidth", text):
         acc.nt_seen = True
     if NT_PARAMS.match(text) or NT_HEADER.match(text) or NT_MISC.search(text):
-        if NT_PERF.search(text):
-            acc.perf = acc.perf or COLL_NAMES[NT_PERF.search(text).group(1)]  # type: ignore[union-attr]
+        perf = NT_PERF.search(text)
+        if perf:
+            acc.perf = acc.perf or COLL_NAMES[perf.group(1)]
         for cm in CMD_ENV.finditer(text):
             acc.add("nccl_env", host=None, pid=None, cuda_dev=None, line=n, var=cm["var"], value=cm["val"], origin="command")
         return True
     return False
-
-
-def _nt_bus(bus: str) -> str | None:
-    """nccl-tests prints the PCI bus as `0x4c` (older) or `0000:4c:00` (newer)."""
-    if re.fullmatch(r"[0-9a-f]{1,2}", bus):
-        return f"0000:{int(bus, 16):02x}:00.0"
-    m = re.fullmatch(r"([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})(?:\.([0-7]))?", bus)
-    return f"{m[1]}:{m[2]}:{m[3]}.{m[4] or 0}" if m else None
 
 
 def _pytorch(acc: _Acc, line: str, n: int) -> None:
@@ -797,4 +875,4 @@ def _int(v: str | None) -> int | None:
 def _float(v: str | None) -> float | None:
     if v in (None, "", "N/A"):
         return None
-    return float(v)  # type: ignore[arg-type]
+    return float(v)

@@ -20,9 +20,10 @@ from typing import Any
 
 import polars as pl
 from forensics.parsers.common import ParseContext, ParseResult, open_bounded
-from forensics.parsers.kernel_log import _ctime_ns, norm_bdf
+from forensics.parsers.kernel_log import _ctime_ns
 
 from forensics import frames as fr
+from forensics.identity import normalize_bus_id
 
 _GPU_HDR = re.compile(r"^GPU (?P<bdf>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
 _KV = re.compile(r"^(?P<indent> *)(?P<key>[^:]+?)\s*:\s?(?P<value>.*?)\s*$")
@@ -141,7 +142,7 @@ def _sum(*vals: int | None) -> int | None:
 
 def _gpu_row(index: int | None, bdf: str | None, kv: dict[tuple[str, ...], str], snapshot: int | None,
              driver: str | None) -> dict[str, Any]:
-    row: dict[str, Any] = {"gpu_index": index, "pci_bus_id": norm_bdf(bdf) or norm_bdf(_find(kv, "pci", "bus id")),
+    row: dict[str, Any] = {"gpu_index": index, "pci_bus_id": normalize_bus_id(bdf) or normalize_bus_id(_find(kv, "pci", "bus id")),
                            "snapshot_ns": snapshot, "driver_version": driver,
                            "uuid": _find(kv, "gpu uuid"), "serial": _find(kv, "serial number"),
                            "product": _find(kv, "product name")}
@@ -193,7 +194,15 @@ _SECTION_ROW = re.compile(r"^\|-+\s*(?P<name>[A-Za-z][\w /]*?)\s*-+\+")
 
 def _parse_dcgmi(lines: list[str], source: str) -> pl.DataFrame:
     tool = "dcgmi_health" if any("Overall Health" in ln or "Health Monitor" in ln for ln in lines) else "dcgmi_diag"
-    entries: list[dict[str, Any]] = []  # test, section, line, right (joined), gpu_ctx
+    rows = [row for e in _dcgmi_entries(lines) for row in _dcgmi_rows(e, tool)]
+    if not rows:
+        return fr.empty("gpu_diag")
+    return fr.conform("gpu_diag", pl.DataFrame(rows).with_columns(pl.lit(source).alias("source")))
+
+
+def _dcgmi_entries(lines: list[str]) -> list[dict[str, Any]]:
+    """One entry per table cell pair: test, section, line, right (continuation lines joined), gpu_ctx."""
+    entries: list[dict[str, Any]] = []
     section: str | None = None
     gpu_ctx: int | None = None
     for lineno, ln in enumerate(lines, start=1):
@@ -208,48 +217,50 @@ def _parse_dcgmi(lines: list[str], source: str) -> pl.DataFrame:
             section = m.group("name").strip()
             continue
         cells = s.strip("|").split("|")
-        if len(cells) < 2:
-            continue
-        left, right = cells[0].strip(), cells[1]
-        right = right[1:] if right.startswith(" ") else right
-        right = right.rstrip()
-        if left in ("Diagnostic", "") and right.strip() == "Result":
-            continue
-        if left:
-            if left.startswith("->"):
-                name = left[2:].strip()
-                if name.isdigit():
-                    gpu_ctx = int(name)
-                    name = "GPU"
-            else:
-                name = left
-            entries.append({"test": name, "section": section, "line": lineno, "right": right, "gpu_ctx": gpu_ctx})
-        elif entries:
-            if _RESULT.match(right.strip()):
-                prev = entries[-1]
-                entries.append({**prev, "line": lineno, "right": right.strip()})
-            else:
-                entries[-1]["right"] += right
-    rows: list[dict[str, Any]] = []
-    for e in entries:
-        text = e["right"].strip()
-        m = _RESULT.match(text)
-        test = e["test"]
-        if m:
-            res = m.group("res").lower()
-            res = {"warn": "warning", "healthy": "pass", "failure": "fail"}.get(res, res)
-            rest = m.group("rest") or ""
-            g = _GPUS.search(rest)
-            gpus = [int(x) for x in re.findall(r"\d+", g.group("list"))] if g else [None]
-            for gpu in gpus:
-                rows.append({"line": e["line"], "tool": tool, "section": e["section"], "test": test,
-                             "result": res, "gpu_index": gpu if gpu is not None else e["gpu_ctx"],
-                             "message": text})
+        if len(cells) >= 2:
+            gpu_ctx = _dcgmi_cell(entries, cells[0].strip(), cells[1], section, lineno, gpu_ctx)
+    return entries
+
+
+def _dcgmi_cell(entries: list[dict[str, Any]], left: str, right: str, section: str | None, lineno: int,
+                gpu_ctx: int | None) -> int | None:
+    """Add one `| left | right |` row to ``entries``; returns the GPU the following rows belong to."""
+    right = right[1:] if right.startswith(" ") else right
+    right = right.rstrip()
+    if left in ("Diagnostic", "") and right.strip() == "Result":
+        return gpu_ctx
+    if left:
+        name = left
+        if left.startswith("->"):
+            name = left[2:].strip()
+            if name.isdigit():
+                gpu_ctx = int(name)
+                name = "GPU"
+        entries.append({"test": name, "section": section, "line": lineno, "right": right, "gpu_ctx": gpu_ctx})
+    elif entries:
+        if _RESULT.match(right.strip()):
+            prev = entries[-1]
+            entries.append({**prev, "line": lineno, "right": right.strip()})
         else:
-            res = {"error": "error", "warning": "warning"}.get(test.lower(), "info")
-            gm = _GPU_IN_MSG.search(text)
-            rows.append({"line": e["line"], "tool": tool, "section": e["section"], "test": test, "result": res,
-                         "gpu_index": int(gm.group("n")) if gm else e["gpu_ctx"], "message": text})
-    if not rows:
-        return fr.empty("gpu_diag")
-    return fr.conform("gpu_diag", pl.DataFrame(rows).with_columns(pl.lit(source).alias("source")))
+            entries[-1]["right"] += right
+    return gpu_ctx
+
+
+def _dcgmi_rows(e: dict[str, Any], tool: str) -> list[dict[str, Any]]:
+    """gpu_diag rows of one entry: one per GPU a result names, else one message row."""
+    text = e["right"].strip()
+    m = _RESULT.match(text)
+    test = e["test"]
+    if m:
+        res = m.group("res").lower()
+        res = {"warn": "warning", "healthy": "pass", "failure": "fail"}.get(res, res)
+        rest = m.group("rest") or ""
+        g = _GPUS.search(rest)
+        gpus = [int(x) for x in re.findall(r"\d+", g.group("list"))] if g else [None]
+        return [{"line": e["line"], "tool": tool, "section": e["section"], "test": test,
+                 "result": res, "gpu_index": gpu if gpu is not None else e["gpu_ctx"],
+                 "message": text} for gpu in gpus]
+    res = {"error": "error", "warning": "warning"}.get(test.lower(), "info")
+    gm = _GPU_IN_MSG.search(text)
+    return [{"line": e["line"], "tool": tool, "section": e["section"], "test": test, "result": res,
+             "gpu_index": int(gm.group("n")) if gm else e["gpu_ctx"], "message": text}]

@@ -16,6 +16,8 @@ from plotly.offline import get_plotlyjs
 
 from forensics import __version__
 from forensics.analyze import Analysis
+from forensics.incidents import verdict_text
+from forensics.runinfo import header_lines, run_header
 from forensics.tables import kernel_table, step_breakdown_table, step_table
 
 _CSS = """
@@ -92,6 +94,25 @@ def _findings_html(analysis: Analysis) -> str:
     return "".join(parts)
 
 
+def _verdict_html(analysis: Analysis) -> str:
+    """The same lines the CLI prints, worst first."""
+    if not analysis.incidents:
+        return "<p><strong>Verdict:</strong> no problems found by the detectors that could run.</p>"
+    items = "".join(f'<li class="sev-{i.severity.value}">{_esc(verdict_text(i))}</li>' for i in analysis.incidents)
+    return f"<h2>Verdict</h2><ul>{items}</ul>"
+
+
+def _incidents_html(analysis: Analysis) -> str:
+    parts = [f"<h2>Incidents ({len(analysis.incidents)})</h2>"] if analysis.incidents else []
+    for i in analysis.incidents:
+        lost = f" &middot; {i.gpu_hours_lost:.4g} GPU-hours lost" if i.gpu_hours_lost is not None else ""
+        parts.append(f'<div class="finding {i.severity.value}"><h3>{_esc(i.title)}</h3>'
+                     f"<p><code>{_esc(i.id)}</code> &middot; confidence {_esc(i.confidence)}{lost}</p>"
+                     f"<p>{_esc(i.summary)}</p><p>findings: "
+                     + ", ".join(f"<code>{_esc(fid)}</code>" for fid in i.findings) + "</p></div>")
+    return "".join(parts)
+
+
 def render(analysis: Analysis) -> str:
     steps = step_table(analysis.context)
     figures = []
@@ -113,8 +134,10 @@ def render(analysis: Analysis) -> str:
     skipped = pl.DataFrame([s.to_json() for s in analysis.skipped]) if analysis.skipped else pl.DataFrame()
     body = [
         f"<h1>forensics report: {_esc(analysis.run_dir.name)}</h1>",
-        f"<p>{len(analysis.context.ranks)} rank(s) on {len(analysis.context.hosts)} host(s), "
-        f"{analysis.sources.height} file(s) read. forensics {__version__}.</p>",
+        _verdict_html(analysis),
+        "".join(f"<p>{_esc(line)}</p>" for line in header_lines(run_header(analysis))),
+        f"<p>{analysis.sources.height} file(s) read. forensics {__version__}.</p>",
+        _incidents_html(analysis),
         f"<h2>Findings ({len(analysis.findings)})</h2>",
         _findings_html(analysis),
         "<h2>Steps per rank</h2>",

@@ -8,6 +8,7 @@ import orjson
 
 from forensics import __version__
 from forensics.analyze import Analysis
+from forensics.runinfo import run_header
 
 
 def build(analysis: Analysis) -> dict[str, Any]:
@@ -18,9 +19,7 @@ def build(analysis: Analysis) -> dict[str, Any]:
         "tool": {"name": "forensics", "version": __version__},
         "run": {
             "path": str(analysis.run_dir),
-            "world_size": analysis.context.world_size,
-            "ranks": analysis.context.ranks,
-            "hosts": analysis.context.hosts,
+            **run_header(analysis),
             "steps_analyzed": steps_analyzed,
             "sources": [
                 {k: row[k] for k in ("path", "kind", "rank", "host", "status", "message")}
@@ -29,6 +28,7 @@ def build(analysis: Analysis) -> dict[str, Any]:
         },
         "findings": [f.to_json() for f in analysis.findings],
         "skipped": [s.to_json() for s in analysis.skipped],
+        "incidents": [i.to_json() for i in analysis.incidents],
     }
 
 

@@ -8,6 +8,8 @@ import polars as pl
 
 from forensics.analyze import Analysis
 from forensics.findings import Finding
+from forensics.incidents import verdict_text
+from forensics.runinfo import header_lines, run_header
 from forensics.tables import step_breakdown_table, step_table
 
 # Characters that start markup in GitHub Markdown (CommonMark + tables, autolinks, HTML) or in Jira's
@@ -53,15 +55,33 @@ def _finding_lines(f: Finding) -> list[str]:
     return [*lines, md_text(f.summary), "", f"**What to do:** {md_text(f.remediation)}", ""]
 
 
-def render(analysis: Analysis, top: int = 20) -> str:
+def _head(analysis: Analysis) -> list[str]:
+    """Title, the verdict (the lines the CLI prints), the run header, the incidents."""
     lines = [f"# forensics: {md_text(analysis.run_dir.name)}", ""]
-    n_ok = analysis.sources.filter(pl.col("status") == "ok").height
-    bad = analysis.sources.filter(pl.col("status").is_in(["partial", "failed"]))
-    lines.append(
-        f"{len(analysis.context.ranks)} rank(s) on {len(analysis.context.hosts)} host(s); {analysis.sources.height} file(s): "
-        f"{n_ok} ok, {bad.height} partial or failed."
-    )
+    verdicts = [f"- {md_text(verdict_text(i))}" for i in analysis.incidents]
+    lines += verdicts or ["No problems found by the detectors that could run."]
     lines.append("")
+    n_ok = analysis.sources.filter(pl.col("status") == "ok").height
+    n_bad = analysis.sources.filter(pl.col("status").is_in(["partial", "failed"])).height
+    lines += [line + "  " for line in header_lines(run_header(analysis), md_text)]
+    lines += [f"{analysis.sources.height} file(s): {n_ok} ok, {n_bad} partial or failed.", ""]
+    return lines + _incidents_md(analysis)
+
+
+def _incidents_md(analysis: Analysis) -> list[str]:
+    if not analysis.incidents:
+        return []
+    lines = [f"## Incidents ({len(analysis.incidents)})", ""]
+    for i in analysis.incidents:
+        lost = f", {i.gpu_hours_lost:.4g} GPU-hours lost" if i.gpu_hours_lost is not None else ""
+        lines += [f"### [{i.severity.value}] {md_text(i.title)} (confidence {i.confidence}{lost})", "",
+                  md_text(i.summary), "", "Findings: " + ", ".join(f"`{fid}`" for fid in i.findings), ""]
+    return lines
+
+
+def render(analysis: Analysis, top: int = 20) -> str:
+    lines = _head(analysis)
+    bad = analysis.sources.filter(pl.col("status").is_in(["partial", "failed"]))
     lines.append(f"## Findings ({len(analysis.findings)})")
     lines.append("")
     if not analysis.findings:

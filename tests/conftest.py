@@ -11,11 +11,13 @@ SAMPLE_DATA = SHARED / "sample_data"
 SCHEMA_PATH = ROOT / "forensics" / "schema" / "findings.schema.json"
 
 
-def shared_path(*parts: str) -> Path:
-    """A file under ../shared/sample_data; the test is skipped when the shared folder is absent."""
-    path = SAMPLE_DATA.joinpath(*parts)
+def shared_path(*parts: str, root: Path = SAMPLE_DATA) -> Path:
+    """A file under ../shared/sample_data (or under ``root``). A missing file fails the test, never skips it:
+    CI always has ../shared, so an absent file is a broken checkout or a renamed sample, not an optional extra."""
+    path = root.joinpath(*parts)
     if not path.exists():
-        pytest.skip(f"shared sample data not available: {path}")
+        pytest.fail(f"shared data missing: {path} (tests need the ../shared folder next to the repository)",
+                    pytrace=False)
     return path
 
 

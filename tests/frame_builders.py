@@ -153,11 +153,11 @@ def pp_job(p: int = 4, m: int = 8, steps: int = 3, t_f: int = 1 * MS, t_b: int =
         free = {st: t0 for st in range(p)}
         comp = {st: 0 for st in range(p)}
 
-        def transfer(src: int, dst: int, payload_ready: int) -> int:
+        def transfer(src: int, dst: int, payload_ready: int, free: dict[int, int] = free, launch: int = t0) -> int:
             start_send, start_recv = payload_ready, free[dst]
             end = max(start_send, start_recv) + tx
-            rows.kernel(src, start_send, end, "comm", collective="send", grid=1, launch=t0, **p2p)
-            rows.kernel(dst, start_recv, end, "comm", collective="recv", grid=1, launch=t0, **p2p)
+            rows.kernel(src, start_send, end, "comm", collective="send", grid=1, launch=launch, **p2p)
+            rows.kernel(dst, start_recv, end, "comm", collective="recv", grid=1, launch=launch, **p2p)
             free[src] = end
             free[dst] = end
             return end
@@ -182,6 +182,17 @@ def pp_job(p: int = 4, m: int = 8, steps: int = 3, t_f: int = 1 * MS, t_b: int =
     return rows.frames(p, [pg]), truth
 
 
+def _link_groups() -> list[tuple[str, str, list[int]]]:
+    """The 2-rank DP groups of link_job: per local rank, nodes (0,1)/(2,3) (phase A) and (0,2)/(1,3) (phase B)."""
+    groups: list[tuple[str, str, list[int]]] = []
+    for lane in range(8):
+        for a, b in ((0, 1), (2, 3)):
+            groups.append((f"A{a}{b}_{lane}", "DATA_PARALLEL_GROUP", [8 * a + lane, 8 * b + lane]))
+        for a, b in ((0, 2), (1, 3)):
+            groups.append((f"B{a}{b}_{lane}", "DATA_PARALLEL_GROUP", [8 * a + lane, 8 * b + lane]))
+    return groups
+
+
 def link_job(slow_node: int | None = 2, factor: float = 3.0, steps: int = 3, compute_ns: int = 10 * MS,
              tx_ns: int = 1 * MS) -> JobFrames:
     """4 nodes x 8 ranks; every rank is in two 2-rank DP groups: one pairing nodes (0,1)/(2,3), one pairing
@@ -189,12 +200,7 @@ def link_job(slow_node: int | None = 2, factor: float = 3.0, steps: int = 3, com
     rank on ``slow_node`` take ``factor`` times longer (a slow NIC)."""
     rows = _Rows()
     n = 32
-    groups: list[tuple[str, str, list[int]]] = []
-    for l in range(8):
-        for a, b in ((0, 1), (2, 3)):
-            groups.append((f"A{a}{b}_{l}", "DATA_PARALLEL_GROUP", [8 * a + l, 8 * b + l]))
-        for a, b in ((0, 2), (1, 3)):
-            groups.append((f"B{a}{b}_{l}", "DATA_PARALLEL_GROUP", [8 * a + l, 8 * b + l]))
+    groups = _link_groups()
     t = {r: 1_000 * MS for r in range(n)}
     for s in range(steps):
         start = dict(t)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SCHEMA_PATH, SHARED, assert_valid_findings
+from tests.conftest import ROOT, SCHEMA_PATH, SHARED, assert_valid_findings, shared_path
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -18,9 +18,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_vendored_schema_matches_shared_contract():
-    shared = SHARED / "findings.schema.json"
-    if shared.exists():
-        assert json.loads(shared.read_text()) == json.loads(SCHEMA_PATH.read_text())
+    shared = shared_path("findings.schema.json", root=SHARED)
+    assert json.loads(shared.read_text()) == json.loads(SCHEMA_PATH.read_text())
 
 
 def test_missing_run_dir_is_exit_2_without_traceback(tmp_path: Path):

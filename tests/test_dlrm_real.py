@@ -33,7 +33,6 @@ EXPECTED_WAIT_RANK1_US = [7635 - 10, 1025 - 8, 169 - 7, 132 - 7, 307 - 86, 545 -
 
 @pytest.fixture(scope="module")
 def dlrm():
-    pytest.importorskip("forensics.parsers.kineto")
     from forensics.analyze import load
 
     run_dir = shared_path("kineto", "param_dlrm_8rank")

@@ -11,7 +11,7 @@ import pytest
 from forensics.reports import json_report
 
 from forensics.analyze import analyze
-from tests.conftest import ROOT, SAMPLE_DATA, assert_valid_findings
+from tests.conftest import ROOT, SAMPLE_DATA, assert_valid_findings, shared_path
 
 SAMPLES = sorted(p for p in (ROOT / "sample_traces").iterdir() if p.is_dir())
 # Which detector must report the injected fault of each simulator fault kind.
@@ -45,8 +45,7 @@ def test_bundled_sample_is_analysed_and_its_fault_found(run: Path, findings_vali
 
 
 def test_every_real_log_sample_in_one_run_dir_gives_valid_findings(tmp_path: Path, findings_validator):
-    if not SAMPLE_DATA.exists():
-        pytest.skip("shared sample data not available")
+    shared_path()  # fails with a clear message when ../shared is missing
     run = tmp_path / "run"
     for folder in ("nccl_logs", "dmesg"):
         shutil.copytree(SAMPLE_DATA / folder, run / folder, ignore=shutil.ignore_patterns("SOURCES.md"))

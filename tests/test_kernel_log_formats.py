@@ -9,7 +9,7 @@ import gzip
 import orjson
 import polars as pl
 from forensics.parsers.common import ParseContext
-from forensics.parsers.kernel_log import norm_bdf, parse, parse_text
+from forensics.parsers.kernel_log import parse, parse_text
 
 XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
 MTIME_2025 = calendar.timegm((2025, 12, 31, 0, 0, 0, 0, 0, 0)) * 10**9
@@ -21,14 +21,6 @@ def _utc(y: int, mo: int, d: int, h: int, mi: int, s: int) -> int:
 
 def _df(text: str, mtime_ns: int | None = MTIME_2025) -> pl.DataFrame:
     return parse_text(text, "x.log", mtime_ns=mtime_ns).frames["kernel_events"]
-
-
-def test_norm_bdf_variants():
-    assert norm_bdf("0000:3b:00") == "0000:3b:00.0"
-    assert norm_bdf("00000000:3B:00.0") == "0000:3b:00.0"
-    assert norm_bdf("0018:01:00") == "0018:01:00.0"
-    assert norm_bdf("01:00") == "0000:01:00.0"
-    assert norm_bdf("...") is None and norm_bdf(None) is None and norm_bdf("zz") is None
 
 
 def test_monotonic_with_caller_id():

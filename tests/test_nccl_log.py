@@ -11,10 +11,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 from forensics.parsers.common import ParseContext
-from forensics.parsers.nccl_log import bus_id_from_hex, parse
+from forensics.parsers.nccl_log import parse
 
 from forensics import frames as fr
-from tests.conftest import SAMPLE_DATA, shared_path
+from tests.conftest import shared_path
 
 # prefix: (wc -l, grep -cE 'host:pid:tid [d] .*NCCL (INFO|WARN)|^\[d\] NCCL' + bare `NCCL version x+cuda` banners,
 #          grep -c ' via ', grep -c 'via NET/Socket', grep -c '/GDRDMA', grep -c 'via SHM',
@@ -64,9 +64,7 @@ def _parse(prefix: str):
 
 
 def test_every_sample_file_is_listed():
-    folder = SAMPLE_DATA / "nccl_logs"
-    if not folder.exists():
-        pytest.skip("shared sample data not available")
+    folder = shared_path("nccl_logs")
     assert sorted(p.name[:2] for p in folder.glob("*.log")) == sorted(COUNTS)
 
 
@@ -93,12 +91,6 @@ def test_file_parses_with_every_line_explained(prefix):
     for name, df in res.frames.items():
         assert df.schema == fr.schema(name), name
     assert "0 not understood" in res.message
-
-
-def test_bus_id_decoding():
-    assert bus_id_from_hex("a4000") == "0000:a4:00.0"
-    assert bus_id_from_hex("1000") == "0000:01:00.0"
-    assert bus_id_from_hex("c7000") == "0000:c7:00.0"
 
 
 def test_versions_from_banners():

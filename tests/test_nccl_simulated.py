@@ -1,7 +1,5 @@
 """The NCCL detectors on the simulator's scenarios (forensics simulate): each injected NCCL fault is
 found with the ranks and hosts truth.json names, and clean baselines raise none of them.
-
-Skipped while the simulator does not write NCCL logs (its per-rank stdout under logs/).
 """
 
 from __future__ import annotations
@@ -9,28 +7,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from forensics.parsers.discovery import discover_and_parse
 
+from forensics.analyze import collect_frames
 from forensics.context import JobContext
 from forensics.detectors import run_detectors
+from forensics.simulate import simulate
 
 NCCL = ["nccl_transport", "nccl_algorithm", "nccl_timeout"]
 
 
 def _simulate(tmp_path_factory, scenario: str, traces: bool = False, **kw) -> tuple[dict, list, Path]:
     """Simulate ``scenario`` and run the NCCL detectors on its logs (and traces when asked: slower)."""
-    simulate = pytest.importorskip("forensics.simulate").simulate
     out = tmp_path_factory.mktemp(scenario) / "run"
-    try:
-        truth = simulate(scenario, out, steps=1, compresslevel=1, **kw)
-    except Exception as exc:  # noqa: BLE001 -- a simulator bug is the simulator tests' business
-        pytest.skip(f"simulator failed on {scenario}: {exc!r}")
+    truth = simulate(scenario, out, steps=1, compresslevel=1, **kw)
     logs = out / "logs"
-    if not logs.exists() or not any(logs.iterdir()):
-        pytest.skip("the simulator writes no NCCL logs yet")
-    from forensics.parsers.discovery import discover_and_parse
-
-    from forensics.analyze import collect_frames
-
+    assert logs.is_dir() and any(logs.iterdir()), f"the simulator wrote no NCCL logs for {scenario}"
     parsed = discover_and_parse(out if traces else logs)
     _, frames = collect_frames(parsed)
     findings, _ = run_detectors(JobContext(frames), only=NCCL)

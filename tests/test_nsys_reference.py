@@ -18,7 +18,7 @@ from forensics.parsers.common import ParseContext, ParseResult
 from forensics.parsers.nsys import parse
 
 from tests import nsys_reference as R
-from tests.conftest import SAMPLE_DATA, shared_path
+from tests.conftest import shared_path
 
 DSL = "DistributedSysLab_FS24"
 RING = f"{DSL}/ring_simple_2nodes_6gpus_job508813"
@@ -71,9 +71,7 @@ def ops_in_raw_clock(rel: str) -> pl.DataFrame:
 
 
 def test_every_sample_export_is_listed():
-    root = SAMPLE_DATA / "nsys"
-    if not root.exists():
-        pytest.skip("shared sample data not available")
+    root = shared_path("nsys")
     found = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.sqlite"))
     assert found == sorted(FILES)
 
@@ -82,7 +80,17 @@ def test_every_sample_export_is_listed():
 def test_parses_ok(rel: str):
     res = parsed(rel)
     assert res.status == "ok", res.message
-    assert res.frames["kernels"].height > 0
+    # one kernels row per CUPTI kernel / memcpy / memset record, counted here with plain SQL
+    con = sqlite3.connect(f"file:{shared_path('nsys', rel)}?mode=ro&immutable=1", uri=True)
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        raw = {kind: con.execute(f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_{kind.upper()}").fetchone()[0]
+               if f"CUPTI_ACTIVITY_KIND_{kind.upper()}" in tables else 0 for kind in ("kernel", "memcpy", "memset")}
+    finally:
+        con.close()
+    counts = dict(res.frames["kernels"].group_by("class").len().iter_rows())
+    assert counts.get("compute", 0) + counts.get("comm", 0) == raw["kernel"] > 0
+    assert (counts.get("memcpy", 0), counts.get("memset", 0)) == (raw["memcpy"], raw["memset"])
 
 
 @pytest.mark.parametrize("rel", FILES)
@@ -156,7 +164,8 @@ def test_cuda_api_calls_match_cuda_api_sum(rel: str):
         pl.col("Num Calls").sum(), pl.col("Total Time (ns)").sum())
     ops = parsed(rel).frames["cpu_ops"].filter(pl.col("category").is_in(["cuda_runtime", "cuda_driver"]))
     ours = ops.group_by("name").agg(pl.len().alias("calls"), (pl.col("end_ns") - pl.col("start_ns")).sum().alias("total"))
-    joined = ref.join(ours, left_on="Name", right_on="name", how="left")
+    joined = ref.join(ours, left_on="Name", right_on="name", how="full", coalesce=False)
+    assert joined.filter(pl.col("name").is_null() | pl.col("Name").is_null()).height == 0, "API names differ"
     assert joined["calls"].to_list() == joined["Num Calls"].to_list()
     assert joined["total"].to_list() == joined["Total Time (ns)"].to_list()
 

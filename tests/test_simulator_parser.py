@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import polars as pl
 import pytest
 
 from forensics.simulate import simulate
-
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("forensics.parsers.kineto") is None, reason="forensics.parsers.kineto not available")
 
 
 @pytest.mark.parametrize(

@@ -103,6 +103,7 @@ def test_triage_in_worker_processes_writes_what_analyze_writes(tmp_path: Path):
         assert (tmp_path / "t" / name / "summary.md").read_text() == (tmp_path / f"a_{name}" / "summary.md").read_text()
         row = next(j for j in triage_doc["jobs"] if j["job"] == name)
         assert row["critical"] == sum(f["severity"] == "critical" for f in expected["findings"])
-        assert row["top_finding"] == (expected["findings"][0]["title"] if expected["findings"] else None)
+        # the job is named by its worst incident's root cause (issue 14), not by its first finding
+        assert row["top_finding"] == (expected["incidents"][0]["title"] if expected["incidents"] else None)
         damaged = sum(s["status"] in ("partial", "failed") for s in expected["run"]["sources"])
         assert row["damaged_sources"] == damaged

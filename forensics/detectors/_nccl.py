@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import polars as pl
 
@@ -36,17 +37,17 @@ def job(frames: JobFrames) -> JobNccl:
     if frames.has("ranks"):
         hosts |= set(frames["ranks"]["host"].drop_nulls().to_list())
     comms = frames["nccl_comms"]
-    nnodes = comms["nnodes"].drop_nulls().max() if comms.height else None
+    nnodes = _max_int(comms["nnodes"])
     if nnodes is None and len(hosts) > 1:
         nnodes = len(hosts)
-    sizes = [v for v in [comms["nranks"].drop_nulls().max() if comms.height else None] if v is not None]
-    tt = frames["nccl_events"].filter(pl.col("kind") == "thread_thresholds")["value"].drop_nulls()
-    if tt.len():
-        sizes.append(int(tt.max()))
+    sizes = [v for v in [_max_int(comms["nranks"])] if v is not None]
+    tt = _max_int(frames["nccl_events"].filter(pl.col("kind") == "thread_thresholds")["value"])
+    if tt is not None:
+        sizes.append(tt)
     if frames.has("ranks"):
-        ws = frames["ranks"]["world_size"].drop_nulls()
-        if ws.len():
-            sizes.append(ws.max())
+        ws = _max_int(frames["ranks"]["world_size"])
+        if ws is not None:
+            sizes.append(ws)
     names = set(comms["gpu_name"].drop_nulls().to_list())
     if frames.has("ranks"):
         names |= set(frames["ranks"]["gpu_name"].drop_nulls().to_list())
@@ -55,6 +56,12 @@ def job(frames: JobFrames) -> JobNccl:
     env = {r["var"]: r["value"] for r in env_df.iter_rows(named=True)}
     return JobNccl(ident, sorted(hosts), int(nnodes) if nnodes else None, int(max(sizes)) if sizes else None,
                    archs, env)
+
+
+def _max_int(s: pl.Series) -> int | None:
+    """The largest value of an integer column; None when it has none."""
+    s = s.drop_nulls()
+    return int(cast(int, s.max())) if s.len() else None
 
 
 def where(df: pl.DataFrame, ident: pl.DataFrame) -> tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]:

@@ -30,7 +30,10 @@ What to do:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, cast
 
 import polars as pl
 
@@ -39,6 +42,7 @@ from forensics.context import JobContext
 from forensics.detectors import Skip, detector
 from forensics.detectors._nccl import JobNccl, evidence, job, where
 from forensics.findings import Finding, Severity
+from forensics.frames import JobFrames
 from forensics.settings import setting
 
 FORCING = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_MAX_NCHANNELS", "NCCL_MAX_CTAS", "NCCL_NTHREADS",
@@ -79,14 +83,14 @@ def _names(value: str, table: dict[str, str]) -> frozenset[str] | None:
     return frozenset(out) or None
 
 
-def _comm_for(j: JobNccl, frames) -> nc.Comm | None:
+def _comm_for(j: JobNccl, frames: JobFrames) -> nc.Comm | None:
     """A model of the job's main communicator from what the logs say, or None when too little is known."""
     if not j.nranks or not j.archs:
         return None
     arch = min(j.archs.values(), key=lambda a: nc.ARCH_INDEX[a])
     nnodes = j.nnodes or 1
     chan = frames["nccl_events"].filter(pl.col("kind") == "channels")["value"].drop_nulls()
-    nch = int(chan.max()) if chan.len() else 2
+    nch = int(cast(float, chan.max())) if chan.len() else 2
     # per-channel bandwidths are estimates unless GRAPH `Pattern` lines say (nccl.md §B.7)
     intra = {"ampere": 20.0, "hopper": 20.6, "blackwell": 40.0}.get(arch, 12.0)
     return nc.Comm(nranks=j.nranks, nnodes=nnodes, arch=arch, ring=nc.Graph(nch, intra, 12.0),
@@ -97,7 +101,28 @@ _COLL = {"allreduce": "AllReduce", "allgather": "AllGather", "reduce_scatter": "
          "broadcast": "Broadcast", "reduce": "Reduce"}
 
 
-def _table_predictions(frames, j: JobNccl, calls: pl.DataFrame, tests: pl.DataFrame) -> pl.DataFrame | None:
+def _traced_collectives(frames: JobFrames) -> pl.DataFrame:
+    """Transfer time of every matched traced collective: the minimum kernel duration across its ranks (µs)."""
+    k = frames["kernels"].filter((pl.col("class") == "comm") & pl.col("bytes").is_not_null() & pl.col("seq").is_not_null())
+    return (k.group_by("pg_name", "seq", "collective", "bytes")
+            .agg(((pl.col("end_ns") - pl.col("start_ns")).min() / 1e3).alias("time_us")))
+
+
+def _measured(frames: JobFrames, tests: pl.DataFrame) -> list[tuple[str, int, float, str]]:
+    """(collective, bytes, µs, measured by) from nccl-tests rows and traced NCCL kernels."""
+    measured: list[tuple[str, int, float, str]] = []
+    for r in tests.filter(pl.col("time_us").is_not_null()).iter_rows(named=True):
+        coll = r["collective"] or ("AllReduce" if (r["algbw_gbps"] or 0) and r["busbw_gbps"] > r["algbw_gbps"] else None)
+        if coll:
+            measured.append((coll, r["size_bytes"], r["time_us"], "nccl-tests"))
+    if frames.has("kernels"):
+        for r in _traced_collectives(frames).iter_rows(named=True):
+            if r["collective"] in _COLL:
+                measured.append((_COLL[r["collective"]], r["bytes"], r["time_us"], "trace"))
+    return measured
+
+
+def _table_predictions(frames: JobFrames, j: JobNccl, calls: pl.DataFrame, tests: pl.DataFrame) -> pl.DataFrame | None:
     """Predicted times from a logged TUNING table (replayed, not modelled) for the sizes the job measured,
     for the (algo, proto) NCCL logged for that size (2.24+ lines carry no time), else the table's argmin.
     Only used where no per-op line already carries NCCL's predicted time."""
@@ -110,22 +135,9 @@ def _table_predictions(frames, j: JobNccl, calls: pl.DataFrame, tests: pl.DataFr
         (r["op"] or "AllReduce", r["bytes"]): (r["algo"], r["proto"])
         for r in calls.filter((pl.col("kind") == "tuning") & pl.col("algo").is_not_null()).iter_rows(named=True)
     }
-    measured: list[tuple[str, int, float, str]] = []
-    if tests.height:
-        for r in tests.filter(pl.col("time_us").is_not_null()).iter_rows(named=True):
-            coll = r["collective"] or ("AllReduce" if (r["algbw_gbps"] or 0) and r["busbw_gbps"] > r["algbw_gbps"] else None)
-            if coll:
-                measured.append((coll, r["size_bytes"], r["time_us"], "nccl-tests"))
-    if frames.has("kernels"):
-        k = frames["kernels"].filter((pl.col("class") == "comm") & pl.col("bytes").is_not_null() & pl.col("seq").is_not_null())
-        per = (k.group_by("pg_name", "seq", "collective", "bytes")
-               .agg(((pl.col("end_ns") - pl.col("start_ns")).min() / 1e3).alias("time_us")))
-        for r in per.iter_rows(named=True):
-            if r["collective"] in _COLL:
-                measured.append((_COLL[r["collective"]], r["bytes"], r["time_us"], "trace"))
     base = _comm_for(j, frames)
     rows = []
-    for coll, nbytes, t_us, by in measured:
+    for coll, nbytes, t_us, by in _measured(frames, tests):
         if nbytes in timed:
             continue
         tab = {(r["algo"], r["proto"]): (r["latency_us"], r["bw_gbps"])
@@ -144,202 +156,290 @@ def _table_predictions(frames, j: JobNccl, calls: pl.DataFrame, tests: pl.DataFr
     return pl.DataFrame(rows) if rows else None
 
 
+@dataclass
+class _Algo:
+    """What the checks read: the frames, the job's NCCL facts, and NCCL's own predictions (computed once)."""
+
+    frames: JobFrames
+    j: JobNccl
+    cfg: NcclAlgorithmConfig
+
+    @property
+    def env(self) -> pl.DataFrame:
+        return self.frames["nccl_env"]
+
+    @property
+    def calls(self) -> pl.DataFrame:
+        return self.frames["nccl_calls"]
+
+    @property
+    def tests(self) -> pl.DataFrame:
+        return self.frames["nccl_tests"]
+
+    @cached_property
+    def pred(self) -> pl.DataFrame:
+        """NCCL's predicted time per message size (TUNING lines that carry one)."""
+        return (self.calls.filter((pl.col("kind") == "tuning") & pl.col("predicted_us").is_not_null())
+                .group_by("bytes").agg(pl.col("predicted_us").first(), pl.col("algo").first(), pl.col("proto").first(),
+                                       pl.col("host").first(), pl.col("pid").first(), pl.col("cuda_dev").first()))
+
+    @cached_property
+    def table_pred(self) -> pl.DataFrame | None:
+        return _table_predictions(self.frames, self.j, self.calls, self.tests)
+
+    @property
+    def looked(self) -> bool:
+        """Whether the logs hold anything to judge the choice from."""
+        tp = self.table_pred
+        return self.env.height > 0 or self.pred.height > 0 or (tp is not None and tp.height > 0) or self.tests.height > 0
+
+
+def _forced_env(env: pl.DataFrame) -> pl.DataFrame:
+    """NCCL_* settings that force a choice; *_DISABLE counts when not 0, *_ENABLE when 0 (NCCL_NVLS_ENABLE=0)."""
+    is_enable = pl.col("var").str.ends_with("_ENABLE")
+    return env.filter(pl.col("origin") != "plugin").filter(
+        pl.col("var").is_in(FORCING)
+        | (pl.col("var").is_in(DISABLES) & pl.when(is_enable).then(pl.col("value") == "0").otherwise(pl.col("value") != "0"))
+    )
+
+
+def _observed_sizes(frames: JobFrames, calls: pl.DataFrame) -> tuple[pl.DataFrame, int, float | None]:
+    """(op, bytes) of the observed calls, the profiled steps and their mean length (µs)."""
+    sizes = calls.filter(pl.col("kind") == "coll").select("op", "bytes").drop_nulls()
+    if not frames.has("comms"):
+        return sizes, 0, None
+    # one rank's collectives in the profiled window stand for every rank's
+    cm = frames["comms"].filter(pl.col("bytes").is_not_null() & pl.col("collective").is_in(list(_COLL)))
+    if not cm.height:
+        return sizes, 0, None
+    r0 = cm["rank"].drop_nulls().min()
+    cm = cm.filter(pl.col("rank") == r0) if r0 is not None else cm
+    sizes = pl.concat([sizes, cm.select(pl.col("collective").replace_strict(_COLL).alias("op"), "bytes")])
+    st = frames["steps"].filter(pl.col("rank") == r0) if r0 is not None else frames["steps"]
+    step_us = float(cast(float, (st["end_ns"] - st["start_ns"]).mean())) / 1e3 if st.height else None
+    return sizes, st.height, step_us
+
+
+def _forced_cost(base: nc.Comm, settings: dict[str, str], sizes: pl.DataFrame) -> tuple[float, float]:
+    """Model time lost (µs) over the observed calls by the user's choice against NCCL's, and the worst ratio."""
+    algos = _names(settings["NCCL_ALGO"], _ALGO_NAMES) if "NCCL_ALGO" in settings else None
+    protos = _names(settings["NCCL_PROTO"], _PROTO_NAMES) if "NCCL_PROTO" in settings else None
+    user = nc.Comm(**{**base.__dict__, "algos": algos, "protos": protos})
+    lost_us, worst = 0.0, 1.0
+    for op, nbytes in sizes.iter_rows():
+        coll = op if op in nc.COLLECTIVES else "AllReduce"
+        try:
+            t_def = nc.choose(base, coll, int(nbytes))[2]
+            t_user = nc.choose(user, coll, int(nbytes))[2]
+        except ValueError:
+            continue
+        lost_us += max(0.0, t_user - t_def)
+        worst = max(worst, t_user / t_def)
+    return lost_us, worst
+
+
+@dataclass
+class _Impact:
+    """What a forced choice costs, as far as the model can tell."""
+
+    detail: str = "impact not quantified: the logs give no message sizes or too little topology for the model"
+    confidence: str = "medium"
+    gpu_s: float | None = None
+    frac: float | None = None
+    harmless: bool = False
+
+
+def _forced_impact(a: _Algo, settings: dict[str, str], metrics: dict[str, Any]) -> _Impact:
+    """The model's verdict on a forced algorithm/protocol at this job's sizes (fills ``metrics``)."""
+    out = _Impact()
+    base = _comm_for(a.j, a.frames)
+    sizes, nsteps, step_us = _observed_sizes(a.frames, a.calls)
+    if base is None or not sizes.height or not ("NCCL_ALGO" in settings or "NCCL_PROTO" in settings):
+        return out
+    lost_us, worst = _forced_cost(base, settings, sizes)
+    metrics |= {"predicted_lost_us": round(lost_us, 1), "worst_slowdown": round(worst, 2)}
+    out.detail = (f"the cost model (estimated topology) predicts {lost_us / 1e3:.1f} ms lost over the "
+                  f"{sizes.height} observed calls, up to {worst:.2f}x slower than NCCL's default choice")
+    if nsteps:
+        per_step = lost_us / nsteps
+        metrics["predicted_lost_us_per_step"] = round(per_step, 1)
+        out.detail += f" ({per_step / 1e3:.2f} ms per step)"
+        out.gpu_s = lost_us * (a.j.nranks or 1) / 1e6
+        out.frac = per_step / step_us if step_us else None
+    out.confidence = "low"
+    if worst < a.cfg.min_forced_slowdown:
+        out.detail = "the cost model predicts no significant loss for the observed sizes"
+        out.gpu_s = out.frac = None
+        out.harmless = True
+    return out
+
+
+def check_forced(a: _Algo) -> list[Finding]:
+    """1. User overrides of the algorithm, protocol, channels or transports, with their modelled cost."""
+    forced = _forced_env(a.env)
+    if not forced.height:
+        return []
+    settings = {r["var"]: r["value"] for r in forced.sort("line").iter_rows(named=True)}
+    ranks, hosts, gpus = where(forced, a.j.ident)
+    metrics: dict[str, Any] = dict(settings)
+    imp = _forced_impact(a, settings, metrics)
+    # an override the model finds harmless at this job's sizes is reported, not warned about
+    return [Finding(
+        "nccl_algorithm", Severity.INFO if imp.harmless else Severity.WARNING,
+        "NCCL algorithm, protocol or transport choice forced by environment",
+        "Set by the user: " + ", ".join(f"{k}={v}" for k, v in settings.items()) + f"; {imp.detail}.",
+        "Remove the override unless a benchmark on this cluster shows it is faster at the job's message "
+        "sizes; NCCL's own choice is usually within a few percent of the best.",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="forced", metrics=metrics, confidence=imp.confidence,
+        gpu_seconds_lost=imp.gpu_s, fraction_of_step=imp.frac,
+        evidence=evidence(forced, ("host", "line", "var", "value", "origin")),
+    )]
+
+
+def _gaps(a: _Algo) -> list[pl.DataFrame]:
+    """Measured time against NCCL's prediction: TUNING tables, nccl-tests rows, traced kernels."""
+    pred, tests, gaps = a.pred, a.tests, []
+    if a.table_pred is not None and a.table_pred.height:
+        gaps.append(a.table_pred)
+    if pred.height and tests.height:
+        m = tests.join(pred, left_on="size_bytes", right_on="bytes").with_columns(
+            (pl.col("time_us") / pl.col("predicted_us")).alias("ratio"), pl.lit("nccl-tests").alias("measured_by"))
+        gaps.append(m.select("size_bytes", "time_us", "predicted_us", "ratio", "algo", "proto", "measured_by"))
+    if pred.height and a.frames.has("kernels"):
+        per = _traced_collectives(a.frames)
+        if per.height:
+            m = per.join(pred, on="bytes").with_columns(
+                (pl.col("time_us") / pl.col("predicted_us")).alias("ratio"), pl.lit("trace").alias("measured_by"))
+            gaps.append(m.select(pl.col("bytes").alias("size_bytes"), "time_us", "predicted_us", "ratio", "algo",
+                                 "proto", "measured_by"))
+    return gaps
+
+
+def check_model_gap(a: _Algo) -> list[Finding]:
+    """2. Measured time far above NCCL's own prediction."""
+    cfg, j, gaps = a.cfg, a.j, _gaps(a)
+    if not gaps:
+        return []
+    g = pl.concat(gaps).filter((pl.col("size_bytes") >= cfg.min_bytes_for_gap)
+                               & (pl.col("ratio") >= cfg.min_measured_over_predicted)).sort("ratio", descending=True)
+    if not g.height:
+        return []
+    top = g.row(0, named=True)
+    ranks, hosts, gpus = where(a.pred.select("host", "pid", "cuda_dev"), j.ident)
+    return [Finding(
+        "nccl_algorithm", Severity.WARNING, "Collectives run far slower than NCCL's own prediction",
+        f"{g.height} measured size(s) take >= {cfg.min_measured_over_predicted:g}x NCCL's predicted time; "
+        f"worst: {top['size_bytes']} B with {top['algo']}/{top['proto']} took {top['time_us']:.0f} us "
+        f"vs {top['predicted_us']:.0f} us predicted ({top['ratio']:.1f}x, {top['measured_by']}). NCCL "
+        "assumed bandwidth the fabric did not deliver: suspect the transport, not the choice.",
+        "Check the nccl_transport findings, NIC/link health and PCIe placement on the slow path; run "
+        "nccl-tests per node pair to find the slow link.",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="model_gap", confidence="high",
+        metrics={"worst_ratio": round(top["ratio"], 2), "worst_bytes": top["size_bytes"],
+                 "sizes_flagged": g.height,
+                 # the bus bandwidth NCCL's model assumed for that AllReduce: 2(n-1)/n x bytes / time
+                 "predicted_busbw_gbps": round(2 * (j.nranks - 1) / j.nranks * top["size_bytes"]
+                                               / (top["predicted_us"] * 1e3), 1) if j.nranks else None},
+        evidence=evidence(g, ("size_bytes", "algo", "proto", "time_us", "predicted_us", "ratio", "measured_by")),
+    )]
+
+
+def check_busbw_cliff(a: _Algo) -> list[Finding]:
+    """3. A bus-bandwidth cliff between adjacent nccl-tests sizes."""
+    tests, cfg = a.tests, a.cfg
+    if not tests.height:
+        return []
+    t = (tests.filter(pl.col("placement") == "out-of-place").sort("size_bytes")
+         .with_columns(pl.col("busbw_gbps").shift(1).alias("prev_busbw"), pl.col("size_bytes").shift(1).alias("prev_size")))
+    cliff = t.filter((pl.col("size_bytes") >= cfg.min_bytes_for_gap) & (pl.col("busbw_gbps") > 0)
+                     & (pl.col("prev_busbw") / pl.col("busbw_gbps") >= cfg.min_busbw_cliff))
+    if not cliff.height:
+        return []
+    c = cliff.row(0, named=True)
+    return [Finding(
+        "nccl_algorithm", Severity.WARNING, "Bus bandwidth collapses above a message size",
+        f"nccl-tests busbw falls from {c['prev_busbw']:.2f} GB/s at {c['prev_size']} B to "
+        f"{c['busbw_gbps']:.2f} GB/s at {c['size_bytes']} B: a switch of algorithm/protocol or of "
+        "path onto a degraded link.",
+        "Re-run with NCCL_DEBUG_SUBSYS=TUNING to see the choice at both sizes, and test each "
+        "algorithm with NCCL_ALGO to locate the broken path.",
+        key="busbw_cliff", confidence="medium", hosts=tuple(sorted(set(tests["host"].drop_nulls().to_list()))),
+        metrics={"from_gbps": c["prev_busbw"], "to_gbps": c["busbw_gbps"], "at_bytes": c["size_bytes"]},
+        evidence=evidence(cliff, ("size_bytes", "prev_busbw", "busbw_gbps", "line")),
+    )]
+
+
+def check_busbw_peak(a: _Algo) -> list[Finding]:
+    """3b. nccl-tests peak against the hardware's expected bus bandwidth (user-supplied)."""
+    tests, cfg = a.tests, a.cfg
+    if not (tests.height and cfg.expected_busbw_gbps > 0):
+        return []
+    busbw = tests["busbw_gbps"].drop_nulls()
+    peak = float(cast(float, busbw.max())) if busbw.len() else None
+    if peak is None or not peak < cfg.min_busbw_fraction * cfg.expected_busbw_gbps:
+        return []
+    return [Finding(
+        "nccl_algorithm", Severity.WARNING, "nccl-tests bus bandwidth far below the hardware's",
+        f"Peak busbw {peak:.2f} GB/s is {peak / cfg.expected_busbw_gbps:.0%} of the expected "
+        f"{cfg.expected_busbw_gbps:g} GB/s.",
+        "Check the transport findings, NIC count and speed per GPU, PCIe generation/width and NUMA placement.",
+        key="busbw_peak", confidence="medium",
+        metrics={"peak_busbw_gbps": peak, "expected_busbw_gbps": cfg.expected_busbw_gbps},
+        evidence=evidence(tests.sort("busbw_gbps", descending=True), ("size_bytes", "placement", "busbw_gbps", "line"), 3),
+    )]
+
+
+def check_wrong_results(a: _Algo) -> list[Finding]:
+    """4. nccl-tests validation failures."""
+    wrong = a.tests.filter(pl.col("wrong") > 0)
+    oob = a.frames["nccl_events"].filter((pl.col("kind") == "nccl_tests_check") & (pl.col("code") > 0))
+    if not (wrong.height or oob.height):
+        return []
+    proto = a.j.env.get("NCCL_PROTO")
+    return [Finding(
+        "nccl_algorithm", Severity.CRITICAL, "nccl-tests validation failed (wrong results)",
+        f"{wrong.height} result row(s) report errors"
+        + (f" and `{oob['message'][0]}`" if oob.height else "")
+        + (f"; NCCL_PROTO={proto} was forced, which corrupts data on paths NCCL disables it for" if proto else "")
+        + ".",
+        "Remove NCCL_PROTO/NCCL_ALGO overrides and re-validate; if it persists, test GPUs and links "
+        "individually (DCGM diag, nccl-tests per pair).",
+        key="wrong_results", confidence="high",
+        metrics={"wrong_rows": wrong.height, "forced_proto": proto},
+        evidence=evidence(wrong, ("size_bytes", "placement", "wrong", "line")) + evidence(oob, ("line", "message")),
+    )]
+
+
+def check_mixed_gpus(a: _Algo) -> list[Finding]:
+    """5. Mixed GPU generations in one job."""
+    j = a.j
+    if len(set(j.archs.values())) <= 1:
+        return []
+    comms = a.frames["nccl_comms"].filter(pl.col("gpu_name").is_not_null())
+    ranks, hosts, gpus = where(comms, j.ident)
+    return [Finding(
+        "nccl_algorithm", Severity.WARNING, "Mixed GPU generations in one job",
+        f"GPUs {', '.join(sorted(j.archs))} ({', '.join(sorted(set(j.archs.values())))}) share communicators: NCCL "
+        "disables LL128 and tunes for the oldest GPU, and the slowest GPU paces every collective.",
+        "Run on homogeneous GPUs.",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="mixed_gpus", confidence="high",
+        evidence=evidence(comms, ("host", "rank", "gpu_name")),
+    )]
+
+
+CHECKS: tuple[Callable[[_Algo], list[Finding]], ...] = (
+    check_forced, check_model_gap, check_busbw_cliff, check_busbw_peak, check_wrong_results, check_mixed_gpus,
+)
+
+
 @detector(
     "nccl_algorithm",
     settings=NcclAlgorithmConfig,
     requires_any=("nccl_env", "nccl_calls", "nccl_tuning", "nccl_tests", "nccl_comms"),
 )
 def detect(ctx: JobContext, cfg: NcclAlgorithmConfig) -> list[Finding]:
-    frames = ctx.frames
-    j = job(frames)
-    env = frames["nccl_env"]
-    calls = frames["nccl_calls"]
-    tests = frames["nccl_tests"]
-    out: list[Finding] = []
-    looked = False
-
-    # 1. user overrides
-    # *_DISABLE counts when not 0, *_ENABLE when 0 (NCCL_NVLS_ENABLE=0 turns NVLS off)
-    is_enable = pl.col("var").str.ends_with("_ENABLE")
-    forced = env.filter(pl.col("origin") != "plugin").filter(
-        pl.col("var").is_in(FORCING)
-        | (pl.col("var").is_in(DISABLES) & pl.when(is_enable).then(pl.col("value") == "0").otherwise(pl.col("value") != "0"))
-    )
-    looked |= env.height > 0
-    if forced.height:
-        settings = {r["var"]: r["value"] for r in forced.sort("line").iter_rows(named=True)}
-        ranks, hosts, gpus = where(forced, j.ident)
-        metrics: dict = {k: v for k, v in settings.items()}
-        lost_us = None
-        base = _comm_for(j, frames)
-        sizes = calls.filter(pl.col("kind") == "coll").select("op", "bytes").drop_nulls()
-        nsteps, step_us = 0, None
-        if frames.has("comms"):
-            # one rank's collectives in the profiled window stand for every rank's
-            cm = frames["comms"].filter(pl.col("bytes").is_not_null() & pl.col("collective").is_in(list(_COLL)))
-            if cm.height:
-                r0 = cm["rank"].drop_nulls().min()
-                cm = cm.filter(pl.col("rank") == r0) if r0 is not None else cm
-                sizes = pl.concat([sizes, cm.select(pl.col("collective").replace_strict(_COLL).alias("op"), "bytes")])
-                st = frames["steps"].filter(pl.col("rank") == r0) if r0 is not None else frames["steps"]
-                nsteps = st.height
-                step_us = float((st["end_ns"] - st["start_ns"]).mean()) / 1e3 if st.height else None
-        detail = "impact not quantified: the logs give no message sizes or too little topology for the model"
-        confidence = "medium"
-        gpu_s = frac = None
-        harmless = False
-        if base is not None and sizes.height and ("NCCL_ALGO" in settings or "NCCL_PROTO" in settings):
-            algos = _names(settings["NCCL_ALGO"], _ALGO_NAMES) if "NCCL_ALGO" in settings else None
-            protos = _names(settings["NCCL_PROTO"], _PROTO_NAMES) if "NCCL_PROTO" in settings else None
-            user = nc.Comm(**{**base.__dict__, "algos": algos, "protos": protos})
-            lost_us, worst = 0.0, 1.0
-            for op, nbytes in sizes.iter_rows():
-                coll = op if op in nc.COLLECTIVES else "AllReduce"
-                try:
-                    t_def = nc.choose(base, coll, int(nbytes))[2]
-                    t_user = nc.choose(user, coll, int(nbytes))[2]
-                except ValueError:
-                    continue
-                lost_us += max(0.0, t_user - t_def)
-                worst = max(worst, t_user / t_def)
-            metrics |= {"predicted_lost_us": round(lost_us, 1), "worst_slowdown": round(worst, 2)}
-            detail = (f"the cost model (estimated topology) predicts {lost_us / 1e3:.1f} ms lost over the "
-                      f"{sizes.height} observed calls, up to {worst:.2f}x slower than NCCL's default choice")
-            if nsteps:
-                per_step = lost_us / nsteps
-                metrics["predicted_lost_us_per_step"] = round(per_step, 1)
-                detail += f" ({per_step / 1e3:.2f} ms per step)"
-                gpu_s = lost_us * (j.nranks or 1) / 1e6
-                frac = per_step / step_us if step_us else None
-            confidence = "low"
-            if worst < cfg.min_forced_slowdown:
-                detail = "the cost model predicts no significant loss for the observed sizes"
-                gpu_s = frac = None
-                harmless = True
-        # an override the model finds harmless at this job's sizes is reported, not warned about
-        sev = Severity.INFO if harmless else Severity.WARNING
-        out.append(Finding(
-            "nccl_algorithm", sev, "NCCL algorithm, protocol or transport choice forced by environment",
-            "Set by the user: " + ", ".join(f"{k}={v}" for k, v in settings.items()) + f"; {detail}.",
-            "Remove the override unless a benchmark on this cluster shows it is faster at the job's message "
-            "sizes; NCCL's own choice is usually within a few percent of the best.",
-            ranks=ranks, hosts=hosts, gpus=gpus, key="forced", metrics=metrics, confidence=confidence,
-            gpu_seconds_lost=gpu_s, fraction_of_step=frac,
-            evidence=evidence(forced, ("host", "line", "var", "value", "origin")),
-        ))
-
-    # 2. measured vs NCCL's own prediction
-    pred = (calls.filter((pl.col("kind") == "tuning") & pl.col("predicted_us").is_not_null())
-            .group_by("bytes").agg(pl.col("predicted_us").first(), pl.col("algo").first(), pl.col("proto").first(),
-                                   pl.col("host").first(), pl.col("pid").first(), pl.col("cuda_dev").first()))
-    looked |= pred.height > 0
-    gaps = []
-    table_pred = _table_predictions(frames, j, calls, tests)
-    if table_pred is not None and table_pred.height:
-        looked = True
-        gaps.append(table_pred)
-    if pred.height and tests.height:
-        m = tests.join(pred, left_on="size_bytes", right_on="bytes").with_columns(
-            (pl.col("time_us") / pl.col("predicted_us")).alias("ratio"), pl.lit("nccl-tests").alias("measured_by"))
-        gaps.append(m.select("size_bytes", "time_us", "predicted_us", "ratio", "algo", "proto", "measured_by"))
-    if pred.height and frames.has("kernels"):
-        k = frames["kernels"].filter((pl.col("class") == "comm") & pl.col("bytes").is_not_null() & pl.col("seq").is_not_null())
-        if k.height:
-            per = (k.group_by("pg_name", "seq", "collective", "bytes")
-                   .agg(((pl.col("end_ns") - pl.col("start_ns")).min() / 1e3).alias("time_us")))
-            m = per.join(pred, on="bytes").with_columns(
-                (pl.col("time_us") / pl.col("predicted_us")).alias("ratio"), pl.lit("trace").alias("measured_by"))
-            gaps.append(m.select(pl.col("bytes").alias("size_bytes"), "time_us", "predicted_us", "ratio", "algo",
-                                 "proto", "measured_by"))
-    if gaps:
-        g = pl.concat(gaps).filter((pl.col("size_bytes") >= cfg.min_bytes_for_gap)
-                                   & (pl.col("ratio") >= cfg.min_measured_over_predicted)).sort("ratio", descending=True)
-        if g.height:
-            top = g.row(0, named=True)
-            ranks, hosts, gpus = where(pred.select("host", "pid", "cuda_dev"), j.ident)
-            out.append(Finding(
-                "nccl_algorithm", Severity.WARNING, "Collectives run far slower than NCCL's own prediction",
-                f"{g.height} measured size(s) take >= {cfg.min_measured_over_predicted:g}x NCCL's predicted time; "
-                f"worst: {top['size_bytes']} B with {top['algo']}/{top['proto']} took {top['time_us']:.0f} us "
-                f"vs {top['predicted_us']:.0f} us predicted ({top['ratio']:.1f}x, {top['measured_by']}). NCCL "
-                "assumed bandwidth the fabric did not deliver: suspect the transport, not the choice.",
-                "Check the nccl_transport findings, NIC/link health and PCIe placement on the slow path; run "
-                "nccl-tests per node pair to find the slow link.",
-                ranks=ranks, hosts=hosts, gpus=gpus, key="model_gap", confidence="high",
-                metrics={"worst_ratio": round(top["ratio"], 2), "worst_bytes": top["size_bytes"],
-                         "sizes_flagged": g.height,
-                         # the bus bandwidth NCCL's model assumed for that AllReduce: 2(n-1)/n x bytes / time
-                         "predicted_busbw_gbps": round(2 * (j.nranks - 1) / j.nranks * top["size_bytes"]
-                                                       / (top["predicted_us"] * 1e3), 1) if j.nranks else None},
-                evidence=evidence(g, ("size_bytes", "algo", "proto", "time_us", "predicted_us", "ratio", "measured_by")),
-            ))
-
-    # 3. busbw cliff in nccl-tests
-    if tests.height:
-        looked = True
-        t = (tests.filter(pl.col("placement") == "out-of-place").sort("size_bytes")
-             .with_columns(pl.col("busbw_gbps").shift(1).alias("prev_busbw"), pl.col("size_bytes").shift(1).alias("prev_size")))
-        cliff = t.filter((pl.col("size_bytes") >= cfg.min_bytes_for_gap) & (pl.col("busbw_gbps") > 0)
-                         & (pl.col("prev_busbw") / pl.col("busbw_gbps") >= cfg.min_busbw_cliff))
-        if cliff.height:
-            c = cliff.row(0, named=True)
-            out.append(Finding(
-                "nccl_algorithm", Severity.WARNING, "Bus bandwidth collapses above a message size",
-                f"nccl-tests busbw falls from {c['prev_busbw']:.2f} GB/s at {c['prev_size']} B to "
-                f"{c['busbw_gbps']:.2f} GB/s at {c['size_bytes']} B: a switch of algorithm/protocol or of "
-                "path onto a degraded link.",
-                "Re-run with NCCL_DEBUG_SUBSYS=TUNING to see the choice at both sizes, and test each "
-                "algorithm with NCCL_ALGO to locate the broken path.",
-                key="busbw_cliff", confidence="medium", hosts=tuple(sorted(set(tests["host"].drop_nulls().to_list()))),
-                metrics={"from_gbps": c["prev_busbw"], "to_gbps": c["busbw_gbps"], "at_bytes": c["size_bytes"]},
-                evidence=evidence(cliff, ("size_bytes", "prev_busbw", "busbw_gbps", "line")),
-            ))
-
-    # 3b. nccl-tests peak against the hardware's expected bus bandwidth (user-supplied)
-    if tests.height and cfg.expected_busbw_gbps > 0:
-        peak = tests["busbw_gbps"].drop_nulls().max()
-        if peak is not None and peak < cfg.min_busbw_fraction * cfg.expected_busbw_gbps:
-            out.append(Finding(
-                "nccl_algorithm", Severity.WARNING, "nccl-tests bus bandwidth far below the hardware's",
-                f"Peak busbw {peak:.2f} GB/s is {peak / cfg.expected_busbw_gbps:.0%} of the expected "
-                f"{cfg.expected_busbw_gbps:g} GB/s.",
-                "Check the transport findings, NIC count and speed per GPU, PCIe generation/width and NUMA placement.",
-                key="busbw_peak", confidence="medium",
-                metrics={"peak_busbw_gbps": peak, "expected_busbw_gbps": cfg.expected_busbw_gbps},
-                evidence=evidence(tests.sort("busbw_gbps", descending=True), ("size_bytes", "placement", "busbw_gbps", "line"), 3),
-            ))
-
-    # 4. wrong results in nccl-tests
-    wrong = tests.filter(pl.col("wrong") > 0)
-    oob = frames["nccl_events"].filter((pl.col("kind") == "nccl_tests_check") & (pl.col("code") > 0))
-    if wrong.height or oob.height:
-        proto = j.env.get("NCCL_PROTO")
-        out.append(Finding(
-            "nccl_algorithm", Severity.CRITICAL, "nccl-tests validation failed (wrong results)",
-            f"{wrong.height} result row(s) report errors"
-            + (f" and `{oob['message'][0]}`" if oob.height else "")
-            + (f"; NCCL_PROTO={proto} was forced, which corrupts data on paths NCCL disables it for" if proto else "")
-            + ".",
-            "Remove NCCL_PROTO/NCCL_ALGO overrides and re-validate; if it persists, test GPUs and links "
-            "individually (DCGM diag, nccl-tests per pair).",
-            key="wrong_results", confidence="high",
-            metrics={"wrong_rows": wrong.height, "forced_proto": proto},
-            evidence=evidence(wrong, ("size_bytes", "placement", "wrong", "line")) + evidence(oob, ("line", "message")),
-        ))
-
-    # 5. mixed GPU generations
-    if len(set(j.archs.values())) > 1:
-        names = sorted(j.archs)
-        comms = frames["nccl_comms"].filter(pl.col("gpu_name").is_not_null())
-        ranks, hosts, gpus = where(comms, j.ident)
-        out.append(Finding(
-            "nccl_algorithm", Severity.WARNING, "Mixed GPU generations in one job",
-            f"GPUs {', '.join(names)} ({', '.join(sorted(set(j.archs.values())))}) share communicators: NCCL "
-            "disables LL128 and tunes for the oldest GPU, and the slowest GPU paces every collective.",
-            "Run on homogeneous GPUs.",
-            ranks=ranks, hosts=hosts, gpus=gpus, key="mixed_gpus", confidence="high",
-            evidence=evidence(comms, ("host", "rank", "gpu_name")),
-        ))
-    if not looked and not out:
+    a = _Algo(ctx.frames, job(ctx.frames), cfg)
+    out = [f for check in CHECKS for f in check(a)]
+    if not out and not a.looked:
         raise Skip("no NCCL environment, TUNING, COLL or nccl-tests lines to judge the algorithm choice from")
     return out

@@ -30,14 +30,19 @@ What to do:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import cast
 
 import polars as pl
 
 from forensics.context import JobContext
 from forensics.detectors import Skip, detector
-from forensics.detectors._nccl import evidence, job, where
+from forensics.detectors._nccl import JobNccl, evidence, job, where
 from forensics.findings import Finding, Severity
+from forensics.frames import JobFrames
 from forensics.settings import setting
 
 
@@ -51,130 +56,243 @@ class NcclTimeoutConfig:
                                          doc="silent ranks are named culprits only up to this share of the communicator")
 
 
+@dataclass
+class _Logs:
+    """The lines every check reads."""
+
+    j: JobNccl
+    ct: pl.DataFrame  # collective_timeouts
+    ras: pl.DataFrame  # RAS errors
+    ras_ok: pl.DataFrame  # RAS "all OK" lines
+    cuda: pl.DataFrame  # CUDA failures inside NCCL
+    year: int | None = None  # the job's year, for glog stamps that omit it
+
+    @property
+    def timeouts(self) -> pl.DataFrame:
+        return self.ct.filter(pl.col("kind").is_in(["watchdog_timeout", "blocking_wait"]))
+
+    @property
+    def status(self) -> pl.DataFrame:
+        return self.ct.filter(pl.col("kind") == "pg_status")
+
+    @property
+    def desync(self) -> pl.DataFrame:
+        return self.ct.filter(pl.col("kind") == "desync")
+
+
+@dataclass
+class _Timeout:
+    """Who reported the timed-out collective, who never issued it, who is stuck in it."""
+
+    reporters: list[int]
+    seqs: list[int]
+    ops: list[str]
+    timeout_ns: pl.Series  # the watchdog's `Timeout(ms)`, in ns
+    ran_ns: pl.Series  # how long the collective had run when it was caught
+    never: pl.DataFrame  # last enqueued < SeqNum
+    stuck: pl.DataFrame  # enqueued >= SeqNum > completed
+    culprits: list[int]
+    silent: list[int] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float | None:
+        if not (self.ran_ns.len() and self.timeout_ns.len()):
+            return None
+        return cast(float, self.ran_ns.max()) / cast(float, self.timeout_ns.max())
+
+
+def _timeout(t: _Logs, cfg: NcclTimeoutConfig) -> _Timeout:
+    timeouts, status, j = t.timeouts, t.status, t.j
+    never = status.filter(pl.col("last_enqueued") < pl.col("seq"))
+    out = _Timeout(
+        reporters=sorted(set(timeouts["rank"].drop_nulls().to_list()) | set(status["rank"].drop_nulls().to_list())),
+        seqs=sorted(set(timeouts["seq"].drop_nulls().to_list()) | set(status["seq"].drop_nulls().to_list())),
+        ops=sorted(set(timeouts["op_type"].drop_nulls().to_list())),
+        timeout_ns=timeouts["timeout_ns"].drop_nulls(), ran_ns=timeouts["ran_ns"].drop_nulls(), never=never,
+        stuck=status.filter((pl.col("last_enqueued") >= pl.col("seq")) & (pl.col("last_completed") < pl.col("seq"))),
+        culprits=sorted(set(t.desync["lagging_rank"].drop_nulls().to_list()) | set(never["rank"].drop_nulls().to_list())),
+    )
+    # ranks of the world communicator that reported nothing while the others timed out
+    if j.nranks and out.reporters and not out.culprits:
+        silent = sorted(set(range(j.nranks)) - set(out.reporters))
+        if not silent or len(silent) > cfg.max_silent_fraction * j.nranks:
+            silent = []
+        out.silent = out.culprits = silent
+    return out
+
+
+def _ranks_text(df: pl.DataFrame) -> str:
+    return ", ".join(map(str, sorted(set(df["rank"].drop_nulls().to_list()))))
+
+
+def _timeout_text(t: _Logs, o: _Timeout, cfg: NcclTimeoutConfig) -> str:
+    text = (f"{len(o.reporters)} rank(s) ({', '.join(map(str, o.reporters[:16]))}) report a timed-out collective "
+            f"({', '.join(o.ops) or 'op not printed'}; SeqNum {', '.join(map(str, o.seqs[:6]))})")
+    if o.timeout_ns.len():
+        text += f" after Timeout(ms)={int(o.timeout_ns.max()) // 1_000_000}"  # type: ignore[arg-type]
+    ratio = o.ratio
+    if ratio is not None and ratio >= cfg.late_detection_ratio:
+        text += (f"; it ran {int(o.ran_ns.max()) // 1_000_000} ms = {ratio:.1f}x the timeout, i.e. the job hung "  # type: ignore[arg-type]
+                 f"about {o.ran_ns.max() / 3.6e12:.1f} h before the watchdog acted")  # type: ignore[operator]
+    if o.never.height:
+        text += f"; rank(s) {_ranks_text(o.never)} never issued it (last enqueued < SeqNum)"
+    if o.stuck.height:
+        text += f"; rank(s) {_ranks_text(o.stuck)} issued it and are stuck inside (enqueued >= SeqNum > completed)"
+    if o.silent:
+        text += (f"; rank(s) {', '.join(map(str, o.silent))} of the {t.j.nranks}-rank communicator reported no "
+                 "timeout: they never reached the collective (or their logs are missing)")
+    if t.ras_ok.height and not t.ras.height:
+        text += "; NCCL RAS reported every communicator OK at the time, which does not rule out a hang"
+    return text
+
+
+def check_timeout(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
+    """Ranks that report a timed-out collective, and the ranks that did not arrive."""
+    if not (t.timeouts.height or t.status.height):
+        return []
+    o = _timeout(t, cfg)
+    named = t.j.ident.filter(pl.col("rank").is_in(o.culprits or o.reporters))
+    ratio = o.ratio
+    return [Finding(
+        "nccl_timeout", Severity.CRITICAL, "NCCL collective timed out", _timeout_text(t, o, cfg) + ".",
+        "Find the rank that did not arrive (desync report, flight recorder dump, the rank with the lowest "
+        "last-enqueued work); check its host for GPU/NIC errors; enable TORCH_NCCL_TRACE_BUFFER_SIZE and "
+        "TORCH_NCCL_DESYNC_DEBUG=1.",
+        ranks=tuple(o.culprits or o.reporters), hosts=tuple(sorted(set(named["host"].drop_nulls().to_list()))),
+        gpus=tuple(sorted(set(named["bus_id"].drop_nulls().to_list()))),
+        key="timeout:" + ",".join(map(str, o.seqs[:4])),
+        confidence="high" if (o.culprits and not o.silent) else "medium",
+        metrics={"reporting_ranks": len(o.reporters), "culprit_ranks": ",".join(map(str, o.culprits)) or None,
+                 "timeout_ms": int(o.timeout_ns.max()) // 1_000_000 if o.timeout_ns.len() else None,  # type: ignore[arg-type]
+                 "ran_over_timeout": round(ratio, 2) if ratio is not None else None,
+                 "seq": o.seqs[0] if o.seqs else None,
+                 "ran_ms": int(o.ran_ns.max()) // 1_000_000 if o.ran_ns.len() else None,  # type: ignore[arg-type]
+                 "time_ns": _watchdog_time(t.timeouts["message"].drop_nulls().to_list(), t.year)},
+        evidence=evidence(pl.concat([t.timeouts, t.status], how="vertical"),
+                          ("rank", "kind", "pg", "seq", "op_type", "numel_in", "last_enqueued", "last_completed", "line")),
+    )]
+
+
+def _minority(groups: pl.DataFrame) -> list[int]:
+    """Per SeqNum, the ranks of the smallest (op, size) group when the groups differ in size."""
+    minority: list[int] = []
+    for (_seq,), g in groups.group_by("seq", maintain_order=True):
+        g = g.with_columns(pl.col("rank").list.len().alias("n")).sort("n")
+        if g.height > 1 and g["n"][0] < g["n"][-1]:
+            minority += g["rank"][0].to_list()
+    return minority
+
+
+def check_desync(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
+    """One SeqNum, different collectives or sizes on different ranks."""
+    timeouts, desync = t.timeouts, t.desync
+    if not (timeouts.height or t.status.height):
+        return []
+    per_seq = (timeouts.group_by("seq", maintain_order=True)
+               .agg(pl.col("op_type").unique().sort(), pl.col("numel_in").unique().drop_nulls().sort(),
+                    pl.col("rank").unique().drop_nulls().sort()))
+    split = per_seq.filter((pl.col("op_type").list.len() > 1) | (pl.col("numel_in").list.len() > 1))
+    if not (split.height or desync.height):
+        return []
+    rows = timeouts.join(split.select("seq"), on="seq") if split.height else timeouts.head(0)
+    groups = (rows.group_by("seq", "op_type", "numel_in").agg(pl.col("rank").unique().sort())
+              .sort("seq", "op_type", "numel_in", nulls_last=True))
+    names = sorted(set(desync["lagging_rank"].drop_nulls().to_list())) or sorted(_minority(groups))
+    desc = "; ".join(f"SeqNum {r['seq']}: rank(s) {', '.join(map(str, r['rank']))} in {r['op_type']} "
+                     f"(NumelIn {r['numel_in']})" for r in groups.sort("seq", "op_type").iter_rows(named=True))
+    return [Finding(
+        "nccl_timeout", Severity.CRITICAL, "Ranks desynchronised: different collectives at the same SeqNum",
+        (desc or "a desync report names the rank that did not join") + ". The ranks issued different "
+        "collectives (code-path divergence), so they wait on each other forever; this is not a network fault.",
+        "Find the branch that makes some ranks issue a different collective (conditional logging/eval, uneven "
+        "data, an exception caught on one rank) and make every rank issue the same sequence.",
+        ranks=tuple(names or sorted(set(rows["rank"].drop_nulls().to_list()))), key="desync",
+        confidence="high" if names else "medium",
+        evidence=evidence(groups.with_columns(pl.col("rank").cast(pl.List(pl.String)).list.join(",")),
+                          ("seq", "op_type", "numel_in", "rank")) + evidence(desync, ("rank", "lagging_rank", "seq", "line")),
+    )]
+
+
+def check_ras(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
+    """NCCL RAS: ranks missing, dead or outliers."""
+    ras = t.ras
+    if not ras.height:
+        return []
+    nodes = sorted(set(ras["peer"].drop_nulls().to_list()))
+    errors = sorted(set(m.split(":")[0] for m in ras.filter(pl.col("kind") == "ras_missing")["message"].to_list()))
+    groups = ras.filter(pl.col("kind") == "ras_group")["message"].to_list()
+    return [Finding(
+        "nccl_timeout", Severity.CRITICAL, "NCCL RAS reports missing or inconsistent ranks",
+        f"RAS: {'; '.join(groups) or 'errors'}"
+        + (f"; {', '.join(errors)} on node(s) {', '.join(nodes)}" if nodes else "")
+        + ". A rank that stops reporting is dead, hung before the collective, or unreachable.",
+        "Inspect the named process/GPU on that node (is it alive? stuck in host code? GPU errors?); an outlier "
+        "node with a different process count points at a launcher/config mistake.",
+        ranks=tuple(sorted(set(ras["rank"].drop_nulls().to_list()))), hosts=tuple(nodes), key="ras", confidence="high",
+        metrics={"ras_error_lines": ras.height},
+        evidence=evidence(ras, ("line", "kind", "peer", "code", "message")),
+    )]
+
+
+def check_cuda(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
+    """A CUDA error inside NCCL: the root of the peers' resets and timeouts."""
+    cuda = t.cuda
+    if not cuda.height:
+        return []
+    ranks, hosts, gpus = where(cuda, t.j.ident)
+    return [Finding(
+        "nccl_timeout", Severity.CRITICAL, "A CUDA error aborted NCCL",
+        f"NCCL hit `{cuda['message'][0]}` on {', '.join(hosts) or 'a rank'}: the communicator is dead and peers "
+        "see resets or timeouts as a consequence.",
+        "Debug the CUDA fault on that GPU first (compute-sanitizer, CUDA_LAUNCH_BLOCKING=1, dmesg Xid); "
+        "network errors on other ranks are secondary.",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="cuda_failure", confidence="high",
+        evidence=evidence(cuda, ("host", "pid", "cuda_dev", "line", "file_line", "message")),
+    )]
+
+
+CHECKS: tuple[Callable[[_Logs, NcclTimeoutConfig], list[Finding]], ...] = (check_timeout, check_desync, check_ras, check_cuda)
+
+
 @detector("nccl_timeout", settings=NcclTimeoutConfig, requires_any=("collective_timeouts", "nccl_events"))
 def detect(ctx: JobContext, cfg: NcclTimeoutConfig) -> list[Finding]:
     frames = ctx.frames
-    ct = frames["collective_timeouts"]
-    ev = frames["nccl_events"]
+    ct, ev = frames["collective_timeouts"], frames["nccl_events"]
     ras = ev.filter(pl.col("kind").is_in(["ras_missing", "ras_dead", "ras_outlier"])
                     | ((pl.col("kind") == "ras_group") & (pl.col("level") == "WARN")))
     ras_ok = ev.filter((pl.col("kind") == "ras_group") & (pl.col("level") == "INFO"))
     cuda = ev.filter(pl.col("kind") == "cuda_failure")
     if ct.height == 0 and ras.height == 0 and cuda.height == 0:
         raise Skip("no PyTorch watchdog/timeout lines, NCCL RAS errors or fatal NCCL errors in the logs")
-    j = job(frames)
-    out: list[Finding] = []
+    t = _Logs(job(frames), ct, ras, ras_ok, cuda, _job_year(frames))
+    return [f for check in CHECKS for f in check(t, cfg)]
 
-    timeouts = ct.filter(pl.col("kind").is_in(["watchdog_timeout", "blocking_wait"]))
-    status = ct.filter(pl.col("kind") == "pg_status")
-    desync = ct.filter(pl.col("kind") == "desync")
-    if timeouts.height or status.height:
-        per_seq = (timeouts.group_by("seq", maintain_order=True)
-                   .agg(pl.col("op_type").unique().sort(), pl.col("numel_in").unique().drop_nulls().sort(),
-                        pl.col("rank").unique().drop_nulls().sort()))
-        never = status.filter(pl.col("last_enqueued") < pl.col("seq"))
-        stuck = status.filter((pl.col("last_enqueued") >= pl.col("seq")) & (pl.col("last_completed") < pl.col("seq")))
-        reporters = sorted(set(timeouts["rank"].drop_nulls().to_list()) | set(status["rank"].drop_nulls().to_list()))
-        seqs = sorted(set(timeouts["seq"].drop_nulls().to_list()) | set(status["seq"].drop_nulls().to_list()))
-        ops = sorted(set(timeouts["op_type"].drop_nulls().to_list()))
-        timeout_ms = timeouts["timeout_ns"].drop_nulls()
-        ran_ms = timeouts["ran_ns"].drop_nulls()
-        ratio = (ran_ms.max() / timeout_ms.max()) if ran_ms.len() and timeout_ms.len() else None
-        culprits = sorted(set(desync["lagging_rank"].drop_nulls().to_list()) | set(never["rank"].drop_nulls().to_list()))
-        # ranks of the world communicator that reported nothing while the others timed out
-        silent: list[int] = []
-        if j.nranks and reporters and not culprits:
-            silent = sorted(set(range(j.nranks)) - set(reporters))
-            if not silent or len(silent) > cfg.max_silent_fraction * j.nranks:
-                silent = []
-            culprits = silent
-        text = (f"{len(reporters)} rank(s) ({', '.join(map(str, reporters[:16]))}) report a timed-out collective "
-                f"({', '.join(ops) or 'op not printed'}; SeqNum {', '.join(map(str, seqs[:6]))})")
-        if timeout_ms.len():
-            text += f" after Timeout(ms)={int(timeout_ms.max()) // 1_000_000}"
-        if ratio is not None and ratio >= cfg.late_detection_ratio:
-            text += (f"; it ran {int(ran_ms.max()) // 1_000_000} ms = {ratio:.1f}x the timeout, i.e. the job hung "
-                     f"about {ran_ms.max() / 3.6e12:.1f} h before the watchdog acted")
-        if never.height:
-            text += (f"; rank(s) {', '.join(map(str, sorted(set(never['rank'].drop_nulls().to_list()))))} never issued it "
-                     "(last enqueued < SeqNum)")
-        if stuck.height:
-            text += (f"; rank(s) {', '.join(map(str, sorted(set(stuck['rank'].drop_nulls().to_list()))))} issued it and "
-                     "are stuck inside (enqueued >= SeqNum > completed)")
-        if silent:
-            text += (f"; rank(s) {', '.join(map(str, silent))} of the {j.nranks}-rank communicator reported no "
-                     "timeout: they never reached the collective (or their logs are missing)")
-        if ras_ok.height and not ras.height:
-            text += "; NCCL RAS reported every communicator OK at the time, which does not rule out a hang"
-        named = j.ident.filter(pl.col("rank").is_in(culprits or reporters))
-        c_hosts = tuple(sorted(set(named["host"].drop_nulls().to_list())))
-        c_gpus = tuple(sorted(set(named["bus_id"].drop_nulls().to_list())))
-        out.append(Finding(
-            "nccl_timeout", Severity.CRITICAL, "NCCL collective timed out", text + ".",
-            "Find the rank that did not arrive (desync report, flight recorder dump, the rank with the lowest "
-            "last-enqueued work); check its host for GPU/NIC errors; enable TORCH_NCCL_TRACE_BUFFER_SIZE and "
-            "TORCH_NCCL_DESYNC_DEBUG=1.",
-            ranks=tuple(culprits or reporters), hosts=c_hosts, gpus=c_gpus,
-            key="timeout:" + ",".join(map(str, seqs[:4])),
-            confidence="high" if (culprits and not silent) else "medium",
-            metrics={"reporting_ranks": len(reporters), "culprit_ranks": ",".join(map(str, culprits)) or None,
-                     "timeout_ms": int(timeout_ms.max()) // 1_000_000 if timeout_ms.len() else None,
-                     "ran_over_timeout": round(ratio, 2) if ratio is not None else None,
-                     "seq": seqs[0] if seqs else None},
-            evidence=evidence(pl.concat([timeouts, status], how="vertical"),
-                              ("rank", "kind", "pg", "seq", "op_type", "numel_in", "last_enqueued", "last_completed", "line")),
-        ))
-        # desync: one SeqNum, different collectives or sizes on different ranks
-        split = per_seq.filter((pl.col("op_type").list.len() > 1) | (pl.col("numel_in").list.len() > 1))
-        if split.height or desync.height:
-            rows = timeouts.join(split.select("seq"), on="seq") if split.height else timeouts.head(0)
-            groups = rows.group_by("seq", "op_type", "numel_in").agg(pl.col("rank").unique().sort())
-            minority: list[int] = []
-            for (_seq,), g in groups.group_by("seq"):
-                g = g.with_columns(pl.col("rank").list.len().alias("n")).sort("n")
-                if g.height > 1 and g["n"][0] < g["n"][-1]:
-                    minority += g["rank"][0].to_list()
-            names = sorted(set(desync["lagging_rank"].drop_nulls().to_list())) or sorted(minority)
-            desc = "; ".join(f"SeqNum {r['seq']}: rank(s) {', '.join(map(str, r['rank']))} in {r['op_type']} "
-                             f"(NumelIn {r['numel_in']})" for r in groups.sort("seq", "op_type").iter_rows(named=True))
-            out.append(Finding(
-                "nccl_timeout", Severity.CRITICAL, "Ranks desynchronised: different collectives at the same SeqNum",
-                (desc or "a desync report names the rank that did not join") + ". The ranks issued different "
-                "collectives (code-path divergence), so they wait on each other forever; this is not a network fault.",
-                "Find the branch that makes some ranks issue a different collective (conditional logging/eval, uneven "
-                "data, an exception caught on one rank) and make every rank issue the same sequence.",
-                ranks=tuple(names or sorted(set(rows["rank"].drop_nulls().to_list()))), key="desync",
-                confidence="high" if names else "medium",
-                evidence=evidence(groups.with_columns(pl.col("rank").cast(pl.List(pl.String)).list.join(",")),
-                                  ("seq", "op_type", "numel_in", "rank")) + evidence(desync, ("rank", "lagging_rank", "seq", "line")),
-            ))
 
-    if ras.height:
-        nodes = sorted(set(ras["peer"].drop_nulls().to_list()))
-        ranks = tuple(sorted(set(ras["rank"].drop_nulls().to_list())))
-        errors = sorted(set(m.split(":")[0] for m in ras.filter(pl.col("kind") == "ras_missing")["message"].to_list()))
-        groups = ras.filter(pl.col("kind") == "ras_group")["message"].to_list()
-        out.append(Finding(
-            "nccl_timeout", Severity.CRITICAL, "NCCL RAS reports missing or inconsistent ranks",
-            f"RAS: {'; '.join(groups) or 'errors'}"
-            + (f"; {', '.join(errors)} on node(s) {', '.join(nodes)}" if nodes else "")
-            + ". A rank that stops reporting is dead, hung before the collective, or unreachable.",
-            "Inspect the named process/GPU on that node (is it alive? stuck in host code? GPU errors?); an outlier "
-            "node with a different process count points at a launcher/config mistake.",
-            ranks=ranks, hosts=tuple(nodes), key="ras", confidence="high",
-            metrics={"ras_error_lines": ras.height},
-            evidence=evidence(ras, ("line", "kind", "peer", "code", "message")),
-        ))
+# glog prefix of PyTorch lines: `[E0314 09:10:00.205065660 ProcessGroupNCCL.cpp:632]` (month, day, time; no year)
+_GLOG = re.compile(r"\[[EWIF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")
 
-    if cuda.height:
-        ranks, hosts, gpus = where(cuda, j.ident)
-        out.append(Finding(
-            "nccl_timeout", Severity.CRITICAL, "A CUDA error aborted NCCL",
-            f"NCCL hit `{cuda['message'][0]}` on {', '.join(hosts) or 'a rank'}: the communicator is dead and peers "
-            "see resets or timeouts as a consequence.",
-            "Debug the CUDA fault on that GPU first (compute-sanitizer, CUDA_LAUNCH_BLOCKING=1, dmesg Xid); "
-            "network errors on other ranks are secondary.",
-            ranks=ranks, hosts=hosts, gpus=gpus, key="cuda_failure", confidence="high",
-            evidence=evidence(cuda, ("host", "pid", "cuda_dev", "line", "file_line", "message")),
-        ))
-    return out
+
+def _job_year(frames: JobFrames) -> int | None:
+    """The year of the job, for glog stamps that omit it: from trace steps, else placed kernel-log lines."""
+    for name, col in (("steps", "start_ns"), ("kernel_events", "wall_ns")):
+        t = frames[name][col].drop_nulls().min() if frames.has(name) and frames[name].height else None
+        if t is not None:
+            return datetime.fromtimestamp(int(t) / 1e9, tz=timezone.utc).year  # type: ignore[arg-type]
+    return None
+
+
+def _watchdog_time(messages: list[str], year: int | None) -> int | None:
+    """Earliest glog stamp of the timeout lines as Unix ns (read as UTC), when the job's year is known."""
+    if year is None:
+        return None
+    times = []
+    for msg in messages:
+        m = _GLOG.search(msg)
+        if m:
+            mo, d, hh, mi, ss, frac = m.groups()
+            try:
+                t = datetime(year, int(mo), int(d), int(hh), int(mi), int(ss), tzinfo=timezone.utc)
+            except ValueError:
+                continue
+            times.append(int(t.timestamp()) * 1_000_000_000 + int((frac or "0").ljust(9, "0")))
+    return min(times) if times else None

@@ -32,13 +32,14 @@ What to do:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import polars as pl
 
 from forensics.context import JobContext
 from forensics.detectors import Skip, detector
-from forensics.detectors._nccl import evidence, job, where
+from forensics.detectors._nccl import JobNccl, evidence, job, where
 from forensics.findings import Finding, Severity
 from forensics.settings import setting
 
@@ -65,230 +66,297 @@ class NcclTransportConfig:
                               doc="GPU generations on which NVLS is expected when an NVSwitch is present")
 
 
-@detector(
-    "nccl_transport",
-    settings=NcclTransportConfig,
-    requires_any=("nccl_channels", "nccl_net", "nccl_events"),
-)
-def detect(ctx: JobContext, cfg: NcclTransportConfig) -> list[Finding]:
+@dataclass
+class _Transport:
+    """The frames every check reads, and the NET connections marked intra-node or not."""
+
+    j: JobNccl
+    ch: pl.DataFrame  # nccl_channels
+    net: pl.DataFrame  # nccl_net
+    ev: pl.DataFrame  # nccl_events
+    netch: pl.DataFrame  # NET channels with `intra` (both ends in one process, or a single-node job)
+    netsel: pl.DataFrame  # `Using network X` lines
+    ib: pl.DataFrame  # NET/IB device lines
+
+
+def _facts(ctx: JobContext) -> _Transport:
     frames = ctx.frames
     j = job(frames)
-    ch = frames["nccl_channels"]
-    net = frames["nccl_net"]
-    ev = frames["nccl_events"]
+    ch, net, ev = frames["nccl_channels"], frames["nccl_net"], frames["nccl_events"]
     if ch.height == 0 and net.height == 0 and ev.filter(pl.col("level") != "INFO").height == 0 \
             and ev.filter(pl.col("kind").is_in(["p2p_check", "nvls_support", "channels", "connected"])).height == 0:
         raise Skip("the NCCL logs hold no transport, network or fabric lines (NCCL_DEBUG=INFO init lines needed)")
-    out: list[Finding] = []
-    # which process owns which ranks: a NET pair inside one process is intra-node for sure
+    return _Transport(j, ch, net, ev, _net_channels(j, ch), net.filter(pl.col("kind") == "network"),
+                      net.filter(pl.col("kind") == "ib"))
+
+
+def _net_channels(j: JobNccl, ch: pl.DataFrame) -> pl.DataFrame:
+    """NET channels with ``intra``: which process owns which ranks: a NET pair inside one process is intra-node."""
     owners = j.ident.filter(pl.col("rank").is_not_null()).select("host", "pid", "rank")
     single_node = (j.nnodes == 1) if j.nnodes is not None else False
     netch = ch.filter(pl.col("transport") == "NET")
-    if netch.height:
-        a = owners.rename({"rank": "src_rank", "pid": "_ps", "host": "_hs"})
-        b = owners.rename({"rank": "dst_rank", "pid": "_pd", "host": "_hd"})
-        netch = netch.join(a, on="src_rank", how="left").join(b, on="dst_rank", how="left").with_columns(
-            (pl.lit(single_node) | ((pl.col("_ps") == pl.col("_pd")) & (pl.col("_hs") == pl.col("_hd")))
-             .fill_null(False)).alias("intra")
-        ).unique(["line", "source"])
-    else:
-        netch = netch.with_columns(pl.lit(False).alias("intra"))
+    if netch.height == 0:
+        return netch.with_columns(pl.lit(False).alias("intra"))
+    a = owners.rename({"rank": "src_rank", "pid": "_ps", "host": "_hs"})
+    b = owners.rename({"rank": "dst_rank", "pid": "_pd", "host": "_hd"})
+    joined = (netch.join(a, on="src_rank", how="left", maintain_order="left")
+              .join(b, on="dst_rank", how="left", maintain_order="left"))
+    return joined.with_columns(
+        (pl.lit(single_node) | ((pl.col("_ps") == pl.col("_pd")) & (pl.col("_hs") == pl.col("_hd"))))
+        .fill_null(False).alias("intra")
+    ).unique(["line", "source"], keep="first", maintain_order=True)
 
-    # 1. sockets between nodes
-    sock = netch.filter((pl.col("net") == "Socket") & ~pl.col("intra"))
-    netsel = net.filter(pl.col("kind") == "network")
-    sock_net = netsel.filter(pl.col("name").str.to_lowercase() == "socket")
+
+def _rows(*parts: pl.DataFrame) -> pl.DataFrame:
+    """The process columns of every non-empty part, for ``where``."""
+    return pl.concat([d.select("host", "pid", "cuda_dev", "line") for d in parts if d.height])
+
+
+def _link_rows(a: pl.DataFrame, b: pl.DataFrame, b_via: str) -> tuple[dict, ...]:
+    """Evidence from two kinds of rows, ``b``'s ``b_via`` column shown as ``via``."""
+    return evidence(pl.concat([a.select("host", "rank", "line", "via"),
+                               b.select("host", "rank", "line", pl.col(b_via).alias("via"))]),
+                    ("host", "rank", "line", "via"))
+
+
+def check_sockets(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
+    """1. Inter-node traffic over TCP sockets."""
+    net, j = t.net, t.j
+    sock = t.netch.filter((pl.col("net") == "Socket") & ~pl.col("intra"))
+    sock_net = t.netsel.filter(pl.col("name").str.to_lowercase() == "socket")
     ofi_tcp = net.filter((pl.col("kind") == "ofi_provider") & pl.col("name").str.contains(r"(?i)tcp|sockets"))
     ib_none = net.filter(pl.col("kind") == "ib_none")
     implied = pl.concat([sock_net.select("host", "pid", "cuda_dev", "line"), ib_none.select("host", "pid", "cuda_dev", "line")])
-    if sock.height or ofi_tcp.height or (j.multi_node and implied.height and netsel.filter(
-            pl.col("name").str.to_lowercase() != "socket").height == 0):
-        rows = pl.concat([d.select("host", "pid", "cuda_dev", "line") for d in (sock, ofi_tcp, implied) if d.height])
-        ranks, hosts, gpus = where(rows, j.ident)
-        has_ib = net.filter(pl.col("kind") == "ib").height > 0 or j.env.get("NCCL_IB_DISABLE", "0") not in ("0", "")
-        out.append(Finding(
-            "nccl_transport", Severity.CRITICAL,
-            "Inter-node NCCL traffic runs over TCP sockets",
-            f"{sock.height} inter-node connection(s) use NET/Socket"
-            + (" and the OFI provider is TCP-based" if ofi_tcp.height else "")
-            + ("; NCCL found no IB device (`NET/IB : No device found`)" if ib_none.height else "")
-            + (f"; NCCL_IB_DISABLE={j.env['NCCL_IB_DISABLE']}" if "NCCL_IB_DISABLE" in j.env else "")
-            + ". Sockets give a few GB/s per node where IB/RoCE/EFA give 25-50 GB/s per NIC.",
-            "Enable the RDMA path: unset NCCL_IB_DISABLE, install libibverbs / the net plugin (aws-ofi-nccl, "
-            "HPC-X), check `ibv_devinfo` inside the container, pin NCCL_NET if needed.",
-            ranks=ranks, hosts=hosts, gpus=gpus, key="socket",
-            metrics={"socket_connections": sock.height, "ib_present_or_disabled": has_ib},
-            evidence=evidence(pl.concat([sock.select("host", "rank", "line", "via"), ofi_tcp.select(
-                "host", "rank", "line", pl.col("name").alias("via"))]), ("host", "rank", "line", "via")),
-            confidence="high" if sock.height else "medium",
-        ))
+    only_socket = t.netsel.filter(pl.col("name").str.to_lowercase() != "socket").height == 0
+    if not (sock.height or ofi_tcp.height or (j.multi_node and implied.height and only_socket)):
+        return []
+    ranks, hosts, gpus = where(_rows(sock, ofi_tcp, implied), j.ident)
+    has_ib = net.filter(pl.col("kind") == "ib").height > 0 or j.env.get("NCCL_IB_DISABLE", "0") not in ("0", "")
+    return [Finding(
+        "nccl_transport", Severity.CRITICAL,
+        "Inter-node NCCL traffic runs over TCP sockets",
+        f"{sock.height} inter-node connection(s) use NET/Socket"
+        + (" and the OFI provider is TCP-based" if ofi_tcp.height else "")
+        + ("; NCCL found no IB device (`NET/IB : No device found`)" if ib_none.height else "")
+        + (f"; NCCL_IB_DISABLE={j.env['NCCL_IB_DISABLE']}" if "NCCL_IB_DISABLE" in j.env else "")
+        + ". Sockets give a few GB/s per node where IB/RoCE/EFA give 25-50 GB/s per NIC.",
+        "Enable the RDMA path: unset NCCL_IB_DISABLE, install libibverbs / the net plugin (aws-ofi-nccl, "
+        "HPC-X), check `ibv_devinfo` inside the container, pin NCCL_NET if needed.",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="socket",
+        metrics={"socket_connections": sock.height, "ib_present_or_disabled": has_ib},
+        evidence=_link_rows(sock, ofi_tcp, "name"),
+        confidence="high" if sock.height else "medium",
+    )]
 
-    # 2. RDMA without GPUDirect
-    nogdr = netch.filter((pl.col("net") != "Socket") & ~pl.col("gdr"))
+
+def check_no_gdr(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
+    """2. RDMA without GPUDirect."""
+    net = t.net
+    nogdr = t.netch.filter((pl.col("net") != "Socket") & ~pl.col("gdr"))
     hca_off = net.filter((pl.col("kind") == "gdr_hca") & (pl.col("state") == "Disabled")
                          & ~pl.col("detail").str.starts_with("NET/Socket"))
     gpu_off = net.filter((pl.col("kind") == "gdr_gpu") & (pl.col("state") == "Disabled"))
     # `GDR 0` is normal when the network is TCP: only RDMA processes count
     sock_procs = pl.concat([
-        netsel.filter(pl.col("name").str.to_lowercase() == "socket").select("host", "pid"),
-        ch.filter(pl.col("net") == "Socket").select("host", "pid"),
-    ]).unique()
-    gdr0 = ev.filter((pl.col("kind") == "connected") & (pl.col("code") == 0)).join(
+        t.netsel.filter(pl.col("name").str.to_lowercase() == "socket").select("host", "pid"),
+        t.ch.filter(pl.col("net") == "Socket").select("host", "pid"),
+    ]).unique(maintain_order=True)
+    gdr0 = t.ev.filter((pl.col("kind") == "connected") & (pl.col("code") == 0)).join(
         sock_procs, on=["host", "pid"], how="anti", nulls_equal=True)
-    if nogdr.height or hca_off.height or gpu_off.height or gdr0.height:
-        rows = pl.concat([d.select("host", "pid", "cuda_dev", "line") for d in (nogdr, hca_off, gpu_off, gdr0) if d.height])
-        ranks, hosts, gpus = where(rows, j.ident)
-        out.append(Finding(
-            "nccl_transport", Severity.WARNING,
-            "RDMA network used without GPUDirect RDMA",
-            f"{nogdr.height} IB/RoCE connection(s) lack /GDRDMA, {hca_off.height} HCA(s) report GPU Direct RDMA "
-            f"Disabled, {gpu_off.height} GPU/HCA pair(s) are too far apart, {gdr0.height} ring(s) report GDR 0: "
-            "every message is staged through host memory.",
-            "Load nvidia-peermem (or use DMA-BUF with a recent driver), check NCCL_NET_GDR_LEVEL and that each "
-            "GPU has a NIC under the same PCIe switch.",
-            ranks=ranks, hosts=hosts, gpus=gpus, key="no_gdr",
-            metrics={"connections_without_gdr": nogdr.height, "hca_gdr_disabled": hca_off.height},
-            evidence=evidence(pl.concat([nogdr.select("host", "rank", "line", "via"), hca_off.select(
-                "host", "rank", "line", pl.col("detail").alias("via"))]), ("host", "rank", "line", "via")),
-            confidence="high",
-        ))
+    if not (nogdr.height or hca_off.height or gpu_off.height or gdr0.height):
+        return []
+    ranks, hosts, gpus = where(_rows(nogdr, hca_off, gpu_off, gdr0), t.j.ident)
+    return [Finding(
+        "nccl_transport", Severity.WARNING,
+        "RDMA network used without GPUDirect RDMA",
+        f"{nogdr.height} IB/RoCE connection(s) lack /GDRDMA, {hca_off.height} HCA(s) report GPU Direct RDMA "
+        f"Disabled, {gpu_off.height} GPU/HCA pair(s) are too far apart, {gdr0.height} ring(s) report GDR 0: "
+        "every message is staged through host memory.",
+        "Load nvidia-peermem (or use DMA-BUF with a recent driver), check NCCL_NET_GDR_LEVEL and that each "
+        "GPU has a NIC under the same PCIe switch.",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="no_gdr",
+        metrics={"connections_without_gdr": nogdr.height, "hca_gdr_disabled": hca_off.height},
+        evidence=_link_rows(nogdr, hca_off, "detail"),
+        confidence="high",
+    )]
 
-    # 3. intra-node traffic off NVLink/P2P
+
+def check_intra_node(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
+    """3. Intra-node traffic off NVLink/P2P."""
+    j, ch = t.j, t.ch
     shm = ch.filter(pl.col("transport") == "SHM")
-    intra_net = netch.filter(pl.col("intra"))
-    nop2p = ev.filter((pl.col("kind") == "p2p_check") & (pl.col("code") == 0))
-    if shm.height or intra_net.height or nop2p.height:
-        rows = pl.concat([d.select("host", "pid", "cuda_dev", "line") for d in (shm, intra_net, nop2p) if d.height])
-        ranks, hosts, gpus = where(rows, j.ident)
-        forced = {k: v for k, v in j.env.items() if k in ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_P2P_LEVEL")}
-        p2p_elsewhere = ch.filter(pl.col("transport") == "P2P").height > 0
-        out.append(Finding(
-            "nccl_transport", Severity.WARNING,
-            "Intra-node GPU pairs do not use P2P/NVLink",
-            f"{shm.height} connection(s) via host shared memory, {intra_net.height} intra-node connection(s) via "
-            f"the network" + (", CUDA P2P reported unsupported (intraNodeP2pSupport 0)" if nop2p.height else "")
-            + (f"; set by the user: {', '.join(f'{k}={v}' for k, v in forced.items())}" if forced else "") + ".",
-            "Unset NCCL_P2P_DISABLE / NCCL_SHM_DISABLE / NCCL_P2P_LEVEL, run containers with --ipc=host, "
-            "check that ACS/IOMMU do not block peer access (`nvidia-smi topo -p2p r`).",
-            ranks=ranks, hosts=hosts, gpus=gpus, key="intra_node",
-            metrics={"shm_connections": shm.height, "intra_node_net_connections": intra_net.height},
-            evidence=evidence(pl.concat([shm.select("host", "rank", "line", "via"),
-                                         intra_net.select("host", "rank", "line", "via")]), ("host", "rank", "line", "via")),
-            confidence="high" if (forced or p2p_elsewhere or nop2p.height) else "medium",
-        ))
+    intra_net = t.netch.filter(pl.col("intra"))
+    nop2p = t.ev.filter((pl.col("kind") == "p2p_check") & (pl.col("code") == 0))
+    if not (shm.height or intra_net.height or nop2p.height):
+        return []
+    ranks, hosts, gpus = where(_rows(shm, intra_net, nop2p), j.ident)
+    forced = {k: v for k, v in j.env.items() if k in ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_P2P_LEVEL")}
+    p2p_elsewhere = ch.filter(pl.col("transport") == "P2P").height > 0
+    return [Finding(
+        "nccl_transport", Severity.WARNING,
+        "Intra-node GPU pairs do not use P2P/NVLink",
+        f"{shm.height} connection(s) via host shared memory, {intra_net.height} intra-node connection(s) via "
+        f"the network" + (", CUDA P2P reported unsupported (intraNodeP2pSupport 0)" if nop2p.height else "")
+        + (f"; set by the user: {', '.join(f'{k}={v}' for k, v in forced.items())}" if forced else "") + ".",
+        "Unset NCCL_P2P_DISABLE / NCCL_SHM_DISABLE / NCCL_P2P_LEVEL, run containers with --ipc=host, "
+        "check that ACS/IOMMU do not block peer access (`nvidia-smi topo -p2p r`).",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="intra_node",
+        metrics={"shm_connections": shm.height, "intra_node_net_connections": intra_net.height},
+        evidence=_link_rows(shm, intra_net, "via"),
+        confidence="high" if (forced or p2p_elsewhere or nop2p.height) else "medium",
+    )]
 
-    # 4. NVLS off on an NVSwitch Hopper+/Blackwell system
+
+def check_nvls_off(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
+    """4. NVLS off on an NVSwitch Hopper+/Blackwell system."""
+    ev, j = t.ev, t.j
     nvs = ev.filter((pl.col("kind") == "topo_link") & pl.col("peer").str.starts_with("NVS/"))
     nvls_off = pl.concat([
         ev.filter((pl.col("kind") == "nvls_support") & (pl.col("code") == 0)).select("host", "pid", "cuda_dev", "line"),
         ev.filter((pl.col("kind") == "channels") & (pl.col("code") == 0)).select("host", "pid", "cuda_dev", "line"),
     ])
     want = set(cfg.nvls_archs.split(","))
-    if nvls_off.height and nvs.height and j.archs and set(j.archs.values()) <= want:
-        ranks, hosts, gpus = where(nvls_off, j.ident)
-        out.append(Finding(
-            "nccl_transport", Severity.WARNING, "NVLink SHARP (NVLS) is off on an NVSwitch system",
-            "The topology shows an NVSwitch and the GPUs support NVLS, but NCCL set up 0 NVLS channels.",
-            "Check NCCL_NVLS_ENABLE, the fabric manager / IMEX service and that the CUDA driver exposes multicast.",
-            ranks=ranks, hosts=hosts, gpus=gpus, key="nvls_off", confidence="medium",
-            evidence=evidence(nvls_off, ("host", "line")),
-        ))
+    if not (nvls_off.height and nvs.height and j.archs and set(j.archs.values()) <= want):
+        return []
+    ranks, hosts, gpus = where(nvls_off, j.ident)
+    return [Finding(
+        "nccl_transport", Severity.WARNING, "NVLink SHARP (NVLS) is off on an NVSwitch system",
+        "The topology shows an NVSwitch and the GPUs support NVLS, but NCCL set up 0 NVLS channels.",
+        "Check NCCL_NVLS_ENABLE, the fabric manager / IMEX service and that the CUDA driver exposes multicast.",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="nvls_off", confidence="medium",
+        evidence=evidence(nvls_off, ("host", "line")),
+    )]
 
-    # 5. one NIC for every GPU of a node
-    ib = net.filter(pl.col("kind") == "ib")
-    if ib.height:
-        even = (j.nranks // j.nnodes) if (j.nranks and j.nnodes and j.nnodes > 1) else 0
-        gpus_per_host = j.ident.group_by("host").agg(
-            pl.max_horizontal(pl.col("cuda_dev").n_unique(), pl.lit(even)).alias("gpus"))
-        nics = ib.group_by("host").agg(pl.col("name").n_unique().alias("nics"), pl.col("name").first().alias("nic"))
-        shared = nics.join(gpus_per_host, on="host").filter(
-            (pl.col("nics") == 1) & (pl.col("gpus") >= cfg.min_gpus_per_single_nic))
-        if shared.height:
-            rows = ib.join(shared.select("host"), on="host")
-            ranks, hosts, gpus = where(rows, j.ident)
-            out.append(Finding(
-                "nccl_transport", Severity.WARNING, "All GPUs of a node share one NIC",
-                "; ".join(f"{r['host']}: {r['gpus']} GPUs seen, one NIC ({r['nic']})" for r in shared.iter_rows(named=True))
-                + ". Inter-node bandwidth per GPU is one NIC divided by the GPUs of the node.",
-                "Expose one NIC (or VF) per GPU/rail to the job (NCCL_IB_HCA, SR-IOV, device plugin settings).",
-                ranks=ranks, hosts=hosts, gpus=gpus, key="single_nic", confidence="medium",
-                metrics={"max_gpus_per_nic": int(shared["gpus"].max())},
-                evidence=evidence(shared, ("host", "nic", "gpus")),
-            ))
 
-    # 6. wrong or inconsistent socket interfaces
-    ifs = net.filter(pl.col("kind").is_in(["bootstrap", "socket"]) & pl.col("name").is_not_null())
+def check_single_nic(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
+    """5. One NIC for every GPU of a node."""
+    ib, j = t.ib, t.j
+    if not ib.height:
+        return []
+    even = (j.nranks // j.nnodes) if (j.nranks and j.nnodes and j.nnodes > 1) else 0
+    gpus_per_host = j.ident.group_by("host").agg(
+        pl.max_horizontal(pl.col("cuda_dev").n_unique(), pl.lit(even)).alias("gpus"))
+    nics = (ib.group_by("host", maintain_order=True)
+            .agg(pl.col("name").n_unique().alias("nics"), pl.col("name").first().alias("nic")).sort("host"))
+    shared = nics.join(gpus_per_host, on="host", maintain_order="left").filter(
+        (pl.col("nics") == 1) & (pl.col("gpus") >= cfg.min_gpus_per_single_nic))
+    if not shared.height:
+        return []
+    ranks, hosts, gpus = where(ib.join(shared.select("host"), on="host"), j.ident)
+    return [Finding(
+        "nccl_transport", Severity.WARNING, "All GPUs of a node share one NIC",
+        "; ".join(f"{r['host']}: {r['gpus']} GPUs seen, one NIC ({r['nic']})" for r in shared.iter_rows(named=True))
+        + ". Inter-node bandwidth per GPU is one NIC divided by the GPUs of the node.",
+        "Expose one NIC (or VF) per GPU/rail to the job (NCCL_IB_HCA, SR-IOV, device plugin settings).",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="single_nic", confidence="medium",
+        metrics={"max_gpus_per_nic": int(shared["gpus"].max())},  # type: ignore[arg-type]
+        evidence=evidence(shared, ("host", "nic", "gpus")),
+    )]
+
+
+def check_interfaces(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
+    """6. Wrong or inconsistent socket interfaces."""
+    ifs = t.net.filter(pl.col("kind").is_in(["bootstrap", "socket"]) & pl.col("name").is_not_null())
     bad = ifs.filter(pl.col("name").str.contains(cfg.bad_iface_pattern))
-    sets = ifs.filter(pl.col("kind") == "socket").group_by("host").agg(pl.col("name").unique().sort().str.join(",").alias("ifaces"))
+    sets = (ifs.filter(pl.col("kind") == "socket").group_by("host")
+            .agg(pl.col("name").unique().sort().str.join(",").alias("ifaces")).sort("host"))
     inconsistent = sets.height > 1 and sets["ifaces"].n_unique() > 1
-    if bad.height or inconsistent:
-        ranks, hosts, gpus = where(bad if bad.height else ifs, j.ident)
-        names = sorted(set(bad["name"].to_list()))
-        out.append(Finding(
-            "nccl_transport", Severity.WARNING, "NCCL uses virtual or inconsistent network interfaces",
-            (f"Bootstrap/socket interfaces include {', '.join(names)}" if names else "")
-            + ("; " if names and inconsistent else "")
-            + ("interface sets differ between hosts: " + "; ".join(f"{r['host']}={r['ifaces']}" for r in sets.iter_rows(named=True))
-               if inconsistent else "") + ".",
-            "Set NCCL_SOCKET_IFNAME to the data interface (e.g. `=eth0` or `^docker,lo,virbr,veth`).",
-            ranks=ranks, hosts=hosts, gpus=gpus, key="iface", confidence="high",
-            metrics={"bad_interfaces": ",".join(names) or None, "inconsistent_across_hosts": inconsistent},
-            evidence=evidence(bad if bad.height else ifs, ("host", "kind", "name", "address", "line")),
-        ))
-    nolib = ev.filter(pl.col("kind") == "no_libibverbs")
-    if nolib.height:
-        ranks, hosts, gpus = where(nolib, j.ident)
-        out.append(Finding(
-            "nccl_transport", Severity.WARNING if j.multi_node else Severity.INFO,
-            "libibverbs missing: NCCL cannot use InfiniBand/RoCE",
-            "NCCL failed to open libibverbs.so, so only TCP sockets are available between nodes.",
-            "Install rdma-core / libibverbs in the image if the nodes have RDMA NICs.",
-            ranks=ranks, hosts=hosts, gpus=gpus, key="no_libibverbs", confidence="high",
-            evidence=evidence(nolib, ("host", "line", "file_line", "message")),
-        ))
+    if not (bad.height or inconsistent):
+        return []
+    ranks, hosts, gpus = where(bad if bad.height else ifs, t.j.ident)
+    names = sorted(set(bad["name"].to_list()))
+    differ = "; ".join(f"{r['host']}={r['ifaces']}" for r in sets.iter_rows(named=True))
+    return [Finding(
+        "nccl_transport", Severity.WARNING, "NCCL uses virtual or inconsistent network interfaces",
+        (f"Bootstrap/socket interfaces include {', '.join(names)}" if names else "")
+        + ("; " if names and inconsistent else "")
+        + (f"interface sets differ between hosts: {differ}" if inconsistent else "") + ".",
+        "Set NCCL_SOCKET_IFNAME to the data interface (e.g. `=eth0` or `^docker,lo,virbr,veth`).",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="iface", confidence="high",
+        metrics={"bad_interfaces": ",".join(names) or None, "inconsistent_across_hosts": inconsistent},
+        evidence=evidence(bad if bad.height else ifs, ("host", "kind", "name", "address", "line")),
+    )]
 
-    # 7. mixed link layers
-    if ib.height and ib["link_layer"].drop_nulls().n_unique() > 1:
-        ranks, hosts, gpus = where(ib, j.ident)
-        out.append(Finding(
-            "nccl_transport", Severity.WARNING, "Mixed InfiniBand and RoCE NICs",
-            "NCCL lists both IB and RoCE devices; 2.28+ refuses to connect such pairs and older versions mis-tune.",
-            "Restrict NCCL_IB_HCA to one link layer.",
-            ranks=ranks, hosts=hosts, gpus=gpus, key="mixed_link", confidence="high",
-            evidence=evidence(ib.unique(["host", "name"]), ("host", "name", "link_layer")),
-        ))
 
-    # 8. a failing fabric
-    fails = ev.filter(pl.col("kind").is_in(["ib_completion", "ib_async", "call_failed", "socket_closed",
-                                            "net_recv_failed", "proxy_error"]))
-    for kind, group in fails.group_by("kind", maintain_order=True):
-        kind = kind[0]
-        ranks, hosts, gpus = where(group, j.ident)
-        if kind == "ib_completion":
-            codes = sorted(set(group["code"].drop_nulls().to_list()))
-            meaning = "; ".join(f"status {c} = {IB_STATUS.get(c, 'see ibv_wc_status')}" for c in codes)
-            title, sev = "InfiniBand completion errors", Severity.CRITICAL
-            summary = f"{group.height} work completion error(s) on {len(hosts)} host(s): {meaning}."
-            fix = ("status 12: check cables, switch ports, routing and GIDs (NCCL_IB_GID_INDEX) on the named hosts; "
-                   "status 4: memory registration / GDR (nvidia-peermem, NCCL_NET_GDR_LEVEL, ulimit -l).")
-        elif kind == "ib_async":
-            events = sorted(set(re.sub(r".*?: ", "", m) for m in group["message"].to_list()))
-            title, sev = "InfiniBand HCA async error events", Severity.CRITICAL
-            summary = f"{group.height} async event(s) ({'; '.join(events)}) on {', '.join(hosts)}."
-            fix = "Drain the host, check the HCA firmware/driver and `dmesg` for mlx5 errors, and the port state."
-        elif kind == "call_failed":
-            title, sev = "RDMA verbs calls failed", Severity.WARNING
-            summary = f"{group.height} verbs call failure(s): {group['message'][0]}."
-            fix = "Check the HCA on the named hosts (ibv_devinfo, dmesg)."
-        elif kind in ("socket_closed", "net_recv_failed"):
-            title, sev = "NCCL network connections reset", Severity.WARNING
-            summary = (f"{group.height} connection(s) closed or reset by the peer ({group['message'][0]}); the peer "
-                       "process died or the network dropped it -- often the consequence of a failure elsewhere.")
-            fix = "Look for the first error on the peer (CUDA fault, OOM, killed process) before blaming the network."
-        else:
-            title, sev = "NCCL proxy failed to connect or progress", Severity.WARNING
-            summary = f"{group.height} proxy error(s): {group['message'][0]}."
-            fix = "Check that every rank can reach the others on the chosen interface and that no rank died."
+def check_no_libibverbs(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
+    nolib = t.ev.filter(pl.col("kind") == "no_libibverbs")
+    if not nolib.height:
+        return []
+    ranks, hosts, gpus = where(nolib, t.j.ident)
+    return [Finding(
+        "nccl_transport", Severity.WARNING if t.j.multi_node else Severity.INFO,
+        "libibverbs missing: NCCL cannot use InfiniBand/RoCE",
+        "NCCL failed to open libibverbs.so, so only TCP sockets are available between nodes.",
+        "Install rdma-core / libibverbs in the image if the nodes have RDMA NICs.",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="no_libibverbs", confidence="high",
+        evidence=evidence(nolib, ("host", "line", "file_line", "message")),
+    )]
+
+
+def check_mixed_link(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
+    """7. Mixed link layers."""
+    ib = t.ib
+    if not (ib.height and ib["link_layer"].drop_nulls().n_unique() > 1):
+        return []
+    ranks, hosts, gpus = where(ib, t.j.ident)
+    return [Finding(
+        "nccl_transport", Severity.WARNING, "Mixed InfiniBand and RoCE NICs",
+        "NCCL lists both IB and RoCE devices; 2.28+ refuses to connect such pairs and older versions mis-tune.",
+        "Restrict NCCL_IB_HCA to one link layer.",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="mixed_link", confidence="high",
+        evidence=evidence(ib.unique(["host", "name"], keep="first", maintain_order=True), ("host", "name", "link_layer")),
+    )]
+
+
+def _ib_completion(group: pl.DataFrame, hosts: tuple[str, ...]) -> tuple[str, Severity, str, str]:
+    codes = sorted(set(group["code"].drop_nulls().to_list()))
+    meaning = "; ".join(f"status {c} = {IB_STATUS.get(c, 'see ibv_wc_status')}" for c in codes)
+    return ("InfiniBand completion errors", Severity.CRITICAL,
+            f"{group.height} work completion error(s) on {len(hosts)} host(s): {meaning}.",
+            "status 12: check cables, switch ports, routing and GIDs (NCCL_IB_GID_INDEX) on the named hosts; "
+            "status 4: memory registration / GDR (nvidia-peermem, NCCL_NET_GDR_LEVEL, ulimit -l).")
+
+
+def _ib_async(group: pl.DataFrame, hosts: tuple[str, ...]) -> tuple[str, Severity, str, str]:
+    events = sorted(set(re.sub(r".*?: ", "", m) for m in group["message"].to_list()))
+    return ("InfiniBand HCA async error events", Severity.CRITICAL,
+            f"{group.height} async event(s) ({'; '.join(events)}) on {', '.join(hosts)}.",
+            "Drain the host, check the HCA firmware/driver and `dmesg` for mlx5 errors, and the port state.")
+
+
+def _call_failed(group: pl.DataFrame, hosts: tuple[str, ...]) -> tuple[str, Severity, str, str]:
+    return ("RDMA verbs calls failed", Severity.WARNING,
+            f"{group.height} verbs call failure(s): {group['message'][0]}.",
+            "Check the HCA on the named hosts (ibv_devinfo, dmesg).")
+
+
+def _reset(group: pl.DataFrame, hosts: tuple[str, ...]) -> tuple[str, Severity, str, str]:
+    return ("NCCL network connections reset", Severity.WARNING,
+            f"{group.height} connection(s) closed or reset by the peer ({group['message'][0]}); the peer "
+            "process died or the network dropped it -- often the consequence of a failure elsewhere.",
+            "Look for the first error on the peer (CUDA fault, OOM, killed process) before blaming the network.")
+
+
+def _proxy(group: pl.DataFrame, hosts: tuple[str, ...]) -> tuple[str, Severity, str, str]:
+    return ("NCCL proxy failed to connect or progress", Severity.WARNING,
+            f"{group.height} proxy error(s): {group['message'][0]}.",
+            "Check that every rank can reach the others on the chosen interface and that no rank died.")
+
+
+# fabric failure kind -> (title, severity, summary, fix) of its group of events
+_FAILURES: dict[str, Callable[[pl.DataFrame, tuple[str, ...]], tuple[str, Severity, str, str]]] = {
+    "ib_completion": _ib_completion, "ib_async": _ib_async, "call_failed": _call_failed,
+    "socket_closed": _reset, "net_recv_failed": _reset, "proxy_error": _proxy,
+}
+
+
+def check_fabric_failures(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
+    """8. A failing fabric: one finding per kind of failure."""
+    out: list[Finding] = []
+    fails = t.ev.filter(pl.col("kind").is_in(list(_FAILURES)))
+    for (kind,), group in fails.group_by("kind", maintain_order=True):
+        ranks, hosts, gpus = where(group, t.j.ident)
+        title, sev, summary, fix = _FAILURES[str(kind)](group, hosts)
         out.append(Finding(
             "nccl_transport", sev, title, summary, fix, ranks=ranks, hosts=hosts, gpus=gpus, key=f"fail_{kind}",
             metrics={"events": group.height, "hosts": len(hosts)},
@@ -296,3 +364,19 @@ def detect(ctx: JobContext, cfg: NcclTransportConfig) -> list[Finding]:
             confidence="high",
         ))
     return out
+
+
+CHECKS: tuple[Callable[[_Transport, NcclTransportConfig], list[Finding]], ...] = (
+    check_sockets, check_no_gdr, check_intra_node, check_nvls_off, check_single_nic, check_interfaces,
+    check_no_libibverbs, check_mixed_link, check_fabric_failures,
+)
+
+
+@detector(
+    "nccl_transport",
+    settings=NcclTransportConfig,
+    requires_any=("nccl_channels", "nccl_net", "nccl_events"),
+)
+def detect(ctx: JobContext, cfg: NcclTransportConfig) -> list[Finding]:
+    t = _facts(ctx)
+    return [f for check in CHECKS for f in check(t, cfg)]

@@ -304,6 +304,7 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
     truth["last_arrivals"] = {"columns": ["pg_name", "seq", "step", "op", "last_rank", "margin_ns"], "rows": rec.arrivals,
                               "truncated": rec.arrivals_truncated}
     from forensics.simulate import logs
+    from forensics.simulate.incidents_truth import expected_incidents
 
     log_paths = logs.write_stdout_logs(out, job, engine, offsets, seed, rec.timeout_info, rec.step_log, rec.coll_log)
     end_ns = max(st.host_t for st in engine.states)
@@ -314,6 +315,7 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
         row["kernel_log"] = klog_paths[row["host"]]
         row["kernel_log_style"] = logs.STYLES[row["node"] % len(logs.STYLES)]
     truth["kernel_log"] = {"scenario": sc.kernel_log, "injected": injected}
+    truth["incidents"] = expected_incidents(truth["faults"], sc.kernel_log)
     truth_path = Path(truth_path) if truth_path is not None else out / "truth.json"
     truth_path.parent.mkdir(parents=True, exist_ok=True)
     truth_path.write_bytes(orjson.dumps(truth, option=orjson.OPT_INDENT_2) + b"\n")  # "schema" first: easy to recognise

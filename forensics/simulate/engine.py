@@ -116,6 +116,24 @@ def _end_of(op: Op) -> int | None:
     return None
 
 
+def _ready_time(st: RankState, op: Op) -> int | None:
+    """When ``op`` may start on the GPU: after its stream's previous op and its dependencies (None: not
+    known yet, something it waits for has not been placed)."""
+    ready = 0
+    prev = st.last.get(op.stream)
+    if prev is not None:
+        e = _end_of(prev)
+        if e is None:
+            return None
+        ready = e
+    for d in op.deps:
+        e = _end_of(d)
+        if e is None:
+            return None
+        ready = max(ready, e)
+    return ready
+
+
 class Engine:
     """Builds each rank's per-step program and resolves it. ``fault`` hooks live in the builder."""
 
@@ -406,65 +424,65 @@ class Engine:
             vstage = chunk * p + stage
             first, last = vstage == 0, vstage == p * v - 1
             if kind == "F":
-                deps: tuple[Op, ...] = ()
-                if not first:
-                    deps = (self._coll(st, prog, "recv", ppg, act, STREAM_RECV, st.pid, step, peer=prev_rank, p2p_index=hash_idx("F", step, mb, vstage - 1)),)
-                start_len = len(prog)
-                for _ in range(w.layers):
-                    self._layer_fwd(st, prog, scale, st.pid, step)
-                if deps:
-                    prog[start_len].deps = deps
-                if last and w.loss_kernel:
-                    self._kernel(st, prog, CE_FWD, "aten::_log_softmax", self._mem_ns(w.micro_batch * w.seq * 32000 * 4 / self.topo.tp, st, scale), st.pid, w.micro_batch * w.seq // 4, 128)
-                if not last:
-                    self._coll(st, prog, "send", ppg, act, STREAM_SEND, st.pid, step, deps=(prog[-1],), peer=next_rank, p2p_index=hash_idx("F", step, mb, vstage))
+                recv_from = None if first else prev_rank
+                self._pp_forward(st, prog, step, ppg, act, scale, (mb, vstage, last), recv_from, next_rank)
             else:
-                deps = ()
-                if not last:
-                    deps = (self._coll(st, prog, "recv", ppg, act, STREAM_RECV, st.pid, step, peer=next_rank, p2p_index=hash_idx("B", step, mb, vstage + 1)),)
-                start_len = len(prog)
-                for _ in range(w.layers):
-                    lb = self._layer_bwd(st, prog, scale, st.pid, step)
-                if deps:
-                    prog[start_len].deps = deps
-                last_bwd.append(lb)
-                if not first:
-                    self._coll(st, prog, "send", ppg, act, STREAM_SEND, st.pid, step, deps=(prog[-1],), peer=prev_rank, p2p_index=hash_idx("B", step, mb, vstage))
+                recv_from = None if last else next_rank
+                last_bwd.append(self._pp_backward(st, prog, step, ppg, act, scale, (mb, vstage, first), recv_from,
+                                                  prev_rank))
         # gradients are reduced after the flush (Megatron without overlap_grad_reduce)
         buckets = self._dp_buckets(st, prog, [last_bwd[-1]] * (w.layers * v), step, st.pid)
         self._optimizer(st, prog, buckets, st.pid)
 
+    def _pp_forward(self, st: RankState, prog: list[Op], step: int, ppg: ProcessGroup, act: int, scale: float,
+                    where: tuple[int, int, bool], recv_from: int | None, send_to: int) -> None:
+        """One micro-batch forward of one virtual stage: receive activations (unless first), the layers,
+        the loss on the last stage, send activations on (unless last). ``where``: (micro-batch, vstage, last)."""
+        w = self.job.work
+        mb, vstage, last = where
+        deps: tuple[Op, ...] = ()
+        if recv_from is not None:
+            deps = (self._coll(st, prog, "recv", ppg, act, STREAM_RECV, st.pid, step, peer=recv_from, p2p_index=hash_idx("F", step, mb, vstage - 1)),)
+        start_len = len(prog)
+        for _ in range(w.layers):
+            self._layer_fwd(st, prog, scale, st.pid, step)
+        if deps:
+            prog[start_len].deps = deps
+        if last and w.loss_kernel:
+            self._kernel(st, prog, CE_FWD, "aten::_log_softmax", self._mem_ns(w.micro_batch * w.seq * 32000 * 4 / self.topo.tp, st, scale), st.pid, w.micro_batch * w.seq // 4, 128)
+        if not last:
+            self._coll(st, prog, "send", ppg, act, STREAM_SEND, st.pid, step, deps=(prog[-1],), peer=send_to, p2p_index=hash_idx("F", step, mb, vstage))
+
+    def _pp_backward(self, st: RankState, prog: list[Op], step: int, ppg: ProcessGroup, act: int, scale: float,
+                     where: tuple[int, int, bool], recv_from: int | None, send_to: int) -> Op:
+        """One micro-batch backward of one virtual stage; returns its last layer's backward kernel.
+        ``where``: (micro-batch, vstage, first)."""
+        w = self.job.work
+        mb, vstage, first = where
+        deps: tuple[Op, ...] = ()
+        if recv_from is not None:
+            deps = (self._coll(st, prog, "recv", ppg, act, STREAM_RECV, st.pid, step, peer=recv_from, p2p_index=hash_idx("B", step, mb, vstage + 1)),)
+        start_len = len(prog)
+        for _ in range(w.layers):
+            lb = self._layer_bwd(st, prog, scale, st.pid, step)
+        if deps:
+            prog[start_len].deps = deps
+        if not first:
+            self._coll(st, prog, "send", ppg, act, STREAM_SEND, st.pid, step, deps=(prog[-1],), peer=send_to, p2p_index=hash_idx("B", step, mb, vstage))
+        return lb
+
     # ---------------------------------------------------------------- resolution
     def _try(self, st: RankState, op: Op) -> bool:
+        """Place ``op`` in time if everything it waits for has ended; False when it must wait."""
         if op.kind == HOST:
             op.cpu_start = st.host_t
             st.host_t += op.host_ns
             return True
         if op.kind == SYNC:
-            ends = []
-            for o in st.last.values():
-                e = _end_of(o)
-                if e is None:
-                    return False
-                ends.append(e)
-            op.cpu_start = st.host_t
-            op.launch = st.host_t + op.host_ns // 3
-            op.start = op.launch
-            op.end = max([op.launch + 2_000, *[e + 1_500 for e in ends]])
-            st.host_t = op.end + op.host_ns // 2
-            return True
-        prev = st.last.get(op.stream)
-        ready = 0
-        if prev is not None:
-            e = _end_of(prev)
-            if e is None:
-                return False
-            ready = e
-        for d in op.deps:
-            e = _end_of(d)
-            if e is None:
-                return False
-            ready = max(ready, e)
+            return self._try_sync(st, op)
+        ready = _ready_time(st, op)
+        if ready is None:
+            return False
         op.cpu_start = st.host_t
         op.launch = st.host_t + op.host_ns // 3
         op.start = max(op.launch + LAUNCH_LATENCY_NS, ready + KERNEL_GAP_NS)
@@ -484,6 +502,22 @@ class Engine:
             op.end = op.launch + int(self.timeout_spec["timeout_ms"] * 1e6) if self.timeout_spec else op.start
         elif len(c.arrive) == len(c.members):
             c.end = max(c.arrive.values()) + c.t_tx
+        return True
+
+    @staticmethod
+    def _try_sync(st: RankState, op: Op) -> bool:
+        """A device synchronize: ends after every stream's last op."""
+        ends = []
+        for o in st.last.values():
+            e = _end_of(o)
+            if e is None:
+                return False
+            ends.append(e)
+        op.cpu_start = st.host_t
+        op.launch = st.host_t + op.host_ns // 3
+        op.start = op.launch
+        op.end = max([op.launch + 2_000, *[e + 1_500 for e in ends]])
+        st.host_t = op.end + op.host_ns // 2
         return True
 
     def run_step(self, step: int) -> StepResult:

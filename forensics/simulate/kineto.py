@@ -154,9 +154,9 @@ class TraceWriter:
                     {"External id": self._next_ext(), "Record function id": 0, "Ev Idx": self._idx()})
             return
         if k == SYNC:
+            assert op.end is not None
             ext = self._next_ext()
             self._x("cpu_op", op.cpu, st.pid, op.tid, op.cpu_start, op.end + op.host_ns // 3, {"External id": ext, "Record function id": 0, "Ev Idx": self._idx()})
-            assert op.end is not None
             self._x("cuda_runtime", op.name, st.pid, op.tid, op.launch, op.end, {"External id": ext, "cbid": 165, "correlation": self._next_corr()})
             return
         assert op.end is not None

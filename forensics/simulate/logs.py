@@ -60,37 +60,7 @@ def _nccl_init(lg: _RankLog, job: Job, grank: int, world: int, nodes: int, local
     init_tid = lg.pid + 97 + rng.randrange(0, 40)
     net = job.net
     if is_world:
-        if v <= (2, 21) and rank == 0:
-            lg.raw(f"NCCL version {job.nccl_version}+cuda{job.cuda_version}")
-        lg.info(("Bootstrap: Using" if v >= (2, 25) else "Bootstrap : Using") + f" eth0:{ip}<0>")
-        if v >= (2, 22):
-            lg.info(f"NCCL version {job.nccl_version}+cuda{job.cuda_version}")
-        lg.info("cudaDriverVersion 12040")
-        for k, val in job.env:
-            if k == "NCCL_P2P_DISABLE":
-                lg.info("NCCL_P2P_LEVEL set by environment to LOC")
-            elif k in ("NCCL_IB_DISABLE",):
-                lg.info(f"{k} set by environment to {val}.")
-        lg.info("NCCL_SOCKET_IFNAME set by environment to eth0")
-        if v <= (2, 18):
-            lg.info("NET/Plugin : Plugin load (libnccl-net.so) returned 2 : libnccl-net.so: cannot open shared object file: No such file or directory")
-            lg.info("NET/Plugin : No plugin found, using internal implementation")
-        elif v <= (2, 21):
-            lg.info("NET/Plugin: No plugin found (libnccl-net.so)")
-            lg.info("NET/Plugin: Using internal network plugin.")
-        elif v <= (2, 25):
-            lg.info("NET/Plugin: Could not find: libnccl-net.so. Using internal network plugin.")
-        else:
-            lg.info("NET/Plugin: Could not find: libnccl-net.so. Using internal net plugin.")
-        if net.inter == "IB":
-            devs = " ".join(f"[{i}]mlx5_{i}:1/IB" for i in range(8))
-            lg.info(f"NET/IB : Using {devs} [RO]; OOB eth0:{ip}<0>")
-            lg.info("Using network IB")
-        else:
-            if dict(job.env).get("NCCL_IB_DISABLE") != "1":
-                lg.info("NET/IB : No device found.")
-            lg.info(f"NET/Socket : Using [0]eth0:{ip}<0>")
-            lg.info("Using network Socket")
+        _nccl_world_preamble(lg, job, v, rank, ip)
     fn = "ncclCommInitRank" if is_world else "ncclCommSplit"
     ptr = _comm_ptr(rng)
     bus = PCI_BUS_IDS[local].split(":")[1] + "000"
@@ -107,7 +77,58 @@ def _nccl_init(lg: _RankLog, job: Job, grank: int, world: int, nodes: int, local
         same = [r for r in ring if node_of(r) == node_of(grank)]
         lg.info(f"comm {ptr} rank {rank} nRanks {world} nNodes {nodes} localRanks {len(same)} localRank {same.index(grank)} MNNVL 0", init_tid)
     nch = 16 if nodes == 1 else 8
-    pos = rank
+    gdr = "/GDRDMA" if net.inter == "IB" and net.gdr else ""
+    _nccl_channels(lg, job, v, grank, world, local, ring, node_of, nch, init_tid)
+    _nccl_init_done(lg, v, fn, ptr, rank, world, local, bus, comm_id, nch, bool(gdr or nodes == 1), init_tid, rng)
+
+
+def _nccl_world_preamble(lg: _RankLog, job: Job, v: tuple[int, int], rank: int, ip: str) -> None:
+    """Version, environment, plugin and network lines printed once per process (world communicator)."""
+    net = job.net
+    if v <= (2, 21) and rank == 0:
+        lg.raw(f"NCCL version {job.nccl_version}+cuda{job.cuda_version}")
+    lg.info(("Bootstrap: Using" if v >= (2, 25) else "Bootstrap : Using") + f" eth0:{ip}<0>")
+    if v >= (2, 22):
+        lg.info(f"NCCL version {job.nccl_version}+cuda{job.cuda_version}")
+    lg.info("cudaDriverVersion 12040")
+    for k, val in job.env:
+        if k == "NCCL_P2P_DISABLE":
+            lg.info("NCCL_P2P_LEVEL set by environment to LOC")
+        elif k in ("NCCL_IB_DISABLE",):
+            lg.info(f"{k} set by environment to {val}.")
+    lg.info("NCCL_SOCKET_IFNAME set by environment to eth0")
+    _net_plugin_lines(lg, v)
+    if net.inter == "IB":
+        devs = " ".join(f"[{i}]mlx5_{i}:1/IB" for i in range(8))
+        lg.info(f"NET/IB : Using {devs} [RO]; OOB eth0:{ip}<0>")
+        lg.info("Using network IB")
+    else:
+        if dict(job.env).get("NCCL_IB_DISABLE") != "1":
+            lg.info("NET/IB : No device found.")
+        lg.info(f"NET/Socket : Using [0]eth0:{ip}<0>")
+        lg.info("Using network Socket")
+
+
+def _net_plugin_lines(lg: _RankLog, v: tuple[int, int]) -> None:
+    """No external net plugin: the wording changed across NCCL versions."""
+    if v <= (2, 18):
+        lg.info("NET/Plugin : Plugin load (libnccl-net.so) returned 2 : libnccl-net.so: cannot open shared object file: No such file or directory")
+        lg.info("NET/Plugin : No plugin found, using internal implementation")
+    elif v <= (2, 21):
+        lg.info("NET/Plugin: No plugin found (libnccl-net.so)")
+        lg.info("NET/Plugin: Using internal network plugin.")
+    elif v <= (2, 25):
+        lg.info("NET/Plugin: Could not find: libnccl-net.so. Using internal network plugin.")
+    else:
+        lg.info("NET/Plugin: Could not find: libnccl-net.so. Using internal net plugin.")
+
+
+def _nccl_channels(lg: _RankLog, job: Job, v: tuple[int, int], grank: int, world: int, local: int, ring: list[int],
+                   node_of: Any, nch: int, init_tid: int) -> None:
+    """The ring order (rank 0 only) and one connection line per channel to the next (and from an
+    off-node previous) rank."""
+    net = job.net
+    rank = pos = ring.index(grank)
     if pos == 0:
         for ch in range(min(nch, 2)):
             if v >= (2, 23):
@@ -131,8 +152,13 @@ def _nccl_init(lg: _RankLog, job: Job, grank: int, world: int, nodes: int, local
             for ch in range(nch):
                 nic = local if netname == "IB" else 0
                 lg.info(f"Channel {ch:02d}/0 : {ring.index(prv)}[{prv % 8}] -> {rank}[{local}] [receive] via NET/{netname}/{nic}{gdr}", init_tid)
+
+
+def _nccl_init_done(lg: _RankLog, v: tuple[int, int], fn: str, ptr: str, rank: int, world: int, local: int, bus: str,
+                    comm_id: str, nch: int, gdr_used: bool, init_tid: int, rng: random.Random) -> None:
+    """Connected / channel summary / Init COMPLETE / timings lines."""
     if v >= (2, 24):
-        lg.info(f"Connected all rings, use ring PXN 0 GDR {1 if gdr or nodes == 1 else 0}", init_tid)
+        lg.info(f"Connected all rings, use ring PXN 0 GDR {1 if gdr_used else 0}", init_tid)
     else:
         lg.info("Connected all rings", init_tid)
     lg.info("Connected all trees", init_tid)
@@ -170,7 +196,7 @@ def _pt_stamp(ns: int) -> str:
 
 
 def write_stdout_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed: int, timeout: dict[str, Any] | None,
-                      step_log: dict[int, list[tuple[int, int, int]]], coll_log: list[dict[str, Any]]) -> dict[str, str]:
+                      step_log: dict[int, list[tuple[int, int, int]]], coll_log: list[dict[str, Any]]) -> dict[int, str]:
     """One stdout file per rank; returns rank -> relative path."""
     topo = job.topo
     (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -212,31 +238,35 @@ def write_stdout_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
                 lg.raw(f" [{time.strftime('%Y-%m-%d %H:%M:%S', _utc(wall))}] iteration {step:8d}/  100000 | consumed samples: {step * 256:10d} | "
                        f"elapsed time per iteration (ms): {(s1 - s0) / 1e6:.1f} | learning rate: 3.000000E-04 | global batch size: 256 | "
                        f"lm loss: {loss:.6E} | loss scale: 1.0 | grad norm: {0.8 + lrng.random() * 0.4:.3f} | number of skipped iterations:   0 | number of nan iterations:   0 |")
-        if timeout is not None:
-            c = timeout["coll"]
-            arrive = timeout["arrive"]
-            tmo_ms = int(timeout["timeout_ms"])
-            if r in arrive:
-                rel = c.pg.ranks.index(r) if r in c.pg.ranks else r
-                t_fire = EPOCH_NS + offsets[st.node] + timeout["launch"][r] + tmo_ms * 1_000_000 + lrng.randrange(5, 40) * 1_000_000
-                ran = tmo_ms + lrng.randrange(0, 40)
-                optype = {"allreduce": "ALLREDUCE", "allgather": "_ALLGATHER_BASE", "reduce_scatter": "_REDUCE_SCATTER_BASE"}[c.op]
-                work = (f"WorkNCCL(SeqNum={c.seq}, OpType={optype}, NumelIn={timeout['numel_in']}, NumelOut={timeout['numel_out']}, "
-                        f"Timeout(ms)={tmo_ms})")
-                pgtag = f"[PG ID {c.pg.name} PG GUID {c.pg.name}({c.pg.desc}) Rank {rel}]"
-                lg.raw(f"[rank{r}]:[E{_pt_stamp(t_fire)} ProcessGroupNCCL.cpp:632] [Rank {rel}] Watchdog caught collective operation timeout: {work} ran for {ran} milliseconds before timing out.")
-                t2 = t_fire + lrng.randrange(100_000, 2_000_000)
-                lg.raw(f"[rank{r}]:[E{_pt_stamp(t2)} ProcessGroupNCCL.cpp:1664] {pgtag} Exception (either an error or timeout) detected by watchdog at work: {c.seq}, last enqueued NCCL work: {c.seq}, last completed NCCL work: {c.seq - 1}.")
-                lg.raw(f"[rank{r}]:[E{_pt_stamp(t2 + 60_000)} ProcessGroupNCCL.cpp:1708] {pgtag} Timeout at NCCL work: {c.seq}, last enqueued NCCL work: {c.seq}, last completed NCCL work: {c.seq - 1}.")
-                lg.raw(f"[rank{r}]:[E{_pt_stamp(t2 + 90_000)} ProcessGroupNCCL.cpp:618] [Rank {rel}] Some NCCL operations have failed or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data.")
-                lg.raw(f"[rank{r}]:[E{_pt_stamp(t2 + 110_000)} ProcessGroupNCCL.cpp:624] [Rank {rel}] To avoid data inconsistency, we are taking the entire process down.")
-                lg.raw(f"[rank{r}]:[F{_pt_stamp(t2 + 200_000)} ProcessGroupNCCL.cpp:1484] [PG ID {c.pg.name} PG GUID {c.pg.name}({c.pg.desc}) Rank {rel}] "
-                       f"[PG ID {c.pg.name} PG GUID {c.pg.name}({c.pg.desc}) Rank {rel}] Terminating the process after attempting to dump debug info, due to collective timeout or exception.")
-                lg.raw("terminate called after throwing an instance of 'c10::DistBackendError'")
+        if timeout is not None and r in timeout["arrive"]:
+            _watchdog_lines(lg, r, timeout, EPOCH_NS + offsets[st.node], lrng)
         name = f"logs/rank{r:0{width}d}.out"
         (out / name).write_text("\n".join(lg.lines) + "\n", encoding="utf-8")
         paths[r] = name
     return paths
+
+
+def _watchdog_lines(lg: _RankLog, r: int, timeout: dict[str, Any], wall0: int, lrng: random.Random) -> None:
+    """PyTorch's watchdog lines on a rank that reached the collective that timed out (``wall0``: the
+    node's wall clock at engine time 0)."""
+    c = timeout["coll"]
+    tmo_ms = int(timeout["timeout_ms"])
+    rel = c.pg.ranks.index(r) if r in c.pg.ranks else r
+    t_fire = wall0 + timeout["launch"][r] + tmo_ms * 1_000_000 + lrng.randrange(5, 40) * 1_000_000
+    ran = tmo_ms + lrng.randrange(0, 40)
+    optype = {"allreduce": "ALLREDUCE", "allgather": "_ALLGATHER_BASE", "reduce_scatter": "_REDUCE_SCATTER_BASE"}[c.op]
+    work = (f"WorkNCCL(SeqNum={c.seq}, OpType={optype}, NumelIn={timeout['numel_in']}, NumelOut={timeout['numel_out']}, "
+            f"Timeout(ms)={tmo_ms})")
+    pgtag = f"[PG ID {c.pg.name} PG GUID {c.pg.name}({c.pg.desc}) Rank {rel}]"
+    lg.raw(f"[rank{r}]:[E{_pt_stamp(t_fire)} ProcessGroupNCCL.cpp:632] [Rank {rel}] Watchdog caught collective operation timeout: {work} ran for {ran} milliseconds before timing out.")
+    t2 = t_fire + lrng.randrange(100_000, 2_000_000)
+    lg.raw(f"[rank{r}]:[E{_pt_stamp(t2)} ProcessGroupNCCL.cpp:1664] {pgtag} Exception (either an error or timeout) detected by watchdog at work: {c.seq}, last enqueued NCCL work: {c.seq}, last completed NCCL work: {c.seq - 1}.")
+    lg.raw(f"[rank{r}]:[E{_pt_stamp(t2 + 60_000)} ProcessGroupNCCL.cpp:1708] {pgtag} Timeout at NCCL work: {c.seq}, last enqueued NCCL work: {c.seq}, last completed NCCL work: {c.seq - 1}.")
+    lg.raw(f"[rank{r}]:[E{_pt_stamp(t2 + 90_000)} ProcessGroupNCCL.cpp:618] [Rank {rel}] Some NCCL operations have failed or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data.")
+    lg.raw(f"[rank{r}]:[E{_pt_stamp(t2 + 110_000)} ProcessGroupNCCL.cpp:624] [Rank {rel}] To avoid data inconsistency, we are taking the entire process down.")
+    lg.raw(f"[rank{r}]:[F{_pt_stamp(t2 + 200_000)} ProcessGroupNCCL.cpp:1484] [PG ID {c.pg.name} PG GUID {c.pg.name}({c.pg.desc}) Rank {rel}] "
+           f"[PG ID {c.pg.name} PG GUID {c.pg.name}({c.pg.desc}) Rank {rel}] Terminating the process after attempting to dump debug info, due to collective timeout or exception.")
+    lg.raw("terminate called after throwing an instance of 'c10::DistBackendError'")
 
 
 # ------------------------------------------------------------------------------------ kernel logs
@@ -304,6 +334,22 @@ def _boot_noise(k: _KLog, rng: random.Random, gdr: bool) -> None:
         k.add(t, m)
 
 
+class _Injector:
+    """Adds fault lines to one node's kernel log and remembers where each went for truth.json."""
+
+    def __init__(self, k: _KLog) -> None:
+        self.k = k
+        self.mine: list[tuple[tuple[int, int], dict[str, Any]]] = []
+
+    def __call__(self, t: int, msg: str, kind: str, rank: int | None = None, gpu: str | None = None) -> None:
+        # truth.json records where the line is, not its text: a JSON file quoting kernel-log lines
+        # would itself be sniffed as a kernel log by `forensics analyze`
+        k = self.k
+        m = re.search(r"Xid \(PCI:[0-9a-f:]+\): (\d+)", msg)
+        self.mine.append((k.add(t, msg), {"host": k.host, "file": f"kernel/{k.host}/{STYLE_FILE[k.style]}", "kind": kind,
+                                          "rank": rank, "gpu": gpu, "xid": int(m.group(1)) if m else None, "time_ns": t}))
+
+
 def write_kernel_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed: int, kernel_log: str,
                       end_ns: int, timeout: dict[str, Any] | None) -> tuple[dict[str, str], list[dict[str, Any]]]:
     """One kernel log per node (style rotates per node); returns host -> path and the injected lines."""
@@ -319,52 +365,16 @@ def write_kernel_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
         _boot_noise(k, rng, job.net.gdr)
         wall0 = EPOCH_NS + offsets[node]
         k.add(wall0 - int(JOB_START_S * 1e9) - 3_000_000_000, "perf: interrupt took too long (2503 > 2500), lowering kernel.perf_event_max_sample_rate to 79750")
-
-        mine: list[tuple[tuple[int, int], dict[str, Any]]] = []
-
-        def inject(t: int, msg: str, kind: str, rank: int | None = None, gpu: str | None = None) -> None:
-            # truth.json records where the line is, not its text: a JSON file quoting kernel-log lines
-            # would itself be sniffed as a kernel log by `forensics analyze`
-            m = re.search(r"Xid \(PCI:[0-9a-f:]+\): (\d+)", msg)
-            mine.append((k.add(t, msg), {"host": host, "file": f"kernel/{host}/{STYLE_FILE[style]}", "kind": kind, "rank": rank,
-                                         "gpu": gpu, "xid": int(m.group(1)) if m else None, "time_ns": t}))
-
-        if kernel_log.startswith("xid") and culprit is not None:
+        inject = _Injector(k)
+        culprit_here = culprit is not None and engine.states[culprit["ranks"][0]].node == node
+        if kernel_log.startswith("xid") and culprit is not None and culprit_here:
             r = culprit["ranks"][0]
-            st = engine.states[r]
-            if st.node == node:
-                bus = PCI_BUS_IDS[st.local]
-                short = bus[:-2]
-                if kernel_log == "xid79":
-                    assert timeout is not None
-                    t = wall0 + timeout["stop"][r] + 2_000_000
-                    port = f"0000:{int(bus[5:7], 16) - 2:02x}:01.0"
-                    inject(t - 900_000, f"pcieport {port}: AER: Uncorrected (Fatal) error received: {port}", "aer_fatal", r, bus)
-                    inject(t - 880_000, f"pcieport {port}: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Receiver ID)", "aer_fatal", r, bus)
-                    inject(t - 860_000, f"pcieport {port}:    [ 5] Surprise Down Error    (First)", "aer_fatal", r, bus)
-                    inject(t, f"NVRM: Xid (PCI:{short}): 79, pid={st.pid}, name=python3, GPU has fallen off the bus.", "xid", r, bus)
-                    inject(t + 40_000, f"NVRM: GPU {bus}: GPU has fallen off the bus.", "xid", r, bus)
-                    inject(t + 60_000, "NVRM: A GPU crash dump has been created. If possible, please run", "xid_continuation", r, bus)
-                elif kernel_log == "xid48":
-                    t = wall0 + end_ns // 2
-                    inject(t, f"NVRM: Xid (PCI:{short}): 48, pid={st.pid}, name=python3, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at physAddr 0x3f4a1b000 partition 3, subpartition 1.", "xid", r, bus)
-                    inject(t + 3_000_000, f"NVRM: Xid (PCI:{short}): 63, pid={st.pid}, name=python3, Row Remapper: New row (0x00000003f4a1b000) marked for remapping, reset gpu to activate.", "xid", r, bus)
-                elif kernel_log == "xid94":
-                    t = wall0 + end_ns // 2
-                    inject(t, f"NVRM: Xid (PCI:{short}): 94, pid={st.pid}, name=python3, Contained: SM (0x1). RST: No, D-RST: No", "xid", r, bus)
-                elif kernel_log == "xid63":
-                    t = wall0 + end_ns // 2
-                    inject(t, f"NVRM: Xid (PCI:{short}): 63, pid={st.pid}, name=python3, Row Remapper: New row (0x00000001a2b3c000) marked for remapping, reset gpu to activate.", "xid", r, bus)
+            _inject_xid(inject, kernel_log, r, engine.states[r], wall0, end_ns, timeout)
         if kernel_log == "link_flap":
             slow = {n for f in job.faults if f["kind"] == "slow_nic" for n in f["nodes"]}
             if node in slow:
-                nic = NIC_BUS_IDS[0]
-                t = wall0 - int(JOB_START_S * 1e9) + 20_000_000_000
-                inject(t, f"mlx5_core {nic} mlx5_0: Port: 1 Link DOWN", "nic_link", None, nic)
-                inject(t + 1_200_000_000, f"mlx5_core {nic} mlx5_0: Port: 1 Link INIT", "nic_link", None, nic)
-                inject(t + 2_600_000_000, f"mlx5_core {nic} mlx5_0: Port: 1 Link ACTIVE", "nic_link", None, nic)
-                inject(t + 2_700_000_000, f"mlx5_core {nic}: 63.008 Gb/s available PCIe bandwidth, limited by 2.5 GT/s PCIe x16 link at 0000:17:00.0 (capable of 252.048 Gb/s with 16.0 GT/s PCIe x16 link)", "pcie_degraded", None, nic)
-        if kernel_log == "throttle" and culprit is not None and engine.states[culprit["ranks"][0]].node == node:
+                _inject_link_flap(inject, wall0)
+        if kernel_log == "throttle" and culprit is not None and culprit_here:
             t = wall0 + end_ns // 3
             for cpu in (12, 13, 44, 45):
                 inject(t + cpu * 1000, f"mce: CPU{cpu}: Package temperature above threshold, cpu clock throttled (total events = {rng.randrange(1000, 9000)})", "cpu_throttle", culprit["ranks"][0])
@@ -376,7 +386,44 @@ def write_kernel_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         text, line_no = k.text()
         (out / rel).write_text(text, encoding="utf-8")
-        for key, rec in mine:
+        for key, rec in inject.mine:
             injected.append({**rec, "line": line_no[key]})
         paths[host] = rel
     return paths, injected
+
+
+def _inject_xid(inject: _Injector, kernel_log: str, r: int, st: Any, wall0: int, end_ns: int,
+                timeout: dict[str, Any] | None) -> None:
+    """The Xid scenario's lines on the culprit rank's node (``kernel_log``: xid79 / xid48 / xid94 / xid63)."""
+    bus = PCI_BUS_IDS[st.local]
+    short = bus[:-2]
+    if kernel_log == "xid79":
+        assert timeout is not None
+        t = wall0 + timeout["stop"][r] + 2_000_000
+        port = f"0000:{int(bus[5:7], 16) - 2:02x}:01.0"
+        inject(t - 900_000, f"pcieport {port}: AER: Uncorrected (Fatal) error received: {port}", "aer_fatal", r, bus)
+        inject(t - 880_000, f"pcieport {port}: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Receiver ID)", "aer_fatal", r, bus)
+        inject(t - 860_000, f"pcieport {port}:    [ 5] Surprise Down Error    (First)", "aer_fatal", r, bus)
+        inject(t, f"NVRM: Xid (PCI:{short}): 79, pid={st.pid}, name=python3, GPU has fallen off the bus.", "xid", r, bus)
+        inject(t + 40_000, f"NVRM: GPU {bus}: GPU has fallen off the bus.", "xid", r, bus)
+        inject(t + 60_000, "NVRM: A GPU crash dump has been created. If possible, please run", "xid_continuation", r, bus)
+    elif kernel_log == "xid48":
+        t = wall0 + end_ns // 2
+        inject(t, f"NVRM: Xid (PCI:{short}): 48, pid={st.pid}, name=python3, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at physAddr 0x3f4a1b000 partition 3, subpartition 1.", "xid", r, bus)
+        inject(t + 3_000_000, f"NVRM: Xid (PCI:{short}): 63, pid={st.pid}, name=python3, Row Remapper: New row (0x00000003f4a1b000) marked for remapping, reset gpu to activate.", "xid", r, bus)
+    elif kernel_log == "xid94":
+        t = wall0 + end_ns // 2
+        inject(t, f"NVRM: Xid (PCI:{short}): 94, pid={st.pid}, name=python3, Contained: SM (0x1). RST: No, D-RST: No", "xid", r, bus)
+    elif kernel_log == "xid63":
+        t = wall0 + end_ns // 2
+        inject(t, f"NVRM: Xid (PCI:{short}): 63, pid={st.pid}, name=python3, Row Remapper: New row (0x00000001a2b3c000) marked for remapping, reset gpu to activate.", "xid", r, bus)
+
+
+def _inject_link_flap(inject: _Injector, wall0: int) -> None:
+    """The first NIC of a slow node goes down and comes back at a lower PCIe speed before the job."""
+    nic = NIC_BUS_IDS[0]
+    t = wall0 - int(JOB_START_S * 1e9) + 20_000_000_000
+    inject(t, f"mlx5_core {nic} mlx5_0: Port: 1 Link DOWN", "nic_link", None, nic)
+    inject(t + 1_200_000_000, f"mlx5_core {nic} mlx5_0: Port: 1 Link INIT", "nic_link", None, nic)
+    inject(t + 2_600_000_000, f"mlx5_core {nic} mlx5_0: Port: 1 Link ACTIVE", "nic_link", None, nic)
+    inject(t + 2_700_000_000, f"mlx5_core {nic}: 63.008 Gb/s available PCIe bandwidth, limited by 2.5 GT/s PCIe x16 link at 0000:17:00.0 (capable of 252.048 Gb/s with 16.0 GT/s PCIe x16 link)", "pcie_degraded", None, nic)

@@ -18,8 +18,9 @@ from forensics.context import JobContext
 from forensics.detectors import run_detectors
 from forensics.errors import UsageError
 from forensics.findings import Severity
-from forensics.frames import FRAME_SPECS, JobFrames
+from forensics.frames import JobFrames
 from tests.conftest import assert_valid_findings, shared_path
+from tests.detectors.nccl_fixtures import frames_from
 from tests.kernlog_helpers import detect
 
 T0 = calendar.timegm((2025, 3, 1, 10, 0, 0, 0, 0, 0)) * 10**9  # 2025-03-01T10:00:00Z
@@ -116,12 +117,15 @@ def test_triggers_memory_incident_xid48_then_xid63_and_policy_switch():
     assert {"DRAIN_NODE", "RESET_GPU", "RMA_CANDIDATE"} <= set(x.metrics["actions"].split(";"))
 
 
-@pytest.mark.skipif("nccl_comms" not in FRAME_SPECS, reason="nccl_comms frame not on this branch yet")
-def test_triggers_rank_from_nccl_init_bus_id():
+def test_triggers_rank_from_nccl_init_bus_id(tmp_path):
     text = _log([("n7", 1.0, "NVRM: Xid (PCI:0000:5e:00): 94, pid=99, name=python, Ch 00000008")])
-    comms = pl.DataFrame({"host": ["n7", "n7"], "rank": [12, 13], "bus_id": ["0000:3b:00.0", "5e000"], "pid": [1, 2]},
-                         schema_overrides={"rank": pl.Int32})
-    (x,) = detect({"kernel_events": _kernel(text), "nccl_comms": comms})
+    nccl = frames_from(tmp_path, (
+        "n7:1:1 [0] NCCL INFO ncclCommInitRank comm 0x1 rank 12 nranks 16 cudaDev 0 busId 3b000 commId 0xa - Init COMPLETE\n"
+        "n7:2:2 [1] NCCL INFO ncclCommInitRank comm 0x2 rank 13 nranks 16 cudaDev 1 busId 5e000 commId 0xa - Init COMPLETE\n"
+        # a sub-communicator's rank (1 of 2) is not a global rank
+        "n7:2:2 [1] NCCL INFO ncclCommSplit comm 0x3 rank 1 nranks 2 cudaDev 1 busId 5e000 commId 0xb - Init COMPLETE\n"
+    ))
+    (x,) = detect({"kernel_events": _kernel(text), "nccl_comms": nccl["nccl_comms"]})
     assert x.ranks == (13,) and x.gpus == ("0000:5e:00.0",)
 
 

@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import shutil
+
+from forensics.analyze import analyze
 from forensics.context import JobContext
 from forensics.detectors import run_detectors
 from forensics.frames import JobFrames
+from tests.conftest import shared_path
 from tests.detectors.nccl_fixtures import HEALTHY, frames_from
 
 
@@ -94,3 +98,31 @@ def test_triggers_on_efa_without_gdr(tmp_path):
     findings, _ = _run(frames_from(tmp_path, EFA_227))
     (f,) = [x for x in findings if x.key == "no_gdr"]
     assert f.ranks == (0,) and f.gpus == ("0000:38:00.0",) and f.hosts == ("n0",)
+
+
+def _sample_findings(tmp_path, name):
+    """nccl_transport's findings on one shared sample log, by key."""
+    path = shared_path("nccl_logs", name)
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    shutil.copy(path, run / path.name)
+    return path, {f.key: f for f in analyze(run, only=["nccl_transport"], workers=1).findings}
+
+
+def test_evidence_is_the_first_lines_in_file_order_every_time(tmp_path):
+    # 12 intra-node NET connections on one node: the evidence (10 rows) must not depend on hashing
+    name = "46_v2.7.6_single_node_a100_p2p_shm_disabled_intranode_over_ib_gdrdma.log"
+    path, by = _sample_findings(tmp_path, name)
+    net_lines = [n for n, line in enumerate(path.read_text().splitlines(), 1) if " via NET/" in line]
+    assert len(net_lines) == 12
+    for _ in range(3):
+        _, by = _sample_findings(tmp_path, name)
+        assert [e["line"] for e in by["intra_node"].evidence] == net_lines[:10]
+
+
+def test_interface_sets_are_listed_by_host(tmp_path):
+    _, by = _sample_findings(tmp_path, "08_v2.4_4node_32gpu_ib_single_hca_socket_virbr0_ring_p2p_ipc.log")
+    summary = by["iface"].summary
+    listed = summary.split("interface sets differ between hosts: ", 1)[1].rstrip(".").split("; ")
+    assert [item.split("=")[0] for item in listed] == sorted(item.split("=")[0] for item in listed)
+    assert len(listed) >= 2

@@ -1,0 +1,47 @@
+"""The incidents a scenario's injected faults should produce (truth.json `incidents`).
+
+Written from the faults the simulator injected, not from what the detectors say. Each expected
+incident names its root cause (detector and culprit ranks), the consequences that must be under it,
+and those that may be (a detector that fires only above its threshold).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# fault kind -> (root detector, consequences that must follow, consequences that may)
+ROOTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "compute_straggler": ("straggler", (), ("busy_wait", "exposed_comm")),
+    "host_straggler": ("straggler", (), ("busy_wait", "exposed_comm")),
+    "collective_timeout": ("nccl_timeout", (), ("busy_wait",)),
+    "net_socket": ("nccl_transport", (), ("exposed_comm", "busy_wait", "straggler")),
+    "gdr_off": ("nccl_transport", (), ("exposed_comm", "busy_wait", "straggler")),
+    "p2p_disabled": ("nccl_transport", (), ("exposed_comm", "busy_wait", "straggler")),
+    "nccl_algo_forced": ("nccl_algorithm", (), ("exposed_comm",)),
+    "nccl_proto_forced": ("nccl_algorithm", (), ("exposed_comm",)),
+    "pipeline_bubbles_small_m": ("pipeline_bubble", (), ()),
+    "xid": ("gpu_hw_error", (), ("busy_wait", "straggler")),
+}
+
+
+def expected_incidents(faults: list[dict[str, Any]], kernel_log: str = "benign") -> list[dict[str, Any]]:
+    """One expected incident per independent fault; a GPU fault absorbs the timeout on its own rank, and
+    CPU thermal throttling written to the straggler's node (kernel log `throttle`) is its root cause."""
+    xid_ranks = {r for f in faults if f["kind"] == "xid" for r in f["ranks"]}
+    out: list[dict[str, Any]] = []
+    for f in faults:
+        if f["kind"] not in ROOTS:
+            continue  # not yet described (e.g. slow_nic, dp_not_overlapped, stage imbalance)
+        if f["kind"] == "collective_timeout" and set(f["ranks"]) <= xid_ranks:
+            continue  # the Xid on that rank's GPU is the root cause; the timeout is its consequence
+        root, must, may = ROOTS[f["kind"]]
+        if f["kind"] == "xid" and f["ranks"] and any(
+                g["kind"] == "collective_timeout" and set(g["ranks"]) & set(f["ranks"]) for g in faults):
+            must, may = ("nccl_timeout", "busy_wait"), ("straggler",)
+        if f["kind"] == "host_straggler" and kernel_log == "throttle":
+            out.append({"root": {"detector": "gpu_hw_error", "ranks": [], "category": "cpu_thermal"},
+                        "consequences": ["straggler"], "may_include": list(may), "fatal": False})
+            continue
+        out.append({"root": {"detector": root, "ranks": sorted(f.get("ranks") or [])},
+                    "consequences": list(must), "may_include": list(may), "fatal": "nccl_timeout" in (root, *must)})
+    return out

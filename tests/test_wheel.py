@@ -1,0 +1,60 @@
+"""The built wheel installs one import package, `forensics`, with parsers/ and reports/ inside it (issue #12.2):
+no top-level `parsers` or `reports` that would clash with other distributions in site-packages."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+# what a source distribution needs to build: the project file, the readme it names, the three package folders
+BUILD_INPUTS = ("pyproject.toml", "README.md", "forensics", "parsers", "reports")
+
+
+def _build_wheel(tmp_path: Path) -> Path:
+    # build from a clean copy so a stale build/ or *.egg-info in the checkout cannot leak into the wheel
+    src = tmp_path / "src"
+    for name in BUILD_INPUTS:
+        path = ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+        else:
+            src.mkdir(exist_ok=True)
+            shutil.copy(path, src / name)
+    out = tmp_path / "dist"
+    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(src)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (wheel,) = out.glob("*.whl")
+    return wheel
+
+
+def _py_files(folder: str) -> set[str]:
+    return {p.relative_to(ROOT / folder).as_posix() for p in (ROOT / folder).rglob("*.py")}
+
+
+def test_wheel_has_only_the_forensics_package(tmp_path: Path):
+    # name and version from [project] (a regex: tomllib is 3.11+ and the project supports 3.10)
+    text = (ROOT / "pyproject.toml").read_text()
+    project = {k: re.search(rf'^{k} = "([^"]+)"', text, re.M).group(1) for k in ("name", "version")}
+    dist = project["name"].replace("-", "_")
+    wheel = _build_wheel(tmp_path)
+    assert wheel.name.startswith(f"{dist}-{project['version']}-")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names} == {"forensics", f"{dist}-{project['version']}.dist-info"}
+    # every module of parsers/ and reports/ (listed from the checkout) sits under forensics/
+    for folder in ("parsers", "reports"):
+        inside = {n.removeprefix(f"forensics/{folder}/") for n in names
+                  if n.startswith(f"forensics/{folder}/") and n.endswith(".py")}
+        assert inside == _py_files(folder), folder
+    # every module of forensics/ itself, subpackages included (a package missing from pyproject's list is lost)
+    inside = {n.removeprefix("forensics/") for n in names if n.startswith("forensics/") and n.endswith(".py")}
+    assert _py_files("forensics") <= inside
+    assert "forensics/cli.py" in names and "forensics/schema/findings.schema.json" in names
+    entry_points = zipfile.ZipFile(wheel).read(f"{dist}-{project['version']}.dist-info/entry_points.txt").decode()
+    assert "forensics = forensics.cli:main" in entry_points
