@@ -62,8 +62,8 @@ def collect_frames(parsed: list[ParsedSource]) -> tuple[pl.DataFrame, JobFrames]
 
 
 def load(run_dir: Path, progress: ProgressFn | None = None, workers: int | None = None) -> tuple[pl.DataFrame, JobFrames]:
-    if not run_dir.is_dir():
-        raise UsageError(f"{run_dir}: not a directory")
+    if not (run_dir.is_dir() or run_dir.is_file()):
+        raise UsageError(f"{run_dir}: no such directory or file")
     return collect_frames(discover_and_parse(run_dir, progress=progress, workers=workers))
 
 

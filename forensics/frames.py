@@ -643,7 +643,9 @@ def concat(name: str, parts: Iterable[pl.DataFrame]) -> pl.DataFrame:
     frames = [p for p in parts if p.height]
     if not frames:
         return empty(name)
-    return pl.concat([conform(name, p) for p in frames], how="vertical")
+    target = schema(name)
+    # parts parsers conformed already are taken as they are (many small files: one pass less each)
+    return pl.concat([p if p.schema == target else conform(name, p) for p in frames], how="vertical")
 
 
 class JobFrames(Mapping[str, pl.DataFrame]):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -13,8 +14,26 @@ from typing import BinaryIO
 import polars as pl
 
 GZIP_MAGIC = b"\x1f\x8b"
-# A gzip bomb must not exhaust memory: decompression stops past this many bytes.
-DEFAULT_MAX_DECOMPRESSED = 64 * 1024**3
+
+
+def _memory_available() -> int | None:
+    try:
+        with open("/proc/meminfo", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+# A gzip bomb must not exhaust memory: decompression stops past this many bytes, 64 GiB or half the
+# memory available when the run starts (at least 1 GiB), whichever is less. Log parsers hold the text
+# whole and the trace frames grow with it, so the cap follows the machine, not only the file.
+DEFAULT_MAX_DECOMPRESSED = min(64 * 1024**3, max(1 << 30, (_memory_available() or 128 << 30) // 2))
+# A line or event longer than this is not held in memory: it is skipped (or the read stops), and said.
+# FORENSICS_MAX_RECORD_BYTES overrides it (tests use a small one).
+DEFAULT_MAX_RECORD_BYTES = int(os.environ.get("FORENSICS_MAX_RECORD_BYTES") or 64 << 20)
 
 
 @dataclass
@@ -26,6 +45,9 @@ class ParseResult:
     message: str | None = None
     rank: int | None = None
     host: str | None = None
+    # True when the file named no rank and the parser numbered its process(es) from 0: usable only
+    # when it is the job's only trace (discovery decides, knowing the other files).
+    rank_guessed: bool = False
 
     @classmethod
     def failed(cls, message: str) -> ParseResult:
@@ -88,7 +110,7 @@ class BoundedReader(io.RawIOBase):
 
 
 def open_bounded(path: Path, limit: int = DEFAULT_MAX_DECOMPRESSED) -> io.BufferedReader:
-    return io.BufferedReader(BoundedReader(path, limit), buffer_size=1 << 20)
+    return io.BufferedReader(BoundedReader(path, limit), buffer_size=1 << 20)  # type: ignore[arg-type]
 
 
 def iter_chunks(path: Path, chunk_size: int = 8 << 20, limit: int = DEFAULT_MAX_DECOMPRESSED) -> Iterator[bytes]:

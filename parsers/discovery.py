@@ -6,8 +6,10 @@ Never follows a symlink out of RUN_DIR and never writes into it. Every file beco
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import signal
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import polars as pl
 from forensics.parsers import registry, sniff
-from forensics.parsers.common import ParseContext, ParseResult, read_head, read_tail
+from forensics.parsers.common import GZIP_MAGIC, ParseContext, Parser, ParseResult, read_head, read_tail
 
 from forensics import frames as fr
 
@@ -26,6 +28,7 @@ HEAD_BYTES = 1 << 20
 TAIL_BYTES = 1 << 20
 # Parse in worker processes only when there is enough work to pay for their start-up.
 PARALLEL_MIN_BYTES = 32 << 20
+PARALLEL_MIN_FILES = 64
 
 # Names that make an empty or undecompressable file count as a broken trace rather than noise.
 _TRACE_NAME = re.compile(r"\.json(\.gz)?$|\.pt\.trace|trace", re.IGNORECASE)
@@ -59,7 +62,10 @@ ProgressFn = Callable[[str, int, int], None]
 
 
 def walk(run_dir: Path) -> list[tuple[Path, str, str | None]]:
-    """(absolute path, relative path, reason-if-not-followed) for every file below ``run_dir``."""
+    """(absolute path, relative path, reason-if-not-followed) for every file below ``run_dir``;
+    ``run_dir`` may also be a single file (then its only entry, named by its file name)."""
+    if not run_dir.is_dir():
+        return [(run_dir.resolve(), run_dir.name, None)]
     root = run_dir.resolve()
     found: list[tuple[Path, str, str | None]] = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
@@ -68,19 +74,24 @@ def walk(run_dir: Path) -> list[tuple[Path, str, str | None]]:
         for name in list(dirnames):
             if (base / name).is_symlink():
                 found.append((base / name, _rel(base / name, root), "symlinked directory: not followed"))
-        for name in sorted(filenames):
-            path = base / name
-            rel = _rel(path, root)
-            if path.is_symlink():
-                target = Path(os.path.realpath(path))
-                if not target.is_relative_to(root):
-                    found.append((path, rel, "symlink to a file outside RUN_DIR: not followed"))
-                    continue
-                if not target.is_file():
-                    found.append((path, rel, "dangling symlink"))
-                    continue
-            found.append((path, rel, None))
+        found.extend(_walk_file(base / name, root) for name in sorted(filenames))
     return sorted(found, key=lambda item: item[1])
+
+
+def _walk_file(path: Path, root: Path) -> tuple[Path, str, str | None]:
+    rel = _rel(path, root)
+    if path.is_symlink():
+        try:
+            target = Path(os.path.realpath(path, strict=True))
+        except (OSError, RuntimeError):  # dangling, or a loop of links
+            return path, rel, "dangling symlink (or a loop of links)"
+        if not target.is_relative_to(root):
+            return path, rel, "symlink to a file outside RUN_DIR: not followed"
+        if not target.is_file():
+            return path, rel, "symlink to something that is not a regular file"
+    elif not path.is_file():
+        return path, rel, "not a regular file (FIFO, socket or device): not read"
+    return path, rel, None
 
 
 def _rel(path: Path, root: Path) -> str:
@@ -98,18 +109,32 @@ def classify(path: Path, rel_path: str) -> DiscoveredFile:
     head, error = read_head(path, HEAD_BYTES)
     if error:
         return DiscoveredFile(path, rel_path, "kineto" if name_says_trace else "unknown", size, "failed", error)
+    binary = _classify_binary(path, rel_path, head)
+    if binary is not None:
+        kind, why = binary
+        return DiscoveredFile(path, rel_path, kind, size, None if kind != "unknown" else "ignored", why)
+    return _classify_text(path, rel_path, size, head)
+
+
+def _classify_binary(path: Path, rel_path: str, head: bytes) -> tuple[str, str | None] | None:
+    """(kind, reason to ignore) of a binary file; None for text."""
     if rel_path.endswith(".nsys-rep") or head.startswith(b"NSYS"):
-        return DiscoveredFile(
-            path, rel_path, "unknown", size, "ignored",
-            "Nsight Systems report: export it with `nsys export --type sqlite` to analyze it",
-        )
+        return "unknown", "Nsight Systems report: export it with `nsys export --type sqlite` to analyze it"
     if head.startswith(sniff.SQLITE_MAGIC):
         # A binary container: the text sniffers' regexes would only scan (slowly) binary pages.
         # The nsys parser tells an Nsight Systems export from any other SQLite database.
-        return DiscoveredFile(path, rel_path, "nsys", size)
-    binary = sniff.is_binary(head)
-    if binary:
-        return DiscoveredFile(path, rel_path, "unknown", size, "ignored", "binary file of no known format")
+        return "nsys", None
+    if head.startswith(GZIP_MAGIC):
+        return "unknown", "compressed twice (gzip inside gzip): gunzip it once to analyze it"
+    if not sniff.is_binary(head):
+        return None
+    if not head.strip(b"\x00") and not read_tail(path, TAIL_BYTES).strip(b"\x00"):
+        return "unknown", "only zero bytes (space allocated but never written, e.g. by a crash)"
+    return "unknown", "binary file of no known format"
+
+
+def _classify_text(path: Path, rel_path: str, size: int, head: bytes) -> DiscoveredFile:
+    """A text file (or JSON): the kind whose sniffer scores its head (and tail) highest."""
     for pattern, what in _KNOWN_JSON:
         if pattern.search(head[:4096]):
             return DiscoveredFile(path, rel_path, "unknown", size, "ignored", f"{what}, not an input")
@@ -133,7 +158,7 @@ def classify(path: Path, rel_path: str) -> DiscoveredFile:
 
 
 def parse_one(file: DiscoveredFile, run_dir: Path) -> ParsedSource:
-    """Parse one classified file. Never raises: failures become a failed ParseResult."""
+    """Parse one classified file. Never raises (but for interrupts): failures become a failed ParseResult."""
     start = time.perf_counter_ns()
     if file.status is not None:
         result = ParseResult(status=file.status, message=file.message)
@@ -142,22 +167,69 @@ def parse_one(file: DiscoveredFile, run_dir: Path) -> ParsedSource:
         if parser is None:
             result = ParseResult(status="ignored", message=f"recognised as {file.kind}; no parser for it yet")
         else:
-            ctx = ParseContext(run_dir=run_dir, rel_path=file.rel_path)
-            try:
-                result = parser(file.path, ctx)
-            except MemoryError:
-                result = ParseResult.failed("out of memory while parsing")
-            except Exception as exc:  # a parser bug must not take the whole analysis down
-                where = traceback.extract_tb(exc.__traceback__)[-1]
-                result = ParseResult.failed(
-                    f"internal parser error (please report): {type(exc).__name__}: {exc} "
-                    f"at {Path(where.filename).name}:{where.lineno}"
-                )
+            result = _run_parser(parser, file, run_dir)
     return ParsedSource(file, result, time.perf_counter_ns() - start)
+
+
+def _run_parser(parser: Parser, file: DiscoveredFile, run_dir: Path) -> ParseResult:
+    if not os.path.lexists(file.path):
+        return ParseResult.failed("the file vanished between discovery and parsing")
+    ctx = ParseContext(run_dir=run_dir, rel_path=file.rel_path)
+    try:
+        return parser(file.path, ctx)
+    except MemoryError:
+        return ParseResult.failed("out of memory while parsing")
+    except FileNotFoundError:
+        return ParseResult.failed("the file vanished between discovery and parsing")
+    except OSError as exc:
+        return ParseResult.failed(f"unreadable: {exc.strerror or exc}")
+    except RecursionError:
+        return ParseResult.failed("nesting too deep to parse")
+    except Exception as exc:  # a parser bug must not take the whole analysis down
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        return ParseResult.failed(
+            f"internal parser error (please report): {type(exc).__name__}: {exc} "
+            f"at {Path(where.filename).name}:{where.lineno}"
+        )
+
+
+def _worker_init() -> None:
+    """Worker processes leave SIGINT to the parent (which ends them) and die with it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: no orphan if the parent is killed
+    except (OSError, AttributeError):
+        pass
 
 
 def _parse_worker(args: tuple[DiscoveredFile, Path]) -> ParsedSource:
     return parse_one(*args)
+
+
+def discover(run_dir: Path) -> list[DiscoveredFile]:
+    """Every file below ``run_dir`` (or ``run_dir`` itself, a file), classified; duplicates marked."""
+    files: list[DiscoveredFile] = []
+    for path, rel, reason in walk(run_dir):
+        if reason:
+            files.append(DiscoveredFile(path, rel, "unknown", _lsize(path), "ignored", reason))
+            continue
+        try:
+            files.append(classify(path, rel))
+        except FileNotFoundError:
+            files.append(DiscoveredFile(path, rel, "unknown", 0, "failed", "the file vanished during discovery"))
+        except OSError as exc:
+            files.append(DiscoveredFile(path, rel, "unknown", 0, "failed", f"unreadable: {exc.strerror or exc}"))
+    mark_duplicates(files)
+    return files
+
+
+def _lsize(path: Path) -> int:
+    try:
+        return path.lstat().st_size
+    except OSError:
+        return 0
 
 
 def discover_and_parse(
@@ -165,50 +237,68 @@ def discover_and_parse(
     progress: ProgressFn | None = None,
     workers: int | None = None,
 ) -> list[ParsedSource]:
-    """Classify and parse every file below ``run_dir``; results in path order."""
-    files: list[DiscoveredFile] = []
-    for path, rel, reason in walk(run_dir):
-        if reason:
-            size = 0 if not path.exists() else path.lstat().st_size
-            files.append(DiscoveredFile(path, rel, "unknown", size, "ignored", reason))
-        else:
-            try:
-                files.append(classify(path, rel))
-            except OSError as exc:
-                files.append(DiscoveredFile(path, rel, "unknown", 0, "failed", f"unreadable: {exc.strerror or exc}"))
+    """Classify and parse every file below ``run_dir`` (or the one file ``run_dir``); results in path order.
+
+    KeyboardInterrupt and SystemExit (a SIGTERM handler's) propagate as soon as the worker
+    processes are gone: pending files are cancelled and running workers terminated.
+    """
+    files = discover(run_dir)
+    root = run_dir if run_dir.is_dir() else run_dir.parent
     to_parse = [f for f in files if f.status is None]
     total_bytes = sum(f.size_bytes for f in to_parse)
     n_workers = workers if workers is not None else min(os.cpu_count() or 1, len(to_parse))
     results: list[ParsedSource] = []
-    done = 0
 
     def tick(item: ParsedSource) -> None:
-        nonlocal done
-        done += 1
+        results.append(item)
         if progress:
-            progress(item.file.rel_path, done, len(files))
+            progress(item.file.rel_path, len(results), len(files))
 
-    if n_workers > 1 and len(to_parse) > 1 and total_bytes >= PARALLEL_MIN_BYTES:
-        # spawn, not fork: Polars' thread pool does not survive fork.
-        with ProcessPoolExecutor(max_workers=n_workers, mp_context=get_context("spawn")) as pool:
-            for item in pool.map(_parse_worker, [(f, run_dir) for f in files], chunksize=1):
-                results.append(item)
-                tick(item)
+    # Many small files pay for the workers too: each costs a few ms of fixed Polars work.
+    if n_workers > 1 and len(to_parse) > 1 and (total_bytes >= PARALLEL_MIN_BYTES or len(to_parse) >= PARALLEL_MIN_FILES):
+        _parse_in_pool(files, root, n_workers, tick)
     else:
         for f in files:
-            item = parse_one(f, run_dir)
-            results.append(item)
-            tick(item)
+            tick(parse_one(f, root))
     _reject_duplicate_ranks(results)
+    settle_guessed_ranks(results)
     return results
 
 
+def _parse_in_pool(files: list[DiscoveredFile], root: Path, n_workers: int, tick: Callable[[ParsedSource], None]) -> None:
+    # spawn, not fork: Polars' thread pool does not survive fork.
+    pool = ProcessPoolExecutor(max_workers=n_workers, mp_context=get_context("spawn"), initializer=_worker_init)
+    try:
+        chunk = max(1, min(16, len(files) // (8 * n_workers)))  # small files: fewer round trips
+        for item in pool.map(_parse_worker, [(f, root) for f in files], chunksize=chunk):
+            tick(item)
+    except BaseException:
+        _stop_pool(pool)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _stop_pool(pool: ProcessPoolExecutor) -> None:
+    """End a pool now: cancel what has not started, terminate what runs, reap every worker."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())  # no public handle on the workers
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        proc.terminate()
+    deadline = time.monotonic() + 2.0
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join(1.0)
+
+
 def _reject_duplicate_ranks(results: Iterable[ParsedSource]) -> None:
-    """Two trace files claiming the same rank: the later one (in path order) is failed, not merged."""
+    """Two trace files claiming the same rank: the later one (in path order) is failed, not merged.
+    Guessed ranks are settled afterwards (``settle_guessed_ranks``)."""
     owner: dict[int, str] = {}
     for item in results:
         res = item.result
-        if item.file.kind not in ("kineto", "nsys") or res.status not in ("ok", "partial") or res.rank is None:
+        if not _is_trace(item) or res.rank is None or res.rank_guessed:
             continue
         first = owner.setdefault(res.rank, item.file.rel_path)
         if first != item.file.rel_path:
@@ -218,6 +308,68 @@ def _reject_duplicate_ranks(results: Iterable[ParsedSource]) -> None:
                 rank=res.rank,
                 host=res.host,
             )
+
+
+def _is_trace(item: ParsedSource) -> bool:
+    return item.file.kind in ("kineto", "nsys") and item.result.status in ("ok", "partial")
+
+
+def settle_guessed_ranks(results: list[ParsedSource]) -> None:
+    """A trace that names no rank was numbered from 0 by its parser. That holds when it is the job's
+    only trace; beside other traces its ranks would be made up, so it is ignored, saying why."""
+    traces = [item for item in results if _is_trace(item)]
+    if len(traces) <= 1:
+        return
+    for item in traces:
+        if item.result.rank_guessed:
+            item.result = ParseResult(
+                status="ignored",
+                message=f"names no rank (no distributedInfo, environment or rank in the file name) "
+                f"and is not the only trace of the job ({len(traces)} traces): not used",
+                host=item.result.host,
+            )
+
+
+def mark_duplicates(files: list[DiscoveredFile]) -> None:
+    """A file reachable under several paths (hard link, symlink, or a copy with the same bytes) is
+    analysed once: the first regular file in path order; the others are ignored as duplicates of it."""
+    by_identity: dict[tuple[int, int] | tuple[int, str], DiscoveredFile] = {}
+    by_size: dict[int, list[DiscoveredFile]] = {}
+    for f in sorted((f for f in files if f.status is None), key=lambda f: (f.path.is_symlink(), f.rel_path)):
+        try:
+            st = f.path.stat()
+        except OSError:
+            continue
+        first = by_identity.setdefault((st.st_dev, st.st_ino), f)
+        if first is not f:
+            _mark_duplicate(f, first, "the same file")
+        else:
+            by_size.setdefault(st.st_size, []).append(f)
+    for group in by_size.values():
+        if len(group) < 2:
+            continue
+        for f in group:
+            digest = _digest(f.path)
+            if digest is None:
+                continue
+            first = by_identity.setdefault((-1, digest), f)
+            if first is not f:
+                _mark_duplicate(f, first, "the same content")
+
+
+def _mark_duplicate(f: DiscoveredFile, first: DiscoveredFile, how: str) -> None:
+    f.kind, f.status, f.message = first.kind, "ignored", f"duplicate of {first.rel_path} ({how}): analysed once"
+
+
+def _digest(path: Path) -> str | None:
+    h = hashlib.blake2b(digest_size=20)
+    try:
+        with open(path, "rb") as fh:
+            while block := fh.read(1 << 20):
+                h.update(block)
+    except OSError:
+        return None
+    return h.hexdigest()
 
 
 def sources_frame(results: Iterable[ParsedSource]) -> pl.DataFrame:

@@ -10,7 +10,9 @@ CPU-only traces.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import polars as pl
 from forensics.parsers.common import ParseContext, ParseResult
@@ -31,6 +33,7 @@ from forensics.hosts import short_host
 
 _LAUNCH_PATTERN = r"(?i)launch|memcpy|memset"
 _STEP_PATTERN = r"^ProfilerStep\s*#\s*(\d+)$"
+UNRANKED = "rank unknown (no distributedInfo, none in the file name)"
 _HOST_KEYS = ("host_name", "hostname", "host", "hostName")
 _MSG_AND_PG = ("pg_name", "pg_desc", "pg_ranks", "group_size", "in_nelems", "out_nelems", "dtype", "bytes", "seq")
 
@@ -41,10 +44,13 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
         outcome = read_trace(path, ctx.max_decompressed_bytes, ex.feed)
     except TraceReadError as exc:
         return ParseResult.failed(str(exc))
+    if outcome.events == 0 and not outcome.complete:
+        return ParseResult.failed(f"{outcome.problem}: nothing usable (cut before its first event?)")
     meta = outcome.meta
     gpu = ex.gpu_frame()
     cpu = ex.cpu_frame()
     comm_raw = ex.comm_frame(cpu)
+    cpu = cpu.drop("_row") if cpu is not None else None
 
     base = meta.get("baseTimeNanoseconds")
     if isinstance(base, int) and base:
@@ -54,26 +60,8 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
         comm_raw = comm_raw.with_columns(shift) if comm_raw is not None else None
 
     dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
-    rank = dist.get("rank") if isinstance(dist.get("rank"), int) else None
-    rank_note = ""
-    if rank is None:
-        for part in reversed(PurePosixPath(ctx.rel_path).parts):
-            rank = rank_from_filename(part)
-            if rank is not None:
-                rank_note = f"rank {rank} from the file name"
-                break
-        else:
-            rank_note = "rank unknown (no distributedInfo, none in the file name)"
-    cpu_pids: set[int] = set()
-    if cpu is not None:
-        cpu_pids = set(
-            cpu.filter(pl.col("category").is_in(["cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"]))
-            .get_column("pid").drop_nulls().unique().to_list()
-        )
-    host = next((str(meta[k]) for k in _HOST_KEYS if isinstance(meta.get(k), str) and meta[k]), None)
-    if host is None:
-        host = host_from_filename(PurePosixPath(ctx.rel_path).name, cpu_pids)
-    host = short_host(host)
+    rank, rank_note, rank_guessed = _rank(dist, ctx.rel_path)
+    host = _host(meta, cpu, ctx.rel_path)
 
     ident = {"rank": rank, "host": host, "source": ctx.rel_path}
     kernels = _kernels(gpu)
@@ -90,19 +78,48 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
     out["ranks"] = _ranks(meta, dist, rank, host, ctx.rel_path, kernels, cpu_ops)
     out["process_groups"] = _process_groups(dist, rank, ctx.rel_path)
 
-    skipped = sum(ex.skipped.values()) + outcome.flows
+    summary = _summary(out, outcome.events, sum(ex.skipped.values()) + outcome.flows, ex.malformed, rank_note)
+    status, message = ("ok", summary) if outcome.complete else ("partial", f"{outcome.problem}; {summary}")
+    return ParseResult(out, status=status, message=message, rank=rank, host=host, rank_guessed=rank_guessed)
+
+
+def _rank(dist: dict, rel_path: str) -> tuple[int, str, bool]:
+    """(rank, how the message says it, guessed): distributedInfo, else the file or folder name,
+    else 0 as a guess that discovery keeps only when this is the job's only trace."""
+    rank = dist.get("rank")
+    if isinstance(rank, int):
+        return rank, "", False
+    for part in reversed(PurePosixPath(rel_path).parts):
+        rank = rank_from_filename(part)
+        if rank is not None:
+            return rank, f"rank {rank} from the file name", False
+    return 0, f"{UNRANKED}: analysed as rank 0", True
+
+
+def _host(meta: dict, cpu: pl.DataFrame | None, rel_path: str) -> str | None:
+    host = next((str(meta[k]) for k in _HOST_KEYS if isinstance(meta.get(k), str) and meta[k]), None)
+    if host is None:
+        cpu_pids: set[int] = set()
+        if cpu is not None:
+            cpu_pids = set(
+                cpu.filter(pl.col("category").is_in(["cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"]))
+                .get_column("pid").drop_nulls().unique().to_list()
+            )
+        host = host_from_filename(PurePosixPath(rel_path).name, cpu_pids)
+    return short_host(host)
+
+
+def _summary(out: dict[str, pl.DataFrame], events: int, skipped: int, malformed: int, rank_note: str) -> str:
     summary = (
-        f"{outcome.events:,} events: {out['kernels'].height:,} GPU, {out['cpu_ops'].height:,} host, "
+        f"{events:,} events: {out['kernels'].height:,} GPU, {out['cpu_ops'].height:,} host, "
         f"{out['steps'].height} steps, {out['comms'].height} collective calls; "
         f"{skipped:,} flow/instant/metadata events not tabulated"
     )
-    if ex.malformed:
-        summary += f"; {ex.malformed:,} malformed events skipped"
+    if malformed:
+        summary += f"; {malformed:,} malformed events skipped (no name, or a time that is not a finite number in range)"
     if rank_note:
         summary += f"; {rank_note}"
-    if outcome.complete:
-        return ParseResult(out, status="ok", message=summary, rank=rank, host=host)
-    return ParseResult(out, status="partial", message=f"{outcome.problem}; {summary}", rank=rank, host=host)
+    return summary
 
 
 def _stamp(name: str, df: pl.DataFrame | None, ident: dict) -> pl.DataFrame:
@@ -112,7 +129,7 @@ def _stamp(name: str, df: pl.DataFrame | None, ident: dict) -> pl.DataFrame:
     return fr.conform(name, df.with_columns(cols))
 
 
-def _map_unique(series: pl.Series, fn, dtype: pl.DataType) -> pl.Series:
+def _map_unique(series: pl.Series, fn: Callable[[Any], Any], dtype: pl.DataType | type[pl.DataType]) -> pl.Series:
     """Apply a Python function once per distinct value (names repeat thousands of times)."""
     uniq = series.unique().drop_nulls().to_list()
     mapping = {u: fn(u) for u in uniq}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections import Counter
+from typing import Any
 
 import polars as pl
 
@@ -61,7 +62,7 @@ _Staged = tuple[list[tuple[str, array]], list[tuple[str, array]], list[tuple[int
 def _to_int(value: object) -> int:
     """Kineto ids are ints, but legacy traces write `"25738"` or `"stream 7"`; NULL otherwise."""
     if value.__class__ is int:
-        return value if -(1 << 63) < value < (1 << 63) else NULL  # type: ignore[return-value,operator]
+        return value if -(1 << 63) < value < (1 << 63) else NULL
     if isinstance(value, str):
         digits = value.rsplit(" ", 1)[-1]
         if digits.lstrip("-").isdigit():
@@ -111,6 +112,9 @@ class Extractor:
         self.comm_ops: list[tuple] = []  # (cpu row, *COMM_ARG_KEYS values)
         self.skipped: Counter[tuple] = Counter()
         self.malformed = 0
+        # bound appends of every column, in _G / _C order, for the per-event path
+        self._gapp = tuple(self.g[x].append for x in self._G)
+        self._capp = tuple(self.c[x].append for x in self._C)
 
     def _intern(self, name: object) -> int:
         key = name if isinstance(name, str) else str(name)
@@ -214,14 +218,7 @@ class Extractor:
 
     def _feed_rows(self, events: list) -> None:
         """The per-event loop: a value the fast appends reject sends that event to the slow paths."""
-        g, c = self.g, self.c
-        gk, gn, gdev, gst, gts, gdur, gcorr, gext, ggx, ggy, ggz, gbx, gby, gbz, gbps = (
-            g[x].append for x in self._G
-        )
-        ck, cn, cpid, ctid, cts, cdur, ccorr, cext = (c[x].append for x in self._C)
-        g_len, c_len = g["ts"], c["ts"]
-        gpu_cats, cpu_cats, names, comm_ids, skipped = GPU_CATS, CPU_CATS, self.names, self.comm_name_ids, self.skipped
-        intern = self._intern
+        gpu_cats, cpu_cats = GPU_CATS, CPU_CATS
         for e in events:
             try:
                 cat = e.get("cat")
@@ -230,76 +227,84 @@ class Extractor:
                 self.malformed += 1
                 continue
             if code is not None:
-                n = len(g_len)
-                try:
-                    a = e.get("args") or _EMPTY
-                    nm = e["name"]
-                    nid = names.get(nm)
-                    if nid is None:
-                        nid = intern(nm)
-                    gts(e["ts"])
-                    gdur(e.get("dur", NAN))
-                    gk(code)
-                    gn(nid)
-                    v = a.get("device")
-                    gdev(v if v is not None else e.get("pid", NULL))
-                    v = a.get("stream")
-                    gst(v if v is not None else e.get("tid", NULL))
-                    gcorr(a.get("correlation", NULL))
-                    v = a.get("External id")
-                    gext(v if v is not None else a.get("external id", NULL))
-                    v = a.get("grid") or _NO3
-                    ggx(v[0])
-                    ggy(v[1])
-                    ggz(v[2])
-                    v = a.get("block") or _NO3
-                    gbx(v[0])
-                    gby(v[1])
-                    gbz(v[2])
-                    gbps(a.get("blocks per SM", NAN))
-                except _DATA_ERRORS:
-                    for arr in g.values():
-                        del arr[n:]
-                    self._slow_gpu(e, code)
-                    continue
-                if "Collective name" in a or "In msg nelems" in a:
-                    self.gpu_comm_args.append((n, *[_arg_value(col, a.get(key)) for key, col in GPU_ARG_KEYS]))
+                self._row_gpu(e, code)
                 continue
             code = cpu_cats.get(cat)
-            if code is None:
-                try:
-                    skipped[(e.get("ph"), cat)] += 1
-                except TypeError:  # an unhashable ph
-                    self.malformed += 1
+            if code is not None:
+                self._row_cpu(e, code)
                 continue
-            n = len(c_len)
             try:
-                a = e.get("args") or _EMPTY
-                nm = e["name"]
-                nid = names.get(nm)
-                if nid is None:
-                    nid = intern(nm)
-                cts(e["ts"])
-                cdur(e.get("dur", NAN))
-                ck(code)
-                cn(nid)
-                v = e.get("pid", NULL)
-                cpid(v if v.__class__ is int else _to_int(v))
-                v = e.get("tid", NULL)
-                ctid(v if v.__class__ is int else _to_int(v))
-                ccorr(a.get("correlation", NULL))
-                v = a.get("External id")
-                cext(v if v is not None else a.get("external id", NULL))
-            except _DATA_ERRORS:
-                for arr in c.values():
-                    del arr[n:]
-                if not self._slow_cpu(e, code):
-                    continue
-                a = e.get("args")
-                a = a if isinstance(a, dict) else _EMPTY
-                nid = self._intern(e["name"])
-            if nid in comm_ids and code in _COMM_OP_CATS:
-                self.comm_ops.append((n, *[_arg_value(col, a.get(key)) for key, col in COMM_ARG_KEYS]))
+                self.skipped[(e.get("ph"), cat)] += 1
+            except TypeError:  # an unhashable ph
+                self.malformed += 1
+
+    def _name_id(self, name: object) -> int:
+        nid = self.names.get(name)  # type: ignore[call-overload]
+        return nid if nid is not None else self._intern(name)
+
+    def _row_gpu(self, e: dict, code: int) -> None:
+        g = self.g
+        n = len(g["ts"])
+        gk, gn, gdev, gst, gts, gdur, gcorr, gext, ggx, ggy, ggz, gbx, gby, gbz, gbps = self._gapp
+        try:
+            a = e.get("args") or _EMPTY
+            nid = self._name_id(e["name"])
+            gts(e["ts"])
+            gdur(e.get("dur", NAN))
+            gk(code)
+            gn(nid)
+            v = a.get("device")
+            gdev(v if v is not None else e.get("pid", NULL))
+            v = a.get("stream")
+            gst(v if v is not None else e.get("tid", NULL))
+            gcorr(a.get("correlation", NULL))
+            v = a.get("External id")
+            gext(v if v is not None else a.get("external id", NULL))
+            v = a.get("grid") or _NO3
+            ggx(v[0])
+            ggy(v[1])
+            ggz(v[2])
+            v = a.get("block") or _NO3
+            gbx(v[0])
+            gby(v[1])
+            gbz(v[2])
+            gbps(a.get("blocks per SM", NAN))
+        except _DATA_ERRORS:
+            for arr in g.values():
+                del arr[n:]
+            self._slow_gpu(e, code)
+            return
+        if "Collective name" in a or "In msg nelems" in a:
+            self.gpu_comm_args.append((n, *[_arg_value(col, a.get(key)) for key, col in GPU_ARG_KEYS]))
+
+    def _row_cpu(self, e: dict, code: int) -> None:
+        c = self.c
+        n = len(c["ts"])
+        ck, cn, cpid, ctid, cts, cdur, ccorr, cext = self._capp
+        try:
+            a = e.get("args") or _EMPTY
+            nid = self._name_id(e["name"])
+            cts(e["ts"])
+            cdur(e.get("dur", NAN))
+            ck(code)
+            cn(nid)
+            v = e.get("pid", NULL)
+            cpid(v if v.__class__ is int else _to_int(v))
+            v = e.get("tid", NULL)
+            ctid(v if v.__class__ is int else _to_int(v))
+            ccorr(a.get("correlation", NULL))
+            v = a.get("External id")
+            cext(v if v is not None else a.get("external id", NULL))
+        except _DATA_ERRORS:
+            for arr in c.values():
+                del arr[n:]
+            if not self._slow_cpu(e, code):
+                return
+            a = e.get("args")
+            a = a if isinstance(a, dict) else _EMPTY
+            nid = self._intern(e["name"])
+        if nid in self.comm_name_ids and code in _COMM_OP_CATS:
+            self.comm_ops.append((n, *[_arg_value(col, a.get(key)) for key, col in COMM_ARG_KEYS]))
 
     # Slow paths: an event with an unusual value (string ids, nulls, short grid lists, a missing
     # ts). Values are coerced one by one; an event without a name or a numeric ts is malformed.
@@ -315,9 +320,10 @@ class Extractor:
         dev = a.get("device")
         st = a.get("stream")
         ext = a.get("External id")
-        grid = a.get("grid") if isinstance(a.get("grid"), list) else []
-        block = a.get("block") if isinstance(a.get("block"), list) else []
-        values = {
+        grid_v, block_v = a.get("grid"), a.get("block")
+        grid = grid_v if isinstance(grid_v, list) else []
+        block = block_v if isinstance(block_v, list) else []
+        values: dict[str, Any] = {
             "kind": code, "name": self._intern(e["name"]), "ts": ts, "dur": _to_float(e.get("dur")),
             "device": _to_int(dev if dev is not None else e.get("pid")),
             "stream": _to_int(st if st is not None else e.get("tid")),
@@ -341,7 +347,7 @@ class Extractor:
             self.malformed += 1
             return False
         ext = a.get("External id")
-        values = {
+        values: dict[str, Any] = {
             "category": code, "name": self._intern(e["name"]), "ts": ts, "dur": _to_float(e.get("dur")),
             "pid": _to_int(e.get("pid")), "tid": _to_int(e.get("tid")),
             "correlation": _to_int(a.get("correlation")),
@@ -359,11 +365,12 @@ class Extractor:
     def gpu_frame(self) -> pl.DataFrame | None:
         if not len(self.g["ts"]):
             return None
-        df = _typed_frame(self.g, self.name_table())  # consumes the buffers
+        df, bad = _typed_frame(self.g, self.name_table())  # consumes the buffers
+        self.malformed += bad
         df = df.with_columns(
             pl.col("kind").replace_strict(dict(enumerate(GPU_KINDS)), return_dtype=pl.String),
             *[pl.col(c).cast(pl.Int32) for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")],
-        ).with_row_index("_row")
+        )
         args = _args_frame(self.gpu_comm_args, GPU_ARG_KEYS)
         df = df.join(args, on="_row", how="left") if args is not None else df.with_columns(
             [pl.lit(None, dtype=pl.Int64 if col in _INT_ARGS else pl.String).alias(col) for _, col in GPU_ARG_KEYS]
@@ -371,9 +378,11 @@ class Extractor:
         return df.drop("_row")
 
     def cpu_frame(self) -> pl.DataFrame | None:
+        """Host ops, with ``_row`` (their position in the buffers) kept for ``comm_frame``."""
         if not len(self.c["ts"]):
             return None
-        df = _typed_frame(self.c, self.name_table())  # consumes the buffers
+        df, bad = _typed_frame(self.c, self.name_table())  # consumes the buffers
+        self.malformed += bad
         return df.with_columns(
             pl.col("category").replace_strict(dict(enumerate(CPU_CATEGORIES)), return_dtype=pl.String)
         )
@@ -384,29 +393,53 @@ class Extractor:
             return None
         args = _args_frame(self.comm_ops, COMM_ARG_KEYS)
         assert args is not None
-        rows = cpu.with_row_index("_row").join(args, on="_row", how="inner")
+        rows = cpu.join(args, on="_row", how="inner")
         return rows.select("pid", "tid", "name", "start_ns", "end_ns", "external_id",
                            *[col for _, col in COMM_ARG_KEYS])
 
 
-def _typed_frame(cols: dict[str, array], names: pl.Series) -> pl.DataFrame:
+# Times (µs) beyond this are rejected per event: start + duration in ns must fit an Int64 (year 2096).
+TIME_LIMIT_US = 4e15
+SMALL_ROWS = 50_000
+
+
+def _typed_frame(cols: dict[str, array], names: pl.Series) -> tuple[pl.DataFrame, int]:
+    """The columns as a frame with integer-ns ``start_ns`` / ``end_ns`` and the buffer position in
+    ``_row``; events whose ts or dur is not a finite number within ``TIME_LIMIT_US`` are dropped
+    and counted (second value)."""
+    ints = [c for c, arr in cols.items() if arr.typecode == "q" and c != "name"]
+    floats = [c for c, arr in cols.items() if arr.typecode == "d" and c != "ts"]
+    # Small frames: one pass for every column (each Polars call has a fixed cost that dominates
+    # tiny traces). Large ones: column by column, so each buffer is freed as its column exists.
+    small = len(cols["ts"]) < SMALL_ROWS
     data = {}
     for col in list(cols):
-        arr = cols.pop(col)  # each buffer is freed as soon as its column exists
-        typecode = arr.typecode
+        arr = cols.pop(col)
         s = pl.Series(col, arr)
         del arr
         if col == "name":
             s = names.gather(s).alias("name")
-        elif typecode == "q":
+        elif not small and col in ints:
             s = pl.select(pl.when(s != NULL).then(s)).to_series().alias(col)
-        elif typecode == "d" and col != "ts":
+        elif not small and col in floats:
             s = s.fill_nan(None)
         data[col] = s
-    df = pl.DataFrame(data)
+    n = len(data["ts"])
+    lazy = pl.DataFrame(data).lazy()
+    if small:
+        lazy = lazy.with_columns(*[pl.when(pl.col(c) != NULL).then(pl.col(c)).alias(c) for c in ints],
+                                 *[pl.col(c).fill_nan(None) for c in floats])
+    in_range = pl.col("ts").is_finite() & (pl.col("ts").abs() < TIME_LIMIT_US) & (
+        pl.col("dur").is_null() | (pl.col("dur").is_finite() & (pl.col("dur").abs() < TIME_LIMIT_US))
+    )
     start = us_to_ns("ts")
     dur = us_to_ns("dur").fill_null(0)
-    return df.with_columns(start.alias("start_ns"), (start + dur).alias("end_ns")).drop("ts", "dur")
+    df = (
+        lazy.with_row_index("_row").filter(in_range)
+        .with_columns(start.alias("start_ns"), (start + dur).alias("end_ns")).drop("ts", "dur")
+        .collect()
+    )
+    return df, n - df.height
 
 
 def _args_frame(rows: list[tuple], keys: tuple[tuple[str, str], ...]) -> pl.DataFrame | None:

@@ -11,14 +11,16 @@ kept and the byte offset of the cut is reported.
 
 from __future__ import annotations
 
+import json
 import re
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import orjson
-from forensics.parsers.common import GZIP_MAGIC
+from forensics.parsers.common import DEFAULT_MAX_RECORD_BYTES, GZIP_MAGIC
 
 # Small pieces on purpose: a 32 KB block of JSON and the few hundred event dicts parsed from it
 # stay in the CPU's L2 cache from decompression through orjson to the column buffers, and every
@@ -29,6 +31,8 @@ CHUNK_BYTES = 1 << 15
 # The text before the traceEvents array (deviceProperties, distributedInfo) is small in practice;
 # past this many bytes without finding the array the file is not read further as a stream.
 MAX_HEADER_BYTES = 256 << 20
+# A window this big without a verified boundary is read event by event (damage, not a big event).
+SALVAGE_AFTER = 256 << 10
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BOUNDARY = re.compile(rb"\}\s*,")
 _WS = b" \t\r\n"
@@ -76,6 +80,8 @@ class ReadOutcome:
     flows: int = 0  # flow and instant events cut out before parsing (counted, not tabulated)
     decompressed_bytes: int = 0
     complete: bool = True
+    damaged: int = 0  # events skipped because they did not parse
+    deep: bool = False  # some text was nested deeper than the JSON parser allows
     # one line saying why the read stopped early; None when the document was read whole
     problem: str | None = None
 
@@ -86,49 +92,50 @@ def decompressed_blocks(path: Path, limit: int) -> Iterator[bytes]:
     Raises ``_Corrupt`` for corrupt or truncated gzip data and when more than ``limit`` bytes would
     come out (a gzip bomb); every byte decompressed before the problem has been yielded by then.
     """
-    total = 0
     with open(path, "rb") as fh:
         gz = fh.read(2) == GZIP_MAGIC
         fh.seek(0)
-        if not gz:
-            while block := fh.read(READ_BYTES):
-                total += len(block)
-                if total > limit:
-                    yield block[: len(block) - (total - limit)]
-                    raise _Corrupt(f"file exceeds the size limit of {limit} bytes")
-                yield block
+        yield from _bounded(_gunzip(fh) if gz else iter(lambda: fh.read(READ_BYTES), b""), limit)
+
+
+def _bounded(blocks: Iterator[bytes], limit: int) -> Iterator[bytes]:
+    total = 0
+    for block in blocks:
+        total += len(block)
+        if total > limit:
+            yield block[: len(block) - (total - limit)]
+            raise _Corrupt(f"decompressed size exceeds the limit of {limit} bytes (gzip bomb?)")
+        yield block
+
+
+def _gunzip(fh: BinaryIO) -> Iterator[bytes]:
+    dec = zlib.decompressobj(31)
+    consumed = 0  # compressed bytes fed so far
+    started = False  # the current member has received input
+    while True:
+        data = fh.read(READ_BYTES // 4)
+        if not data:
+            if started and not dec.eof:
+                raise _Corrupt(f"gzip stream truncated at compressed byte {consumed:,}")
             return
-        dec = zlib.decompressobj(31)
-        consumed = 0  # compressed bytes fed so far
-        started = False  # the current member has received input
-        while True:
-            data = fh.read(READ_BYTES // 4)
-            if not data:
-                if started and not dec.eof:
-                    raise _Corrupt(f"gzip stream truncated at compressed byte {consumed:,}")
-                return
-            consumed += len(data)
-            while data:
-                started = True
-                try:
-                    out = dec.decompress(data, READ_BYTES)
-                except zlib.error as exc:
-                    raise _Corrupt(f"corrupt gzip data before compressed byte {consumed:,}: {exc}") from None
-                if out:
-                    total += len(out)
-                    if total > limit:
-                        yield out[: len(out) - (total - limit)]
-                        raise _Corrupt(f"decompressed size exceeds the limit of {limit} bytes (gzip bomb?)")
-                    yield out
-                if dec.eof:
-                    data = dec.unused_data
-                    if data.strip(b"\x00"):
-                        dec = zlib.decompressobj(31)  # next gzip member
-                    else:
-                        data = b""
-                        started = False
-                else:
-                    data = dec.unconsumed_tail
+        consumed += len(data)
+        while data:
+            started = True
+            try:
+                out = dec.decompress(data, READ_BYTES)
+            except zlib.error as exc:
+                raise _Corrupt(f"corrupt gzip data before compressed byte {consumed:,}: {exc}") from None
+            if out:
+                yield out
+            if not dec.eof:
+                data = dec.unconsumed_tail
+                continue
+            data = dec.unused_data
+            if data.strip(b"\x00"):
+                dec = zlib.decompressobj(31)  # next gzip member
+            else:
+                data = b""
+                started = False
 
 
 # Flow events (`ac2g`, `fwdbwd`, legacy `async` launch arrows) and instant events (allocator
@@ -138,19 +145,41 @@ def decompressed_blocks(path: Path, limit: int) -> Iterator[bytes]:
 _SKIPPED_EVENT = re.compile(rb'\{\s*+"ph"\s*+:\s*+"[sfti]"\s*+,(?:[^{}]++|\{[^{}]*+\})*+\}\s*+,')
 
 
+def _loads(text: bytes) -> Any:
+    """orjson, or (only for text holding NaN / Infinity, which PyTorch writes in args) the standard
+    library's parser, which reads them as float values. Raises ValueError or RecursionError."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        if b"NaN" not in text and b"Infinity" not in text:
+            if "depth limit" in str(exc):
+                raise _TooDeep() from None
+            raise
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise _TooDeep() from None
+
+
+class _TooDeep(ValueError):
+    pass
+
+
 def _parse_array_piece(piece: bytes | bytearray | memoryview) -> tuple[list, int] | None:
     """(events, flow/instant events cut out) of ``[`` + piece + ``]``; None when that is not valid JSON."""
     text, flows = _SKIPPED_EVENT.subn(b"", piece)
     try:
-        return orjson.loads(b"".join((b"[", text, b"]"))), flows
-    except orjson.JSONDecodeError:
+        return _loads(b"".join((b"[", text, b"]"))), flows
+    except _TooDeep:
+        raise
+    except ValueError:
         if not flows:
             return None
     # A cut-out match cannot start inside a string (quotes there are escaped), but one could end at
     # a `},` inside a string of an instant event; the text is then invalid, so parse it unabridged.
     try:
-        return orjson.loads(b"".join((b"[", piece, b"]"))), 0
-    except orjson.JSONDecodeError:
+        return _loads(b"".join((b"[", piece, b"]"))), 0
+    except ValueError:
         return None
 
 
@@ -176,181 +205,275 @@ def _split(buf: bytearray, start: int, end: int) -> tuple[list, int, int] | None
         if m is None:
             continue
         tries += 1
-        with memoryview(buf) as view:
-            got = _parse_array_piece(view[start : brace + 1])
+        try:
+            with memoryview(buf) as view:
+                got = _parse_array_piece(view[start : brace + 1])
+        except _TooDeep:
+            return None  # read event by event, which says so
         if got is not None:
             return got[0], got[1], m.end()
     return None
 
 
-def _salvage_tail(tail: bytes) -> tuple[list, int, int]:
-    """Complete events at the start of ``tail`` (the text after the last verified boundary).
+# Where one event ends and the next begins: `}`, a comma, `{` (also found inside nested args).
+_EVENT_GAP = re.compile(rb"\}\s*+,\s*+(?=\{)")
+# Pieces merged at most to rebuild one event cut at a nested `}, {`; past that it is damaged.
+_MAX_MERGE = 16
 
-    Tries every ``}`` from the end; the first prefix that parses as an array of events is the
-    longest one made of complete events. Returns (events, flow/instant events skipped, bytes used).
-    """
+
+@dataclass
+class _Salvaged:
+    events: list
+    flows: int
+    damaged: int
+    used: int  # bytes of the input consumed (events kept and damaged ones skipped)
+    deep: bool = False
+
+
+def _salvage_events(data: bytes, final: bool) -> _Salvaged:
+    """Events of ``data`` one by one, skipping those that do not parse: a damaged event costs that
+    event. Linear in ``len(data)``: each candidate piece is parsed with at most ``_MAX_MERGE``
+    neighbours. The last piece is left unread unless ``final`` (more text may complete it)."""
+    starts = [0, *(m.end() for m in _EVENT_GAP.finditer(data))]
+    n = len(starts)
+    out = _Salvaged([], 0, 0, 0)
+    i, last = 0, n if final else n - 1
+    while i < last:
+        for j in range(i + 1, min(i + _MAX_MERGE, last) + 1):
+            end = starts[j] if j < n else len(data)
+            piece = data[starts[i] : end].rstrip(_WS + b",")
+            try:
+                got = _parse_array_piece(piece)
+            except _TooDeep:
+                out.deep, got = True, None
+            if got is not None and all(isinstance(e, dict) for e in got[0]):
+                out.events.extend(got[0])
+                out.flows += got[1]
+                i = j
+                break
+        else:
+            out.damaged += 1
+            i += 1
+    out.used = starts[i] if i < n else len(data)
+    return out
+
+
+def _salvage_last(tail: bytes) -> tuple[list, int]:
+    """The complete event(s) at the start of the last piece, which may run on into the array's
+    end and the trailing metadata or stop mid-event: tries the last few ``}`` (a bounded number,
+    so the cost stays linear)."""
     pos = len(tail)
-    tries = 0
-    while True:
+    for _ in range(64):
         pos = tail.rfind(b"}", 0, pos)
-        if pos < 0 or tries > 4096:
-            return [], 0, 0
-        tries += 1
-        got = _parse_array_piece(tail[: pos + 1])
+        if pos < 0:
+            break
+        try:
+            got = _parse_array_piece(tail[: pos + 1])
+        except _TooDeep:
+            continue
         if got is not None and all(isinstance(e, dict) for e in got[0]):
-            return got[0], got[1], pos + 1
+            return got
+    return [], 0
 
 
-def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int | None = None) -> ReadOutcome:
+class _Reader:
+    """The decompressed text as a growing buffer, pulled block by block."""
+
+    def __init__(self, path: Path, limit: int, max_event: int) -> None:
+        self.blocks = decompressed_blocks(path, limit)
+        self.buf = bytearray()
+        self.out = ReadOutcome()
+        self.max_event = max_event
+        self.stop_reason: str | None = None  # "" at a clean end of file
+
+    def pull(self) -> bool:
+        if self.stop_reason is not None:
+            return False
+        try:
+            block = next(self.blocks)
+        except StopIteration:
+            self.stop_reason = ""
+            return False
+        except _Corrupt as exc:
+            self.stop_reason = exc.message
+            return False
+        self.buf.extend(block)
+        self.out.decompressed_bytes += len(block)
+        return True
+
+    def emit(self, sink: EventSink, events: list, flows: int) -> None:
+        self.out.events += len(events) + flows
+        self.out.flows += flows
+        if events:
+            sink(events)
+
+
+def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int | None = None,
+               max_event: int = DEFAULT_MAX_RECORD_BYTES) -> ReadOutcome:
     """Stream ``path``'s trace events into ``sink`` (lists of event dicts, one list per chunk).
 
     Raises TraceReadError when not a single event could be read (not JSON, wrong shape, empty,
     corrupt before the first event). A read that stops early after some events returns an outcome
-    with ``complete=False`` and the reason.
+    with ``complete=False`` and the reason. No more than about ``max_event`` bytes are held at once.
     """
     _limit_heap_retention()
-    chunk_bytes = chunk_bytes or CHUNK_BYTES
-    out = ReadOutcome()
-    buf = bytearray()
-    blocks = decompressed_blocks(path, limit)
-    stop_reason: str | None = None
+    rd = _Reader(path, limit, max_event)
+    bare = _find_events(rd)
+    _read_chunks(rd, sink, chunk_bytes or CHUNK_BYTES)
+    if rd.stop_reason == "" and _read_end(rd, sink, bare):
+        return rd.out
+    _salvage_rest(rd, sink, bare)
+    return rd.out
 
-    def pull() -> bool:
-        nonlocal stop_reason
-        if stop_reason is not None:
-            return False
-        try:
-            block = next(blocks)
-        except StopIteration:
-            stop_reason = ""
-            return False
-        except _Corrupt as exc:
-            stop_reason = exc.message
-            return False
-        buf.extend(block)
-        out.decompressed_bytes += len(block)
-        return True
 
-    # 1. Find the start of the event array.
-    bare = False
+def _find_events(rd: _Reader) -> bool:
+    """Read up to the start of the event array (header metadata into ``rd.out.meta``); True when
+    the document is a bare array of events."""
     m = None
     # Searched again only each time the buffer has doubled, so a long header costs O(its size)
     # in all with small blocks, not a full re-scan per block.
     next_search = 0
+    buf = rd.buf
     while True:
         stripped = bytes(buf[:64]).lstrip(b"\xef\xbb\xbf" + _WS)
-        if stripped:
-            if stripped[:1] == b"[":
-                bare = True
+        if not stripped:
+            del buf[:]  # leading whitespace only: nothing to keep (a whitespace bomb stays small)
+        elif stripped[:1] == b"[":
+            del buf[: buf.index(b"[") + 1]
+            return True
+        elif stripped[:1] != b"{":
+            raise TraceReadError(f"not JSON: starts with {stripped[:12]!r}")
+        elif len(buf) >= next_search:
+            m = _EVENTS_KEY.search(buf)
+            if m:
                 break
-            if stripped[:1] != b"{":
-                raise TraceReadError(f"not JSON: starts with {stripped[:12]!r}")
-            if len(buf) >= next_search:
-                m = _EVENTS_KEY.search(buf)
-                if m:
-                    break
-                next_search = 2 * len(buf)
-        if len(buf) > MAX_HEADER_BYTES or not pull():
-            if stripped:
-                m = _EVENTS_KEY.search(buf)  # the text since the last search
+            next_search = 2 * len(buf)
+        if len(buf) > min(MAX_HEADER_BYTES, rd.max_event) or not rd.pull():
+            m = _EVENTS_KEY.search(buf)  # the text since the last search
             break
-    if not bare and m is None:
-        _whole_document(buf, stop_reason, out.decompressed_bytes)  # always raises
-    if bare:
-        array_start = buf.index(b"[") + 1
-    else:
-        assert m is not None
-        try:
-            header = orjson.loads(bytes(buf[: m.end()]) + b"]}")
-        except orjson.JSONDecodeError as exc:
-            raise TraceReadError(f"malformed JSON before traceEvents: {exc}") from None
-        header.pop("traceEvents", None)
-        out.meta.update(header)
-        array_start = m.end()
-    del buf[:array_start]
+    if m is None:
+        _whole_document(buf, rd.stop_reason, rd.out.decompressed_bytes)  # always raises
+    assert m is not None
+    _read_header(rd, m.end())
+    return False
 
-    # 2. Whole events in chunks.
-    base_chunk = chunk_bytes
+
+def _read_header(rd: _Reader, end: int) -> None:
+    """The metadata before the event array (``rd.buf[:end]``) into ``rd.out.meta``."""
+    buf = rd.buf
+    try:
+        header = _loads(bytes(buf[:end]) + b"]}")
+    except _TooDeep:
+        raise TraceReadError("nesting too deep before traceEvents (more levels than the JSON parser allows)") from None
+    except ValueError as exc:
+        raise TraceReadError(f"malformed JSON before traceEvents: {exc}") from None
+    header.pop("traceEvents", None)
+    rd.out.meta.update(header)
+    del buf[:end]
+
+
+def _read_chunks(rd: _Reader, sink: EventSink, chunk_bytes: int) -> None:
+    """Whole events in chunks until the text runs out (or the buffer passes the event cap)."""
+    base_chunk, buf = chunk_bytes, rd.buf
     while True:
-        while len(buf) < chunk_bytes and pull():
+        while len(buf) < chunk_bytes and rd.pull():
             pass
-        at_end = stop_reason is not None
-        if not at_end:
-            got = _split(buf, 0, len(buf))
-            if got is None:
-                # No verified boundary near the end of this window: read more and try again.
-                chunk_bytes *= 2
-                continue
+        if rd.stop_reason is not None:
+            return
+        got = _split(buf, 0, len(buf))
+        if got is not None:
             events, flows, used = got
             chunk_bytes = base_chunk  # an event bigger than a chunk widens the window only for itself
-            out.events += len(events) + flows
-            out.flows += flows
-            sink(events)
-            del events
-            del buf[:used]
-            continue
-        break
+        else:
+            # No verified boundary near the end: a big event, or a damaged one. Past SALVAGE_AFTER
+            # the window is read event by event, so damage costs the damaged event only.
+            used, events, flows = 0, [], 0
+            if len(buf) >= SALVAGE_AFTER:
+                sal = _salvage_events(bytes(buf), final=False)
+                events, flows, used = sal.events, sal.flows, sal.used
+                rd.out.damaged += sal.damaged
+                rd.out.deep |= sal.deep
+            if not used:
+                if len(buf) > rd.max_event:
+                    rd.stop_reason = (f"no event boundary within {rd.max_event:,} bytes (an event larger than "
+                                      f"the cap, or not trace events): the rest of the file was not read")
+                    return
+                chunk_bytes *= 2
+                continue
+        rd.emit(sink, events, flows)
+        del events
+        del buf[:used]
 
-    # 3. The rest: last events, the closing bracket and the trailing metadata.
-    rest = bytes(buf)
-    buf = bytearray()
-    if stop_reason == "":
+
+def _read_end(rd: _Reader, sink: EventSink, bare: bool) -> bool:
+    """At a clean end of file: the last events, the closing bracket and the trailing metadata in
+    one parse. False when that text is not a valid end of the document."""
+    rest = bytes(rd.buf)
+    text, flows = _SKIPPED_EVENT.subn(b"", rest)
+    opening = b"[" if bare else b'{"traceEvents":['
+    try:
         try:
-            text, flows = _SKIPPED_EVENT.subn(b"", rest)
-            opening = b"[" if bare else b'{"traceEvents":['
-            try:
-                doc = orjson.loads(opening + text)
-            except orjson.JSONDecodeError:
-                if not flows:
-                    raise
-                doc, flows = orjson.loads(opening + rest), 0  # see _parse_array_piece
-            if bare:
-                events, trailer = doc, {}
-            else:
-                events = doc.pop("traceEvents")
-                trailer = doc
-            if not isinstance(events, list) or (
-                out.events == 0 and events and not any(isinstance(e, dict) for e in events)
-            ):
-                raise TraceReadError("traceEvents is not a list of event objects")
-            out.events += len(events) + flows
-            out.flows += flows
-            if events:
-                sink(events)
-            out.meta.update(trailer)
-            return out
-        except orjson.JSONDecodeError:
-            pass
-    # Cut off (or damaged) somewhere in the rest: keep every complete event before the cut.
-    used_total = 0
-    while True:
-        got = _split(bytearray(rest), used_total, len(rest)) if len(rest) - used_total > (1 << 16) else None
-        if got is None:
-            break
-        events, flows, used = got
-        out.events += len(events) + flows
-        out.flows += flows
-        sink(events)
-        used_total = used
-    events, flows, used = _salvage_tail(rest[used_total:].lstrip(_WS))
-    out.events += len(events) + flows
-    out.flows += flows
-    if events:
-        sink(events)
+            doc = _loads(opening + text)
+        except ValueError:
+            if not flows:
+                raise
+            doc, flows = _loads(opening + rest), 0  # see _parse_array_piece
+    except _TooDeep:
+        rd.out.deep = True
+        return False
+    except ValueError:
+        return False
+    if bare:
+        events, trailer = doc, {}
+    else:
+        events = doc.pop("traceEvents")
+        trailer = doc
+    if not isinstance(events, list) or (
+        rd.out.events == 0 and events and not any(isinstance(e, dict) for e in events)
+    ):
+        raise TraceReadError("traceEvents is not a list of event objects")
+    rd.emit(sink, events, flows)
+    rd.out.meta.update(trailer)
+    if rd.out.damaged:
+        rd.out.complete = False
+        deep = " (nesting too deep: more levels than the JSON parser allows)" if rd.out.deep else ""
+        rd.out.problem = f"{rd.out.damaged:,} damaged event(s) skipped{deep}; kept {rd.out.events:,} events"
+    return True
+
+
+def _salvage_rest(rd: _Reader, sink: EventSink, bare: bool) -> None:
+    """Cut off (or damaged) somewhere in the rest: keep every complete event before the cut."""
+    rest = bytes(rd.buf)
+    rd.buf = bytearray()
+    sal = _salvage_events(rest, final=False)
+    rd.emit(sink, sal.events, sal.flows)
+    out = rd.out
+    out.damaged += sal.damaged
+    out.deep |= sal.deep
+    tail = rest[sal.used :].lstrip(_WS)
+    if rd.stop_reason == "" and tail:
+        rd.buf = bytearray(tail)
+        if _read_end(rd, sink, bare):
+            return
+    events, flows = _salvage_last(tail)
+    rd.emit(sink, events, flows)
     cut = out.decompressed_bytes
-    why = stop_reason or "the JSON document ends before the traceEvents array closes"
-    if stop_reason == "":
+    why = rd.stop_reason or "the JSON document ends before the traceEvents array closes"
+    if rd.stop_reason == "":
         # Clean end of file but the array or the object around it is incomplete.
         why = "the JSON document ends before it is complete (file cut off mid-write?)"
+        if out.deep:
+            why = "nesting too deep: more levels than the JSON parser allows"
     out.complete = False
-    out.problem = (
-        f"truncated at byte {cut:,} of the JSON text ({why}); kept {out.events:,} complete events"
-    )
+    out.problem = f"truncated at byte {cut:,} of the JSON text ({why}); kept {out.events:,} complete events"
+    if out.deep and rd.stop_reason == "":
+        out.problem = f"{why}; kept {out.events:,} complete events"
+    if out.damaged:
+        out.problem += f"; {out.damaged:,} damaged event(s) skipped"
     if not bare and "baseTimeNanoseconds" not in out.meta:
         out.problem += " (metadata written after the events, e.g. baseTimeNanoseconds, is lost)"
-    if out.events == 0 and stop_reason and "gzip" in stop_reason:
-        raise TraceReadError(stop_reason)  # corrupt before the first event: nothing to salvage
-    return out
+    if out.events == 0 and rd.stop_reason and "gzip" in rd.stop_reason:
+        raise TraceReadError(rd.stop_reason)  # corrupt before the first event: nothing to salvage
 
 
 def _whole_document(buf: bytearray, stop_reason: str | None, size: int) -> None:

@@ -20,7 +20,7 @@ import re
 import sqlite3
 import struct
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,7 +134,7 @@ class _Db:
     def rows(self, sql: str, params: Iterable[Any] = ()) -> list[tuple]:
         return self.con.execute(sql, tuple(params)).fetchall()
 
-    def frame(self, sql: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    def frame(self, sql: str, schema: Mapping[str, Any]) -> pl.DataFrame:
         """Run ``sql`` and build a frame batch by batch, so memory follows the selected columns only."""
         cur = self.con.execute(sql)
         parts: list[pl.DataFrame] = []
@@ -511,7 +511,7 @@ def _gpu_metrics(db: _Db, off: int) -> pl.DataFrame:
     if not any(wanted.values()):
         return pl.DataFrame(schema=_METRIC_SCHEMA)
     cases = []
-    for col, pairs in wanted.items():
+    for pairs in wanted.values():
         cond = " OR ".join(f"(typeId = {a} AND metricId = {b})" for a, b in pairs) or "0"
         cases.append(f"MAX(CASE WHEN {cond} THEN value END)")
     all_pairs = " OR ".join(f"(typeId = {a} AND metricId = {b})" for ps in wanted.values() for a, b in ps)
@@ -598,24 +598,50 @@ def _field(payload: dict[str, Any], *prefixes: str) -> Any:
 # --- assembly ---------------------------------------------------------------------------------
 
 
-def _parse(db: _Db, path: Path, ctx: ParseContext) -> ParseResult:
-    db.tables = {r[0].lower(): r[0] for r in db.rows("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    meta = _read_meta(db)
-    off = meta.offset_ns
-    src = ctx.rel_path
-    damaged: list[str] = []
+@dataclass
+class _Job:
+    """One file's parse in progress: where it is, and what went wrong in which table."""
 
-    def safe(table: str, read: Callable[[], pl.DataFrame], schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    db: _Db
+    meta: _Meta
+    src: str
+    damaged: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def safe(self, table: str, read: Callable[[], pl.DataFrame], schema: Mapping[str, Any]) -> pl.DataFrame:
         # A damaged page breaks one table, not the file: salvage the rest and say which table failed.
-        db.errors.clear()
+        self.db.errors.clear()
         try:
             df = read()
         except sqlite3.DatabaseError as exc:
-            damaged.append(f"{table} ({exc})")
+            self.damaged.append(f"{table} ({exc})")
             return pl.DataFrame(schema=schema)
-        damaged.extend(f"{table} ({e})" for e in db.errors)
+        self.damaged.extend(f"{table} ({e})" for e in self.db.errors)
         return df
 
+
+@dataclass
+class _Ranks:
+    """Rank of each GPU process; ``how`` says where it came from, ``guessed`` that the file named none."""
+
+    by_pid: dict[int, int]
+    how: str | None
+    guessed: bool = False
+
+    def tagger(self, host: str | None, src: str) -> Callable[[pl.DataFrame], pl.DataFrame]:
+        def tag(df: pl.DataFrame) -> pl.DataFrame:
+            # a mapping, not a join: no copy of the (possibly large) frame
+            rank = (
+                pl.col("pid").replace_strict(self.by_pid, default=None, return_dtype=pl.Int32())
+                if "pid" in df.columns else pl.lit(None, pl.Int32())
+            )
+            return df.with_columns(rank.alias("rank"), pl.lit(host, pl.String()).alias("host"), pl.lit(src).alias("source"))
+
+        return tag
+
+
+def _gpu_ops(job: _Job) -> pl.DataFrame:
+    db, off, safe = job.db, job.meta.offset_ns, job.safe
     gpu = pl.concat(
         [safe("CUPTI_ACTIVITY_KIND_KERNEL", lambda: _kernels(db, off), _GPU_OP_SCHEMA),
          safe("CUPTI_ACTIVITY_KIND_MEMCPY", lambda: _copies(db, off, "CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"), _GPU_OP_SCHEMA),
@@ -623,45 +649,48 @@ def _parse(db: _Db, path: Path, ctx: ParseContext) -> ParseResult:
          safe("CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", lambda: _syncs(db, off), _GPU_OP_SCHEMA)],
         how="vertical",
     )
-    gpu = classify_kernels(gpu)
-    runtime = safe("CUPTI_ACTIVITY_KIND_RUNTIME", lambda: _runtime(db, off), _RUNTIME_SCHEMA)
-    nvtx = safe("NVTX_EVENTS", lambda: _nvtx(db, off), _NVTX_SCHEMA)
-    notes = list(meta.notes)
+    return classify_kernels(gpu)
 
-    # Processes that did GPU work, and their device(s): one file may hold several ranks (torchrun
-    # under one `nsys profile`); rank from the environment only applies when it holds one process.
-    procs = (
-        gpu.select("pid", "device", "start_ns", "kind").filter(pl.col("pid").is_not_null(), pl.col("kind") != "sync")
-        .group_by("pid").agg(pl.col("device").unique().sort().alias("devices"), pl.col("start_ns").min().alias("first"))
-        .sort("first")
-    )
-    env_rank = next((_int(meta.env[v]) for v in RANK_VARS if meta.env.get(v) not in (None, "")), None)
-    if env_rank is None and all(meta.env.get(v) for v in ("GROUP_RANK", "LOCAL_WORLD_SIZE", "LOCAL_RANK")):
-        env_rank = int(meta.env["GROUP_RANK"]) * int(meta.env["LOCAL_WORLD_SIZE"]) + int(meta.env["LOCAL_RANK"])
-    world = next((_int(meta.env[v]) for v in WORLD_VARS if meta.env.get(v)), None)
-    rank_by_pid: dict[int, int] = {}
+
+def _env_rank(env: dict[str, str]) -> int | None:
+    env_rank = next((_int(env[v]) for v in RANK_VARS if env.get(v) not in (None, "")), None)
+    if env_rank is None and all(env.get(v) for v in ("GROUP_RANK", "LOCAL_WORLD_SIZE", "LOCAL_RANK")):
+        env_rank = int(env["GROUP_RANK"]) * int(env["LOCAL_WORLD_SIZE"]) + int(env["LOCAL_RANK"])
+    return env_rank
+
+
+def _rank_map(job: _Job, nvtx: pl.DataFrame, procs: pl.DataFrame) -> _Ranks:
+    """Ranks of the GPU processes: MPI thread names, else (one process) the environment or the file
+    name, else numbered from 0 in GPU order, flagged as a guess."""
+    by_pid: dict[int, int] = {}
     mpi = nvtx.filter(pl.col("event_type") == NVTX_THREAD).with_columns(
         pl.col("name").str.extract(r"^MPI Rank (\d+)$", 1).cast(pl.Int64, strict=False).alias("r")
     ).drop_nulls("r")
     for pid, r in mpi.select("pid", "r").unique().iter_rows():
-        rank_by_pid.setdefault(int(pid), int(r))
+        by_pid.setdefault(int(pid), int(r))
     pids = procs["pid"].to_list()
-    rank_how = "MPI thread name" if rank_by_pid else None
-    if len(pids) == 1 and pids[0] not in rank_by_pid:
-        file_rank = _FILE_RANK.search(Path(src).name)
+    how = "MPI thread name" if by_pid else None
+    env_rank = _env_rank(job.meta.env)
+    if len(pids) == 1 and pids[0] not in by_pid:
+        file_rank = _FILE_RANK.search(Path(job.src).name)
         if env_rank is not None:
-            rank_by_pid[pids[0]], rank_how = env_rank, "environment"
+            by_pid[pids[0]], how = env_rank, "environment"
         elif file_rank:
-            rank_by_pid[pids[0]], rank_how = int(file_rank.group(1)), "file name"
+            by_pid[pids[0]], how = int(file_rank.group(1)), "file name"
     elif len(pids) > 1 and env_rank is not None:
-        notes.append(f"{len(pids)} GPU processes in one file: environment rank {env_rank} not applied to them")
-    def tag(df: pl.DataFrame) -> pl.DataFrame:
-        # a mapping, not a join: no copy of the (possibly large) frame
-        rank = pl.col("pid").replace_strict(rank_by_pid, default=None, return_dtype=pl.Int32()) if "pid" in df.columns else pl.lit(None, pl.Int32())
-        return df.with_columns(rank.alias("rank"), pl.lit(meta.host, pl.String()).alias("host"), pl.lit(src).alias("source"))
+        job.notes.append(f"{len(pids)} GPU processes in one file: environment rank {env_rank} not applied to them")
+    if by_pid or not pids:
+        return _Ranks(by_pid, how)
+    # No rank anywhere: number the processes by their first GPU (then pid), as torchrun's local ranks usually are.
+    order = procs.select("pid", pl.col("devices").list.first().alias("d")).sort("d", "pid", nulls_last=True)["pid"]
+    return _Ranks({int(p): i for i, p in enumerate(order.to_list())}, "process order", guessed=True)
 
-    # cpu_ops: CUDA runtime/driver calls; is_launch = it has a GPU op with the same (pid, correlation)
-    # Correlation ids are per process: key = (pid, correlation) packed in one Int64 (ids < 2^32).
+
+def _cpu_side(job: _Job, gpu: pl.DataFrame, runtime: pl.DataFrame, ranges: pl.DataFrame,
+              tag: Callable[[pl.DataFrame], pl.DataFrame]) -> tuple[pl.DataFrame, int, int]:
+    """cpu_ops (CUDA runtime/driver calls and closed NVTX ranges), and how many of each there were."""
+    # is_launch = it has a GPU op with the same (pid, correlation). Correlation ids are per process:
+    # key = (pid, correlation) packed in one Int64 (ids < 2^32).
     key = (pl.col("pid").cast(pl.Int64) * (1 << 32) + pl.col("correlation").cast(pl.Int64))
     # Synchronization records (cudaStreamWaitEvent, cudaEventSynchronize) are not launched work.
     launched = gpu.select(pl.when(pl.col("kind") != "sync").then(key).alias("k")).drop_nulls()["k"]
@@ -670,24 +699,13 @@ def _parse(db: _Db, path: Path, ctx: ParseContext) -> ParseResult:
         pl.when(pl.col("name").str.starts_with("cu") & ~pl.col("name").str.starts_with("cuda"))
         .then(pl.lit("cuda_driver")).otherwise(pl.lit("cuda_runtime")).alias("category"),
     )
-    del launched
-    ranges = nvtx.filter(pl.col("event_type").is_in(NVTX_RANGE_TYPES))
-    open_ranges = ranges.filter(pl.col("end_ns").is_null()).height
-    ranges = ranges.filter(pl.col("end_ns").is_not_null())
-    if open_ranges:
-        notes.append(f"{open_ranges} NVTX range(s) without an end not used")
     annotations = ranges.select("start_ns", "end_ns", "pid", "tid", "name").with_columns(
         pl.lit("user_annotation").alias("category"), pl.lit(False).alias("is_launch")
     )
-    cpu_ops = fr.concat("cpu_ops", [tag(rt), tag(annotations)])
+    return fr.concat("cpu_ops", [tag(rt), tag(annotations)]), rt.height, annotations.height
 
-    # steps: NVTX ranges named ProfilerStep#N / step N / iteration N
-    steps_df = ranges.with_columns(pl.col("name").str.extract(_STEP_RANGE.pattern, 1).cast(pl.Int64, strict=False).alias("step")).drop_nulls("step")
-    steps = fr.conform("steps", tag(steps_df.select("pid", "step", "start_ns", "end_ns")).drop("pid").sort("rank", "step", nulls_last=True))
 
-    comms = _comms(db, nvtx, ranges, runtime, gpu, rank_by_pid, meta, tag)
-
-    # kernels
+def _kernel_frame(meta: _Meta, gpu: pl.DataFrame, comms: pl.DataFrame, tag: Callable[[pl.DataFrame], pl.DataFrame]) -> pl.DataFrame:
     kern = tag(gpu)
     if meta.gpus.height:
         sms = dict(zip(meta.gpus["device"].to_list(), meta.gpus["sm_count"].to_list()))
@@ -706,45 +724,90 @@ def _parse(db: _Db, path: Path, ctx: ParseContext) -> ParseResult:
             kkey.replace_strict(lk, linked["pg_name"].to_list(), default=None, return_dtype=pl.String()).alias("pg_name"),
             kkey.replace_strict(lk, linked["group_size"].to_list(), default=None, return_dtype=pl.Int32()).alias("group_size"),
         )
-    kernels = fr.conform("kernels", kern.drop("context", "pid", "short", "kind", "sm_count", strict=False))
+    return fr.conform("kernels", kern.drop("context", "pid", "short", "kind", "sm_count", strict=False))
 
 
-    # ranks: one row per GPU process
-    nccl_version = meta.env.get("NCCL_VERSION")
+def _ranks_frame(meta: _Meta, procs: pl.DataFrame, tag: Callable[[pl.DataFrame], pl.DataFrame]) -> pl.DataFrame:
+    """One row per GPU process."""
+    world = next((_int(meta.env[v]) for v in WORLD_VARS if meta.env.get(v)), None)
     ranks_rows = procs.with_columns(
         pl.col("devices").list.first().cast(pl.Int32).alias("device"),
         pl.lit(world, pl.Int32()).alias("world_size"),
-        pl.lit(nccl_version, pl.String()).alias("nccl_version"),
+        pl.lit(meta.env.get("NCCL_VERSION"), pl.String()).alias("nccl_version"),
     ).drop("devices", "first")
     if meta.gpus.height:
         ranks_rows = ranks_rows.join(meta.gpus.select("device", "gpu_name", "sm_count"), on="device", how="left")
-    ranks = fr.conform("ranks", tag(ranks_rows))
+    return fr.conform("ranks", tag(ranks_rows))
+
+
+def _rank_text(ranks: _Ranks, n_pids: int) -> tuple[int | None, str]:
+    """The file's one rank (None when it holds several processes) and how the message says it."""
+    values = set(ranks.by_pid.values())
+    single = next(iter(values)) if len(values) == 1 and n_pids <= 1 else None
+    if ranks.guessed:
+        what = "rank 0" if n_pids == 1 else f"ranks 0-{n_pids - 1} in GPU order"
+        return single, f", rank unknown (none in the environment, MPI thread names or file name): analysed as {what}"
+    if single is not None:
+        return single, f", rank {single} from {ranks.how}"
+    return single, ", rank unknown" if not ranks.by_pid else ""
+
+
+def _parse(db: _Db, path: Path, ctx: ParseContext) -> ParseResult:
+    db.tables = {r[0].lower(): r[0] for r in db.rows("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    meta = _read_meta(db)
+    off = meta.offset_ns
+    job = _Job(db, meta, ctx.rel_path, notes=list(meta.notes))
+    gpu = _gpu_ops(job)
+    runtime = job.safe("CUPTI_ACTIVITY_KIND_RUNTIME", lambda: _runtime(db, off), _RUNTIME_SCHEMA)
+    nvtx = job.safe("NVTX_EVENTS", lambda: _nvtx(db, off), _NVTX_SCHEMA)
+
+    # Processes that did GPU work, and their device(s): one file may hold several ranks (torchrun
+    # under one `nsys profile`); rank from the environment only applies when it holds one process.
+    procs = (
+        gpu.select("pid", "device", "start_ns", "kind").filter(pl.col("pid").is_not_null(), pl.col("kind") != "sync")
+        .group_by("pid").agg(pl.col("device").unique().sort().alias("devices"), pl.col("start_ns").min().alias("first"))
+        .sort("first")
+    )
+    ranks = _rank_map(job, nvtx, procs)
+    tag = ranks.tagger(meta.host, job.src)
+    ranges = nvtx.filter(pl.col("event_type").is_in(NVTX_RANGE_TYPES))
+    open_ranges = ranges.filter(pl.col("end_ns").is_null()).height
+    ranges = ranges.filter(pl.col("end_ns").is_not_null())
+    if open_ranges:
+        job.notes.append(f"{open_ranges} NVTX range(s) without an end not used")
+    cpu_ops, n_api, n_ranges = _cpu_side(job, gpu, runtime, ranges, tag)
+
+    # steps: NVTX ranges named ProfilerStep#N / step N / iteration N
+    steps_df = ranges.with_columns(pl.col("name").str.extract(_STEP_RANGE.pattern, 1).cast(pl.Int64, strict=False).alias("step")).drop_nulls("step")
+    steps = fr.conform("steps", tag(steps_df.select("pid", "step", "start_ns", "end_ns")).drop("pid").sort("rank", "step", nulls_last=True))
+    comms = _comms(db, nvtx, ranges, runtime, gpu, ranks.by_pid, tag)
+    kernels = _kernel_frame(meta, gpu, comms, tag)
 
     # nsys-only frames
-    overhead = safe("PROFILER_OVERHEAD", lambda: _overhead(db, off), _OVERHEAD_SCHEMA)
+    overhead = job.safe("PROFILER_OVERHEAD", lambda: _overhead(db, off), _OVERHEAD_SCHEMA)
     dev_of_pid = procs.select("pid", pl.col("devices")).explode("devices").rename({"devices": "device"})
     overhead = fr.conform("profiler_overhead", tag(overhead.join(dev_of_pid, on="pid", how="inner")).sort("device", "start_ns"))
-    metrics = fr.conform("gpu_metrics", _tag_metrics(safe("GPU_METRICS", lambda: _gpu_metrics(db, off), _METRIC_SCHEMA), rank_by_pid, procs, meta, src))
+    metrics = fr.conform("gpu_metrics", _tag_metrics(job.safe("GPU_METRICS", lambda: _gpu_metrics(db, off), _METRIC_SCHEMA), ranks.by_pid, procs, meta, job.src))
 
     out = {
-        "kernels": kernels, "cpu_ops": cpu_ops, "steps": steps, "comms": comms, "ranks": ranks,
+        "kernels": kernels, "cpu_ops": cpu_ops, "steps": steps, "comms": comms, "ranks": _ranks_frame(meta, procs, tag),
         "profiler_overhead": overhead,
     }
     if metrics.height or db.has("GPU_METRICS"):
         out["gpu_metrics"] = metrics
-    single_rank = next(iter(rank_by_pid.values())) if len(set(rank_by_pid.values())) == 1 and len(pids) <= 1 else None
+    single_rank, rank_text = _rank_text(ranks, procs.height)
     n_comm = kernels.filter(pl.col("class") == "comm").height
     msg = (
         f"nsys {meta.version or '?'} (schema {meta.schema or '?'}): {kernels.height} GPU ops ({n_comm} NCCL), "
-        f"{rt.height} CUDA API calls, {annotations.height} NVTX ranges, {len(pids)} GPU process(es)"
-        + (f", rank {single_rank} from {rank_how}" if single_rank is not None else ", rank unknown" if not rank_by_pid else "")
+        f"{n_api} CUDA API calls, {n_ranges} NVTX ranges, {procs.height} GPU process(es)"
+        + rank_text
         + (f", {metrics.height} GPU metric samples" if metrics.height else "")
-        + ("; " + "; ".join(notes) if notes else "")
+        + ("; " + "; ".join(job.notes) if job.notes else "")
     )
-    if damaged:
-        return ParseResult(frames=out, status="partial", message=f"{src}: unreadable table(s): {'; '.join(damaged)}; salvaged: {msg}",
-                           rank=single_rank, host=meta.host)
-    return ParseResult(frames=out, status="ok", message=msg, rank=single_rank, host=meta.host)
+    status = "ok"
+    if job.damaged:
+        status, msg = "partial", f"{job.src}: unreadable table(s): {'; '.join(job.damaged)}; salvaged: {msg}"
+    return ParseResult(frames=out, status=status, message=msg, rank=single_rank, host=meta.host, rank_guessed=ranks.guessed)
 
 
 def _tag_metrics(df: pl.DataFrame, rank_by_pid: dict[int, int], procs: pl.DataFrame, meta: _Meta, src: str) -> pl.DataFrame:
@@ -759,49 +822,39 @@ def _tag_metrics(df: pl.DataFrame, rank_by_pid: dict[int, int], procs: pl.DataFr
     return out.with_columns(pl.lit(meta.host, pl.String()).alias("host"), pl.lit(src).alias("source"))
 
 
-def _comms(db, nvtx, ranges, runtime, gpu, rank_by_pid, meta, tag) -> pl.DataFrame:
-    """Host-side NCCL calls from NVTX ranges of the ``NCCL`` domain (found by its NvtxDomainCreate row;
-    windowed exports lose that row, then any domain whose ranges carry NCCL API names)."""
-    created = nvtx.filter((pl.col("event_type") == NVTX_DOMAIN_CREATE) & (pl.col("name") == "NCCL"))["domain"].unique().to_list()
-    calls = ranges.filter(pl.col("name").is_in(list(NCCL_API)))
-    if created:
-        calls = calls.filter(pl.col("domain").is_in(created))
-    else:
-        calls = calls.filter(pl.col("domain").fill_null(0) != 0)
-    if calls.height == 0:
-        return fr.empty("comms")
-    calls = calls.with_columns(pl.col("name").replace_strict(NCCL_API, default=None).alias("collective")).with_row_index("_i")
-
-    # Payload fields (message size, peer, root, communicator, ranks) when the export kept them.
+def _payload_columns(db: _Db, calls: pl.DataFrame, ranges: pl.DataFrame, created: list) -> pl.DataFrame:
+    """Payload fields (message size, peer, root, communicator, ranks) when the export kept them."""
+    if not (calls["blob"].drop_nulls().len() or calls["json"].drop_nulls().len()):
+        return calls.with_columns(pl.lit(None, pl.Int64()).alias("bytes"), pl.lit(None, pl.Int32()).alias("peer"),
+                                  pl.lit(None, pl.String()).alias("pg_name"), pl.lit(None, pl.Int32()).alias("group_size"))
     schemas = _payload_schemas(db)
-    if calls["blob"].drop_nulls().len() or calls["json"].drop_nulls().len():
-        want_by = {"send": ("Peer rank",), "recv": ("Peer rank",), "broadcast": ("Root",), "reduce": ("Root",),
-                   "allreduce": ("Reduction operation",), "reduce_scatter": ("Reduction operation",)}
-        decoded = [
-            _decode_payload(b, j, schemas, d if d is not None else 0, want_by.get(c, ("Message size [bytes]",)))
-            for b, j, d, c in calls.select("blob", "json", "domain", "collective").iter_rows()
-        ]
-        calls = calls.with_columns(
-            pl.Series("bytes", [_field(p, "Message size") for p in decoded], dtype=pl.Int64()),
-            pl.Series("peer", [_field(p, "Peer rank") for p in decoded], dtype=pl.Int32()),
-            pl.Series("pg_name", [(f"0x{int(v):x}" if v is not None else None) for v in (_field(p, "NCCL communicator") for p in decoded)], dtype=pl.String()),
-        )
-        # Communicator sizes from the init calls' payloads ("No. of ranks"), by communicator id.
-        inits = ranges.filter(pl.col("name").str.starts_with("ncclCommInit") | (pl.col("name") == "ncclCommSplit"))
-        if created:
-            inits = inits.filter(pl.col("domain").is_in(created))
-        sizes: dict[str, int] = {}
-        for b, j, d in inits.select("blob", "json", "domain").iter_rows():
-            p = _decode_payload(b, j, schemas, d if d is not None else 0, ("No. of ranks",))
-            comm, n = _field(p, "NCCL communicator"), _field(p, "No. of ranks")
-            if comm is not None and n is not None:
-                sizes[f"0x{int(comm):x}"] = int(n)
-        calls = calls.with_columns(pl.col("pg_name").replace_strict(sizes, default=None, return_dtype=pl.Int32()).alias("group_size"))
-    else:
-        calls = calls.with_columns(pl.lit(None, pl.Int64()).alias("bytes"), pl.lit(None, pl.Int32()).alias("peer"),
-                                   pl.lit(None, pl.String()).alias("pg_name"), pl.lit(None, pl.Int32()).alias("group_size"))
+    want_by = {"send": ("Peer rank",), "recv": ("Peer rank",), "broadcast": ("Root",), "reduce": ("Root",),
+               "allreduce": ("Reduction operation",), "reduce_scatter": ("Reduction operation",)}
+    decoded = [
+        _decode_payload(b, j, schemas, d if d is not None else 0, want_by.get(c, ("Message size [bytes]",)))
+        for b, j, d, c in calls.select("blob", "json", "domain", "collective").iter_rows()
+    ]
+    calls = calls.with_columns(
+        pl.Series("bytes", [_field(p, "Message size") for p in decoded], dtype=pl.Int64()),
+        pl.Series("peer", [_field(p, "Peer rank") for p in decoded], dtype=pl.Int32()),
+        pl.Series("pg_name", [(f"0x{int(v):x}" if v is not None else None) for v in (_field(p, "NCCL communicator") for p in decoded)], dtype=pl.String()),
+    )
+    # Communicator sizes from the init calls' payloads ("No. of ranks"), by communicator id.
+    inits = ranges.filter(pl.col("name").str.starts_with("ncclCommInit") | (pl.col("name") == "ncclCommSplit"))
+    if created:
+        inits = inits.filter(pl.col("domain").is_in(created))
+    sizes: dict[str, int] = {}
+    for b, j, d in inits.select("blob", "json", "domain").iter_rows():
+        p = _decode_payload(b, j, schemas, d if d is not None else 0, ("No. of ranks",))
+        comm, n = _field(p, "NCCL communicator"), _field(p, "No. of ranks")
+        if comm is not None and n is not None:
+            sizes[f"0x{int(comm):x}"] = int(n)
+    return calls.with_columns(pl.col("pg_name").replace_strict(sizes, default=None, return_dtype=pl.Int32()).alias("group_size"))
 
-    # Link each call to the NCCL kernel it launched: a runtime launch on the same thread inside the range.
+
+def _kernel_links(calls: pl.DataFrame, ranges: pl.DataFrame, runtime: pl.DataFrame, gpu: pl.DataFrame, created: list) -> pl.DataFrame:
+    """(_i, kernel_correlation): the NCCL kernel each call launched (a runtime launch on the same
+    thread inside the range), or for grouped calls the one launched inside the next ncclGroupEnd."""
     comm_corr = gpu.filter(pl.col("class") == "comm").select("pid", "correlation").unique()
     launches = runtime.join(comm_corr, on=["pid", "correlation"], how="semi").select(
         "pid", "tid", pl.col("start_ns").alias("launch_ns"), pl.col("correlation").alias("kernel_correlation")
@@ -834,7 +887,24 @@ def _comms(db, nvtx, ranges, runtime, gpu, rank_by_pid, meta, tag) -> pl.DataFra
             .filter(pl.col("_gcorr").is_not_null())
             .select("_i", pl.col("_gcorr").alias("kernel_correlation"))
         )
-    calls = calls.join(pl.concat([linked, unlinked]), on="_i", how="left")
+    return pl.concat([linked, unlinked])
+
+
+def _comms(db: _Db, nvtx: pl.DataFrame, ranges: pl.DataFrame, runtime: pl.DataFrame, gpu: pl.DataFrame,
+           rank_by_pid: dict[int, int], tag: Callable[[pl.DataFrame], pl.DataFrame]) -> pl.DataFrame:
+    """Host-side NCCL calls from NVTX ranges of the ``NCCL`` domain (found by its NvtxDomainCreate row;
+    windowed exports lose that row, then any domain whose ranges carry NCCL API names)."""
+    created = nvtx.filter((pl.col("event_type") == NVTX_DOMAIN_CREATE) & (pl.col("name") == "NCCL"))["domain"].unique().to_list()
+    calls = ranges.filter(pl.col("name").is_in(list(NCCL_API)))
+    if created:
+        calls = calls.filter(pl.col("domain").is_in(created))
+    else:
+        calls = calls.filter(pl.col("domain").fill_null(0) != 0)
+    if calls.height == 0:
+        return fr.empty("comms")
+    calls = calls.with_columns(pl.col("name").replace_strict(NCCL_API, default=None).alias("collective")).with_row_index("_i")
+    calls = _payload_columns(db, calls, ranges, created)
+    calls = calls.join(_kernel_links(calls, ranges, runtime, gpu, created), on="_i", how="left")
     own = pl.col("pid").replace_strict(rank_by_pid, default=None, return_dtype=pl.Int32())
     calls = calls.with_columns(
         pl.when(pl.col("collective") == "send").then(own).when(pl.col("collective") == "recv").then(pl.col("peer")).alias("src_rank"),

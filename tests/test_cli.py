@@ -240,7 +240,10 @@ def test_hostile_out_and_run_dir_names_reach_the_terminal_as_text(tmp_path: Path
 
 
 def test_single_file_run_dir_passes_the_cli_checks(tmp_path: Path):
-    trace = next(SAMPLE.glob("profiler/*.pt.trace.json.gz"))
+    src = next(SAMPLE.glob("profiler/*.pt.trace.json.gz"))
+    trace = tmp_path / "in" / src.name  # a copy: the analysis runs and writes beside it, never into the sample
+    trace.parent.mkdir()
+    trace.write_bytes(src.read_bytes())
     res = run_cli("analyze", str(trace), "--out", str(trace.parent / "o"))
     # a file is not a folder: an --out beside it is fine, the checks do not call RUN_DIR a missing folder
     assert "no such file or directory" not in res.stderr and "inside RUN_DIR" not in res.stderr

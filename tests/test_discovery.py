@@ -4,6 +4,7 @@ import gzip
 import os
 from pathlib import Path
 
+import pytest
 from forensics.parsers.discovery import classify, discover_and_parse, walk
 
 KINETO_HEAD = b'{\n  "schemaVersion": 1,\n  "traceEvents": [\n  {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 2}\n]}'
@@ -85,3 +86,156 @@ def test_json_that_is_not_a_trace_is_ignored_unless_named_like_one(tmp_path: Pat
     # Named like a rank's trace but of the wrong shape: the trace parser reports why it failed.
     broken = classify(_write(tmp_path / "rank3.json", b'{"hidden_size": 4096}'), "rank3.json")
     assert (broken.kind, broken.status) == ("kineto", None)
+
+
+def _ranked(rank: int) -> bytes:
+    return KINETO_HEAD.replace(b'"schemaVersion": 1,', b'"schemaVersion": 1, "distributedInfo": {"rank": %d},' % rank)
+
+
+def test_run_dir_may_be_a_single_file(tmp_path: Path):
+    from forensics.analyze import load
+
+    path = _write(tmp_path / "job" / "rank3.pt.trace.json", _ranked(3))
+    sources, frames = load(path)
+    assert sources.select("path", "status", "rank").rows() == [("rank3.pt.trace.json", "ok", 3)]
+    assert frames["kernels"].height == 1
+
+
+def test_same_file_under_several_paths_is_analysed_once(tmp_path: Path):
+    run = tmp_path / "run"
+    _write(run / "a" / "rank0.json", _ranked(0))
+    os.link(run / "a" / "rank0.json", run / "b_hardlink.json")
+    os.symlink("a/rank0.json", run / "0_symlink.json")  # sorts first, but the regular file wins
+    _write(run / "c" / "copy.json", _ranked(0))
+    _write(run / "c" / "other.json", _ranked(1))  # same size, other content: not a duplicate
+    by_path = {r.file.rel_path: r for r in discover_and_parse(run)}
+    assert by_path["a/rank0.json"].result.status == "ok"
+    assert by_path["c/other.json"].result.status == "ok"
+    for dup in ("b_hardlink.json", "0_symlink.json", "c/copy.json"):
+        res = by_path[dup].result
+        assert res.status == "ignored" and res.message.startswith("duplicate of a/rank0.json"), (dup, res.message)
+        assert by_path[dup].file.kind == "kineto"
+
+
+def test_file_vanished_between_discovery_and_parsing_is_a_failed_source(tmp_path: Path):
+    from forensics.parsers.discovery import discover, parse_one
+
+    path = _write(tmp_path / "rank0.json", _ranked(0))
+    (f,) = discover(tmp_path)
+    path.unlink()
+    res = parse_one(f, tmp_path).result
+    assert res.status == "failed" and "vanished" in res.message
+
+
+def test_special_files(tmp_path: Path):
+    _write(tmp_path / "zeros.json", bytes(10_000))
+    _write(tmp_path / "twice.json.gz", gzip.compress(gzip.compress(KINETO_HEAD)))
+    os.mkfifo(tmp_path / "pipe")
+    os.symlink("loop2", tmp_path / "loop1")
+    os.symlink("loop1", tmp_path / "loop2")
+    got = {r.file.rel_path: (r.result.status, r.result.message) for r in discover_and_parse(tmp_path)}
+    assert got["zeros.json"][0] == "ignored" and "only zero bytes" in got["zeros.json"][1]
+    assert got["twice.json.gz"][0] == "ignored" and "compressed twice" in got["twice.json.gz"][1]
+    assert got["pipe"][0] == "ignored" and "not a regular file" in got["pipe"][1]
+    assert got["loop1"][0] == "ignored" and "loop" in got["loop1"][1]
+
+
+def test_unranked_trace_is_rank_0_alone_and_ignored_beside_ranked_ones(tmp_path: Path):
+    lone = tmp_path / "lone"
+    _write(lone / "trace.json", KINETO_HEAD)
+    (item,) = discover_and_parse(lone)
+    assert (item.result.status, item.result.rank) == ("ok", 0)
+    assert "analysed as rank 0" in item.result.message
+    assert item.result.frames["kernels"]["rank"].to_list() == [0]
+    both = tmp_path / "both"
+    _write(both / "trace.json", KINETO_HEAD)
+    _write(both / "x.json", _ranked(0))
+    got = {r.file.rel_path: r.result for r in discover_and_parse(both)}
+    assert got["x.json"].status == "ok" and got["x.json"].rank == 0
+    assert got["trace.json"].status == "ignored" and "names no rank" in got["trace.json"].message
+    assert not got["trace.json"].frames
+
+
+def test_classifying_long_lines_takes_bounded_time(tmp_path: Path):
+    """The sniffers are linear: a 1 MB one-line JSON document and other long lines classify in < 1 s
+    (the old NCCL-line regex took 8.6 s on 100 KB of compact JSON)."""
+    import time
+
+    inputs = {
+        "metrics.json": b'{"m":[' + b'"a:1:2 [0",' * 95_000 + b'"x"]}',
+        "long.log": b"x" * (1 << 20),
+        "tags.log": b"a] NCCL INFO" * 90_000,
+        "equals.txt": b"=" * (1 << 20),
+        "sram.txt": b"SRAM Correctable" + b" " * (1 << 20),
+    }
+    for name, data in inputs.items():
+        path = _write(tmp_path / name, data)
+        start = time.process_time()  # CPU time: the CI machine may be shared
+        classify(path, name)
+        assert time.process_time() - start < 1.0, name
+
+
+_DRIVER = """
+import signal, sys
+from pathlib import Path
+from forensics.parsers.discovery import discover_and_parse
+
+def _term(*_):
+    raise SystemExit(143)
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _term)
+    try:
+        discover_and_parse(Path(sys.argv[1]), workers=2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    sys.exit(0)
+"""
+
+
+def _children(pid: int) -> list[int]:
+    import subprocess
+
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+
+@pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_interrupt_mid_parse_ends_every_worker(tmp_path: Path, sig: str, code: int):
+    """SIGINT / SIGTERM while the pool parses: the call returns promptly with the interrupt, and no
+    worker process is left behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    for rank in range(400):  # many files: the pool is used, and parsing lasts well past the signal
+        _write(run / f"rank{rank}.json", _ranked(rank))
+    script = tmp_path / "driver.py"
+    script.write_text(_DRIVER)
+    proc = subprocess.Popen([sys.executable, str(script), str(run)])
+    deadline = time.monotonic() + 60
+    workers: list[int] = []
+    while time.monotonic() < deadline and len(workers) < 2 and proc.poll() is None:
+        time.sleep(0.2)
+        workers = [p for p in _children(proc.pid) if _alive(p)]
+    assert proc.poll() is None and len(workers) >= 2, "the pool never started"
+    time.sleep(1.0)  # mid-parse
+    sent = time.monotonic()
+    proc.send_signal(getattr(signal, sig))
+    assert proc.wait(timeout=10) == code
+    assert time.monotonic() - sent < 5.0
+    end = time.monotonic() + 3
+    while any(_alive(p) for p in workers) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert not [p for p in workers if _alive(p)], "worker processes left behind"

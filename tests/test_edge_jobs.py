@@ -78,7 +78,7 @@ def _check_case(analysis: Analysis, case: str) -> None:
         assert frames["steps"].height == 0 and frames["kernels"].height > 0
     elif case == "no_rank":
         assert frames["steps"].height > 0 and frames["kernels"].height > 0
-        assert frames["kernels"]["rank"].null_count() == frames["kernels"].height or analysis.ranks in ([], [0])
+        assert frames["kernels"]["rank"].null_count() == frames["kernels"].height or analysis.context.ranks in ([], [0])
     else:
         assert frames["kernels"].height == 0 and frames["steps"].height > 0
 

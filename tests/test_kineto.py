@@ -277,8 +277,10 @@ def test_rank_from_file_name_and_unknown_rank(tmp_path: Path):
     named = tmp_path / "gpu-host7_31337.1700000000000.pt.trace.json"
     named.write_bytes(body.replace(b'"pid": 0', b'"pid": 0').replace(b"]}", b', {"ph": "X", "cat": "cpu_op", "name": "op", "pid": 31337, "tid": 1, "ts": 0, "dur": 5}]}'))
     res = parse(named, ParseContext(tmp_path, named.name))
-    assert res.status == "ok" and res.rank is None and res.host == "gpu-host7"
-    assert res.frames["kernels"].get_column("rank").null_count() == 1  # unknown, never 0
+    assert res.status == "ok" and res.host == "gpu-host7"
+    # unknown: numbered 0 as a guess that discovery keeps only for a lone trace (not 31337, not 7)
+    assert res.rank == 0 and res.rank_guessed and "analysed as rank 0" in (res.message or "")
+    assert res.frames["kernels"].get_column("rank").to_list() == [0]
     (tmp_path / "rank5").mkdir()
     in_dir = tmp_path / "rank5" / "trace.json"
     in_dir.write_bytes(body)

@@ -217,8 +217,8 @@ def test_truncated_trace_in_a_run_dir_is_a_partial_source(tmp_path: Path, plain_
 
 
 def test_many_random_cuts(tmp_path: Path, plain_trace):
-    """Cut anywhere: before the event array -> failed; inside it -> partial with exactly the complete
-    events; after the last byte of content -> ok."""
+    """Cut anywhere: before the first complete event -> failed; after it -> partial with exactly the
+    complete events; after the last byte of content -> ok."""
     import random
 
     _, raw = plain_trace
@@ -228,10 +228,10 @@ def test_many_random_cuts(tmp_path: Path, plain_trace):
     for cut in [rnd.randrange(0, len(raw)) for _ in range(40)] + [1, start - 1, start, start + 1]:
         path.write_bytes(raw[:cut])
         res = _parse_file(path)
-        if cut < start:
+        complete = sum(1 for e in ends if e <= cut)
+        if cut < start or complete == 0:  # nothing usable before the first complete event
             assert res.status == "failed", (cut, res.message)
         else:
-            complete = sum(1 for e in ends if e <= cut)
             assert res.status == "partial", (cut, res.message)
             assert f"kept {complete:,} complete events" in res.message, (cut, res.message)
 

@@ -79,13 +79,13 @@ def test_session_relative_export_is_shifted_to_epoch():
     assert (k["start_ns"].min(), k["end_ns"].max()) == (lo + utc, hi + utc)
 
 
-def test_two_processes_in_one_file_keep_rank_unknown():
+def test_two_processes_without_rank_are_numbered_in_gpu_order_as_a_guess():
     path = shared_path("nsys", "nsys-ai", "mfu_2gpu_before.sqlite")
     res = run(path)
-    assert res.rank is None
+    assert res.rank is None and res.rank_guessed
     # pids and devices as in the gpu_gaps reference CSV (PID 144 on device 0, PID 145 on device 1)
-    assert sorted(res.frames["ranks"].select("pid", "device").rows()) == [(144, 0), (145, 1)]
-    assert res.frames["ranks"]["rank"].null_count() == 2
+    assert sorted(res.frames["ranks"].select("pid", "device", "rank").rows()) == [(144, 0, 0), (145, 1, 1)]
+    assert "analysed as ranks 0-1 in GPU order" in (res.message or "")
 
 
 def test_p2p_nccl_kernels_and_calls_nsys_2026():
@@ -183,14 +183,15 @@ def test_old_metadata_table_env_rank_and_time_offset(tmp_path):
 def test_rank_from_file_name_never_from_pid_suffix(tmp_path):
     kern = [(10, 20, 0, 7, 1, 5, "k", 1)]
     assert run(make_export(tmp_path / "trace_rank7.sqlite", kernels=kern)).rank == 7
-    assert run(make_export(tmp_path / "report_node3_4242.sqlite", kernels=kern)).rank is None
+    guessed = run(make_export(tmp_path / "report_node3_4242.sqlite", kernels=kern))
+    assert guessed.rank_guessed and guessed.rank == 0  # numbered from 0, not 4242 or 3
 
 
 def test_env_rank_not_applied_to_several_processes(tmp_path):
     kern = [(10, 20, 0, 7, 1, 5, "k", 1), (10, 20, 1, 7, 1, 6, "k", 1)]
     res = run(make_export(tmp_path / "x.sqlite", env={"SLURM_PROCID": "1"}, kernels=kern))
-    assert res.rank is None
-    assert res.frames["kernels"]["rank"].null_count() == 2
+    assert res.rank is None and res.rank_guessed
+    assert sorted(res.frames["kernels"]["rank"].to_list()) == [0, 1]  # GPU order, not the environment's 1
 
 
 def test_nccl_kernel_names_in_every_naming_era():
