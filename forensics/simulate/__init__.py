@@ -428,6 +428,27 @@ def _upper_median(key: str, rows: list[dict[str, Any]]) -> float:
     return xs[len(xs) // 2] if xs else 0.0
 
 
+def _straggler_truth(f: dict[str, Any], per_rank: list[dict[str, Any]], others: list[dict[str, Any]],
+                     r: int) -> dict[str, Any]:
+    """Expected figures of a compute or host straggler ``r`` against the other ranks."""
+    med = _upper_median
+    exp: dict[str, Any] = {}
+    if f["kind"] == "compute_straggler":
+        exp["compute_slowdown"] = f["slowdown"]
+        exp["compute_ratio_vs_median"] = round(per_rank[r]["compute_ns_mean"] / max(med("compute_ns_mean", others), 1), 6)
+        exp["victims_wait_ns_median"] = med("collective_wait_ns_total", others)
+        exp["culprit_wait_ns"] = per_rank[r]["collective_wait_ns_total"]
+    else:
+        exp["launch_factor"] = f.get("launch_factor", 1.0)
+        exp["stall_ms_per_step"] = f.get("stall_ms", 0.0)
+        exp["culprit_gpu_idle_fraction"] = per_rank[r]["gpu_idle_fraction"]
+        exp["others_gpu_idle_fraction_median"] = med("gpu_idle_fraction", others)
+        exp["victims"] = [d["rank"] for d in others]
+        exp["victims_wait_ns_median"] = med("collective_wait_ns_total", others)
+        exp["culprit_wait_ns"] = per_rank[r]["collective_wait_ns_total"]
+    return exp
+
+
 def _fault_truth(f: dict[str, Any], job: Job, engine: Engine, per_rank: list[dict[str, Any]], timeout_info: dict[str, Any] | None) -> dict[str, Any]:
     kind = f["kind"]
     out: dict[str, Any] = {"kind": kind, "params": {k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(f.items()) if k != "kind"}}
@@ -437,21 +458,8 @@ def _fault_truth(f: dict[str, Any], job: Job, engine: Engine, per_rank: list[dic
     exp: dict[str, Any] = {}
     others = [d for d in per_rank if d["rank"] not in culprits and d["steps"]]
     med = _upper_median
-    if kind == "compute_straggler":
-        r = culprits[0]
-        exp["compute_slowdown"] = f["slowdown"]
-        exp["compute_ratio_vs_median"] = round(per_rank[r]["compute_ns_mean"] / max(med("compute_ns_mean", others), 1), 6)
-        exp["victims_wait_ns_median"] = med("collective_wait_ns_total", others)
-        exp["culprit_wait_ns"] = per_rank[r]["collective_wait_ns_total"]
-    elif kind == "host_straggler":
-        r = culprits[0]
-        exp["launch_factor"] = f.get("launch_factor", 1.0)
-        exp["stall_ms_per_step"] = f.get("stall_ms", 0.0)
-        exp["culprit_gpu_idle_fraction"] = per_rank[r]["gpu_idle_fraction"]
-        exp["others_gpu_idle_fraction_median"] = med("gpu_idle_fraction", others)
-        exp["victims"] = [d["rank"] for d in others]
-        exp["victims_wait_ns_median"] = med("collective_wait_ns_total", others)
-        exp["culprit_wait_ns"] = per_rank[r]["collective_wait_ns_total"]
+    if kind in ("compute_straggler", "host_straggler"):
+        exp.update(_straggler_truth(f, per_rank, others, culprits[0]))
     elif kind == "input_bound":
         exp["stall_ms_per_step"] = f["stall_ms"]
         exp["gpu_idle_fraction_median"] = med("gpu_idle_fraction", per_rank)
