@@ -216,7 +216,8 @@ def test_xid79_run_header(xid79_out):
 
 
 SIMULATED = [("collective_timeout", {}), ("ddp_straggler", {}), ("host_straggler", {"ranks": 16}),
-             ("xid48", {}), ("net_socket", {})]
+             ("xid48", {}), ("net_socket", {}), ("input_bound", {}), ("ddp_no_overlap", {}), ("slow_nic", {}),
+             ("pp_imbalance", {}), ("pp_imbalance_stage2", {})]
 
 
 @pytest.mark.parametrize("scenario,kw", SIMULATED, ids=[s for s, _ in SIMULATED])

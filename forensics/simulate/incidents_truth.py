@@ -20,6 +20,10 @@ ROOTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "nccl_algo_forced": ("nccl_algorithm", (), ("exposed_comm",)),
     "nccl_proto_forced": ("nccl_algorithm", (), ("exposed_comm",)),
     "pipeline_bubbles_small_m": ("pipeline_bubble", (), ()),
+    "pipeline_stage_imbalance": ("straggler", ("pipeline_bubble",), ()),
+    "input_bound": ("gpu_idle", (), ()),
+    "dp_not_overlapped": ("exposed_comm", (), ()),
+    "slow_nic": ("straggler", (), ("exposed_comm", "busy_wait")),
     "xid": ("gpu_hw_error", (), ("busy_wait", "straggler")),
 }
 
@@ -31,7 +35,7 @@ def expected_incidents(faults: list[dict[str, Any]], kernel_log: str = "benign")
     out: list[dict[str, Any]] = []
     for f in faults:
         if f["kind"] not in ROOTS:
-            continue  # not yet described (e.g. slow_nic, dp_not_overlapped, stage imbalance)
+            continue  # a fault with no incident of its own
         if f["kind"] == "collective_timeout" and set(f["ranks"]) <= xid_ranks:
             continue  # the Xid on that rank's GPU is the root cause; the timeout is its consequence
         root, must, may = ROOTS[f["kind"]]
