@@ -114,3 +114,22 @@ def test_job_facts_place_glog_stamps_with_the_job_year():
     facts = job_facts(frames, 8, 8)
     assert facts.checkpoints_ns == (T0 - 3600 * S, T0 - 60 * S + 500_000_000)
     assert facts.checkpoint_lines == 2
+
+
+def test_xid79_sample_counts_the_work_since_its_checkpoint():
+    import json
+
+    from forensics.analyze import analyze
+
+    root = Path(__file__).resolve().parents[1] / "sample_traces"
+    truth = json.loads((root / "xid79.truth.json").read_text())
+    (ck,) = truth["checkpoints"]
+    a = analyze(root / "xid79")
+    to = next(f for f in a.findings if f.detector == "nccl_timeout" and f.metrics.get("ran_ms"))
+    inc = next(i for i in a.incidents if to.id in i.findings)
+    gpus = len(truth["ranks"])
+    start = to.metrics["time_ns"] - int(to.metrics["ran_ms"] / 1e3 * 1e9)  # the hang's start: no kernel-log fault time
+    assert ck["wall_ns"] <= start
+    want_s = gpus * (to.metrics["ran_ms"] / 1e3) + gpus * (start - ck["wall_ns"]) / 1e9
+    assert inc.gpu_hours_lost == pytest.approx(want_s / 3600, abs=1e-6)
+    assert "checkpoint save at 09:00:00" in inc.cost_method
