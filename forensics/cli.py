@@ -45,8 +45,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-err = Console(stderr=True, soft_wrap=True)
-out = Console(soft_wrap=True)
+# emoji=False: input text such as the bus id "0000:ab:00.0" must never become an emoji code
+err = Console(stderr=True, soft_wrap=True, emoji=False)
+out = Console(soft_wrap=True, emoji=False)
 F = TypeVar("F", bound=Callable[..., Any])
 
 

@@ -263,3 +263,12 @@ def test_frames_write_error_is_exit_2_and_keeps_previous_parquet(tmp_path: Path)
     assert res.returncode == 2, res.stderr
     assert "No space left on device" in one_line(res.stderr)
     assert folder(out) == {"kernels.parquet": b"previous"}
+
+
+def test_bus_ids_are_not_emoji_codes_in_the_verdict(tmp_path: Path):
+    # the straggler's GPU is 0000:ab:00.0 (the simulator's truth); rich turns ":ab:" into an emoji unless told not to
+    truth = json.loads((ROOT / "sample_traces" / "ddp_straggler.truth.json").read_text())
+    res = run_cli("analyze", str(ROOT / "sample_traces" / "ddp_straggler"), "--out", str(tmp_path / "o"))
+    assert res.returncode == 0, res.stderr
+    assert "0000:ab:00.0" in json.dumps(truth)
+    assert "0000:ab:00.0" in res.stdout and "\U0001f18e" not in res.stdout
