@@ -432,6 +432,27 @@ COLLECTIVE_TIMEOUTS = FrameSpec(
     ),
 )
 
+CHECKPOINTS = FrameSpec(
+    "checkpoints",
+    "Checkpoint-save lines in the ranks' stdout logs (Megatron-LM, DeepSpeed, PyTorch Lightning, "
+    "torch.distributed.checkpoint / generic `checkpoint saved`): when the job last saved its state.",
+    (
+        _SOURCE,
+        _HOST,
+        _c("rank", pl.Int32(), "global rank: `[Rank n]`/`[rankN]:` on the line, else the file's one process; null when unknown"),
+        _c("line", pl.Int64(), "1-based line number"),
+        _c("time_ns", pl.Int64(), "Unix ns (read as UTC) from a dated stamp on the line (`YYYY-MM-DD HH:MM:SS[.,frac]`); "
+           "null when the line carries none or only a year-less glog stamp (see `stamp`)"),
+        _c("stamp", pl.String(), "year-less glog stamp `MMDD HH:MM:SS[.frac]` of a `[I0314 09:10:00.2 ...]` line; "
+           "placed in time with the job's year, as the watchdog lines are"),
+        _c("iteration", pl.Int64(), "training iteration saved (Megatron-LM), null when not printed"),
+        _c("step", pl.Int64(), "global step saved (DeepSpeed `global_stepN`, Lightning `global step N`, generic `step N`)"),
+        _c("epoch", pl.Int64(), "epoch (Lightning), null otherwise"),
+        _c("path", pl.String(), "checkpoint path as printed, null when not printed"),
+        _c("framework", pl.String(), "megatron / deepspeed / lightning / generic: which line format matched"),
+    ),
+)
+
 NCCL_TESTS = FrameSpec(
     "nccl_tests",
     "nccl-tests result rows, one per (size, placement); rows split by interleaved output are "
@@ -466,6 +487,7 @@ _register(
     NCCL_EVENTS,
     COLLECTIVE_TIMEOUTS,
     NCCL_TESTS,
+    CHECKPOINTS,
 )
 
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
+import polars as pl
+
 from forensics.findings import Finding, Severity
 from forensics.frames import JobFrames
 
@@ -333,10 +335,30 @@ class JobFacts:
 
     gpus: int | None
     window: tuple[int, int] | None
+    checkpoints_ns: tuple[int, ...] = ()  # wall-clock times of checkpoint-save lines, sorted
+    checkpoint_lines: int = 0  # checkpoint-save lines read, timed or not
 
 
 def job_facts(frames: JobFrames, world_size: int | None, ranks_seen: int) -> JobFacts:
-    return JobFacts(world_size or (ranks_seen or None), trace_window(frames))
+    ck = frames["checkpoints"] if frames.has("checkpoints") else None
+    return JobFacts(world_size or (ranks_seen or None), trace_window(frames),
+                    checkpoint_times(frames) if ck is not None else (), 0 if ck is None else ck.height)
+
+
+def checkpoint_times(frames: JobFrames) -> tuple[int, ...]:
+    """Checkpoint saves placed in time: dated stamps as parsed, year-less glog stamps with the job's year
+    (the same rule as the watchdog lines' time)."""
+    from forensics.detectors.nccl_timeout import _job_year, _watchdog_time  # the watchdog's stamp rule
+
+    ck = frames["checkpoints"]
+    times = set(ck["time_ns"].drop_nulls().to_list())
+    stamps = ck.filter(pl.col("time_ns").is_null())["stamp"].drop_nulls().to_list()
+    year = _job_year(frames) if stamps else None
+    for stamp in stamps:
+        t = _watchdog_time([f"[I{stamp}"], year)
+        if t is not None:
+            times.add(t)
+    return tuple(sorted(times))
 
 
 def correlate(findings: list[Finding], facts: JobFacts) -> tuple[list[Finding], list[Incident]]:
@@ -442,9 +464,31 @@ def _fatal_cost(root: Finding, to: Finding, facts: JobFacts) -> Cost:
     if hang_s is None or not facts.gpus:
         missing = "the GPU count" if hang_s is not None else "the hang's duration"
         return Cost(None, f"fatal; not computed: the inputs lack {missing}", True, died)
-    method = (f"fatal: {facts.gpus} GPU(s) x {hang_s:.1f} s {how} = {facts.gpus * hang_s:.1f} GPU-s; work since the "
-              "last checkpoint not counted (no checkpoint line read)")
-    return Cost(facts.gpus * hang_s, method, True, died, hang_s)
+    start = fault if isinstance(fault, int) else (died - int(ran_s * 1e9) if died is not None and ran_s is not None else None)
+    lost_s, lost_how = work_lost(start, facts, "the fault" if isinstance(fault, int) else "the hang's start")
+    total = facts.gpus * (hang_s + lost_s)
+    method = f"fatal: {facts.gpus} GPU(s) x {hang_s:.1f} s {how} = {facts.gpus * hang_s:.1f} GPU-s; {lost_how}"
+    if lost_s:
+        method += f"; total {total:.1f} GPU-s"
+    return Cost(total, method, True, died, hang_s)
+
+
+def work_lost(fault_ns: int | None, facts: JobFacts, what: str) -> tuple[float, str]:
+    """Seconds of work lost since the latest timed checkpoint save before the fault, and how it was found."""
+    if not facts.checkpoint_lines:
+        return 0.0, "work since the last checkpoint not counted (no checkpoint line read)"
+    if not facts.checkpoints_ns:
+        return 0.0, (f"work since the last checkpoint not counted ({facts.checkpoint_lines} checkpoint line(s) read, "
+                     "none with a wall-clock time)")
+    if fault_ns is None:
+        return 0.0, "work since the last checkpoint not counted (the fault's wall-clock time is unknown)"
+    before = [t for t in facts.checkpoints_ns if t <= fault_ns]
+    if not before:
+        return 0.0, f"work since the last checkpoint not counted (no timed checkpoint save before {what})"
+    gap_s = (fault_ns - before[-1]) / 1e9
+    gpus = facts.gpus or 0
+    return gap_s, (f"plus work since the last checkpoint: {gpus} GPU(s) x {gap_s:.1f} s from the checkpoint save at "
+                   f"{fmt_time(before[-1])} to {what} = {gpus * gap_s:.1f} GPU-s")
 
 
 def verdict_text(inc: Incident) -> str:

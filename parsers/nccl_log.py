@@ -12,6 +12,7 @@ import re
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,20 @@ NT_MISC = re.compile(r"^#|Test NCCL failure|Test failure|Collective test conclud
 NT_PERF = re.compile(r"\b(all_reduce|all_gather|reduce_scatter|alltoall|broadcast|reduce|sendrecv|gather|scatter|hypercube)_perf\b")
 CMD_ENV = re.compile(r"(?:^|[\s#])(?:-x\s+)?(?P<var>NCCL_[A-Z0-9_]+)=(?P<val>[^\s;]+)")
 
+# --- checkpoint saves -------------------------------------------------------------------------
+# Each pattern starts with a literal and has no nested or overlapping quantifiers (linear); they
+# only run on lines that passed the substring guard in _checkpoint.
+CK_MEGATRON = re.compile(r"(?:saving|successfully saved) checkpoint (?:from |at )?iteration\s+(?P<it>\d+) to (?P<path>\S+)")
+CK_DEEPSPEED = re.compile(r"Saving model checkpoint(?:: (?P<path>\S+))?")
+CK_LIGHTNING = re.compile(r"Epoch (?P<ep>\d+), global step (?P<step>\d+): ")
+CK_LIGHTNING_TO = re.compile(r"saving model to '?(?P<path>[^'\s]+)")
+CK_GENERIC = re.compile(r"(?i)\b(?:checkpoint saved|saved (?:the |a )?checkpoint|finished saving (?:the )?checkpoint)\b")
+CK_GEN_PATH = re.compile(r"(?i)\b(?:to|at|in|:) '?(?P<path>[/.~][^'\s,;]*)")
+CK_STEP = re.compile(r"(?i)(?:global_step|\bstep)[ =_:-]?(?P<step>\d+)")
+CK_FAIL = re.compile(r"(?i)fail|error|unable|could not|cannot|skip")
+CK_ISO = re.compile(r"(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)[ T](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:[.,](?P<f>\d{1,9}))?")
+CK_GLOG = re.compile(r"\[[EWIF](?P<md>\d{4}) (?P<t>\d\d:\d\d:\d\d(?:\.\d{1,9})?)")
+
 COLL_NAMES = {
     "all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
     "alltoall": "AlltoAll", "broadcast": "Broadcast", "reduce": "Reduce", "sendrecv": "SendRecv",
@@ -222,6 +237,9 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
     procs = process_ranks(frames)
     if procs.height == 1:  # one process, one GPU: the file is that rank's
         ranks |= set(procs["rank"].to_list())
+        frames["checkpoints"] = frames["checkpoints"].with_columns(
+            pl.col("rank").fill_null(pl.lit(procs["rank"][0], pl.Int32)),
+            pl.col("host").fill_null(pl.lit(procs["host"][0], pl.String)))
     hosts_set = set(hosts) | set(frames["nccl_channels"]["host"].drop_nulls().to_list())
     return ParseResult(
         frames=frames,
@@ -583,6 +601,7 @@ def _warn(acc: _Acc, base: dict[str, Any], msg: str, src: str | None) -> bool:
 
 
 def _other(acc: _Acc, line: str, n: int) -> None:
+    _checkpoint(acc, line, n)
     text = LAUNCHER_TAGS.sub("", line).strip()
     if not text:
         acc.counts["other"] += 1
@@ -620,6 +639,56 @@ def _other(acc: _Acc, line: str, n: int) -> None:
     if pm:
         acc.perf = acc.perf or COLL_NAMES[pm.group(1)]
     acc.counts["other"] += 1
+
+
+def _checkpoint(acc: _Acc, line: str, n: int) -> None:
+    """One checkpoint-save line -> a `checkpoints` row (the line is still classified as before)."""
+    if "heckpoint" not in line and "saving model to" not in line:  # cheap guard: almost every line stops here
+        return
+    if CK_FAIL.search(line):
+        return
+    row = _ck_fields(line)
+    if row is None:
+        return
+    rm = PT_RANK.search(line)
+    tm = CK_ISO.search(line)
+    gm = None if tm else CK_GLOG.search(line)
+    acc.add("checkpoints", host=None, line=n, rank=int(rm["r"] or rm["R"]) if rm else None,
+            time_ns=_iso_ns(tm) if tm else None, stamp=f"{gm['md']} {gm['t']}" if gm else None, **row)
+
+
+def _ck_fields(line: str) -> dict[str, Any] | None:
+    """iteration / step / epoch / path / framework of a save line; None when it is not one."""
+    m = CK_MEGATRON.search(line)
+    if m:
+        return dict(iteration=int(m["it"]), step=None, epoch=None, path=m["path"], framework="megatron")
+    m = CK_DEEPSPEED.search(line)
+    if m:
+        sm = CK_STEP.search(m["path"] or "")
+        return dict(iteration=None, step=int(sm["step"]) if sm else None, epoch=None, path=m["path"],
+                    framework="deepspeed")
+    m = CK_LIGHTNING.search(line)
+    if m and "saving model to" in line:
+        pm = CK_LIGHTNING_TO.search(line, m.end())
+        return dict(iteration=None, step=int(m["step"]), epoch=int(m["ep"]), path=pm["path"] if pm else None,
+                    framework="lightning")
+    if "Saving latest checkpoint" in line:
+        return dict(iteration=None, step=None, epoch=None, path=None, framework="lightning")
+    m = CK_GENERIC.search(line)
+    if m:
+        pm = CK_GEN_PATH.search(line, m.end())
+        sm = CK_STEP.search(line)
+        return dict(iteration=None, step=int(sm["step"]) if sm else None, epoch=None,
+                    path=pm["path"] if pm else None, framework="generic")
+    return None
+
+
+def _iso_ns(m: re.Match[str]) -> int | None:
+    try:
+        t = datetime(int(m["y"]), int(m["mo"]), int(m["d"]), int(m["h"]), int(m["mi"]), int(m["s"]), tzinfo=timezone.utc)
+    except ValueError:
+        return None
+    return int(t.timestamp()) * 1_000_000_000 + int((m["f"] or "0").ljust(9, "0"))
 
 
 def _seen_tests(acc: _Acc) -> bool:
@@ -794,7 +863,7 @@ def _frames(acc: _Acc, nlines: int) -> dict[str, pl.DataFrame]:
         acc.counts["nccl_tests"] -= tail_lines
         acc.counts["other"] += tail_lines
     for name in ("nccl_comms", "nccl_net", "nccl_channels", "nccl_calls", "nccl_tuning", "nccl_env",
-                 "nccl_events", "collective_timeouts", "nccl_tests"):
+                 "nccl_events", "collective_timeouts", "nccl_tests", "checkpoints"):
         rows = acc.rows.get(name, [])
         schema = fr.schema(name)
         df = pl.DataFrame([{k: r.get(k) for k in schema} for r in rows], schema=schema, orient="row") if rows else fr.empty(name)

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -190,7 +191,15 @@ def test_xid79_sample_one_incident_rooted_at_the_xid(xid79_out, findings_validat
     # cost: world size x the longest 'ran for' of the watchdog lines, read here from the logs themselves
     ran = max(int(m) for p in (ROOT / "sample_traces" / "xid79" / "logs").glob("*.out")
               for m in re.findall(r"ran for (\d+) milliseconds", p.read_text()))
-    assert inc["gpu_hours_lost"] == pytest.approx(truth["job"]["world_size"] * ran / 1000 / 3600, abs=1e-4)
+    # plus the work since the truth's checkpoint save, up to the hang's start (earliest watchdog stamp - ran)
+    (ck,) = truth["checkpoints"]
+    year = datetime.fromtimestamp(ck["wall_ns"] / 1e9, tz=timezone.utc).year
+    fired = min(int(datetime(year, *map(int, m[:5]), tzinfo=timezone.utc).timestamp()) * 10**9 + int(m[5].ljust(9, "0"))
+                for p in (ROOT / "sample_traces" / "xid79" / "logs").glob("*.out")
+                for m in re.findall(r"\[E(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d+) \S+\] \[Rank \d+\] Watchdog caught",
+                                    p.read_text()))
+    lost_s = (fired - ran * 10**6 - ck["wall_ns"]) / 1e9
+    assert inc["gpu_hours_lost"] == pytest.approx(truth["job"]["world_size"] * (ran / 1000 + lost_s) / 3600, abs=1e-4)
     # the verdict: first line on stdout, first bullet of summary.md, in report.html
     verdict = runs[0].stdout.splitlines()[0]
     assert verdict == "CRITICAL: " + inc["verdict"]

@@ -316,6 +316,10 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
         row["kernel_log_style"] = logs.STYLES[row["node"] % len(logs.STYLES)]
     truth["kernel_log"] = {"scenario": sc.kernel_log, "injected": injected}
     truth["incidents"] = expected_incidents(truth["faults"], sc.kernel_log)
+    ck = rec.timeout_info or {}
+    if "checkpoint_wall_ns" in ck:  # the last save before the fault: a fatal incident's lost work starts here
+        truth["checkpoints"] = [{"rank": 0, "log": log_paths[0], "wall_ns": ck["checkpoint_wall_ns"],
+                                 "iteration": ck["checkpoint_iteration"]}]
     truth_path = Path(truth_path) if truth_path is not None else out / "truth.json"
     truth_path.parent.mkdir(parents=True, exist_ok=True)
     truth_path.write_bytes(orjson.dumps(truth, option=orjson.OPT_INDENT_2) + b"\n")  # "schema" first: easy to recognise

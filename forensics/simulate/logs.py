@@ -238,12 +238,24 @@ def write_stdout_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
                 lg.raw(f" [{time.strftime('%Y-%m-%d %H:%M:%S', _utc(wall))}] iteration {step:8d}/  100000 | consumed samples: {step * 256:10d} | "
                        f"elapsed time per iteration (ms): {(s1 - s0) / 1e6:.1f} | learning rate: 3.000000E-04 | global batch size: 256 | "
                        f"lm loss: {loss:.6E} | loss scale: 1.0 | grad norm: {0.8 + lrng.random() * 0.4:.3f} | number of skipped iterations:   0 | number of nan iterations:   0 |")
+                _checkpoint_line(lg, r, timeout, step, wall)
         if timeout is not None and r in timeout["arrive"]:
             _watchdog_lines(lg, r, timeout, EPOCH_NS + offsets[st.node], lrng)
         name = f"logs/rank{r:0{width}d}.out"
         (out / name).write_text("\n".join(lg.lines) + "\n", encoding="utf-8")
         paths[r] = name
     return paths
+
+
+def _checkpoint_line(lg: _RankLog, r: int, timeout: dict[str, Any] | None, step: int, wall: int) -> None:
+    """Rank 0 of a job that will time out: one timed Megatron-style checkpoint save after its first step;
+    its wall time (whole seconds, as written) goes into ``timeout`` for the truth."""
+    if r != 0 or timeout is None or "checkpoint_wall_ns" in timeout or step >= timeout["step"]:
+        return
+    t = wall // 1_000_000_000 * 1_000_000_000  # the stamp has whole seconds: never after the step it follows
+    lg.raw(f" [{time.strftime('%Y-%m-%d %H:%M:%S', _utc(t))}] saving checkpoint at iteration {step:8d} to /checkpoints/job in torch format")
+    timeout["checkpoint_wall_ns"] = t
+    timeout["checkpoint_iteration"] = step
 
 
 def _watchdog_lines(lg: _RankLog, r: int, timeout: dict[str, Any], wall0: int, lrng: random.Random) -> None:
