@@ -62,6 +62,18 @@ class Finding:
         digest = hashlib.sha1("|".join(parts).encode()).hexdigest()[:12]
         return f"{self.detector}-{digest}"
 
+    @property
+    def scope(self) -> str:
+        """Who caused it, in words ("ranks 4; hosts n1; GPUs 0000:9a:00.0"); empty when nobody is named."""
+        parts = []
+        if self.ranks:
+            parts.append("ranks " + ", ".join(map(str, sorted(self.ranks))))
+        if self.hosts:
+            parts.append("hosts " + ", ".join(sorted(self.hosts)))
+        if self.gpus:
+            parts.append("GPUs " + ", ".join(sorted(self.gpus)))
+        return "; ".join(parts)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,

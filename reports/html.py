@@ -74,19 +74,12 @@ def _findings_html(analysis: Analysis) -> str:
     parts = []
     for f in analysis.findings:
         sev = f.severity.value
-        scope = []
-        if f.ranks:
-            scope.append("ranks " + ", ".join(map(str, sorted(f.ranks))))
-        if f.hosts:
-            scope.append("hosts " + ", ".join(sorted(f.hosts)))
-        if f.gpus:
-            scope.append("GPUs " + ", ".join(sorted(f.gpus)))
         lost = f" &middot; {f.gpu_seconds_lost:.1f} GPU-s lost" if f.gpu_seconds_lost else ""
         evidence = pl.DataFrame(list(f.evidence)[:50]) if f.evidence else pl.DataFrame()
         metrics = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in f.metrics.items())
         parts.append(
             f'<div class="finding {sev}"><h3><span class="sev-{sev}">{sev.upper()}</span> {_esc(f.title)}</h3>'
-            f"<p><em>{_esc('; '.join(scope))}</em>{lost} &middot; <code>{_esc(f.id)}</code></p>"
+            f"<p><em>{_esc(f.scope)}</em>{lost} &middot; <code>{_esc(f.id)}</code></p>"
             f"<p>{_esc(f.summary)}</p><p><strong>What to do:</strong> {_esc(f.remediation)}</p>"
             f"<details><summary>metrics and evidence</summary><table>{metrics}</table>"
             f"{_table(evidence) if evidence.width else ''}</details></div>"

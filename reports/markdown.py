@@ -43,15 +43,8 @@ def markdown_table(df: pl.DataFrame, float_digits: int = 2) -> list[str]:
 def _finding_lines(f: Finding) -> list[str]:
     lost = f" ({f.gpu_seconds_lost:.1f} GPU-s lost)" if f.gpu_seconds_lost else ""
     lines = [f"### [{f.severity.value}] {md_text(f.title)}{lost}", ""]  # no link: input cannot define [x]: refs
-    scope = []
-    if f.ranks:
-        scope.append("ranks " + ", ".join(map(str, sorted(f.ranks))))
-    if f.hosts:
-        scope.append("hosts " + ", ".join(sorted(f.hosts)))
-    if f.gpus:
-        scope.append("GPUs " + ", ".join(sorted(f.gpus)))
-    if scope:
-        lines += ["_" + md_text("; ".join(scope)) + "_", ""]
+    if f.scope:
+        lines += ["_" + md_text(f.scope) + "_", ""]
     return [*lines, md_text(f.summary), "", f"**What to do:** {md_text(f.remediation)}", ""]
 
 
