@@ -77,10 +77,24 @@ class JobContext:
         return sorted(found)
 
     @cached_property
-    def world_size(self) -> int | None:
-        """The job's world size as the traces report it (largest value seen); None when unknown."""
+    def world(self) -> tuple[int | None, str | None]:
+        """(world size, where it came from): the largest of the traces' metadata and the NCCL init lines'
+        ``nranks``; (None, None) when neither says."""
+        found: list[tuple[int, str]] = []
         sizes = self.frames["ranks"]["world_size"].drop_nulls()
-        return int(sizes.max()) if sizes.len() else None  # type: ignore[arg-type]
+        if sizes.len():
+            found.append((int(sizes.max()), "trace metadata"))  # type: ignore[arg-type]
+        if self.frames.has("nccl_comms"):
+            n = self.frames["nccl_comms"].filter(pl.col("origin") == "init")["nranks"].drop_nulls()
+            if n.len():
+                found.append((int(n.max()), "NCCL init lines"))  # type: ignore[arg-type]
+        # the larger wins; on a tie the first (trace metadata) is named
+        return max(found, key=lambda x: x[0], default=(None, None))
+
+    @property
+    def world_size(self) -> int | None:
+        """The job's world size (see :attr:`world`); None when unknown."""
+        return self.world[0]
 
     @cached_property
     def identity(self) -> pl.DataFrame:

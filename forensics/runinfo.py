@@ -16,17 +16,6 @@ if TYPE_CHECKING:
     from forensics.analyze import Analysis
 
 
-def _world_size(analysis: Analysis) -> tuple[int | None, str | None]:
-    frames = analysis.frames
-    ws = frames["ranks"]["world_size"].drop_nulls() if frames.has("ranks") else pl.Series([], dtype=pl.Int32)
-    if ws.len():
-        return int(ws.max()), "trace metadata"  # type: ignore[arg-type]
-    comms = frames["nccl_comms"] if frames.has("nccl_comms") else None
-    if comms is not None and comms.height and comms["nranks"].drop_nulls().len():
-        return int(comms["nranks"].drop_nulls().max()), "NCCL init lines"  # type: ignore[arg-type]
-    return None, None
-
-
 def _gpus(ident: pl.DataFrame) -> list[dict[str, Any]]:
     rows = ident.filter(pl.col("bus_id").is_not_null()).select("host", "bus_id", "rank").unique()
     rows = rows.sort(["host", "bus_id", "rank"], nulls_last=True).unique(["host", "bus_id"], keep="first",
@@ -42,7 +31,7 @@ def run_header(analysis: Analysis) -> dict[str, Any]:
     hosts = set(analysis.context.hosts) | set(ident["host"].drop_nulls().to_list())
     if frames.has("kernel_events"):
         hosts |= set(frames["kernel_events"]["host"].drop_nulls().to_list())
-    world, world_src = _world_size(analysis)
+    world, world_src = analysis.context.world
     nnodes = frames["nccl_comms"]["nnodes"].drop_nulls() if frames.has("nccl_comms") else pl.Series([], dtype=pl.Int32)
     src = analysis.sources
     ignored = src.filter(pl.col("status").is_in(["ignored", "failed"])).sort("path")

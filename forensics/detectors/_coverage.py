@@ -76,14 +76,10 @@ class Coverage:
 
 
 def _world_ranks(ctx: JobContext) -> set[int]:
-    """Ranks the job has by its own account: world sizes (trace metadata, NCCL init lines), group members."""
-    frames = ctx.frames
-    sizes = [ctx.world_size]
-    if frames.has("nccl_comms"):
-        sizes.append(frames["nccl_comms"].filter(pl.col("origin") == "init")["nranks"].max())  # type: ignore[arg-type]
-    out = {r for n in sizes if isinstance(n, int) and n > 0 for r in range(n)}
-    if frames.has("process_groups"):
-        out |= set(frames["process_groups"]["pg_ranks"].explode().drop_nulls().to_list())
+    """Ranks the job has by its own account: its world size (JobContext.world), group members."""
+    out = set(range(ctx.world_size or 0))
+    if ctx.frames.has("process_groups"):
+        out |= set(ctx.frames["process_groups"]["pg_ranks"].explode().drop_nulls().to_list())
     return out
 
 
