@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
 from forensics.errors import UsageError
+from forensics.workers import run_pool
 
 if TYPE_CHECKING:
     from forensics.analyze import Analysis
@@ -106,19 +105,24 @@ def triage(
     """Analyse every job (in ``workers`` processes); ``render`` makes each job's report files there."""
     n_workers = workers if workers is not None else min(os.cpu_count() or 1, len(jobs))
     results: list[JobSummary] = []
+
+    def done(_index: int, res: JobSummary) -> None:
+        results.append(res)
+        if progress:
+            progress(res.name, len(results), len(jobs))
+
     if n_workers > 1 and len(jobs) > 1:
-        with ProcessPoolExecutor(max_workers=n_workers, mp_context=get_context("spawn")) as pool:
-            for i, res in enumerate(pool.map(_worker, [(j, overrides, render) for j in jobs]), 1):
-                results.append(res)
-                if progress:
-                    progress(res.name, i, len(jobs))
+        run_pool(_worker, [(j, overrides, render) for j in jobs], n_workers, _lost, done)
+        order = {str(j): i for i, j in enumerate(jobs)}
+        results.sort(key=lambda r: order[r.path])
     else:
-        for i, job in enumerate(jobs, 1):
-            res = analyze_job(job, overrides, render)
-            results.append(res)
-            if progress:
-                progress(res.name, i, len(jobs))
+        for i, job in enumerate(jobs):
+            done(i, analyze_job(job, overrides, render))
     return results
+
+
+def _lost(args: tuple[Path, Any, Any], why: str) -> JobSummary:
+    return JobSummary(args[0].name, str(args[0]), None, error=f"not analysed: {why} (out of memory?)")
 
 
 def job_table(results: list[JobSummary]) -> pl.DataFrame:

@@ -9,13 +9,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import signal
 import time
 import traceback
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 
 import polars as pl
@@ -23,6 +20,7 @@ from forensics.parsers import registry, sniff
 from forensics.parsers.common import GZIP_MAGIC, ParseContext, Parser, ParseResult, read_head, read_tail
 
 from forensics import frames as fr
+from forensics.workers import run_pool
 
 HEAD_BYTES = 1 << 20
 TAIL_BYTES = 1 << 20
@@ -193,17 +191,6 @@ def _run_parser(parser: Parser, file: DiscoveredFile, run_dir: Path) -> ParseRes
         )
 
 
-def _worker_init() -> None:
-    """Worker processes leave SIGINT to the parent (which ends them) and die with it."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: no orphan if the parent is killed
-    except (OSError, AttributeError):
-        pass
-
-
 def _parse_worker(args: tuple[DiscoveredFile, Path]) -> ParsedSource:
     return parse_one(*args)
 
@@ -266,30 +253,23 @@ def discover_and_parse(
 
 
 def _parse_in_pool(files: list[DiscoveredFile], root: Path, n_workers: int, tick: Callable[[ParsedSource], None]) -> None:
-    # spawn, not fork: Polars' thread pool does not survive fork.
-    pool = ProcessPoolExecutor(max_workers=n_workers, mp_context=get_context("spawn"), initializer=_worker_init)
-    try:
-        chunk = max(1, min(16, len(files) // (8 * n_workers)))  # small files: fewer round trips
-        for item in pool.map(_parse_worker, [(f, root) for f in files], chunksize=chunk):
-            tick(item)
-    except BaseException:
-        _stop_pool(pool)
-        raise
-    pool.shutdown(wait=True)
+    """Parse in worker processes; ``tick`` sees the results in path order."""
+    out: dict[int, ParsedSource] = {}
+    emitted = 0
+
+    def done(index: int, item: ParsedSource) -> None:
+        nonlocal emitted
+        out[index] = item
+        while emitted in out:
+            tick(out.pop(emitted))
+            emitted += 1
+
+    chunk = max(1, min(16, len(files) // (8 * n_workers)))  # small files: fewer round trips
+    run_pool(_parse_worker, [(f, root) for f in files], n_workers, _lost, done, chunk)
 
 
-def _stop_pool(pool: ProcessPoolExecutor) -> None:
-    """End a pool now: cancel what has not started, terminate what runs, reap every worker."""
-    procs = list((getattr(pool, "_processes", None) or {}).values())  # no public handle on the workers
-    pool.shutdown(wait=False, cancel_futures=True)
-    for proc in procs:
-        proc.terminate()
-    deadline = time.monotonic() + 2.0
-    for proc in procs:
-        proc.join(max(0.0, deadline - time.monotonic()))
-        if proc.is_alive():
-            proc.kill()
-            proc.join(1.0)
+def _lost(args: tuple[DiscoveredFile, Path], why: str) -> ParsedSource:
+    return ParsedSource(args[0], ParseResult.failed(f"not parsed: {why} (out of memory?)"), 0)
 
 
 def _reject_duplicate_ranks(results: Iterable[ParsedSource]) -> None:
