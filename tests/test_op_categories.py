@@ -94,3 +94,18 @@ def test_kernels_are_attributed_to_their_launching_op():
     memcpy = att.filter((pl.col("rank") == 0) & (pl.col("category") == "memcpy"))
     assert memcpy["op"].to_list() == [None]  # no External id: no op, said as null
     assert att["time_ns"].to_list() == sorted(att["time_ns"].to_list(), reverse=True)
+
+
+def test_the_view_shows_the_median_step_split_and_the_top_ops():
+    from forensics.reports.view_categories import per_step_ms, top_ops
+
+    ctx = _job()
+    data, who = per_step_ms(ctx.categories)
+    assert who == "rank"
+    gemm = data.filter(pl.col("category") == "gemm").sort("who")
+    assert gemm["who"].to_list() == ["0", "1"] and gemm["ms"].to_list() == [10.0, 10.0]
+    ops = top_ops(ctx.op_attribution)
+    first = ops.row(0, named=True)
+    # 2 ranks x 2 steps x 10 ms of GEMM under aten::mm
+    assert (first["category"], first["op"], first["ranks"], first["kernels"], first["total_ms"], first["ms_per_rank"]) \
+        == ("gemm", "aten::mm", 2, 4, 40.0, 20.0)
