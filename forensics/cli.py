@@ -443,6 +443,45 @@ def triage(
         raise typer.Exit(EXIT_FINDINGS)
 
 
+@app.command()
+@_command
+def diff(
+    base_dir: Path = typer.Argument(..., help="the run that was fine (BASE): a run folder"),
+    new_dir: Path = typer.Argument(..., help="the run to explain (NEW): a run folder"),
+    out_dir: Path = typer.Option(..., "--out", "-o", help="where to write diff.json and diff.md"),
+    fail_slower: float | None = typer.Option(None, "--fail-slower", min=0.0,
+                                             help="exit 1 when NEW's mean step is slower than BASE's by more than this fraction (e.g. 0.05)"),
+    workers: int | None = typer.Option(None, "--workers", min=1, help=_WORKERS_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
+) -> None:
+    """Explain what changed between BASE and NEW: per-step delta by cause, NCCL configuration, kernels, findings."""
+    _check_out_dir([base_dir, new_dir], out_dir)
+    from forensics.analyze import analyze as run_analysis
+    from forensics.diff import compare, profile
+    from forensics.outputs import OutputSet
+    from forensics.reports import diff_report
+
+    profiles = []
+    for label, path in (("BASE", base_dir), ("NEW", new_dir)):
+        _run.phase = "parse"
+        with _progress(f"parsing {label}", quiet) as update:
+            analysis = run_analysis(path, progress=update, workers=workers)  # type: ignore[arg-type]
+        if not analysis.readable:
+            _error(f"{label}: no readable trace or log under {path}")
+            raise typer.Exit(EXIT_ERROR)
+        profiles.append(profile(analysis, path.resolve().name))
+    _run.phase = "render"
+    d = compare(profiles[0], profiles[1])
+    outs = OutputSet(out_dir)
+    outs.add_bytes("diff.json", diff_report.render_json(d, str(base_dir), str(new_dir)))
+    outs.add_text("diff.md", diff_report.render_md(d))
+    _commit(outs)
+    out.print(d.verdict, highlight=False, markup=False)
+    out.print(f"Diff: {out_dir}", highlight=False, markup=False)
+    if fail_slower is not None and d.delta_frac is not None and d.delta_frac > fail_slower:
+        raise typer.Exit(EXIT_FINDINGS)
+
+
 class RulesFormat(str, Enum):
     text = "text"
     md = "md"

@@ -10,11 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SCHEMA_PATH, SHARED, assert_valid_findings, shared_path
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "forensics.cli", *args], capture_output=True, text=True, cwd=ROOT)
+from tests.conftest import ROOT, SCHEMA_PATH, SHARED, assert_valid_findings, run_cli, shared_path
 
 
 def test_vendored_schema_matches_shared_contract():
