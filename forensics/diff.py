@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from forensics.collectives import PG_TYPES
+from forensics.collectives import PG_TYPES, WHOLE_TRACE
 
 if TYPE_CHECKING:
     from forensics.analyze import Analysis
@@ -49,6 +49,8 @@ class RunProfile:
     findings: dict[str, str]
     """Finding key (detector and title without numbers) -> title."""
     incidents: dict[str, str]
+    whole_capture: bool = False
+    """No profiler steps: the one "step" is the whole capture of each rank."""
 
 
 @dataclass
@@ -130,6 +132,7 @@ def profile(analysis: Analysis, name: str) -> RunProfile:
         nccl=nccl_config(analysis),
         findings={_finding_key(f.detector, f.title): f.title for f in analysis.findings},
         incidents={_finding_key("incident", i.title): i.title for i in analysis.incidents},
+        whole_capture=steps.height > 0 and bool((steps["step"] == WHOLE_TRACE).all()),
     )
 
 
@@ -219,12 +222,13 @@ def verdict(d: RunDiff, noise: float = NOISE) -> str:
     if d.delta_frac is None or d.base.steps == 0 or d.new.steps == 0:
         return "No comparison: a run has no measured steps (no GPU kernels in steps)."
     why = _config_reason(d)
+    per = "over the capture (no profiler steps)" if d.base.whole_capture or d.new.whole_capture else "per step"
     if abs(d.delta_frac) < noise:
         tail = f"; {why}" if why else ""
-        return (f"No significant change: NEW is within {noise:.0%} of BASE per step "
+        return (f"No significant change: NEW is within {noise:.0%} of BASE {per} "
                 f"({d.new.step_ms:.1f} ms vs {d.base.step_ms:.1f} ms){tail}.")
     word = "slower" if d.delta_ms > 0 else "faster"
-    head = f"NEW is {abs(d.delta_frac):.0%} {word} per step ({d.delta_ms:+.1f} ms)"
+    head = f"NEW is {abs(d.delta_frac):.0%} {word} {per} ({d.delta_ms:+.1f} ms)"
     if not d.contributors:
         return head + "."
     top = d.contributors[0]

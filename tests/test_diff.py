@@ -119,3 +119,36 @@ def test_unreadable_input_is_exit_2(tmp_path: Path, runs: dict[str, Path]):
     empty.mkdir()
     res = run_cli("diff", str(empty), str(runs["clean8"]), "--out", str(tmp_path / "o"), "-q")
     assert res.returncode == 2 and "BASE: no readable trace or log" in res.stderr
+
+
+def _sqlite_allreduce_ms_per_rank(folder: Path) -> float:
+    """Mean over the folder's exports of the total all-reduce kernel time, read straight from SQLite."""
+    import sqlite3
+
+    totals = []
+    for db in sorted(folder.glob("*.sqlite")):
+        con = sqlite3.connect(db)
+        (ns,) = con.execute(
+            "SELECT SUM(k.end - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.demangledName "
+            "WHERE s.value LIKE 'ncclKernel_AllReduce%'").fetchone()
+        con.close()
+        totals.append(ns / 1e6)
+    return sum(totals) / len(totals)
+
+
+def test_real_ring_vs_tree_pair_names_the_algorithm_change():
+    """DistributedSysLab_FS24: the same 2-node x 3-GPU all-reduce job run with NCCL_ALGO=Ring and =Tree
+    (../shared/sample_data/nsys/SOURCES.md)."""
+    from tests.conftest import shared_path
+
+    ring = shared_path("nsys", "DistributedSysLab_FS24", "ring_simple_2nodes_6gpus_job508813")
+    tree = shared_path("nsys", "DistributedSysLab_FS24", "tree_simple_2nodes_6gpus_job508838")
+    d = compare(_profile(ring), _profile(tree))
+    changes = {c["aspect"]: c for c in d.nccl_changes}
+    assert (changes["env"]["removed"], changes["env"]["added"]) == (["NCCL_ALGO=Ring"], ["NCCL_ALGO=Tree"])
+    assert (changes["algorithm"]["removed"], changes["algorithm"]["added"]) == (["allreduce RING"], ["allreduce TREE"])
+    assert "NCCL_ALGO=Ring -> NCCL_ALGO=Tree" in d.verdict
+    assert "over the capture (no profiler steps)" in d.verdict  # nsys exports of a bare all-reduce: no steps
+    allreduce = next(k for k in d.kernels if k["kernel"] == "nccl allreduce")
+    assert allreduce["base_ms"] == pytest.approx(_sqlite_allreduce_ms_per_rank(ring), abs=0.002)
+    assert allreduce["new_ms"] == pytest.approx(_sqlite_allreduce_ms_per_rank(tree), abs=0.002)
