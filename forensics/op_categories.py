@@ -13,7 +13,8 @@ windows of :attr:`JobContext.step_windows`, so they add up per step with the bre
 per category (two streams running at once both count), while ``idle`` is the breakdown's time with no kernel.
 
 The launching CPU op is the ``cpu_op`` whose Kineto ``External id`` the kernel carries (the innermost operator
-around the launch); traces without External ids (Nsight Systems) leave it null.
+around the launch); without External ids (Nsight Systems), the innermost op or NVTX range open on the launching
+thread when the launch call began (:func:`launch_ops`); else null.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ KERNEL_RULES: tuple[tuple[str, str], ...] = (
     ("attention", r"flash|fmha|attention|attn|sdpa|scaled_dot_product|mha_|xformers"),
     ("normalization", r"layer_?norm|rms_?norm|batch_?norm|group_?norm|instance_?norm|\bbn_|cudnn::bn"),
     ("embedding", r"embedding|embag|indexselect|index_select"),
-    ("optimizer", r"adam|sgd|lamb|adagrad|multi_tensor_apply|fused_optim|_foreach"),
+    ("optimizer", r"(^|[^h])adam|\bsgd|\blamb(stage|_)|adagrad|multi_tensor_apply|fused_optim|_foreach"),
     ("gemm", r"gemm|gemv|cublas|cutlass(::gemm|::kernel|_)|xmma|nvjet|wgmma|matmul|cijk_|tensorop|convolve|convolution|conv[123]d|"
              r"_conv_|scudnn|dgrad|wgrad|winograd|\bbmm_|triton_tem_|[sh](884|1688|16816)"),
     ("elementwise", r"elementwise|reduce_kernel|softmax|gelu|relu|silu|swiglu|sigmoid|tanh|dropout|copy|"
@@ -59,7 +60,8 @@ def category_expr(name: pl.Expr) -> pl.Expr:
 def categorized_kernels(frames: JobFrames, comm_pg: pl.DataFrame) -> pl.DataFrame:
     """Every ranked kernel with ``category``; ``comm_pg`` (rank, start_ns, end_ns, pg_type) gives NCCL kernels
     their process-group type (the matched collectives' kernels)."""
-    k = frames["kernels"].filter(pl.col("rank").is_not_null())
+    # CUDA sync events (nsys) are waits recorded on the GPU rows, not work: no category
+    k = frames["kernels"].filter(pl.col("rank").is_not_null() & (pl.col("class") != "sync"))
     pg = comm_pg.select("rank", "start_ns", "end_ns", "pg_type").unique(["rank", "start_ns", "end_ns"])
     k = k.join(pg, on=["rank", "start_ns", "end_ns"], how="left")
     cls = pl.col("class").cast(pl.String)
@@ -104,9 +106,11 @@ def op_attribution(kernels: pl.DataFrame, frames: JobFrames) -> pl.DataFrame:
         frames["cpu_ops"]
         .filter((pl.col("category") == "cpu_op") & pl.col("external_id").is_not_null())
         .group_by("rank", "external_id")
-        .agg(pl.col("name").first().alias("op"))
+        .agg(pl.col("name").first().alias("_ext_op"))
     )
     k = kernels.join(ops, on=["rank", "external_id"], how="left")
+    k = k.join(launch_ops(frames), on=["rank", "correlation"], how="left")
+    k = k.with_columns(pl.coalesce("_ext_op", "_launch_op").alias("op"))
     return (
         k.group_by("rank", "category", "op")
         .agg(
@@ -115,4 +119,35 @@ def op_attribution(kernels: pl.DataFrame, frames: JobFrames) -> pl.DataFrame:
             pl.col("name").unique(maintain_order=True).head(3).alias("kernel_names"),
         )
         .sort(["time_ns", "rank", "category", "op"], descending=[True, False, False, False], nulls_last=True)
+    )
+
+
+_NVTX_SUFFIX = r",\s*(op_id|seq|sizes|stream)\s*=.*$"
+
+
+def launch_ops(frames: JobFrames) -> pl.DataFrame:
+    """Per (rank, correlation) of a launch call: the innermost op or annotation range open on the launching
+    thread when the launch began (the NVTX ranges PyTorch writes under Nsight Systems, ``aten::mm, op_id =
+    N``, with the op id dropped). Traces that link by External id do not need it."""
+    ops = frames["cpu_ops"]
+    launches = (
+        ops.filter(pl.col("is_launch") & pl.col("correlation").is_not_null())
+        .select("rank", "tid", "correlation", pl.col("start_ns").alias("_t"))
+        .drop_nulls(["rank", "tid"])
+        .sort("_t")
+    )
+    ranges = (
+        ops.filter(pl.col("category").is_in(["cpu_op", "user_annotation"]))
+        .select("rank", "tid", pl.col("start_ns").alias("_rs"), pl.col("end_ns").alias("_re"),
+                pl.col("name").str.replace(_NVTX_SUFFIX, "").alias("_launch_op"))
+        .drop_nulls(["rank", "tid"])
+        .sort("_rs")
+    )
+    if launches.height == 0 or ranges.height == 0:
+        return pl.DataFrame(schema={"rank": pl.Int32, "correlation": pl.Int64, "_launch_op": pl.String})
+    j = launches.join_asof(ranges, left_on="_t", right_on="_rs", by=["rank", "tid"], strategy="backward")
+    return (
+        j.filter(pl.col("_re") >= pl.col("_t"))
+        .group_by("rank", "correlation")
+        .agg(pl.col("_launch_op").first())
     )
