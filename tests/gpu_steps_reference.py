@@ -38,8 +38,10 @@ class GpuEvent:
         return self.cat.lower() == "kernel" and not self.is_comm
 
 
-def _ns(us: float) -> int:
-    return round(float(us) * 1000)
+def _ns(us: float | int) -> int:
+    # epoch µs as floats exceed a double's exact integers once multiplied: split off the whole µs first
+    whole = int(us)
+    return whole * 1000 + round((float(us) - whole) * 1000)
 
 
 def union(iv: list[tuple[int, int]]) -> list[tuple[int, int]]:
