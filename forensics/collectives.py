@@ -303,8 +303,8 @@ UNKNOWN_SPLIT = "unknown"
 TRANSFER_HOW = {
     "min_across_ranks": "the shortest duration of that collective across its ranks",
     "same_size_min": "the shortest kernel of the same group, operation and size in the job",
-    "job_min": "the shortest kernel of the same group and operation in the job (no size metadata: a lower bound)",
-    UNKNOWN_SPLIT: "unknown (one rank and no size metadata): the whole kernel is counted as transfer",
+    "job_min": "the shortest kernel of the same group and operation in the job, of any size (a lower bound)",
+    UNKNOWN_SPLIT: "the whole kernel, with no peer's trace and no size to split it by (an upper bound)",
 }
 """How ``transfer_ns`` was estimated (the ``transfer_how`` column of :attr:`CollectiveMatch.kernels`)."""
 

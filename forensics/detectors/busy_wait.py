@@ -301,7 +301,7 @@ def detect(ctx: JobContext, cfg: BusyWaitConfig) -> list[Finding]:
     med = flagged.select(pl.col("u_any", "u_compute", "u_sm", "w").median()).row(0, named=True)
     sm_source, sm_text = _sm_source(flagged)
     who, do = _texts(b, cov, cfg.culprit_min_share)
-    waiting = ctx.match.kernels.filter(pl.col("rank").is_in(victims) & ~pl.col("is_p2p"))
+    waiting = ctx.match.kernels.filter(pl.col("rank").is_in(victims) & ~pl.col("is_p2p") & pl.col("step").is_not_null())
     sized = sizes_known(waiting)
     return [Finding(
         detector="busy_wait",

@@ -169,7 +169,8 @@ def _finding(ta: JobContext, g: str, sev: Severity, per_rank: pl.DataFrame, culp
         sev = Severity.WARNING  # one rank's wait/transfer split is a guess: not enough for critical
     what = "exposed by design (between dependent kernels)" if by_design else "not overlapped with compute"
     label = "default-group" if g == "default" else g
-    kern = ta.match.kernels.filter(pl.col("pg_type").is_in(types) & pl.col("rank").is_in(list(ranks)))
+    kern = ta.match.kernels.filter(
+        pl.col("pg_type").is_in(types) & pl.col("rank").is_in(list(ranks)) & pl.col("step").is_not_null())
     return Finding(
         detector="exposed_comm",
         severity=sev,
