@@ -57,6 +57,11 @@ class Incident:
             self.last_t = ev["t"] if self.last_t is None else max(self.last_t, ev["t"])
         self.last_line = max(self.last_line, ev["line"])
 
+    def add_level(self, level: str, actions: str) -> None:
+        """Raise the incident to at least ``level`` and add ``actions`` (no event)."""
+        self.level = max_level(self.level, level)
+        self.actions += [a for a in actions.split(";") if a and a not in self.actions]
+
     def close_to(self, ev: Event, window_s: float, lines: int) -> bool:
         """``ev`` is on this incident's timeline and within ``window_s`` of it (``lines`` when untimed)."""
         if ev["source"] != self.source and (ev["clock"] != "wall" or self.clock != "wall"):

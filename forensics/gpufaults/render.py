@@ -212,7 +212,9 @@ def xid_title(inc: Incident, xids: list[int], cfg: GpuHwErrorConfig) -> str:
     extra = [x for x in xids if x != root]
     t = f"Xid {root} ({info.description})"
     if inc.facts.get("unseen_root") is not None:
-        t += " named by Xid 45 'caused by previous Xid' (its own line is not in the log)"
+        n = len(inc.facts.get("gpus") or [inc.gpu])
+        return (f"{'NVLink5 ' if inc.kind == 'nvlink5' else ''}{t} tore down CUDA channels on {n} GPU(s) "
+                f"(Xid 45 'caused by previous Xid {root}'; the Xid {root} line itself is not in the log)")
     if inc.kind == "nvlink5":
         units = inc.facts.get("units")
         if units:

@@ -7,7 +7,7 @@ from typing import Any
 
 from forensics.gpufaults.events import Event
 from forensics.gpufaults.incident import Book, Incident
-from forensics.xid_catalog import RECOVERY_ACTIONS, XidInfo, decode_xid74, lookup, max_level, nvlink5_severity
+from forensics.xid_catalog import RECOVERY_ACTIONS, XidInfo, decode_xid74, lookup, nvlink5_severity
 
 SYMPATHETIC_XIDS = frozenset({3, 43, 45})
 
@@ -124,7 +124,7 @@ def _chain(tgt: Incident, r: Event, prev: int) -> None:
         tgt.facts.setdefault("gpus", {tgt.gpu}).add(gpu)
         tgt.facts["node_level"] = tgt.kind == "nvlink5" or bool(tgt.facts.get("node_level"))
     if int(r["xid"]) == 45 and tgt.group == "hw":
-        tgt.level = max_level(tgt.level, "HIGH")
+        tgt.add_level("HIGH", "RESET_GPU")
 
 
 def _join_app_fault(book: Book, r: Event, level: str, action: str) -> bool:
