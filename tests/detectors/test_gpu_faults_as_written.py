@@ -184,3 +184,13 @@ def test_fallen_off_the_bus_split_over_three_stamped_lines_keeps_its_bus_id():
     (x,) = detect({"kernel_events": ke})
     assert x.gpus == ("0000:b3:00.0",) and x.metrics["category"] == "fallen_off_bus"
     assert x.severity is Severity.CRITICAL
+
+
+def test_fatal_aer_on_an_audio_function_maps_to_the_gpu_and_rank_nccl_knows(tmp_path):
+    from tests.detectors.nccl_fixtures import frames_from
+
+    nccl = frames_from(tmp_path, "n1:300:300 [1] NCCL INFO ncclCommInitRank comm 0x1 rank 5 nranks 8 cudaDev 1 "
+                                 "busId 3b000 commId 0xa - Init COMPLETE\n")
+    text = _log([("n1", 50.0 + i * 0.001, m) for i, m in enumerate(AER_AUDIO)])
+    (x,) = detect({"kernel_events": _kernel(text), "nccl_comms": nccl["nccl_comms"]})
+    assert x.gpus == ("0000:3b:00.0",) and x.ranks == (5,)
