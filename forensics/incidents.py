@@ -30,7 +30,8 @@ from forensics.frames import JobFrames
 #: ECC, uncontained / contained ECC, row-remap failure, NVLink errors, GSP timeouts.
 GPU_FAULT_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140, 143, 144, 145, 149})
 #: gpu_hw_error / node_health categories that are a GPU fault whatever the Xid.
-GPU_FAULT_CATEGORIES = frozenset({"fallen_off_bus", "nvlink", "nvlink5", "gsp", "aer", "nvswitch", "nvidia_smi"})
+GPU_FAULT_CATEGORIES = frozenset({"fallen_off_bus", "gpu_init_failed", "nvlink", "nvlink5", "gsp", "aer", "nvswitch",
+                                  "nvidia_smi"})
 #: host-side faults: storage hangs (hung tasks), lockups, host memory errors, the OOM killer, CPU throttling.
 HOST_FAULT_CATEGORIES = frozenset({"hung", "lockup", "edac", "ghes", "mce", "oom", "storage", "host_memory",
                                    "cpu_thermal"})

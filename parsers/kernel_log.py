@@ -110,6 +110,13 @@ _FM_NVSWITCH = re.compile(
     rf"pci bus id (?P<bdf>{BDF4}) physical id (?P<phys>\d+) port (?P<port>\d+)"
 )
 
+# RmInitAdapter: "NVRM: GPU <bdf>: RmInitAdapter failed! (0x<init>:0x<rm>:<line>)", then
+# "NVRM: GPU <bdf>: rm_init_adapter failed, device minor number <n>" (osinit.c); old drivers print no bus id.
+_RM_INIT = re.compile(
+    rf"NVRM: (?:GPU (?P<bdf>{BDF4}): )?(?:RmInitAdapter failed! \((?P<init_status>[^)]*)\)|"
+    r"rm_init_adapter failed(?:, device minor number| for device bearing minor number) (?P<device_minor>\d+))"
+)
+
 _M: list[tuple[str, str, re.Pattern[str]]] = [
     ("gpu_identity", "uuid", re.compile(rf"NVRM: GPU at PCI:(?P<bdf>{BDF3}): (?P<uuid>GPU-[0-9a-fA-F-]{{36}})")),
     ("gpu_identity", "serial", re.compile(r"NVRM: GPU Board Serial Number: ?(?P<serial>\S*)")),
@@ -135,7 +142,9 @@ _M: list[tuple[str, str, re.Pattern[str]]] = [
     ("ecc", "row_remap", re.compile(r"Row Remapper(?: Error)?: ")),
     ("ecc", "page_retirement", re.compile(r"Dynamic Page Retirement: ")),
     ("nvrm_other", "crash_dump", re.compile(r"NVRM: A GPU crash dump has been created")),
-    ("nvrm_other", "rm_init_failed", re.compile(rf"NVRM: GPU (?P<bdf>{BDF4}): (?:RmInitAdapter failed|rm_init_adapter failed)")),
+    ("gpu_init_failed", "rm_init_failed", _RM_INIT),
+    ("fallen_off_bus", "probe_tail", re.compile(r"NVRM: fallen off the bus and is not responding")),
+    ("nvrm_other", "gpu_named", re.compile(rf"NVRM: The NVIDIA GPU (?P<bdf>{BDF4})\s*$")),
     ("benign", "peermem", re.compile(r"nvidia-peermem \S+ ERROR detected invalid context")),
     # --- PCIe AER / GHES ---
     ("aer", "received", re.compile(
@@ -225,7 +234,8 @@ _NEEDLE: dict[tuple[str, str], str | None] = {
     ("nvlink", "postrx_failed"): "knvlink", ("nvlink", "nvlink"): "NVRM: ",
     ("ecc", "sbe_interrupts_disabled"): "Disabling ECC", ("ecc", "uncorrectable"): "uncorrectable ECC",
     ("ecc", "row_remap"): "Row Remapper", ("ecc", "page_retirement"): "Page Retirement",
-    ("nvrm_other", "crash_dump"): "crash dump", ("nvrm_other", "rm_init_failed"): "NVRM: GPU",
+    ("nvrm_other", "crash_dump"): "crash dump", ("gpu_init_failed", "rm_init_failed"): "dapter failed",
+    ("fallen_off_bus", "probe_tail"): "fallen off", ("nvrm_other", "gpu_named"): "The NVIDIA GPU",
     ("benign", "peermem"): "nvidia-peermem",
     ("aer", "received"): "AER", ("aer", "bus_error"): "Bus Error", ("aer", "status"): "error status",
     ("aer", "bit"): "] ", ("aer", "recovery"): ": ", ("aer", "other"): "AER",
@@ -251,9 +261,13 @@ _DEVICE_ANY = re.compile(rf"^(?P<drv>[\w-]+) (?P<bdf>{BDF4}): ")
 
 # Xid detail decoders (applied to the Xid's text).
 _X74 = re.compile(r"NVLink: fatal error detected on link (?P<link>\d+)\((?P<regs>0x[0-9a-fA-F]+(?:,\s*0x[0-9a-fA-F]+){6})\)")
+# NVLink5 payload (Xid 144-150): "<UNIT> <Fatal|Nonfatal> XC<n> i<n> Link <n> (<intrinfo> <error status> ...)".
+# Newer drivers pad the columns ("NETIR_LINK_EVT  Fatal   XC0"), pre-R575 ones print "XC 1 i 2" and
+# "[0x...]"; the words after the link may be one, two, six, elided "(...)" or absent.
 _NVL5 = re.compile(
-    r"(?P<unit>[A-Z][A-Z0-9_]+) (?P<fatality>Nonfatal|Fatal) (?P<xc>XC\d) (?P<inst>i\d+) Link (?P<link>-?\d+)"
-    r"(?: \((?P<intrinfo>0x[0-9a-fA-F]{8}) (?P<errstatus>0x[0-9a-fA-F]{8})(?P<rest>[^)]*)\)| \(\.\.\.\))?"
+    r"(?P<unit>[A-Z][A-Z0-9_]+)\s+(?P<fatality>Nonfatal|Fatal)\s+XC\s*(?P<xc>\d+)\s+i\s*(?P<inst>\d+)\s+"
+    r"Link\s+(?P<link>-?\d+)"
+    r"(?:\s*[(\[](?P<intrinfo>0x[0-9a-fA-F]+)(?:\s+(?P<errstatus>0x[0-9a-fA-F]+))?(?P<rest>[^)\]]*)[)\]])?"
 )
 _X9495 = re.compile(
     r"(?P<containment>Contained|Uncontained): (?P<unit>[A-Za-z0-9 ]+?)(?: \((?P<loc>0x[0-9a-f]+(?:, ?0x[0-9a-f]+)?)\))?\."
@@ -559,7 +573,7 @@ def _peel(line: str, rec: _Rec, state: dict[str, Any]) -> str:
 
 
 _INT_KEYS = frozenset({"cpu", "n", "count", "mc", "pid", "secs", "port", "rec", "bit", "module", "gpuidx", "uid",
-                       "anon_rss_kb", "peer", "width", "phys", "fid", "tid", "sw"})
+                       "anon_rss_kb", "peer", "width", "phys", "fid", "tid", "sw", "device_minor"})
 
 
 def _classify(msg: str) -> tuple[str, dict[str, Any]]:
@@ -646,10 +660,12 @@ def _x_nvl5(text: str) -> dict[str, Any]:
     if not d:
         return {}
     f: dict[str, Any] = dict(nvlink_unit=d.group("unit"), fatal=d.group("fatality") == "Fatal", link=int(d.group("link")),
-                             xc=d.group("xc"), instance=d.group("inst"))
+                             xc=f"XC{int(d.group('xc'))}", instance=f"i{int(d.group('inst'))}")
     if d.group("intrinfo"):
         intr = int(d.group("intrinfo"), 16)
-        f.update(intrinfo=d.group("intrinfo"), error_status=d.group("errstatus"), subcode=(intr >> 20) & 0x3F)
+        f.update(intrinfo=d.group("intrinfo"), subcode=(intr >> 20) & 0x3F)
+        if d.group("errstatus"):
+            f["error_status"] = d.group("errstatus")
     return f
 
 
@@ -840,7 +856,7 @@ def _result(cols: dict[str, list[Any]], source: str, bad_bytes: int) -> ParseRes
         "mono_ns": pl.Int64, "wall_ns": pl.Int64, "xid": pl.Int32, "pid": pl.Int64, "line": pl.Int64,
     }, strict=False) if n else fr.empty("kernel_events").drop("source", "boot").with_columns(
         pl.lit(0).alias("segment"))
-    df = _assign_boots_and_place(df)
+    df = _assign_boots_and_place(_carry_gpu_bus_ids(df))
     df = df.with_columns(pl.lit(source).alias("source")).drop("segment")
     out = fr.conform("kernel_events", df)
     # ties by name: the message must be the same bytes on every run
@@ -857,6 +873,21 @@ def _result(cols: dict[str, list[Any]], source: str, bad_bytes: int) -> ParseRes
         return ParseResult(frames={"kernel_events": out}, status="ok", message="no kernel-log records")
     return ParseResult(frames={"kernel_events": out}, status=status, message=msg,
                        host=hosts[0] if len(hosts) == 1 else None)
+
+
+def _carry_gpu_bus_ids(df: pl.DataFrame) -> pl.DataFrame:
+    """A driver message printed as several stamped records ("The NVIDIA GPU <bdf>", "(PCI ID: ...) installed
+    in this system has", "fallen off the bus ...") names its GPU only in the first: a fallen-off-the-bus or
+    init-failure record without a bus id takes the one named at most 3 lines before it (same host, file)."""
+    if df.height == 0:
+        return df
+    key = [pl.col("host").fill_null(""), pl.col("segment")]
+    named = (pl.col("kind") == "nvrm_other") & pl.col("pci_bus_id").is_not_null()
+    bus = pl.when(named).then(pl.col("pci_bus_id")).forward_fill().over(*key, order_by="line")
+    at = pl.when(named).then(pl.col("line")).forward_fill().over(*key, order_by="line")
+    fill = (pl.col("kind").is_in(["fallen_off_bus", "gpu_init_failed"]) & pl.col("pci_bus_id").is_null()
+            & ((pl.col("line") - at) <= 3)).fill_null(False)
+    return df.with_columns(pl.when(fill).then(bus).otherwise(pl.col("pci_bus_id")).alias("pci_bus_id"))
 
 
 def _assign_boots_and_place(df: pl.DataFrame) -> pl.DataFrame:

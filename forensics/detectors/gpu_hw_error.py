@@ -2,7 +2,8 @@
 
 What it detects
     NVIDIA Xids (graded by the Xid catalog, ``forensics/data/xid_catalog.csv``), NVSwitch SXids and
-    fabric-manager errors, GSP timeouts, GPUs fallen off the bus, ECC / row-remap events, NVLink and
+    fabric-manager errors, GSP timeouts, GPUs fallen off the bus or failing to initialize (``RmInitAdapter
+    failed``), ECC / row-remap events, NVLink and
     NVLink5 faults, PCIe AER and GHES errors, InfiniBand / mlx5 link flaps and module errors, CPU
     thermal throttling, host EDAC/MCE memory errors, OOM kills, hung tasks, soft/hard lockups and
     segfaults of training processes; plus the persistent GPU state in ``nvidia-smi -q`` (pending or
@@ -17,9 +18,13 @@ Why it matters
 How it measures
     Lines are grouped into incidents, not counted: events on the same GPU closer than
     ``incident_gap_s`` form one incident (application-class Xids separately from hardware ones);
-    sympathetic lines (Xid 43/45, Xid 45 "caused by previous Xid N", Xid 154's recovery action, Xid
-    3, GSP lines, AER recovery, devices on the same PCI slot) join the incident they follow; a fatal
-    PCIe AER followed within ``aer_xid_window_s`` by Xid 79 is one "PCIe link loss" incident, with
+    sympathetic lines (Xid 43/45, Xid 154's recovery action, Xid 3, GSP lines, AER recovery, devices on
+    the same PCI slot) join the incident they follow; Xid 45 "caused by previous Xid N" joins the incident
+    of Xid N (opened from the 45 when N's own line is not in the log), the incident rooted in the earliest
+    Xid the driver named, and a hardware root whose channels were torn down is HIGH at least; a fatal
+    PCIe AER is pinned on the function the nvidia driver owns (its driver name in the line, else a bus id
+    known as a GPU from nvidia-smi, NCCL or the driver's lines, else no GPU: the errant device is named);
+    a fatal PCIe AER followed within ``aer_xid_window_s`` by Xid 79 is one "PCIe link loss" incident, with
     corrected AER on that port in the preceding ``precursor_window_s`` as precursors; Xid 45 caused by
     an NVLink5 Xid on several GPUs is one node-level NVLink incident; the same throttle reason on at
     least half of a node's GPUs is one node-level finding. Severity comes from the catalog under
@@ -93,7 +98,7 @@ def detect(ctx: JobContext, cfg: GpuHwErrorConfig) -> list[Finding]:
     benign: dict[str | None, int] = {}  # lines that prove nothing, per host: counted in every finding
     incidents: list[Incident] = []
     if frames.has("kernel_events"):
-        incidents += kernel_incidents(prepare_events(frames["kernel_events"], place), cfg, benign)
+        incidents += kernel_incidents(prepare_events(frames["kernel_events"], place), cfg, benign, place.gpu_buses())
     if frames.has("gpu_health"):
         incidents += smi_incidents(frames["gpu_health"], cfg, benign, place)
     if frames.has("gpu_diag"):

@@ -29,9 +29,16 @@ BENIGN_SXIDS = frozenset({11012, 11021, 11022, 11023, 12021, 12023, 15008, 15011
 _STORAGE_MODULE = re.compile(r"\[(mmfs26|mmfslinux|nfs|nfsv4|sunrpc|lustre|ptlrpc|lnet|beegfs|wekafsio|ceph|fuse)\]")
 
 
-def kernel_incidents(rows: list[Event], cfg: GpuHwErrorConfig, benign: dict[str | None, int]) -> list[Incident]:
-    """Every incident of the kernel logs' events (sorted per host, see events.prepare_events)."""
-    book = Book(cfg, benign)
+# kinds whose bus id is a GPU's (the nvidia driver wrote it)
+_GPU_LINE_KINDS = frozenset({"xid", "fallen_off_bus", "gpu_init_failed", "gpu_identity", "gsp"})
+
+
+def kernel_incidents(rows: list[Event], cfg: GpuHwErrorConfig, benign: dict[str | None, int],
+                     known_gpus: frozenset[str] = frozenset()) -> list[Incident]:
+    """Every incident of the kernel logs' events (sorted per host, see events.prepare_events); ``known_gpus``
+    are bus ids other inputs (nvidia-smi, NCCL) know as GPUs."""
+    logged = {r["pci_bus_id"] for r in rows if r["kind"] in _GPU_LINE_KINDS and r["pci_bus_id"]}
+    book = Book(cfg, benign, known_gpus | logged)
     for r in rows:  # "Timeout ... from GPU4 GSP" on an Xid names the bus id of driver instance GPU4
         if r["kind"] == "xid" and r["pci_bus_id"] and r["f"].get("gpu_instance") is not None:
             book.gsp_bus[(r["host"], r["source"], r["f"]["gpu_instance"])] = r["pci_bus_id"]
@@ -55,6 +62,23 @@ def on_fallen_off_bus(book: Book, r: Event) -> None:
         return
     title = "GPU has fallen off the bus" + (" at driver probe" if r["f"].get("what") == "probe" else "")
     book.open(Incident("fallen_off_bus", r, ("gpu", gpu), info.severity, info.action, title))
+
+
+def on_gpu_init_failed(book: Book, r: Event) -> None:
+    """`RmInitAdapter failed` / `rm_init_adapter failed`: the driver could not bring the GPU up; it is
+    missing from CUDA and nvidia-smi until a reset or reboot. Joins a fault of the same GPU (fallen off
+    the bus at probe) when there is one."""
+    f, gpu, host = r["f"], r["pci_bus_id"], r["host"]
+    tgt = book.near(r, lambda i: i.track == ("gpu", gpu) and i.group == "hw" and i.host == host)
+    if tgt is None:
+        tgt = book.open(Incident("gpu_init_failed", r, ("gpu", gpu), "CRITICAL",
+                                 "DRAIN_NODE;REBOOT_NODE;INSPECT_PCIE;INVESTIGATE_SW",
+                                 f"GPU {gpu or '(bus id not in the log)'} failed to initialize (RmInitAdapter failed)"))
+    else:
+        tgt.add(r, "CRITICAL", "INVESTIGATE_SW")
+    for key in ("init_status", "device_minor"):
+        if f.get(key) is not None:
+            tgt.facts[key] = f[key]
 
 
 def on_gsp(book: Book, r: Event) -> None:
@@ -273,7 +297,7 @@ def on_benign(book: Book, r: Event) -> None:
 
 
 HANDLERS: dict[str, Handler] = {
-    "xid": xid.on_xid, "fallen_off_bus": on_fallen_off_bus, "gsp": on_gsp, "aer": on_aer, "sxid": on_sxid,
+    "xid": xid.on_xid, "fallen_off_bus": on_fallen_off_bus, "gpu_init_failed": on_gpu_init_failed, "gsp": on_gsp, "aer": on_aer, "sxid": on_sxid,
     "fabric_manager": on_fabric_manager, "nvlink": on_nvlink, "ecc": on_ecc, "device_other": on_device_other,
     "pcie_link": on_pcie_link, "netdev_carrier": on_carrier, "ib_port": on_ib_port, "mlx5": on_mlx5,
     "cpu_thermal": on_cpu_thermal, "edac": on_edac, "mce": on_mce, "ghes": on_ghes, "oom": on_oom,
