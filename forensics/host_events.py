@@ -8,7 +8,7 @@ Categories and what each row of the episode frame carries (columns are null wher
 
 - ``edac``: host DRAM errors (EDAC CE / UE) per DIMM (``ce``, ``ue``, ``mc``);
 - ``hung``: tasks blocked in D state (``processes``, ``pids``, ``max_secs``, ``stack_modules``: the
-  kernel modules named by the stack trace that follows each report, innermost first);
+  storage-client and NVIDIA modules named by the stack trace that follows each report, innermost first);
 - ``lockup``: soft / hard lockups and RCU stalls (``soft``, ``hard``, ``rcu``, ``cpus``, ``max_secs``);
 - ``oom``: one OOM kill (``victim_pid``, ``victim``, ``anon_rss_kb``, ``constraint``, ``invoker``);
 - ``fs_error``: filesystem and block-device errors per device (``fs``, ``readonly``, ``detail``);
@@ -53,7 +53,8 @@ def _attach_stacks(ev: pl.DataFrame) -> pl.DataFrame:
                       & (pl.col("line") - pl.col("_anchor") <= STACK_LINES))
             .with_columns(pl.col("message").str.extract(_STACK_MODULE).alias("stack_module"))
             .filter(pl.col("stack_module").is_not_null())
-            .group_by("source", "_anchor").agg(pl.col("stack_module").sort_by("line").first())
+            .group_by("source", "_anchor").agg(pl.col("stack_module").sort_by("line").unique(maintain_order=True)
+                                               .str.join(","))
             .rename({"_anchor": "line"}))
     return ev.drop("_anchor").join(mods, on=["source", "line"], how="left")
 
@@ -165,7 +166,7 @@ def summarize(ev: pl.DataFrame, trainer: str, max_evidence: int) -> pl.DataFrame
         pl.col("pid").filter(pl.col("kind") != "oom").drop_nulls().unique(maintain_order=True).alias("pids"),
         _trainer("process", trainer).filter(pl.col("kind") != "oom").any().alias("trainer_blocked"),
         pl.col("secs").max().alias("max_secs"), pl.col("secs").min().alias("min_secs"),
-        pl.col("stack_module").drop_nulls().unique(maintain_order=True).alias("stack_modules"),
+        pl.col("stack_module").drop_nulls().str.split(",").list.explode().unique(maintain_order=True).alias("stack_modules"),
         (pl.col("kind") == "soft_lockup").sum().alias("soft"), (pl.col("kind") == "hard_lockup").sum().alias("hard"),
         (pl.col("kind") == "rcu_stall").sum().alias("rcu"),
         pl.col("cpu").drop_nulls().unique().sort().alias("cpus"),

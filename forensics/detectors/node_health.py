@@ -227,11 +227,12 @@ def _storage(row: dict[str, Any], cfg: NodeHealthConfig, place: Placement) -> Gr
 
 def _nic_link(row: dict[str, Any], cfg: NodeHealthConfig, place: Placement) -> Grade:
     flaps, last = row["flaps"] or 0, row["last_state"]
-    if flaps < cfg.link_flap_min:
+    stayed_down = flaps > 0 and last in ("DOWN", "ERR", "LOST CARRIER")
+    if flaps < cfg.link_flap_min and not stayed_down:
         return Grade(None)  # INIT -> ACTIVE at boot, or a down before the link was ever up
     dev = row["key"]
     facts = {"device": dev, "bus_id": row["bus_id"], "flaps": flaps, "last_state": last}
-    if last in ("DOWN", "ERR", "LOST CARRIER"):
+    if stayed_down:
         return Grade("critical", f"NIC link {dev} went down and stayed down", ("DRAIN_NODE", "INSPECT_LINK"),
                      "traffic over this port fails (NCCL over it times out): drain the node; reseat or replace the "
                      "cable/transceiver, check the switch port", facts)
