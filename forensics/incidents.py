@@ -31,11 +31,12 @@ from forensics.frames import JobFrames
 GPU_FAULT_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140, 143, 144, 145, 149})
 #: gpu_hw_error / node_health categories that are a GPU fault whatever the Xid.
 GPU_FAULT_CATEGORIES = frozenset({"fallen_off_bus", "nvlink", "nvlink5", "gsp", "aer", "nvswitch", "nvidia_smi"})
-#: host-side faults: storage hangs (hung tasks), lockups, host memory errors, the OOM killer, CPU throttling.
+#: host-side faults: storage hangs (hung tasks), lockups, host memory errors, the OOM killer, CPU throttling,
+#: filesystem / block-device errors.
 HOST_FAULT_CATEGORIES = frozenset({"hung", "lockup", "edac", "ghes", "mce", "oom", "storage", "host_memory",
-                                   "cpu_thermal"})
-#: NIC faults on a host: IB port down, mlx5 errors, carrier loss.
-NIC_FAULT_CATEGORIES = frozenset({"ib_port", "mlx5", "carrier"})
+                                   "cpu_thermal", "fs_error"})
+#: NIC faults on a host: IB port / Ethernet link flaps (node_health `nic_link`), mlx5 errors, carrier loss.
+NIC_FAULT_CATEGORIES = frozenset({"ib_port", "mlx5", "carrier", "nic_link"})
 #: nccl_transport finding keys that mean a slower path than the hardware offers.
 DEGRADED_TRANSPORT_KEYS = frozenset({"socket", "no_gdr", "intra_node", "nvls_off", "single_nic", "iface",
                                      "no_libibverbs", "mixed_link"})
@@ -126,6 +127,10 @@ RULES: tuple[Rule, ...] = (
          ("straggler:slow_rank", "nccl_timeout:timeout", "nccl_timeout:missing_rank", "nccl_transport:transport_failure"),
          "host", "cause_first", 3600.0, "medium",
          "a storage hang, host memory error, OOM kill or NIC fault stalls or kills the ranks on that host"),
+    Rule("host_fault_kills_rank", _k(("node_health",), "host_fault"),
+         ("nccl_timeout:timeout", "nccl_timeout:missing_rank", "nccl_timeout:cuda_failure", "busy_wait:busy_wait"),
+         "gpu_or_rank", "cause_first", None, "high",
+         "the OOM killer or a hang stopped a rank's process; its peers wait for it in NCCL until the watchdog"),
     Rule("missing_rank_times_out_others", ("nccl_timeout:missing_rank", "nccl_timeout:cuda_failure",
                                            "nccl_transport:transport_failure"),
          ("nccl_timeout:timeout",), "communicator", "any", None, "high",

@@ -194,11 +194,10 @@ def _oom(row: dict[str, Any], cfg: NodeHealthConfig, place: Placement) -> Grade:
              "invoked_by": row["invoker"], "training_process": trainer}
     scope = "cgroup " if str(row["constraint"] or "").endswith("MEMCG") else ""
     if trainer:
-        rank_txt = f" (rank {', '.join(map(str, sorted(ranks)))})" if ranks else ""
-        return Grade("critical", f"OOM killer killed the training process {victim} (pid {pid}){rank_txt}",
+        return Grade("critical", f"OOM killer killed the training process {victim} (pid {pid})",
                      ("RESTART_APP", "INVESTIGATE_SW"), f"host memory ran out ({scope}OOM): reduce host memory "
                      "use (data-loader workers, pinned memory, dataset caching) or raise the job's memory limit, then "
-                     "restart; the peers of the killed rank hang in NCCL until the watchdog", facts, ranks, "high")
+                     "restart", facts, ranks, "high")
     return Grade("warning", f"OOM killer killed {victim} (pid {pid})", ("INVESTIGATE_SW",),
                  f"host memory ran out ({scope}OOM): find what used it (the victim's anon-rss) before it takes a rank",
                  facts, ranks)
