@@ -7,6 +7,7 @@ import calendar
 import polars as pl
 
 from forensics.findings import Severity
+from tests.conftest import shared_path
 from tests.kernlog_helpers import detect, events, fields, host_findings, parse_sample, sample_findings
 
 
@@ -305,3 +306,18 @@ def test_51_wall_broadcast_lockups_one_host_incident():
     assert x.severity is Severity.CRITICAL and x.metrics["soft_lockup"] == 6 and x.metrics["hard_lockup"] == 3
     assert x.metrics["cpus"] == "0,1,3,8,9,10,20,21,23" and x.gpus == () and x.hosts == ("zyr",)
     assert x.metrics["max_stuck_s"] == 37 and "REBOOT_NODE" in x.metrics["actions"]
+
+
+HOST_SAMPLES = {"24_edac_host_dram_ue_and_apei_pcie_error.log": ["critical"],
+                "26_cpu_thermal_throttle_mce_prefix.log": ["warning"],
+                "28_cpu_thermal_throttle_grep_syslog_with_filename.log": ["warning"],
+                "30_oom_killer_dmesg_time_format_iso.log": ["warning"],
+                "51_soft_and_hard_lockup_syslogd_wall_broadcast.log": ["critical"]}
+
+
+def test_node_health_flags_exactly_the_host_fault_samples():
+    # every other kernel log of the sample set is a GPU fault or a healthy boot (SOURCES.md): no host finding
+    names = sorted(p.name for p in shared_path("dmesg").iterdir() if p.name.endswith(".log"))
+    assert len(names) == 27, names
+    got = {n: [f.severity.value for f in host_findings(n)] for n in names}
+    assert {n: s for n, s in got.items() if s} == HOST_SAMPLES
