@@ -56,7 +56,12 @@ def _attach_stacks(ev: pl.DataFrame) -> pl.DataFrame:
             .group_by("source", "_anchor").agg(pl.col("stack_module").sort_by("line").unique(maintain_order=True)
                                                .str.join(","))
             .rename({"_anchor": "line"}))
-    return ev.drop("_anchor").join(mods, on=["source", "line"], how="left")
+    # a log without per-line stamps folds the stack into the report itself
+    own = pl.col("message").str.extract_all(_STACK_MODULE).list.eval(pl.element().str.strip_chars("[]"))
+    return ev.drop("_anchor").join(mods, on=["source", "line"], how="left").with_columns(
+        pl.when((pl.col("kind") == "hung_task") & pl.col("stack_module").is_null())
+        .then(own.list.unique(maintain_order=True).list.join(",").replace("", None))
+        .otherwise(pl.col("stack_module")).alias("stack_module"))
 
 
 def _decode(ev: pl.DataFrame) -> pl.DataFrame:

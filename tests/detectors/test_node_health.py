@@ -67,6 +67,17 @@ def test_triggers_hung_task_in_gpfs_names_the_storage_client_and_is_not_a_gpu_fi
     assert detect({"kernel_events": _kernel(text)}) == []  # gpu_hw_error: not a GPU fault
 
 
+def test_triggers_hung_task_whose_stack_is_folded_into_the_report_by_a_stampless_syslog():
+    text = ("Mar  1 10:00:00 n1 kernel: INFO: task python3:4242 blocked for more than 120 seconds.\n"
+            "      Not tainted 5.15.0 #1\n"
+            "  nfs_wait_bit_killable+0x1e/0x90 [nfs]\n"
+            "  rpc_wait_bit_killable+0x1e/0x90 [sunrpc]\n"
+            "Mar  1 10:00:05 n1 kernel: INFO: task jbd2/sda1-8:412 blocked for more than 120 seconds.\n")
+    (x,) = _nh(text, source="n1/kern.log")  # two reports 5 s apart on one host: one episode
+    assert x.metrics["storage_client"] == "nfs" and x.metrics["stack_modules"] == "nfs,sunrpc"
+    assert x.metrics["processes"] == "python3,jbd2/sda1-8" and x.metrics["events"] == 2 and x.hosts == ("n1",)
+
+
 def test_triggers_lustre_hang_of_the_trainer_long_enough_to_trip_nccl_is_critical():
     # the kernel re-reports the same task every 120 s: 4 reports span 360 s + the first 120 s = 480 s
     lines = [("n3", 120.0 * i, f"INFO: task pt_main_thread:777 blocked for more than {120 * (i + 1)} seconds.")
