@@ -50,19 +50,26 @@ TIERS: dict[str, int] = {
 }
 
 
+def _fault_kind(f: Finding) -> str:
+    """gpu_hw_error / node_health findings: a GPU, host or NIC fault by category (and root Xid)."""
+    if f.detector == "node_health" and f.severity is Severity.INFO:
+        return "other"  # e.g. correctable DRAM errors below the rate: a fact, not a cause
+    cat = str(f.metrics.get("category") or "")
+    root_xid = f.metrics.get("root_xid")
+    if cat in GPU_FAULT_CATEGORIES or (cat == "xid" and isinstance(root_xid, int) and root_xid in GPU_FAULT_XIDS):
+        return "gpu_fault"
+    if cat in HOST_FAULT_CATEGORIES:
+        return "host_fault"
+    if cat in NIC_FAULT_CATEGORIES:
+        return "nic_fault"
+    return "other"
+
+
 def kind_of(f: Finding) -> str:
     """What a finding is, in the vocabulary of the rules."""
-    det, key, m = f.detector, f.key, f.metrics
+    det, key = f.detector, f.key
     if det in ("gpu_hw_error", "node_health"):
-        cat = str(m.get("category") or "")
-        root_xid = m.get("root_xid")
-        if cat in GPU_FAULT_CATEGORIES or (cat == "xid" and isinstance(root_xid, int) and root_xid in GPU_FAULT_XIDS):
-            return "gpu_fault"
-        if cat in HOST_FAULT_CATEGORIES:
-            return "host_fault"
-        if cat in NIC_FAULT_CATEGORIES:
-            return "nic_fault"
-        return "other"
+        return _fault_kind(f)
     if det == "nccl_timeout":
         if key.startswith("timeout"):
             return "timeout"
@@ -526,7 +533,8 @@ def kinds_markdown() -> str:
     return "\n".join([
         f"- `gpu_fault`: `gpu_hw_error`/`node_health` categories {', '.join(sorted(GPU_FAULT_CATEGORIES))}, "
         f"or category `xid` with root Xid in {', '.join(map(str, sorted(GPU_FAULT_XIDS)))}",
-        f"- `host_fault`: categories {', '.join(sorted(HOST_FAULT_CATEGORIES))}",
+        f"- `host_fault`: categories {', '.join(sorted(HOST_FAULT_CATEGORIES))} (a `node_health` finding at info "
+        "level, e.g. correctable DRAM errors below the rate, is `other`)",
         f"- `nic_fault`: categories {', '.join(sorted(NIC_FAULT_CATEGORIES))}",
         f"- `degraded_transport`: `nccl_transport` findings {', '.join(sorted(DEGRADED_TRANSPORT_KEYS))}; "
         "`transport_failure`: its `fail_*` findings",

@@ -89,6 +89,10 @@ CASES = [
      [oom_of_rank(rank=2, t=T0 - 5 * S), timeout(host="node03", t=T0 + 601 * S)]),  # another rank was killed
     ("host_fault_kills_rank", [oom_of_rank(t=T0 - 5 * S), busy_wait("4")],
      [oom_of_rank(t=T0 + 60 * S), busy_wait("4")]),                          # killed after the profiled window
+    # an info-level host event (correctable DRAM errors below the rate) explains nothing
+    ("host_fault_slows_or_kills", [host_fault(t=T0 - 60 * S, category="edac"), straggler()],
+     [F("node_health", "edac|k|2", Severity.INFO, hosts=("node07",),
+        metrics={"category": "edac", "first_wall_ns": T0 - 60 * S}), straggler()]),
     ("missing_rank_times_out_others", [F("nccl_timeout", "ras", ranks=(4,), hosts=("node07",)), timeout()],
      [F("nccl_timeout", "ras", ranks=(9,), hosts=("node09",)), timeout()]),
     ("hang_stalls_peers", [timeout(), busy_wait("4")], [timeout(), busy_wait("3")]),
