@@ -152,8 +152,9 @@ def episodes(ev: pl.DataFrame, gap_s: float) -> pl.DataFrame:
     return ev.with_columns(new.cum_sum().alias("episode")).drop("_tl")
 
 
-def _trainer(col: str, trainer: str) -> pl.Expr:
-    return pl.col(col).str.contains(trainer).fill_null(False)
+def name_matches(col: str, pattern: str) -> pl.Expr:
+    """Whether the process name in ``col`` matches ``pattern`` (false when there is none)."""
+    return pl.col(col).str.contains(pattern).fill_null(False)
 
 
 def summarize(ev: pl.DataFrame, trainer: str, max_evidence: int) -> pl.DataFrame:
@@ -169,7 +170,7 @@ def summarize(ev: pl.DataFrame, trainer: str, max_evidence: int) -> pl.DataFrame
         pl.col("mc").drop_nulls().first().alias("mc"),
         pl.col("process").filter(pl.col("kind") != "oom").drop_nulls().unique(maintain_order=True).alias("processes"),
         pl.col("pid").filter(pl.col("kind") != "oom").drop_nulls().unique(maintain_order=True).alias("pids"),
-        _trainer("process", trainer).filter(pl.col("kind") != "oom").any().alias("trainer_blocked"),
+        name_matches("process", trainer).filter(pl.col("kind") != "oom").any().alias("trainer_blocked"),
         pl.col("secs").max().alias("max_secs"), pl.col("secs").min().alias("min_secs"),
         pl.col("stack_module").drop_nulls().str.split(",").list.explode().unique(maintain_order=True).alias("stack_modules"),
         (pl.col("kind") == "soft_lockup").sum().alias("soft"), (pl.col("kind") == "hard_lockup").sum().alias("hard"),

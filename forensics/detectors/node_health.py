@@ -51,7 +51,7 @@ from forensics.context import JobContext
 from forensics.detectors import detector
 from forensics.findings import Finding, Severity
 from forensics.gpufaults.placement import Placement, host_key
-from forensics.host_events import STORAGE_MODULES, episodes, host_events, summarize
+from forensics.host_events import STORAGE_MODULES, episodes, host_events, name_matches, summarize
 from forensics.settings import setting
 
 TRAINERS = r"^(?:python[\d.]*|torchrun|pt_main_thread|pt_autograd_\d+|pt_data_worker|deepspeed|accelerate|ray::.*)$"
@@ -100,17 +100,13 @@ def detect(ctx: JobContext, cfg: NodeHealthConfig) -> list[Finding]:
     if ev.height == 0:
         return []
     ep = summarize(episodes(ev, cfg.incident_gap_s), cfg.trainer_processes, cfg.max_evidence)
-    ep = ep.with_columns(_is_trainer("victim", cfg.trainer_processes).alias("victim_is_trainer"))
+    ep = ep.with_columns(name_matches("victim", cfg.trainer_processes).alias("victim_is_trainer"))
     findings = []
     for row in ep.iter_rows(named=True):  # one row per episode, not per event
         grade = GRADERS[row["category"]](row, cfg, place)
         if grade.level is not None:
             findings.append(_finding(row, grade, place))
     return findings
-
-
-def _is_trainer(col: str, pattern: str) -> pl.Expr:
-    return pl.col(col).str.contains(pattern).fill_null(False)
 
 
 # --- grading, one function per category ------------------------------------------------------------
