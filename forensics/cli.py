@@ -338,8 +338,7 @@ def frames(
 ) -> None:
     """Parse RUN_DIR and write every canonical frame as Parquet (for Polars or DuckDB)."""
     _check_out_dir([run_dir], out_dir)
-    from forensics.analyze import load
-    from forensics.context import JobContext
+    from forensics.analyze import derived_tables, load
     from forensics.frames import FRAME_SPECS
     from forensics.outputs import OutputSet
 
@@ -352,9 +351,8 @@ def frames(
         outs.add(f"{name}.parquet", functools.partial(_write_parquet, job[name]))
     for name in FRAME_SPECS:
         outs.remove(f"{name}.parquet")  # frames an earlier run had and this one has not
-    ctx = JobContext(job)  # derived frames: op categories per step and the ops that launched them
-    outs.add("op_categories.parquet", functools.partial(_write_parquet, ctx.categories))
-    outs.add("op_attribution.parquet", functools.partial(_write_parquet, ctx.op_attribution))
+    for name, table in derived_tables(job).items():  # op categories per step, the ops behind the kernels
+        outs.add(f"{name}.parquet", functools.partial(_write_parquet, table))
     outs.remove("crash.txt")
     _commit(outs)
     out.print(f"{len(job.present)} frame(s) and 2 derived tables (op_categories, op_attribution) written to {out_dir}",
@@ -446,8 +444,8 @@ def triage(
 @app.command()
 @_command
 def diff(
-    base_dir: Path = typer.Argument(..., help="the run that was fine (BASE): a run folder"),
-    new_dir: Path = typer.Argument(..., help="the run to explain (NEW): a run folder"),
+    base_dir: Path = typer.Argument(..., help="the run that was fine (BASE): a run folder, or an earlier `forensics frames` output"),
+    new_dir: Path = typer.Argument(..., help="the run to explain (NEW): a run folder, or an earlier `forensics frames` output"),
     out_dir: Path = typer.Option(..., "--out", "-o", help="where to write diff.json and diff.md"),
     fail_slower: float | None = typer.Option(None, "--fail-slower", min=0.0,
                                              help="exit 1 when NEW's mean step is slower than BASE's by more than this fraction (e.g. 0.05)"),
@@ -457,6 +455,7 @@ def diff(
     """Explain what changed between BASE and NEW: per-step delta by cause, NCCL configuration, kernels, findings."""
     _check_out_dir([base_dir, new_dir], out_dir)
     from forensics.analyze import analyze as run_analysis
+    from forensics.analyze import analyze_frames, is_frames_output, load_frames_output
     from forensics.diff import compare, profile
     from forensics.outputs import OutputSet
     from forensics.reports import diff_report
@@ -464,8 +463,11 @@ def diff(
     profiles = []
     for label, path in (("BASE", base_dir), ("NEW", new_dir)):
         _run.phase = "parse"
-        with _progress(f"parsing {label}", quiet) as update:
-            analysis = run_analysis(path, progress=update, workers=workers)  # type: ignore[arg-type]
+        if is_frames_output(path):  # an earlier `forensics frames --out` folder: no parsing again
+            analysis = analyze_frames(path, load_frames_output(path))
+        else:
+            with _progress(f"parsing {label}", quiet) as update:
+                analysis = run_analysis(path, progress=update, workers=workers)  # type: ignore[arg-type]
         if not analysis.readable:
             _error(f"{label}: no readable trace or log under {path}")
             raise typer.Exit(EXIT_ERROR)
