@@ -498,6 +498,8 @@ KERNEL_EVENT_KINDS = [
     "driver_load", "nvrm_other", "aer", "ghes", "pcie_link", "device_other", "ib_port", "mlx5",
     "netdev_carrier", "cpu_thermal", "edac", "mce", "oom", "hung_task", "soft_lockup", "hard_lockup",
     "segfault", "boot", "benign", "context", "unknown",
+    # host-side kinds read by node_health only
+    "fs_error", "storage_client", "netdev_link", "rcu_stall",
 ]
 
 KERNEL_EVENTS = FrameSpec(

@@ -222,6 +222,41 @@ _M: list[tuple[str, str, re.Pattern[str]]] = [
         r"workqueue: .* hogged CPU|clocksource: |EXT4-fs |sched: RT throttling activated|"
         r"nvidia-nvswitch\d+: open \(major=|audit: |IPv6: ADDRCONF|systemd-journald")),
 ]
+# Host-side events that no GPU pattern above knows (node_health reads them): filesystem and block-device
+# errors, network-storage clients losing their server, NIC link changes of any driver, RCU stalls.
+# Tried before the patterns above (they overlap none of them, and must win over the `EXT4-fs ` noise).
+# (kind, tag, regex, needle)
+_HOST_M4: list[tuple[str, str, re.Pattern[str], str | None]] = [
+    ("fs_error", "readonly", re.compile(
+        r"(?P<fs>EXT4-fs|EXT3-fs)(?: \w+)? \((?:device )?(?P<dev>[^)]+)\): (?P<what2>Remounting filesystem read-only"
+        r"|.*[Dd]etected aborted journal.*)"), "-fs"),
+    ("fs_error", "readonly", re.compile(
+        r"(?P<fs>BTRFS|XFS)(?: \w+)? \((?:device )?(?P<dev>[^)]+)\): (?P<what2>[Ff]ilesystem has been shut down.*"
+        r"|.*forc(?:ing|ed) read-?only.*|.*[Ff]orce[_ ][Ss]hutdown.*|Corruption of in-memory data.*)"), "FS"),
+    ("fs_error", "fs_error", re.compile(
+        r"(?P<fs>EXT4-fs|EXT3-fs|BTRFS) (?:error|critical) \(device (?P<dev>[^)]+)\): (?P<what2>.*?)"
+        r"(?:comm (?P<comm>[^:]+):.*)?$"), "(device "),
+    ("fs_error", "fs_error", re.compile(
+        r"(?P<fs>XFS) \((?P<dev>[^)]+)\): (?P<what2>.*(?:[Cc]orruption|I/O [Ee]rror|log error).*)"), "XFS ("),
+    ("fs_error", "fs_error", re.compile(r"(?P<fs>EXT4-fs|EXT3-fs) \((?P<dev>[^)]+)\): (?P<what2>.*I/O error.*)"), "I/O error"),
+    ("fs_error", "io_error", re.compile(
+        r"(?:blk_update_request|print_req_error)?:? ?(?P<what2>I/O error|critical medium error|critical target error), "
+        r"dev (?P<dev>[\w-]+), sector (?P<sector>\d+)"), " error, dev "),
+    ("fs_error", "io_error", re.compile(r"(?P<what2>Buffer I/O error) on dev(?:ice)? (?P<dev>[\w-]+),"), "Buffer I/O"),
+    ("fs_error", "io_timeout", re.compile(r"nvme (?P<dev>nvme\d+): (?P<what2>I/O \d+ QID \d+ timeout.*)"), "timeout"),
+    ("storage_client", "nfs_down", re.compile(r"nfs: server (?P<server>\S+) not responding"), "not responding"),
+    ("storage_client", "nfs_ok", re.compile(r"nfs: server (?P<server>\S+) OK"), "nfs: server"),
+    ("storage_client", "lustre_lost", re.compile(
+        r"Lustre: .*?Connection to (?P<server>\S+) \(at (?P<nid>[^)]+)\) was lost"), "was lost"),
+    ("storage_client", "lustre_ok", re.compile(
+        r"Lustre: .*?Connection restored to (?P<server>\S+)"), "Connection restored"),
+    ("storage_client", "lustre_error", re.compile(r"LustreError: (?P<what2>.*)"), "LustreError"),
+    ("netdev_link", "link", re.compile(
+        r"(?:(?P<drv>[\w-]+) (?P<bdf>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]) )?(?P<netdev>[\w.@-]+):? "
+        r"(?:NIC )?Link is (?P<state>[Uu]p|[Dd]own)\b"), "Link is "),
+    ("rcu_stall", "rcu_stall", re.compile(r"rcu: INFO: (?P<flavor>\w+) (?:self-)?detected stalls? on CPUs?"), "rcu: INFO"),
+]
+
 # A literal every match of the pattern contains: `in` is far cheaper than a regex search, and most
 # lines of a real log match nothing. None = always try.
 _NEEDLE: dict[tuple[str, str], str | None] = {
@@ -253,7 +288,7 @@ _NEEDLE: dict[tuple[str, str], str | None] = {
     ("context", "stack"): None, ("context", "oom_table"): "[", ("context", "rpc_history"): "NVRM:",
     ("benign", "noise"): None,
 }
-_M4 = [(kind, tag, rx, _NEEDLE[(kind, tag)]) for kind, tag, rx in _M]
+_M4 = _HOST_M4 + [(kind, tag, rx, _NEEDLE[(kind, tag)]) for kind, tag, rx in _M]
 
 # NVRM lines no specific pattern knows, and generic ``driver dddd:bb:dd.f: text`` device lines.
 _NVRM_ANY = re.compile(r"NVRM: ")

@@ -143,21 +143,6 @@ def merge_nvlink5_node(incs: list[Incident]) -> None:
             incs.remove(other)
 
 
-def join_oom_invocations(incs: list[Incident]) -> None:
-    """'X invoked oom-killer' then the kill: fold the invocation into the kill incident."""
-    ooms = [i for i in incs if i.kind == "oom"]
-    for inc in ooms:
-        if inc.facts.get("pid") is not None:
-            continue
-        first = inc.events[0]
-        nxt = next((i for i in ooms if i.facts.get("pid") is not None and i.host == inc.host
-                    and i.close_to(first, 10.0, 50)), None)
-        if nxt is not None:
-            for e in inc.events:
-                nxt.add(e)
-            incs.remove(inc)
-
-
 def mark_fleet_patterns(incs: list[Incident], fleet_min_hosts: int) -> None:
     """The same GSP/firmware Xid on many hosts of one job: a driver/firmware problem, not N bad GPUs."""
     hosts: dict[int, set[str]] = {}
