@@ -57,6 +57,10 @@ def host_fault(host: str = "node07", t: int | None = None, category: str = "hung
              metrics={"category": category, "first_wall_ns": t, "fault_wall_ns": t})
 
 
+def slow_link(host: str = "node07", ranks: tuple[int, ...] = tuple(range(8, 16))) -> Finding:
+    return F("slow_link", "link", Severity.WARNING, ranks=ranks, hosts=(host,), metrics={"level": "host"})
+
+
 WINDOW = (T0, T0 + 10 * S)
 
 
@@ -78,6 +82,12 @@ CASES = [
      [host_fault(t=T0 + 900 * S, category="oom"), timeout(t=T0 + 601 * S)]),  # OOM after the timeout
     ("host_fault_slows_or_kills", [host_fault(t=T0 - 60 * S, category="edac"), straggler()],
      [host_fault(t=T0 - 7200 * S, category="edac"), straggler()]),          # hours before: outside the window
+    ("nic_fault_slows_link", [host_fault(t=T0 - 10 * 86400 * S, category="ib_port"), slow_link()],
+     [host_fault(host="node03", t=T0 - 60 * S, category="ib_port"), slow_link()]),  # a NIC on another host
+    ("nic_fault_slows_link", [host_fault(category="mlx5"), slow_link()],             # times unknown
+     [host_fault(t=T0 + 900 * S, category="ib_port"), slow_link()]),                # flap after the trace
+    ("slow_link_stalls_peers", [slow_link(), F("exposed_comm", "0", Severity.WARNING, ranks=tuple(range(16)))],
+     [slow_link(), F("exposed_comm", "0", Severity.WARNING, ranks=(16, 17), hosts=("node09",))]),
     ("missing_rank_times_out_others", [F("nccl_timeout", "ras", ranks=(4,), hosts=("node07",)), timeout()],
      [F("nccl_timeout", "ras", ranks=(9,), hosts=("node09",)), timeout()]),
     ("hang_stalls_peers", [timeout(), busy_wait("4")], [timeout(), busy_wait("3")]),

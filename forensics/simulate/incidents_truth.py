@@ -23,14 +23,15 @@ ROOTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "pipeline_stage_imbalance": ("straggler", ("pipeline_bubble",), ()),
     "input_bound": ("gpu_idle", (), ()),
     "dp_not_overlapped": ("exposed_comm", (), ()),
-    "slow_nic": ("straggler", (), ("exposed_comm", "busy_wait")),
+    "slow_nic": ("slow_link", (), ("exposed_comm", "busy_wait")),
     "xid": ("gpu_hw_error", (), ("busy_wait", "straggler")),
 }
 
 
 def expected_incidents(faults: list[dict[str, Any]], kernel_log: str = "benign") -> list[dict[str, Any]]:
-    """One expected incident per independent fault; a GPU fault absorbs the timeout on its own rank, and
-    CPU thermal throttling written to the straggler's node (kernel log `throttle`) is its root cause."""
+    """One expected incident per independent fault; a GPU fault absorbs the timeout on its own rank, CPU
+    thermal throttling written to the straggler's node (kernel log `throttle`) is its root cause, and the
+    NIC link flap written to the slow NIC's node (kernel log `link_flap`) is the slow link's."""
     xid_ranks = {r for f in faults if f["kind"] == "xid" for r in f["ranks"]}
     out: list[dict[str, Any]] = []
     for f in faults:
@@ -42,6 +43,10 @@ def expected_incidents(faults: list[dict[str, Any]], kernel_log: str = "benign")
         if f["kind"] == "xid" and f["ranks"] and any(
                 g["kind"] == "collective_timeout" and set(g["ranks"]) & set(f["ranks"]) for g in faults):
             must, may = ("nccl_timeout", "busy_wait"), ("straggler",)
+        if f["kind"] == "slow_nic" and kernel_log == "link_flap":
+            out.append({"root": {"detector": "gpu_hw_error", "ranks": [], "category": "ib_port"},
+                        "consequences": ["slow_link"], "may_include": list(may), "fatal": False})
+            continue
         if f["kind"] == "host_straggler" and kernel_log == "throttle":
             out.append({"root": {"detector": "gpu_hw_error", "ranks": [], "category": "cpu_thermal"},
                         "consequences": ["straggler"], "may_include": list(may), "fatal": False})
