@@ -100,6 +100,19 @@ def test_slow_nic_is_found_as_a_slow_link_on_its_node(run, node, seed):
         assert e["ratio"] == pytest.approx(exp["transfer_ratio_by_kind"][e["pg_type"].lower()], rel=0.05)
 
 
+def test_one_slow_nic_is_named_with_its_rank_and_device(run):
+    # Only NIC 3 of node 2 is slow: the groups through it are rank 19's DP group and PP group; the one
+    # rank they share is named, with the NIC its NCCL connections use (mlx5_3:1).
+    truth, _, findings, _ = run("slow_nic", steps=2, params={"node": "2", "nic": "3"})
+    (fault,) = truth["faults"]
+    assert fault["ranks"] == [8 * 2 + 3]
+    found = [f for f in findings if f.detector == "slow_link"]
+    assert [(list(f.ranks), list(f.hosts), f.metrics["nic"]) for f in found] == [
+        (fault["ranks"], fault["hosts"], fault["expected"]["nic"])]
+    assert sorted((e["pg"].split("|")[0] for e in found[0].evidence), key=int) == fault["expected"]["slow_groups"]
+    assert [f for f in findings if f.detector == "straggler"] == []
+
+
 def test_stage_imbalance_is_found_at_the_right_stage(run):
     truth, _, findings, _ = run("pp_imbalance")
     (fault,) = truth["faults"]

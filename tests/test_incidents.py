@@ -236,10 +236,12 @@ def test_xid79_run_header(xid79_out):
 
 SIMULATED = [("collective_timeout", {}), ("ddp_straggler", {}), ("host_straggler", {"ranks": 16}),
              ("xid48", {}), ("net_socket", {}), ("input_bound", {}), ("ddp_no_overlap", {}), ("slow_nic", {}),
+             ("slow_nic", {"params": {"nic": "3"}}),
              ("pp_imbalance", {}), ("pp_imbalance_stage2", {})]
 
 
-@pytest.mark.parametrize("scenario,kw", SIMULATED, ids=[s for s, _ in SIMULATED])
+@pytest.mark.parametrize("scenario,kw", SIMULATED, ids=[s + "".join(f"-{k}{v}" for k, v in kw.get("params", {}).items())
+                                                       for s, kw in SIMULATED])
 def test_simulated_scenarios_give_the_incidents_of_their_truth(tmp_path, scenario, kw):
     from forensics.analyze import analyze
     from forensics.simulate import simulate

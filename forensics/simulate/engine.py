@@ -214,7 +214,8 @@ class Engine:
         if c is None:
             c = Coll(key, op_name, pg, seq, members, nbytes, step)
             nodes = {self.topo.node_of(r) for r in members}
-            c.algo, c.proto, c.t_tx = choose_algo(op_name, nbytes, len(members), nodes, j.net, j.algos, j.protos)
+            rails = frozenset((self.topo.node_of(r), self.topo.local_rank(r)) for r in members)
+            c.algo, c.proto, c.t_tx = choose_algo(op_name, nbytes, len(members), nodes, j.net, j.algos, j.protos, rails)
             c.channels = 2 if op_name in ("send", "recv") else (16 if len(nodes) == 1 else 8)
             if op_name == "allreduce" and c.algo == "Tree":
                 c.channels = min(c.channels, 8)

@@ -163,17 +163,22 @@ def slow_nic(ranks: int | None, steps: int | None, params: Params) -> Job:
     """Megatron layout TP=8 (one node) x PP=2 x DP=n/16: each pipeline stage spans n/16 nodes, so the DP
     groups of one stage cross the slow node's NIC and those of the other stage do not, and each PP group
     pairs node k of stage 0 with node k of stage 1. Only the slow node is in every slow group: the
-    fault can be localized from the trace, as in a real job (with one flat DP group it cannot)."""
+    fault can be localized from the trace, as in a real job (with one flat DP group it cannot).
+    ``nic=K`` slows only the node's K-th NIC (the rail of its local GPU K) instead of all of them."""
     n = ranks or 32
     if n < 32 or n % 16:
         raise ScenarioError(f"slow_nic needs --ranks a multiple of 16, at least 32 (TP=8 x PP=2 x DP>=2 over nodes of 8 GPUs); got {n}")
     node = params.integer("node", 1, 0, n // 8 - 1)
     factor = params.number("bandwidth_factor", 0.25, 0.0, 1.0, low_open=True)
+    nic = params.integer("nic", -1, -1, 7)
     params = params.with_defaults(pp="2", tp="8")
     if (params.raw["pp"], params.raw["tp"]) != ("2", "8"):
         raise ScenarioError("slow_nic fixes its layout: tp=8, pp=2")
-    return _pp(n, steps, params, net=Net(slow_nodes=((node, factor),)),
-               faults=({"kind": "slow_nic", "nodes": (node,), "bandwidth_factor": factor},))
+    net = Net(slow_nodes=((node, factor),)) if nic < 0 else Net(slow_nics=((node, nic, factor),))
+    fault: dict[str, Any] = {"kind": "slow_nic", "nodes": (node,), "bandwidth_factor": factor}
+    if nic >= 0:
+        fault["nic"] = nic
+    return _pp(n, steps, params, net=net, faults=(fault,))
 
 
 def net_socket(ranks: int | None, steps: int | None, params: Params) -> Job:
