@@ -113,6 +113,28 @@ def test_one_slow_nic_is_named_with_its_rank_and_device(run):
     assert [f for f in findings if f.detector == "straggler"] == []
 
 
+@pytest.mark.parametrize("params", [{}, {"node": "2", "nic": "5"}], ids=["node", "one_nic"])
+def test_hsdp_slow_nic_names_only_the_node_common_to_all_slow_groups(run, params):
+    # The case: a 4-node HSDP job (shard groups = 2 nodes, replicate groups pair node k with k+2).
+    # Each partner node is in some slow groups, the slow node in all of them: one warning, on it alone.
+    truth, _, findings, _ = run("hsdp_slow_nic", steps=2, params=params)
+    (fault,) = truth["faults"]
+    node = int(params.get("node", 1))
+    assert fault["hosts"] == [h["host"] for h in truth["hosts"] if h["node"] == node]
+    found = [f for f in findings if f.detector == "slow_link"]
+    assert [(f.severity.value, list(f.ranks), list(f.hosts), f.metrics["nic"]) for f in found] == [
+        ("warning", fault["ranks"], fault["hosts"], fault["expected"].get("nic"))]
+    assert sorted((e["pg"].split("|")[0] for e in found[0].evidence), key=int) == fault["expected"]["slow_groups"]
+    assert not [f for f in findings if f.detector == "straggler"]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_clean_hsdp_has_no_finding(run, seed):
+    truth, _, findings, _ = run("hsdp_clean", seed=seed, steps=2)
+    assert truth["healthy"]
+    assert [(f.detector, f.title) for f in findings] == []
+
+
 def test_stage_imbalance_is_found_at_the_right_stage(run):
     truth, _, findings, _ = run("pp_imbalance")
     (fault,) = truth["faults"]

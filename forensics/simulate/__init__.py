@@ -145,7 +145,7 @@ class _RankMetrics:
                     self.last_arrivals += 1
                 if c.op in ("send", "recv"):
                     self.p2p_ns += op.end - op.start
-                elif c.pg.kind in ("dp", "world"):
+                elif c.pg.kind in ("dp", "dp_rep", "world"):
                     self.dp_comm_ns += op.end - op.start
         cu, mu = _merge(comp), _merge(comm)
         self.steps += 1

@@ -195,6 +195,19 @@ def build_groups(topo: Topology) -> list[ProcessGroup]:
     return groups
 
 
+def hsdp_groups(topo: Topology, shard: int) -> list[ProcessGroup]:
+    """HSDP (pure data parallel, torch's 2-D device mesh): the world, shard groups of ``shard`` consecutive
+    ranks, then replicate groups of the ranks with the same index in each shard group; [] unless there
+    are several shard groups."""
+    n = topo.dp
+    if not shard or topo.tp != 1 or topo.pp != 1 or n <= shard:
+        return []
+    groups = [ProcessGroup("0", "default_pg", tuple(range(topo.world)), "world")]
+    groups += [ProcessGroup(str(1 + s), "dp_shard", tuple(range(s * shard, (s + 1) * shard)), "dp") for s in range(n // shard)]
+    return groups + [ProcessGroup(str(1 + n // shard + i), "dp_replicate", tuple(range(i, n, shard)), "dp_rep")
+                     for i in range(shard)]
+
+
 def group_of(groups: list[ProcessGroup], rank: int, kind: str) -> ProcessGroup | None:
     """The rank's group of that kind; the DP group is the world group for pure data parallelism."""
     for g in groups:
@@ -229,6 +242,7 @@ class Job:
     overlap_dp: bool = True
     window_skew: int = 0             # odd ranks open their profiler window this many steps late
     dp_mode: str = "ddp"             # ddp (bucketed all-reduce) or fsdp (all-gather + reduce-scatter per layer)
+    shard: int = 0                   # fsdp only: HSDP shard group size (0: shard over every DP rank)
     seq_on_kernels: bool = True
     clock_offset_us: float = 1500.0  # per-node clock offsets drawn within +- this
     host_op_us: float = 14.0         # host cost of one aten op with its kernel launch
