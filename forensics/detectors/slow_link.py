@@ -195,7 +195,7 @@ def _impact(ctx: JobContext, per_op: pl.DataFrame, slow_keys: list[str]) -> tupl
     extra = ctx.match.instances.join(ref, on=["pg_key", "collective", "bytes"]).with_columns(
         (pl.col("transfer_ns") - pl.col("ref")).clip(lower_bound=0).alias("extra")
     )
-    n_steps = max(1, ctx.match.kernels["step"].n_unique())
+    n_steps = max(1, ctx.match.kernels["step"].drop_nulls().n_unique())
     if extra.height == 0:
         return 0.0, 0.0, n_steps
     gpu = float((extra["extra"] * extra["n_ranks"]).sum())
