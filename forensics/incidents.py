@@ -46,7 +46,7 @@ DEGRADED_TRANSPORT_KEYS = frozenset({"socket", "no_gdr", "intra_node", "nvls_off
 TIERS: dict[str, int] = {
     "gpu_fault": 0, "host_fault": 0, "nic_fault": 0, "degraded_transport": 0, "forced_algorithm": 0,
     "transport_failure": 1, "missing_rank": 1, "cuda_failure": 1,
-    "timeout": 2, "slow_rank": 2,
+    "timeout": 2, "slow_rank": 2, "slow_link": 2,
     "busy_wait": 3, "exposed_comm": 3, "pipeline": 3, "other": 4,
 }
 
@@ -81,7 +81,7 @@ def kind_of(f: Finding) -> str:
         return "transport_failure" if key.startswith("fail_") else "other"
     if det == "nccl_algorithm":
         return "forced_algorithm" if key == "forced" else "other"
-    simple = {"straggler": "slow_rank", "busy_wait": "busy_wait", "exposed_comm": "exposed_comm",
+    simple = {"straggler": "slow_rank", "slow_link": "slow_link", "busy_wait": "busy_wait", "exposed_comm": "exposed_comm",
               "pipeline_bubble": "pipeline"}
     return simple.get(det, "other")
 
@@ -139,6 +139,10 @@ RULES: tuple[Rule, ...] = (
          ("nccl_timeout:timeout", "nccl_timeout:missing_rank", "nccl_timeout:cuda_failure", "busy_wait:busy_wait"),
          "gpu_or_rank", "cause_first", None, "high",
          "the OOM killer or a hang stopped a rank's process; its peers wait for it in NCCL until the watchdog"),
+    Rule("nic_fault_slows_link", _k(_FAULT_SOURCES, "nic_fault"), ("slow_link:slow_link",),
+         "host", "cause_first", None, "high",
+         "a NIC that flapped, fell back to a lower speed or logs errors on the host common to every slow "
+         "communicator is why they are slow (a degraded link stays degraded: no time window)"),
     Rule("missing_rank_times_out_others", ("nccl_timeout:missing_rank", "nccl_timeout:cuda_failure",
                                            "nccl_transport:transport_failure"),
          ("nccl_timeout:timeout",), "communicator", "any", None, "high",
@@ -149,6 +153,9 @@ RULES: tuple[Rule, ...] = (
     Rule("straggler_stalls_peers", ("straggler:slow_rank",), ("busy_wait:busy_wait", "exposed_comm:exposed_comm"),
          "waited_for", "any", None, "high",
          "the peers of a slow rank wait for it inside their collectives"),
+    Rule("slow_link_stalls_peers", ("slow_link:slow_link",), ("busy_wait:busy_wait", "exposed_comm:exposed_comm"),
+         "communicator", "any", None, "medium",
+         "every member of a communicator through a slow link waits for its transfers, so more of them is exposed"),
     Rule("slow_stage_bubbles_pipeline", ("straggler:slow_rank",), ("pipeline_bubble:pipeline",),
          "waited_for", "any", None, "high",
          "a pipeline stage that computes longer than the others makes the other stages idle in the pipeline"),
@@ -212,7 +219,7 @@ LINK_TESTS: dict[str, Callable[[Finding, Finding], str | None]] = {
 
 # --- time ----------------------------------------------------------------------------------------
 
-TRACE_DETECTORS = frozenset({"straggler", "busy_wait", "exposed_comm", "pipeline_bubble"})
+TRACE_DETECTORS = frozenset({"straggler", "slow_link", "busy_wait", "exposed_comm", "pipeline_bubble"})
 
 
 def finding_time(f: Finding, window: tuple[int, int] | None) -> tuple[int, int] | None:
@@ -542,7 +549,8 @@ def kinds_markdown() -> str:
         "- `forced_algorithm`: `nccl_algorithm` forced-by-environment finding",
         "- `timeout`: `nccl_timeout` watchdog/blocking-wait timeout; `missing_rank`: its RAS and desync findings; "
         "`cuda_failure`: a CUDA error that aborted NCCL",
-        "- `slow_rank` (straggler), `busy_wait`, `exposed_comm`, `pipeline` (pipeline_bubble); anything else: `other`",
+        "- `slow_rank` (straggler), `slow_link` (slow_link), `busy_wait`, `exposed_comm`, `pipeline` (pipeline_bubble); "
+        "anything else: `other`",
         "",
         "Tiers (a rule links a lower tier to a higher one only): "
         + ", ".join(f"`{k}` {v}" for k, v in TIERS.items()),

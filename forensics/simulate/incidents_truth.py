@@ -23,7 +23,7 @@ ROOTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "pipeline_stage_imbalance": ("straggler", ("pipeline_bubble",), ()),
     "input_bound": ("gpu_idle", (), ()),
     "dp_not_overlapped": ("exposed_comm", (), ()),
-    "slow_nic": ("straggler", (), ("exposed_comm", "busy_wait")),
+    "slow_nic": ("slow_link", (), ("exposed_comm", "busy_wait")),
     "xid": ("gpu_hw_error", (), ("busy_wait", "straggler")),
     "oom_kill": ("node_health", (), ("busy_wait", "straggler")),
 }
@@ -34,7 +34,7 @@ _KILLERS = ("xid", "oom_kill")
 def expected_incidents(faults: list[dict[str, Any]], kernel_log: str = "benign") -> list[dict[str, Any]]:
     """One expected incident per independent fault; a GPU fault or an OOM kill absorbs the timeout on its own
     rank, CPU thermal throttling written to the straggler's node (kernel log `throttle`) is its root cause, and
-    so is the NIC link flap written to the slow-NIC node just before the job (kernel log `link_flap`)."""
+    the NIC link flap written to the slow NIC's node (kernel log `link_flap`) is the slow link's."""
     xid_ranks = {r for f in faults if f["kind"] in _KILLERS for r in f["ranks"]}
     out: list[dict[str, Any]] = []
     for f in faults:
@@ -46,10 +46,12 @@ def expected_incidents(faults: list[dict[str, Any]], kernel_log: str = "benign")
         if f["kind"] in _KILLERS and f["ranks"] and any(
                 g["kind"] == "collective_timeout" and set(g["ranks"]) & set(f["ranks"]) for g in faults):
             must, may = ("nccl_timeout", "busy_wait"), ("straggler",)
-        host_cause = {("host_straggler", "throttle"): "cpu_thermal", ("slow_nic", "link_flap"): "nic_link"}
+        host_cause = {("host_straggler", "throttle"): ("cpu_thermal", "straggler"),
+                      ("slow_nic", "link_flap"): ("nic_link", "slow_link")}
         if (f["kind"], kernel_log) in host_cause:
-            out.append({"root": {"detector": "node_health", "ranks": [], "category": host_cause[(f["kind"], kernel_log)]},
-                        "consequences": ["straggler"], "may_include": list(may), "fatal": False})
+            category, consequence = host_cause[(f["kind"], kernel_log)]
+            out.append({"root": {"detector": "node_health", "ranks": [], "category": category},
+                        "consequences": [consequence], "may_include": list(may), "fatal": False})
             continue
         out.append({"root": {"detector": root, "ranks": sorted(f.get("ranks") or [])},
                     "consequences": list(must), "may_include": list(may), "fatal": "nccl_timeout" in (root, *must)})

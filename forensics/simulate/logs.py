@@ -386,9 +386,9 @@ def write_kernel_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
             r = culprit["ranks"][0]
             _inject_oom(inject, r, engine.states[r].pid, wall0, timeout)
         if kernel_log == "link_flap":
-            slow = {n for f in job.faults if f["kind"] == "slow_nic" for n in f["nodes"]}
+            slow = {n: f.get("nic", 0) for f in job.faults if f["kind"] == "slow_nic" for n in f["nodes"]}
             if node in slow:
-                _inject_link_flap(inject, wall0)
+                _inject_link_flap(inject, wall0, slow[node])
         if kernel_log == "throttle" and culprit is not None and culprit_here:
             t = wall0 + end_ns // 3
             for cpu in (12, 13, 44, 45):
@@ -449,11 +449,12 @@ def _inject_oom(inject: _Injector, r: int, pid: int, wall0: int, timeout: dict[s
     inject(t + 2_400_000_000, f"oom_reaper: reaped process {pid} (python3), now anon-rss:0kB, file-rss:0kB, shmem-rss:0kB", "oom", r)
 
 
-def _inject_link_flap(inject: _Injector, wall0: int) -> None:
-    """The first NIC of a slow node goes down and comes back at a lower PCIe speed before the job."""
-    nic = NIC_BUS_IDS[0]
+def _inject_link_flap(inject: _Injector, wall0: int, index: int = 0) -> None:
+    """The slow NIC (the first one when the whole node is slow) goes down and comes back at a lower PCIe
+    speed before the job."""
+    nic = NIC_BUS_IDS[index]
     t = wall0 - int(JOB_START_S * 1e9) + 20_000_000_000
-    inject(t, f"mlx5_core {nic} mlx5_0: Port: 1 Link DOWN", "nic_link", None, nic)
-    inject(t + 1_200_000_000, f"mlx5_core {nic} mlx5_0: Port: 1 Link INIT", "nic_link", None, nic)
-    inject(t + 2_600_000_000, f"mlx5_core {nic} mlx5_0: Port: 1 Link ACTIVE", "nic_link", None, nic)
+    inject(t, f"mlx5_core {nic} mlx5_{index}: Port: 1 Link DOWN", "nic_link", None, nic)
+    inject(t + 1_200_000_000, f"mlx5_core {nic} mlx5_{index}: Port: 1 Link INIT", "nic_link", None, nic)
+    inject(t + 2_600_000_000, f"mlx5_core {nic} mlx5_{index}: Port: 1 Link ACTIVE", "nic_link", None, nic)
     inject(t + 2_700_000_000, f"mlx5_core {nic}: 63.008 Gb/s available PCIe bandwidth, limited by 2.5 GT/s PCIe x16 link at 0000:17:00.0 (capable of 252.048 Gb/s with 16.0 GT/s PCIe x16 link)", "pcie_degraded", None, nic)
