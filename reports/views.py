@@ -2,37 +2,28 @@
 
 A view is data (title, one-line caption of what to look for, plotly figures, small tables); the HTML
 template lays them out, so a view never writes markup and every number it shows comes from the
-context's cached facts (no second copy of a join, so no two views disagree).
+context's cached facts (no second copy of a join, so no two views disagree). One module per view
+(``reports/view_*.py``); :data:`VIEWS` lists them in page order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 import polars as pl
 
+from forensics.reports.view_anatomy import step_anatomy_view
+from forensics.reports.view_common import View
+from forensics.reports.view_heatmap import rank_step_heatmap_view
+from forensics.reports.view_timeline import timeline_view
 from forensics.tables import kernel_table
 
 if TYPE_CHECKING:
     from forensics.analyze import Analysis
 
-
-@dataclass
-class View:
-    id: str
-    """HTML anchor (findings link to it), e.g. ``step-anatomy``."""
-    title: str
-    caption: str
-    """One line: what to look for in it."""
-    figures: list[go.Figure] = field(default_factory=list)
-    tables: list[tuple[str, pl.DataFrame]] = field(default_factory=list)
-    """(caption, small aggregate frame) pairs, shown sortable; never raw events."""
-    empty_reason: str | None = None
-    """Set when the job has nothing to show here (e.g. no kernels): the view says so instead of drawing."""
-
+__all__ = ["VIEWS", "View", "ViewBuilder", "build_views"]
 
 ViewBuilder = Callable[["Analysis"], View]
 
@@ -53,7 +44,7 @@ def kernel_classes_view(analysis: Analysis) -> View:
     return view
 
 
-VIEWS: list[ViewBuilder] = [kernel_classes_view]
+VIEWS: list[ViewBuilder] = [step_anatomy_view, rank_step_heatmap_view, timeline_view, kernel_classes_view]
 """In page order. Each builder returns its view, possibly with ``empty_reason`` set; never raises for a
 job that lacks its inputs."""
 
