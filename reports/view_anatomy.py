@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 import polars as pl
+from forensics.reports.view_common import View, culprit_ranks, esc, gpu_labels, layout, rank_label
 
 from forensics.collectives import PG_TYPES
-from forensics.reports.view_common import View, culprit_ranks, esc, gpu_labels, layout, rank_label
 
 if TYPE_CHECKING:
     from forensics.analyze import Analysis

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 import polars as pl
+from forensics.reports.view_common import View, esc, layout
 
 from forensics import nccl_cost as nc
-from forensics.reports.view_common import View, esc, layout
 
 if TYPE_CHECKING:
     from forensics.analyze import Analysis

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 import polars as pl
-
 from forensics.reports.view_common import View, culprit_ranks, gpu_labels, layout, rank_label
 
 if TYPE_CHECKING:

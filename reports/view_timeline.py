@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 import polars as pl
+from forensics.reports.view_common import View, culprit_ranks, esc, gpu_labels, layout, rank_label
 
 from forensics.intervals import merge
-from forensics.reports.view_common import View, culprit_ranks, esc, gpu_labels, layout, rank_label
 
 if TYPE_CHECKING:
     from forensics.analyze import Analysis
@@ -88,7 +88,7 @@ def step_intervals(ctx: JobContext, step: int, ranks: list[int]) -> pl.DataFrame
     if win.height == 0:
         return pl.DataFrame(schema={"rank": pl.Int32, "lane": pl.String, "kind": pl.String,
                                     "start_ns": pl.Int64, "end_ns": pl.Int64})
-    tol = max(1, int((win["w_end"] - win["w_start"]).max() or 0) // RESOLUTION)  # type: ignore[operator]
+    tol = max(1, int((win["w_end"] - win["w_start"]).max() or 0) // RESOLUTION)
     raw = _raw_intervals(ctx, ranks).join(win, on="rank").filter(
         (pl.col("start_ns") < pl.col("w_end")) & (pl.col("end_ns") > pl.col("w_start"))
     ).with_columns(pl.max_horizontal("start_ns", "w_start").alias("start_ns"),
@@ -142,7 +142,8 @@ def timeline_view(analysis: Analysis) -> View:
         return view
     labels = dict(gpu_labels(ctx).select("rank", "gpu").iter_rows())
     culprits = culprit_ranks(analysis)
-    rows = []
+    rows: list[dict[str, object]] = []
+    shown: set[int] = set()
     for step, why in steps:
         ranks = pick_ranks(ctx, step, culprits)
         iv = step_intervals(ctx, step, [r for r, _ in ranks])
@@ -150,10 +151,11 @@ def timeline_view(analysis: Analysis) -> View:
             view.figures.append(_figure(iv, ranks, labels, f"{why} step {step}" if step >= 0 else "whole trace"))
         b = ctx.steps.filter(pl.col("step") == step)
         for r, role in ranks:
+            shown.add(r)
             rows.append({"step": step, "which": why, "rank": r, "role": role, "gpu": labels.get(r)} | {
                 f"{c}_ms": round(float(b.filter(pl.col("rank") == r)[f"{c}_ns"].sum()) / 1e6, 3)
                 for c in ("step", "compute", "comm_wait", "idle")})
-    off = _offsets(ctx, sorted({r["rank"] for r in rows}))
+    off = _offsets(ctx, sorted(shown))
     table = pl.DataFrame(rows).with_columns(pl.col("rank").cast(pl.Int32)).join(off, on="rank", how="left")
     view.tables.append(("Ranks shown (ms in that step; clock offset subtracted, ms)", table.with_columns(
         (pl.col("offset_ns") / 1e6).round(3).alias("clock_offset_ms")).drop("offset_ns")))

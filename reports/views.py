@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 import polars as pl
-
 from forensics.reports.view_anatomy import step_anatomy_view
 from forensics.reports.view_common import View
 from forensics.reports.view_heatmap import rank_step_heatmap_view
 from forensics.reports.view_timeline import timeline_view
+
 from forensics.tables import kernel_table
 
 if TYPE_CHECKING:
