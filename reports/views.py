@@ -14,8 +14,11 @@ from typing import TYPE_CHECKING
 import plotly.graph_objects as go
 import polars as pl
 from forensics.reports.view_anatomy import step_anatomy_view
+from forensics.reports.view_collectives import collectives_view
 from forensics.reports.view_common import View
 from forensics.reports.view_heatmap import rank_step_heatmap_view
+from forensics.reports.view_hwevents import hw_events_view
+from forensics.reports.view_ncclconfig import nccl_config_view
 from forensics.reports.view_timeline import timeline_view
 
 from forensics.tables import kernel_table
@@ -44,7 +47,10 @@ def kernel_classes_view(analysis: Analysis) -> View:
     return view
 
 
-VIEWS: list[ViewBuilder] = [step_anatomy_view, rank_step_heatmap_view, timeline_view, kernel_classes_view]
+VIEWS: list[ViewBuilder] = [
+    step_anatomy_view, rank_step_heatmap_view, timeline_view, collectives_view, hw_events_view, nccl_config_view,
+    kernel_classes_view,
+]
 """In page order. Each builder returns its view, possibly with ``empty_reason`` set; never raises for a
 job that lacks its inputs."""
 
