@@ -84,9 +84,9 @@ def job_marks(analysis: Analysis) -> list[tuple[int, str]]:
                 marks.append((t - int(ran * 1e6), "timed-out collective began"))
     steps = analysis.frames["steps"].filter(pl.col("rank").is_not_null())
     if steps.height:
-        last = steps.group_by("rank").agg(pl.col("step").max())["step"].min()
-        end = steps.filter(pl.col("step") == last)["end_ns"].max()
-        marks.append((int(end), f"last completed step ({last})"))  # type: ignore[arg-type]
+        last = int(steps.group_by("rank").agg(pl.col("step").max())["step"].min())  # type: ignore[arg-type]
+        end = int(steps.filter(pl.col("step") == last)["end_ns"].max())  # type: ignore[arg-type]
+        marks.append((end, f"last completed step ({last})"))
     return sorted(set(marks))
 
 
