@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 import polars as pl
+import pyarrow as pa
 from forensics.reports.view_common import View, esc, layout
 
 from forensics import nccl_cost as nc
@@ -150,6 +151,16 @@ def collectives_table(ctx: JobContext) -> pl.DataFrame:
     ).join(_logged_choice(ctx), on=["op", "bytes"], how="left")
     df = _expected(ctx, df)
     return df.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("instance")
+
+
+def collectives_arrow(ctx: JobContext) -> pa.Table:
+    """:func:`collectives_table` as a pyarrow Table for ``collectives.parquet``: each field carries its unit and
+    meaning (field metadata ``doc``), the file says what it is (schema metadata ``forensics``)."""
+    table = collectives_table(ctx).to_arrow()
+    fields = [table.schema.field(c).with_metadata({"doc": COLLECTIVES_SCHEMA[c][1]}) for c in table.column_names]
+    schema = pa.schema(fields, metadata={"forensics": "one row per NCCL collective instance matched across its ranks; "
+                                                      "times in ns on the job's common clock, bandwidth in GB/s"})
+    return table.cast(schema)
 
 
 def _display(df: pl.DataFrame) -> pl.DataFrame:

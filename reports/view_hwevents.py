@@ -103,9 +103,10 @@ def _scatter(ev: pl.DataFrame, x: str, marks: list[tuple[int, str]]) -> go.Figur
     for t, label in marks:
         fig.add_shape(type="line", x0=iso(t), x1=iso(t), y0=0, y1=1, yref="paper", line=dict(color="#b00020", dash="dot"))
         fig.add_annotation(x=iso(t), y=1, yref="paper", text=esc(label), showarrow=False, yanchor="bottom", textangle=-20)
-    layout(fig, height=max(260, 30 * len(lanes) + 140),
+    layout(fig, height=min(1200, max(260, 30 * len(lanes) + 140)),
            xaxis_title="wall clock (UTC)" if x == "wall_ns" else "seconds since boot (the log has no wall-clock stamp)")
-    fig.update_yaxes(type="category", categoryorder="array", categoryarray=[esc(v) for v in lanes[::-1]])
+    fig.update_yaxes(type="category", categoryorder="array", categoryarray=[esc(v) for v in lanes[::-1]],
+                     showticklabels=len(lanes) <= 40)
     return fig
 
 
