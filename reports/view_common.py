@@ -47,7 +47,7 @@ def esc(value: Any) -> str:
 
 def gpu_labels(ctx: JobContext) -> pl.DataFrame:
     """rank (Int32), host, gpu: one row per rank; ``gpu`` is ``host:bus-id`` (``host:cudaN`` when no log gave the
-    bus id, the host alone when neither is known). Sorted by rank."""
+    bus id: device index from the trace, the host alone when neither is known). Sorted by rank."""
     ident = ctx.identity.filter(pl.col("rank").is_not_null())
     hosts = pl.concat(
         [ctx.frames[n].select(pl.col("rank").cast(pl.Int32), pl.col("host").cast(pl.String))
@@ -58,9 +58,12 @@ def gpu_labels(ctx: JobContext) -> pl.DataFrame:
         pl.col("bus_id").drop_nulls().first(),
         pl.col("cuda_dev").drop_nulls().first(),
     ).with_columns(pl.col("rank").cast(pl.Int32))
-    out = hosts.join(by_rank, on="rank", how="full", coalesce=True).with_columns(
-        pl.coalesce("_ihost", "host").fill_null("?").alias("host")
-    )
+    # the GPU index a rank's kernels ran on, where neither a log nor the trace metadata gave one
+    kdev = ctx.frames["kernels"].drop_nulls("rank").group_by("rank").agg(pl.col("device").drop_nulls().first().alias("_kdev"))
+    out = hosts.join(by_rank, on="rank", how="full", coalesce=True).join(
+        kdev.with_columns(pl.col("rank").cast(pl.Int32)), on="rank", how="left"
+    ).with_columns(pl.coalesce("_ihost", "host").fill_null("?").alias("host"),
+                   pl.coalesce("cuda_dev", "_kdev").alias("cuda_dev"))
     dev = pl.coalesce(pl.col("bus_id"), pl.lit("cuda") + pl.col("cuda_dev").cast(pl.String))
     return out.select(
         "rank", "host",
