@@ -163,6 +163,17 @@ def collectives_arrow(ctx: JobContext) -> pa.Table:
     return table.cast(schema)
 
 
+def schema_markdown() -> str:
+    """The text of docs/collectives.md (a test checks it is current)."""
+    lines = ["# collectives.parquet", "",
+             "Written by `forensics analyze` beside the report: one row per NCCL collective instance matched across",
+             "its ranks (`JobContext.match`). Generated from `forensics/reports/view_collectives.py`",
+             "(`COLLECTIVES_SCHEMA`); each field also carries its meaning as Parquet field metadata `doc`.", "",
+             "| column | dtype | meaning (unit) |", "|---|---|---|"]
+    lines += [f"| `{c}` | {t} | {doc} |" for c, (t, doc) in COLLECTIVES_SCHEMA.items()]
+    return "\n".join(lines) + "\n"
+
+
 def _display(df: pl.DataFrame) -> pl.DataFrame:
     us = [c for c in ("skew_ns", "last_margin_ns", "transfer_ns", "wait_max_ns") if c in df.columns]
     return df.select(

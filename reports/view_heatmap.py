@@ -37,8 +37,13 @@ def _figure(cells: pl.DataFrame, value: str, title: str, culprits: set[int]) -> 
     step_cols = [c for c in wide.columns if c not in ("rank", "gpu")]
     y = [("▶ " if r in culprits else "") + rank_label(r, g) for r, g in zip(wide["rank"], wide["gpu"])]
     z = [[None if v is None else round(float(v), 3) for v in row] for row in wide.select(step_cols).iter_rows()]
+    vals = cells[value].drop_nulls()
+    med = float(vals.median() or 0.0)  # type: ignore[arg-type]
+    # colours span at least +-5% of the median: noise of a few tenths of a percent must not look like a signal
+    lo, hi = min(float(vals.min()), 0.95 * med), max(float(vals.max()), 1.05 * med)  # type: ignore[arg-type]
     fig = go.Figure(go.Heatmap(
         z=z, x=[f"step {c}" for c in step_cols], y=y, colorscale="Viridis", colorbar=dict(title="ms"),
+        zmin=max(0.0, lo), zmax=hi,
         hovertemplate="%{y}<br>%{x}<br>%{z:.3f} ms<extra></extra>",
     ))
     height = min(900, max(260, 14 * len(y) + 80))

@@ -26,7 +26,7 @@ from forensics.tables import kernel_table
 if TYPE_CHECKING:
     from forensics.analyze import Analysis
 
-__all__ = ["VIEWS", "View", "ViewBuilder", "build_views"]
+__all__ = ["DETECTOR_VIEWS", "VIEWS", "View", "ViewBuilder", "build_views", "view_for"]
 
 ViewBuilder = Callable[["Analysis"], View]
 
@@ -57,3 +57,22 @@ job that lacks its inputs."""
 
 def build_views(analysis: Analysis) -> list[View]:
     return [build(analysis) for build in VIEWS]
+
+
+DETECTOR_VIEWS: dict[str, str] = {
+    "straggler": "rank-step-heatmap",
+    "busy_wait": "step-anatomy",
+    "exposed_comm": "step-anatomy",
+    "gpu_idle": "timeline",
+    "pipeline_bubble": "timeline",
+    "gpu_hw_error": "hw-events",
+    "nccl_timeout": "hw-events",
+    "nccl_algorithm": "collectives",
+    "nccl_transport": "nccl-config",
+}
+"""The view (anchor) that shows a detector's evidence, for a finding's link."""
+
+
+def view_for(detector: str) -> str | None:
+    """Anchor of the view that shows ``detector``'s evidence; None when no view does."""
+    return DETECTOR_VIEWS.get(detector)

@@ -279,3 +279,13 @@ def test_views_on_shared_log_samples(folder: str):
     views = {v.id: v for v in build_views(analyze(path, workers=1))}
     assert views["hw-events" if folder == "dmesg" else "nccl-config"].empty_reason is None
     assert views["timeline"].empty_reason  # logs only: no trace to draw
+
+
+def test_every_detector_links_to_an_existing_view():
+    from forensics.reports.views import DETECTOR_VIEWS, view_for
+
+    from forensics.detectors import load_all
+
+    registry = load_all()
+    assert set(DETECTOR_VIEWS) == set(registry)
+    assert {view_for(name) for name in registry} <= set(IDS)
