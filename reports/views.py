@@ -47,9 +47,16 @@ def kernel_classes_view(analysis: Analysis) -> View:
     return view
 
 
+def op_categories_view(analysis: Analysis) -> View:
+    """The op-categories view (reports/view_categories.py, imported here: it imports this module for View)."""
+    from forensics.reports.view_categories import op_categories_view as build
+
+    return build(analysis)
+
+
 VIEWS: list[ViewBuilder] = [
-    step_anatomy_view, rank_step_heatmap_view, timeline_view, collectives_view, hw_events_view, nccl_config_view,
-    kernel_classes_view,
+    step_anatomy_view, op_categories_view, rank_step_heatmap_view, timeline_view, collectives_view, hw_events_view,
+    nccl_config_view, kernel_classes_view,
 ]
 """In page order. Each builder returns its view, possibly with ``empty_reason`` set; never raises for a
 job that lacks its inputs."""

@@ -25,7 +25,7 @@ from tests.conftest import ROOT, shared_path
 from tests.frame_builders import MS, dp_job
 
 SAMPLES = sorted(p for p in (ROOT / "sample_traces").iterdir() if p.is_dir())
-IDS = ["step-anatomy", "rank-step-heatmap", "timeline", "collectives", "hw-events", "nccl-config", "kernel-classes"]
+IDS = ["step-anatomy", "op-categories", "rank-step-heatmap", "timeline", "collectives", "hw-events", "nccl-config", "kernel-classes"]
 
 
 def _straggler(*ranks: int) -> Finding:
@@ -53,7 +53,7 @@ def dp():
 def test_views_are_listed_in_page_order_with_stable_anchors(dp):
     views = build_views(dp[0])
     assert [v.id for v in views] == IDS
-    assert all(isinstance(v, View) and v.caption and v.empty_reason is None for v in views[:4])
+    assert all(isinstance(v, View) and v.caption and v.empty_reason is None for v in views[:5])
     assert len(VIEWS) == len(IDS)
 
 
