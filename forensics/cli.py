@@ -259,15 +259,20 @@ _WORKERS_HELP = "parser processes, at least 1 [default: CPU count]"
 # --- analyze -----------------------------------------------------------------------------------
 
 
-def _analysis_outputs(analysis: Any, out_dir: Path) -> Any:
+def _analysis_outputs(analysis: Any, out_dir: Path, timeline_steps: int | None = None) -> Any:
     from forensics.outputs import OutputSet
     from forensics.reports import html as html_report
-    from forensics.reports import json_report, markdown
+    from forensics.reports import json_report, markdown, perfetto
+    from forensics.reports.view_collectives import collectives_arrow
 
     outs = OutputSet(out_dir)
     outs.add_bytes("findings.json", json_report.render(analysis))
     outs.add_text("summary.md", markdown.render(analysis))
     outs.add_text("report.html", html_report.render(analysis))
+    outs.add_parquet("collectives.parquet", collectives_arrow(analysis.context))
+    if timeline_steps is not None:
+        outs.add_bytes("timeline.json.gz", perfetto.render(analysis, timeline_steps))
+    outs.remove("timeline.json.gz")  # an earlier run's, when this one writes none (kept when it does)
     outs.remove("crash.txt")  # from an earlier run that crashed: this one did not
     return outs
 
@@ -305,8 +310,10 @@ def analyze(
     only: list[str] = typer.Option([], "--only", help="run only this detector (repeatable)"),
     workers: int | None = typer.Option(None, "--workers", min=1, help=_WORKERS_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
+    timeline: bool = typer.Option(False, "--timeline", help="also write timeline.json.gz (Perfetto / chrome://tracing)"),
+    timeline_steps: int = typer.Option(1, "--timeline-steps", min=0, help="steps either side of the worst one in the timeline"),
 ) -> None:
-    """Analyze RUN_DIR; write findings.json, summary.md and report.html to --out."""
+    """Analyze RUN_DIR; write findings.json, summary.md, report.html and collectives.parquet to --out."""
     out_dir = out_dir or Path.cwd() / f"forensics-{run_dir.resolve().name}"
     _check_out_dir([run_dir], out_dir)
     from forensics.analyze import analyze as run_analysis
@@ -317,7 +324,7 @@ def analyze(
     with _progress("parsing", quiet) as update:
         analysis = run_analysis(run_dir, overrides=overrides, only=only or None, progress=update, workers=workers)  # type: ignore[arg-type]
     _run.phase = "render"
-    _commit(_analysis_outputs(analysis, out_dir))
+    _commit(_analysis_outputs(analysis, out_dir, timeline_steps if timeline else None))
     _print_analysis(analysis, out_dir)
     if not analysis.readable:
         _error(f"no readable trace or log under {run_dir}")
