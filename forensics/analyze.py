@@ -110,6 +110,7 @@ def analyze(
     frames = _load_with_phases(run_dir, report, workers)
     context = JobContext(frames)  # the one context of this analysis: detectors and reports share it
     _match(context, report)
+    report("detect", "", 0, 0)
     findings, skipped = run_detectors(context, overrides=overrides, only=only,
                                       progress=lambda name, done, total: report("detect", name, done, total))
     facts = job_facts(frames, context.world_size, len(context.ranks))

@@ -119,11 +119,20 @@ class ViewData:
     tables: list[Table]
 
 
+_REST = re.compile(r":[a-z]+:`~?([^`]*)`|``([^`]*)``|`([^`]*)`")
+
+
+def prose(text: str | None) -> str | None:
+    """Code-written prose (a view's title and caption, often lifted from a docstring) without its reST
+    markup: ``x``, `x` and :func:`x` read as x. Never applied to input text, which shows as written."""
+    return None if text is None else _REST.sub(lambda m: next(g for g in m.groups() if g is not None), text)
+
+
 def _view_data(view: View) -> ViewData:
     vid = _anchor(view.id)
     figures = [] if view.empty_reason else [_figure_html(f, f"{vid}-fig{i}") for i, f in enumerate(view.figures)]
-    tables = [] if view.empty_reason else [table(cap, df) for cap, df in view.tables]
-    return ViewData(vid, view.title, view.caption, view.empty_reason, figures, tables)
+    tables = [] if view.empty_reason else [table(prose(cap) or "", df) for cap, df in view.tables]
+    return ViewData(vid, prose(view.title) or "", prose(view.caption) or "", prose(view.empty_reason), figures, tables)
 
 
 # --- first screen ------------------------------------------------------------------------------------

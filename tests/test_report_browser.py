@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import plotly.graph_objects as go
+import polars as pl
 import pytest
 from forensics.reports import html as html_report
-from forensics.reports.views import build_views
+from forensics.reports.views import View, build_views
 
 from forensics.analyze import Analysis, analyze
 from forensics.findings import Finding, Severity
@@ -76,8 +78,14 @@ def _hostile_run(root: Path) -> Path:
     return run
 
 
-def test_script_payloads_in_kernel_and_file_names_render_as_text(open_page, tmp_path: Path):  # noqa: F811
+def test_script_payloads_in_kernel_and_file_names_render_as_text(
+        open_page, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: F811
     analysis = analyze(_hostile_run(tmp_path), workers=1)
+    real = html_report.build_views
+    # a view that charts and tabulates the names too (figure JSON inside a <script>, sortable table cells)
+    hostile = View("hostile", "kernels", "by name", figures=[go.Figure(go.Bar(x=list(KERNEL_PAYLOADS), y=[1, 2]))],
+                   tables=[("kernels", pl.DataFrame({"kernel": list(KERNEL_PAYLOADS), "ms": [1.0, 2.0]}))])
+    monkeypatch.setattr(html_report, "build_views", lambda a: [*real(a), hostile])
     kernels = analysis.frames["kernels"]["name"].to_list()
     assert sorted(kernels) == sorted(KERNEL_PAYLOADS)  # the names come from the parsed trace
     # a finding that names them (title, summary, scope, evidence), as a detector's would
@@ -92,12 +100,17 @@ def test_script_payloads_in_kernel_and_file_names_render_as_text(open_page, tmp_
     page.locator("details").evaluate_all("ds => ds.forEach(d => d.open = true)")  # evidence visible too
     opened.assert_clean()  # no dialog: no payload ran
     assert page.locator("img, svg[onload]").count() == 0  # no element from the input
-    assert page.evaluate("() => [...document.scripts].filter(s => s.textContent.includes('alert(')).length") == 0
+    # a script in <body> holds the names only as escaped JSON (\\u003c...), never as markup
+    assert page.evaluate("() => [...document.body.querySelectorAll('script')].filter("
+                         "s => /<(script|img)/i.test(s.textContent)).length") == 0
     text = page.locator("body").inner_text()
     for payload in (*KERNEL_PAYLOADS, FILE_PAYLOAD, DIR_PAYLOAD):
         assert payload in text, payload  # shown as written
     assert page.title() == f"forensics: {DIR_PAYLOAD}"
     assert page.get_by_text(f"slow kernel {KERNEL_PAYLOADS[0]}").first.is_visible()
+    assert page.locator("#hostile .plot-container svg.main-svg").count() >= 1  # the chart of the names drew
+    cells = page.locator("#hostile td").all_inner_texts()
+    assert set(KERNEL_PAYLOADS) <= set(cells)
 
 
 def test_the_recorder_sees_network_requests_console_errors_and_dialogs(open_page, tmp_path: Path):  # noqa: F811
