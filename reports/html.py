@@ -32,6 +32,8 @@ from forensics.runinfo import run_header
 MAX_TABLE_ROWS = 500
 """Rows shown per table; the rest is counted ("N more rows") and lives in findings.json / Parquet."""
 MAX_EVIDENCE_ROWS = 50
+MAX_RANK_ROWS = 2048
+"""Ranks and GPUs are listed whole up to this many (a 1,024-rank job: about 0.3 MB)."""
 
 # Which view shows the facts a detector's finding is about (anchor ids of reports.views).
 _VIEW_OF_DETECTOR = {
@@ -201,11 +203,18 @@ def job_header(analysis: Analysis, run: dict[str, Any]) -> list[tuple[str, str]]
 # --- incidents and findings ---------------------------------------------------------------------------
 
 
+def _hours(hours: float | None) -> str | None:
+    """GPU-hours for a reader: 2 decimals; below 0.01 the GPU-seconds, not a 5e-06."""
+    if hours is None:
+        return None
+    return f"{hours:.2f} GPU-hours" if hours >= 0.01 else f"< 0.01 GPU-hours ({hours * 3600:.3g} GPU-s)"
+
+
 def _incident_data(inc: Incident) -> dict[str, Any]:
     return {
         "id": inc.id, "title": inc.title, "severity": inc.severity.value, "verdict": inc.verdict,
         "summary": inc.summary, "confidence": inc.confidence, "findings": list(inc.findings),
-        "gpu_hours": None if inc.gpu_hours_lost is None else f"{inc.gpu_hours_lost:.3g}",
+        "gpu_hours": _hours(inc.gpu_hours_lost),
     }
 
 
@@ -246,7 +255,8 @@ def _finding_data(f: Finding, views: dict[str, ViewData]) -> dict[str, Any]:
 def _ranks_table(analysis: Analysis) -> Table:
     ranks = analysis.frames["ranks"]
     cols = [c for c in ranks.columns if c != "source"]
-    return table("one row per traced process, by rank", ranks.select(cols).sort("rank", nulls_last=True))
+    return table("one row per traced process, by rank", ranks.select(cols).sort("rank", nulls_last=True),
+                 max_rows=MAX_RANK_ROWS)
 
 
 def _gpus_table(run: dict[str, Any]) -> Table:
@@ -254,14 +264,15 @@ def _gpus_table(run: dict[str, Any]) -> Table:
         {"gpu": [f"{g['host']}:{g['pci_bus_id']}" for g in run["gpus"]], "rank": [g["rank"] for g in run["gpus"]]},
         schema={"gpu": pl.String, "rank": pl.Int64},
     )
-    return table("GPUs as host:PCI bus id, with the rank that drove each", df.sort("rank", "gpu", nulls_last=True))
+    return table("GPUs as host:PCI bus id, with the rank that drove each", df.sort("rank", "gpu", nulls_last=True),
+                 max_rows=MAX_RANK_ROWS)
 
 
 def _sources_table(analysis: Analysis) -> Table:
     src = analysis.sources.select("path", "kind", "rank", "host", "status", pl.col("message").alias("why / message"))
     order = pl.col("status").replace_strict({"failed": 0, "partial": 1, "ignored": 2}, default=3, return_dtype=pl.Int8)
     src = src.sort(order, "path")
-    return table("every file found: damaged and ignored ones first, each with why", src, max_rows=2000,
+    return table("every file found: damaged and ignored ones first, each with why", src, max_rows=MAX_TABLE_ROWS * 2,
                  status_col="status")
 
 

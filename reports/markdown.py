@@ -48,9 +48,10 @@ def clip(value: object, limit: int = CELL_CHARS) -> str:
 
 
 def _cell(value: object, float_digits: int) -> str:
+    """A table cell: never at a line start, so only the inline specials need escaping (a "1." stays 1.)."""
     if isinstance(value, float):
         return f"{value:.{float_digits}f}"
-    return "" if value is None else md_text(clip(value))
+    return "" if value is None else _MD_SPECIAL.sub(r"\\\1", clip(value))
 
 
 def markdown_table(df: pl.DataFrame, float_digits: int = 2, max_rows: int | None = None) -> list[str]:
@@ -97,8 +98,9 @@ def _incidents_md(analysis: Analysis) -> list[str]:
 def _evidence_md(f: Finding) -> list[str]:
     if not f.evidence:
         return []
-    rows = [{k: clip(v, CELL_CHARS) for k, v in list(row.items())[:EVIDENCE_COLUMNS]} for row in f.evidence[:EVIDENCE_ROWS]]
+    rows = [{k: None if v is None else clip(v, CELL_CHARS) for k, v in row.items()} for row in f.evidence[:EVIDENCE_ROWS]]
     df = pl.DataFrame(rows, infer_schema_length=None)
+    df = df.select(df.columns[:EVIDENCE_COLUMNS])
     more = f", first {EVIDENCE_ROWS}" if len(f.evidence) > EVIDENCE_ROWS else ""
     return [f"Evidence ({len(f.evidence)} row(s){more}):", "", *markdown_table(df)]
 

@@ -106,3 +106,10 @@ def test_top_evidence_of_the_worst_findings_is_a_table_of_escaped_cells():
     rows = table.group(0).splitlines()[2:]
     assert len(rows) == 2 + 5  # header, separator, five rows
     assert rows[0].count(" | ") + 1 == markdown.EVIDENCE_COLUMNS
+
+
+def test_numbers_in_cells_render_without_a_backslash():
+    df = pl.DataFrame({"v": ["0.00918", "1. one", "-3"], "n": [1, 2, 3]})
+    rendered = _rendered("\n".join(markdown.markdown_table(df)))
+    cells = "".join(rendered.text).split()
+    assert "0.00918" in cells and "-3" in cells and "\\" not in "".join(rendered.text)
