@@ -180,6 +180,13 @@ def _wall_line(analysis: Analysis) -> str:
     return f"{_duration(hi - lo)} of profiled steps, from {start}"
 
 
+def _few(ignored: list[dict[str, Any]], limit: int = 3) -> str:
+    """The ignored files themselves when there are only a few: ": a.txt (not a trace); ..."."""
+    if not ignored or len(ignored) > limit:
+        return ""
+    return ": " + "; ".join(f"{s['path']} ({s['reason'] or s['status']})" for s in ignored)
+
+
 def job_header(analysis: Analysis, run: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, plain text) rows of the job header, first screen."""
     hosts = run["hosts"]
@@ -195,7 +202,7 @@ def job_header(analysis: Analysis, run: dict[str, Any]) -> list[tuple[str, str]]
         ("GPUs", gpu_text),
         ("Steps", _steps_line(analysis)),
         ("Wall time", _wall_line(analysis)),
-        ("Sources", f"{run['sources_used']} file(s) used, {len(ignored)} ignored or unreadable"),
+        ("Sources", f"{run['sources_used']} file(s) used, {len(ignored)} ignored or unreadable" + _few(ignored)),
         ("Tool", f"forensics {__version__}"),
     ]
 
