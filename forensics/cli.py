@@ -507,8 +507,8 @@ def triage(
 @app.command()
 @_command
 def diff(
-    base_dir: Path = typer.Argument(..., help="the run that was fine (BASE): a run folder"),
-    new_dir: Path = typer.Argument(..., help="the run to explain (NEW): a run folder"),
+    base_dir: Path = typer.Argument(..., help="the run that was fine (BASE): a run folder, or an earlier `forensics frames` output"),
+    new_dir: Path = typer.Argument(..., help="the run to explain (NEW): a run folder, or an earlier `forensics frames` output"),
     out_dir: Path = typer.Option(..., "--out", "-o", help="where to write diff.json and diff.md"),
     fail_slower: float | None = typer.Option(None, "--fail-slower", min=0.0,
                                              help="exit 1 when NEW's mean step is slower than BASE's by more than this fraction (e.g. 0.05)"),
@@ -518,6 +518,7 @@ def diff(
     """Explain what changed between BASE and NEW: per-step delta by cause, NCCL configuration, kernels, findings."""
     _check_out_dir([base_dir, new_dir], out_dir)
     from forensics.analyze import analyze as run_analysis
+    from forensics.analyze import analyze_frames, is_frames_output, load_frames_output
     from forensics.diff import compare, profile
     from forensics.outputs import OutputSet
     from forensics.reports import diff_report
@@ -525,8 +526,11 @@ def diff(
     profiles = []
     for label, path in (("BASE", base_dir), ("NEW", new_dir)):
         _run.phase = "parse"
-        with _progress(f"parsing {label}", quiet) as update:
-            analysis = run_analysis(path, progress=update, workers=workers)  # type: ignore[arg-type]
+        if is_frames_output(path):  # an earlier `forensics frames --out` folder: no parsing again
+            analysis = analyze_frames(path, load_frames_output(path))
+        else:
+            with _Phases(quiet) as phases:
+                analysis = run_analysis(path, progress=phases, workers=workers)
         if not analysis.readable:
             _error(f"{label}: no readable trace or log under {path}")
             raise typer.Exit(EXIT_ERROR)

@@ -152,3 +152,16 @@ def test_real_ring_vs_tree_pair_names_the_algorithm_change():
     allreduce = next(k for k in d.kernels if k["kernel"] == "nccl allreduce")
     assert allreduce["base_ms"] == pytest.approx(_sqlite_allreduce_ms_per_rank(ring), abs=0.002)
     assert allreduce["new_ms"] == pytest.approx(_sqlite_allreduce_ms_per_rank(tree), abs=0.002)
+
+
+def test_an_earlier_frames_output_stands_for_its_run(runs: dict[str, Path], tmp_path: Path):
+    """BASE given as the folder `forensics frames` wrote: the same diff as from the run folder itself."""
+    frames_out = tmp_path / "base_frames"
+    assert run_cli("frames", str(runs["clean16"]), "--out", str(frames_out), "-q").returncode == 0
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert run_cli("diff", str(runs["clean16"]), str(runs["net_socket"]), "--out", str(a), "-q").returncode == 0
+    assert run_cli("diff", str(frames_out), str(runs["net_socket"]), "--out", str(b), "-q").returncode == 0
+    da, db = json.loads((a / "diff.json").read_text()), json.loads((b / "diff.json").read_text())
+    for d in (da, db):
+        d["base"].pop("path"), d["base"].pop("name")
+    assert da == db
