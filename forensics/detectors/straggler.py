@@ -54,7 +54,7 @@ What to do:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import polars as pl
 
@@ -282,9 +282,9 @@ def detect(ctx: JobContext, cfg: StragglerConfig) -> list[Finding]:
         gpu_of=gpus_of(ctx, classes),
     )
     findings = [_rank_finding(h, c, rs, sc, job, cfg) for h, c, rs in _by_node(classes, job.host_of)]
-    findings += _links(ctx, cfg, job.host_of, job.step_med, job.n_steps)
-    findings += _stages(s, cfg, job.step_med)
-    return findings
+    extra = _links(ctx, cfg, job.host_of, job.step_med, job.n_steps) + _stages(s, cfg, job.step_med)
+    # Confidence from the evidence (forensics.confidence): never above what the ranks and steps support.
+    return findings + [replace(f, confidence=at_most(f.confidence, job.cov.confidence())) for f in extra]
 
 
 def _rows(df: pl.DataFrame) -> dict[int, dict]:

@@ -29,6 +29,7 @@ from forensics.simulate.engine import (
     iter_steps,
 )
 from forensics.simulate.kineto import EPOCH_NS, T0_NS, TraceWriter
+from forensics.simulate.logs import OOM_ANON_RSS_KB
 from forensics.simulate.model import PCI_BUS_IDS, Job
 from forensics.simulate.scenarios import SCENARIOS, Params, Scenario, ScenarioError
 
@@ -453,6 +454,13 @@ def _straggler_truth(f: dict[str, Any], per_rank: list[dict[str, Any]], others: 
     return exp
 
 
+def _killer_truth(f: dict[str, Any], engine: Engine) -> dict[str, Any]:
+    """What the kernel log says about a fault that stops its rank: the Xid, or the OOM victim's pid and size."""
+    if f["kind"] == "xid":
+        return {"xid": f["code"]}
+    return {"victim_pid": engine.states[f["ranks"][0]].pid, "anon_rss_kb": OOM_ANON_RSS_KB}
+
+
 def _fault_truth(f: dict[str, Any], job: Job, engine: Engine, per_rank: list[dict[str, Any]], timeout_info: dict[str, Any] | None) -> dict[str, Any]:
     kind = f["kind"]
     out: dict[str, Any] = {"kind": kind, "params": {k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(f.items()) if k != "kind"}}
@@ -496,7 +504,7 @@ def _fault_truth(f: dict[str, Any], job: Job, engine: Engine, per_rank: list[dic
             "collective": c.op, "numel": timeout_info["numel_in"], "numel_out": timeout_info["numel_out"], "timeout_ms": f["timeout_ms"],
             "missing_ranks": sorted(c.absent), "waiting_ranks": sorted(timeout_info["arrive"]),
         })
-    elif kind == "xid":
-        exp["xid"] = f["code"]
+    elif kind in ("xid", "oom_kill"):
+        exp.update(_killer_truth(f, engine))
     out["expected"] = exp
     return out

@@ -19,7 +19,7 @@ class Scenario:
     name: str
     summary: str
     build: Callable[[int | None, int | None, Params], Job]
-    kernel_log: str = "benign"          # benign / xid79 / xid48 / xid94 / xid63 / throttle / link_flap
+    kernel_log: str = "benign"          # benign / xid79 / xid48 / xid94 / xid63 / throttle / link_flap / oom
 
 
 class Params:
@@ -267,6 +267,19 @@ def xid(code: int) -> Callable[[int | None, int | None, Params], Job]:
     return build
 
 
+def oom_kill(ranks: int | None, steps: int | None, params: Params) -> Job:
+    """The host's OOM killer kills one rank's training process: it never reaches the next gradient
+    all-reduce and the others time out in the watchdog (a host fault, not the GPU's)."""
+    n = ranks or 8
+    if n < 2:
+        raise ScenarioError("oom_kill hangs a collective: it needs at least 2 ranks")
+    r = _culprit(params, n, 5 if n > 5 else n - 1)
+    steps = steps or 3
+    return _ddp(ranks, steps, params, faults=(
+        {"kind": "collective_timeout", "ranks": (r,), "step": 100 + steps - 1, "seq": 0, "timeout_ms": 600000.0},
+        {"kind": "oom_kill", "ranks": (r,)}))
+
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("ddp_clean", "healthy data-parallel job (DDP, overlapped bucketed all-reduce)", ddp_clean),
     Scenario("fsdp_clean", "healthy FSDP job (per-layer all-gather prefetch, reduce-scatter of gradients)", fsdp_clean),
@@ -293,5 +306,6 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("xid48", "double-bit ECC error (Xid 48) on one GPU", xid(48), kernel_log="xid48"),
     Scenario("xid94", "contained ECC error (Xid 94) on one GPU", xid(94), kernel_log="xid94"),
     Scenario("xid63", "row-remapping event (Xid 63) on one GPU", xid(63), kernel_log="xid63"),
+    Scenario("oom_kill", "the OOM killer kills one rank's process (host memory); its peers time out in the watchdog", oom_kill, kernel_log="oom"),
     Scenario("benign_kernel_log", "healthy job whose kernel logs hold only benign noise", ddp_clean),
 )}
