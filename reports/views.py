@@ -76,6 +76,8 @@ DETECTOR_VIEWS: dict[str, str] = {
     "nccl_timeout": "hw-events",
     "nccl_algorithm": "collectives",
     "nccl_transport": "nccl-config",
+    "slow_link": "collectives",
+    "node_health": "hw-events",
 }
 """The view (anchor) that shows a detector's evidence, for a finding's link."""
 
