@@ -321,38 +321,42 @@ def _comms(comm_raw: pl.DataFrame | None, cpu_ops: pl.DataFrame | None, kernels:
         _pg_ranks(calls),
     ).drop("coll_raw", "pg_ranks_raw", "_inner", "_c10d")
 
-    # The kernel it launched: the first launch, on the same thread and inside the call, of a
-    # comm-class kernel; failing that, a comm kernel carrying the call's External id.
     calls = calls.with_columns(pl.lit(None, dtype=pl.Int64).alias("kernel_correlation"))
     if kernels is not None:
-        comm_k = kernels.filter(pl.col("class") == "comm")
-        if comm_k.height:
-            launches = (
-                cpu_ops.filter(pl.col("is_launch"))
-                .join(comm_k.select("_f", "correlation").drop_nulls().unique(), on=["_f", "correlation"], how="semi")
-                .select("_f", "pid", "tid", pl.col("start_ns").alias("_ls"), pl.col("correlation").alias("_lc"))
-                .sort("_ls")
-            )
-            calls = calls.sort("start_ns").join_asof(
-                launches, left_on="start_ns", right_on="_ls", by=["_f", "pid", "tid"], strategy="forward", check_sortedness=False
-            )
-            by_ext = (
-                comm_k.filter(pl.col("external_id").is_not_null())
-                .group_by("_f", "external_id")
-                .agg(pl.col("correlation").sort_by("start_ns").first().alias("_ec"))
-            )
-            calls = calls.join(by_ext, on=["_f", "external_id"], how="left", maintain_order="left")
-            calls = calls.with_columns(
-                pl.coalesce(pl.when(pl.col("_ls") <= pl.col("end_ns")).then(pl.col("_lc")), pl.col("_ec")).alias("kernel_correlation")
-            ).drop("_ls", "_lc", "_ec")
-            # Last resort for the collective: the name of the kernel the call launched (a hint).
-            hint = comm_k.select("_f", pl.col("correlation").alias("kernel_correlation"), pl.col("name_coll")).unique(
-                ["_f", "kernel_correlation"]
-            )
-            calls = calls.join(hint, on=["_f", "kernel_correlation"], how="left", maintain_order="left").with_columns(
-                pl.coalesce("collective", "name_coll").alias("collective")
-            ).drop("name_coll")
+        calls = _link_kernels(calls, cpu_ops, kernels.filter(pl.col("class") == "comm"))
     return calls.with_columns(_bytes_expr()).sort("_f", "start_ns", "_call").drop("_call")
+
+
+def _link_kernels(calls: pl.DataFrame, cpu_ops: pl.DataFrame, comm_k: pl.DataFrame) -> pl.DataFrame:
+    """The kernel each call launched: the first launch, on the same thread and inside the call, of
+    a comm-class kernel of its file; failing that, a comm kernel carrying the call's External id."""
+    if not comm_k.height:
+        return calls
+    launches = (
+        cpu_ops.filter(pl.col("is_launch"))
+        .join(comm_k.select("_f", "correlation").drop_nulls().unique(), on=["_f", "correlation"], how="semi")
+        .select("_f", "pid", "tid", pl.col("start_ns").alias("_ls"), pl.col("correlation").alias("_lc"))
+        .sort("_ls")
+    )
+    calls = calls.sort("start_ns").join_asof(
+        launches, left_on="start_ns", right_on="_ls", by=["_f", "pid", "tid"], strategy="forward", check_sortedness=False
+    )
+    by_ext = (
+        comm_k.filter(pl.col("external_id").is_not_null())
+        .group_by("_f", "external_id")
+        .agg(pl.col("correlation").sort_by("start_ns").first().alias("_ec"))
+    )
+    calls = calls.join(by_ext, on=["_f", "external_id"], how="left", maintain_order="left")
+    calls = calls.with_columns(
+        pl.coalesce(pl.when(pl.col("_ls") <= pl.col("end_ns")).then(pl.col("_lc")), pl.col("_ec")).alias("kernel_correlation")
+    ).drop("_ls", "_lc", "_ec")
+    # Last resort for the collective: the name of the kernel the call launched (a hint).
+    hint = comm_k.select("_f", pl.col("correlation").alias("kernel_correlation"), pl.col("name_coll")).unique(
+        ["_f", "kernel_correlation"]
+    )
+    return calls.join(hint, on=["_f", "kernel_correlation"], how="left", maintain_order="left").with_columns(
+        pl.coalesce("collective", "name_coll").alias("collective")
+    ).drop("name_coll")
 
 
 def _enrich_kernels(kernels: pl.DataFrame | None, comms: pl.DataFrame | None) -> pl.DataFrame | None:

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from forensics.parsers.common import LongLines, read_capped, read_lines
 
 LINE_MB = 100
