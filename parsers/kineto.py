@@ -115,7 +115,7 @@ class KinetoBatch:
             gpu, cpu, comm_raw = (_shift(df, bases) for df in (gpu, cpu, comm_raw))
         _hosts(files, cpu)
         kernels = _kernels(gpu)
-        cpu_ops = _cpu_ops(cpu, kernels)
+        cpu_ops = _cpu_ops(cpu, kernels, one_file=len(files) == 1)
         comms = _comms(comm_raw, cpu_ops, kernels)
         kernels = _enrich_kernels(kernels, comms)
         steps = _steps(cpu_ops)
@@ -205,9 +205,13 @@ def _stamp(name: str, df: pl.DataFrame | None, ident: dict[str, pl.Series]) -> t
     if df is None or df.height == 0:
         return fr.empty(name), {}
     index = df.get_column("_f")
-    counts = dict(index.value_counts().iter_rows()) if len(ident["rank"]) > 1 else {int(index[0]): df.height}
-    df = df.with_columns([values.gather(index).alias(col) for col, values in ident.items()]).drop("_f")
-    return fr.conform(name, df), counts
+    if len(ident["rank"]) == 1:  # one file: its values broadcast, no per-row gather
+        stamps: list[pl.Expr | pl.Series] = [pl.lit(values[0], dtype=values.dtype).alias(col) for col, values in ident.items()]
+        counts = {0: df.height}
+    else:
+        stamps = [values.gather(index).alias(col) for col, values in ident.items()]
+        counts = dict(index.value_counts().iter_rows())
+    return fr.conform(name, df.with_columns(stamps).drop("_f")), counts
 
 
 def _map_unique(series: pl.Series, fn: Callable[[Any], Any], dtype: pl.DataType | type[pl.DataType]) -> pl.Series:
@@ -255,19 +259,21 @@ def _kernels(gpu: pl.DataFrame | None) -> pl.DataFrame | None:
     return df.with_columns(_bytes_expr()).drop("kind", "coll_raw", "pg_ranks_raw")
 
 
-def _cpu_ops(cpu: pl.DataFrame | None, kernels: pl.DataFrame | None) -> pl.DataFrame | None:
+def _cpu_ops(cpu: pl.DataFrame | None, kernels: pl.DataFrame | None, one_file: bool) -> pl.DataFrame | None:
     if cpu is None:
         return None
     # A runtime call launched GPU work when a kernel of its own file carries its correlation id.
-    gpu_corr = (
-        kernels.select("_f", "correlation").drop_nulls().unique()
-        if kernels is not None
-        else pl.DataFrame(schema={"_f": pl.Int64, "correlation": pl.Int64})
-    )
-    cpu = cpu.join(gpu_corr.with_columns(pl.lit(True).alias("_gpu")), on=["_f", "correlation"], how="left", maintain_order="left")
+    if kernels is None:
+        on_gpu = pl.lit(False)
+    elif one_file:  # a plain membership test: the join below costs memory on a big trace
+        on_gpu = pl.col("correlation").is_in(kernels.get_column("correlation").drop_nulls().unique().implode())
+    else:  # joined on the key columns only: the other columns of ``cpu`` are shared, not copied
+        flag = kernels.select("_f", "correlation").drop_nulls().unique().with_columns(pl.lit(True).alias("_gpu"))
+        keys = cpu.select("_f", "correlation").join(flag, on=["_f", "correlation"], how="left", maintain_order="left")
+        on_gpu = pl.lit(keys.get_column("_gpu").fill_null(False))
     runtime = pl.col("category").is_in(["cuda_runtime", "cuda_driver"])
-    launch = runtime & (pl.col("_gpu").fill_null(False) | pl.col("name").str.contains(_LAUNCH_PATTERN))
-    return cpu.with_columns(launch.fill_null(False).alias("is_launch")).drop("_gpu")
+    launch = runtime & (on_gpu | pl.col("name").str.contains(_LAUNCH_PATTERN))
+    return cpu.with_columns(launch.fill_null(False).alias("is_launch"))
 
 
 def _comms(comm_raw: pl.DataFrame | None, cpu_ops: pl.DataFrame | None, kernels: pl.DataFrame | None) -> pl.DataFrame | None:
