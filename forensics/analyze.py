@@ -108,6 +108,12 @@ def analyze_frames(
     return Analysis(run_dir, context, correlated, skipped, incidents)
 
 
+def derived_tables(frames: JobFrames) -> dict[str, pl.DataFrame]:
+    """What `forensics frames` writes beside the canonical frames, from the job's one context (no detectors)."""
+    context = JobContext(frames)
+    return {"op_categories": context.categories, "op_attribution": context.op_attribution}
+
+
 def is_frames_output(path: Path) -> bool:
     """A folder `forensics frames` wrote: its sources.parquet is there."""
     return path.is_dir() and (path / "sources.parquet").is_file()

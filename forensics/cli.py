@@ -338,8 +338,7 @@ def frames(
 ) -> None:
     """Parse RUN_DIR and write every canonical frame as Parquet (for Polars or DuckDB)."""
     _check_out_dir([run_dir], out_dir)
-    from forensics.analyze import load
-    from forensics.context import JobContext
+    from forensics.analyze import derived_tables, load
     from forensics.frames import FRAME_SPECS
     from forensics.outputs import OutputSet
 
@@ -352,9 +351,8 @@ def frames(
         outs.add(f"{name}.parquet", functools.partial(_write_parquet, job[name]))
     for name in FRAME_SPECS:
         outs.remove(f"{name}.parquet")  # frames an earlier run had and this one has not
-    ctx = JobContext(job)  # derived frames: op categories per step and the ops that launched them
-    outs.add("op_categories.parquet", functools.partial(_write_parquet, ctx.categories))
-    outs.add("op_attribution.parquet", functools.partial(_write_parquet, ctx.op_attribution))
+    for name, table in derived_tables(job).items():  # op categories per step, the ops behind the kernels
+        outs.add(f"{name}.parquet", functools.partial(_write_parquet, table))
     outs.remove("crash.txt")
     _commit(outs)
     out.print(f"{len(job.present)} frame(s) and 2 derived tables (op_categories, op_attribution) written to {out_dir}",
