@@ -19,7 +19,7 @@ from forensics.errors import UsageError
 from forensics.findings import Finding, Skipped, sort_findings
 from forensics.frames import JobFrames
 from forensics.incidents import Incident, correlate, job_facts
-from forensics.parsers.discovery import ParsedSource, discover_and_parse, sources_frame
+from forensics.parsers.discovery import ParsedSource, SharedFrames, discover_and_parse, sources_frame
 
 ProgressFn = Callable[[str, int, int], None]
 """(item, done, total): one parsed file."""
@@ -53,16 +53,32 @@ class Analysis:
 
 
 def collect_frames(parsed: list[ParsedSource]) -> tuple[pl.DataFrame, JobFrames]:
-    """Merge every usable source's frames into one JobFrames."""
+    """Merge every usable source's frames into one JobFrames, in path order."""
+    usable = {item.file.rel_path for item in parsed if item.result.status in ("ok", "partial")}
     parts: dict[str, list[pl.DataFrame]] = defaultdict(list)
+    seen: set[int] = set()
     for item in parsed:
-        if item.result.status in ("ok", "partial"):
+        if item.shared is not None:
+            if id(item.shared) not in seen:
+                seen.add(id(item.shared))
+                _add_shared(parts, item.shared, usable)
+        elif item.file.rel_path in usable:
             for name, df in item.result.frames.items():
                 parts[name].append(df)
     sources = sources_frame(parsed)
     merged = {name: fr.concat(name, dfs) for name, dfs in parts.items()}
     merged["sources"] = sources
     return sources, JobFrames(merged, present=set(parts) | {"sources"})
+
+
+def _add_shared(parts: dict[str, list[pl.DataFrame]], shared: SharedFrames, usable: set[str]) -> None:
+    """Frames shared by a batch of files, less the rows of those set aside since they were parsed
+    (a rank claimed twice, a guessed rank beside other traces)."""
+    dropped = [s for s in shared.sources if s not in usable]
+    if len(dropped) == len(shared.sources):
+        return
+    for name, df in shared.frames.items():
+        parts[name].append(df.filter(~pl.col("source").is_in(dropped)) if dropped else df)
 
 
 def load(run_dir: Path, progress: ProgressFn | None = None, workers: int | None = None) -> tuple[pl.DataFrame, JobFrames]:

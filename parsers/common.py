@@ -120,6 +120,58 @@ def iter_chunks(path: Path, chunk_size: int = 8 << 20, limit: int = DEFAULT_MAX_
             yield chunk
 
 
+class LongLines:
+    """Lines longer than ``cap`` bytes that ``read_lines`` skipped: how many and where, and how
+    many lines it read in all (skipped ones included)."""
+
+    def __init__(self, cap: int = DEFAULT_MAX_RECORD_BYTES) -> None:
+        self.cap = cap
+        self.count = 0
+        self.first: int | None = None  # line number of the first one skipped
+        self.lines = 0
+
+    def note(self, source: str) -> str | None:
+        """One line for the source's message; None when no line was skipped."""
+        if not self.count:
+            return None
+        more = f" and {self.count - 1:,} later line(s)" if self.count > 1 else ""
+        return (f"{source} line {self.first:,}{more} longer than {self.cap:,} bytes "
+                f"(FORENSICS_MAX_RECORD_BYTES): skipped, not read")
+
+
+def read_lines(fh: BinaryIO, long: LongLines) -> Iterator[tuple[int, bytes]]:
+    """(line number, line with its end of line) for every line of ``fh`` up to ``long.cap`` bytes.
+    A longer line is read past in 1 MiB pieces, never held whole: it is counted in ``long`` and
+    not yielded, so memory stays bounded by the cap whatever the file holds."""
+    cap = long.cap
+    n = 0
+    while raw := fh.readline(cap + 1):
+        n += 1
+        long.lines = n
+        if len(raw) > cap and not raw.endswith(b"\n"):
+            del raw
+            while (piece := fh.readline(1 << 20)) and not piece.endswith(b"\n"):
+                pass
+            long.count += 1
+            long.first = long.first or n
+            continue
+        yield n, raw
+
+
+def read_capped(fh: BinaryIO, long: LongLines) -> bytes:
+    """The whole text, each line longer than the cap left empty (its line break kept, so the
+    numbers of the lines after it hold): see ``read_lines``."""
+    parts: list[bytes] = []
+    last = 0
+    for n, line in read_lines(fh, long):
+        if n > last + 1:
+            parts.append(b"\n" * (n - last - 1))
+        parts.append(line)
+        last = n
+    parts.append(b"\n" * (long.lines - last))
+    return b"".join(parts)
+
+
 def read_head(path: Path, size: int) -> tuple[bytes, str | None]:
     """Up to ``size`` decompressed bytes from the start, and an error message when not a byte could
     be decompressed (corrupt gzip). A gzip file cut off mid-write yields what it holds: the

@@ -7,13 +7,16 @@ Never follows a symlink out of RUN_DIR and never writes into it. Every file beco
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import re
 import time
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any, Protocol
 
 import polars as pl
 from forensics.parsers import registry, sniff
@@ -27,6 +30,14 @@ TAIL_BYTES = 1 << 20
 # Parse in worker processes only when there is enough work to pay for their start-up.
 PARALLEL_MIN_BYTES = 32 << 20
 PARALLEL_MIN_FILES = 64
+# Small files are parsed in units of several: one worker round trip per unit, and the files of a
+# unit whose kind has a batch parser have their frames built together (Polars' fixed cost per
+# call, a few ms a file, is paid once per unit). A file above SMALL_FILE_BYTES is a unit alone.
+UNIT_MAX_FILES = 512
+UNIT_MAX_BYTES = 16 << 20
+SMALL_FILE_BYTES = 4 << 20
+# Kinds whose parser can take several files at once ("module:class", see ``BatchParser``).
+BATCH_PARSERS = {"kineto": "forensics.parsers.kineto:KinetoBatch"}
 
 # Names that make an empty or undecompressable file count as a broken trace rather than noise.
 _TRACE_NAME = re.compile(r"\.json(\.gz)?$|\.pt\.trace|trace", re.IGNORECASE)
@@ -49,11 +60,30 @@ class DiscoveredFile:
     message: str | None = None
 
 
+class BatchParser(Protocol):
+    """Parses several files of one kind: ``add`` reads one (a failed result, or None when its
+    result comes later), ``finish`` returns the results of the files added, and their frames."""
+
+    def add(self, path: Path, ctx: ParseContext) -> ParseResult | None: ...
+
+    def finish(self) -> tuple[list[ParseResult], dict[str, pl.DataFrame]]: ...
+
+
+@dataclass
+class SharedFrames:
+    """Frames holding the rows of several files (a batch); each row names its file in ``source``."""
+
+    frames: dict[str, pl.DataFrame]
+    sources: list[str]
+
+
 @dataclass
 class ParsedSource:
     file: DiscoveredFile
     result: ParseResult
     parse_ns: int
+    # Set when this file's rows are in frames shared with other files (``result.frames`` is empty).
+    shared: SharedFrames | None = None
 
 
 ProgressFn = Callable[[str, int, int], None]
@@ -170,11 +200,18 @@ def parse_one(file: DiscoveredFile, run_dir: Path) -> ParsedSource:
 
 
 def _run_parser(parser: Parser, file: DiscoveredFile, run_dir: Path) -> ParseResult:
+    ctx = ParseContext(run_dir=run_dir, rel_path=file.rel_path)
+    result = _guarded(lambda: parser(file.path, ctx), file)
+    assert result is not None
+    return result
+
+
+def _guarded(call: Callable[[], ParseResult | None], file: DiscoveredFile) -> ParseResult | None:
+    """``call()``, with every failure but an interrupt turned into a failed result."""
     if not os.path.lexists(file.path):
         return ParseResult.failed("the file vanished between discovery and parsing")
-    ctx = ParseContext(run_dir=run_dir, rel_path=file.rel_path)
     try:
-        return parser(file.path, ctx)
+        return call()
     except MemoryError:
         return ParseResult.failed("out of memory while parsing")
     except FileNotFoundError:
@@ -191,8 +228,77 @@ def _run_parser(parser: Parser, file: DiscoveredFile, run_dir: Path) -> ParseRes
         )
 
 
-def _parse_worker(args: tuple[DiscoveredFile, Path]) -> ParsedSource:
-    return parse_one(*args)
+def parse_unit(files: list[DiscoveredFile], run_dir: Path) -> list[ParsedSource]:
+    """Parse a unit of files (in order); files of a kind with a batch parser are parsed together."""
+    out: list[ParsedSource] = []
+    batches: dict[str, tuple[BatchParser, list[ParsedSource]]] = {}
+    for f in files:
+        spec = BATCH_PARSERS.get(f.kind) if f.status is None else None
+        if spec is None:
+            out.append(parse_one(f, run_dir))
+            continue
+        batch, pending = batches.get(f.kind) or batches.setdefault(f.kind, (_load_batch(spec), []))
+        ctx = ParseContext(run_dir=run_dir, rel_path=f.rel_path)
+        start = time.perf_counter_ns()
+        early = _guarded(partial(batch.add, f.path, ctx), f)
+        placeholder = ParseResult(status="failed", message="not parsed")  # until the batch finishes
+        item = ParsedSource(f, early if early is not None else placeholder, time.perf_counter_ns() - start)
+        out.append(item)
+        if early is None:
+            pending.append(item)
+    for batch, pending in batches.values():
+        _finish_batch(batch, pending, run_dir)
+    return out
+
+
+def _load_batch(spec: str) -> BatchParser:
+    module, _, name = spec.partition(":")
+    factory: Any = getattr(importlib.import_module(module), name)
+    return factory()
+
+
+def _finish_batch(batch: BatchParser, items: list[ParsedSource], run_dir: Path) -> None:
+    if not items:
+        return
+    start = time.perf_counter_ns()
+    try:
+        results, frames = batch.finish()
+    except Exception:  # a parser bug on one file must cost that file only: parse them one by one
+        for item in items:
+            redo = parse_one(item.file, run_dir)
+            item.result, item.parse_ns = redo.result, item.parse_ns + redo.parse_ns
+        return
+    share = (time.perf_counter_ns() - start) // len(items)
+    shared = SharedFrames(frames, [item.file.rel_path for item in items]) if len(items) > 1 else None
+    for item, result in zip(items, results):
+        if shared is None:
+            result.frames = frames
+        item.result, item.parse_ns, item.shared = result, item.parse_ns + share, shared
+
+
+def units(files: list[DiscoveredFile], n_workers: int) -> list[list[DiscoveredFile]]:
+    """Consecutive files grouped into units of work (see UNIT_MAX_FILES); a big file is alone."""
+    per_unit = max(1, min(UNIT_MAX_FILES, -(-len(files) // (4 * n_workers))))
+    out: list[list[DiscoveredFile]] = []
+    unit: list[DiscoveredFile] = []
+    size = 0
+    for f in files:
+        big = f.size_bytes > SMALL_FILE_BYTES
+        if unit and (big or len(unit) >= per_unit or size + f.size_bytes > UNIT_MAX_BYTES):
+            out.append(unit)
+            unit, size = [], 0
+        unit.append(f)
+        size += f.size_bytes
+        if big:
+            out.append(unit)
+            unit, size = [], 0
+    if unit:
+        out.append(unit)
+    return out
+
+
+def _parse_worker(args: tuple[list[DiscoveredFile], Path]) -> list[ParsedSource]:
+    return parse_unit(*args)
 
 
 def discover(run_dir: Path) -> list[DiscoveredFile]:
@@ -241,12 +347,12 @@ def discover_and_parse(
         if progress:
             progress(item.file.rel_path, len(results), len(files))
 
-    # Many small files pay for the workers too: each costs a few ms of fixed Polars work.
     if n_workers > 1 and len(to_parse) > 1 and (total_bytes >= PARALLEL_MIN_BYTES or len(to_parse) >= PARALLEL_MIN_FILES):
         _parse_in_pool(files, root, n_workers, tick)
     else:
-        for f in files:
-            tick(parse_one(f, root))
+        for unit in units(files, 1):
+            for item in parse_unit(unit, root):
+                tick(item)
     _reject_duplicate_ranks(results)
     settle_guessed_ranks(results)
     return results
@@ -254,22 +360,22 @@ def discover_and_parse(
 
 def _parse_in_pool(files: list[DiscoveredFile], root: Path, n_workers: int, tick: Callable[[ParsedSource], None]) -> None:
     """Parse in worker processes; ``tick`` sees the results in path order."""
-    out: dict[int, ParsedSource] = {}
+    out: dict[int, list[ParsedSource]] = {}
     emitted = 0
 
-    def done(index: int, item: ParsedSource) -> None:
+    def done(index: int, items: list[ParsedSource]) -> None:
         nonlocal emitted
-        out[index] = item
+        out[index] = items
         while emitted in out:
-            tick(out.pop(emitted))
+            for item in out.pop(emitted):
+                tick(item)
             emitted += 1
 
-    chunk = max(1, min(16, len(files) // (8 * n_workers)))  # small files: fewer round trips
-    run_pool(_parse_worker, [(f, root) for f in files], n_workers, _lost, done, chunk)
+    run_pool(_parse_worker, [(unit, root) for unit in units(files, n_workers)], n_workers, _lost, done)
 
 
-def _lost(args: tuple[DiscoveredFile, Path], why: str) -> ParsedSource:
-    return ParsedSource(args[0], ParseResult.failed(f"not parsed: {why} (out of memory?)"), 0)
+def _lost(args: tuple[list[DiscoveredFile], Path], why: str) -> list[ParsedSource]:
+    return [ParsedSource(f, ParseResult.failed(f"not parsed: {why} (out of memory?)"), 0) for f in args[0]]
 
 
 def _reject_duplicate_ranks(results: Iterable[ParsedSource]) -> None:

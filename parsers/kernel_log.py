@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 import polars as pl
-from forensics.parsers.common import ParseContext, ParseResult, open_bounded
+from forensics.parsers.common import LongLines, ParseContext, ParseResult, open_bounded, read_capped
 
 from forensics import frames as fr
 from forensics.identity import normalize_bus_id
@@ -769,9 +769,10 @@ def _column_values(kind: str, f: dict[str, Any]) -> tuple[str | None, int | None
 
 
 def parse(path: Path, ctx: ParseContext) -> ParseResult:
+    long = LongLines()
     try:
         with open_bounded(path, ctx.max_decompressed_bytes) as fh:
-            raw = fh.read()
+            raw = read_capped(fh, long)
     except (OSError, EOFError, zlib.error) as exc:
         return ParseResult.failed(f"{ctx.rel_path}: unreadable: {exc}")
     except Exception as exc:  # DecompressionLimitExceeded and friends
@@ -782,7 +783,11 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
         mtime_ns: int | None = path.stat().st_mtime_ns
     except OSError:
         mtime_ns = None
-    return parse_text(text, ctx.rel_path, mtime_ns=mtime_ns, bad_bytes=bad_bytes)
+    result = parse_text(text, ctx.rel_path, mtime_ns=mtime_ns, bad_bytes=bad_bytes)
+    if long.count:
+        result.status = "partial"
+        result.message = f"{result.message}; {long.note(ctx.rel_path)}"
+    return result
 
 
 _COLUMNS = ("host", "line", "time_text", "time_format", "mono_ns", "wall_ns", "wall_source", "facility",

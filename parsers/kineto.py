@@ -11,6 +11,7 @@ CPU-only traces.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -26,7 +27,7 @@ from forensics.parsers.kineto_names import (
     parse_rank_list,
     rank_from_filename,
 )
-from forensics.parsers.kineto_stream import TraceReadError, read_trace
+from forensics.parsers.kineto_stream import ReadOutcome, TraceReadError, read_trace
 
 from forensics import frames as fr
 from forensics.hosts import short_host
@@ -39,48 +40,123 @@ _MSG_AND_PG = ("pg_name", "pg_desc", "pg_ranks", "group_size", "in_nelems", "out
 
 
 def parse(path: Path, ctx: ParseContext) -> ParseResult:
-    ex = Extractor()
-    try:
-        outcome = read_trace(path, ctx.max_decompressed_bytes, ex.feed)
-    except TraceReadError as exc:
-        return ParseResult.failed(str(exc))
-    if outcome.events == 0 and not outcome.complete:
-        return ParseResult.failed(f"{outcome.problem}: nothing usable (cut before its first event?)")
-    meta = outcome.meta
-    gpu = ex.gpu_frame()
-    cpu = ex.cpu_frame()
-    comm_raw = ex.comm_frame(cpu)
-    cpu = cpu.drop("_row") if cpu is not None else None
+    """One trace: a batch of one."""
+    batch = KinetoBatch()
+    early = batch.add(path, ctx)
+    if early is not None:
+        return early
+    (result,), frames = batch.finish()
+    result.frames = frames
+    return result
 
+
+@dataclass
+class _File:
+    """One trace taken into a batch: what the reader saw, and whose trace it is."""
+
+    index: int
+    rel_path: str
+    outcome: ReadOutcome
+    dist: dict
+    rank: int
+    rank_note: str
+    rank_guessed: bool
+    skipped: int  # flow / instant / metadata events not tabulated
+    malformed: int
+    host: str | None = None
+
+
+class KinetoBatch:
+    """Several traces parsed as one: each file is read on its own (``add``), the frames of all of
+    them are built at once (``finish``), so many small traces pay Polars' fixed costs once. Rows
+    carry the file's index in ``_f`` until they are stamped with its rank, host and source."""
+
+    def __init__(self) -> None:
+        self.ex = Extractor()
+        self.files: list[_File] = []
+
+    def add(self, path: Path, ctx: ParseContext) -> ParseResult | None:
+        """Read one trace. A failed result when nothing of it is usable, else None (its result
+        comes from ``finish``). Whatever happens, a file that fails leaves no rows behind."""
+        ex = self.ex
+        ex.begin_file()
+        try:
+            outcome = read_trace(path, ctx.max_decompressed_bytes, ex.feed)
+        except TraceReadError as exc:
+            ex.drop_file()
+            return ParseResult.failed(str(exc))
+        except BaseException:
+            ex.drop_file()
+            raise
+        if outcome.events == 0 and not outcome.complete:
+            ex.drop_file()
+            return ParseResult.failed(f"{outcome.problem}: nothing usable (cut before its first event?)")
+        dist = outcome.meta.get("distributedInfo")
+        dist = dist if isinstance(dist, dict) else {}
+        rank, rank_note, rank_guessed = _rank(dist, ctx.rel_path)
+        index = len(self.files)
+        ex.end_file(index)
+        skipped = sum(ex.skipped.values()) + outcome.flows
+        self.files.append(_File(index, ctx.rel_path, outcome, dist, rank, rank_note, rank_guessed, skipped, ex.malformed))
+        return None
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def finish(self) -> tuple[list[ParseResult], dict[str, pl.DataFrame]]:
+        """The result of every file ``add`` took (in order) and the frames of them all."""
+        ex, files = self.ex, self.files
+        gpu = ex.gpu_frame()
+        cpu = ex.cpu_frame()
+        comm_raw = ex.comm_frame(cpu)
+        cpu = cpu.drop("_row") if cpu is not None else None
+        bases = pl.Series([_base_ns(f.outcome.meta) for f in files], dtype=pl.Int64)
+        if (bases != 0).any():
+            gpu, cpu, comm_raw = (_shift(df, bases) for df in (gpu, cpu, comm_raw))
+        _hosts(files, cpu)
+        kernels = _kernels(gpu)
+        cpu_ops = _cpu_ops(cpu, kernels, one_file=len(files) == 1)
+        comms = _comms(comm_raw, cpu_ops, kernels)
+        kernels = _enrich_kernels(kernels, comms)
+        steps = _steps(cpu_ops)
+        ranks = _ranks(files, kernels, cpu_ops)
+        ident = _ident(files)
+        out: dict[str, pl.DataFrame] = {}
+        counts: dict[str, dict[int, int]] = {}
+        for name, df in (("kernels", kernels), ("cpu_ops", cpu_ops), ("steps", steps), ("comms", comms)):
+            out[name], counts[name] = _stamp(name, df, ident)
+        out["ranks"] = ranks
+        out["process_groups"] = _process_groups(files)
+        return [_result(f, counts, ex.dropped[f.index]) for f in files], out
+
+
+def _base_ns(meta: dict) -> int:
     base = meta.get("baseTimeNanoseconds")
-    if isinstance(base, int) and base:
-        shift = [(pl.col(c) + base) for c in ("start_ns", "end_ns")]
-        gpu = gpu.with_columns(shift) if gpu is not None else None
-        cpu = cpu.with_columns(shift) if cpu is not None else None
-        comm_raw = comm_raw.with_columns(shift) if comm_raw is not None else None
+    return int(base) if isinstance(base, int) and base else 0
 
-    dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
-    rank, rank_note, rank_guessed = _rank(dist, ctx.rel_path)
-    host = _host(meta, cpu, ctx.rel_path)
 
-    ident = {"rank": rank, "host": host, "source": ctx.rel_path}
-    kernels = _kernels(gpu)
-    cpu_ops = _cpu_ops(cpu, kernels)
-    comms = _comms(comm_raw, cpu_ops, kernels)
-    kernels = _enrich_kernels(kernels, comms)
-    steps = _steps(cpu_ops)
-    out: dict[str, pl.DataFrame] = {
-        "kernels": _stamp("kernels", kernels, ident),
-        "cpu_ops": _stamp("cpu_ops", cpu_ops, ident),
-        "steps": _stamp("steps", steps, ident),
-        "comms": _stamp("comms", comms, ident),
-    }
-    out["ranks"] = _ranks(meta, dist, rank, host, ctx.rel_path, kernels, cpu_ops)
-    out["process_groups"] = _process_groups(dist, rank, ctx.rel_path)
+def _shift(df: pl.DataFrame | None, bases: pl.Series) -> pl.DataFrame | None:
+    """Times of each file's rows moved by its ``baseTimeNanoseconds``."""
+    if df is None:
+        return None
+    base = bases.gather(df.get_column("_f"))
+    return df.with_columns([(pl.col(c) + base) for c in ("start_ns", "end_ns")])
 
-    summary = _summary(out, outcome.events, sum(ex.skipped.values()) + outcome.flows, ex.malformed, rank_note)
-    status, message = ("ok", summary) if outcome.complete else ("partial", f"{outcome.problem}; {summary}")
-    return ParseResult(out, status=status, message=message, rank=rank, host=host, rank_guessed=rank_guessed)
+
+def _result(f: _File, counts: dict[str, dict[int, int]], dropped: int) -> ParseResult:
+    n = {name: c.get(f.index, 0) for name, c in counts.items()}
+    summary = (
+        f"{f.outcome.events:,} events: {n['kernels']:,} GPU, {n['cpu_ops']:,} host, "
+        f"{n['steps']} steps, {n['comms']} collective calls; "
+        f"{f.skipped:,} flow/instant/metadata events not tabulated"
+    )
+    malformed = f.malformed + dropped
+    if malformed:
+        summary += f"; {malformed:,} malformed events skipped (no name, or a time that is not a finite number in range)"
+    if f.rank_note:
+        summary += f"; {f.rank_note}"
+    status, message = ("ok", summary) if f.outcome.complete else ("partial", f"{f.outcome.problem}; {summary}")
+    return ParseResult(status=status, message=message, rank=f.rank, host=f.host, rank_guessed=f.rank_guessed)
 
 
 def _rank(dist: dict, rel_path: str) -> tuple[int, str, bool]:
@@ -96,37 +172,46 @@ def _rank(dist: dict, rel_path: str) -> tuple[int, str, bool]:
     return 0, f"{UNRANKED}: analysed as rank 0", True
 
 
-def _host(meta: dict, cpu: pl.DataFrame | None, rel_path: str) -> str | None:
-    host = next((str(meta[k]) for k in _HOST_KEYS if isinstance(meta.get(k), str) and meta[k]), None)
-    if host is None:
-        cpu_pids: set[int] = set()
-        if cpu is not None:
-            cpu_pids = set(
-                cpu.filter(pl.col("category").is_in(["cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"]))
-                .get_column("pid").drop_nulls().unique().to_list()
-            )
-        host = host_from_filename(PurePosixPath(rel_path).name, cpu_pids)
-    return short_host(host)
+def _hosts(files: list[_File], cpu: pl.DataFrame | None) -> None:
+    """Each file's host: from its metadata, else from its file name (with its host pids' help)."""
+    pids: dict[int, set[int]] = {}
+    need = [f for f in files if _meta_host(f.outcome.meta) is None]
+    if need and cpu is not None:
+        host_side = cpu.filter(pl.col("category").is_in(["cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"]))
+        by_file = host_side.group_by("_f").agg(pl.col("pid").drop_nulls().unique())
+        pids = {index: set(values) for index, values in by_file.iter_rows()}
+    for f in files:
+        host = _meta_host(f.outcome.meta)
+        if host is None:
+            host = host_from_filename(PurePosixPath(f.rel_path).name, pids.get(f.index, set()))
+        f.host = short_host(host)
 
 
-def _summary(out: dict[str, pl.DataFrame], events: int, skipped: int, malformed: int, rank_note: str) -> str:
-    summary = (
-        f"{events:,} events: {out['kernels'].height:,} GPU, {out['cpu_ops'].height:,} host, "
-        f"{out['steps'].height} steps, {out['comms'].height} collective calls; "
-        f"{skipped:,} flow/instant/metadata events not tabulated"
-    )
-    if malformed:
-        summary += f"; {malformed:,} malformed events skipped (no name, or a time that is not a finite number in range)"
-    if rank_note:
-        summary += f"; {rank_note}"
-    return summary
+def _meta_host(meta: dict) -> str | None:
+    return next((str(meta[k]) for k in _HOST_KEYS if isinstance(meta.get(k), str) and meta[k]), None)
 
 
-def _stamp(name: str, df: pl.DataFrame | None, ident: dict) -> pl.DataFrame:
+def _ident(files: list[_File]) -> dict[str, pl.Series]:
+    """Per file index: the rank, host and source its rows are stamped with."""
+    return {
+        "rank": pl.Series([f.rank for f in files], dtype=pl.Int32),
+        "host": pl.Series([f.host for f in files], dtype=pl.String),
+        "source": pl.Series([f.rel_path for f in files], dtype=pl.String),
+    }
+
+
+def _stamp(name: str, df: pl.DataFrame | None, ident: dict[str, pl.Series]) -> tuple[pl.DataFrame, dict[int, int]]:
+    """The frame with each row's rank, host and source (from its file), and its rows per file."""
     if df is None or df.height == 0:
-        return fr.empty(name)
-    cols = [pl.lit(v, dtype=fr.schema(name)[k]).alias(k) for k, v in ident.items()]
-    return fr.conform(name, df.with_columns(cols))
+        return fr.empty(name), {}
+    index = df.get_column("_f")
+    if len(ident["rank"]) == 1:  # one file: its values broadcast, no per-row gather
+        stamps: list[pl.Expr | pl.Series] = [pl.lit(values[0], dtype=values.dtype).alias(col) for col, values in ident.items()]
+        counts = {0: df.height}
+    else:
+        stamps = [values.gather(index).alias(col) for col, values in ident.items()]
+        counts = dict(index.value_counts().iter_rows())
+    return fr.conform(name, df.with_columns(stamps).drop("_f")), counts
 
 
 def _map_unique(series: pl.Series, fn: Callable[[Any], Any], dtype: pl.DataType | type[pl.DataType]) -> pl.Series:
@@ -174,16 +259,20 @@ def _kernels(gpu: pl.DataFrame | None) -> pl.DataFrame | None:
     return df.with_columns(_bytes_expr()).drop("kind", "coll_raw", "pg_ranks_raw")
 
 
-def _cpu_ops(cpu: pl.DataFrame | None, kernels: pl.DataFrame | None) -> pl.DataFrame | None:
+def _cpu_ops(cpu: pl.DataFrame | None, kernels: pl.DataFrame | None, one_file: bool) -> pl.DataFrame | None:
     if cpu is None:
         return None
-    gpu_corr = (
-        kernels.get_column("correlation").drop_nulls().unique()
-        if kernels is not None
-        else pl.Series([], dtype=pl.Int64)
-    )
+    # A runtime call launched GPU work when a kernel of its own file carries its correlation id.
+    if kernels is None:
+        on_gpu = pl.lit(False)
+    elif one_file:  # a plain membership test: the join below costs memory on a big trace
+        on_gpu = pl.col("correlation").is_in(kernels.get_column("correlation").drop_nulls().unique().implode())
+    else:  # joined on the key columns only: the other columns of ``cpu`` are shared, not copied
+        flag = kernels.select("_f", "correlation").drop_nulls().unique().with_columns(pl.lit(True).alias("_gpu"))
+        keys = cpu.select("_f", "correlation").join(flag, on=["_f", "correlation"], how="left", maintain_order="left")
+        on_gpu = pl.lit(keys.get_column("_gpu").fill_null(False))
     runtime = pl.col("category").is_in(["cuda_runtime", "cuda_driver"])
-    launch = runtime & (pl.col("correlation").is_in(gpu_corr.implode()) | pl.col("name").str.contains(_LAUNCH_PATTERN))
+    launch = runtime & (on_gpu | pl.col("name").str.contains(_LAUNCH_PATTERN))
     return cpu.with_columns(launch.fill_null(False).alias("is_launch"))
 
 
@@ -206,15 +295,16 @@ def _comms(comm_raw: pl.DataFrame | None, cpu_ops: pl.DataFrame | None, kernels:
             pl.col("tid").fill_null(-1),
         )
         .drop("pg_id")
-        .sort("pid", "tid", "start_ns", pl.col("end_ns"), descending=[False, False, False, True])
+        .sort("_f", "pid", "tid", "start_ns", pl.col("end_ns"), descending=[False, False, False, False, True])
     )
-    prev_end = pl.col("end_ns").cum_max().shift(1).over("pid", "tid")
+    prev_end = pl.col("end_ns").cum_max().shift(1).over("_f", "pid", "tid")
     df = df.with_columns((prev_end.is_null() | (pl.col("start_ns") >= prev_end)).alias("_outer"))
     df = df.with_columns(pl.col("_outer").cast(pl.Int64).cum_sum().alias("_call"))
     first_rpc = lambda c: pl.col(c).filter(is_rpc).drop_nulls().first()  # noqa: E731
     arg_cols = ("external_id", "coll_raw", "in_nelems", "out_nelems", "dtype", "group_size", "pg_name",
                 "pg_desc", "pg_ranks_raw", "seq", "src_rank", "dst_rank")
     calls = df.group_by("_call", maintain_order=True).agg(
+        pl.col("_f").first(),
         pl.col("pid").first(),
         pl.col("tid").first(),
         pl.when(is_rpc.any()).then(pl.lit("record_param_comms")).otherwise(pl.col("name").first()).alias("name"),
@@ -237,35 +327,42 @@ def _comms(comm_raw: pl.DataFrame | None, cpu_ops: pl.DataFrame | None, kernels:
         _pg_ranks(calls),
     ).drop("coll_raw", "pg_ranks_raw", "_inner", "_c10d")
 
-    # The kernel it launched: the first launch, on the same thread and inside the call, of a
-    # comm-class kernel; failing that, a comm kernel carrying the call's External id.
     calls = calls.with_columns(pl.lit(None, dtype=pl.Int64).alias("kernel_correlation"))
     if kernels is not None:
-        comm_k = kernels.filter(pl.col("class") == "comm")
-        if comm_k.height:
-            launches = (
-                cpu_ops.filter(pl.col("is_launch") & pl.col("correlation").is_in(comm_k.get_column("correlation").drop_nulls().implode()))
-                .select("pid", "tid", pl.col("start_ns").alias("_ls"), pl.col("correlation").alias("_lc"))
-                .sort("_ls")
-            )
-            calls = calls.sort("start_ns").join_asof(
-                launches, left_on="start_ns", right_on="_ls", by=["pid", "tid"], strategy="forward", check_sortedness=False
-            )
-            by_ext = (
-                comm_k.filter(pl.col("external_id").is_not_null())
-                .group_by("external_id")
-                .agg(pl.col("correlation").sort_by("start_ns").first().alias("_ec"))
-            )
-            calls = calls.join(by_ext, on="external_id", how="left")
-            calls = calls.with_columns(
-                pl.coalesce(pl.when(pl.col("_ls") <= pl.col("end_ns")).then(pl.col("_lc")), pl.col("_ec")).alias("kernel_correlation")
-            ).drop("_ls", "_lc", "_ec")
-            # Last resort for the collective: the name of the kernel the call launched (a hint).
-            hint = comm_k.select(pl.col("correlation").alias("kernel_correlation"), pl.col("name_coll")).unique("kernel_correlation")
-            calls = calls.join(hint, on="kernel_correlation", how="left").with_columns(
-                pl.coalesce("collective", "name_coll").alias("collective")
-            ).drop("name_coll")
-    return calls.with_columns(_bytes_expr()).sort("start_ns", "_call").drop("_call")
+        calls = _link_kernels(calls, cpu_ops, kernels.filter(pl.col("class") == "comm"))
+    return calls.with_columns(_bytes_expr()).sort("_f", "start_ns", "_call").drop("_call")
+
+
+def _link_kernels(calls: pl.DataFrame, cpu_ops: pl.DataFrame, comm_k: pl.DataFrame) -> pl.DataFrame:
+    """The kernel each call launched: the first launch, on the same thread and inside the call, of
+    a comm-class kernel of its file; failing that, a comm kernel carrying the call's External id."""
+    if not comm_k.height:
+        return calls
+    launches = (
+        cpu_ops.filter(pl.col("is_launch"))
+        .join(comm_k.select("_f", "correlation").drop_nulls().unique(), on=["_f", "correlation"], how="semi")
+        .select("_f", "pid", "tid", pl.col("start_ns").alias("_ls"), pl.col("correlation").alias("_lc"))
+        .sort("_ls")
+    )
+    calls = calls.sort("start_ns").join_asof(
+        launches, left_on="start_ns", right_on="_ls", by=["_f", "pid", "tid"], strategy="forward", check_sortedness=False
+    )
+    by_ext = (
+        comm_k.filter(pl.col("external_id").is_not_null())
+        .group_by("_f", "external_id")
+        .agg(pl.col("correlation").sort_by("start_ns").first().alias("_ec"))
+    )
+    calls = calls.join(by_ext, on=["_f", "external_id"], how="left", maintain_order="left")
+    calls = calls.with_columns(
+        pl.coalesce(pl.when(pl.col("_ls") <= pl.col("end_ns")).then(pl.col("_lc")), pl.col("_ec")).alias("kernel_correlation")
+    ).drop("_ls", "_lc", "_ec")
+    # Last resort for the collective: the name of the kernel the call launched (a hint).
+    hint = comm_k.select("_f", pl.col("correlation").alias("kernel_correlation"), pl.col("name_coll")).unique(
+        ["_f", "kernel_correlation"]
+    )
+    return calls.join(hint, on=["_f", "kernel_correlation"], how="left", maintain_order="left").with_columns(
+        pl.coalesce("collective", "name_coll").alias("collective")
+    ).drop("name_coll")
 
 
 def _enrich_kernels(kernels: pl.DataFrame | None, comms: pl.DataFrame | None) -> pl.DataFrame | None:
@@ -275,14 +372,15 @@ def _enrich_kernels(kernels: pl.DataFrame | None, comms: pl.DataFrame | None) ->
     if comms is not None and comms.height:
         host = (
             comms.filter(pl.col("kernel_correlation").is_not_null())
-            .unique("kernel_correlation", keep="first")
+            .unique(["_f", "kernel_correlation"], keep="first")
             .select(
+                "_f",
                 pl.col("kernel_correlation").alias("correlation"),
                 pl.col("collective").alias("_h_collective"),
                 *[pl.col(c).alias(f"_h_{c}") for c in _MSG_AND_PG],
             )
         )
-        kernels = kernels.join(host, on="correlation", how="left")
+        kernels = kernels.join(host, on=["_f", "correlation"], how="left", maintain_order="left")
         missing = pl.col("collective").is_null() & pl.col("in_nelems").is_null()
         kernels = kernels.with_columns(
             [pl.when(missing).then(pl.col(f"_h_{c}")).otherwise(pl.col(c)).alias(c) for c in ("collective", *_MSG_AND_PG)]
@@ -298,29 +396,41 @@ def _steps(cpu_ops: pl.DataFrame | None) -> pl.DataFrame | None:
     return (
         cpu_ops.filter(pl.col("category").is_in(["user_annotation", "cpu_op"]) & pl.col("name").str.contains(_STEP_PATTERN))
         .select(
+            "_f",
             pl.col("name").str.extract(_STEP_PATTERN, 1).cast(pl.Int64).alias("step"),
             "start_ns",
             "end_ns",
         )
-        .sort("start_ns")
+        .sort("_f", "start_ns")
     )
 
 
-def _ranks(meta: dict, dist: dict, rank: int | None, host: str | None, source: str,
-           kernels: pl.DataFrame | None, cpu_ops: pl.DataFrame | None) -> pl.DataFrame:
-    device = None
+def _ranks(files: list[_File], kernels: pl.DataFrame | None, cpu_ops: pl.DataFrame | None) -> pl.DataFrame:
+    """One row per file: its device (the most frequent of its kernels', the lowest on a tie), its
+    training process (likewise among its step annotations, else among its host ops), metadata."""
+    devices: dict[int, int | None] = {}
     if kernels is not None and kernels.height:
-        devs = kernels.get_column("device").drop_nulls()
-        if devs.len():
-            device = int(devs.mode().sort()[0])
-    pid = None
+        devices = dict(kernels.group_by("_f").agg(_lowest_mode("device")).iter_rows())
+    pids: dict[int, int | None] = {}
     if cpu_ops is not None and cpu_ops.height:
-        host_side = cpu_ops.filter(pl.col("category").is_in(["cpu_op", "user_annotation"]))
-        steps = host_side.filter(pl.col("name").str.contains(_STEP_PATTERN))
-        pool = steps if steps.height else host_side
-        pids = pool.get_column("pid").drop_nulls()
-        if pids.len():
-            pid = int(pids.mode().sort()[0])
+        is_step = pl.col("name").str.contains(_STEP_PATTERN)
+        per_file = (
+            cpu_ops.filter(pl.col("category").is_in(["cpu_op", "user_annotation"]))
+            .group_by("_f")
+            .agg(is_step.any().alias("_has_steps"), _lowest_mode("pid", is_step).alias("_ps"), _lowest_mode("pid").alias("_ph"))
+        )
+        pids = {index: (ps if has_steps else ph) for index, has_steps, ps, ph in per_file.iter_rows()}
+    rows = [_rank_row(f, devices.get(f.index), pids.get(f.index)) for f in files]
+    return fr.conform("ranks", pl.DataFrame(rows, schema=fr.schema("ranks")))
+
+
+def _lowest_mode(col: str, where: pl.Expr | None = None) -> pl.Expr:
+    values = pl.col(col) if where is None else pl.col(col).filter(where)
+    return values.drop_nulls().mode().min().alias(col)
+
+
+def _rank_row(f: _File, device: int | None, pid: int | None) -> dict[str, Any]:
+    meta, dist = f.outcome.meta, f.dist
     props = [p for p in meta.get("deviceProperties") or [] if isinstance(p, dict)]
     prop = None
     if device is not None:
@@ -332,10 +442,10 @@ def _ranks(meta: dict, dist: dict, rank: int | None, host: str | None, source: s
     if not isinstance(pg_count, int):
         pg_count = len(pg_config) if isinstance(pg_config, list) else None
     nccl = dist.get("nccl_version")
-    row = {
-        "rank": rank,
+    return {
+        "rank": f.rank,
         "world_size": dist.get("world_size") if isinstance(dist.get("world_size"), int) else None,
-        "host": host,
+        "host": f.host,
         "pid": pid,
         "device": device,
         "gpu_name": prop.get("name") if prop else None,
@@ -343,28 +453,28 @@ def _ranks(meta: dict, dist: dict, rank: int | None, host: str | None, source: s
         "nccl_version": str(nccl) if nccl is not None else None,
         "backend": dist.get("backend") if isinstance(dist.get("backend"), str) else None,
         "pg_count": pg_count,
-        "source": source,
+        "source": f.rel_path,
     }
-    return fr.conform("ranks", pl.DataFrame([row], schema=fr.schema("ranks")))
 
 
-def _process_groups(dist: dict, rank: int | None, source: str) -> pl.DataFrame:
+def _process_groups(files: list[_File]) -> pl.DataFrame:
     rows = []
-    for pg in dist.get("pg_config") or []:
-        if not isinstance(pg, dict):
-            continue
-        ranks = pg.get("ranks")
-        rows.append(
-            {
-                "rank": rank,
-                "pg_name": str(pg["pg_name"]) if pg.get("pg_name") is not None else None,
-                "pg_desc": pg.get("pg_desc") if isinstance(pg.get("pg_desc"), str) else None,
-                "backend_config": pg.get("backend_config") if isinstance(pg.get("backend_config"), str) else None,
-                "pg_size": pg.get("pg_size") if isinstance(pg.get("pg_size"), int) else None,
-                "pg_ranks": [int(r) for r in ranks] if isinstance(ranks, list) and all(isinstance(r, int) for r in ranks) else None,
-                "source": source,
-            }
-        )
+    for f in files:
+        for pg in f.dist.get("pg_config") or []:
+            if not isinstance(pg, dict):
+                continue
+            ranks = pg.get("ranks")
+            rows.append(
+                {
+                    "rank": f.rank,
+                    "pg_name": str(pg["pg_name"]) if pg.get("pg_name") is not None else None,
+                    "pg_desc": pg.get("pg_desc") if isinstance(pg.get("pg_desc"), str) else None,
+                    "backend_config": pg.get("backend_config") if isinstance(pg.get("backend_config"), str) else None,
+                    "pg_size": pg.get("pg_size") if isinstance(pg.get("pg_size"), int) else None,
+                    "pg_ranks": [int(r) for r in ranks] if isinstance(ranks, list) and all(isinstance(r, int) for r in ranks) else None,
+                    "source": f.rel_path,
+                }
+            )
     if not rows:
         return fr.empty("process_groups")
     return fr.conform("process_groups", pl.DataFrame(rows, schema=fr.schema("process_groups")))

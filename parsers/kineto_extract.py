@@ -115,6 +115,45 @@ class Extractor:
         # bound appends of every column, in _G / _C order, for the per-event path
         self._gapp = tuple(self.g[x].append for x in self._G)
         self._capp = tuple(self.c[x].append for x in self._C)
+        # One extractor may take several files (a batch of small traces): (file index, GPU rows,
+        # host rows) of each file taken, in order; the frames carry the index in ``_f``.
+        self.files: list[tuple[int, int, int]] = []
+        self._mark = (0, 0, 0, 0)
+        self.dropped: Counter[int] = Counter()  # per file: events dropped when the frames are built
+
+    def begin_file(self) -> None:
+        """Start a file: its skipped and malformed counts start from zero."""
+        self._mark = (len(self.g["ts"]), len(self.c["ts"]), len(self.gpu_comm_args), len(self.comm_ops))
+        self.skipped = Counter()
+        self.malformed = 0
+
+    def end_file(self, index: int) -> None:
+        g0, c0, _, _ = self._mark
+        self.files.append((index, len(self.g["ts"]) - g0, len(self.c["ts"]) - c0))
+
+    def drop_file(self) -> None:
+        """Forget every row of the file begun last (it failed): the batch goes on without it."""
+        g0, c0, ga, co = self._mark
+        for arr in self.g.values():
+            del arr[g0:]
+        for arr in self.c.values():
+            del arr[c0:]
+        del self.gpu_comm_args[ga:]
+        del self.comm_ops[co:]
+
+    def _count_dropped(self, df: pl.DataFrame, gpu: bool) -> None:
+        """Per file, the events ``_typed_frame`` dropped for a time out of range (malformed)."""
+        kept = dict(df.group_by("_f").len().iter_rows())
+        for index, g_rows, c_rows in self.files:
+            self.dropped[index] += (g_rows if gpu else c_rows) - kept.get(index, 0)
+
+    def _file_index(self, gpu: bool) -> array:
+        if not self.files:  # fed without begin_file / end_file: one file
+            return array("q", [0]) * len((self.g if gpu else self.c)["ts"])
+        out = array("q")
+        for index, g_rows, c_rows in self.files:
+            out.extend(array("q", [index]) * (g_rows if gpu else c_rows))
+        return out
 
     def _intern(self, name: object) -> int:
         key = name if isinstance(name, str) else str(name)
@@ -365,14 +404,16 @@ class Extractor:
     def gpu_frame(self) -> pl.DataFrame | None:
         if not len(self.g["ts"]):
             return None
+        self.g["_f"] = self._file_index(gpu=True)
         df, bad = _typed_frame(self.g, self.name_table())  # consumes the buffers
-        self.malformed += bad
+        if bad:
+            self._count_dropped(df, gpu=True)
         df = df.with_columns(
             pl.col("kind").replace_strict(dict(enumerate(GPU_KINDS)), return_dtype=pl.String),
             *[pl.col(c).cast(pl.Int32) for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")],
         )
         args = _args_frame(self.gpu_comm_args, GPU_ARG_KEYS)
-        df = df.join(args, on="_row", how="left") if args is not None else df.with_columns(
+        df = df.join(args, on="_row", how="left", maintain_order="left") if args is not None else df.with_columns(
             [pl.lit(None, dtype=pl.Int64 if col in _INT_ARGS else pl.String).alias(col) for _, col in GPU_ARG_KEYS]
         )
         return df.drop("_row")
@@ -381,8 +422,10 @@ class Extractor:
         """Host ops, with ``_row`` (their position in the buffers) kept for ``comm_frame``."""
         if not len(self.c["ts"]):
             return None
+        self.c["_f"] = self._file_index(gpu=False)
         df, bad = _typed_frame(self.c, self.name_table())  # consumes the buffers
-        self.malformed += bad
+        if bad:
+            self._count_dropped(df, gpu=False)
         return df.with_columns(
             pl.col("category").replace_strict(dict(enumerate(CPU_CATEGORIES)), return_dtype=pl.String)
         )
@@ -394,7 +437,7 @@ class Extractor:
         args = _args_frame(self.comm_ops, COMM_ARG_KEYS)
         assert args is not None
         rows = cpu.join(args, on="_row", how="inner")
-        return rows.select("pid", "tid", "name", "start_ns", "end_ns", "external_id",
+        return rows.select("_f", "pid", "tid", "name", "start_ns", "end_ns", "external_id",
                            *[col for _, col in COMM_ARG_KEYS])
 
 

@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from forensics.parsers.common import DecompressionLimitExceeded, ParseContext, ParseResult, open_bounded
+from forensics.parsers.common import (
+    DecompressionLimitExceeded,
+    LongLines,
+    ParseContext,
+    ParseResult,
+    open_bounded,
+    read_lines,
+)
 
 from forensics import frames as fr
 from forensics.identity import normalize_bus_id
@@ -207,9 +214,10 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
     acc = _Acc(ctx.rel_path)
     error: str | None = None
     n = 0
+    long = LongLines()
     try:
         with open_bounded(path, ctx.max_decompressed_bytes) as fh:
-            for n, raw in enumerate(fh, 1):
+            for n, raw in read_lines(fh, long):
                 line = raw.decode("utf-8", "replace").rstrip("\r\n")
                 try:
                     _line(acc, line, n)
@@ -217,7 +225,9 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
                     acc.counts["nccl_unknown"] += 1
                     acc.unknown_sample = acc.unknown_sample or f"line {n}: {exc}"
     except (OSError, EOFError, zlib.error, DecompressionLimitExceeded) as exc:
-        error = f"{ctx.rel_path}: read stopped after line {n}: {exc}"
+        error = f"{ctx.rel_path}: read stopped after line {long.lines}: {exc}"
+    n = long.lines
+    error = "; ".join(e for e in (error, long.note(ctx.rel_path)) if e) or None
     if n == 0 and error:
         return ParseResult.failed(error)
     frames = _frames(acc, n)

@@ -176,9 +176,18 @@ def test_classifying_long_lines_takes_bounded_time(tmp_path: Path):
 
 
 _DRIVER = """
-import signal, sys
+import signal, sys, time
 from pathlib import Path
+from forensics.parsers import kineto
 from forensics.parsers.discovery import discover_and_parse
+
+# Top level, so the spawned workers (which import this script) run it too: each trace takes 50 ms,
+# and parsing lasts well past the signal however fast the machine (small traces are batched).
+_add = kineto.KinetoBatch.add
+def _slow_add(self, path, ctx):
+    time.sleep(0.05)
+    return _add(self, path, ctx)
+kineto.KinetoBatch.add = _slow_add
 
 def _term(*_):
     raise SystemExit(143)
