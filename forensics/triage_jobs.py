@@ -120,8 +120,8 @@ def _visit(walk: _Walk, path: Path, i: int, rel: str) -> None:
         return
     for e in entries:
         sub_rel = f"{rel}/{e.name}" if rel else e.name
-        if e.is_symlink() and os.path.isdir(e.path):
-            walk.links.append((Path(e.path), i, sub_rel))
+        if e.is_symlink() and (os.path.isdir(e.path) or not os.path.exists(e.path)):
+            walk.links.append((Path(e.path), i, sub_rel))  # a dangling one is reported there
         elif e.is_dir(follow_symlinks=False):
             _visit(walk, Path(e.path), i, sub_rel)
         else:
