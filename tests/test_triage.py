@@ -321,3 +321,13 @@ def test_in_process_run_keeps_a_crashing_job_as_a_failed_row(fleet: Path, tmp_pa
     assert by["xid79"].status == "failed" and "KeyError: 'culprit'" in (by["xid79"].reason or "")
     assert by[ODD].status == "ok" and by[ODD].incidents
     run.cleanup()
+
+
+def test_ray_engine_without_ray_installed_is_a_usage_error(monkeypatch):
+    from forensics.triage import run_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(UsageError, match=r"pip install 'trace-forensics\[ray\]'"):
+        run_ray([], lambda i, r: None, None)
+    res = _cli("triage", str(SAMPLES), "--out", "/tmp/unused-triage-out", "--ray-address", "x:1")
+    assert res.returncode == 2 and "--ray-address needs --engine ray" in res.stderr
