@@ -19,7 +19,13 @@ import pytest
 from forensics.errors import UsageError
 from forensics.triage import JobTask, analyze_job, run_triage
 from forensics.triage_data import (
-    JobSummary, dataset, dump_state, job_ranking, load_state, recurring_culprits, state_config,
+    JobSummary,
+    dataset,
+    dump_state,
+    job_ranking,
+    load_state,
+    recurring_culprits,
+    state_config,
 )
 from forensics.triage_jobs import find_jobs, fingerprint
 from tests.conftest import ROOT
