@@ -50,8 +50,9 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
-def run(cmd: list[str]) -> tuple[float, int, subprocess.CompletedProcess[str]]:
-    """(wall seconds, peak tree RSS bytes, result) of one command."""
+def run(cmd: list[str]) -> tuple[float, int, float, subprocess.CompletedProcess[str]]:
+    """(wall seconds, peak tree RSS bytes, CPU seconds of the whole tree, result) of one command."""
+    cpu0 = _children_cpu()
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = 0
@@ -59,7 +60,16 @@ def run(cmd: list[str]) -> tuple[float, int, subprocess.CompletedProcess[str]]:
         peak = max(peak, _tree_rss(proc.pid))
         time.sleep(0.1)
     out, err = proc.communicate()
-    return time.perf_counter() - start, peak, subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    wall = time.perf_counter() - start
+    return wall, peak, _children_cpu() - cpu0, subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of every waited-for descendant (the CLI reaps its workers)."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def make_jobs(base: Path, n: int) -> Path:
@@ -101,14 +111,15 @@ def main() -> int:
         figures = {}
         for label, root, out in (("tenth", small, base / "out_small"), ("all", jobs, base / "out"),
                                  ("again", jobs, base / "out")):
-            wall, peak, res = run([*cli, str(root), "--out", str(out)])
+            wall, peak, cpu, res = run([*cli, str(root), "--out", str(out)])
             if res.returncode not in (0, 1):
                 print(res.stderr, file=sys.stderr)
                 return 2
             figures[label] = (wall, peak)
             n = len(list(root.iterdir()))
-            print(f"{label:>5}: {n} jobs in {wall:.1f} s ({n / wall:.1f} jobs/s), peak RSS {peak / 2**20:.0f} MB "
-                  f"(process tree), engine {args.engine}, {os.cpu_count()} CPUs")
+            print(f"{label:>5}: {n} jobs in {wall:.1f} s ({n / wall:.1f} jobs/s), CPU {cpu:.1f} s "
+                  f"({cpu / n:.2f} s a job), peak RSS {peak / 2**20:.0f} MB (process tree), engine {args.engine}, "
+                  f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)
         wall_all, peak_all = figures["all"]
         peak_small = figures["tenth"][1]
         time_ok = wall_all <= TIME_LIMIT_S

@@ -174,7 +174,17 @@ def _lost(task: JobTask, why: str) -> JobSummary:
 def run_local(tasks: list[JobTask], done: Done, workers: int | None) -> None:
     n = workers if workers is not None else min(os.cpu_count() or 1, len(tasks))
     if n > 1 and len(tasks) > 1:
-        run_pool(analyze_job, tasks, n, _lost, done)
+        # Each worker analyses one small job at a time: Polars threads beyond its share of the cores
+        # only contend. Spawned workers read the variable when they import Polars.
+        saved = os.environ.get("POLARS_MAX_THREADS")
+        os.environ["POLARS_MAX_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
+        try:
+            run_pool(analyze_job, tasks, n, _lost, done)
+        finally:
+            if saved is None:
+                os.environ.pop("POLARS_MAX_THREADS", None)
+            else:
+                os.environ["POLARS_MAX_THREADS"] = saved
     else:
         for i, task in enumerate(tasks):
             done(i, analyze_job(task))

@@ -56,13 +56,14 @@ def timeline(data: pl.DataFrame) -> tuple[dict[str, Any] | None, int]:
         if part.height == 0:
             continue
         fig.add_scatter(
-            x=[_when(t) for t in part["start_ns"].to_list()],
+            x=[datetime.fromtimestamp(t / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+               for t in part["start_ns"].to_list()],
             y=[h if h is not None else 0.0 for h in part["gpu_hours_lost"].to_list()],
             mode="markers", name=sev, marker={"color": _COLOURS[sev], "size": 9},
             text=[f"{j}: {t}" for j, t in zip(part["job_id"].to_list(), part["incident_title"].to_list())],
             hovertemplate="%{text}<br>%{y:.4g} GPU-hours<extra></extra>",
         )
-    fig.update_layout(title="Incidents over time (job start)", xaxis_title="job start (UTC)",
+    fig.update_layout(title="Incidents over time (job start)", xaxis={"title": "job start (UTC)", "type": "date"},
                       yaxis_title="GPU-hours lost", margin={"t": 40, "b": 40, "l": 60, "r": 10}, height=360)
     return fig.to_plotly_json(), inc.height - dated.height
 
