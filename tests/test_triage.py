@@ -337,3 +337,25 @@ def test_ray_engine_without_ray_installed_is_a_usage_error(monkeypatch):
         run_ray([], lambda i, r: None, None)
     res = _cli("triage", str(SAMPLES), "--out", "/tmp/unused-triage-out", "--ray-address", "x:1")
     assert res.returncode == 2 and "--ray-address needs --engine ray" in res.stderr
+
+
+def test_interrupted_run_leaves_out_as_it_was(tmp_path: Path):
+    import signal
+
+    jobs = tmp_path / "jobs"
+    for name in ("a", "b", "c", "d"):
+        _job(jobs / name)
+    out = tmp_path / "t"
+    assert _cli("triage", str(jobs), "--out", str(out), "-q", "--workers", "1").returncode == 0
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    proc = subprocess.Popen([sys.executable, "-m", "forensics.cli", "triage", str(jobs), "--out", str(out), "-q",
+                             "--workers", "1", "--rebuild"], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(out.glob(".triage-staging*/jobs/*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)  # until the first job's reports are staged
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert not list(out.glob(".triage-staging*"))
