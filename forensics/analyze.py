@@ -75,8 +75,36 @@ def analyze(
     workers: int | None = None,
 ) -> Analysis:
     _, frames = load(run_dir, progress=progress, workers=workers)
+    return analyze_frames(run_dir, frames, overrides, only)
+
+
+def analyze_frames(
+    run_dir: Path,
+    frames: JobFrames,
+    overrides: Mapping[str, Mapping[str, str]] | None = None,
+    only: list[str] | None = None,
+) -> Analysis:
+    """Detectors and incidents over frames already parsed (a run folder's, or an earlier `frames` output)."""
     context = JobContext(frames)  # the one context of this analysis: detectors and reports share it
     findings, skipped = run_detectors(context, overrides=overrides, only=only)
     facts = job_facts(frames, context.world_size, len(context.ranks))
     correlated, incidents = correlate(sort_findings(findings), facts)
     return Analysis(run_dir, context, correlated, skipped, incidents)
+
+
+def is_frames_output(path: Path) -> bool:
+    """A folder `forensics frames` wrote: its sources.parquet is there."""
+    return path.is_dir() and (path / "sources.parquet").is_file()
+
+
+def load_frames_output(path: Path) -> JobFrames:
+    """The frames of an earlier `forensics frames --out PATH`, read back from their Parquet files."""
+    frames: dict[str, pl.DataFrame] = {}
+    for name in fr.FRAME_SPECS:
+        file = path / f"{name}.parquet"
+        if file.is_file():
+            try:
+                frames[name] = pl.read_parquet(file)
+            except (OSError, pl.exceptions.ComputeError) as exc:
+                raise UsageError(f"{file}: not a readable Parquet frame ({exc})") from None
+    return JobFrames(frames, present=set(frames))

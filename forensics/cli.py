@@ -339,6 +339,7 @@ def frames(
     """Parse RUN_DIR and write every canonical frame as Parquet (for Polars or DuckDB)."""
     _check_out_dir([run_dir], out_dir)
     from forensics.analyze import load
+    from forensics.context import JobContext
     from forensics.frames import FRAME_SPECS
     from forensics.outputs import OutputSet
 
@@ -351,9 +352,13 @@ def frames(
         outs.add(f"{name}.parquet", functools.partial(_write_parquet, job[name]))
     for name in FRAME_SPECS:
         outs.remove(f"{name}.parquet")  # frames an earlier run had and this one has not
+    ctx = JobContext(job)  # derived frames: op categories per step and the ops that launched them
+    outs.add("op_categories.parquet", functools.partial(_write_parquet, ctx.categories))
+    outs.add("op_attribution.parquet", functools.partial(_write_parquet, ctx.op_attribution))
     outs.remove("crash.txt")
     _commit(outs)
-    out.print(f"{len(job.present)} frame(s) written to {out_dir}", highlight=False, markup=False)
+    out.print(f"{len(job.present)} frame(s) and 2 derived tables (op_categories, op_attribution) written to {out_dir}",
+              highlight=False, markup=False)
     if sources.filter(sources["status"].is_in(["ok", "partial"])).height == 0:
         _error(f"no readable trace or log under {run_dir}")
         raise typer.Exit(EXIT_ERROR)
@@ -454,6 +459,49 @@ def triage(
     if threshold is not None and any(
         Severity(sev).rank >= threshold for s in run.summaries for sev, n in s.counts.items() if n
     ):
+        raise typer.Exit(EXIT_FINDINGS)
+
+
+@app.command()
+@_command
+def diff(
+    base_dir: Path = typer.Argument(..., help="the run that was fine (BASE): a run folder, or an earlier `forensics frames` output"),
+    new_dir: Path = typer.Argument(..., help="the run to explain (NEW): a run folder, or an earlier `forensics frames` output"),
+    out_dir: Path = typer.Option(..., "--out", "-o", help="where to write diff.json and diff.md"),
+    fail_slower: float | None = typer.Option(None, "--fail-slower", min=0.0,
+                                             help="exit 1 when NEW's mean step is slower than BASE's by more than this fraction (e.g. 0.05)"),
+    workers: int | None = typer.Option(None, "--workers", min=1, help=_WORKERS_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
+) -> None:
+    """Explain what changed between BASE and NEW: per-step delta by cause, NCCL configuration, kernels, findings."""
+    _check_out_dir([base_dir, new_dir], out_dir)
+    from forensics.analyze import analyze as run_analysis
+    from forensics.analyze import analyze_frames, is_frames_output, load_frames_output
+    from forensics.diff import compare, profile
+    from forensics.outputs import OutputSet
+    from forensics.reports import diff_report
+
+    profiles = []
+    for label, path in (("BASE", base_dir), ("NEW", new_dir)):
+        _run.phase = "parse"
+        if is_frames_output(path):  # an earlier `forensics frames --out` folder: no parsing again
+            analysis = analyze_frames(path, load_frames_output(path))
+        else:
+            with _progress(f"parsing {label}", quiet) as update:
+                analysis = run_analysis(path, progress=update, workers=workers)  # type: ignore[arg-type]
+        if not analysis.readable:
+            _error(f"{label}: no readable trace or log under {path}")
+            raise typer.Exit(EXIT_ERROR)
+        profiles.append(profile(analysis, path.resolve().name))
+    _run.phase = "render"
+    d = compare(profiles[0], profiles[1])
+    outs = OutputSet(out_dir)
+    outs.add_bytes("diff.json", diff_report.render_json(d, str(base_dir), str(new_dir)))
+    outs.add_text("diff.md", diff_report.render_md(d))
+    _commit(outs)
+    out.print(d.verdict, highlight=False, markup=False)
+    out.print(f"Diff: {out_dir}", highlight=False, markup=False)
+    if fail_slower is not None and d.delta_frac is not None and d.delta_frac > fail_slower:
         raise typer.Exit(EXIT_FINDINGS)
 
 

@@ -19,6 +19,7 @@ from forensics.breakdown import Breakdown, compute_breakdown, kernel_exposure
 from forensics.collectives import CollectiveMatch, match_collectives, pg_type_expr
 from forensics.frames import JobFrames
 from forensics.identity import job_identities
+from forensics.op_categories import categorized_kernels, category_breakdown, op_attribution
 
 STAGES_SCHEMA = {"rank": pl.Int32, "pp_stage": pl.Int64, "pp_size": pl.Int64, "pp_key": pl.String}
 
@@ -137,6 +138,23 @@ class JobContext:
     def exposure(self) -> pl.DataFrame:
         """Per NCCL kernel: ``exposed_ns`` and ``structural_exposed_ns`` (transfer not under compute)."""
         return kernel_exposure(self.frames, self.match)
+
+    @cached_property
+    def kernel_categories(self) -> pl.DataFrame:
+        """Every ranked kernel with its op ``category`` (:mod:`forensics.op_categories`); NCCL kernels by the
+        process-group type of the matched collectives."""
+        return categorized_kernels(self.frames, self.match.kernels)
+
+    @cached_property
+    def categories(self) -> pl.DataFrame:
+        """Per rank, step and op category: ``kernels`` and ``time_ns`` inside the step window, plus ``idle``
+        from the breakdown (:func:`forensics.op_categories.category_breakdown`)."""
+        return category_breakdown(self.kernel_categories, self.step_windows, self.steps)
+
+    @cached_property
+    def op_attribution(self) -> pl.DataFrame:
+        """Per rank, category and launching CPU op: kernels, time_ns, kernel_names (largest first)."""
+        return op_attribution(self.kernel_categories, self.frames)
 
     @cached_property
     def clock_offsets(self) -> ClockOffsets:

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,3 +36,8 @@ def assert_valid_findings(validator, path_or_doc) -> dict:
     errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.path))
     assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors[:10])
     return doc
+
+
+def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it: a fresh interpreter, output captured as text."""
+    return subprocess.run([sys.executable, "-m", "forensics.cli", *args], capture_output=True, text=True, cwd=cwd)

@@ -10,11 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SCHEMA_PATH, SHARED, assert_valid_findings, shared_path
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "forensics.cli", *args], capture_output=True, text=True, cwd=ROOT)
+from tests.conftest import ROOT, SCHEMA_PATH, SHARED, assert_valid_findings, run_cli, shared_path
 
 
 def test_vendored_schema_matches_shared_contract():
@@ -112,14 +108,7 @@ def test_bad_out_is_exit_2_one_line_before_parsing(tmp_path: Path, make_out, exp
     res = run_patched(patch, "analyze", str(SAMPLE), "--out", str(out))
     assert res.returncode == 2, res.stderr
     assert expect in one_line(res.stderr)
-    assert res.stdout == "" and not touched.exists()
-    start = time.perf_counter()
-    assert run_cli("analyze", str(SAMPLE), "--out", str(out)).returncode == 2
-    elapsed = time.perf_counter() - start
-    start = time.perf_counter()
-    run_cli("--version")
-    baseline = time.perf_counter() - start  # interpreter and import time on this (possibly busy) machine
-    assert elapsed < baseline + 1.0
+    assert res.stdout == "" and not touched.exists()  # refused before parsing: no timing needed
 
 
 def test_out_file_given_to_frames_and_triage_too(tmp_path: Path):

@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import polars as pl
 
-from tests.conftest import ROOT, assert_valid_findings, shared_path
+from tests.conftest import assert_valid_findings, run_cli, shared_path
 
 DLRM = "param_dlrm_8rank"
 W = "worker{r}_step_12.{ts}.pt.trace.json.gz"
 TS = {0: "1694128201545", 1: "1694128201556", 2: "1694128201554"}
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "forensics.cli", *args], capture_output=True, text=True, cwd=ROOT)
 
 
 def _copy(run: Path, rel: str, *src: str) -> None:

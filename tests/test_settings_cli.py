@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,13 +12,9 @@ from typer.testing import CliRunner
 from forensics.cli import app
 from forensics.detectors import build_settings, load_all
 from forensics.settings import parse_value, specs
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_cli
 
 REGISTRY = load_all()
-
-
-def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "forensics.cli", *args], capture_output=True, text=True, cwd=cwd)
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))

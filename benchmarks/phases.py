@@ -1,0 +1,279 @@
+"""Speed and memory of `forensics analyze`, phase by phase, next to the bare JSON parse and HTA, in one run.
+
+    python benchmarks/phases.py                      # the standard set (see INPUTS); minutes
+    python benchmarks/phases.py --quick              # the real inputs and 64/256 simulated ranks only
+    python benchmarks/phases.py --only sim1024 --hta-venv /tmp/hta-venv
+
+Each input is analysed in a fresh child process that runs the pipeline's phases one after the other and
+reports, after each, the wall time and the peak RSS so far (its own, and its parser workers'):
+  discover  classify every file by content (parsers.discovery.discover)
+  parse     parse the files, in the worker pool when there are enough (discover_and_parse, minus discover)
+  assemble  merge per-file frames into one JobFrames (analyze.collect_frames)
+  context   the JobContext facts: identity, collective matching, step breakdown, exposure, stages
+  detect    every detector, then incidents (run_detectors, correlate)
+  render    findings.json, summary.md and report.html in memory
+  write     the output set written to a temporary folder
+Next to it, in its own child each: the floor, a bare `orjson.loads` of every trace file of the input (what
+any JSON-based tool pays at least), and HTA's `TraceAnalysis` load when --hta-venv points at a venv with
+`holistictraceanalysis` (created by `python benchmarks/parse_bench.py --setup-hta`); else said as skipped.
+The targets of issue 19 are printed with PASS/FAIL. Figures depend on the machine and its load: compare
+only figures of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "sample_data"
+PHASES = ("discover", "parse", "assemble", "context", "detect", "render", "write")
+
+CHILD = r"""
+import json, resource, sys, tempfile, time
+from pathlib import Path
+t0 = time.perf_counter()
+from forensics.analyze import Analysis, collect_frames
+from forensics.context import JobContext
+from forensics.detectors import run_detectors
+from forensics.findings import sort_findings
+from forensics.incidents import correlate, job_facts
+from forensics.outputs import OutputSet
+from forensics.parsers.discovery import discover, discover_and_parse
+from forensics.reports import html, json_report, markdown
+run = Path(sys.argv[1]); out = []
+def mark(name, t):
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    out.append({"phase": name, "s": time.perf_counter() - t, "rss_kb": own, "worker_rss_kb": kids})
+    return time.perf_counter()
+t = mark("import", t0)
+files = discover(run); t = mark("discover", t)
+parsed = discover_and_parse(run); dt = time.perf_counter() - t
+out.append({"phase": "parse", "s": dt - out[-1]["s"], "rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+            "worker_rss_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}); t = time.perf_counter()
+_, frames = collect_frames(parsed); t = mark("assemble", t)
+ctx = JobContext(frames)
+for fact in ("identity", "match", "breakdown", "exposure", "stages", "clock_offsets"):
+    getattr(ctx, fact)
+t = mark("context", t)
+findings, skipped = run_detectors(ctx)
+correlated, incidents = correlate(sort_findings(findings), job_facts(frames, ctx.world_size, len(ctx.ranks)))
+a = Analysis(run, ctx, correlated, skipped, incidents); t = mark("detect", t)
+docs = {"findings.json": json_report.render(a), "summary.md": markdown.render(a), "report.html": html.render(a)}
+t = mark("render", t)
+with tempfile.TemporaryDirectory() as d:
+    outs = OutputSet(Path(d) / "out")
+    for name, body in docs.items():
+        (outs.add_bytes if isinstance(body, bytes) else outs.add_text)(name, body)
+    outs.commit()
+t = mark("write", t)
+print(json.dumps({"phases": out, "files": len(files), "findings": len(a.findings)}))
+"""
+
+ORJSON_CHILD = r"""
+import gzip, json, sys, time, orjson
+t = time.perf_counter(); n = 0
+for p in sys.argv[1:]:
+    with (gzip.open(p) if p.endswith('.gz') else open(p, 'rb')) as fh:
+        n += len(orjson.loads(fh.read()).get('traceEvents', []))
+print(json.dumps({"s": time.perf_counter() - t, "events": n}))
+"""
+
+HTA_CHILD = r"""
+import json, logging, sys, time
+logging.disable(logging.WARNING)
+from hta.trace_analysis import TraceAnalysis
+t = time.perf_counter(); a = TraceAnalysis(trace_dir=sys.argv[1])
+print(json.dumps({"s": time.perf_counter() - t}))
+"""
+
+
+@dataclass
+class Child:
+    out: dict
+    wall_s: float
+    maxrss_mb: float
+
+
+def run_child(cmd: list[str]) -> Child:
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage (communicate() would reap it first)
+    wall = time.perf_counter() - start
+    text = proc.stdout.read().decode() if proc.stdout else ""
+    if os.waitstatus_to_exitcode(status) != 0:
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        raise RuntimeError(f"{' '.join(cmd[:3])} failed:\n{err[-1500:]}")
+    return Child(json.loads(text.strip().splitlines()[-1]), wall, usage.ru_maxrss / 1024)
+
+
+def _simulated(ranks: int, cache: Path, scenario: str = "ddp_straggler", size: float | None = None) -> Path:
+    name = f"{scenario}_{ranks}x5" + (f"_{size:g}mb" if size else "")
+    run = cache / name
+    if not (run / "truth.json").exists():  # generated once, reused by later runs of the benchmark
+        cmd = [sys.executable, "-m", "forensics.cli", "simulate", scenario, "--out", str(run), "--ranks", str(ranks)]
+        cmd += ["--size", str(size)] if size else ["--steps", "5"]
+        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+    return run
+
+
+def inputs(cache: Path, quick: bool) -> dict[str, tuple[Path, str]]:
+    """name -> (RUN_DIR or file, what it is)."""
+    real = {
+        "hta53": (SHARED / "kineto" / "hta" / "df_index_resolver.json.gz", "real 53.7 MB Kineto trace (HTA sample)"),
+        "dlrm8": (SHARED / "kineto" / "param_dlrm_8rank", "real 8-rank DLRM traces + logs"),
+    }
+    sims = [64, 256] if quick else [64, 256, 1024, 4096]
+    out = dict(real)
+    for n in sims:
+        out[f"sim{n}"] = (_simulated(n, cache), f"simulated ddp_straggler, {n} ranks x 5 steps")
+    if not quick:
+        out["dense"] = (_simulated(1, cache, "ddp_clean", 100.0), "simulated kernel-dense trace, 1 rank, ~100 MB")
+    return out
+
+
+def trace_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.rglob("*") if p.name.endswith((".json", ".json.gz")) and "truth" not in p.name)
+
+
+def json_bytes(files: list[Path]) -> int:
+    import gzip
+
+    total = 0
+    for p in files:
+        with (gzip.open(p) if p.name.endswith(".gz") else open(p, "rb")) as fh:
+            while chunk := fh.read(1 << 24):
+                total += len(chunk)
+    return total
+
+
+@dataclass
+class Result:
+    name: str
+    what: str
+    ours: Child
+    floor: Child | None
+    hta: Child | None
+    json_mb: float
+    n_files: int
+
+    def peak_mb(self) -> float:
+        """Our child's own peak plus one parser worker's peak per core (an upper bound of the total)."""
+        last = self.ours.out["phases"][-1]
+        workers = min(os.cpu_count() or 1, self.n_files) if last["worker_rss_kb"] else 0
+        return (last["rss_kb"] + workers * last["worker_rss_kb"]) / 1024
+
+
+def measure(name: str, path: Path, what: str, hta_venv: Path | None) -> Result:
+    files = trace_files(path)
+    ours = run_child([sys.executable, "-c", CHILD, str(path)])
+    floor = run_child([sys.executable, "-c", ORJSON_CHILD, *map(str, files)]) if files else None
+    hta = None
+    if hta_venv and files:
+        with tempfile.TemporaryDirectory() as tmp:  # HTA loads a folder: a lone file gets one of its own
+            trace_dir = path if path.is_dir() else Path(tmp)
+            if path.is_file():
+                (trace_dir / path.name).symlink_to(path)
+            hta = run_child([str(hta_venv / "bin" / "python"), "-c", HTA_CHILD, str(trace_dir)])
+    return Result(name, what, ours, floor, hta, json_bytes(files) / 1e6 if files else 0.0, ours.out["files"])
+
+
+def table(results: list[Result]) -> str:
+    head = ["input", "files", "JSON MB", *PHASES, "total s", "peak MB", "orjson floor s", "x floor", "HTA load s",
+            "HTA / ours"]
+    rows = [head, ["---"] * len(head)]
+    for r in results:
+        ph = {p["phase"]: p["s"] for p in r.ours.out["phases"]}
+        floor = r.floor.out["s"] if r.floor else None
+        hta = r.hta.out["s"] if r.hta else None
+        rows.append([r.name, str(r.n_files), f"{r.json_mb:.1f}", *[f"{ph.get(p, 0.0):.2f}" for p in PHASES],
+                     f"{r.ours.wall_s:.2f}", f"{r.peak_mb():.0f}", _f(floor), _f(floor and r.ours.wall_s / floor),
+                     _f(hta) if r.hta else "skipped", _f(hta and hta / r.ours.wall_s)])
+    return "\n".join("| " + " | ".join(row) + " |" for row in rows)
+
+
+def _f(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def targets(by: dict[str, Result]) -> list[tuple[str, bool | None, str]]:
+    """(target, PASS/FAIL/None when its input was not measured, the figures)."""
+    out: list[tuple[str, bool | None, str]] = []
+
+    def check(name: str, label: str, ok: object, figures: str) -> None:
+        out.append((label, bool(ok) if name in by else None, figures if name in by else "not measured"))
+
+    r = by.get("hta53")
+    if r and r.floor:
+        check("hta53", "53.7 MB trace: end to end <= 1.2x the orjson floor", r.ours.wall_s <= 1.2 * r.floor.out["s"],
+              f"{r.ours.wall_s:.2f} s vs {r.floor.out['s']:.2f} s")
+        check("hta53", "53.7 MB trace: peak RSS <= 1.5x the JSON", r.peak_mb() <= 1.5 * r.json_mb,
+              f"{r.peak_mb():.0f} MB vs {r.json_mb:.0f} MB of JSON")
+    if r and r.hta:
+        check("hta53", "53.7 MB trace: >= 5x faster than HTA's load", r.hta.out["s"] >= 5 * r.ours.wall_s,
+              f"HTA {r.hta.out['s']:.2f} s vs {r.ours.wall_s:.2f} s")
+    if (d := by.get("dense")) is not None:
+        check("dense", "kernel-dense trace: peak RSS <= 2x the JSON", d.peak_mb() <= 2 * d.json_mb,
+              f"{d.peak_mb():.0f} MB vs {d.json_mb:.0f} MB")
+    for n, secs, gb in ((1024, 10, 1), (4096, 45, 3)):
+        s = by.get(f"sim{n}")
+        if s is not None:
+            check(f"sim{n}", f"{n} ranks x 5 steps: <= {secs} s and <= {gb} GB",
+                  s.ours.wall_s <= secs and s.peak_mb() <= gb * 1024, f"{s.ours.wall_s:.1f} s, {s.peak_mb():.0f} MB")
+    return out
+
+
+def slope(by: dict[str, Result]) -> str:
+    """Least-squares fit of total time and peak memory against ranks over the simulated inputs."""
+    pts = sorted((int(k[3:]), r) for k, r in by.items() if k.startswith("sim"))
+    if len(pts) < 2:
+        return "slope: needs two simulated sizes"
+    xs = [float(n) for n, _ in pts]
+
+    def fit(ys: list[float]) -> tuple[float, float]:
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        return b, my - b * mx
+
+    bt, at = fit([r.ours.wall_s for _, r in pts])
+    bm, am = fit([r.peak_mb() for _, r in pts])
+    per_file = bt * 1000 * pts[-1][0] / max(pts[-1][1].n_files, 1)
+    return (f"time = {at:.2f} s + {bt * 1000:.2f} ms x ranks; peak = {am:.0f} MB + {bm:.2f} MB x ranks; "
+            f"about {per_file:.2f} ms per file at {pts[-1][0]} ranks (target: no fixed cost above 2 ms per file)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="real inputs and 64/256 simulated ranks only")
+    ap.add_argument("--only", action="append", default=[], help="measure only this input (repeatable)")
+    ap.add_argument("--hta-venv", type=Path, default=None, help="a venv with holistictraceanalysis installed")
+    ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "forensics-bench",
+                    help="where simulated inputs are generated once and reused")
+    args = ap.parse_args()
+    todo = inputs(args.cache, args.quick)
+    if args.only:
+        todo = {k: v for k, v in todo.items() if k in args.only}
+    results = []
+    for name, (path, what) in todo.items():
+        print(f"measuring {name}: {what} ...", file=sys.stderr, flush=True)
+        results.append(measure(name, path, what, args.hta_venv))
+    print(table(results))
+    print()
+    for label, ok, figures in targets({r.name: r for r in results}):
+        print(f"{'PASS' if ok else 'FAIL' if ok is not None else 'n/a '}  {label}: {figures}")
+    print(slope({r.name: r for r in results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""forensics diff on simulator pairs: the same job with and without one injected change.
+
+The size of each injected change comes from the simulator's truth.json (what it put in), never from the
+code under test."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from forensics.analyze import analyze
+from forensics.diff import RunDiff, RunProfile, compare, profile
+from forensics.simulate import simulate
+from tests.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("pairs")
+    jobs = {
+        "clean8": ("ddp_clean", {}),
+        "clean8_seed7": ("ddp_clean", {"seed": 7}),
+        "input_bound": ("input_bound", {}),
+        "clean16": ("ddp_clean", {"ranks": 16}),
+        "net_socket": ("net_socket", {}),
+        "algo_forced": ("algo_forced", {}),
+    }
+    for name, (scenario, kw) in jobs.items():
+        simulate(scenario, root / name, **kw)
+    return {name: root / name for name in jobs}
+
+
+_PROFILES: dict[Path, RunProfile] = {}
+
+
+def _profile(run: Path) -> RunProfile:
+    if run not in _PROFILES:  # each run analysed once for the whole module
+        _PROFILES[run] = profile(analyze(run), run.name)
+    return _PROFILES[run]
+
+
+def _diff(runs: dict[str, Path], base: str, new: str) -> RunDiff:
+    return compare(_profile(runs[base]), _profile(runs[new]))
+
+
+def _truth(run: Path) -> dict:
+    return json.loads((run / "truth.json").read_text())
+
+
+def test_more_idle_is_named_with_its_size(runs: dict[str, Path]):
+    d = _diff(runs, "clean8", "input_bound")
+    stall_ms = _truth(runs["input_bound"])["faults"][0]["expected"]["stall_ms_per_step"]
+    assert d.delta_ms == pytest.approx(stall_ms, rel=0.10)
+    assert d.contributors[0]["what"] == "GPU idle"
+    assert d.contributors[0]["delta_ms"] == pytest.approx(stall_ms, rel=0.10)
+    assert d.verdict.startswith("NEW is ") and "slower per step" in d.verdict and "GPU idle" in d.verdict
+    assert not d.nccl_changes
+
+
+def test_transport_change_is_the_explanation(runs: dict[str, Path]):
+    d = _diff(runs, "clean16", "net_socket")
+    injected_ms = (_truth(runs["net_socket"])["expected"]["step_ns_median"]
+                   - _truth(runs["clean16"])["expected"]["step_ns_median"]) / 1e6
+    assert d.delta_ms == pytest.approx(injected_ms, rel=0.10)
+    top = d.contributors[0]
+    assert top["kind"] == "comm" and top["delta_ms"] == pytest.approx(injected_ms, rel=0.10)
+    changes = {c["aspect"]: c for c in d.nccl_changes}
+    assert changes["transport"]["removed"] == ["NET/IB"] and changes["transport"]["added"] == ["NET/Socket"]
+    assert "NCCL_IB_DISABLE=1" in changes["env"]["added"]
+    assert "NET/Socket instead of NET/IB" in d.verdict
+    assert "Inter-node NCCL traffic runs over TCP sockets" in d.incidents["appeared"]
+
+
+def test_the_parts_add_up_to_the_delta(runs: dict[str, Path]):
+    for base, new in (("clean8", "input_bound"), ("clean16", "net_socket"), ("clean8", "clean8_seed7")):
+        d = _diff(runs, base, new)
+        assert sum(c["delta_ms"] for c in d.contributors) == pytest.approx(d.delta_ms, abs=0.01)
+
+
+def test_no_change_says_so(runs: dict[str, Path]):
+    d = _diff(runs, "clean8", "clean8_seed7")  # same job, other noise
+    assert abs(d.delta_frac or 0) < 0.03
+    assert d.verdict.startswith("No significant change")
+    assert not d.nccl_changes and d.findings == {"appeared": [], "resolved": []}
+
+
+def test_algorithm_change_is_reported_even_below_noise(runs: dict[str, Path]):
+    d = _diff(runs, "clean16", "algo_forced")
+    changes = {c["aspect"]: c for c in d.nccl_changes}
+    assert changes["algorithm"]["removed"] == ["allreduce RING"] and changes["algorithm"]["added"] == ["allreduce TREE"]
+    assert "NCCL_ALGO=Tree" in d.verdict
+
+
+def test_cli_writes_both_files_and_gates_on_fail_slower(runs: dict[str, Path], tmp_path: Path):
+    out = tmp_path / "d"
+    res = run_cli("diff", str(runs["clean16"]), str(runs["net_socket"]), "--out", str(out), "-q", "--fail-slower", "0.5")
+    assert res.returncode == 1, res.stderr  # 169 % slower > 50 %
+    data = json.loads((out / "diff.json").read_text())
+    assert data["schema"] == "forensics-diff/1" and data["verdict"] == res.stdout.splitlines()[0]
+    assert data["base"]["ranks"] == 16 and data["new"]["steps"] == 4
+    res = run_cli("diff", str(runs["clean8"]), str(runs["clean8_seed7"]), "--out", str(out), "-q", "--fail-slower", "0.05")
+    assert res.returncode == 0, res.stderr
+
+
+def test_markdown_escapes_run_names(runs: dict[str, Path], tmp_path: Path):
+    odd = tmp_path / "a|b`<i>"
+    shutil.copytree(runs["clean8"], odd)
+    out = tmp_path / "d"
+    assert run_cli("diff", str(odd), str(runs["clean8_seed7"]), "--out", str(out), "-q").returncode == 0
+    head = (out / "diff.md").read_text().splitlines()[0]
+    assert head == "# forensics diff: a\\|b\\`\\<i\\> -> clean8\\_seed7"
+
+
+def test_unreadable_input_is_exit_2(tmp_path: Path, runs: dict[str, Path]):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = run_cli("diff", str(empty), str(runs["clean8"]), "--out", str(tmp_path / "o"), "-q")
+    assert res.returncode == 2 and "BASE: no readable trace or log" in res.stderr
+
+
+def _sqlite_allreduce_ms_per_rank(folder: Path) -> float:
+    """Mean over the folder's exports of the total all-reduce kernel time, read straight from SQLite."""
+    import sqlite3
+
+    totals = []
+    for db in sorted(folder.glob("*.sqlite")):
+        con = sqlite3.connect(db)
+        (ns,) = con.execute(
+            "SELECT SUM(k.end - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.demangledName "
+            "WHERE s.value LIKE 'ncclKernel_AllReduce%'").fetchone()
+        con.close()
+        totals.append(ns / 1e6)
+    return sum(totals) / len(totals)
+
+
+def test_real_ring_vs_tree_pair_names_the_algorithm_change():
+    """DistributedSysLab_FS24: the same 2-node x 3-GPU all-reduce job run with NCCL_ALGO=Ring and =Tree
+    (../shared/sample_data/nsys/SOURCES.md)."""
+    from tests.conftest import shared_path
+
+    ring = shared_path("nsys", "DistributedSysLab_FS24", "ring_simple_2nodes_6gpus_job508813")
+    tree = shared_path("nsys", "DistributedSysLab_FS24", "tree_simple_2nodes_6gpus_job508838")
+    d = compare(_profile(ring), _profile(tree))
+    changes = {c["aspect"]: c for c in d.nccl_changes}
+    assert (changes["env"]["removed"], changes["env"]["added"]) == (["NCCL_ALGO=Ring"], ["NCCL_ALGO=Tree"])
+    assert (changes["algorithm"]["removed"], changes["algorithm"]["added"]) == (["allreduce RING"], ["allreduce TREE"])
+    assert "NCCL_ALGO=Ring -> NCCL_ALGO=Tree" in d.verdict
+    assert "over the capture (no profiler steps)" in d.verdict  # nsys exports of a bare all-reduce: no steps
+    allreduce = next(k for k in d.kernels if k["kernel"] == "nccl allreduce")
+    assert allreduce["base_ms"] == pytest.approx(_sqlite_allreduce_ms_per_rank(ring), abs=0.002)
+    assert allreduce["new_ms"] == pytest.approx(_sqlite_allreduce_ms_per_rank(tree), abs=0.002)
+
+
+def test_an_earlier_frames_output_stands_for_its_run(runs: dict[str, Path], tmp_path: Path):
+    """BASE given as the folder `forensics frames` wrote: the same diff as from the run folder itself."""
+    frames_out = tmp_path / "base_frames"
+    assert run_cli("frames", str(runs["clean16"]), "--out", str(frames_out), "-q").returncode == 0
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert run_cli("diff", str(runs["clean16"]), str(runs["net_socket"]), "--out", str(a), "-q").returncode == 0
+    assert run_cli("diff", str(frames_out), str(runs["net_socket"]), "--out", str(b), "-q").returncode == 0
+    da, db = json.loads((a / "diff.json").read_text()), json.loads((b / "diff.json").read_text())
+    for d in (da, db):
+        d["base"].pop("path"), d["base"].pop("name")
+    assert da == db
