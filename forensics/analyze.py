@@ -22,6 +22,10 @@ from forensics.incidents import Incident, correlate, job_facts
 from forensics.parsers.discovery import ParsedSource, discover_and_parse, sources_frame
 
 ProgressFn = Callable[[str, int, int], None]
+"""(item, done, total): one parsed file."""
+PhaseFn = Callable[[str, str, int, int], None]
+"""(phase, item, done, total) for every phase of an analysis: discover (files found), parse (files),
+match (NCCL collectives matched across ranks), detect (detectors run). The CLI adds render and write."""
 
 
 @dataclass
@@ -67,15 +71,44 @@ def load(run_dir: Path, progress: ProgressFn | None = None, workers: int | None 
     return collect_frames(discover_and_parse(run_dir, progress=progress, workers=workers))
 
 
+def _no_progress(phase: str, item: str, done: int, total: int) -> None:
+    return None
+
+
+def _load_with_phases(run_dir: Path, report: PhaseFn, workers: int | None) -> JobFrames:
+    """load(), telling discover (the files found, known at the first parsed file) apart from parse."""
+    report("discover", "", 0, 0)
+    found = [-1]
+
+    def parsed(item: str, done: int, total: int) -> None:
+        if found[0] < 0:
+            found[0] = total
+            report("discover", "", total, total)
+        report("parse", item, done, total)
+
+    _, frames = load(run_dir, progress=parsed, workers=workers)
+    if found[0] < 0:  # nothing to parse
+        report("discover", "", 0, 0)
+    return frames
+
+
+def _match(context: JobContext, report: PhaseFn) -> None:
+    """Match the NCCL collectives across ranks now (cached on the context), so its time shows as a phase."""
+    report("match", "", 0, 0)
+    n = context.match.instances.height if context.frames.has("kernels") else 0
+    report("match", "", n, n)
+
+
 def analyze(
     run_dir: Path,
     overrides: Mapping[str, Mapping[str, str]] | None = None,
     only: list[str] | None = None,
-    progress: ProgressFn | None = None,
+    progress: PhaseFn | None = None,
     workers: int | None = None,
 ) -> Analysis:
-    _, frames = load(run_dir, progress=progress, workers=workers)
-    return analyze_frames(run_dir, frames, overrides, only)
+    report = progress or _no_progress
+    frames = _load_with_phases(run_dir, report, workers)
+    return analyze_frames(run_dir, frames, overrides, only, progress=report)
 
 
 def analyze_frames(
@@ -83,13 +116,24 @@ def analyze_frames(
     frames: JobFrames,
     overrides: Mapping[str, Mapping[str, str]] | None = None,
     only: list[str] | None = None,
+    progress: PhaseFn | None = None,
 ) -> Analysis:
     """Detectors and incidents over frames already parsed (a run folder's, or an earlier `frames` output)."""
+    report = progress or _no_progress
     context = JobContext(frames)  # the one context of this analysis: detectors and reports share it
-    findings, skipped = run_detectors(context, overrides=overrides, only=only)
+    _match(context, report)
+    report("detect", "", 0, 0)
+    findings, skipped = run_detectors(context, overrides=overrides, only=only,
+                                      progress=lambda name, done, total: report("detect", name, done, total))
     facts = job_facts(frames, context.world_size, len(context.ranks))
     correlated, incidents = correlate(sort_findings(findings), facts)
     return Analysis(run_dir, context, correlated, skipped, incidents)
+
+
+def derived_tables(frames: JobFrames) -> dict[str, pl.DataFrame]:
+    """What `forensics frames` writes beside the canonical frames, from the job's one context (no detectors)."""
+    context = JobContext(frames)
+    return {"op_categories": context.categories, "op_attribution": context.op_attribution}
 
 
 def is_frames_output(path: Path) -> bool:

@@ -1,9 +1,14 @@
 """Per rank and step: where the step time went, by interval algebra on the GPU timeline.
 
-Step windows (without profiler steps, one window per rank over all its GPU activity, step -1):
-per rank, step N runs from its ``ProfilerStep#N`` start to the next step's start (the last
-step to the later of its own end and the end of the GPU work launched in it). Kernels are cut to the
-windows. Within a window every instant is put in exactly one bucket, by priority:
+Step windows, on the GPU execution timeline (without profiler steps, one window per rank over all its
+GPU activity, step -1): a kernel belongs to the step whose ``ProfilerStep#N`` CPU range launched it
+(launch -> kernel correlation), and is placed by its own GPU time. Per rank, step N's window starts at
+the later of its CPU start and the end of the GPU work of the steps before it (a GPU running behind the
+CPU is still busy with them), never after its own first kernel, and runs to the next step's window; the
+last step ends at the later of its last kernel and its CPU end (GPU work launched after it belongs to no
+step). So the idle time before a step's first kernel (data loading) stays in that step, and a GPU that
+lags the CPU by tens of ms is measured on its own time. Kernels are cut to the windows. Within a window
+every instant is put in exactly one bucket, by priority:
 
 ``compute`` (any compute kernel) > ``comm_exposed`` (NCCL transfer, not hidden by compute) >
 ``comm_wait`` (NCCL kernel waiting for a peer, see :mod:`forensics.collectives`) > ``other``
@@ -31,7 +36,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from forensics.collectives import PG_TYPES, CollectiveMatch, assign_steps, effective_steps, match_collectives
+from forensics.collectives import PG_TYPES, CollectiveMatch, attach_steps, effective_steps, match_collectives
 from forensics.frames import JobFrames
 from forensics.intervals import clip_to_windows, mask_lengths, merge
 
@@ -66,26 +71,52 @@ def _none(bits: int) -> pl.Expr:
     return (pl.col("mask") & bits) == 0
 
 
+WINDOW_SCHEMA = {"rank": pl.Int32, "host": pl.String, "step": pl.Int64, "w_start": pl.Int64, "w_end": pl.Int64}
+
+
 def step_windows(frames: JobFrames, kernels: pl.DataFrame) -> pl.DataFrame:
-    """Per rank and step: ``w_start``, ``w_end`` (see module doc)."""
+    """Per rank and step: ``w_start``, ``w_end`` on the GPU timeline (see module doc).
+
+    ``kernels`` carry ``step`` (the step that launched them, :func:`forensics.collectives.attach_steps`).
+    A step starts when its ProfilerStep began on the CPU, or later if the GPU was still running earlier
+    work then, and never after its own first kernel; it ends where the next one starts, the last one at
+    the later of its last kernel and its CPU end.
+    """
     steps = effective_steps(frames).sort("rank", "start_ns")
     if steps.height == 0:
-        return pl.DataFrame(schema={"rank": pl.Int32, "host": pl.String, "step": pl.Int64, "w_start": pl.Int64, "w_end": pl.Int64})
-    last_kernel = kernels.group_by("rank", "step").agg(pl.col("end_ns").max().alias("_kend"))
+        return pl.DataFrame(schema=WINDOW_SCHEMA)
+    own = kernels.filter(pl.col("step").is_not_null())
+    per_step = own.group_by("rank", "step").agg(
+        pl.col("start_ns").min().alias("_kfirst"), pl.col("end_ns").max().alias("_klast"))
+    # GPU work launched before the first profiled step (no launch in the trace) still delays it.
+    first_own = own.group_by("rank").agg(pl.col("start_ns").min().alias("_first_own"))
+    before = (
+        kernels.filter(pl.col("step").is_null()).join(first_own, on="rank", how="inner")
+        .filter(pl.col("start_ns") < pl.col("_first_own"))
+        .group_by("rank").agg(pl.col("end_ns").max().alias("_pre_end"))
+    )
+    prev_end = pl.max_horizontal(pl.col("_klast").cum_max().forward_fill().shift(1), pl.col("_pre_end")).over(
+        "rank", order_by="start_ns")
     w = (
         steps.group_by("rank", "step")
         .agg(pl.col("start_ns").min(), pl.col("end_ns").max(), pl.col("host").first())
+        .join(per_step, on=["rank", "step"], how="left")
+        .join(before, on="rank", how="left")
         .sort("rank", "start_ns")
-        .with_columns(pl.col("start_ns").shift(-1).over("rank").alias("_next"))
-        .join(last_kernel, on=["rank", "step"], how="left")
+        .with_columns(prev_end.alias("_prev_end"))
+        .with_columns(
+            pl.min_horizontal("_kfirst", pl.max_horizontal("start_ns", "_prev_end")).cum_max().over(
+                "rank", order_by="start_ns").alias("w_start")
+        )
     )
     return w.select(
         "rank",
         "host",
         "step",
-        pl.col("start_ns").alias("w_start"),
-        pl.coalesce("_next", pl.max_horizontal("end_ns", "_kend")).alias("w_end"),
-    ).filter(pl.col("w_end") > pl.col("w_start"))
+        "w_start",
+        pl.coalesce(pl.col("w_start").shift(-1).over("rank", order_by="start_ns"),
+                    pl.max_horizontal("_klast", "end_ns")).alias("w_end"),
+    ).filter(pl.col("w_end") > pl.col("w_start")).cast(WINDOW_SCHEMA)  # type: ignore[arg-type]
 
 
 def compute_breakdown(frames: JobFrames, match: CollectiveMatch | None = None) -> Breakdown:
@@ -123,15 +154,7 @@ def compute_breakdown(frames: JobFrames, match: CollectiveMatch | None = None) -
 
 def _kernels_with_launch_and_sm_share(frames: JobFrames) -> pl.DataFrame:
     """Ranked kernels with their launch time (``launch_ns``), step (by launch time) and SM share."""
-    kern = frames["kernels"].filter(pl.col("rank").is_not_null())
-    ops = frames["cpu_ops"]
-    launches = (
-        ops.filter(pl.col("is_launch") & pl.col("correlation").is_not_null())
-        .group_by("rank", "correlation")
-        .agg(pl.col("start_ns").min().alias("launch_ns"))
-    )
-    kern = kern.join(launches, on=["rank", "correlation"], how="left")
-    kern = assign_steps(kern.with_columns(pl.coalesce("launch_ns", "start_ns").alias("_t")), effective_steps(frames), "_t")
+    kern = attach_steps(frames, frames["kernels"].filter(pl.col("rank").is_not_null()))
     sm = frames["ranks"].group_by("rank").agg(pl.col("sm_count").max())
     return kern.join(sm, on="rank", how="left").with_columns(
         pl.coalesce(

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -108,6 +109,57 @@ def _progress(label: str, quiet: bool) -> Iterator[object]:
             bar.update(task, completed=done, total=total, item=item[-60:])
 
         yield update
+
+
+# what each phase counts, for its closing line on stderr
+_PHASE_UNITS = {
+    "discover": "file(s) found", "parse": "file(s) parsed", "match": "NCCL collective(s) matched across ranks",
+    "detect": "detector(s) run", "render": "output(s) rendered", "write": "file(s) written",
+}
+
+
+class _Phases:
+    """Progress of a pipeline in phases: a live bar for the phase running, and one line per phase done
+    ("parse: 17 file(s) parsed in 1.2 s") so the log shows every phase with its count. Also tells the
+    interrupt and crash messages which phase was running. ``quiet``: no output, the phase is still tracked."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.bar: Progress | None = None
+        self.task: Any = None
+        self.phase: str | None = None
+        self.total = 0
+        self.started = 0.0
+
+    def __enter__(self) -> _Phases:
+        if not self.quiet:
+            self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), TextColumn("{task.fields[item]}", markup=False),
+                                console=err, transient=True)
+            self.bar.__enter__()
+            self.task = self.bar.add_task("", total=None, item="")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self._close()
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+
+    def _close(self) -> None:
+        if self.phase is not None and self.bar is not None:
+            took = time.monotonic() - self.started
+            self.bar.console.print(Text(f"{self.phase}: {self.total} {_PHASE_UNITS.get(self.phase, '')} in {took:.1f} s"),
+                                   highlight=False)
+        self.phase = None
+
+    def __call__(self, phase: str, item: str, done: int, total: int) -> None:
+        if phase != self.phase:
+            self._close()
+            self.phase, self.started, _run.phase = phase, time.monotonic(), phase
+        self.total = max(total, done)
+        if self.bar is not None:
+            self.bar.update(self.task, description=phase, completed=done, total=total or None, item=item[-60:])
 
 
 # --- interrupts and internal errors ------------------------------------------------------------
@@ -259,22 +311,37 @@ _WORKERS_HELP = "parser processes, at least 1 [default: CPU count]"
 # --- analyze -----------------------------------------------------------------------------------
 
 
-def _analysis_outputs(analysis: Any, out_dir: Path) -> Any:
+def _analysis_outputs(analysis: Any, out_dir: Path, phases: _Phases | None = None,
+                      timeline_steps: int | None = None) -> Any:
     from forensics.outputs import OutputSet
     from forensics.reports import html as html_report
-    from forensics.reports import json_report, markdown
+    from forensics.reports import json_report, markdown, perfetto
+    from forensics.reports.view_collectives import collectives_arrow
 
+    tick = phases or (lambda *a: None)
     outs = OutputSet(out_dir)
+    tick("render", "findings.json", 0, 3)
     outs.add_bytes("findings.json", json_report.render(analysis))
+    tick("render", "summary.md", 1, 3)
     outs.add_text("summary.md", markdown.render(analysis))
+    tick("render", "report.html", 2, 3)
     outs.add_text("report.html", html_report.render(analysis))
+    outs.add_parquet("collectives.parquet", collectives_arrow(analysis.context))
+    if timeline_steps is not None:
+        outs.add_bytes("timeline.json.gz", perfetto.render(analysis, timeline_steps))
+    outs.remove("timeline.json.gz")  # an earlier run's, when this one writes none (kept when it does)
+    tick("render", "", 3, 3)
     outs.remove("crash.txt")  # from an earlier run that crashed: this one did not
     return outs
 
 
-def _commit(outs: Any) -> None:
+def _commit(outs: Any, phases: _Phases | None = None, count: int = 0) -> None:
     _run.phase = "write"
+    if phases is not None:
+        phases("write", "", 0, count)
     outs.commit()
+    if phases is not None:
+        phases("write", "", count, count)
     _run.committed = True
 
 
@@ -305,19 +372,21 @@ def analyze(
     only: list[str] = typer.Option([], "--only", help="run only this detector (repeatable)"),
     workers: int | None = typer.Option(None, "--workers", min=1, help=_WORKERS_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
+    timeline: bool = typer.Option(False, "--timeline", help="also write timeline.json.gz (Perfetto / chrome://tracing)"),
+    timeline_steps: int = typer.Option(1, "--timeline-steps", min=0, help="steps either side of the worst one in the timeline"),
 ) -> None:
-    """Analyze RUN_DIR; write findings.json, summary.md and report.html to --out."""
+    """Analyze RUN_DIR; write findings.json, summary.md, report.html and collectives.parquet to --out."""
     out_dir = out_dir or Path.cwd() / f"forensics-{run_dir.resolve().name}"
     _check_out_dir([run_dir], out_dir)
     from forensics.analyze import analyze as run_analysis
     from forensics.detectors import parse_overrides
 
     overrides = parse_overrides(settings)
-    _run.phase = "parse"
-    with _progress("parsing", quiet) as update:
-        analysis = run_analysis(run_dir, overrides=overrides, only=only or None, progress=update, workers=workers)  # type: ignore[arg-type]
-    _run.phase = "render"
-    _commit(_analysis_outputs(analysis, out_dir))
+    _run.phase = "discover"
+    with _Phases(quiet) as phases:
+        analysis = run_analysis(run_dir, overrides=overrides, only=only or None, progress=phases, workers=workers)
+        _run.phase = "render"
+        _commit(_analysis_outputs(analysis, out_dir, phases, timeline_steps if timeline else None), phases, count=3)
     _print_analysis(analysis, out_dir)
     if not analysis.readable:
         _error(f"no readable trace or log under {run_dir}")
@@ -338,8 +407,7 @@ def frames(
 ) -> None:
     """Parse RUN_DIR and write every canonical frame as Parquet (for Polars or DuckDB)."""
     _check_out_dir([run_dir], out_dir)
-    from forensics.analyze import load
-    from forensics.context import JobContext
+    from forensics.analyze import derived_tables, load
     from forensics.frames import FRAME_SPECS
     from forensics.outputs import OutputSet
 
@@ -352,9 +420,8 @@ def frames(
         outs.add(f"{name}.parquet", functools.partial(_write_parquet, job[name]))
     for name in FRAME_SPECS:
         outs.remove(f"{name}.parquet")  # frames an earlier run had and this one has not
-    ctx = JobContext(job)  # derived frames: op categories per step and the ops that launched them
-    outs.add("op_categories.parquet", functools.partial(_write_parquet, ctx.categories))
-    outs.add("op_attribution.parquet", functools.partial(_write_parquet, ctx.op_attribution))
+    for name, table in derived_tables(job).items():  # op categories per step, the ops behind the kernels
+        outs.add(f"{name}.parquet", functools.partial(_write_parquet, table))
     outs.remove("crash.txt")
     _commit(outs)
     out.print(f"{len(job.present)} frame(s) and 2 derived tables (op_categories, op_attribution) written to {out_dir}",
@@ -487,8 +554,8 @@ def diff(
         if is_frames_output(path):  # an earlier `forensics frames --out` folder: no parsing again
             analysis = analyze_frames(path, load_frames_output(path))
         else:
-            with _progress(f"parsing {label}", quiet) as update:
-                analysis = run_analysis(path, progress=update, workers=workers)  # type: ignore[arg-type]
+            with _Phases(quiet) as phases:
+                analysis = run_analysis(path, progress=phases, workers=workers)
         if not analysis.readable:
             _error(f"{label}: no readable trace or log under {path}")
             raise typer.Exit(EXIT_ERROR)

@@ -19,7 +19,10 @@ Instances are validated: every member present and one collective type / message 
 Pipeline point-to-point kernels (send/recv in a PP group) are not synchronizing collectives; they are
 not matched, and their transfer time is estimated as the smallest duration of any send or receive of
 the same (group, size) in the job (the two sides of a transfer end together, so the side that arrived
-last shows the bare transfer).
+last shows the bare transfer). Other unmatched kernels likewise use the same (group, op, size); without
+size metadata that would mix sizes (the job's shortest all-reduce taken as every all-reduce's transfer),
+so a collective only one rank's trace shows is left unsplit (``transfer_how`` = "unknown": all of it
+counted as transfer, none as wait); ``transfer_how`` says which estimate each kernel got.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ class CollectiveMatch:
     """Result of :func:`match_collectives`.
 
     ``kernels``: one row per NCCL kernel (rank, host, step, pg_key, pg_type, collective, bytes, start_ns,
-    end_ns, dur_ns, instance, matched, transfer_ns, wait_ns, last_rank, is_last).
+    end_ns, dur_ns, instance, matched, transfer_ns, wait_ns, last_rank, is_last, transfer_how: how the
+    transfer was estimated, a key of :data:`TRANSFER_HOW`).
     ``instances``: one row per matched collective instance.
     ``rank_offsets`` / ``host_offsets``: estimated clock offset (ns) to subtract from a rank's/host's times.
     ``unmatched``: counts of synchronizing kernels left unmatched, by reason.
@@ -120,6 +124,30 @@ def _launch_times(frames: JobFrames) -> pl.DataFrame:
     )
 
 
+def attach_steps(frames: JobFrames, kernels: pl.DataFrame) -> pl.DataFrame:
+    """Add ``launch_ns`` and ``step`` to GPU activity rows (rank, correlation, start_ns, ...).
+
+    A kernel belongs to the profiler step whose CPU range launched it (launch -> kernel correlation):
+    the ProfilerStep annotations say which step is which, the kernel's own GPU time says where it ran.
+    On a rank whose kernels are linked to launches, a kernel without a launch in the trace (launched
+    before the profiler started) has no step; one launched after the last recorded step belongs to it (a
+    hung step's ProfilerStep range is never closed, so its collective is launched "after" the last one).
+    Ranks without any launch link, and captures without profiler steps, place kernels by their own start.
+    """
+    launches = _launch_times(frames)
+    k = kernels.join(launches, on=["rank", "correlation"], how="left")
+    steps = effective_steps(frames)
+    if steps.height == 0:
+        return k.with_columns(pl.lit(None, dtype=pl.Int64).alias("step"))
+    linked = pl.col("rank").is_in(launches["rank"].unique().implode())
+    pseudo = bool((steps["step"] == WHOLE_TRACE).all())
+    t = pl.col("start_ns") if pseudo else pl.when(linked).then(pl.col("launch_ns")).otherwise(pl.col("start_ns"))
+    k = k.with_columns(t.alias("_t_step")).with_row_index("_kord")
+    timed = assign_steps(k.filter(pl.col("_t_step").is_not_null()), steps, "_t_step")
+    untimed = k.filter(pl.col("_t_step").is_null()).with_columns(pl.lit(None, dtype=pl.Int64).alias("step"))
+    return pl.concat([timed, untimed], how="vertical").sort("_kord").drop("_kord", "_t_step")
+
+
 def comm_kernels(frames: JobFrames) -> pl.DataFrame:
     """NCCL/RCCL kernels with step, PG key, PG type and launch time attached."""
     k = frames["kernels"].filter(pl.col("class") == "comm")
@@ -132,10 +160,7 @@ def comm_kernels(frames: JobFrames) -> pl.DataFrame:
             pl.coalesce("pg_desc", "_desc").alias("pg_desc"),
             pl.coalesce("pg_ranks", "_pranks").alias("pg_ranks"),
         ).drop("_desc", "_pranks")
-    launches = _launch_times(frames)
-    k = k.join(launches, on=["rank", "correlation"], how="left")
-    k = k.with_columns(pl.coalesce("launch_ns", "start_ns").alias("_t_step"))
-    k = assign_steps(k, effective_steps(frames), "_t_step").drop("_t_step")
+    k = attach_steps(frames, k)
     ranks_txt = pl.col("pg_ranks").cast(pl.List(pl.String)).list.join(",")
     return k.with_columns(
         pl.concat_str(
@@ -169,7 +194,8 @@ def match_collectives(frames: JobFrames) -> CollectiveMatch:
         "instance", "instance_key", "pg_key", "pg_type", "step", "collective", "bytes", "n_ranks",
         "transfer_ns", "last_rank", "margin_ns", "max_wait_ns",
     )
-    allk = _split_wait_transfer(k, sync, instances)
+    present = inst.select("instance_key", pl.col("n_ranks").alias("_n_present"))
+    allk = _split_wait_transfer(k, sync.join(present, on="instance_key", how="left"), instances)
     rank_off, host_off = _clock_offsets(allk)
     return CollectiveMatch(allk, instances, rank_off, host_off, unmatched, incomplete)
 
@@ -254,18 +280,61 @@ def _split_wait_transfer(k: pl.DataFrame, sync: pl.DataFrame, instances: pl.Data
         pl.lit(None, dtype=pl.Int64).alias("margin_ns"),
     )
     allk = pl.concat(
-        [sync.select(*cols, "instance_key", "instance", "_x", pl.col("last_rank").cast(pl.Int32), "margin_ns"), p2p],
+        [sync.select(*cols, "instance_key", "instance", "_x", pl.col("last_rank").cast(pl.Int32), "margin_ns",
+                     pl.col("_n_present").cast(pl.Int64)),
+         p2p.with_columns(pl.lit(None, dtype=pl.Int64).alias("_n_present"))],
         how="vertical",
     ).with_columns(p2p_class.alias("_cls")).join(
         class_min, on=["pg_key", "_cls", "bytes"], how="left", nulls_equal=True
     ).drop("_cls")
+    how = _transfer_how()
+    estimate = pl.when(how == UNKNOWN_SPLIT).then(pl.col("dur_ns")).otherwise(pl.coalesce("_x", "_class_min"))
     return allk.with_columns(
         pl.col("instance").is_not_null().alias("matched"),
-        pl.min_horizontal(pl.coalesce("_x", "_class_min"), "dur_ns").alias("transfer_ns"),
+        pl.min_horizontal(estimate, "dur_ns").alias("transfer_ns"),
+        how.alias("transfer_how"),
     ).with_columns(
         (pl.col("dur_ns") - pl.col("transfer_ns")).alias("wait_ns"),
         (pl.col("matched") & (pl.col("rank") == pl.col("last_rank"))).alias("is_last"),
-    ).drop("_x", "_class_min")
+    ).drop("_x", "_class_min", "_n_present")
+
+
+UNKNOWN_SPLIT = "unknown"
+TRANSFER_HOW = {
+    "min_across_ranks": "the shortest duration of that collective across its ranks",
+    "same_size_min": "the shortest kernel of the same group, operation and size in the job",
+    "job_min": "the shortest kernel of the same group and operation in the job, of any size (a lower bound)",
+    UNKNOWN_SPLIT: "the whole kernel, with no peer's trace and no size to split it by (an upper bound)",
+}
+"""How ``transfer_ns`` was estimated (the ``transfer_how`` column of :attr:`CollectiveMatch.kernels`)."""
+
+
+def _transfer_how() -> pl.Expr:
+    """Matched instances: the shortest duration across ranks (the last arrival waited for nobody). Else the
+    shortest kernel of the same (group, op, size); without a size, a kernel no other rank's trace shows
+    cannot be split at all (the job-wide shortest of all sizes would call almost everything waiting)."""
+    return (
+        pl.when(pl.col("instance").is_not_null()).then(pl.lit("min_across_ranks"))
+        .when(pl.col("bytes").is_not_null()).then(pl.lit("same_size_min"))
+        .when(~pl.col("is_p2p") & (pl.col("_n_present") == 1)).then(pl.lit(UNKNOWN_SPLIT))
+        .otherwise(pl.lit("job_min"))
+    )
+
+
+def transfer_basis(kernels: pl.DataFrame) -> str:
+    """A sentence saying how the transfer part of ``kernels`` (rows of :attr:`CollectiveMatch.kernels`) was
+    estimated, by share of kernel time; '' when there are none."""
+    if kernels.height == 0 or "transfer_how" not in kernels.columns:
+        return ""
+    parts = (
+        kernels.group_by("transfer_how").agg(pl.col("dur_ns").sum())
+        .with_columns((pl.col("dur_ns") / pl.col("dur_ns").sum()).alias("share"))
+        .sort(["share", "transfer_how"], descending=[True, False])
+    )
+    sized = float(kernels["bytes"].is_not_null().sum()) / kernels.height
+    size_txt = "with" if sized >= 1 else ("without" if sized == 0 else f"{sized:.0%} of kernels with")
+    items = [f"{TRANSFER_HOW[h]} ({sh:.0%} of the kernel time)" for h, _, sh in parts.iter_rows()]
+    return f" Collectives {size_txt} size metadata; transfer estimated as " + "; ".join(items) + "."
 
 
 def _clock_offsets(k: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:

@@ -130,8 +130,11 @@ class JobContext:
     @property
     def step_windows(self) -> pl.DataFrame:
         """Per rank and step, the window the breakdown measures on the GPU timeline: rank, host, step,
-        w_start, w_end (ns). Step N runs from its ProfilerStep#N start to the next step's start (see
-        :mod:`forensics.breakdown`); without profiler steps one window per rank (step -1)."""
+        w_start, w_end (ns). Kernels belong to the ProfilerStep#N that launched them (correlation); step
+        N's window starts at the later of its CPU start and the end of the earlier steps' GPU work (never
+        after its first kernel) and runs to the next window, the last one to the later of its last kernel
+        and its CPU end (see :mod:`forensics.breakdown`); without profiler steps one window per rank
+        (step -1)."""
         return self.breakdown.windows
 
     @cached_property

@@ -494,10 +494,12 @@ _register(
 # --- kernel log / GPU health frames (kernel-log issue) ---------------------------------------
 
 KERNEL_EVENT_KINDS = [
-    "xid", "sxid", "fabric_manager", "gsp", "fallen_off_bus", "ecc", "nvlink", "gpu_identity",
+    "xid", "sxid", "fabric_manager", "gsp", "fallen_off_bus", "gpu_init_failed", "ecc", "nvlink", "gpu_identity",
     "driver_load", "nvrm_other", "aer", "ghes", "pcie_link", "device_other", "ib_port", "mlx5",
     "netdev_carrier", "cpu_thermal", "edac", "mce", "oom", "hung_task", "soft_lockup", "hard_lockup",
     "segfault", "boot", "benign", "context", "unknown",
+    # host-side kinds read by node_health only
+    "fs_error", "storage_client", "netdev_link", "rcu_stall",
 ]
 
 KERNEL_EVENTS = FrameSpec(

@@ -30,12 +30,14 @@ from forensics.frames import JobFrames
 #: ECC, uncontained / contained ECC, row-remap failure, NVLink errors, GSP timeouts.
 GPU_FAULT_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140, 143, 144, 145, 149})
 #: gpu_hw_error / node_health categories that are a GPU fault whatever the Xid.
-GPU_FAULT_CATEGORIES = frozenset({"fallen_off_bus", "nvlink", "nvlink5", "gsp", "aer", "nvswitch", "nvidia_smi"})
-#: host-side faults: storage hangs (hung tasks), lockups, host memory errors, the OOM killer, CPU throttling.
+GPU_FAULT_CATEGORIES = frozenset({"fallen_off_bus", "gpu_init_failed", "nvlink", "nvlink5", "gsp", "aer", "nvswitch",
+                                  "nvidia_smi"})
+#: host-side faults: storage hangs (hung tasks), lockups, host memory errors, the OOM killer, CPU throttling,
+#: filesystem / block-device errors.
 HOST_FAULT_CATEGORIES = frozenset({"hung", "lockup", "edac", "ghes", "mce", "oom", "storage", "host_memory",
-                                   "cpu_thermal"})
-#: NIC faults on a host: IB port down, mlx5 errors, carrier loss.
-NIC_FAULT_CATEGORIES = frozenset({"ib_port", "mlx5", "carrier"})
+                                   "cpu_thermal", "fs_error"})
+#: NIC faults on a host: IB port / Ethernet link flaps (node_health `nic_link`), mlx5 errors, carrier loss.
+NIC_FAULT_CATEGORIES = frozenset({"ib_port", "mlx5", "carrier", "nic_link"})
 #: nccl_transport finding keys that mean a slower path than the hardware offers.
 DEGRADED_TRANSPORT_KEYS = frozenset({"socket", "no_gdr", "intra_node", "nvls_off", "single_nic", "iface",
                                      "no_libibverbs", "mixed_link"})
@@ -44,24 +46,31 @@ DEGRADED_TRANSPORT_KEYS = frozenset({"socket", "no_gdr", "intra_node", "nvls_off
 TIERS: dict[str, int] = {
     "gpu_fault": 0, "host_fault": 0, "nic_fault": 0, "degraded_transport": 0, "forced_algorithm": 0,
     "transport_failure": 1, "missing_rank": 1, "cuda_failure": 1,
-    "timeout": 2, "slow_rank": 2,
+    "timeout": 2, "slow_rank": 2, "slow_link": 2,
     "busy_wait": 3, "exposed_comm": 3, "pipeline": 3, "other": 4,
 }
 
 
+def _fault_kind(f: Finding) -> str:
+    """gpu_hw_error / node_health findings: a GPU, host or NIC fault by category (and root Xid)."""
+    if f.detector == "node_health" and f.severity is Severity.INFO:
+        return "other"  # e.g. correctable DRAM errors below the rate: a fact, not a cause
+    cat = str(f.metrics.get("category") or "")
+    root_xid = f.metrics.get("root_xid")
+    if cat in GPU_FAULT_CATEGORIES or (cat == "xid" and isinstance(root_xid, int) and root_xid in GPU_FAULT_XIDS):
+        return "gpu_fault"
+    if cat in HOST_FAULT_CATEGORIES:
+        return "host_fault"
+    if cat in NIC_FAULT_CATEGORIES:
+        return "nic_fault"
+    return "other"
+
+
 def kind_of(f: Finding) -> str:
     """What a finding is, in the vocabulary of the rules."""
-    det, key, m = f.detector, f.key, f.metrics
+    det, key = f.detector, f.key
     if det in ("gpu_hw_error", "node_health"):
-        cat = str(m.get("category") or "")
-        root_xid = m.get("root_xid")
-        if cat in GPU_FAULT_CATEGORIES or (cat == "xid" and isinstance(root_xid, int) and root_xid in GPU_FAULT_XIDS):
-            return "gpu_fault"
-        if cat in HOST_FAULT_CATEGORIES:
-            return "host_fault"
-        if cat in NIC_FAULT_CATEGORIES:
-            return "nic_fault"
-        return "other"
+        return _fault_kind(f)
     if det == "nccl_timeout":
         if key.startswith("timeout"):
             return "timeout"
@@ -72,7 +81,7 @@ def kind_of(f: Finding) -> str:
         return "transport_failure" if key.startswith("fail_") else "other"
     if det == "nccl_algorithm":
         return "forced_algorithm" if key == "forced" else "other"
-    simple = {"straggler": "slow_rank", "busy_wait": "busy_wait", "exposed_comm": "exposed_comm",
+    simple = {"straggler": "slow_rank", "slow_link": "slow_link", "busy_wait": "busy_wait", "exposed_comm": "exposed_comm",
               "pipeline_bubble": "pipeline"}
     return simple.get(det, "other")
 
@@ -126,6 +135,14 @@ RULES: tuple[Rule, ...] = (
          ("straggler:slow_rank", "nccl_timeout:timeout", "nccl_timeout:missing_rank", "nccl_transport:transport_failure"),
          "host", "cause_first", 3600.0, "medium",
          "a storage hang, host memory error, OOM kill or NIC fault stalls or kills the ranks on that host"),
+    Rule("host_fault_kills_rank", _k(("node_health",), "host_fault"),
+         ("nccl_timeout:timeout", "nccl_timeout:missing_rank", "nccl_timeout:cuda_failure", "busy_wait:busy_wait"),
+         "gpu_or_rank", "cause_first", None, "high",
+         "the OOM killer or a hang stopped a rank's process; its peers wait for it in NCCL until the watchdog"),
+    Rule("nic_fault_slows_link", _k(_FAULT_SOURCES, "nic_fault"), ("slow_link:slow_link",),
+         "host", "cause_first", None, "high",
+         "a NIC that flapped, fell back to a lower speed or logs errors on the host common to every slow "
+         "communicator is why they are slow (a degraded link stays degraded: no time window)"),
     Rule("missing_rank_times_out_others", ("nccl_timeout:missing_rank", "nccl_timeout:cuda_failure",
                                            "nccl_transport:transport_failure"),
          ("nccl_timeout:timeout",), "communicator", "any", None, "high",
@@ -136,6 +153,9 @@ RULES: tuple[Rule, ...] = (
     Rule("straggler_stalls_peers", ("straggler:slow_rank",), ("busy_wait:busy_wait", "exposed_comm:exposed_comm"),
          "waited_for", "any", None, "high",
          "the peers of a slow rank wait for it inside their collectives"),
+    Rule("slow_link_stalls_peers", ("slow_link:slow_link",), ("busy_wait:busy_wait", "exposed_comm:exposed_comm"),
+         "communicator", "any", None, "medium",
+         "every member of a communicator through a slow link waits for its transfers, so more of them is exposed"),
     Rule("slow_stage_bubbles_pipeline", ("straggler:slow_rank",), ("pipeline_bubble:pipeline",),
          "waited_for", "any", None, "high",
          "a pipeline stage that computes longer than the others makes the other stages idle in the pipeline"),
@@ -199,7 +219,7 @@ LINK_TESTS: dict[str, Callable[[Finding, Finding], str | None]] = {
 
 # --- time ----------------------------------------------------------------------------------------
 
-TRACE_DETECTORS = frozenset({"straggler", "busy_wait", "exposed_comm", "pipeline_bubble"})
+TRACE_DETECTORS = frozenset({"straggler", "slow_link", "busy_wait", "exposed_comm", "pipeline_bubble"})
 
 
 def finding_time(f: Finding, window: tuple[int, int] | None) -> tuple[int, int] | None:
@@ -521,14 +541,16 @@ def kinds_markdown() -> str:
     return "\n".join([
         f"- `gpu_fault`: `gpu_hw_error`/`node_health` categories {', '.join(sorted(GPU_FAULT_CATEGORIES))}, "
         f"or category `xid` with root Xid in {', '.join(map(str, sorted(GPU_FAULT_XIDS)))}",
-        f"- `host_fault`: categories {', '.join(sorted(HOST_FAULT_CATEGORIES))}",
+        f"- `host_fault`: categories {', '.join(sorted(HOST_FAULT_CATEGORIES))} (a `node_health` finding at info "
+        "level, e.g. correctable DRAM errors below the rate, is `other`)",
         f"- `nic_fault`: categories {', '.join(sorted(NIC_FAULT_CATEGORIES))}",
         f"- `degraded_transport`: `nccl_transport` findings {', '.join(sorted(DEGRADED_TRANSPORT_KEYS))}; "
         "`transport_failure`: its `fail_*` findings",
         "- `forced_algorithm`: `nccl_algorithm` forced-by-environment finding",
         "- `timeout`: `nccl_timeout` watchdog/blocking-wait timeout; `missing_rank`: its RAS and desync findings; "
         "`cuda_failure`: a CUDA error that aborted NCCL",
-        "- `slow_rank` (straggler), `busy_wait`, `exposed_comm`, `pipeline` (pipeline_bubble); anything else: `other`",
+        "- `slow_rank` (straggler), `slow_link` (slow_link), `busy_wait`, `exposed_comm`, `pipeline` (pipeline_bubble); "
+        "anything else: `other`",
         "",
         "Tiers (a rule links a lower tier to a higher one only): "
         + ", ".join(f"`{k}` {v}" for k, v in TIERS.items()),

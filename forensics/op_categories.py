@@ -145,7 +145,8 @@ def launch_ops(frames: JobFrames) -> pl.DataFrame:
     )
     if launches.height == 0 or ranges.height == 0:
         return pl.DataFrame(schema={"rank": pl.Int32, "correlation": pl.Int64, "_launch_op": pl.String})
-    j = launches.join_asof(ranges, left_on="_t", right_on="_rs", by=["rank", "tid"], strategy="backward")
+    j = launches.join_asof(ranges, left_on="_t", right_on="_rs", by=["rank", "tid"], strategy="backward",
+                           check_sortedness=False)  # both sorted above; the check cannot run with by
     return (
         j.filter(pl.col("_re") >= pl.col("_t"))
         .group_by("rank", "correlation")

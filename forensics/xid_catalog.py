@@ -7,6 +7,13 @@ application warning). ``default`` is the research notes' consensus table (docs/g
 
 Severities use the four-level scale CRITICAL > HIGH > WARNING > INFO; findings map CRITICAL and HIGH
 to ``critical``.
+
+Names and resolution buckets follow NVIDIA's catalog, "Analyzing Xid Errors with the Xid Catalog"
+(https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, Ampere and newer). The NVLink5
+Xids 144-150 (SAW, RLW, TLW, TREX, NVLPW_CTRL, NETIR, MSE; GB200/B200) all carry the bucket
+WORKFLOW_NVLINK5_ERR there: their severity is read from the payload the driver prints, "<unit>
+<Fatal|Nonfatal> XC<n> i<n> Link <n> (<intrinfo> <error status> ...)", by :func:`nvlink5_severity`
+(sub-code = ``(intrinfo >> 20) & 0x3f``).
 """
 
 from __future__ import annotations
@@ -71,12 +78,16 @@ def lookup(xid: int, policy: str = "default") -> XidInfo:
 
 
 def nvlink5_severity(unit: str | None, fatal: bool | None, link: int | None, subcode: int | None) -> tuple[str, str, str]:
-    """(severity, action, catalog bucket) for an NVLink5 Xid 144-150 from its decoded payload."""
+    """(severity, action, catalog bucket) for an NVLink5 Xid 144-150 from its decoded payload, after NVIDIA's
+    NVLink5 rules: fatal MSE (firmware watchdog) -> reset; a fatal NETIR link event -> reset and inspect the
+    link, unless its sub-code (0x15, 0x20-0x25) says the peer device is the source; a fatal error with no
+    link (-1) is reported solo; non-fatal BER events are ignorable link-quality signals and RLW_SRC_TRACK
+    asks to check for an Xid 154."""
     unit = unit or ""
     if fatal:
         if unit == "MSE_WATCHDOG" or unit.startswith("MSE"):
             return "HIGH", "RESET_GPU", "RESET_GPU"
-        if unit == "NETIR_LINK_EVT":
+        if unit in ("NETIR_LINK_EVT", "NETIR_LINK_DOWN"):
             if subcode is not None and (subcode == 0x15 or 0x20 <= subcode <= 0x25):
                 return "HIGH", "RESET_GPU;INSPECT_LINK", "RESET_GPU (INVESTIGATE_PEER_DEVICE)"
             return "CRITICAL", "RESET_GPU;INSPECT_LINK", "RESET_GPU (INVESTIGATE_LINK_SI)"

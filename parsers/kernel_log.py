@@ -110,6 +110,13 @@ _FM_NVSWITCH = re.compile(
     rf"pci bus id (?P<bdf>{BDF4}) physical id (?P<phys>\d+) port (?P<port>\d+)"
 )
 
+# RmInitAdapter: "NVRM: GPU <bdf>: RmInitAdapter failed! (0x<init>:0x<rm>:<line>)", then
+# "NVRM: GPU <bdf>: rm_init_adapter failed, device minor number <n>" (osinit.c); old drivers print no bus id.
+_RM_INIT = re.compile(
+    rf"NVRM: (?:GPU (?P<bdf>{BDF4}): )?(?:RmInitAdapter failed! \((?P<init_status>[^)]*)\)|"
+    r"rm_init_adapter failed(?:, device minor number| for device bearing minor number) (?P<device_minor>\d+))"
+)
+
 _M: list[tuple[str, str, re.Pattern[str]]] = [
     ("gpu_identity", "uuid", re.compile(rf"NVRM: GPU at PCI:(?P<bdf>{BDF3}): (?P<uuid>GPU-[0-9a-fA-F-]{{36}})")),
     ("gpu_identity", "serial", re.compile(r"NVRM: GPU Board Serial Number: ?(?P<serial>\S*)")),
@@ -135,7 +142,9 @@ _M: list[tuple[str, str, re.Pattern[str]]] = [
     ("ecc", "row_remap", re.compile(r"Row Remapper(?: Error)?: ")),
     ("ecc", "page_retirement", re.compile(r"Dynamic Page Retirement: ")),
     ("nvrm_other", "crash_dump", re.compile(r"NVRM: A GPU crash dump has been created")),
-    ("nvrm_other", "rm_init_failed", re.compile(rf"NVRM: GPU (?P<bdf>{BDF4}): (?:RmInitAdapter failed|rm_init_adapter failed)")),
+    ("gpu_init_failed", "rm_init_failed", _RM_INIT),
+    ("fallen_off_bus", "probe_tail", re.compile(r"NVRM: fallen off the bus and is not responding")),
+    ("nvrm_other", "gpu_named", re.compile(rf"NVRM: The NVIDIA GPU (?P<bdf>{BDF4})\s*$")),
     ("benign", "peermem", re.compile(r"nvidia-peermem \S+ ERROR detected invalid context")),
     # --- PCIe AER / GHES ---
     ("aer", "received", re.compile(
@@ -213,6 +222,41 @@ _M: list[tuple[str, str, re.Pattern[str]]] = [
         r"workqueue: .* hogged CPU|clocksource: |EXT4-fs |sched: RT throttling activated|"
         r"nvidia-nvswitch\d+: open \(major=|audit: |IPv6: ADDRCONF|systemd-journald")),
 ]
+# Host-side events that no GPU pattern above knows (node_health reads them): filesystem and block-device
+# errors, network-storage clients losing their server, NIC link changes of any driver, RCU stalls.
+# Tried before the patterns above (they overlap none of them, and must win over the `EXT4-fs ` noise).
+# (kind, tag, regex, needle)
+_HOST_M4: list[tuple[str, str, re.Pattern[str], str | None]] = [
+    ("fs_error", "readonly", re.compile(
+        r"(?P<fs>EXT4-fs|EXT3-fs)(?: \w+)? \((?:device )?(?P<dev>[^)]+)\): (?P<what2>Remounting filesystem read-only"
+        r"|.*[Dd]etected aborted journal.*)"), "-fs"),
+    ("fs_error", "readonly", re.compile(
+        r"(?P<fs>BTRFS|XFS)(?: \w+)? \((?:device )?(?P<dev>[^)]+)\): (?P<what2>[Ff]ilesystem has been shut down.*"
+        r"|.*forc(?:ing|ed) read-?only.*|.*[Ff]orce[_ ][Ss]hutdown.*|Corruption of in-memory data.*)"), "FS"),
+    ("fs_error", "fs_error", re.compile(
+        r"(?P<fs>EXT4-fs|EXT3-fs|BTRFS) (?:error|critical) \(device (?P<dev>[^)]+)\): (?P<what2>.*?)"
+        r"(?:comm (?P<comm>[^:]+):.*)?$"), "(device "),
+    ("fs_error", "fs_error", re.compile(
+        r"(?P<fs>XFS) \((?P<dev>[^)]+)\): (?P<what2>.*(?:[Cc]orruption|I/O [Ee]rror|log error).*)"), "XFS ("),
+    ("fs_error", "fs_error", re.compile(r"(?P<fs>EXT4-fs|EXT3-fs) \((?P<dev>[^)]+)\): (?P<what2>.*I/O error.*)"), "I/O error"),
+    ("fs_error", "io_error", re.compile(
+        r"(?:blk_update_request|print_req_error)?:? ?(?P<what2>I/O error|critical medium error|critical target error), "
+        r"dev (?P<dev>[\w-]+), sector (?P<sector>\d+)"), " error, dev "),
+    ("fs_error", "io_error", re.compile(r"(?P<what2>Buffer I/O error) on dev(?:ice)? (?P<dev>[\w-]+),"), "Buffer I/O"),
+    ("fs_error", "io_timeout", re.compile(r"nvme (?P<dev>nvme\d+): (?P<what2>I/O \d+ QID \d+ timeout.*)"), "timeout"),
+    ("storage_client", "nfs_down", re.compile(r"nfs: server (?P<server>\S+) not responding"), "not responding"),
+    ("storage_client", "nfs_ok", re.compile(r"nfs: server (?P<server>\S+) OK"), "nfs: server"),
+    ("storage_client", "lustre_lost", re.compile(
+        r"Lustre: .*?Connection to (?P<server>\S+) \(at (?P<nid>[^)]+)\) was lost"), "was lost"),
+    ("storage_client", "lustre_ok", re.compile(
+        r"Lustre: .*?Connection restored to (?P<server>\S+)"), "Connection restored"),
+    ("storage_client", "lustre_error", re.compile(r"LustreError: (?P<what2>.*)"), "LustreError"),
+    ("netdev_link", "link", re.compile(
+        r"(?:(?P<drv>[\w-]+) (?P<bdf>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]) )?(?P<netdev>[\w.@-]+):? "
+        r"(?:NIC )?Link is (?P<state>[Uu]p|[Dd]own)\b"), "Link is "),
+    ("rcu_stall", "rcu_stall", re.compile(r"rcu: INFO: (?P<flavor>\w+) (?:self-)?detected stalls? on CPUs?"), "rcu: INFO"),
+]
+
 # A literal every match of the pattern contains: `in` is far cheaper than a regex search, and most
 # lines of a real log match nothing. None = always try.
 _NEEDLE: dict[tuple[str, str], str | None] = {
@@ -225,7 +269,8 @@ _NEEDLE: dict[tuple[str, str], str | None] = {
     ("nvlink", "postrx_failed"): "knvlink", ("nvlink", "nvlink"): "NVRM: ",
     ("ecc", "sbe_interrupts_disabled"): "Disabling ECC", ("ecc", "uncorrectable"): "uncorrectable ECC",
     ("ecc", "row_remap"): "Row Remapper", ("ecc", "page_retirement"): "Page Retirement",
-    ("nvrm_other", "crash_dump"): "crash dump", ("nvrm_other", "rm_init_failed"): "NVRM: GPU",
+    ("nvrm_other", "crash_dump"): "crash dump", ("gpu_init_failed", "rm_init_failed"): "dapter failed",
+    ("fallen_off_bus", "probe_tail"): "fallen off", ("nvrm_other", "gpu_named"): "The NVIDIA GPU",
     ("benign", "peermem"): "nvidia-peermem",
     ("aer", "received"): "AER", ("aer", "bus_error"): "Bus Error", ("aer", "status"): "error status",
     ("aer", "bit"): "] ", ("aer", "recovery"): ": ", ("aer", "other"): "AER",
@@ -243,7 +288,7 @@ _NEEDLE: dict[tuple[str, str], str | None] = {
     ("context", "stack"): None, ("context", "oom_table"): "[", ("context", "rpc_history"): "NVRM:",
     ("benign", "noise"): None,
 }
-_M4 = [(kind, tag, rx, _NEEDLE[(kind, tag)]) for kind, tag, rx in _M]
+_M4 = _HOST_M4 + [(kind, tag, rx, _NEEDLE[(kind, tag)]) for kind, tag, rx in _M]
 
 # NVRM lines no specific pattern knows, and generic ``driver dddd:bb:dd.f: text`` device lines.
 _NVRM_ANY = re.compile(r"NVRM: ")
@@ -251,9 +296,13 @@ _DEVICE_ANY = re.compile(rf"^(?P<drv>[\w-]+) (?P<bdf>{BDF4}): ")
 
 # Xid detail decoders (applied to the Xid's text).
 _X74 = re.compile(r"NVLink: fatal error detected on link (?P<link>\d+)\((?P<regs>0x[0-9a-fA-F]+(?:,\s*0x[0-9a-fA-F]+){6})\)")
+# NVLink5 payload (Xid 144-150): "<UNIT> <Fatal|Nonfatal> XC<n> i<n> Link <n> (<intrinfo> <error status> ...)".
+# Newer drivers pad the columns ("NETIR_LINK_EVT  Fatal   XC0"), pre-R575 ones print "XC 1 i 2" and
+# "[0x...]"; the words after the link may be one, two, six, elided "(...)" or absent.
 _NVL5 = re.compile(
-    r"(?P<unit>[A-Z][A-Z0-9_]+) (?P<fatality>Nonfatal|Fatal) (?P<xc>XC\d) (?P<inst>i\d+) Link (?P<link>-?\d+)"
-    r"(?: \((?P<intrinfo>0x[0-9a-fA-F]{8}) (?P<errstatus>0x[0-9a-fA-F]{8})(?P<rest>[^)]*)\)| \(\.\.\.\))?"
+    r"(?P<unit>[A-Z][A-Z0-9_]+)\s+(?P<fatality>Nonfatal|Fatal)\s+XC\s*(?P<xc>\d+)\s+i\s*(?P<inst>\d+)\s+"
+    r"Link\s+(?P<link>-?\d+)"
+    r"(?:\s*[(\[](?P<intrinfo>0x[0-9a-fA-F]+)(?:\s+(?P<errstatus>0x[0-9a-fA-F]+))?(?P<rest>[^)\]]*)[)\]])?"
 )
 _X9495 = re.compile(
     r"(?P<containment>Contained|Uncontained): (?P<unit>[A-Za-z0-9 ]+?)(?: \((?P<loc>0x[0-9a-f]+(?:, ?0x[0-9a-f]+)?)\))?\."
@@ -559,7 +608,7 @@ def _peel(line: str, rec: _Rec, state: dict[str, Any]) -> str:
 
 
 _INT_KEYS = frozenset({"cpu", "n", "count", "mc", "pid", "secs", "port", "rec", "bit", "module", "gpuidx", "uid",
-                       "anon_rss_kb", "peer", "width", "phys", "fid", "tid", "sw"})
+                       "anon_rss_kb", "peer", "width", "phys", "fid", "tid", "sw", "device_minor"})
 
 
 def _classify(msg: str) -> tuple[str, dict[str, Any]]:
@@ -646,10 +695,12 @@ def _x_nvl5(text: str) -> dict[str, Any]:
     if not d:
         return {}
     f: dict[str, Any] = dict(nvlink_unit=d.group("unit"), fatal=d.group("fatality") == "Fatal", link=int(d.group("link")),
-                             xc=d.group("xc"), instance=d.group("inst"))
+                             xc=f"XC{int(d.group('xc'))}", instance=f"i{int(d.group('inst'))}")
     if d.group("intrinfo"):
         intr = int(d.group("intrinfo"), 16)
-        f.update(intrinfo=d.group("intrinfo"), error_status=d.group("errstatus"), subcode=(intr >> 20) & 0x3F)
+        f.update(intrinfo=d.group("intrinfo"), subcode=(intr >> 20) & 0x3F)
+        if d.group("errstatus"):
+            f["error_status"] = d.group("errstatus")
     return f
 
 
@@ -840,7 +891,7 @@ def _result(cols: dict[str, list[Any]], source: str, bad_bytes: int) -> ParseRes
         "mono_ns": pl.Int64, "wall_ns": pl.Int64, "xid": pl.Int32, "pid": pl.Int64, "line": pl.Int64,
     }, strict=False) if n else fr.empty("kernel_events").drop("source", "boot").with_columns(
         pl.lit(0).alias("segment"))
-    df = _assign_boots_and_place(df)
+    df = _assign_boots_and_place(_carry_gpu_bus_ids(df))
     df = df.with_columns(pl.lit(source).alias("source")).drop("segment")
     out = fr.conform("kernel_events", df)
     # ties by name: the message must be the same bytes on every run
@@ -857,6 +908,21 @@ def _result(cols: dict[str, list[Any]], source: str, bad_bytes: int) -> ParseRes
         return ParseResult(frames={"kernel_events": out}, status="ok", message="no kernel-log records")
     return ParseResult(frames={"kernel_events": out}, status=status, message=msg,
                        host=hosts[0] if len(hosts) == 1 else None)
+
+
+def _carry_gpu_bus_ids(df: pl.DataFrame) -> pl.DataFrame:
+    """A driver message printed as several stamped records ("The NVIDIA GPU <bdf>", "(PCI ID: ...) installed
+    in this system has", "fallen off the bus ...") names its GPU only in the first: a fallen-off-the-bus or
+    init-failure record without a bus id takes the one named at most 3 lines before it (same host, file)."""
+    if df.height == 0:
+        return df
+    key = [pl.col("host").fill_null(""), pl.col("segment")]
+    named = (pl.col("kind") == "nvrm_other") & pl.col("pci_bus_id").is_not_null()
+    bus = pl.when(named).then(pl.col("pci_bus_id")).forward_fill().over(*key, order_by="line")
+    at = pl.when(named).then(pl.col("line")).forward_fill().over(*key, order_by="line")
+    fill = (pl.col("kind").is_in(["fallen_off_bus", "gpu_init_failed"]) & pl.col("pci_bus_id").is_null()
+            & ((pl.col("line") - at) <= 3)).fill_null(False)
+    return df.with_columns(pl.when(fill).then(bus).otherwise(pl.col("pci_bus_id")).alias("pci_bus_id"))
 
 
 def _assign_boots_and_place(df: pl.DataFrame) -> pl.DataFrame:

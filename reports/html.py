@@ -1,152 +1,316 @@
-"""report.html: one self-contained file (plotly.js inlined once, works offline).
+"""report.html: one self-contained page an engineer attaches to a ticket.
 
-Figures are built from small aggregate tables, never from raw events, so the file stays small
-enough to attach to a ticket whatever the size of the traces.
+Rendered from the Jinja2 templates in ``templates/`` with autoescaping on, so every piece of input text
+(file, host, kernel names) is escaped by the template engine, never by hand. Figures are embedded through
+``plotly.io`` (its JSON escapes ``<``, ``>`` and ``/``), and plotly.js is inlined once, only when the page
+has a figure: the page makes no network request of any kind.
+
+This module turns the :class:`Analysis` into plain data (strings, numbers, lists); the templates lay it out.
 """
 
 from __future__ import annotations
 
-import html
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
-import orjson
+import jinja2
 import plotly.graph_objects as go
+import plotly.io as pio
 import polars as pl
+from forensics.reports.views import View, build_views
+from markupsafe import Markup
 from plotly.offline import get_plotlyjs
 
 from forensics import __version__
 from forensics.analyze import Analysis
-from forensics.incidents import verdict_text
-from forensics.runinfo import header_lines, run_header
-from forensics.tables import kernel_table, step_breakdown_table, step_table
+from forensics.findings import Finding
+from forensics.incidents import Incident, trace_window
+from forensics.runinfo import run_header
 
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem;max-width:1200px;color:#1d1d1f}
-h1{font-size:1.6rem}h2{margin-top:2rem;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0}td,th{border:1px solid #ddd;padding:.25rem .5rem;text-align:left}
-th{background:#f5f5f7}.sev-critical{color:#b00020;font-weight:600}.sev-warning{color:#a15c00;font-weight:600}
-.sev-info{color:#0b61a4}.finding{border-left:4px solid #ccc;padding:.25rem 1rem;margin:1rem 0}
-.finding.critical{border-color:#b00020}.finding.warning{border-color:#e09000}.finding.info{border-color:#0b61a4}
-.status-failed{color:#b00020}.status-partial{color:#a15c00}code{background:#f5f5f7;padding:0 .2rem}
-"""
+MAX_TABLE_ROWS = 500
+"""Rows shown per table; the rest is counted ("N more rows") and lives in findings.json / Parquet."""
+MAX_EVIDENCE_ROWS = 50
+MAX_RANK_ROWS = 2048
+"""Ranks and GPUs are listed whole up to this many (a 1,024-rank job: about 0.3 MB)."""
+
+# Which view shows the facts a detector's finding is about (anchor ids of reports.views).
+_VIEW_OF_DETECTOR = {
+    "straggler": "rank-step-heatmap",
+    "exposed_comm": "step-anatomy",
+    "gpu_idle": "step-anatomy",
+    "busy_wait": "collectives",
+    "pipeline_bubble": "timeline",
+    "gpu_hw_error": "hw-events",
+    "gpu_health": "hw-events",
+    "node_health": "hw-events",
+    "nccl_timeout": "hw-events",  # the hardware/host events view marks the NCCL timeout
+}
 
 
-def _esc(value: Any) -> str:
+def view_of(detector: str) -> str | None:
+    """The anchor of the view that shows a detector's evidence; None when no view does."""
+    if detector in _VIEW_OF_DETECTOR:
+        return _VIEW_OF_DETECTOR[detector]
+    return "nccl-config" if detector.startswith("nccl_") else None
+
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("forensics.reports", "templates"),
+    autoescape=True,  # every {{ value }} is HTML-escaped; only the plotly markup below is marked safe
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def _anchor(text: str) -> str:
+    """An id attribute value from code-made names (finding ids, view ids): letters, digits, - and _ only."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", text)
+
+
+_ENV.filters["anchor"] = _anchor
+
+
+def _cell(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
-        return f"{value:.3f}"
-    return html.escape(str(value))
+        return f"{value:.3f}" if abs(value) < 1e6 else f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_cell(v) for v in value)
+    return str(value)
 
 
-def _table(df: pl.DataFrame, max_rows: int = 500, status_col: str | None = None) -> str:
-    if df.height == 0:
-        return "<p><em>none</em></p>"
-    out = ["<table><thead><tr>", *[f"<th>{_esc(c)}</th>" for c in df.columns], "</tr></thead><tbody>"]
-    for row in df.head(max_rows).iter_rows(named=True):
-        cls = f' class="status-{_esc(row[status_col])}"' if status_col else ""
-        out.append(f"<tr{cls}>" + "".join(f"<td>{_esc(v)}</td>" for v in row.values()) + "</tr>")
-    out.append("</tbody></table>")
-    if df.height > max_rows:
-        out.append(f"<p><em>{df.height - max_rows} more rows not shown</em></p>")
-    return "".join(out)
+@dataclass
+class Table:
+    """A table as text cells; ``numeric`` tells the sorter which columns sort as numbers."""
+
+    caption: str
+    columns: list[str]
+    rows: list[list[str]]
+    numeric: list[bool]
+    more: int = 0
+    row_class: list[str] = field(default_factory=list)
 
 
-def _script_json(value: Any) -> str:
-    """JSON for inside <script>: `<`, `>` and `&` as \\u escapes, so no label from the input can
-    close the script element or open a comment (they occur only inside JSON strings)."""
-    text = orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+def table(caption: str, df: pl.DataFrame, max_rows: int = MAX_TABLE_ROWS, status_col: str | None = None) -> Table:
+    numeric = [dtype.is_numeric() for dtype in df.dtypes]
+    shown = df.head(max_rows)
+    rows = [[_cell(v) for v in row] for row in shown.iter_rows()]
+    classes = [f"status-{s}" for s in shown[status_col].cast(pl.String).fill_null("").to_list()] if status_col else []
+    return Table(caption, list(df.columns), rows, numeric, max(df.height - max_rows, 0), classes)
 
 
-def _figure(fig: go.Figure, div_id: str) -> str:
-    spec = _script_json(fig.to_plotly_json())
-    return (
-        f'<div id="{div_id}" style="height:360px"></div>'
-        f"<script>(function(){{var s={spec};Plotly.newPlot('{div_id}',s.data,s.layout,"
-        f"{{displaylogo:false,responsive:true}});}})();</script>"
+def _figure_html(fig: go.Figure, div_id: str) -> Markup:
+    """One figure as a <div> and its <script>; plotly.js itself is inlined once in <head>."""
+    fig.update_layout(template="plotly_white")
+    # plotly.io's JSON escapes <, > and /: no label from the input can close the <script>
+    return Markup(pio.to_html(fig, include_plotlyjs=False, full_html=False, include_mathjax=False, div_id=div_id,
+                              default_height="380px", config={"displaylogo": False, "responsive": True}))
+
+
+@dataclass
+class ViewData:
+    id: str
+    title: str
+    caption: str
+    empty_reason: str | None
+    figures: list[Markup]
+    tables: list[Table]
+
+
+_REST = re.compile(r":[a-z]+:`~?([^`]*)`|``([^`]*)``|`([^`]*)`")
+
+
+def prose(text: str | None) -> str | None:
+    """Code-written prose (a view's title and caption, often lifted from a docstring) without its reST
+    markup: ``x``, `x` and :func:`x` read as x. Never applied to input text, which shows as written."""
+    return None if text is None else _REST.sub(lambda m: next(g for g in m.groups() if g is not None), text)
+
+
+def _view_data(view: View) -> ViewData:
+    vid = _anchor(view.id)
+    figures = [] if view.empty_reason else [_figure_html(f, f"{vid}-fig{i}") for i, f in enumerate(view.figures)]
+    tables = [] if view.empty_reason else [table(prose(cap) or "", df) for cap, df in view.tables]
+    return ViewData(vid, prose(view.title) or "", prose(view.caption) or "", prose(view.empty_reason), figures, tables)
+
+
+# --- first screen ------------------------------------------------------------------------------------
+
+
+def _duration(ns: int) -> str:
+    s = ns / 1e9
+    if s < 1:
+        return f"{s * 1e3:.0f} ms"
+    if s < 120:
+        return f"{s:.1f} s"
+    return f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def _listing(items: list[str], limit: int) -> str:
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _ranks_line(run: dict[str, Any]) -> str:
+    seen, world = run["ranks"], run["world_size"]
+    text = f"{len(seen)} seen" + (f" of {world} (world size from {run['world_size_source']})" if world else "")
+    if run["ranks_missing"]:
+        text += f"; no data for rank(s) {_listing([str(r) for r in run['ranks_missing']], 16)}"
+    return text
+
+
+def _steps_line(analysis: Analysis) -> str:
+    steps = analysis.frames["steps"]
+    if steps.height == 0:
+        return "none marked in the traces"
+    ids = sorted(set(steps["step"].drop_nulls().to_list()))
+    n = len(ids)
+    span = f" (step {ids[0]} to {ids[-1]})" if n > 1 else f" (step {ids[0]})" if n else ""
+    return f"{n} profiled step(s){span}"
+
+
+def _wall_line(analysis: Analysis) -> str:
+    window = trace_window(analysis.frames)
+    if window is None:
+        return "unknown (no profiled steps)"
+    lo, hi = window
+    start = datetime.fromtimestamp(lo / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"{_duration(hi - lo)} of profiled steps, from {start}"
+
+
+def _few(ignored: list[dict[str, Any]], limit: int = 3) -> str:
+    """The ignored files themselves when there are only a few: ": a.txt (not a trace); ..."."""
+    if not ignored or len(ignored) > limit:
+        return ""
+    return ": " + "; ".join(f"{s['path']} ({s['reason'] or s['status']})" for s in ignored)
+
+
+def job_header(analysis: Analysis, run: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, plain text) rows of the job header, first screen."""
+    hosts = run["hosts"]
+    host_text = f"{len(hosts)} seen" + (f" of {run['hosts_expected']} expected" if run["hosts_expected"] else "")
+    if hosts:
+        host_text += ": " + _listing(hosts, 12)
+    gpus, world = run["gpus"], run["world_size"]
+    gpu_text = f"{len(gpus)} identified by PCI bus id" + (f", {world} expected (one per rank)" if world else "")
+    ignored = run["sources_ignored"]
+    return [
+        ("Ranks", _ranks_line(run)),
+        ("Hosts", host_text),
+        ("GPUs", gpu_text),
+        ("Steps", _steps_line(analysis)),
+        ("Wall time", _wall_line(analysis)),
+        ("Sources", f"{run['sources_used']} file(s) used, {len(ignored)} ignored or unreadable" + _few(ignored)),
+        ("Tool", f"forensics {__version__}"),
+    ]
+
+
+# --- incidents and findings ---------------------------------------------------------------------------
+
+
+def _hours(hours: float | None) -> str | None:
+    """GPU-hours for a reader: 2 decimals; below 0.01 the GPU-seconds, not a 5e-06."""
+    if hours is None:
+        return None
+    return f"{hours:.2f} GPU-hours" if hours >= 0.01 else f"< 0.01 GPU-hours ({hours * 3600:.3g} GPU-s)"
+
+
+def _incident_data(inc: Incident) -> dict[str, Any]:
+    return {
+        "id": inc.id, "title": inc.title, "severity": inc.severity.value, "verdict": inc.verdict,
+        "summary": inc.summary, "confidence": inc.confidence, "findings": list(inc.findings),
+        "gpu_hours": _hours(inc.gpu_hours_lost),
+    }
+
+
+def _evidence_table(f: Finding) -> Table | None:
+    if not f.evidence:
+        return None
+    rows = [{k: _cell(v) for k, v in row.items()} for row in list(f.evidence)[:MAX_EVIDENCE_ROWS]]
+    df = pl.DataFrame(rows, infer_schema_length=None)
+    t = table("evidence", df)
+    t.more = max(len(f.evidence) - MAX_EVIDENCE_ROWS, 0)
+    t.numeric = [all(_is_number(r[i]) for r in t.rows) for i in range(len(t.columns))]
+    return t
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return text == ""
+    return True
+
+
+def _finding_data(f: Finding, views: dict[str, ViewData]) -> dict[str, Any]:
+    target = views.get(view_of(f.detector) or "")
+    return {
+        "id": f.id, "detector": f.detector, "severity": f.severity.value, "title": f.title, "scope": f.scope,
+        "summary": f.summary, "remediation": f.remediation, "confidence": f.confidence, "incident": f.incident,
+        "lost": f"{f.gpu_seconds_lost:.1f}" if f.gpu_seconds_lost else None,
+        "metrics": [(k, _cell(v)) for k, v in f.metrics.items()],
+        "evidence": _evidence_table(f), "n_evidence": len(f.evidence),
+        "view": None if target is None or target.empty_reason else (target.id, target.title),
+    }
+
+
+# --- job tables ----------------------------------------------------------------------------------------
+
+
+def _ranks_table(analysis: Analysis) -> Table:
+    ranks = analysis.frames["ranks"]
+    cols = [c for c in ranks.columns if c != "source"]
+    return table("one row per traced process, by rank", ranks.select(cols).sort("rank", nulls_last=True),
+                 max_rows=MAX_RANK_ROWS)
+
+
+def _gpus_table(run: dict[str, Any]) -> Table:
+    df = pl.DataFrame(
+        {"gpu": [f"{g['host']}:{g['pci_bus_id']}" for g in run["gpus"]], "rank": [g["rank"] for g in run["gpus"]]},
+        schema={"gpu": pl.String, "rank": pl.Int64},
     )
+    return table("GPUs as host:PCI bus id, with the rank that drove each", df.sort("rank", "gpu", nulls_last=True),
+                 max_rows=MAX_RANK_ROWS)
 
 
-def _findings_html(analysis: Analysis) -> str:
-    if not analysis.findings:
-        return "<p>No problems found by the detectors that could run.</p>"
-    parts = []
-    for f in analysis.findings:
-        sev = f.severity.value
-        lost = f" &middot; {f.gpu_seconds_lost:.1f} GPU-s lost" if f.gpu_seconds_lost else ""
-        evidence = pl.DataFrame(list(f.evidence)[:50]) if f.evidence else pl.DataFrame()
-        metrics = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in f.metrics.items())
-        parts.append(
-            f'<div class="finding {sev}"><h3><span class="sev-{sev}">{sev.upper()}</span> {_esc(f.title)}</h3>'
-            f"<p><em>{_esc(f.scope)}</em>{lost} &middot; <code>{_esc(f.id)}</code></p>"
-            f"<p>{_esc(f.summary)}</p><p><strong>What to do:</strong> {_esc(f.remediation)}</p>"
-            f"<details><summary>metrics and evidence</summary><table>{metrics}</table>"
-            f"{_table(evidence) if evidence.width else ''}</details></div>"
-        )
-    return "".join(parts)
+def _sources_table(analysis: Analysis) -> Table:
+    src = analysis.sources.select("path", "kind", "rank", "host", "status", pl.col("message").alias("why / message"))
+    order = pl.col("status").replace_strict({"failed": 0, "partial": 1, "ignored": 2}, default=3, return_dtype=pl.Int8)
+    src = src.sort(order, "path")
+    return table("every file found: damaged and ignored ones first, each with why", src, max_rows=MAX_TABLE_ROWS * 2,
+                 status_col="status")
 
 
-def _verdict_html(analysis: Analysis) -> str:
-    """The same lines the CLI prints, worst first."""
-    if not analysis.incidents:
-        return "<p><strong>Verdict:</strong> no problems found by the detectors that could run.</p>"
-    items = "".join(f'<li class="sev-{i.severity.value}">{_esc(verdict_text(i))}</li>' for i in analysis.incidents)
-    return f"<h2>Verdict</h2><ul>{items}</ul>"
+def _skipped_table(analysis: Analysis) -> Table:
+    df = pl.DataFrame([s.to_json() for s in analysis.skipped], schema={"detector": pl.String, "reason": pl.String})
+    return table("detectors that could not run on these inputs, and why", df)
 
 
-def _incidents_html(analysis: Analysis) -> str:
-    parts = [f"<h2>Incidents ({len(analysis.incidents)})</h2>"] if analysis.incidents else []
-    for i in analysis.incidents:
-        lost = f" &middot; {i.gpu_hours_lost:.4g} GPU-hours lost" if i.gpu_hours_lost is not None else ""
-        parts.append(f'<div class="finding {i.severity.value}"><h3>{_esc(i.title)}</h3>'
-                     f"<p><code>{_esc(i.id)}</code> &middot; confidence {_esc(i.confidence)}{lost}</p>"
-                     f"<p>{_esc(i.summary)}</p><p>findings: "
-                     + ", ".join(f"<code>{_esc(fid)}</code>" for fid in i.findings) + "</p></div>")
-    return "".join(parts)
+def context(analysis: Analysis) -> dict[str, Any]:
+    """Everything the template shows, as plain data."""
+    run = run_header(analysis)
+    views = [_view_data(v) for v in build_views(analysis)]
+    by_id = {v.id: v for v in views}
+    return {
+        "name": analysis.run_dir.name,
+        "path": str(analysis.run_dir),
+        "incidents": [_incident_data(i) for i in analysis.incidents],
+        "header": job_header(analysis, run),
+        "findings": [_finding_data(f, by_id) for f in analysis.findings],
+        "views": views,
+        "ranks": _ranks_table(analysis),
+        "gpus": _gpus_table(run),
+        "sources": _sources_table(analysis),
+        "skipped": _skipped_table(analysis),
+        "version": __version__,
+    }
 
 
 def render(analysis: Analysis) -> str:
-    steps = step_table(analysis.context)
-    figures = []
-    if steps.height:
-        labels = [str(r) if r is not None else "?" for r in steps["rank"].to_list()]
-        fig = go.Figure(go.Bar(x=labels, y=steps["mean_ms"].to_list(), name="mean step (ms)"))
-        fig.update_layout(title="Mean step time per rank", xaxis_title="rank", yaxis_title="ms",
-                          margin=dict(t=40, b=40, l=50, r=10))
-        figures.append(_figure(fig, "fig-steps"))
-    kernels = kernel_table(analysis.context)
-    if kernels.height:
-        fig = go.Figure()
-        for cls in kernels["class"].unique(maintain_order=True).to_list():
-            part = kernels.filter(pl.col("class") == cls)
-            fig.add_bar(x=[str(r) for r in part["rank"].to_list()], y=part["total_ms"].to_list(), name=str(cls))
-        fig.update_layout(barmode="stack", title="GPU busy time per rank by kernel class",
-                          xaxis_title="rank", yaxis_title="ms", margin=dict(t=40, b=40, l=50, r=10))
-        figures.append(_figure(fig, "fig-kernels"))
-    skipped = pl.DataFrame([s.to_json() for s in analysis.skipped]) if analysis.skipped else pl.DataFrame()
-    body = [
-        f"<h1>forensics report: {_esc(analysis.run_dir.name)}</h1>",
-        _verdict_html(analysis),
-        "".join(f"<p>{_esc(line)}</p>" for line in header_lines(run_header(analysis))),
-        f"<p>{analysis.sources.height} file(s) read. forensics {__version__}.</p>",
-        _incidents_html(analysis),
-        f"<h2>Findings ({len(analysis.findings)})</h2>",
-        _findings_html(analysis),
-        "<h2>Steps per rank</h2>",
-        *figures,
-        _table(steps),
-        "<h2>Step breakdown per rank (median over steps)</h2>",
-        _table(step_breakdown_table(analysis.context)),
-        "<h2>Ranks</h2>",
-        _table(analysis.frames["ranks"].drop("source")),
-        "<h2>Sources</h2>",
-        _table(analysis.sources.drop("parse_ns"), status_col="status"),
-        "<h2>Detectors skipped</h2>",
-        _table(skipped),
-    ]
-    return (
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-        f"<title>forensics: {_esc(analysis.run_dir.name)}</title><style>{_CSS}</style>"
-        f"<script>{get_plotlyjs()}</script></head><body>{''.join(body)}</body></html>"
-    )
+    data = context(analysis)
+    has_figures = any(v.figures for v in data["views"])
+    # plotly.js is code we ship, not input: it goes in as it is, once, and only when a figure needs it
+    plotly_js = Markup(get_plotlyjs()) if has_figures else None
+    return _ENV.get_template("report.html.j2").render(**data, plotly_js=plotly_js)

@@ -2,37 +2,31 @@
 
 A view is data (title, one-line caption of what to look for, plotly figures, small tables); the HTML
 template lays them out, so a view never writes markup and every number it shows comes from the
-context's cached facts (no second copy of a join, so no two views disagree).
+context's cached facts (no second copy of a join, so no two views disagree). One module per view
+(``reports/view_*.py``); :data:`VIEWS` lists them in page order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 import polars as pl
+from forensics.reports.view_anatomy import step_anatomy_view
+from forensics.reports.view_collectives import collectives_view
+from forensics.reports.view_common import View
+from forensics.reports.view_heatmap import rank_step_heatmap_view
+from forensics.reports.view_hwevents import hw_events_view
+from forensics.reports.view_ncclconfig import nccl_config_view
+from forensics.reports.view_timeline import timeline_view
 
 from forensics.tables import kernel_table
 
 if TYPE_CHECKING:
     from forensics.analyze import Analysis
 
-
-@dataclass
-class View:
-    id: str
-    """HTML anchor (findings link to it), e.g. ``step-anatomy``."""
-    title: str
-    caption: str
-    """One line: what to look for in it."""
-    figures: list[go.Figure] = field(default_factory=list)
-    tables: list[tuple[str, pl.DataFrame]] = field(default_factory=list)
-    """(caption, small aggregate frame) pairs, shown sortable; never raw events."""
-    empty_reason: str | None = None
-    """Set when the job has nothing to show here (e.g. no kernels): the view says so instead of drawing."""
-
+__all__ = ["DETECTOR_VIEWS", "VIEWS", "View", "ViewBuilder", "build_views", "view_for"]
 
 ViewBuilder = Callable[["Analysis"], View]
 
@@ -53,10 +47,39 @@ def kernel_classes_view(analysis: Analysis) -> View:
     return view
 
 
-VIEWS: list[ViewBuilder] = [kernel_classes_view]
+def op_categories_view(analysis: Analysis) -> View:
+    """The op-categories view (reports/view_categories.py, imported here: it imports this module for View)."""
+    from forensics.reports.view_categories import op_categories_view as build
+
+    return build(analysis)
+
+
+VIEWS: list[ViewBuilder] = [
+    step_anatomy_view, op_categories_view, rank_step_heatmap_view, timeline_view, collectives_view, hw_events_view,
+    nccl_config_view, kernel_classes_view,
+]
 """In page order. Each builder returns its view, possibly with ``empty_reason`` set; never raises for a
 job that lacks its inputs."""
 
 
 def build_views(analysis: Analysis) -> list[View]:
     return [build(analysis) for build in VIEWS]
+
+
+DETECTOR_VIEWS: dict[str, str] = {
+    "straggler": "rank-step-heatmap",
+    "busy_wait": "step-anatomy",
+    "exposed_comm": "step-anatomy",
+    "gpu_idle": "timeline",
+    "pipeline_bubble": "timeline",
+    "gpu_hw_error": "hw-events",
+    "nccl_timeout": "hw-events",
+    "nccl_algorithm": "collectives",
+    "nccl_transport": "nccl-config",
+}
+"""The view (anchor) that shows a detector's evidence, for a finding's link."""
+
+
+def view_for(detector: str) -> str | None:
+    """Anchor of the view that shows ``detector``'s evidence; None when no view does."""
+    return DETECTOR_VIEWS.get(detector)

@@ -100,7 +100,8 @@ def dp_job(
             per = compute_ns // n_kernels
             for i in range(n_kernels):
                 d = int(per * slow.get(r, 1.0) * (1 + noise * rng.gauss(0, 1)))
-                launch = t - 5 * US if i == 0 else t0 + host_delay.get(r, 0) + i * 10 * US
+                # launched inside the step's CPU range (ProfilerStep) and 5 us before it starts when the host is late
+                launch = max(t0, t - 5 * US) if i == 0 else t0 + host_delay.get(r, 0) + i * 10 * US
                 rows.kernel(r, t, t + d, "compute", launch=launch, offset=off)
                 t += d
                 if overlap and i == n_kernels // 2 - 1:

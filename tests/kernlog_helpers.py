@@ -1,4 +1,4 @@
-"""Shared helpers for the kernel-log / GPU-health tests: parse one sample file, run gpu_hw_error on it."""
+"""Shared helpers for the kernel-log / GPU-health tests: parse one sample file, run gpu_hw_error or node_health on it."""
 
 from __future__ import annotations
 
@@ -35,13 +35,18 @@ def kind_counts(df: pl.DataFrame) -> dict[str, int]:
     return {str(k): int(v) for k, v in df.group_by("kind").len().iter_rows()}
 
 
-def detect(frames: dict[str, pl.DataFrame], **settings: str) -> list[Finding]:
+def detect(frames: dict[str, pl.DataFrame], detector: str = "gpu_hw_error", **settings: str) -> list[Finding]:
     job = JobFrames(frames)
-    overrides = {"gpu_hw_error": {k: str(v) for k, v in settings.items()}} if settings else None
-    found, skipped = run_detectors(JobContext(job), overrides=overrides, only=["gpu_hw_error"])
+    overrides = {detector: {k: str(v) for k, v in settings.items()}} if settings else None
+    found, skipped = run_detectors(JobContext(job), overrides=overrides, only=[detector])
     assert not skipped, skipped
     return found
 
 
-def sample_findings(name: str, **settings: str) -> list[Finding]:
-    return detect(parse_sample(name).frames, **settings)
+def sample_findings(name: str, detector: str = "gpu_hw_error", **settings: str) -> list[Finding]:
+    return detect(parse_sample(name).frames, detector, **settings)
+
+
+def host_findings(name: str, **settings: str) -> list[Finding]:
+    """node_health's findings on one sample (host-side faults)."""
+    return sample_findings(name, "node_health", **settings)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from forensics.breakdown import comm_model, compute_breakdown
-from tests.frame_builders import MS, dp_job, pp_job
+from tests.frame_builders import MS, US, dp_job, pp_job
 
 PARTS = ["compute_ns", "comm_exposed_ns", "comm_wait_ns", "other_ns", "idle_ns"]
 
@@ -18,9 +18,10 @@ def test_buckets_partition_the_step_and_match_builder_truth():
     got = {(r, s): (w, x, t) for r, s, w, x, t in b.select("rank", "step", "comm_wait_ns", "comm_exposed_ns", "step_ns").iter_rows()}
     for key, wait in truth.wait.items():
         assert got[key] == (wait, truth.exposed_tx[key], truth.step_ns[key]), key
-    # Rank 5's host stalled 3 ms before launching its first kernel of each step after the first.
+    # Rank 5's host stalled 3 ms before launching its first kernel of each step after the first (launched
+    # 5 us before it ran; rank 0's first kernel is launched as its step begins).
     hb = dict(b.filter(pl.col("step") == 1).select("rank", "host_bound_ns").iter_rows())
-    assert hb[5] - hb[0] == 3 * MS
+    assert hb[5] - hb[0] == 3 * MS - 5 * US
 
 
 def test_overlapped_transfer_is_not_exposed():

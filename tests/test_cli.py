@@ -194,7 +194,7 @@ def test_signal_is_one_line_and_leaves_previous_outputs(tmp_path: Path, sig: int
     stdout, stderr = proc.communicate(timeout=30)
     assert time.monotonic() - sent < 5
     assert proc.returncode == code, stderr
-    assert one_line(stderr).startswith(f"{word}: during parse")
+    assert one_line(stderr).startswith(f"{word}: during detect")
     assert stdout == ""
     assert folder(out) == before  # no new output, nothing half-written, no temporary file
 

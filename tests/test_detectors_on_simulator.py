@@ -18,7 +18,7 @@ from forensics.detectors import run_detectors
 from forensics.detectors.exposed_comm import exposure_table
 from forensics.detectors.pipeline_bubble import stage_table
 
-OURS = {"straggler", "exposed_comm", "busy_wait", "pipeline_bubble"}
+OURS = {"straggler", "exposed_comm", "busy_wait", "pipeline_bubble", "slow_link"}
 
 
 @pytest.fixture(scope="module")
@@ -82,20 +82,57 @@ def test_every_injected_straggler_is_found_with_rank_and_class(run, scenario, kw
 
 
 @pytest.mark.parametrize("node,seed", [(1, 0), (2, 1)])
-def test_slow_nic_is_found_as_a_link_straggler_on_its_node(run, node, seed):
+def test_slow_nic_is_found_as_a_slow_link_on_its_node(run, node, seed):
     # TP=8 x PP=2 x DP=2 on 4 nodes: only the slow node is in every group whose transfers are slow
-    # (its stage's DP groups, its PP groups); the node is named with its ranks, class link.
+    # (its stage's DP groups, its PP groups); one slow_link warning names it with its ranks. Its partners
+    # in those groups (a node of the other stage, the other node of its stage) are blamed by nothing.
     truth, _, findings, _ = run("slow_nic", seed=seed, steps=2, params={"node": str(node)})
     (fault,) = truth["faults"]
     assert fault["ranks"] == list(range(8 * node, 8 * node + 8))
-    found = [f for f in findings if f.detector == "straggler"]
-    assert [(f.metrics["class"], list(f.ranks), list(f.hosts)) for f in found] == [("link", fault["ranks"], fault["hosts"])]
+    found = [f for f in findings if f.detector == "slow_link"]
+    assert [(f.severity.value, list(f.ranks), list(f.hosts)) for f in found] == [("warning", fault["ranks"], fault["hosts"])]
+    assert [f for f in findings if f.detector == "straggler"] == []
     # The slow groups and how much slower they move data, against the engine's own transfer times.
     exp = fault["expected"]
     assert found[0].metrics["slow_groups"] == len(exp["slow_groups"])
+    assert sorted((e["pg"].split("|")[0] for e in found[0].evidence), key=int) == exp["slow_groups"]
     for e in found[0].evidence:
-        assert e["pg"].split("|")[0] in exp["slow_groups"]
         assert e["ratio"] == pytest.approx(exp["transfer_ratio_by_kind"][e["pg_type"].lower()], rel=0.05)
+
+
+def test_one_slow_nic_is_named_with_its_rank_and_device(run):
+    # Only NIC 3 of node 2 is slow: the groups through it are rank 19's DP group and PP group; the one
+    # rank they share is named, with the NIC its NCCL connections use (mlx5_3:1).
+    truth, _, findings, _ = run("slow_nic", steps=2, params={"node": "2", "nic": "3"})
+    (fault,) = truth["faults"]
+    assert fault["ranks"] == [8 * 2 + 3]
+    found = [f for f in findings if f.detector == "slow_link"]
+    assert [(list(f.ranks), list(f.hosts), f.metrics["nic"]) for f in found] == [
+        (fault["ranks"], fault["hosts"], fault["expected"]["nic"])]
+    assert sorted((e["pg"].split("|")[0] for e in found[0].evidence), key=int) == fault["expected"]["slow_groups"]
+    assert [f for f in findings if f.detector == "straggler"] == []
+
+
+@pytest.mark.parametrize("params", [{}, {"node": "2", "nic": "5"}], ids=["node", "one_nic"])
+def test_hsdp_slow_nic_names_only_the_node_common_to_all_slow_groups(run, params):
+    # The issue's case: a 4-node HSDP job (shard groups = 2 nodes, replicate groups pair node k with k+2).
+    # Each partner node is in some slow groups, the slow node in all of them: one warning, on it alone.
+    truth, _, findings, _ = run("hsdp_slow_nic", steps=2, params=params)
+    (fault,) = truth["faults"]
+    node = int(params.get("node", 1))
+    assert fault["hosts"] == [h["host"] for h in truth["hosts"] if h["node"] == node]
+    found = [f for f in findings if f.detector == "slow_link"]
+    assert [(f.severity.value, list(f.ranks), list(f.hosts), f.metrics["nic"]) for f in found] == [
+        ("warning", fault["ranks"], fault["hosts"], fault["expected"].get("nic"))]
+    assert sorted((e["pg"].split("|")[0] for e in found[0].evidence), key=int) == fault["expected"]["slow_groups"]
+    assert not [f for f in findings if f.detector == "straggler"]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_clean_hsdp_has_no_finding(run, seed):
+    truth, _, findings, _ = run("hsdp_clean", seed=seed, steps=2)
+    assert truth["healthy"]
+    assert [(f.detector, f.title) for f in findings] == []
 
 
 def test_stage_imbalance_is_found_at_the_right_stage(run):

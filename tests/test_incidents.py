@@ -53,8 +53,18 @@ def straggler(rank: int = 5, host: str = "node07", lost: float = 2.0) -> Finding
 
 
 def host_fault(host: str = "node07", t: int | None = None, category: str = "hung") -> Finding:
-    return F("gpu_hw_error", f"{category}|k|2", Severity.WARNING, hosts=(host,),
+    return F("node_health", f"{category}|k|2", Severity.WARNING, hosts=(host,),
              metrics={"category": category, "first_wall_ns": t, "fault_wall_ns": t})
+
+
+def oom_of_rank(rank: int = 4, host: str = "node07", t: int | None = None) -> Finding:
+    """node_health: the OOM killer killed the training process of ``rank``."""
+    return F("node_health", "oom|3001|k|5", ranks=(rank,), hosts=(host,), confidence="high",
+             metrics={"category": "oom", "first_wall_ns": t, "fault_wall_ns": t, "training_process": True})
+
+
+def slow_link(host: str = "node07", ranks: tuple[int, ...] = tuple(range(8, 16))) -> Finding:
+    return F("slow_link", "link", Severity.WARNING, ranks=ranks, hosts=(host,), metrics={"level": "host"})
 
 
 WINDOW = (T0, T0 + 10 * S)
@@ -78,6 +88,21 @@ CASES = [
      [host_fault(t=T0 + 900 * S, category="oom"), timeout(t=T0 + 601 * S)]),  # OOM after the timeout
     ("host_fault_slows_or_kills", [host_fault(t=T0 - 60 * S, category="edac"), straggler()],
      [host_fault(t=T0 - 7200 * S, category="edac"), straggler()]),          # hours before: outside the window
+    # the killed rank is the one the timeout names, reported from another host (the peers' watchdog)
+    ("host_fault_kills_rank", [oom_of_rank(t=T0 - 5 * S), timeout(host="node03", t=T0 + 601 * S)],
+     [oom_of_rank(rank=2, t=T0 - 5 * S), timeout(host="node03", t=T0 + 601 * S)]),  # another rank was killed
+    ("host_fault_kills_rank", [oom_of_rank(t=T0 - 5 * S), busy_wait("4")],
+     [oom_of_rank(t=T0 + 60 * S), busy_wait("4")]),                          # killed after the profiled window
+    # an info-level host event (correctable DRAM errors below the rate) explains nothing
+    ("host_fault_slows_or_kills", [host_fault(t=T0 - 60 * S, category="edac"), straggler()],
+     [F("node_health", "edac|k|2", Severity.INFO, hosts=("node07",),
+        metrics={"category": "edac", "first_wall_ns": T0 - 60 * S}), straggler()]),
+    ("nic_fault_slows_link", [host_fault(t=T0 - 10 * 86400 * S, category="ib_port"), slow_link()],
+     [host_fault(host="node03", t=T0 - 60 * S, category="ib_port"), slow_link()]),  # a NIC on another host
+    ("nic_fault_slows_link", [host_fault(category="mlx5"), slow_link()],             # times unknown
+     [host_fault(t=T0 + 900 * S, category="ib_port"), slow_link()]),                # flap after the trace
+    ("slow_link_stalls_peers", [slow_link(), F("exposed_comm", "0", Severity.WARNING, ranks=tuple(range(16)))],
+     [slow_link(), F("exposed_comm", "0", Severity.WARNING, ranks=(16, 17), hosts=("node09",))]),
     ("missing_rank_times_out_others", [F("nccl_timeout", "ras", ranks=(4,), hosts=("node07",)), timeout()],
      [F("nccl_timeout", "ras", ranks=(9,), hosts=("node09",)), timeout()]),
     ("hang_stalls_peers", [timeout(), busy_wait("4")], [timeout(), busy_wait("3")]),
@@ -226,10 +251,12 @@ def test_xid79_run_header(xid79_out):
 
 SIMULATED = [("collective_timeout", {}), ("ddp_straggler", {}), ("host_straggler", {"ranks": 16}),
              ("xid48", {}), ("net_socket", {}), ("input_bound", {}), ("ddp_no_overlap", {}), ("slow_nic", {}),
-             ("pp_imbalance", {}), ("pp_imbalance_stage2", {})]
+             ("slow_nic", {"params": {"nic": "3"}}), ("hsdp_slow_nic", {"steps": 2}),
+             ("pp_imbalance", {}), ("pp_imbalance_stage2", {}), ("oom_kill", {})]
 
 
-@pytest.mark.parametrize("scenario,kw", SIMULATED, ids=[s for s, _ in SIMULATED])
+@pytest.mark.parametrize("scenario,kw", SIMULATED, ids=[s + "".join(f"-{k}{v}" for k, v in kw.get("params", {}).items())
+                                                       for s, kw in SIMULATED])
 def test_simulated_scenarios_give_the_incidents_of_their_truth(tmp_path, scenario, kw):
     from forensics.analyze import analyze
     from forensics.simulate import simulate

@@ -7,7 +7,8 @@ import calendar
 import polars as pl
 
 from forensics.findings import Severity
-from tests.kernlog_helpers import detect, events, fields, parse_sample, sample_findings
+from tests.conftest import shared_path
+from tests.kernlog_helpers import detect, events, fields, host_findings, parse_sample, sample_findings
 
 
 def _utc(y: int, mo: int, d: int, h: int, mi: int, s: int) -> int:
@@ -197,39 +198,55 @@ def test_23_corrected_aer_burst_on_root_port_not_attributed_to_a_gpu():
     assert sample_findings("23_pcie_aer_correctable_data_link_syslog.log", corrected_aer_min_count="4") == []
 
 
-def test_24_host_dram_ue_is_critical_and_not_a_gpu_ghes_is_warning():
-    found = sample_findings("24_edac_host_dram_ue_and_apei_pcie_error.log")
-    edac = _only(found, severity=Severity.CRITICAL)
-    assert edac.gpus == () and "not a GPU" in edac.title and "DRAIN_NODE" in edac.metrics["actions"]
-    assert edac.metrics["dimm"] == "CPU_SrcID#1_MC#1_Chan#2_DIMM#0"
-    ghes = _only(found, severity=Severity.WARNING)
+def test_24_host_dram_ue_is_node_health_critical_and_ghes_stays_a_gpu_hw_warning():
+    # the UE is host memory: node_health's, at critical, naming the DIMM; not a GPU finding
+    (edac,) = host_findings("24_edac_host_dram_ue_and_apei_pcie_error.log")
+    assert edac.severity is Severity.CRITICAL and edac.gpus == () and "not a GPU" in edac.title
+    assert edac.metrics["dimm"] == "CPU_SrcID#1_MC#1_Chan#2_DIMM#0" and edac.metrics["memory_controller"] == 3
+    assert (edac.metrics["ue_count"], edac.metrics["ce_count"]) == (1, 0)
+    assert edac.metrics["actions"] == "DRAIN_NODE;RMA_CANDIDATE" and edac.metrics["first_mono_s"] == 11189.970968
+    assert edac.metrics["time_placed"] is False and [e["line"] for e in edac.evidence] == [1]
+    (ghes,) = sample_findings("24_edac_host_dram_ue_and_apei_pcie_error.log")
+    assert ghes.severity is Severity.WARNING and ghes.metrics["category"] == "ghes"
     assert ghes.metrics["device"] == "0000:5e:00.0" and ghes.metrics["vendor_device"] == "0x144d:0xa808"
     assert ghes.metrics["ghes_severity"] == "recoverable"
 
 
 def test_26_cpu_thermal_throttle_mce_prefix():
-    (x,) = sample_findings("26_cpu_thermal_throttle_mce_prefix.log")
+    assert sample_findings("26_cpu_thermal_throttle_mce_prefix.log") == []  # not a GPU fault
+    (x,) = host_findings("26_cpu_thermal_throttle_mce_prefix.log")
     assert x.severity is Severity.WARNING and x.metrics["actions"] == "CHECK_COOLING"
     assert x.metrics["cpus"] == "0,1,2,3,4,5,6,7" and x.metrics["max_total_events"] == 3654
+    assert x.metrics["events"] == 13  # 8 CPUs x core/package throttle + "normal" lines, one episode
 
 
 def test_28_grep_filename_prefix_chronic_cpu_throttle():
     df = events("28_cpu_thermal_throttle_grep_syslog_with_filename.log")
     assert set(df["host"]) == {"jogelin-XPS-15-9570"}
-    (x,) = sample_findings("28_cpu_thermal_throttle_grep_syslog_with_filename.log")
+    assert sample_findings("28_cpu_thermal_throttle_grep_syslog_with_filename.log") == []
+    (x,) = host_findings("28_cpu_thermal_throttle_grep_syslog_with_filename.log")
     assert x.metrics["cpus"] == "0,1,5,7,11" and x.metrics["max_total_events"] == 678246
+    assert x.hosts == ("jogelin-XPS-15-9570",) and x.severity is Severity.WARNING
 
 
 def test_30_oom_iso_time_with_offset_and_rank_attribution():
     df = events("30_oom_killer_dmesg_time_format_iso.log")
     # 14:55:41,678628+02:00 = 12:55:41.678628 UTC
     assert df["wall_ns"][0] == _utc(2024, 4, 29, 12, 55, 41) + 678_628_000
-    (x,) = sample_findings("30_oom_killer_dmesg_time_format_iso.log")
+    assert sample_findings("30_oom_killer_dmesg_time_format_iso.log") == []
+    (x,) = host_findings("30_oom_killer_dmesg_time_format_iso.log")
+    # perl is not a training process: the host ran out of memory, a warning
     assert x.severity is Severity.WARNING and x.metrics["pid"] == 1440763 and x.metrics["process"] == "perl"
-    assert x.metrics["anon_rss_gb"] == round(60356340 / 1024**2, 1)
+    assert x.metrics["anon_rss_gb"] == round(60356340 / 1024**2, 1) and x.metrics["invoked_by"] == "pool"
+    assert x.metrics["constraint"] == "CONSTRAINT_NONE" and x.metrics["training_process"] is False
+    # one episode from "pool invoked oom-killer" to the reaper, 5.27 s later
+    assert x.metrics["first_wall_ns"] == _utc(2024, 4, 29, 12, 55, 41) + 678_628_000
+    assert x.metrics["last_wall_ns"] == _utc(2024, 4, 29, 12, 55, 46) + 947_445_000
+    assert x.metrics["events"] == 4 and x.ranks == ()
+    # the same pid as a rank's: the trainer was killed, critical, naming the rank
     ranks = pl.DataFrame({"rank": [5], "host": ["node7"], "pid": [1440763]}, schema_overrides={"rank": pl.Int32})
-    (r,) = detect({**parse_sample("30_oom_killer_dmesg_time_format_iso.log").frames, "ranks": ranks})
-    assert r.ranks == (5,) and r.severity is Severity.CRITICAL
+    (r,) = detect({**parse_sample("30_oom_killer_dmesg_time_format_iso.log").frames, "ranks": ranks}, "node_health")
+    assert r.ranks == (5,) and r.severity is Severity.CRITICAL and r.metrics["training_process"] is True
 
 
 def test_32_ib_port_init_to_active_at_boot_is_not_a_flap():
@@ -238,6 +255,7 @@ def test_32_ib_port_init_to_active_at_boot_is_not_a_flap():
     assert [f["state"] for f in fields(ib)] == ["INIT", "ACTIVE"] and ib["pci_bus_id"].to_list() == ["0000:ab:00.0"] * 2
     assert set(df["host"]) == {"000-000-00000-1-gpu-1"}
     assert sample_findings("32_mlx5_ib_port_link_init_active_journal_hostname.log") == []
+    assert host_findings("32_mlx5_ib_port_link_init_active_journal_hostname.log") == []
 
 
 def test_42_old_format_xid13_burst_one_finding():
@@ -283,6 +301,23 @@ def test_49_nvlink5_decode():
 def test_51_wall_broadcast_lockups_one_host_incident():
     df = events("51_soft_and_hard_lockup_syslogd_wall_broadcast.log")
     assert set(df["host"]) == {"zyr"} and "SCTP timer" in df["process"].to_list()
-    (x,) = sample_findings("51_soft_and_hard_lockup_syslogd_wall_broadcast.log")
+    assert sample_findings("51_soft_and_hard_lockup_syslogd_wall_broadcast.log") == []  # not a GPU fault
+    (x,) = host_findings("51_soft_and_hard_lockup_syslogd_wall_broadcast.log")
     assert x.severity is Severity.CRITICAL and x.metrics["soft_lockup"] == 6 and x.metrics["hard_lockup"] == 3
-    assert x.metrics["cpus"] == "0,1,3,8,9,10,20,21,23" and x.gpus == ()
+    assert x.metrics["cpus"] == "0,1,3,8,9,10,20,21,23" and x.gpus == () and x.hosts == ("zyr",)
+    assert x.metrics["max_stuck_s"] == 37 and "REBOOT_NODE" in x.metrics["actions"]
+
+
+HOST_SAMPLES = {"24_edac_host_dram_ue_and_apei_pcie_error.log": ["critical"],
+                "26_cpu_thermal_throttle_mce_prefix.log": ["warning"],
+                "28_cpu_thermal_throttle_grep_syslog_with_filename.log": ["warning"],
+                "30_oom_killer_dmesg_time_format_iso.log": ["warning"],
+                "51_soft_and_hard_lockup_syslogd_wall_broadcast.log": ["critical"]}
+
+
+def test_node_health_flags_exactly_the_host_fault_samples():
+    # every other kernel log of the sample set is a GPU fault or a healthy boot (SOURCES.md): no host finding
+    names = sorted(p.name for p in shared_path("dmesg").iterdir() if p.name.endswith(".log"))
+    assert len(names) == 27, names
+    got = {n: [f.severity.value for f in host_findings(n)] for n in names}
+    assert {n: s for n, s in got.items() if s} == HOST_SAMPLES

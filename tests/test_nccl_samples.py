@@ -6,6 +6,8 @@ FLAG is raised (with the hosts/ranks it names) and what it marks OK is not.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from forensics.parsers.common import ParseContext
 from forensics.parsers.nccl_log import parse
@@ -156,7 +158,11 @@ def test_33_forced_ll128_data_corruption():
     f, _ = run("33")
     w = f[("nccl_algorithm", "wrong_results")]
     assert "NCCL_PROTO=LL128" in w.summary and "2 FAILED" in w.summary
-    assert "NCCL_IB_DISABLE=1" in f[("nccl_algorithm", "forced")].summary
+    # a transport switch is the transport's business: two nodes with IB off talk over TCP sockets
+    assert "NCCL_IB_DISABLE" not in f[("nccl_algorithm", "forced")].summary
+    env = f[("nccl_transport", "transport_env")]
+    assert "NCCL_IB_DISABLE=1" in env.summary and env.severity.value == "warning"
+    assert "NCCL_PROTO" not in env.summary
 
 
 def test_36_roce_gdrdma_ok():
@@ -197,9 +203,28 @@ def test_46_p2p_shm_disabled_traffic_through_ib():
     f, _ = run("46")
     intra = f[("nccl_transport", "intra_node")]
     assert intra.ranks == (0, 1, 2, 3) and intra.metrics["intra_node_net_connections"] == 12
-    forced = f[("nccl_algorithm", "forced")].summary
-    assert "NCCL_P2P_DISABLE=1" in forced and "NCCL_SHM_DISABLE=1" in forced
+    assert "NCCL_P2P_DISABLE=1" in intra.summary and "NCCL_SHM_DISABLE=1" in intra.summary
+    assert ("nccl_algorithm", "forced") not in f  # transport switches are not algorithm choices
     assert ("nccl_transport", "no_gdr") not in f
+    # NCCL_NET_GDR_LEVEL=4 (legacy SYS, the widest) restricts nothing; P2P/SHM off are intra_node's cause
+    assert ("nccl_transport", "transport_env") not in f
+
+
+def test_13_p2p_disabled_by_environment_is_a_transport_fact():
+    f, _ = run("13")
+    env = f[("nccl_transport", "transport_env")]
+    # SOURCES: INFO; single node, no connection lines to show what it cost
+    assert env.severity.value == "info" and "NCCL_P2P_DISABLE=1" in env.summary and "NCCL_P2P_LEVEL=LOC" in env.summary
+    assert ("nccl_algorithm", "forced") not in f
+
+
+@pytest.mark.parametrize("prefix", ["04", "09", "13", "15", "28", "33", "46"])
+def test_no_message_counts_zero_of_what_it_reports(prefix):
+    # "0 inter-node connection(s) use NET/Socket" at critical contradicts itself
+    f, _ = run(prefix)
+    for (det, _key), x in f.items():
+        if det in ("nccl_transport", "nccl_algorithm"):
+            assert not re.search(r"(?<![\d.])0 [\w/ -]*?(connection|HCA|pair|ring)", x.summary), x.summary
 
 
 def test_47_gdr_disabled_on_socket_nics_is_normal():

@@ -56,5 +56,9 @@ def test_wheel_has_only_the_forensics_package(tmp_path: Path):
     inside = {n.removeprefix("forensics/") for n in names if n.startswith("forensics/") and n.endswith(".py")}
     assert _py_files("forensics") <= inside
     assert "forensics/cli.py" in names and "forensics/schema/findings.schema.json" in names
+    # report.html's templates are package data
+    templates = {p.name for p in (ROOT / "reports" / "templates").iterdir() if p.is_file()}
+    assert templates and {n.removeprefix("forensics/reports/templates/") for n in names
+                          if n.startswith("forensics/reports/templates/")} == templates
     entry_points = zipfile.ZipFile(wheel).read(f"{dist}-{project['version']}.dist-info/entry_points.txt").decode()
     assert "forensics = forensics.cli:main" in entry_points

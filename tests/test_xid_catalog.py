@@ -52,4 +52,7 @@ def test_nvlink5_and_recovery_action_rules():
     assert nvlink5_severity("NETIR", True, -1, 0)[0] == "HIGH"
     assert nvlink5_severity("NETIR_LINK_EVT", True, 8, 4)[0] == "CRITICAL"
     assert nvlink5_severity("NETIR_LINK_EVT", True, 8, 0x25)[0] == "HIGH"  # the peer is the source
+    assert nvlink5_severity("NETIR_LINK_DOWN", True, 17, 4)[:2] == ("CRITICAL", "RESET_GPU;INSPECT_LINK")
+    assert nvlink5_severity("NETIR_LINK_DOWN", False, 17, 4)[0] == "WARNING"
+    assert nvlink5_severity("MSE_WATCHDOG", True, -1, None)[:2] == ("HIGH", "RESET_GPU")
     assert RECOVERY_ACTIONS["Drain P2P"][0] == "HIGH" and RECOVERY_ACTIONS["None"][0] == "INFO"

@@ -128,15 +128,19 @@ def run_detectors(
     ctx: JobContext,
     overrides: Mapping[str, Mapping[str, str]] | None = None,
     only: list[str] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> tuple[list[Finding], list[Skipped]]:
-    """Run every detector (or ``only`` those) over the job's one context."""
+    """Run every detector (or ``only`` those) over the job's one context; ``progress(name, done, total)``
+    before each."""
     registry = load_all()
     settings = build_settings(overrides, only)
     findings: list[Finding] = []
     skipped: list[Skipped] = []
-    for name, spec in registry.items():
-        if only and name not in only:
-            continue
+    chosen = [name for name in registry if not only or name in only]
+    for done, name in enumerate(chosen):
+        spec = registry[name]
+        if progress:
+            progress(name, done, len(chosen))
         why = _missing_inputs(spec, ctx.frames)
         if why:
             skipped.append(Skipped(name, why))

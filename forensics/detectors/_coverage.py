@@ -12,14 +12,10 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from forensics.confidence import LEVELS, at_most, evidence_confidence
 from forensics.context import JobContext
 
-LEVELS = ("low", "medium", "high")
-
-
-def at_most(a: str, b: str) -> str:
-    """The lower of two confidence levels."""
-    return LEVELS[min(LEVELS.index(a), LEVELS.index(b))]
+__all__ = ["LEVELS", "Coverage", "at_most", "coverage", "gpus_of", "rank_list"]
 
 
 def rank_list(ranks: Iterable[int]) -> str:
@@ -53,15 +49,11 @@ class Coverage:
         """One rank's trace of a multi-rank job: nothing to compare its collectives with."""
         return len(self.with_data) == 1 and len(self.expected) > 1
 
-    def confidence(self) -> str:
-        """high: every rank has data, two steps or more; medium: at least half the ranks (one step or
-        more); low: less than half, or a lone rank."""
-        share = len(self.with_data) / max(1, len(self.expected))
-        if share >= 1 and self.steps >= 2:
-            return "high"
-        if share >= 0.5 and not self.lone_rank:
-            return "medium"
-        return "low"
+    def confidence(self, sizes_known: bool | None = None) -> str:
+        """From the evidence (:func:`forensics.confidence.evidence_confidence`): high with every rank, two
+        steps or more and (where the claim rests on the wait/transfer split) collective sizes known; medium
+        with at least half the ranks; low below that, or for a lone rank."""
+        return evidence_confidence(len(self.with_data), len(self.expected), self.steps, sizes_known)
 
     def metrics(self) -> dict[str, int | str]:
         return {"ranks_expected": len(self.expected), "ranks_with_data": len(self.with_data),

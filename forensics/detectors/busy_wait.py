@@ -28,10 +28,13 @@ How it measures:
     (role ``victim``). A rank without data is never blamed: wait for ranks without a trace is reported
     as such (evidence role ``no_data``), and then the finding is at most a warning. Partial inputs:
     the ranks the job has (world size from trace metadata or NCCL init lines, process-group members)
-    against the ranks with data are in the metrics; confidence is high with every rank and two steps
-    or more, medium with at least half of the ranks, low below that, and at most medium without a
-    culprit. A lone rank of a multi-rank job has no peer to split its collectives into wait and transfer
-    with, so its finding is information only.
+    against the ranks with data are in the metrics; confidence follows the evidence
+    (:mod:`forensics.confidence`): high with every rank, two steps or more and collective sizes known,
+    medium with at least half of the ranks, low below that, and at most medium without a culprit.
+    Without size metadata the transfer of a matched collective is its shortest duration across ranks
+    (the finding says so). A lone rank of a multi-rank job has no peer to split its collectives into
+    wait and transfer with, so its finding is information only at low confidence; without sizes either,
+    its collectives are not split at all (:mod:`forensics.collectives`), so no wait is claimed.
     Impact: this is a symptom; the lost GPU time belongs to the cause (the late rank, or the
     pipeline bubble), so ``gpu_seconds_lost`` is left empty here and the wait is in the metrics.
 
@@ -47,7 +50,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from forensics.collectives import CollectiveMatch
+from forensics.collectives import CollectiveMatch, transfer_basis
+from forensics.confidence import sizes_known
 from forensics.context import JobContext
 from forensics.detectors import Skip, detector
 from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
@@ -297,6 +301,8 @@ def detect(ctx: JobContext, cfg: BusyWaitConfig) -> list[Finding]:
     med = flagged.select(pl.col("u_any", "u_compute", "u_sm", "w").median()).row(0, named=True)
     sm_source, sm_text = _sm_source(flagged)
     who, do = _texts(b, cov, cfg.culprit_min_share)
+    waiting = ctx.match.kernels.filter(pl.col("rank").is_in(victims) & ~pl.col("is_p2p") & pl.col("step").is_not_null())
+    sized = sizes_known(waiting)
     return [Finding(
         detector="busy_wait",
         severity=_severity(med["w"], b, cov, cfg),
@@ -305,7 +311,7 @@ def detect(ctx: JobContext, cfg: BusyWaitConfig) -> list[Finding]:
             f"Rank(s) {rank_list(victims)} look {med['u_any']:.0%} busy (what nvidia-smi shows), but compute runs only "
             f"{med['u_compute']:.0%} of the step ({sm_text} {med['u_sm']:.0%}); {med['w']:.0%} of the step is NCCL "
             f"kernels spinning while waiting, {who}. The wait is a symptom: its GPU time is not counted here."
-            f"{cov.sentence()}"
+            f"{'' if sized else transfer_basis(waiting)}{cov.sentence()}"
         ),
         remediation=f"Treat GPU utilization as 'some kernel was running', not as work done. {do}",
         ranks=tuple(b.culprits),
@@ -324,7 +330,7 @@ def detect(ctx: JobContext, cfg: BusyWaitConfig) -> list[Finding]:
         gpu_seconds_lost=None,
         fraction_of_step=round(med["w"], 4),
         key="busy_wait",
-        confidence=at_most(cov.confidence(), "high" if b.culprits else "medium"),
+        confidence=at_most(cov.confidence(sized), "high" if b.culprits else "medium"),
     )]
 
 

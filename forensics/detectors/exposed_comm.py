@@ -12,7 +12,10 @@ Why it matters:
 
 How it measures:
     Each NCCL kernel is split into wait and transfer (:mod:`forensics.collectives`; transfer = the
-    shortest duration of that collective across ranks, placed at the kernel's end). Waiting is never
+    shortest duration of that collective across ranks, placed at the kernel's end; a collective only one
+    rank's trace shows is estimated from the same-size kernels of the job, and without size metadata it is
+    not split at all: all of it counts as transfer, and the finding says so, since a collective that never
+    overlaps compute is exposed communication whether it moves data or waits for peers). Waiting is never
     counted as exposure: a victim of a straggler waits, it does not transfer. Exposure of a kernel =
     its transfer not under the rank's compute kernels, capped by the exposure of the same collective
     on its last-arriving rank (which waited for nobody), so lateness elsewhere cannot make a victim's
@@ -21,7 +24,8 @@ How it measures:
     rank, ``X_g >= dp_min_exposed`` and ``O_g < dp_max_overlap`` in at least ``min_step_share`` of the
     steps; TP+EP+CP together when their ``X`` reaches ``tp_min_exposed``. PP transfer belongs to the
     pipeline_bubble detector. Impact: the exposed transfer itself (what overlap could save), summed over
-    ranks and steps.
+    ranks and steps. Confidence follows the evidence (:mod:`forensics.confidence`): ranks with data,
+    collective sizes known, steps measured.
 
 What to do:
     DDP: keep gradient bucketing on (``bucket_cap_mb``), avoid ``no_sync`` outside accumulation, make
@@ -36,7 +40,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from forensics.collectives import PG_TYPES
+from forensics.collectives import PG_TYPES, UNKNOWN_SPLIT, transfer_basis
+from forensics.confidence import sizes_known
 from forensics.context import JobContext
 from forensics.detectors import Skip, detector
 from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
@@ -164,16 +169,14 @@ def _finding(ta: JobContext, g: str, sev: Severity, per_rank: pl.DataFrame, culp
         sev = Severity.WARNING  # one rank's wait/transfer split is a guess: not enough for critical
     what = "exposed by design (between dependent kernels)" if by_design else "not overlapped with compute"
     label = "default-group" if g == "default" else g
+    kern = ta.match.kernels.filter(
+        pl.col("pg_type").is_in(types) & pl.col("rank").is_in(list(ranks)) & pl.col("step").is_not_null())
     return Finding(
         detector="exposed_comm",
         severity=sev,
         title=f"{label} collectives {what}: {med_x:.1%} of the step",
-        summary=(
-            f"On the median rank, {med_x:.1%} of each step is {g} transfer with no compute running "
-            f"(overlap of transfer with compute {med_o:.0%}), on {len(ranks)} rank(s). Waiting for late peers is "
-            f"not counted here ({ms(float(per_rank['wait_ns'].sum()))} ms of {g} kernel time in total was waiting, "
-            f"not transfer).{_LONE if cov.lone_rank else ''}{cov.sentence()}"
-        ),
+        summary=_summary(g, med_x, med_o, len(ranks), float(per_rank["wait_ns"].sum()), kern)
+        + f"{_LONE if cov.lone_rank and not _unsplit(kern) else ''}{cov.sentence()}",
         remediation=_REMEDY_TP if by_design else _REMEDY_DP,
         ranks=ranks,
         hosts=hosts,
@@ -188,7 +191,32 @@ def _finding(ta: JobContext, g: str, sev: Severity, per_rank: pl.DataFrame, culp
         gpu_seconds_lost=gpu_seconds(gpu_ns),
         fraction_of_step=round(med_x, 4),
         key=g,
-        confidence=at_most(cov.confidence(), "high" if not by_design else "medium"),
+        confidence=at_most(cov.confidence(sizes_known(kern)), "high" if not by_design else "medium"),
+    )
+
+
+def _unsplit(kern: pl.DataFrame) -> bool:
+    """Most of the kernel time could not be split into wait and transfer (one rank, no sizes)."""
+    unknown = float(kern.filter(pl.col("transfer_how") == UNKNOWN_SPLIT)["dur_ns"].sum())
+    return kern.height > 0 and unknown > 0.5 * float(kern["dur_ns"].sum())
+
+
+def _summary(g: str, med_x: float, med_o: float, n_ranks: int, wait_ns: float, kern: pl.DataFrame) -> str:
+    """What was measured, and how the transfer part was estimated when collectives carry no sizes."""
+    if _unsplit(kern):
+        # No peer and no size to split the kernels with: all of it runs without compute, so the step waits
+        # for communication either way (transfer or waiting for the ranks without data).
+        return (
+            f"On the median rank, {med_x:.1%} of each step is {g} NCCL kernel time with no compute running "
+            f"(overlap with compute {med_o:.0%}), on {n_ranks} rank(s): exposed communication. With one rank's "
+            "trace and no size metadata, the kernels cannot be split into waiting for peers and transfer, so "
+            f"this counts both.{transfer_basis(kern)}"
+        )
+    return (
+        f"On the median rank, {med_x:.1%} of each step is {g} transfer with no compute running "
+        f"(overlap of transfer with compute {med_o:.0%}), on {n_ranks} rank(s). Waiting for late peers is "
+        f"not counted here ({ms(wait_ns)} ms of {g} kernel time in total was waiting, not transfer)."
+        f"{'' if sizes_known(kern) else transfer_basis(kern)}"
     )
 
 

@@ -1,25 +1,29 @@
-"""GPU, fabric and host hardware errors from kernel logs, nvidia-smi and DCGM, one finding per incident.
+"""GPU and fabric hardware errors from kernel logs, nvidia-smi and DCGM, one finding per incident.
 
 What it detects
     NVIDIA Xids (graded by the Xid catalog, ``forensics/data/xid_catalog.csv``), NVSwitch SXids and
-    fabric-manager errors, GSP timeouts, GPUs fallen off the bus, ECC / row-remap events, NVLink and
-    NVLink5 faults, PCIe AER and GHES errors, InfiniBand / mlx5 link flaps and module errors, CPU
-    thermal throttling, host EDAC/MCE memory errors, OOM kills, hung tasks, soft/hard lockups and
-    segfaults of training processes; plus the persistent GPU state in ``nvidia-smi -q`` (pending or
-    failed row remaps, SRAM/DRAM uncorrectable errors, reset required, HW slowdown / power brake) and
-    ``dcgmi diag`` failures.
+    fabric-manager errors, GSP timeouts, GPUs fallen off the bus or failing to initialize (``RmInitAdapter
+    failed``), ECC / row-remap events, NVLink and
+    NVLink5 faults, PCIe AER and GHES errors, and segfaults of training processes; plus the persistent
+    GPU state in ``nvidia-smi -q`` (pending or failed row remaps, SRAM/DRAM uncorrectable errors, reset
+    required, HW slowdown / power brake) and ``dcgmi diag`` failures. Host-side faults (EDAC, OOM kills,
+    hung tasks, lockups, NIC link flaps, CPU thermal throttling, filesystem errors) are node_health's.
 
 Why it matters
     Most unexpected interruptions of large training runs are hardware (Llama 3: ~78% of 419, led by
-    faulty GPUs and HBM). A dead or sick GPU, link or host explains a hang, a crash or a straggler
+    faulty GPUs and HBM). A dead or sick GPU or link explains a hang, a crash or a straggler
     better than any software setting, and it must be drained or reset before the job is restarted.
 
 How it measures
     Lines are grouped into incidents, not counted: events on the same GPU closer than
     ``incident_gap_s`` form one incident (application-class Xids separately from hardware ones);
-    sympathetic lines (Xid 43/45, Xid 45 "caused by previous Xid N", Xid 154's recovery action, Xid
-    3, GSP lines, AER recovery, devices on the same PCI slot) join the incident they follow; a fatal
-    PCIe AER followed within ``aer_xid_window_s`` by Xid 79 is one "PCIe link loss" incident, with
+    sympathetic lines (Xid 43/45, Xid 154's recovery action, Xid 3, GSP lines, AER recovery, devices on
+    the same PCI slot) join the incident they follow; Xid 45 "caused by previous Xid N" joins the incident
+    of Xid N (opened from the 45 when N's own line is not in the log), the incident rooted in the earliest
+    Xid the driver named, and a hardware root whose channels were torn down is HIGH at least; a fatal
+    PCIe AER is pinned on the function the nvidia driver owns (its driver name in the line, else a bus id
+    known as a GPU from nvidia-smi, NCCL or the driver's lines, else no GPU: the errant device is named);
+    a fatal PCIe AER followed within ``aer_xid_window_s`` by Xid 79 is one "PCIe link loss" incident, with
     corrected AER on that port in the preceding ``precursor_window_s`` as precursors; Xid 45 caused by
     an NVLink5 Xid on several GPUs is one node-level NVLink incident; the same throttle reason on at
     least half of a node's GPUs is one node-level finding. Severity comes from the catalog under
@@ -74,8 +78,6 @@ class GpuHwErrorConfig:
     corrected_aer_min_count: int = setting(3, unit="errors", low=1,
                                            doc="corrected AER errors on one port within corrected_aer_window_s for a finding")
     corrected_aer_window_s: float = setting(60.0, unit="s", low=0.0, doc="window for corrected_aer_min_count")
-    carrier_flap_min: int = setting(5, unit="events", low=1,
-                                    doc="Lost carrier events per interface for a link-flap finding (Azure NHC: 5 in 24 h)")
     node_level_min_fraction: float = setting(0.5, unit="fraction of GPUs", low=0.0, high=1.0,
                                              doc="one throttle reason on this share of a node's GPUs (and >= 2) is node-level")
     max_evidence: int = setting(20, unit="lines", low=1,
@@ -93,15 +95,15 @@ def detect(ctx: JobContext, cfg: GpuHwErrorConfig) -> list[Finding]:
     benign: dict[str | None, int] = {}  # lines that prove nothing, per host: counted in every finding
     incidents: list[Incident] = []
     if frames.has("kernel_events"):
-        incidents += kernel_incidents(prepare_events(frames["kernel_events"], place), cfg, benign)
+        incidents += kernel_incidents(prepare_events(frames["kernel_events"], place), cfg, benign, place.gpu_buses())
     if frames.has("gpu_health"):
         incidents += smi_incidents(frames["gpu_health"], cfg, benign, place)
     if frames.has("gpu_diag"):
         incidents += diag_incidents(frames["gpu_diag"], benign, place)
     mark_fleet_patterns(incidents, cfg.fleet_min_hosts)
-    for inc in incidents:  # a process the kernel killed or that crashed matters when it is a rank
-        if inc.kind in ("oom", "segfault") and place.ranks_for(inc.host, None, inc.ranks_pid):
-            inc.level = max_level(inc.level, "HIGH" if inc.kind == "oom" else "WARNING")
+    for inc in incidents:  # a process that crashed matters when it is a rank
+        if inc.kind == "segfault" and place.ranks_for(inc.host, None, inc.ranks_pid):
+            inc.level = max_level(inc.level, "WARNING")
     findings = [to_finding(inc, cfg, place) for inc in incidents if LEVELS[inc.level] >= LEVELS["WARNING"]]
     for inc in incidents:
         if LEVELS[inc.level] < LEVELS["WARNING"]:

@@ -2,7 +2,8 @@
 
 What it detects:
     (1) NCCL_ALGO, NCCL_PROTO, channel/thread caps (NCCL_MAX_NCHANNELS, NCCL_MAX_CTAS, NCCL_NTHREADS),
-    pre-2.5 thresholds and NCCL_*_DISABLE switches set by the user; where the job's message sizes and
+    pre-2.5 thresholds and the NVLS/PAT/cuMem switches set by the user (transport switches such as
+    NCCL_P2P_DISABLE or NCCL_IB_DISABLE are nccl_transport's); where the job's message sizes and
     topology are known, the predicted time lost against NCCL's own default choice. (2) Measured
     collective time far above NCCL's prediction for the algorithm it chose: nccl-tests rows against the
     TUNING per-op predictions, and traced NCCL kernels (transfer time = the minimum duration across
@@ -47,8 +48,8 @@ from forensics.settings import setting
 
 FORCING = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_MAX_NCHANNELS", "NCCL_MAX_CTAS", "NCCL_NTHREADS",
            "NCCL_LL_THRESHOLD", "NCCL_TREE_THRESHOLD", "NCCL_LL128_NTHREADS")
-DISABLES = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_NVLS_ENABLE", "NCCL_PAT_ENABLE",
-            "NCCL_CUMEM_ENABLE")
+# algorithm switches only: transport switches (P2P, SHM, IB, GDR) are nccl_transport's
+DISABLES = ("NCCL_NVLS_ENABLE", "NCCL_PAT_ENABLE", "NCCL_CUMEM_ENABLE")
 _ALGO_NAMES = {a.lower(): a for a in nc.ALGOS} | {"nvls_tree": "NVLSTree", "nvlstree": "NVLSTree"}
 _PROTO_NAMES = {p.lower(): p for p in nc.PROTOS}
 
@@ -286,7 +287,7 @@ def check_forced(a: _Algo) -> list[Finding]:
     # an override the model finds harmless at this job's sizes is reported, not warned about
     return [Finding(
         "nccl_algorithm", Severity.INFO if imp.harmless else Severity.WARNING,
-        "NCCL algorithm, protocol or transport choice forced by environment",
+        "NCCL algorithm or protocol choice forced by environment",
         "Set by the user: " + ", ".join(f"{k}={v}" for k, v in settings.items()) + f"; {imp.detail}.",
         "Remove the override unless a benchmark on this cluster shows it is faster at the job's message "
         "sizes; NCCL's own choice is usually within a few percent of the best.",

@@ -6,8 +6,12 @@ What it detects:
     intra-node pairs over SHM or the network instead of P2P/NVLink (and `intraNodeP2pSupport 0`); NVLS off
     on Hopper+ NVSwitch systems; one NIC shared by all GPUs of a node; bootstrap/socket interfaces that
     are virtual (docker, virbr, veth, tunnels, lo) or differ between nodes; mixed IB and RoCE link
-    layers; and a failing fabric: IB completion errors (status 12 = retry exceeded, 4 = local
-    protection, ...), IB async events, socket resets and proxy connect failures, with hosts and ranks.
+    layers; a failing fabric: IB completion errors (status 12 = retry exceeded, 4 = local
+    protection, ...), IB async events, socket resets and proxy connect failures, with hosts and ranks;
+    and transport switches in the environment (NCCL_P2P_DISABLE, NCCL_P2P_LEVEL, NCCL_SHM_DISABLE,
+    NCCL_IB_DISABLE, NCCL_NET=Socket, NCCL_NET_GDR_LEVEL, NCCL_NET_GDR_READ=0): named as the cause in the
+    finding of their effect, else on their own (warning when they cost this job, info when the logs show
+    no effect).
 
 Why it matters:
     The transport bounds every collective: sockets run at a few GB/s instead of 25-50 GB/s per NIC,
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import polars as pl
 
@@ -77,6 +81,8 @@ class _Transport:
     netch: pl.DataFrame  # NET channels with `intra` (both ends in one process, or a single-node job)
     netsel: pl.DataFrame  # `Using network X` lines
     ib: pl.DataFrame  # NET/IB device lines
+    env_rows: pl.DataFrame  # the user's NCCL_* settings (net plugins' own excluded), in file order
+    fired: set[str] = field(default_factory=set)  # keys of the findings the checks so far raised
 
 
 def _facts(ctx: JobContext) -> _Transport:
@@ -86,8 +92,9 @@ def _facts(ctx: JobContext) -> _Transport:
     if ch.height == 0 and net.height == 0 and ev.filter(pl.col("level") != "INFO").height == 0 \
             and ev.filter(pl.col("kind").is_in(["p2p_check", "nvls_support", "channels", "connected"])).height == 0:
         raise Skip("the NCCL logs hold no transport, network or fabric lines (NCCL_DEBUG=INFO init lines needed)")
+    env_rows = frames["nccl_env"].filter(pl.col("origin") != "plugin").sort("line")
     return _Transport(j, ch, net, ev, _net_channels(j, ch), net.filter(pl.col("kind") == "network"),
-                      net.filter(pl.col("kind") == "ib"))
+                      net.filter(pl.col("kind") == "ib"), env_rows)
 
 
 def _net_channels(j: JobNccl, ch: pl.DataFrame) -> pl.DataFrame:
@@ -132,14 +139,17 @@ def check_sockets(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
         return []
     ranks, hosts, gpus = where(_rows(sock, ofi_tcp, implied), j.ident)
     has_ib = net.filter(pl.col("kind") == "ib").height > 0 or j.env.get("NCCL_IB_DISABLE", "0") not in ("0", "")
+    why = _said([
+        (sock.height, f"{sock.height} inter-node connection(s) use NET/Socket"),
+        (sock_net.height, f"NCCL chose the Socket network on {sock_net.height} process(es) (`Using network Socket`)"),
+        (ofi_tcp.height, "the OFI provider is TCP-based"),
+        (ib_none.height, "NCCL found no IB device (`NET/IB : No device found`)"),
+        (1, _set_by_user(t, "socket")),
+    ])
     return [Finding(
         "nccl_transport", Severity.CRITICAL,
         "Inter-node NCCL traffic runs over TCP sockets",
-        f"{sock.height} inter-node connection(s) use NET/Socket"
-        + (" and the OFI provider is TCP-based" if ofi_tcp.height else "")
-        + ("; NCCL found no IB device (`NET/IB : No device found`)" if ib_none.height else "")
-        + (f"; NCCL_IB_DISABLE={j.env['NCCL_IB_DISABLE']}" if "NCCL_IB_DISABLE" in j.env else "")
-        + ". Sockets give a few GB/s per node where IB/RoCE/EFA give 25-50 GB/s per NIC.",
+        why + ". Sockets give a few GB/s per node where IB/RoCE/EFA give 25-50 GB/s per NIC.",
         "Enable the RDMA path: unset NCCL_IB_DISABLE, install libibverbs / the net plugin (aws-ofi-nccl, "
         "HPC-X), check `ibv_devinfo` inside the container, pin NCCL_NET if needed.",
         ranks=ranks, hosts=hosts, gpus=gpus, key="socket",
@@ -166,12 +176,16 @@ def check_no_gdr(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
     if not (nogdr.height or hca_off.height or gpu_off.height or gdr0.height):
         return []
     ranks, hosts, gpus = where(_rows(nogdr, hca_off, gpu_off, gdr0), t.j.ident)
+    why = _said([
+        (nogdr.height, f"{nogdr.height} IB/RoCE connection(s) lack /GDRDMA"),
+        (hca_off.height, f"{hca_off.height} HCA(s) report GPU Direct RDMA Disabled"),
+        (gpu_off.height, f"{gpu_off.height} GPU/HCA pair(s) are too far apart"),
+        (gdr0.height, f"{gdr0.height} ring(s) report GDR 0"),
+    ])
     return [Finding(
         "nccl_transport", Severity.WARNING,
         "RDMA network used without GPUDirect RDMA",
-        f"{nogdr.height} IB/RoCE connection(s) lack /GDRDMA, {hca_off.height} HCA(s) report GPU Direct RDMA "
-        f"Disabled, {gpu_off.height} GPU/HCA pair(s) are too far apart, {gdr0.height} ring(s) report GDR 0: "
-        "every message is staged through host memory.",
+        f"{why}: every message is staged through host memory" + _then(_set_by_user(t, "no_gdr")) + ".",
         "Load nvidia-peermem (or use DMA-BUF with a recent driver), check NCCL_NET_GDR_LEVEL and that each "
         "GPU has a NIC under the same PCIe switch.",
         ranks=ranks, hosts=hosts, gpus=gpus, key="no_gdr",
@@ -190,14 +204,17 @@ def check_intra_node(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
     if not (shm.height or intra_net.height or nop2p.height):
         return []
     ranks, hosts, gpus = where(_rows(shm, intra_net, nop2p), j.ident)
-    forced = {k: v for k, v in j.env.items() if k in ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_P2P_LEVEL")}
+    forced = _set_by_user(t, "intra")
     p2p_elsewhere = ch.filter(pl.col("transport") == "P2P").height > 0
+    why = _said([
+        (shm.height, f"{shm.height} connection(s) via host shared memory"),
+        (intra_net.height, f"{intra_net.height} intra-node connection(s) via the network"),
+        (nop2p.height, "CUDA P2P reported unsupported (intraNodeP2pSupport 0)"),
+    ], ", ")
     return [Finding(
         "nccl_transport", Severity.WARNING,
         "Intra-node GPU pairs do not use P2P/NVLink",
-        f"{shm.height} connection(s) via host shared memory, {intra_net.height} intra-node connection(s) via "
-        f"the network" + (", CUDA P2P reported unsupported (intraNodeP2pSupport 0)" if nop2p.height else "")
-        + (f"; set by the user: {', '.join(f'{k}={v}' for k, v in forced.items())}" if forced else "") + ".",
+        why + _then(forced) + ".",
         "Unset NCCL_P2P_DISABLE / NCCL_SHM_DISABLE / NCCL_P2P_LEVEL, run containers with --ipc=host, "
         "check that ACS/IOMMU do not block peer access (`nvidia-smi topo -p2p r`).",
         ranks=ranks, hosts=hosts, gpus=gpus, key="intra_node",
@@ -366,9 +383,91 @@ def check_fabric_failures(t: _Transport, cfg: NcclTransportConfig) -> list[Findi
     return out
 
 
+# Environment switches that restrict NCCL's transports: variable -> (the finding key of their effect,
+# whether a value turns the switch on, what it does). They belong here, not to nccl_algorithm.
+_OFF = ("0", "", "LOC")
+_WIDEST = ("SYS", "4", "5")  # the widest path level (legacy numbers 4/5): a level switch set to it restricts nothing
+TRANSPORT_ENV: dict[str, tuple[str, Callable[[str], bool], Callable[[str], str]]] = {
+    "NCCL_P2P_DISABLE": ("intra", lambda v: v != "0", lambda v: "no CUDA P2P/NVLink between GPUs of a node"),
+    "NCCL_P2P_LEVEL": ("intra", lambda v: v.upper() not in _WIDEST, lambda v: "no CUDA P2P between GPUs of a node"
+                       if v.upper() in _OFF
+                       else f"CUDA P2P only between GPUs at most {v} apart"),
+    "NCCL_SHM_DISABLE": ("intra", lambda v: v != "0", lambda v: "no shared-memory transport within a node"),
+    "NCCL_IB_DISABLE": ("socket", lambda v: v != "0", lambda v: "InfiniBand/RoCE off"),
+    "NCCL_NET": ("socket", lambda v: v.strip('"').lower() == "socket", lambda v: "the Socket network forced"),
+    "NCCL_NET_GDR_LEVEL": ("no_gdr", lambda v: v.upper() not in _WIDEST, lambda v: "no GPUDirect RDMA" if v.upper() in _OFF
+                           else f"GPUDirect RDMA only for NIC-GPU distance up to {v}"),
+    "NCCL_NET_GDR_READ": ("no_gdr", lambda v: v == "0", lambda v: "no GPUDirect RDMA reads"),
+}
+
+
+def _said(parts: list[tuple[int, str]], sep: str = "; ") -> str:
+    """The parts whose count is not zero (a message never reports "0 connections" as its evidence)."""
+    text = sep.join(p for n, p in parts if n and p)
+    return text[:1].upper() + text[1:]
+
+
+def _then(text: str) -> str:
+    return f"; {text}" if text else ""
+
+
+def _overrides(t: _Transport, effect: str | None = None) -> dict[str, str]:
+    """The user's transport switches that are on (net plugins' own settings excluded), of one effect."""
+    env = {r["var"]: r["value"] for r in t.env_rows.iter_rows(named=True)}  # the last value wins
+    return {k: v for k, (eff, on, _) in TRANSPORT_ENV.items()
+            if (v := env.get(k)) is not None and on(v) and effect in (None, eff)}
+
+
+def _set_by_user(t: _Transport, effect: str) -> str:
+    o = _overrides(t, effect)
+    return "set by the user: " + ", ".join(f"{k}={v}" for k, v in o.items()) if o else ""
+
+
+def _env_verdict(t: _Transport, effect: str) -> tuple[bool, str]:
+    """(whether the switch costs this job, why) for a switch whose effect no other finding shows."""
+    if effect == "socket":
+        if t.j.multi_node:
+            return True, ("the job spans nodes: inter-node traffic runs over TCP sockets, a few GB/s per node "
+                          "instead of 25-50 GB/s per NIC")
+        return False, "single-node job: no inter-node traffic"
+    if effect == "intra":
+        p2p = t.ch.filter(pl.col("transport") == "P2P").height
+        return False, (f"the {p2p} intra-node connection(s) logged use P2P" if p2p
+                       else "no intra-node connection lines in the logs show what it cost")
+    rdma = t.netch.filter(pl.col("net") != "Socket").height
+    return False, ("every RDMA connection logged uses GPUDirect RDMA" if rdma
+                   else "no RDMA connection lines in the logs show what it cost")
+
+
+def check_transport_env(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
+    """9. Transport switches in the environment whose effect no other finding names (runs last)."""
+    effects = {"intra": "intra_node", "socket": "socket", "no_gdr": "no_gdr"}
+    left = {k: v for k, v in _overrides(t).items() if effects[TRANSPORT_ENV[k][0]] not in t.fired}
+    if not left:
+        return []
+    verdicts = {eff: _env_verdict(t, eff) for eff in dict.fromkeys(TRANSPORT_ENV[k][0] for k in left)}
+    costly = any(v[0] for v in verdicts.values())
+    said = "; ".join(
+        ", ".join(f"{k}={v} ({TRANSPORT_ENV[k][2](v)})" for k, v in left.items() if TRANSPORT_ENV[k][0] == eff)
+        + f": {why}" for eff, (_, why) in verdicts.items())
+    rows = t.env_rows.filter(pl.col("var").is_in(list(left)))
+    ranks, hosts, gpus = where(rows, t.j.ident)
+    return [Finding(
+        "nccl_transport", Severity.WARNING if costly else Severity.INFO,
+        "NCCL transports restricted by environment",
+        f"Set by the user: {said}.",
+        "Unset the switch unless it works around a known fault on this cluster; NCCL picks the fastest "
+        "transport it can use.",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="transport_env", metrics=dict(left),
+        evidence=evidence(rows, ("host", "line", "var", "value", "origin")),
+        confidence="high" if costly else "medium",
+    )]
+
+
 CHECKS: tuple[Callable[[_Transport, NcclTransportConfig], list[Finding]], ...] = (
     check_sockets, check_no_gdr, check_intra_node, check_nvls_off, check_single_nic, check_interfaces,
     check_no_libibverbs, check_mixed_link, check_fabric_failures,
+    check_transport_env,  # last: it names only switches whose effect no check above reported
 )
 
 
@@ -379,4 +478,9 @@ CHECKS: tuple[Callable[[_Transport, NcclTransportConfig], list[Finding]], ...] =
 )
 def detect(ctx: JobContext, cfg: NcclTransportConfig) -> list[Finding]:
     t = _facts(ctx)
-    return [f for check in CHECKS for f in check(t, cfg)]
+    out: list[Finding] = []
+    for check in CHECKS:
+        found = check(t, cfg)
+        t.fired |= {f.key for f in found}
+        out += found
+    return out

@@ -1,12 +1,11 @@
 """Straggler ranks and nodes: the ranks that make the others wait.
 
 What it detects:
-    Ranks (and nodes, when two or more of a node's ranks or its links are implicated) whose lateness
-    makes the rest of the job wait at collectives, classed as ``compute`` (its GPU kernels run slower
-    than its peers'), ``host`` (its GPU sat idle waiting for the CPU to launch work), ``link`` (the
-    transfers of every group containing the node are slower than same-kind groups without it) or
-    ``stage`` (a whole pipeline stage does more compute than the others). The ranks that waited are
-    the victims: they are listed in the evidence, never as culprits.
+    Ranks (and nodes, when two or more of a node's ranks are implicated) whose lateness makes the rest
+    of the job wait at collectives, classed as ``compute`` (its GPU kernels run slower than its
+    peers'), ``host`` (its GPU sat idle waiting for the CPU to launch work) or ``stage`` (a whole
+    pipeline stage does more compute than the others). The ranks that waited are the victims: they are
+    listed in the evidence, never as culprits. Slow network links are the ``slow_link`` detector's.
 
 Why it matters:
     A synchronous job runs at the pace of its slowest rank. One GPU 10% slow among 512 costs the
@@ -22,14 +21,8 @@ How it measures:
     member is a victim, never a culprit. Arrival: from the matched collectives
     (:mod:`forensics.collectives`), the share of instances where the rank arrived last (least wait)
     by a margin of at least ``min_margin_us``, tested against chance (one-sided binomial,
-    ``max_p_value``). Link: per process group, median transfer time against the lower quartile of
-    same-type groups of the same op and size (PP groups by their send/recv transfer estimate, the
-    shortest send/recv of the group: the bare transfer); groups at least ``link_ratio`` slower are
-    slow, and the hosts in every slow group and in at most ``link_max_normal_share`` of the normal
-    ones are named. A node is only localizable when some groups of a type avoid it (e.g. DP groups
-    per pipeline stage plus PP groups pairing different nodes); the impact counts the extra transfer
-    time of the slow synchronizing collectives only. Stage: median compute per
-    pipeline stage at least ``stage_imbalance`` above the mean of stages.
+    ``max_p_value``). Stage: median compute per pipeline stage at least ``stage_imbalance`` above the
+    mean of stages.
     A late arriver that passes neither test on its own is classed by whichever excess (compute or
     host-bound idle) explains at least ``explain_share`` of its lateness margin, or as host when its
     launch queue (NCCL kernel start minus its launch call) is at most ``host_slack_ratio`` of the job's
@@ -47,14 +40,13 @@ What to do:
     Compute: check the GPU (clocks, power, temperature, Xid/ECC lines in the kernel log; run a
     burn-in), and drain the node if it persists. Host: look for data-loader stalls, garbage
     collection, CPU contention or a slow file system on that host (py-spy, the CPU side of the trace).
-    Link: test the node's NICs/cables (ibstat, counters, nccl-tests between the node and a healthy
-    one). Stage: rebalance layers across pipeline stages.
+    Stage: rebalance layers across pipeline stages.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import polars as pl
 
@@ -68,7 +60,7 @@ from forensics.settings import setting
 
 @dataclass(frozen=True)
 class StragglerConfig:
-    """Thresholds of the straggler tests (compute, host, arrival, link, stage) and of its severity."""
+    """Thresholds of the straggler tests (compute, host, arrival, stage) and of its severity."""
 
     compute_rho: float = setting(0.95, unit="ratio", low=0.0, high=1.0,
                                  doc="a step is slow when median(peers' compute) / own compute is at or below this")
@@ -88,10 +80,6 @@ class StragglerConfig:
                                    doc="compute or host-bound excess must cover this share of a late arriver's lateness")
     host_slack_ratio: float = setting(0.5, unit="ratio", low=0.0,
                                       doc="a late arriver whose launch queue is at most this share of the job median is host-bound")
-    link_ratio: float = setting(1.3, unit="ratio", low=1.0,
-                                doc="a group is slow when its median transfer is this many times its type's lower quartile")
-    link_max_normal_share: float = setting(0.2, unit="fraction of groups", low=0.0, high=1.0,
-                                           doc="a host named for slow links may be in at most this share of normal groups")
     stage_imbalance: float = setting(0.10, unit="fraction", low=0.0,
                                      doc="stage class: a stage's median compute at least this much above the mean of stages")
     min_impact: float = setting(0.03, unit="fraction of step", low=0.0, high=1.0,
@@ -282,9 +270,9 @@ def detect(ctx: JobContext, cfg: StragglerConfig) -> list[Finding]:
         gpu_of=gpus_of(ctx, classes),
     )
     findings = [_rank_finding(h, c, rs, sc, job, cfg) for h, c, rs in _by_node(classes, job.host_of)]
-    findings += _links(ctx, cfg, job.host_of, job.step_med, job.n_steps)
-    findings += _stages(s, cfg, job.step_med)
-    return findings
+    extra = _stages(s, cfg, job.step_med)
+    # Confidence from the evidence (forensics.confidence): never above what the ranks and steps support.
+    return findings + [replace(f, confidence=at_most(f.confidence, job.cov.confidence())) for f in extra]
 
 
 def _rows(df: pl.DataFrame) -> dict[int, dict]:
@@ -399,94 +387,9 @@ _REMEDY = {
     "contention, slow storage; the GPU idles until the host launches work.",
     "late_arrival": "Follow the dependency upstream: this rank arrives late without slower kernels or host "
     "stalls of its own, so it is probably waiting on another group (pipeline peer) or on I/O.",
-    "link": "Test this node's network: ibstat / port counters, cables, NIC firmware; run nccl-tests between it "
-    "and a healthy node, and drain it if bandwidth is low.",
     "stage": "Rebalance the pipeline: move layers off the slow stage (e.g. --decoder-first/last-pipeline-num-layers), "
     "or account for the embedding/loss on the first/last stage.",
 }
-
-
-def _group_transfers(ta: JobContext) -> pl.DataFrame:
-    """Per process group (and op, size): median transfer time, its type's lower quartile and the ratio;
-    only types with at least three groups to compare."""
-    inst = ta.match.instances
-    k = ta.match.kernels
-    # Pipeline send/recv are not matched, but each PP group's transfer estimate (the bare transfer of the
-    # side that arrived last) localizes a link just as well: a PP group pairs specific nodes.
-    p2p = (
-        k.filter(pl.col("is_p2p"))
-        .group_by("pg_key", "pg_type", "bytes")
-        .agg(pl.lit("p2p").alias("collective"), pl.col("transfer_ns").min())
-        .select("pg_key", "pg_type", "collective", "bytes", "transfer_ns")
-    )
-    if inst.height == 0 and p2p.height == 0:
-        return pl.DataFrame()
-    per_group = pl.concat(
-        [inst.group_by("pg_key", "pg_type", "collective", "bytes").agg(pl.col("transfer_ns").median()), p2p],
-        how="vertical_relaxed",
-    )
-    per_group = per_group.with_columns(
-        # Reference = lower quartile of same-type groups: a slow node may sit in half of them.
-        pl.col("transfer_ns").quantile(0.25).over("pg_type", "collective", "bytes").alias("type_med"),
-        pl.len().over("pg_type", "collective", "bytes").alias("n_groups"),
-    ).filter(pl.col("n_groups") >= 3)
-    return per_group.with_columns((pl.col("transfer_ns") / pl.col("type_med")).alias("ratio"))
-
-
-def _links(ta: JobContext, cfg: StragglerConfig, host_of: dict, step_med: float, n_steps: int) -> list[Finding]:
-    per_group = _group_transfers(ta)
-    if per_group.height == 0:
-        return []
-    slow_groups = per_group.filter(pl.col("ratio") >= cfg.link_ratio)
-    if slow_groups.height == 0:
-        return []
-    group_hosts = ta.match.kernels.filter(pl.col("matched") | pl.col("is_p2p")).select("pg_key", "host").unique()
-    slow_keys = set(slow_groups["pg_key"].to_list())
-    normal_keys = set(per_group["pg_key"].to_list()) - slow_keys
-    gh = group_hosts.filter(pl.col("pg_key").is_in(list(slow_keys | normal_keys)))
-    counts = gh.with_columns(pl.col("pg_key").is_in(list(slow_keys)).alias("slow")).group_by("host").agg(
-        pl.col("slow").sum().alias("n_slow"), (~pl.col("slow")).sum().alias("n_normal")
-    )
-    named = counts.filter(
-        (pl.col("n_slow") == len(slow_keys))
-        & (pl.col("n_normal") <= cfg.link_max_normal_share * max(1, len(normal_keys)))
-    )
-    sg = slow_groups.sort("ratio", descending=True)
-    extra = (
-        ta.match.instances.join(sg.select("pg_key", "type_med"), on="pg_key")
-        .with_columns((pl.col("transfer_ns") - pl.col("type_med")).clip(lower_bound=0).alias("extra"))
-    )
-    gpu_ns = float((extra["extra"] * extra["n_ranks"]).sum())
-    wall = float(extra.group_by("step").agg(pl.col("extra").max())["extra"].sum()) / max(1, n_steps)
-    frac = wall / step_med if step_med else 0.0
-    findings = []
-    for h, _n_slow, n_normal in named.iter_rows():
-        rs = sorted(r for r, hh in host_of.items() if hh == h)
-        findings.append(Finding(
-            detector="straggler",
-            severity=Severity.CRITICAL if frac >= cfg.critical_impact else Severity.WARNING if frac >= cfg.min_impact else Severity.INFO,
-            title=f"Slow network on node {h}: transfers of every group through it are slow",
-            summary=(
-                f"{len(slow_keys)} process group(s) move data {_num(sg['ratio'].max()):.2f}x slower than groups of "
-                f"the same type, op and size; node {h} is in all of them and in {n_normal} of {len(normal_keys)} "
-                f"normal ones."
-            ),
-            remediation=_REMEDY["link"],
-            ranks=tuple(rs),
-            hosts=(h,),
-            metrics={"class": "link", "slow_groups": len(slow_keys), "normal_groups": len(normal_keys),
-                     "max_transfer_ratio": round(_num(sg["ratio"].max()), 3), "saving_per_step_ms": ms(wall)},
-            evidence=tuple(
-                {"pg": k, "pg_type": t, "collective": c, "bytes": b, "transfer_ms": ms(x), "type_median_ms": ms(m),
-                 "ratio": round(float(q), 3)}
-                for k, t, c, b, x, m, _n, q in sg.head(EVIDENCE_CAP).iter_rows()
-            ),
-            gpu_seconds_lost=gpu_seconds(gpu_ns),
-            fraction_of_step=round(frac, 4),
-            key="link",
-            confidence="medium",
-        ))
-    return findings
 
 
 def _stages(s: pl.DataFrame, cfg: StragglerConfig, step_med: float) -> list[Finding]:

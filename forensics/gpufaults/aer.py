@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from forensics.gpufaults.events import Event
 from forensics.gpufaults.incident import Book, Incident, same_timeline
+from forensics.identity import normalize_bus_id
 
 
 @dataclass
@@ -21,40 +22,75 @@ class AerRecord:
     rows: list[Event]
     has_bus: bool
     sev: int | None = None  # 3 fatal, 2 uncorrected (non-fatal), 1 corrected
-    gpu: str | None = None  # the device behind the port when a driver line names it
+    src: str | None = None  # the errant device the port names ("error received: <bdf>" / "id=<bus devfn>")
     first: Event = field(init=False)
 
     def __post_init__(self) -> None:
         self.first = self.rows[0]
 
 
+def _source_device(port: str | None, f: dict) -> str | None:
+    """The device a root port's "error received" line names, as a normalised bus id."""
+    if f.get("src"):
+        return normalize_bus_id(f["src"])
+    if f.get("id") and port:  # id = bus << 8 | device << 3 | function, in the port's domain
+        v = int(f["id"], 16)
+        return f"{port[:4]}:{v >> 8:02x}:{(v >> 3) & 0x1F:02x}.{v & 7}"
+    return None
+
+
+def _continues(rec: AerRecord, r: Event) -> bool:
+    """Whether an AER line belongs to the record being read: the port's or the errant device's own lines
+    (the kernel prints the details from the device that reported them), a driver's recovery line."""
+    f, dev = r["f"], r["pci_bus_id"]
+    what = f.get("what")
+    if what == "received":
+        return False
+    if what == "recovery" and dev and f.get("drv") != "pcieport":
+        return True  # "nvidia 0000:02:00.0: device has no AER-aware driver"
+    if dev not in (rec.port, rec.src):
+        return False
+    return what != "bus_error" or (not rec.has_bus and rec.rows[-1]["source"] == r["source"])
+
+
 def aer_records(rows: list[Event]) -> list[AerRecord]:
     """Group AER lines into per-port error records."""
     records: list[AerRecord] = []
     for r in rows:
-        f, port = r["f"], r["pci_bus_id"]
-        what = f.get("what")
-        if what == "recovery" and port and f.get("drv") not in ("pcieport",):
-            # "nvidia 0000:02:00.0: device has no AER-aware driver": names the GPU behind the port
-            if records:
-                records[-1].rows.append(r)
-                records[-1].gpu = port
-            continue
-        last = records[-1] if records else None
-        bus_continues = (last is not None and last.port == port and last.has_bus is False
-                         and last.rows[-1]["source"] == r["source"])
-        starts = what == "received" or (what == "bus_error" and not bus_continues)
-        if starts or last is None or last.port != port:
-            records.append(AerRecord(port, [r], what == "bus_error"))
+        f = r["f"]
+        if records and _continues(records[-1], r):
+            records[-1].rows.append(r)
+            records[-1].has_bus |= f.get("what") == "bus_error"
         else:
-            last.rows.append(r)
-            if what == "bus_error":
-                last.has_bus = True
+            port = r["pci_bus_id"]
+            src = _source_device(port, f) if f.get("what") == "received" else None
+            records.append(AerRecord(port, [r], f.get("what") == "bus_error", src=src))
         sev = str(f.get("sev", ""))
         if sev:
             rank = 3 if "Fatal" in sev and "Non" not in sev else 2 if sev.startswith("Uncorrect") else 1
             records[-1].sev = max(records[-1].sev or 0, rank)
     return records
+
+
+def aer_device(rec: AerRecord, known_gpus: frozenset[str]) -> tuple[str | None, str | None]:
+    """(the GPU an AER record belongs to, the errant device and its driver). The GPU is the function the
+    nvidia driver owns, else a bus id known as a GPU (nvidia-smi, NCCL, the driver's own lines), else the
+    function 0 of a known GPU's slot (its HDMI audio or USB-C function erred); a device no GPU owns is
+    named, never taken for a GPU."""
+    drivers: dict[str, str | None] = {}
+    for r in rec.rows:
+        dev = r["pci_bus_id"]
+        if dev and dev != rec.port:
+            drivers[dev] = r["f"].get("drv") or drivers.get(dev)
+    gpu = next((d for d, drv in drivers.items() if drv == "nvidia"), None)
+    gpu = gpu or next((d for d in drivers if d in known_gpus), None)
+    gpu = gpu or next((d[:-1] + "0" for d in drivers if d[:-1] + "0" in known_gpus), None)
+    reported = [r["pci_bus_id"] for r in rec.rows if r["f"].get("what") != "recovery"]
+    errant = rec.src if rec.src not in (None, rec.port) else next((d for d in reported if d != rec.port), None)
+    if errant is None:
+        return gpu, None
+    drv = drivers.get(errant)
+    return gpu, f"{errant} ({drv})" if drv else errant
 
 
 def aer_incidents(book: Book) -> None:
@@ -88,20 +124,23 @@ def _link_loss_target(book: Book, rec: AerRecord) -> Incident | None:
 
 def _fatal_incident(book: Book, rec: AerRecord) -> Incident:
     level = "CRITICAL" if rec.sev == 3 else "HIGH"
+    gpu, errant = aer_device(rec, book.known_gpus)
     tgt = _link_loss_target(book, rec)
     if tgt is None:
-        track = ("gpu", rec.gpu) if rec.gpu else ("pcie", rec.port)
-        tgt = book.open(Incident("aer", dict(rec.first, pci_bus_id=rec.gpu), track, level, "REBOOT_NODE;INSPECT_PCIE",
+        track = ("gpu", gpu) if gpu else ("pcie", rec.port)
+        tgt = book.open(Incident("aer", dict(rec.first, pci_bus_id=gpu), track, level, "REBOOT_NODE;INSPECT_PCIE",
                                  f"PCIe {'fatal' if rec.sev == 3 else 'uncorrected'} AER on {rec.port}"))
-        tgt.gpu = rec.gpu
+        tgt.gpu = gpu
         for r in rec.rows[1:]:
             tgt.add(r)
     else:
         for r in rec.rows:
             tgt.add(r, level, "INSPECT_PCIE")
     tgt.facts["root_cause"] = (f"PCIe link loss on port {rec.port}" if rec.sev == 3
-                               else f"PCIe uncorrected error on {rec.port}")
+                               else f"PCIe uncorrected error on {rec.port}") + (f", reported by {errant}" if errant else "")
     tgt.facts["aer_port"] = rec.port
+    if errant:
+        tgt.facts["aer_device"] = errant
     bits = [r["f"].get("name") for r in rec.rows if r["f"].get("what") == "bit"]
     if bits:
         tgt.facts["aer_errors"] = ", ".join(b for b in bits if b)

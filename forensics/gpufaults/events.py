@@ -41,6 +41,18 @@ def place_across_files(ke: pl.DataFrame) -> pl.DataFrame:
 
 def prepare_events(ke: pl.DataFrame, place: Placement) -> list[Event]:
     """The kernel_events frame as events, per host by time within a clock (file order breaks ties)."""
+    rows = normalize_events(ke, place).sort("source", "boot", "line").to_dicts()
+    for r in rows:
+        r["f"] = orjson.loads(r["fields"]) if r["fields"] else {}
+    # quoted logs are not chronological: order by time within one file and boot
+    rows.sort(key=lambda r: (r["host"] or "", r["source"], r["boot"] or 0,
+                             r["t"] if r["t"] is not None else -1, r["line"]))
+    return rows
+
+
+def normalize_events(ke: pl.DataFrame, place: Placement) -> pl.DataFrame:
+    """kernel_events with one host per line (the job's host names), ``clock`` (wall / mono / none) and
+    ``t`` (its time on that clock), duplicates collected twice dropped."""
     place.learn_hosts(ke["host"].drop_nulls().unique().to_list())
     pairs = ke.select("host", "source").unique()
     mapping = pl.DataFrame(
@@ -59,14 +71,7 @@ def prepare_events(ke: pl.DataFrame, place: Placement) -> list[Event]:
     # the same line collected twice (syslog + journal + dmesg in one run dir) counts once; repeats
     # inside one file are real repeats and stay
     dup_key = [pl.col("host").fill_null(""), pl.col("wall_ns"), pl.col("message")]
-    ke = ke.filter(pl.col("wall_ns").is_null() | (pl.col("source") == pl.col("source").first().over(dup_key)))
-    rows = ke.sort("source", "boot", "line").to_dicts()
-    for r in rows:
-        r["f"] = orjson.loads(r["fields"]) if r["fields"] else {}
-    # quoted logs are not chronological: order by time within one file and boot
-    rows.sort(key=lambda r: (r["host"] or "", r["source"], r["boot"] or 0,
-                             r["t"] if r["t"] is not None else -1, r["line"]))
-    return rows
+    return ke.filter(pl.col("wall_ns").is_null() | (pl.col("source") == pl.col("source").first().over(dup_key)))
 
 
 def synthetic_event(host: str | None, bus: str | None, source: str, line: int, t: int | None, kind: str,

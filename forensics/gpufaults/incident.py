@@ -57,6 +57,11 @@ class Incident:
             self.last_t = ev["t"] if self.last_t is None else max(self.last_t, ev["t"])
         self.last_line = max(self.last_line, ev["line"])
 
+    def add_level(self, level: str, actions: str) -> None:
+        """Raise the incident to at least ``level`` and add ``actions`` (no event)."""
+        self.level = max_level(self.level, level)
+        self.actions += [a for a in actions.split(";") if a and a not in self.actions]
+
     def close_to(self, ev: Event, window_s: float, lines: int) -> bool:
         """``ev`` is on this incident's timeline and within ``window_s`` of it (``lines`` when untimed)."""
         if ev["source"] != self.source and (ev["clock"] != "wall" or self.clock != "wall"):
@@ -75,8 +80,10 @@ class Incident:
 class Book:
     """The incidents of a kernel log being assembled, per host, and the lookups handlers join through."""
 
-    def __init__(self, cfg: GpuHwErrorConfig, benign: dict[str | None, int]) -> None:
+    def __init__(self, cfg: GpuHwErrorConfig, benign: dict[str | None, int],
+                 known_gpus: frozenset[str] = frozenset()) -> None:
         self.cfg = cfg
+        self.known_gpus = known_gpus  # bus ids that are GPUs (nvidia-smi, NCCL, the driver's own lines)
         self.benign = benign
         self.incs: list[Incident] = []
         self.by_host: dict[str | None, list[Incident]] = {}
@@ -125,28 +132,15 @@ def merge_nvlink5_node(incs: list[Incident]) -> None:
             continue
         keep = group[0]
         keep.facts["node_level"] = True
-        keep.facts["gpus"] = sorted({i.gpu for i in group if i.gpu})
+        keep.facts["gpus"] = {g for i in group for g in (i.facts.get("gpus") or {i.gpu}) if g}
         for other in group[1:]:
             for e in other.events:
                 keep.add(e, other.level, ";".join(other.actions))
-            keep.facts.setdefault("xids", set()).update(other.facts.get("xids", set()))
+            for fact in ("xids", "chain_roots", "units", "links"):
+                if other.facts.get(fact):
+                    keep.facts.setdefault(fact, set()).update(other.facts[fact])
             keep.ranks_pid |= other.ranks_pid
             incs.remove(other)
-
-
-def join_oom_invocations(incs: list[Incident]) -> None:
-    """'X invoked oom-killer' then the kill: fold the invocation into the kill incident."""
-    ooms = [i for i in incs if i.kind == "oom"]
-    for inc in ooms:
-        if inc.facts.get("pid") is not None:
-            continue
-        first = inc.events[0]
-        nxt = next((i for i in ooms if i.facts.get("pid") is not None and i.host == inc.host
-                    and i.close_to(first, 10.0, 50)), None)
-        if nxt is not None:
-            for e in inc.events:
-                nxt.add(e)
-            incs.remove(inc)
 
 
 def mark_fleet_patterns(incs: list[Incident], fleet_min_hosts: int) -> None:

@@ -6,16 +6,15 @@ opens a new one; lines that prove nothing are counted as benign.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from forensics.gpufaults import xid
 from forensics.gpufaults.aer import aer_incidents
 from forensics.gpufaults.events import Event
-from forensics.gpufaults.incident import Book, Incident, join_oom_invocations, merge_nvlink5_node
-from forensics.gpufaults.memory import on_edac, on_ghes, on_mce
-from forensics.xid_catalog import lookup, max_level
+from forensics.gpufaults.incident import Book, Incident, merge_nvlink5_node
+from forensics.gpufaults.memory import on_ghes, on_mce
+from forensics.xid_catalog import lookup
 
 if TYPE_CHECKING:
     from forensics.detectors.gpu_hw_error import GpuHwErrorConfig
@@ -25,13 +24,18 @@ Handler = Callable[[Book, Event], None]
 # imbue cluster-health allow-list of expected SXids
 BENIGN_SXIDS = frozenset({11012, 11021, 11022, 11023, 12021, 12023, 15008, 15011, 19049, 19055, 19057, 19059,
                           19062, 19065, 19068, 19071, 24001, 24002, 24003, 22013})
-# filesystem clients named in a hung task's stack: GPFS, NFS, Lustre, BeeGFS, WekaFS, CephFS, FUSE
-_STORAGE_MODULE = re.compile(r"\[(mmfs26|mmfslinux|nfs|nfsv4|sunrpc|lustre|ptlrpc|lnet|beegfs|wekafsio|ceph|fuse)\]")
 
 
-def kernel_incidents(rows: list[Event], cfg: GpuHwErrorConfig, benign: dict[str | None, int]) -> list[Incident]:
-    """Every incident of the kernel logs' events (sorted per host, see events.prepare_events)."""
-    book = Book(cfg, benign)
+# kinds whose bus id is a GPU's (the nvidia driver wrote it)
+_GPU_LINE_KINDS = frozenset({"xid", "fallen_off_bus", "gpu_init_failed", "gpu_identity", "gsp"})
+
+
+def kernel_incidents(rows: list[Event], cfg: GpuHwErrorConfig, benign: dict[str | None, int],
+                     known_gpus: frozenset[str] = frozenset()) -> list[Incident]:
+    """Every incident of the kernel logs' events (sorted per host, see events.prepare_events); ``known_gpus``
+    are bus ids other inputs (nvidia-smi, NCCL) know as GPUs."""
+    logged = {r["pci_bus_id"] for r in rows if r["kind"] in _GPU_LINE_KINDS and r["pci_bus_id"]}
+    book = Book(cfg, benign, known_gpus | logged)
     for r in rows:  # "Timeout ... from GPU4 GSP" on an Xid names the bus id of driver instance GPU4
         if r["kind"] == "xid" and r["pci_bus_id"] and r["f"].get("gpu_instance") is not None:
             book.gsp_bus[(r["host"], r["source"], r["f"]["gpu_instance"])] = r["pci_bus_id"]
@@ -42,7 +46,6 @@ def kernel_incidents(rows: list[Event], cfg: GpuHwErrorConfig, benign: dict[str 
             handler(book, r)
     aer_incidents(book)
     merge_nvlink5_node(book.incs)
-    join_oom_invocations(book.incs)
     return book.incs
 
 
@@ -55,6 +58,23 @@ def on_fallen_off_bus(book: Book, r: Event) -> None:
         return
     title = "GPU has fallen off the bus" + (" at driver probe" if r["f"].get("what") == "probe" else "")
     book.open(Incident("fallen_off_bus", r, ("gpu", gpu), info.severity, info.action, title))
+
+
+def on_gpu_init_failed(book: Book, r: Event) -> None:
+    """`RmInitAdapter failed` / `rm_init_adapter failed`: the driver could not bring the GPU up; it is
+    missing from CUDA and nvidia-smi until a reset or reboot. Joins a fault of the same GPU (fallen off
+    the bus at probe) when there is one."""
+    f, gpu, host = r["f"], r["pci_bus_id"], r["host"]
+    tgt = book.near(r, lambda i: i.track == ("gpu", gpu) and i.group == "hw" and i.host == host)
+    if tgt is None:
+        tgt = book.open(Incident("gpu_init_failed", r, ("gpu", gpu), "CRITICAL",
+                                 "DRAIN_NODE;REBOOT_NODE;INSPECT_PCIE;INVESTIGATE_SW",
+                                 f"GPU {gpu or '(bus id not in the log)'} failed to initialize (RmInitAdapter failed)"))
+    else:
+        tgt.add(r, "CRITICAL", "INVESTIGATE_SW")
+    for key in ("init_status", "device_minor"):
+        if f.get(key) is not None:
+            tgt.facts[key] = f[key]
 
 
 def on_gsp(book: Book, r: Event) -> None:
@@ -146,108 +166,6 @@ def on_pcie_link(book: Book, r: Event) -> None:
     inc.facts["device"] = gpu
 
 
-def on_carrier(book: Book, r: Event) -> None:
-    f, host = r["f"], r["host"]
-    dev = f.get("netdev")
-    tgt = book.latest(lambda i: i.kind == "carrier" and i.host == host and i.facts.get("dev") == dev)
-    if tgt is None:
-        tgt = book.open(Incident("carrier", r, ("carrier", dev), "INFO", "INSPECT_LINK", f"Link flapping on {dev}"))
-        tgt.facts.update(dev=dev, lost=0)
-    else:
-        tgt.add(r)
-    if "lost" in str(f.get("state", "")).lower():
-        tgt.facts["lost"] += 1
-        if tgt.facts["lost"] >= book.cfg.carrier_flap_min:
-            tgt.level = max_level(tgt.level, "WARNING")
-
-
-def on_ib_port(book: Book, r: Event) -> None:
-    f, host = r["f"], r["host"]
-    dev, port = f.get("ibdev") or f.get("netdev"), f.get("port")
-    state = str(f.get("state", "")).upper()
-    tgt = book.latest(lambda i: i.kind == "ib_port" and i.host == host and i.facts.get("dev") == (dev, port))
-    if tgt is None:
-        tgt = book.open(Incident("ib_port", r, ("ib", dev, port), "INFO", "INSPECT_LINK",
-                                 f"InfiniBand/RoCE link flap on {dev} port {port}"))
-        tgt.facts.update(dev=(dev, port), seen_up=False, downs=0)
-        tgt.gpu = None
-    else:
-        tgt.add(r)
-    if state in ("ACTIVE", "UP"):
-        tgt.facts["seen_up"] = True
-    elif state in ("DOWN", "ERR") and tgt.facts["seen_up"]:
-        tgt.facts["downs"] += 1
-        tgt.level = max_level(tgt.level, "WARNING")  # INIT -> ACTIVE at boot is not a flap
-
-
-def on_mlx5(book: Book, r: Event) -> None:
-    f = r["f"]
-    what = f.get("what")
-    if what == "link":
-        on_ib_port(book, r)
-        return
-    msg = str(f.get("msg", ""))
-    enough_power = what == "pcie_power" and "sufficient power" in msg and "insufficient" not in msg
-    if enough_power or (what == "module" and str(f.get("status", "")).lower() == "cable plugged"):
-        book.count_benign(r)
-        return
-    book.open(Incident("mlx5", r, ("mlx5", r["line"]), "WARNING", "INSPECT_LINK", f"mlx5 NIC event: {what}"))
-
-
-def on_cpu_thermal(book: Book, r: Event) -> None:
-    f, host = r["f"], r["host"]
-    if f.get("what") == "normal":
-        back = book.latest(lambda i: i.kind == "cpu_thermal" and i.host == host)
-        if back:
-            back.add(r)
-        return
-    tgt = book.near(r, lambda i: i.kind == "cpu_thermal" and i.host == host)
-    if tgt is None:
-        tgt = book.open(Incident("cpu_thermal", r, ("cpu_thermal", host), "WARNING", "CHECK_COOLING",
-                                 "Host CPU thermal throttling"))
-    else:
-        tgt.add(r)
-    tgt.facts.setdefault("cpus", set()).add(f.get("cpu"))
-    tgt.facts["max_total_events"] = max(tgt.facts.get("max_total_events", 0), f.get("n") or 0)
-
-
-def on_oom(book: Book, r: Event) -> None:
-    f, host, pid = r["f"], r["host"], r["pid"]
-    if f.get("what") not in ("killed", "context") or pid is None:
-        tgt = book.near(r, lambda i: i.kind == "oom" and i.host == host, book.cfg.sympathetic_window_s)
-        if tgt:
-            tgt.add(r)
-        else:  # "invoked oom-killer" precedes the kill: hold it as the start of the incident
-            book.open(Incident("oom", r, ("oom", None), "WARNING", "INVESTIGATE_SW", "OOM killer invoked"))
-        return
-    tgt = book.latest(lambda i: i.kind == "oom" and i.host == host and i.facts.get("pid") == pid)
-    if tgt is None:
-        tgt = book.open(Incident("oom", r, ("oom", pid), "WARNING", "INVESTIGATE_SW",
-                                 f"OOM killer killed {r['process']} (pid {pid})"))
-        tgt.facts.update(pid=pid, process=r["process"])
-        tgt.ranks_pid.add(pid)
-    else:
-        tgt.add(r)
-    if f.get("anon_rss_kb"):
-        tgt.facts["anon_rss_gb"] = round(f["anon_rss_kb"] / 1024**2, 1)
-
-
-def on_lockup(book: Book, r: Event) -> None:
-    """Soft/hard lockups (an unstable host) and hung tasks (blocked I/O, usually storage)."""
-    f, host, kind = r["f"], r["host"], r["kind"]
-    group = "lockup" if kind != "hung_task" else "hung"
-    tgt = book.near(r, lambda i: i.kind == group and i.host == host)
-    level, act, title = (("CRITICAL", "REBOOT_NODE", "Host soft/hard lockups (unstable host)") if group == "lockup"
-                         else ("WARNING", "INVESTIGATE_STORAGE;INVESTIGATE_SW", "Hung tasks (blocked > timeout)"))
-    if tgt is None:
-        tgt = book.open(Incident(group, r, (group, host), level, act, title))
-    else:
-        tgt.add(r, level)
-    if f.get("cpu") is not None:
-        tgt.facts.setdefault("cpus", set()).add(f["cpu"])
-    tgt.facts[kind] = tgt.facts.get(kind, 0) + 1
-
-
 def on_segfault(book: Book, r: Event) -> None:
     inc = book.open(Incident("segfault", r, ("segfault", r["pid"]), "INFO", "RESTART_APP",
                              f"Segfault of {r['process']} (pid {r['pid']})"))
@@ -255,28 +173,14 @@ def on_segfault(book: Book, r: Event) -> None:
     inc.facts["needs_rank"] = True
 
 
-def on_context(book: Book, r: Event) -> None:
-    """A stack line after a hung task: the innermost filesystem module names the storage client."""
-    tgt = book.latest(lambda i: i.kind == "hung" and i.close_to(r, 2.0, 40))
-    if tgt is None:
-        return
-    tgt.add(r)
-    m = _STORAGE_MODULE.search(r["message"] or "")
-    if m and "storage_client" not in tgt.facts:  # the innermost frame names it first
-        tgt.facts["storage_client"] = m.group(1)
-        tgt.title = f"Hung tasks blocked in the {m.group(1)} storage client (storage, not GPU)"
-        tgt.actions = ["INVESTIGATE_STORAGE"]
-
-
 def on_benign(book: Book, r: Event) -> None:
     book.count_benign(r)
 
 
 HANDLERS: dict[str, Handler] = {
-    "xid": xid.on_xid, "fallen_off_bus": on_fallen_off_bus, "gsp": on_gsp, "aer": on_aer, "sxid": on_sxid,
+    "xid": xid.on_xid, "fallen_off_bus": on_fallen_off_bus, "gpu_init_failed": on_gpu_init_failed, "gsp": on_gsp, "aer": on_aer, "sxid": on_sxid,
     "fabric_manager": on_fabric_manager, "nvlink": on_nvlink, "ecc": on_ecc, "device_other": on_device_other,
-    "pcie_link": on_pcie_link, "netdev_carrier": on_carrier, "ib_port": on_ib_port, "mlx5": on_mlx5,
-    "cpu_thermal": on_cpu_thermal, "edac": on_edac, "mce": on_mce, "ghes": on_ghes, "oom": on_oom,
-    "soft_lockup": on_lockup, "hard_lockup": on_lockup, "hung_task": on_lockup, "segfault": on_segfault,
-    "context": on_context, "benign": on_benign,
+    "pcie_link": on_pcie_link, "mce": on_mce, "ghes": on_ghes, "segfault": on_segfault, "benign": on_benign,
 }
+# host-side kinds (EDAC, OOM, hung tasks, lockups, NIC links, CPU thermal, filesystems) are node_health's:
+# forensics.host_events.HOST_KINDS

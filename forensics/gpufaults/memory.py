@@ -1,4 +1,5 @@
-"""Host memory and firmware errors (EDAC, MCE, APEI GHES) -> incidents: these are not GPU faults."""
+"""Firmware-reported hardware errors (APEI GHES, MCE context) -> incidents. Host DRAM errors (EDAC) are
+node_health's (forensics/host_events.py)."""
 
 from __future__ import annotations
 
@@ -36,28 +37,10 @@ def on_ghes(book: Book, r: Event) -> None:
         tgt.facts["vendor_device"] = f"{m.group(1)}:{m.group(2)}"
 
 
-def on_edac(book: Book, r: Event) -> None:
-    f, host = r["f"], r["host"]
-    if f.get("ekind") not in ("UE", "CE"):
-        on_mce(book, r)
-        return
-    ue = f["ekind"] == "UE"
-    tgt = book.near(r, lambda i: i.kind == "edac" and i.host == host and i.facts.get("dimm") == f.get("dimm"))
-    level = "CRITICAL" if ue else "WARNING"
-    if tgt is None:
-        tgt = book.open(Incident(
-            "edac", r, ("edac", f.get("dimm")), level, "DRAIN_NODE;RMA_CANDIDATE" if ue else "RMA_CANDIDATE",
-            f"Host DRAM {'uncorrectable' if ue else 'correctable'} error (EDAC) on {f.get('dimm')} - not a GPU"))
-        tgt.facts["dimm"] = f.get("dimm")
-    else:
-        tgt.add(r, level)
-    tgt.facts["count"] = tgt.facts.get("count", 0) + int(f.get("count") or 1)
-
-
 def on_mce(book: Book, r: Event) -> None:
-    """`mce: ... logged` / EDAC "HANDLING MCE": context of an EDAC or GHES incident just before, else benign."""
+    """`mce: ... logged`: context of a GHES incident just before, else benign."""
     host = r["host"]
-    tgt = book.near(r, lambda i: i.kind in ("edac", "ghes") and i.host == host)
+    tgt = book.near(r, lambda i: i.kind == "ghes" and i.host == host)
     if tgt is not None:
         tgt.add(r)
     else:

@@ -112,6 +112,10 @@ class Placement:
             out |= self.rank_by_pid.get((hk, pid), set())
         return out
 
+    def gpu_buses(self) -> frozenset[str]:
+        """Bus ids known as GPUs from nvidia-smi and the NCCL init lines (any host)."""
+        return frozenset(b for _, b in self.index_by_bus) | frozenset(b for _, b in self.rank_by_bus)
+
     def window_of(self, host: str | None) -> tuple[int, int] | None:
         """The host's profiled window; an unnamed host gets the job's only one."""
         win = self.window.get(host_key(host))

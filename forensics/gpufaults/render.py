@@ -30,7 +30,7 @@ ACTION_TEXT = {
     "NONE": "no action needed",
 }
 # facts that stay internal (sets of GPUs are the finding's ``gpus``; the rest is bookkeeping)
-_HIDDEN_FACTS = ("xids", "gpus", "memory", "dev", "needs_rank", "seen_up")
+_HIDDEN_FACTS = ("xids", "gpus", "memory", "dev", "needs_rank", "seen_up", "chain_roots", "unseen_root")
 
 
 def severity(level: str) -> Severity:
@@ -39,11 +39,12 @@ def severity(level: str) -> Severity:
 
 def to_finding(inc: Incident, cfg: GpuHwErrorConfig, place: Placement) -> Finding:
     host = inc.host
-    gpus = list(inc.facts.get("gpus") or ([inc.gpu] if inc.gpu else []))
+    gpus = sorted(g for g in (inc.facts.get("gpus") or ([inc.gpu] if inc.gpu else [])) if g)
     ranks: set[int] = set()
     for g in gpus or [None]:
         ranks |= place.ranks_for(host, g, inc.ranks_pid)
     xids = sorted(inc.facts.get("xids", set()))
+    _name_chain_root(inc, xids, cfg)
     title = inc.title or xid_title(inc, xids, cfg)
     metrics: dict[str, Any] = {
         "severity_level": inc.level, "policy": cfg.policy, "category": inc.kind, "events": len(inc.events),
@@ -79,8 +80,36 @@ def to_finding(inc: Incident, cfg: GpuHwErrorConfig, place: Placement) -> Findin
     )
 
 
+def _name_chain_root(inc: Incident, xids: list[int], cfg: GpuHwErrorConfig) -> None:
+    """Where the driver named the root ("caused by previous Xid N"), the incident says so in its facts."""
+    if not inc.facts.get("chain_roots"):
+        return
+    root = incident_root(inc, xids)
+    inc.facts["caused_by_xid"] = root
+    inc.facts["root_xid_in_log"] = root in _logged_xids(inc)
+    inc.facts.setdefault("root_cause", f"Xid {root} ({lookup(root, cfg.policy).description}), named by the driver "
+                                       f"in 'caused by previous Xid {root}'")
+
+
+def _logged_xids(inc: Incident) -> set[int]:
+    return {int(e["xid"]) for e in inc.events if e["kind"] == "xid" and e["xid"] is not None}
+
+
+def incident_root(inc: Incident, xids: list[int]) -> int:
+    """The incident's root Xid: of the Xids the driver named as causes, the earliest in the log (the first
+    named when none is logged); otherwise :func:`root_xid`."""
+    roots = inc.facts.get("chain_roots") or set()
+    seen = [(e["t"] is None, e["t"] or 0, e["line"], int(e["xid"])) for e in inc.events
+            if e["kind"] == "xid" and e["xid"] is not None and int(e["xid"]) in roots]
+    if seen:
+        return min(seen)[3]
+    if roots:
+        return min(roots)
+    return root_xid(xids, first_xid(inc))
+
+
 def _xid_metrics(inc: Incident, xids: list[int], cfg: GpuHwErrorConfig) -> dict[str, Any]:
-    root = root_xid(xids, first_xid(inc))
+    root = incident_root(inc, xids)
     info = lookup(root, cfg.policy)
     out: dict[str, Any] = {"xids": ",".join(map(str, xids)), "root_xid": root, "xid_name": info.name,
                            "usual_cause": info.usual_cause, "catalog_immediate": info.catalog_immediate,
@@ -176,12 +205,16 @@ def first_xid(inc: Incident) -> int | None:
 
 
 def xid_title(inc: Incident, xids: list[int], cfg: GpuHwErrorConfig) -> str:
-    root = root_xid(xids, first_xid(inc)) if xids else None
+    root = incident_root(inc, xids) if xids else None
     if root is None:
         return "GPU error"
     info = lookup(root, cfg.policy)
     extra = [x for x in xids if x != root]
     t = f"Xid {root} ({info.description})"
+    if inc.facts.get("unseen_root") is not None:
+        n = len(inc.facts.get("gpus") or [inc.gpu])
+        return (f"{'NVLink5 ' if inc.kind == 'nvlink5' else ''}{t} tore down CUDA channels on {n} GPU(s) "
+                f"(Xid 45 'caused by previous Xid {root}'; the Xid {root} line itself is not in the log)")
     if inc.kind == "nvlink5":
         units = inc.facts.get("units")
         if units:

@@ -64,28 +64,67 @@ def _on_gpu(r: Event) -> Callable[[Incident], bool]:
 
 
 def _join_root(book: Book, r: Event, x: int, level: str, action: str) -> bool:
-    """A sympathetic Xid (3, 43, 45) or Xid 154 joins the incident it follows; True when it did."""
-    f, host, same_gpu = r["f"], r["host"], _on_gpu(r)
+    """A sympathetic Xid (3, 43, 45) or Xid 154 joins the incident it follows; True when it did. An Xid 45
+    that names its root ("caused by previous Xid N") whose root line is not in the log opens the root's
+    incident: the driver wrote what caused it."""
+    f, same_gpu = r["f"], _on_gpu(r)
     prev = f.get("caused_by_xid")
-    tgt = None
-    if prev is not None and is_nvlink5(int(prev)):
-        tgt = book.near(r, lambda i: i.kind == "nvlink5" and i.host == host)
-    elif prev is not None:  # the driver names the root: join it even beyond the sympathetic window
-        tgt = book.near(r, lambda i: same_gpu(i) and int(prev) in i.facts.get("xids", set()))
+    tgt = _named_root(book, r, int(prev)) if prev is not None else None
     if tgt is None:
         tgt = book.near(r, lambda i: same_gpu(i) and (i.group == "hw" or x != 3), book.cfg.sympathetic_window_s)
+    fresh = tgt is None and prev is not None
+    if fresh:
+        tgt = _open_unseen_root(book, r, int(prev))  # opened on this event
     if tgt is None:
         return False
-    tgt.add(r, level if x == 154 else None, action if x == 154 else None)
+    if not fresh:
+        tgt.add(r, level if x == 154 else None, action if x == 154 else None)
     if x == 154:
         tgt.facts["recovery_action"] = f.get("recovery_action")
         if level in ("CRITICAL", "HIGH"):
             tgt.actions = [a for a in tgt.actions if a != "RESTART_APP"]
     if prev is not None:
-        tgt.facts["caused_by_xid"] = int(prev)
+        _chain(tgt, r, int(prev))
     if r["pid"] is not None:
         tgt.ranks_pid.add(r["pid"])
     return True
+
+
+def _named_root(book: Book, r: Event, prev: int) -> Incident | None:
+    """The incident of the Xid the driver names: on this GPU first; an NVLink5 root may be another GPU's
+    (a link fault tears down the channels of every GPU mapped through it)."""
+    same_gpu, host = _on_gpu(r), r["host"]
+    tgt = book.near(r, lambda i: same_gpu(i) and prev in i.facts.get("xids", set()))
+    if tgt is None and is_nvlink5(prev):
+        tgt = (book.near(r, lambda i: same_gpu(i) and i.kind == "nvlink5")
+               or book.near(r, lambda i: i.kind == "nvlink5" and i.host == host and prev in i.facts.get("xids", set()))
+               or book.near(r, lambda i: i.kind == "nvlink5" and i.host == host))
+    return tgt
+
+
+def _open_unseen_root(book: Book, r: Event, prev: int) -> Incident:
+    """An incident for a root Xid the log does not hold (rotated out, or filtered), graded by its catalog entry."""
+    info = lookup(prev, book.cfg.policy)
+    group = "app" if info.xid_class in ("app", "sympathetic") else "hw"
+    kind = "nvlink5" if is_nvlink5(prev) else "xid"
+    inc = book.open(Incident(kind, r, ("gpu", r["pci_bus_id"]), info.severity, info.action, "", group))
+    inc.gpu = r["pci_bus_id"]
+    inc.facts.setdefault("xids", set()).add(prev)
+    inc.facts["unseen_root"] = prev
+    return inc
+
+
+def _chain(tgt: Incident, r: Event, prev: int) -> None:
+    """Record "caused by previous Xid N" on the root incident: the named root, the GPUs whose channels it
+    tore down, and the consequence: processes on a GPU lost to a hardware fault died of it (HIGH at least)."""
+    tgt.facts["caused_by_xid"] = prev
+    tgt.facts.setdefault("chain_roots", set()).add(prev)
+    gpu = r["pci_bus_id"]
+    if gpu and tgt.gpu and gpu != tgt.gpu:
+        tgt.facts.setdefault("gpus", {tgt.gpu}).add(gpu)
+        tgt.facts["node_level"] = tgt.kind == "nvlink5" or bool(tgt.facts.get("node_level"))
+    if int(r["xid"]) == 45 and tgt.group == "hw":
+        tgt.add_level("HIGH", "RESET_GPU")
 
 
 def _join_app_fault(book: Book, r: Event, level: str, action: str) -> bool:

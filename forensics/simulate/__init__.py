@@ -29,6 +29,7 @@ from forensics.simulate.engine import (
     iter_steps,
 )
 from forensics.simulate.kineto import EPOCH_NS, T0_NS, TraceWriter
+from forensics.simulate.logs import OOM_ANON_RSS_KB
 from forensics.simulate.model import PCI_BUS_IDS, Job
 from forensics.simulate.scenarios import SCENARIOS, Params, Scenario, ScenarioError
 
@@ -145,7 +146,7 @@ class _RankMetrics:
                     self.last_arrivals += 1
                 if c.op in ("send", "recv"):
                     self.p2p_ns += op.end - op.start
-                elif c.pg.kind in ("dp", "world"):
+                elif c.pg.kind in ("dp", "dp_rep", "world"):
                     self.dp_comm_ns += op.end - op.start
         cu, mu = _merge(comp), _merge(comm)
         self.steps += 1
@@ -300,7 +301,7 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
                    rec.all_steps)
     for f in truth["faults"]:
         if f["kind"] == "slow_nic":
-            f["expected"].update(_slow_groups(job, engine, f["params"]["nodes"], rec.xfer_by_pg))
+            f["expected"].update(_slow_groups(job, engine, f["params"]["nodes"], rec.xfer_by_pg, f["params"].get("nic")))
     truth["last_arrivals"] = {"columns": ["pg_name", "seq", "step", "op", "last_rank", "margin_ns"], "rows": rec.arrivals,
                               "truncated": rec.arrivals_truncated}
     from forensics.simulate import logs
@@ -397,9 +398,11 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
     }
 
 
-def _slow_groups(job: Job, engine: Engine, nodes: list[int], xfer_by_pg: dict[str, list[int]]) -> dict[str, Any]:
-    """The process groups whose traffic crosses a slow node's NIC (members on that node and on another),
-    and per group kind the engine's median transfer time of those groups over that of the others."""
+def _slow_groups(job: Job, engine: Engine, nodes: list[int], xfer_by_pg: dict[str, list[int]],
+                 nic: int | None = None) -> dict[str, Any]:
+    """The process groups whose traffic crosses a slow node's NIC (members on that node, on the NIC's rail
+    when only one NIC is slow, and on another node), and per group kind the engine's median transfer time
+    of those groups over that of the others."""
     topo = job.topo
 
     def med(xs: list[float] | list[int]) -> float:
@@ -412,7 +415,8 @@ def _slow_groups(job: Job, engine: Engine, nodes: list[int], xfer_by_pg: dict[st
         if g.name not in xfer_by_pg:
             continue
         gn = {topo.node_of(r) for r in g.ranks}
-        through = len(gn) > 1 and bool(gn & set(nodes))
+        on_slow = [r for r in g.ranks if topo.node_of(r) in nodes and (nic is None or topo.local_rank(r) == nic)]
+        through = len(gn) > 1 and bool(on_slow)
         if through:
             slow.append(g.name)
         per_kind.setdefault(g.kind, ([], []))[0 if through else 1].append(med(xfer_by_pg[g.name]))
@@ -453,6 +457,20 @@ def _straggler_truth(f: dict[str, Any], per_rank: list[dict[str, Any]], others: 
     return exp
 
 
+def _killer_truth(f: dict[str, Any], engine: Engine) -> dict[str, Any]:
+    """What the kernel log says about a fault that stops its rank: the Xid, or the OOM victim's pid and size."""
+    if f["kind"] == "xid":
+        return {"xid": f["code"]}
+    return {"victim_pid": engine.states[f["ranks"][0]].pid, "anon_rss_kb": OOM_ANON_RSS_KB}
+
+
+def _slow_nic_who(f: dict[str, Any], topo: Any, engine: Engine) -> dict[str, Any]:
+    """The slow node's host and its ranks (only the slow NIC's rail when one NIC is slow)."""
+    nodes, nic = f["nodes"], f.get("nic")
+    ranks = [r for r in range(topo.world) if topo.node_of(r) in nodes and nic in (None, topo.local_rank(r))]
+    return {"hosts": [engine.hosts[n] for n in nodes], "ranks": ranks, "gpus": []}
+
+
 def _fault_truth(f: dict[str, Any], job: Job, engine: Engine, per_rank: list[dict[str, Any]], timeout_info: dict[str, Any] | None) -> dict[str, Any]:
     kind = f["kind"]
     out: dict[str, Any] = {"kind": kind, "params": {k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(f.items()) if k != "kind"}}
@@ -470,10 +488,8 @@ def _fault_truth(f: dict[str, Any], job: Job, engine: Engine, per_rank: list[dic
     elif kind == "dp_not_overlapped":
         exp["exposed_comm_fraction_median"] = med("exposed_comm_fraction", per_rank)
     elif kind == "slow_nic":
-        nodes = f["nodes"]
-        out["hosts"] = [engine.hosts[n] for n in nodes]
-        out["ranks"] = [r for r in range(topo.world) if topo.node_of(r) in nodes]
-        out["gpus"] = []
+        out.update(_slow_nic_who(f, topo, engine))
+        exp.update({"nic": f"mlx5_{f['nic']}:1"} if "nic" in f else {})
         exp["bandwidth_factor"] = f["bandwidth_factor"]
         exp["exposed_comm_fraction_median"] = med("exposed_comm_fraction", per_rank)
     elif kind in ("net_socket", "gdr_off", "p2p_disabled", "nccl_algo_forced", "nccl_proto_forced"):
@@ -496,7 +512,7 @@ def _fault_truth(f: dict[str, Any], job: Job, engine: Engine, per_rank: list[dic
             "collective": c.op, "numel": timeout_info["numel_in"], "numel_out": timeout_info["numel_out"], "timeout_ms": f["timeout_ms"],
             "missing_ranks": sorted(c.absent), "waiting_ranks": sorted(timeout_info["arrive"]),
         })
-    elif kind == "xid":
-        exp["xid"] = f["code"]
+    elif kind in ("xid", "oom_kill"):
+        exp.update(_killer_truth(f, engine))
     out["expected"] = exp
     return out

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from forensics.simulate.model import Job, ProcessGroup, build_groups, choose_algo, group_of
+from forensics.simulate.model import Job, ProcessGroup, build_groups, choose_algo, group_of, hsdp_groups
 
 # op kinds
 COMPUTE, MEMCPY, COLL, HOST, SYNC = range(5)
@@ -144,7 +144,7 @@ class Engine:
         self.job = job
         self.seed = seed
         self.topo = job.topo
-        self.groups = build_groups(job.topo)
+        self.groups = hsdp_groups(job.topo, job.shard) or build_groups(job.topo)
         self.hosts = hosts
         self.colls: dict[tuple, Coll] = {}
         self.states: list[RankState] = []
@@ -214,7 +214,8 @@ class Engine:
         if c is None:
             c = Coll(key, op_name, pg, seq, members, nbytes, step)
             nodes = {self.topo.node_of(r) for r in members}
-            c.algo, c.proto, c.t_tx = choose_algo(op_name, nbytes, len(members), nodes, j.net, j.algos, j.protos)
+            rails = frozenset((self.topo.node_of(r), self.topo.local_rank(r)) for r in members)
+            c.algo, c.proto, c.t_tx = choose_algo(op_name, nbytes, len(members), nodes, j.net, j.algos, j.protos, rails)
             c.channels = 2 if op_name in ("send", "recv") else (16 if len(nodes) == 1 else 8)
             if op_name == "allreduce" and c.algo == "Tree":
                 c.channels = min(c.channels, 8)
@@ -344,10 +345,12 @@ class Engine:
     def _fsdp_step(self, st: RankState, prog: list[Op], step: int) -> None:
         """FSDP (FULL_SHARD): each layer's parameters are all-gathered before use (prefetched one layer
         ahead on their own stream) in forward and again in backward; gradients are reduce-scattered
-        on another stream right after each layer's backward."""
+        on another stream right after each layer's backward (HSDP: within the shard group, then the
+        shard is all-reduced across the replicate group)."""
         w = self.job.work
         scale = st.compute_scale
         dpg = group_of(self.groups, st.rank, "dp")
+        rep = group_of(self.groups, st.rank, "dp_rep")
         full = w.layer_params(self.topo.tp) * w.grad_bytes
         n = w.layers
 
@@ -373,6 +376,9 @@ class Engine:
                 prog[start].deps = (ag,)
             if dpg is not None:
                 rs.append(self._coll(st, prog, "reduce_scatter", dpg, full, STREAM_RS, st.bwd_tid, step, deps=(last,)))
+            if rep is not None:  # HSDP: the gradient shard is all-reduced across the replicas
+                rs.append(self._coll(st, prog, "allreduce", rep, full // self.job.shard, STREAM_RS, st.bwd_tid, step,
+                                     deps=(rs[-1],)))
             ag = nxt
         self._optimizer(st, prog, rs, st.pid)
 
@@ -596,7 +602,7 @@ class Engine:
         if spec is None or spec.get("step") != step:
             return
         # the data-parallel collectives of that step (all-reduce for DDP, all-gather / reduce-scatter for FSDP)
-        cands = [c for c in colls if c.op not in ("send", "recv") and c.pg.kind in ("dp", "world")]
+        cands = [c for c in colls if c.op not in ("send", "recv") and c.pg.kind in ("dp", "dp_rep", "world")]
         if not cands:
             from forensics.simulate.scenarios import ScenarioError
 

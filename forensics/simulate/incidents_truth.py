@@ -23,15 +23,19 @@ ROOTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "pipeline_stage_imbalance": ("straggler", ("pipeline_bubble",), ()),
     "input_bound": ("gpu_idle", (), ()),
     "dp_not_overlapped": ("exposed_comm", (), ()),
-    "slow_nic": ("straggler", (), ("exposed_comm", "busy_wait")),
+    "slow_nic": ("slow_link", (), ("exposed_comm", "busy_wait")),
     "xid": ("gpu_hw_error", (), ("busy_wait", "straggler")),
+    "oom_kill": ("node_health", (), ("busy_wait", "straggler")),
 }
+# faults that stop their rank: a collective timeout on that rank is their consequence, not an incident of its own
+_KILLERS = ("xid", "oom_kill")
 
 
 def expected_incidents(faults: list[dict[str, Any]], kernel_log: str = "benign") -> list[dict[str, Any]]:
-    """One expected incident per independent fault; a GPU fault absorbs the timeout on its own rank, and
-    CPU thermal throttling written to the straggler's node (kernel log `throttle`) is its root cause."""
-    xid_ranks = {r for f in faults if f["kind"] == "xid" for r in f["ranks"]}
+    """One expected incident per independent fault; a GPU fault or an OOM kill absorbs the timeout on its own
+    rank, CPU thermal throttling written to the straggler's node (kernel log `throttle`) is its root cause, and
+    the NIC link flap written to the slow NIC's node (kernel log `link_flap`) is the slow link's."""
+    xid_ranks = {r for f in faults if f["kind"] in _KILLERS for r in f["ranks"]}
     out: list[dict[str, Any]] = []
     for f in faults:
         if f["kind"] not in ROOTS:
@@ -39,12 +43,15 @@ def expected_incidents(faults: list[dict[str, Any]], kernel_log: str = "benign")
         if f["kind"] == "collective_timeout" and set(f["ranks"]) <= xid_ranks:
             continue  # the Xid on that rank's GPU is the root cause; the timeout is its consequence
         root, must, may = ROOTS[f["kind"]]
-        if f["kind"] == "xid" and f["ranks"] and any(
+        if f["kind"] in _KILLERS and f["ranks"] and any(
                 g["kind"] == "collective_timeout" and set(g["ranks"]) & set(f["ranks"]) for g in faults):
             must, may = ("nccl_timeout", "busy_wait"), ("straggler",)
-        if f["kind"] == "host_straggler" and kernel_log == "throttle":
-            out.append({"root": {"detector": "gpu_hw_error", "ranks": [], "category": "cpu_thermal"},
-                        "consequences": ["straggler"], "may_include": list(may), "fatal": False})
+        host_cause = {("host_straggler", "throttle"): ("cpu_thermal", "straggler"),
+                      ("slow_nic", "link_flap"): ("nic_link", "slow_link")}
+        if (f["kind"], kernel_log) in host_cause:
+            category, consequence = host_cause[(f["kind"], kernel_log)]
+            out.append({"root": {"detector": "node_health", "ranks": [], "category": category},
+                        "consequences": [consequence], "may_include": list(may), "fatal": False})
             continue
         out.append({"root": {"detector": root, "ranks": sorted(f.get("ranks") or [])},
                     "consequences": list(must), "may_include": list(may), "fatal": "nccl_timeout" in (root, *must)})

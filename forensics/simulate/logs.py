@@ -1,5 +1,5 @@
 """Per-rank stdout (NCCL_DEBUG=INFO lines mixed with training output and PyTorch watchdog errors)
-and per-node kernel logs (boot noise, benign runtime noise, injected Xid / AER / throttle / link lines).
+and per-node kernel logs (boot noise, benign runtime noise, injected Xid / AER / throttle / link / OOM lines).
 
 Line grammars follow ../shared/research/nccl.md §A and dmesg.md §B and the real files in
 ../shared/sample_data/{nccl_logs,dmesg}. Every injected kernel-log line is listed in truth.json."""
@@ -368,7 +368,7 @@ def write_kernel_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
     (out / "kernel").mkdir(parents=True, exist_ok=True)
     paths: dict[str, str] = {}
     injected: list[dict[str, Any]] = []
-    culprit = next((f for f in job.faults if f["kind"] in ("xid", "compute_straggler", "host_straggler")), None)
+    culprit = next((f for f in job.faults if f["kind"] in ("xid", "compute_straggler", "host_straggler", "oom_kill")), None)
     for node, host in enumerate(engine.hosts):
         rng = random.Random(f"{seed}:klog:{node}")
         style = STYLES[node % len(STYLES)]
@@ -382,10 +382,13 @@ def write_kernel_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
         if kernel_log.startswith("xid") and culprit is not None and culprit_here:
             r = culprit["ranks"][0]
             _inject_xid(inject, kernel_log, r, engine.states[r], wall0, end_ns, timeout)
+        if kernel_log == "oom" and culprit is not None and culprit_here:
+            r = culprit["ranks"][0]
+            _inject_oom(inject, r, engine.states[r].pid, wall0, timeout)
         if kernel_log == "link_flap":
-            slow = {n for f in job.faults if f["kind"] == "slow_nic" for n in f["nodes"]}
+            slow = {n: f.get("nic", 0) for f in job.faults if f["kind"] == "slow_nic" for n in f["nodes"]}
             if node in slow:
-                _inject_link_flap(inject, wall0)
+                _inject_link_flap(inject, wall0, slow[node])
         if kernel_log == "throttle" and culprit is not None and culprit_here:
             t = wall0 + end_ns // 3
             for cpu in (12, 13, 44, 45):
@@ -431,11 +434,27 @@ def _inject_xid(inject: _Injector, kernel_log: str, r: int, st: Any, wall0: int,
         inject(t, f"NVRM: Xid (PCI:{short}): 63, pid={st.pid}, name=python3, Row Remapper: New row (0x00000001a2b3c000) marked for remapping, reset gpu to activate.", "xid", r, bus)
 
 
-def _inject_link_flap(inject: _Injector, wall0: int) -> None:
-    """The first NIC of a slow node goes down and comes back at a lower PCIe speed before the job."""
-    nic = NIC_BUS_IDS[0]
+OOM_ANON_RSS_KB = 251_658_240  # 240 GiB resident: the victim's anon-rss in the OOM kill line
+
+
+def _inject_oom(inject: _Injector, r: int, pid: int, wall0: int, timeout: dict[str, Any] | None) -> None:
+    """The OOM killer kills rank ``r``'s process where it stopped (the all-reduce it never joins)."""
+    assert timeout is not None
+    t = wall0 + timeout["stop"][r] + 1_000_000
+    inject(t, "python3 invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_COMP), order=0, oom_score_adj=0", "oom", r)
+    inject(t + 350_000, "oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0-1,global_oom,"
+           f"task_memcg=/system.slice/slurmstepd.scope/job_4242,task=python3,pid={pid},uid=1000", "oom", r)
+    inject(t + 360_000, f"Out of memory: Killed process {pid} (python3) total-vm:412345678kB, anon-rss:{OOM_ANON_RSS_KB}kB, "
+           "file-rss:1048576kB, shmem-rss:0kB, UID:1000 pgtables:493568kB oom_score_adj:0", "oom", r)
+    inject(t + 2_400_000_000, f"oom_reaper: reaped process {pid} (python3), now anon-rss:0kB, file-rss:0kB, shmem-rss:0kB", "oom", r)
+
+
+def _inject_link_flap(inject: _Injector, wall0: int, index: int = 0) -> None:
+    """The slow NIC (the first one when the whole node is slow) goes down and comes back at a lower PCIe
+    speed before the job."""
+    nic = NIC_BUS_IDS[index]
     t = wall0 - int(JOB_START_S * 1e9) + 20_000_000_000
-    inject(t, f"mlx5_core {nic} mlx5_0: Port: 1 Link DOWN", "nic_link", None, nic)
-    inject(t + 1_200_000_000, f"mlx5_core {nic} mlx5_0: Port: 1 Link INIT", "nic_link", None, nic)
-    inject(t + 2_600_000_000, f"mlx5_core {nic} mlx5_0: Port: 1 Link ACTIVE", "nic_link", None, nic)
+    inject(t, f"mlx5_core {nic} mlx5_{index}: Port: 1 Link DOWN", "nic_link", None, nic)
+    inject(t + 1_200_000_000, f"mlx5_core {nic} mlx5_{index}: Port: 1 Link INIT", "nic_link", None, nic)
+    inject(t + 2_600_000_000, f"mlx5_core {nic} mlx5_{index}: Port: 1 Link ACTIVE", "nic_link", None, nic)
     inject(t + 2_700_000_000, f"mlx5_core {nic}: 63.008 Gb/s available PCIe bandwidth, limited by 2.5 GT/s PCIe x16 link at 0000:17:00.0 (capable of 252.048 Gb/s with 16.0 GT/s PCIe x16 link)", "pcie_degraded", None, nic)

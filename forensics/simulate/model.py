@@ -39,15 +39,18 @@ class Net:
     ib_gbs: float = 45.0        # one 400 Gb/s NIC per GPU, achievable
     socket_gbs: float = 2.8
     nogdr_factor: float = 0.55  # staging through host memory
-    slow_nodes: tuple[tuple[int, float], ...] = ()  # (node, bandwidth factor) for a degraded NIC
+    slow_nodes: tuple[tuple[int, float], ...] = ()  # (node, bandwidth factor): every NIC of the node degraded
+    slow_nics: tuple[tuple[int, int, float], ...] = ()  # (node, NIC = local GPU index, bandwidth factor): one rail
 
-    def bandwidth(self, nodes: set[int]) -> float:
+    def bandwidth(self, nodes: set[int], rails: frozenset[tuple[int, int]] = frozenset()) -> float:
+        """Per-GPU bandwidth of a transfer among ``nodes``; ``rails``: the (node, local GPU) of its members,
+        whose NICs carry it (one NIC per GPU)."""
         if len(nodes) <= 1:
             return self.nvlink_gbs if self.intra == "P2P" else self.shm_gbs
         bw = self.ib_gbs if self.inter == "IB" else self.socket_gbs
         if self.inter == "IB" and not self.gdr:
             bw *= self.nogdr_factor
-        slow = [f for n, f in self.slow_nodes if n in nodes]
+        slow = [f for n, f in self.slow_nodes if n in nodes] + [f for n, k, f in self.slow_nics if (n, k) in rails]
         if slow:
             bw *= min(slow)
         intra = self.nvlink_gbs if self.intra == "P2P" else self.shm_gbs
@@ -68,11 +71,12 @@ PROTO_LAT = {"LL": 1.0, "LL128": 1.6, "Simple": 4.0}
 ALGO_BASE_LAT = {"Tree": 8.0, "Ring": 7.0}
 
 
-def collective_time_ns(coll: str, nbytes: int, n: int, nodes: set[int], net: Net, algo: str, proto: str) -> int:
+def collective_time_ns(coll: str, nbytes: int, n: int, nodes: set[int], net: Net, algo: str, proto: str,
+                       rails: frozenset[tuple[int, int]] = frozenset()) -> int:
     """Transfer time of one collective once every rank has arrived: latency term + bandwidth term."""
     if n <= 1:
         return 2_000
-    bw = net.bandwidth(nodes) * PROTO_BW[proto] * 1e3  # bytes per us
+    bw = net.bandwidth(nodes, rails) * PROTO_BW[proto] * 1e3  # bytes per us
     hop = net.hop_latency_us(nodes) + PROTO_LAT[proto]
     if coll in ("send", "recv"):
         return int((ALGO_BASE_LAT["Ring"] + hop + nbytes / bw) * 1e3)
@@ -86,14 +90,15 @@ def collective_time_ns(coll: str, nbytes: int, n: int, nodes: set[int], net: Net
     return int((ALGO_BASE_LAT[algo] + steps * hop + nbytes * factor / bw) * 1e3)
 
 
-def choose_algo(coll: str, nbytes: int, n: int, nodes: set[int], net: Net, algos: tuple[str, ...], protos: tuple[str, ...]) -> tuple[str, str, int]:
+def choose_algo(coll: str, nbytes: int, n: int, nodes: set[int], net: Net, algos: tuple[str, ...], protos: tuple[str, ...],
+                rails: frozenset[tuple[int, int]] = frozenset()) -> tuple[str, str, int]:
     """NCCL picks the (algorithm, protocol) with the least predicted time among those allowed."""
     if coll not in ("allreduce",):
         algos = ("Ring",)
     best: tuple[int, str, str] | None = None
     for a in algos:
         for p in protos:
-            t = collective_time_ns(coll, nbytes, n, nodes, net, a, p)
+            t = collective_time_ns(coll, nbytes, n, nodes, net, a, p, rails)
             if best is None or t < best[0]:
                 best = (t, a, p)
     assert best is not None
@@ -190,6 +195,19 @@ def build_groups(topo: Topology) -> list[ProcessGroup]:
     return groups
 
 
+def hsdp_groups(topo: Topology, shard: int) -> list[ProcessGroup]:
+    """HSDP (pure data parallel, torch's 2-D device mesh): the world, shard groups of ``shard`` consecutive
+    ranks, then replicate groups of the ranks with the same index in each shard group; [] unless there
+    are several shard groups."""
+    n = topo.dp
+    if not shard or topo.tp != 1 or topo.pp != 1 or n <= shard:
+        return []
+    groups = [ProcessGroup("0", "default_pg", tuple(range(topo.world)), "world")]
+    groups += [ProcessGroup(str(1 + s), "dp_shard", tuple(range(s * shard, (s + 1) * shard)), "dp") for s in range(n // shard)]
+    return groups + [ProcessGroup(str(1 + n // shard + i), "dp_replicate", tuple(range(i, n, shard)), "dp_rep")
+                     for i in range(shard)]
+
+
 def group_of(groups: list[ProcessGroup], rank: int, kind: str) -> ProcessGroup | None:
     """The rank's group of that kind; the DP group is the world group for pure data parallelism."""
     for g in groups:
@@ -224,6 +242,7 @@ class Job:
     overlap_dp: bool = True
     window_skew: int = 0             # odd ranks open their profiler window this many steps late
     dp_mode: str = "ddp"             # ddp (bucketed all-reduce) or fsdp (all-gather + reduce-scatter per layer)
+    shard: int = 0                   # fsdp only: HSDP shard group size (0: shard over every DP rank)
     seq_on_kernels: bool = True
     clock_offset_us: float = 1500.0  # per-node clock offsets drawn within +- this
     host_op_us: float = 14.0         # host cost of one aten op with its kernel launch

@@ -19,7 +19,7 @@ class Scenario:
     name: str
     summary: str
     build: Callable[[int | None, int | None, Params], Job]
-    kernel_log: str = "benign"          # benign / xid79 / xid48 / xid94 / xid63 / throttle / link_flap
+    kernel_log: str = "benign"          # benign / xid79 / xid48 / xid94 / xid63 / throttle / link_flap / oom
 
 
 class Params:
@@ -163,17 +163,54 @@ def slow_nic(ranks: int | None, steps: int | None, params: Params) -> Job:
     """Megatron layout TP=8 (one node) x PP=2 x DP=n/16: each pipeline stage spans n/16 nodes, so the DP
     groups of one stage cross the slow node's NIC and those of the other stage do not, and each PP group
     pairs node k of stage 0 with node k of stage 1. Only the slow node is in every slow group: the
-    fault can be localized from the trace, as in a real job (with one flat DP group it cannot)."""
+    fault can be localized from the trace, as in a real job (with one flat DP group it cannot).
+    ``nic=K`` slows only the node's K-th NIC (the rail of its local GPU K) instead of all of them."""
     n = ranks or 32
     if n < 32 or n % 16:
         raise ScenarioError(f"slow_nic needs --ranks a multiple of 16, at least 32 (TP=8 x PP=2 x DP>=2 over nodes of 8 GPUs); got {n}")
-    node = params.integer("node", 1, 0, n // 8 - 1)
-    factor = params.number("bandwidth_factor", 0.25, 0.0, 1.0, low_open=True)
+    net, fault = _slow_nic_fault(params, n)
     params = params.with_defaults(pp="2", tp="8")
     if (params.raw["pp"], params.raw["tp"]) != ("2", "8"):
         raise ScenarioError("slow_nic fixes its layout: tp=8, pp=2")
-    return _pp(n, steps, params, net=Net(slow_nodes=((node, factor),)),
-               faults=({"kind": "slow_nic", "nodes": (node,), "bandwidth_factor": factor},))
+    return _pp(n, steps, params, net=net, faults=(fault,))
+
+
+def _slow_nic_fault(params: Params, n: int) -> tuple[Net, dict[str, Any]]:
+    """The network with node ``node``'s NICs (or only its NIC ``nic``) at ``bandwidth_factor``, and the fault."""
+    node = params.integer("node", 1, 0, n // 8 - 1)
+    factor = params.number("bandwidth_factor", 0.25, 0.0, 1.0, low_open=True)
+    nic = params.integer("nic", -1, -1, 7)
+    net = Net(slow_nodes=((node, factor),)) if nic < 0 else Net(slow_nics=((node, nic, factor),))
+    fault: dict[str, Any] = {"kind": "slow_nic", "nodes": (node,), "bandwidth_factor": factor}
+    if nic >= 0:
+        fault["nic"] = nic
+    return net, fault
+
+
+def _hsdp(ranks: int | None, steps: int | None, params: Params, **job: Any) -> Job:
+    """Hybrid-sharded data parallel (FSDP HYBRID_SHARD): shard groups of ``shard`` ranks, replicated."""
+    n = ranks or 32
+    shard = params.integer("shard", 16, 2, 4096)
+    if n % shard or shard >= n:
+        raise ScenarioError(f"HSDP needs --ranks ({n}) a multiple of shard ({shard}) and more than one replica")
+    out = _ddp(n, steps, params, dp_mode="fsdp", shard=shard, **job)
+    if out.dp_mode != "fsdp":
+        raise ScenarioError("HSDP shards parameters: dp_mode must be fsdp")
+    return out
+
+
+def hsdp_clean(ranks: int | None, steps: int | None, params: Params) -> Job:
+    return _hsdp(ranks, steps, params, label="clean")
+
+
+def hsdp_slow_nic(ranks: int | None, steps: int | None, params: Params) -> Job:
+    """4 nodes, HSDP with shard groups of 16 ranks (nodes 0+1, 2+3) and 2-rank replicate groups (node k with
+    node k+2): every communicator through the slow node is slow, and only that node is in all of them."""
+    n = ranks or 32
+    if n < 32 or n % 8:
+        raise ScenarioError(f"hsdp_slow_nic needs --ranks a multiple of 8, at least 32 (several nodes per shard group); got {n}")
+    net, fault = _slow_nic_fault(params, n)
+    return _hsdp(n, steps, params, net=net, faults=(fault,))
 
 
 def net_socket(ranks: int | None, steps: int | None, params: Params) -> Job:
@@ -267,6 +304,19 @@ def xid(code: int) -> Callable[[int | None, int | None, Params], Job]:
     return build
 
 
+def oom_kill(ranks: int | None, steps: int | None, params: Params) -> Job:
+    """The host's OOM killer kills one rank's training process: it never reaches the next gradient
+    all-reduce and the others time out in the watchdog (a host fault, not the GPU's)."""
+    n = ranks or 8
+    if n < 2:
+        raise ScenarioError("oom_kill hangs a collective: it needs at least 2 ranks")
+    r = _culprit(params, n, 5 if n > 5 else n - 1)
+    steps = steps or 3
+    return _ddp(ranks, steps, params, faults=(
+        {"kind": "collective_timeout", "ranks": (r,), "step": 100 + steps - 1, "seq": 0, "timeout_ms": 600000.0},
+        {"kind": "oom_kill", "ranks": (r,)}))
+
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("ddp_clean", "healthy data-parallel job (DDP, overlapped bucketed all-reduce)", ddp_clean),
     Scenario("fsdp_clean", "healthy FSDP job (per-layer all-gather prefetch, reduce-scatter of gradients)", fsdp_clean),
@@ -281,6 +331,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("input_bound", "input-bound job: every rank's data loader stalls each step, the GPU idles ~40% of it", input_bound),
     Scenario("ddp_no_overlap", "DDP all-reduce runs after backward instead of overlapping it", ddp_no_overlap),
     Scenario("slow_nic", "one node's NIC runs at a fraction of its bandwidth (TP=8 x PP=2 x DP; 32 ranks)", slow_nic, kernel_log="link_flap"),
+    Scenario("hsdp_clean", "healthy hybrid-sharded data parallel job (HSDP: shard groups of 16 ranks over 2 nodes, replicated)", hsdp_clean),
+    Scenario("hsdp_slow_nic", "one node's NIC slow in a 4-node HSDP job (shard 16 = 2 nodes, 2 replicas; 32 ranks)", hsdp_slow_nic,
+             kernel_log="link_flap"),
     Scenario("net_socket", "inter-node traffic over NET/Socket (TCP) instead of InfiniBand", net_socket),
     Scenario("gdr_off", "GPUDirect RDMA unavailable: inter-node traffic staged through host memory", gdr_off),
     Scenario("p2p_disabled", "NCCL_P2P_DISABLE=1: intra-node traffic through shared memory, not NVLink", p2p_disabled),
@@ -293,5 +346,6 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("xid48", "double-bit ECC error (Xid 48) on one GPU", xid(48), kernel_log="xid48"),
     Scenario("xid94", "contained ECC error (Xid 94) on one GPU", xid(94), kernel_log="xid94"),
     Scenario("xid63", "row-remapping event (Xid 63) on one GPU", xid(63), kernel_log="xid63"),
+    Scenario("oom_kill", "the OOM killer kills one rank's process (host memory); its peers time out in the watchdog", oom_kill, kernel_log="oom"),
     Scenario("benign_kernel_log", "healthy job whose kernel logs hold only benign noise", ddp_clean),
 )}

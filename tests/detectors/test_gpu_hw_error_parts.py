@@ -7,16 +7,20 @@ import polars as pl
 from forensics.frames import KERNEL_EVENT_KINDS, JobFrames
 from forensics.gpufaults.kernel import HANDLERS
 from forensics.gpufaults.placement import Placement
+from forensics.host_events import HOST_KINDS
 from forensics.identity import job_identities
 from tests.detectors.nccl_fixtures import frames_from
 
 # kinds that prove nothing about a fault on their own (identity, driver banners, boot, unparsed lines)
-SILENT = {"gpu_identity", "driver_load", "nvrm_other", "boot", "unknown"}
+# (`context`: stack traces, read by node_health for the module a hung task is blocked in)
+SILENT = {"gpu_identity", "driver_load", "nvrm_other", "boot", "unknown", "context"}
 
 
 def test_every_kernel_event_kind_has_a_handler_or_is_silent_on_purpose():
     assert set(HANDLERS) <= set(KERNEL_EVENT_KINDS)  # no handler for a kind the parser never writes
-    assert set(KERNEL_EVENT_KINDS) - set(HANDLERS) == SILENT
+    # host-side kinds are node_health's, never gpu_hw_error's (no double report)
+    assert not set(HANDLERS) & set(HOST_KINDS) and set(HOST_KINDS) <= set(KERNEL_EVENT_KINDS)
+    assert set(KERNEL_EVENT_KINDS) - set(HANDLERS) - set(HOST_KINDS) == SILENT
 
 
 def test_placement_names_ranks_by_bus_id_device_index_and_pid(tmp_path):

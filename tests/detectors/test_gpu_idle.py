@@ -48,7 +48,7 @@ def test_triggers_sync_bound_gap_after_a_synchronization():
     # GPU busy 0-6 ms; the host blocks in cudaStreamSynchronize 2 ms .. 6.01 ms, then does 3 ms of Python
     # before the next launch: the GPU idles 6-9 ms = 30% of every step.
     def layout(rows, t0):
-        rows.kernel(0, t0, t0 + 6 * MS, "compute", launch=t0 - 10 * US)
+        rows.kernel(0, t0, t0 + 6 * MS, "compute", launch=t0)
         _op(rows, "cudaStreamSynchronize", t0 + 2 * MS, t0 + 6 * MS + 10 * US, "cuda_runtime")
         rows.kernel(0, t0 + 9 * MS, t0 + 10 * MS, "compute", launch=t0 + 9 * MS - 5 * US)
 
@@ -75,7 +75,7 @@ def test_triggers_input_bound_gap_while_the_host_is_in_the_data_loader():
 def test_triggers_pause_one_long_gap():
     # One 6 ms gap (60% of the step) with nothing on the host side that explains it.
     def layout(rows, t0):
-        rows.kernel(0, t0, t0 + 4 * MS, "compute", launch=t0 - 10 * US)
+        rows.kernel(0, t0, t0 + 4 * MS, "compute", launch=t0)
         rows.kernel(0, t0 + 9_990 * US, t0 + 10 * MS, "compute", launch=t0 + 3 * MS)
 
     (f,) = _run(_one_rank(layout))
@@ -170,12 +170,14 @@ def test_bundled_samples_are_silent():
 
 
 # --- real DLRM 8-rank set ---------------------------------------------------------------------------
-# Computed independently with json over the raw worker*.pt.trace.json.gz: window = ProfilerStep#10 start
-# to max(its end, end of the GPU work launched in it); idle = window minus the union of kernel, memcpy
-# and memset events (all streams). Median kernel duration 3 us on every rank. The job is host bound:
-# kernels are tiny and the host launches each one after the GPU ran dry.
-DLRM_WINDOW_US = [14455, 19901, 13017, 19313, 17979, 17797, 13091, 12509]
-DLRM_IDLE_US = [7865, 7580, 8713, 8605, 10277, 10526, 8732, 9850]
+# Computed independently with json over the raw worker*.pt.trace.json.gz (tests/gpu_steps_reference.py):
+# window = ProfilerStep#10 on the GPU timeline, from its CPU start (or, on ranks 1 and 3, the end of GPU
+# work launched before it, 1.3 and 0.6 ms later) to max(its end, end of the GPU work launched in it);
+# idle = window minus the union of kernel, memcpy and memset events (all streams). Median kernel duration
+# 3 us on every rank. The job is host bound: kernels are tiny and the host launches each one after the
+# GPU ran dry.
+DLRM_WINDOW_US = [14455, 18584, 13017, 18711, 17979, 17797, 13091, 12509]
+DLRM_IDLE_US = [7865, 6459, 8713, 8179, 10277, 10526, 8732, 9850]
 
 
 def test_dlrm_real_is_launch_bound():

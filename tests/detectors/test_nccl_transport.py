@@ -126,3 +126,33 @@ def test_interface_sets_are_listed_by_host(tmp_path):
     listed = summary.split("interface sets differ between hosts: ", 1)[1].rstrip(".").split("; ")
     assert [item.split("=")[0] for item in listed] == sorted(item.split("=")[0] for item in listed)
     assert len(listed) >= 2
+
+
+def test_transport_switch_without_effect_is_reported_by_the_transport_detector_at_info(tmp_path):
+    # SHM off, but every intra-node pair of this job uses P2P: the switch changed nothing
+    text = HEALTHY + "nodeA:100:110 [0] NCCL INFO NCCL_SHM_DISABLE set by environment to 1.\n"
+    findings, _ = _run(frames_from(tmp_path, text))
+    (f,) = findings
+    assert f.key == "transport_env" and f.severity.value == "info"
+    assert "NCCL_SHM_DISABLE=1" in f.summary and f.metrics["NCCL_SHM_DISABLE"] == "1"
+    algo, _ = run_detectors(JobContext(frames_from(tmp_path, text, "b.log")), only=["nccl_algorithm"])
+    assert algo == []  # not an algorithm choice
+
+
+def test_transport_switch_with_its_effect_is_named_by_the_effect_once(tmp_path):
+    # P2P off on a node whose pair then goes through host memory: one finding names effect and cause
+    text = (HEALTHY.replace("2[0] -> 3[1] via P2P/CUMEM/read", "2[0] -> 3[1] via SHM/direct/direct")
+            .replace("0[0] -> 1[1] via P2P/CUMEM/read", "0[0] -> 1[1] via SHM/direct/direct")
+            + "nodeA:100:110 [0] NCCL INFO NCCL_P2P_DISABLE set by environment to 1.\n")
+    findings, _ = _run(frames_from(tmp_path, text))
+    (f,) = findings
+    assert f.key == "intra_node" and "NCCL_P2P_DISABLE=1" in f.summary
+    assert f.summary.startswith("2 connection(s) via host shared memory")
+
+
+def test_ib_switched_off_on_a_multi_node_job_warns_even_without_connection_lines(tmp_path):
+    text = "\n".join(line for line in HEALTHY.splitlines() if "Channel" not in line) + \
+        "\nnodeA:100:110 [0] NCCL INFO NCCL_IB_DISABLE set by environment to 1.\n"
+    findings, _ = _run(frames_from(tmp_path, text))
+    env = next(f for f in findings if f.key == "transport_env")
+    assert env.severity.value == "warning" and "NCCL_IB_DISABLE=1" in env.summary and "TCP sockets" in env.summary

@@ -78,19 +78,12 @@ def test_triggers_without_profiler_steps_on_the_whole_trace():
     assert [(f.ranks, f.metrics["class"]) for f in found] == [((6,), "compute")]
 
 
-def test_triggers_link_class_naming_the_node_common_to_all_slow_groups():
+def test_clean_a_slow_link_is_not_a_straggler():
+    # A slow NIC slows every member of the groups through it together: nobody arrives last because of it
+    # (the slow_link detector names the node).
     from tests.frame_builders import link_job
 
-    found, _ = _stragglers(link_job(slow_node=2, factor=3.0))
-    assert [(f.metrics["class"], f.hosts, f.ranks) for f in found] == [("link", ("node2",), tuple(range(16, 24)))]
-    # 16 of the 32 groups contain a node-2 rank; their transfers take 3 ms instead of 1 ms.
-    assert found[0].metrics["slow_groups"] == 16 and found[0].metrics["max_transfer_ratio"] == 3.0
-
-
-def test_clean_link_job_has_no_straggler():
-    from tests.frame_builders import link_job
-
-    assert _stragglers(link_job(slow_node=None)) == ([], [])
+    assert _stragglers(link_job(slow_node=2, factor=3.0)) == ([], [])
 
 
 def test_with_half_the_traces_the_straggler_is_found_with_less_confidence_and_the_missing_ranks_named():

@@ -1,0 +1,96 @@
+"""Helpers shared by the report's views: labels, culprits, escaping, figure layout.
+
+Input text (host names, kernel and process-group names, log messages) reaches plotly only through
+:func:`esc`: plotly renders a small HTML subset in labels and hover text, and decodes ``&lt;`` /
+``&gt;`` / ``&amp;`` back to the characters, so escaped text shows exactly as it was written.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import plotly.graph_objects as go
+import polars as pl
+
+if TYPE_CHECKING:
+    from forensics.analyze import Analysis
+    from forensics.context import JobContext
+
+
+
+@dataclass
+class View:
+    """One view of the report (re-exported by :mod:`forensics.reports.views`)."""
+
+    id: str
+    """HTML anchor (findings link to it), e.g. ``step-anatomy``."""
+    title: str
+    caption: str
+    """One line: what to look for in it."""
+    figures: list[go.Figure] = field(default_factory=list)
+    tables: list[tuple[str, pl.DataFrame]] = field(default_factory=list)
+    """(caption, small aggregate frame) pairs, shown sortable; never raw events."""
+    empty_reason: str | None = None
+    """Set when the job has nothing to show here (e.g. no kernels): the view says so instead of drawing."""
+
+
+MARGIN = dict(t=30, b=40, l=60, r=10)
+STRAGGLER_DETECTORS = ("straggler",)
+
+
+def esc(value: Any) -> str:
+    """Input text for a plotly label or hover text: shown as text, never as markup."""
+    return html.escape("" if value is None else str(value), quote=False)
+
+
+def gpu_labels(ctx: JobContext) -> pl.DataFrame:
+    """rank (Int32), host, gpu: one row per rank; ``gpu`` is ``host:bus-id`` (``host:cudaN`` when no log gave the
+    bus id: device index from the trace, the host alone when neither is known). Sorted by rank."""
+    ident = ctx.identity.filter(pl.col("rank").is_not_null())
+    hosts = pl.concat(
+        [ctx.frames[n].select(pl.col("rank").cast(pl.Int32), pl.col("host").cast(pl.String))
+         for n in ("ranks", "sources")], how="vertical",
+    ).drop_nulls("rank").group_by("rank").agg(pl.col("host").drop_nulls().first())
+    by_rank = ident.group_by("rank").agg(
+        pl.col("host").drop_nulls().first().alias("_ihost"),
+        pl.col("bus_id").drop_nulls().first(),
+        pl.col("cuda_dev").drop_nulls().first(),
+    ).with_columns(pl.col("rank").cast(pl.Int32))
+    # the GPU index a rank's kernels ran on, where neither a log nor the trace metadata gave one
+    kdev = ctx.frames["kernels"].drop_nulls("rank").group_by("rank").agg(pl.col("device").drop_nulls().first().alias("_kdev"))
+    out = hosts.join(by_rank, on="rank", how="full", coalesce=True).join(
+        kdev.with_columns(pl.col("rank").cast(pl.Int32)), on="rank", how="left"
+    ).with_columns(pl.coalesce("_ihost", "host").fill_null("?").alias("host"),
+                   pl.coalesce("cuda_dev", "_kdev").alias("cuda_dev"))
+    dev = pl.coalesce(pl.col("bus_id"), pl.lit("cuda") + pl.col("cuda_dev").cast(pl.String))
+    return out.select(
+        "rank", "host",
+        pl.when(dev.is_null()).then(pl.col("host")).otherwise(pl.col("host") + ":" + dev).alias("gpu"),
+    ).sort("rank")
+
+
+def culprit_ranks(analysis: Analysis) -> list[int]:
+    """Ranks the straggler findings name as culprits (the ranks that made the others wait), sorted."""
+    found = {int(r) for f in analysis.findings if f.detector in STRAGGLER_DETECTORS for r in f.ranks}
+    return sorted(found)
+
+
+def rank_label(rank: int, gpu: str | None) -> str:
+    return f"r{rank} {esc(gpu)}" if gpu else f"r{rank}"
+
+
+def layout(fig: go.Figure, **kw: Any) -> go.Figure:
+    fig.update_layout(margin=MARGIN, legend=dict(orientation="h", y=-0.2), **kw)
+    return fig
+
+
+def ms(col: str) -> pl.Expr:
+    """An ns column as milliseconds, rounded to the µs."""
+    return (pl.col(col) / 1e6).round(3)
+
+
+def us(col: str) -> pl.Expr:
+    """An ns column as microseconds, rounded to 0.1 µs."""
+    return (pl.col(col) / 1e3).round(1)
