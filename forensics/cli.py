@@ -443,69 +443,88 @@ def _write_parquet(df: Any, path: Path) -> None:
 # --- triage ------------------------------------------------------------------------------------
 
 
-def _triage_outputs(results: list[Any], out_dir: Path) -> Any:
+class TriageEngine(str, Enum):
+    local = "local"
+    ray = "ray"
+
+
+def _triage_outputs(run: Any, out_dir: Path) -> Any:
     from forensics.outputs import OutputSet
-    from forensics.reports import triage_json, triage_md
+    from forensics.reports import triage_html, triage_json, triage_md
 
     outs = OutputSet(out_dir)
-    for res in results:
-        for name, content in (res.files or {}).items():  # rendered in the worker: findings.json, summary.md
-            outs.add_bytes(f"{res.name}/{name}", content)
-    outs.add_bytes("triage.json", triage_json.render(results))
-    outs.add_text("triage.md", triage_md.render(results))
+    run.add_outputs(outs)  # the job files (from staging), the dataset and the state
+    outs.add_bytes("triage.json", triage_json.render(run))
+    outs.add_text("triage.md", triage_md.render(run))
+    outs.add_text("triage.html", triage_html.render(run))
     outs.remove("crash.txt")
     return outs
 
 
-def _print_triage(results: list[Any], out_dir: Path) -> None:
-    from forensics.triage import host_table, job_table
+def _print_triage(run: Any, out_dir: Path) -> None:
+    from forensics.triage_data import job_ranking, recurring_culprits
 
-    table = job_table(results)
-    out.print(f"{len(results)} job(s) analysed. Report: {out_dir}", highlight=False, markup=False)
-    for row in table.head(10).iter_rows(named=True):
-        out.print(f"  {row['worst']:>8}  {row['job']}: {row['top_finding'] or '-'}", highlight=False, markup=False)
-    hosts = host_table(results)
-    recurring = hosts.filter(hosts["jobs"] > 1)
-    for row in recurring.head(5).iter_rows(named=True):
-        out.print(f"  recurring host {row['host']}: {row['jobs']} jobs ({row['detectors']})", highlight=False, markup=False)
-    for res in results:
-        if res.error:
-            _line(err, res.name, "yellow", str(res.error))
+    out.print(f"{len(run.summaries)} job(s): {len(run.analysed)} analysed, {len(run.summaries) - len(run.analysed)} "
+              f"unchanged since the last run. Report: {out_dir / 'triage.html'}", highlight=False, markup=False)
+    for row in job_ranking(run.data, run.analysed).head(10).iter_rows(named=True):
+        hours = "" if row["job_gpu_hours_lost"] is None else f"{row['job_gpu_hours_lost']:.4g} GPU-h  "
+        out.print(f"  {row['worst']:>8}  {row['job_id']}: {hours}{row['top_incident'] or row['reason'] or '-'}",
+                  highlight=False, markup=False)
+    for row in recurring_culprits(run.data).head(5).iter_rows(named=True):
+        out.print(f"  drain candidate: {row['kind']} {row['culprit']}, root cause in {row['jobs']} jobs",
+                  highlight=False, markup=False)
+    for s in run.summaries:
+        if s.status == "failed":
+            _line(err, s.job_id, "yellow", str(s.reason))
+    if run.found.skipped:
+        _line(err, "skipped", "yellow", f"{len(run.found.skipped)} path(s) that are not jobs; listed in triage.md")
+    if run.previous.note:
+        _line(err, "note", "yellow", run.previous.note)
 
 
 @app.command()
 @_command
 def triage(
-    job_dirs: list[Path] = typer.Argument(..., help="one folder holding one subfolder per job, or several job folders"),
-    out_dir: Path = typer.Option(..., "--out", "-o", help="where to write triage.json, triage.md and one folder per job"),
+    job_dirs: list[Path] = typer.Argument(..., help="one folder of job folders, or several job folders (see --job-depth)"),
+    out_dir: Path = typer.Option(..., "--out", "-o", help="where to write triage.parquet/.json/.md/.html and jobs/<job>/"),
     fail_on: FailOn = typer.Option(FailOn.never, "--fail-on", help="exit 1 when any job has a finding at or above this severity"),
     settings: list[str] = typer.Option([], "--set", help="override a detector threshold: DETECTOR.SETTING=VALUE (repeatable)"),
-    workers: int | None = typer.Option(None, "--workers", min=1, help="jobs analysed in parallel, at least 1 [default: CPU count]"),
+    workers: int | None = typer.Option(None, "--workers", min=1, help="jobs analysed in parallel (local engine), at least 1 [default: CPU count]"),
+    engine: TriageEngine = typer.Option(TriageEngine.local, "--engine", help="local: a process pool on this machine; ray: Ray tasks (pip install 'trace-forensics[ray]')"),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="address of an existing Ray cluster [default: start a local one]"),
+    job_depth: int | None = typer.Option(None, "--job-depth", min=0, help="jobs are the folders this many levels below each JOB_DIR, e.g. 2 for DIR/<date>/<job> [default: 1 for one JOB_DIR, 0 for several]"),
+    rebuild: bool = typer.Option(False, "--rebuild", help="analyse every job again, also those unchanged since the last run into --out"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
 ) -> None:
-    """Analyze many jobs at once; rank them worst first and list hosts that recur across jobs."""
-    from forensics.triage import job_dirs as find_jobs
-
-    jobs = find_jobs(job_dirs)
-    _check_out_dir([*job_dirs, *jobs], out_dir)
+    """Analyze many jobs; rank them by GPU-hours lost, name hosts and GPUs that keep being the root cause.
+    A second run into the same --out analyses only new or changed jobs."""
     from forensics.detectors import parse_overrides
-    from forensics.reports import triage_json
-    from forensics.triage import triage as run_triage
+    from forensics.triage import find_jobs, run_triage
 
     overrides = parse_overrides(settings)
+    if ray_address and engine is not TriageEngine.ray:
+        raise UsageError("--ray-address needs --engine ray")
+    _check_out_dir(job_dirs, out_dir)
+    _run.phase = "discover"
+    found = find_jobs(job_dirs, job_depth)
+    from forensics.reports import triage_json
+
     _run.phase = "parse"
     with _progress("jobs", quiet) as update:
-        results = run_triage(jobs, overrides=overrides, workers=workers, progress=update,  # type: ignore[arg-type]
-                             render=triage_json.job_files)
-    _run.phase = "render"
-    _commit(_triage_outputs(results, out_dir))
-    _print_triage(results, out_dir)
-    if all(r.error for r in results):
+        run = run_triage(found, out_dir, overrides=overrides, engine=engine.value, workers=workers,
+                         ray_address=ray_address, rebuild=rebuild, progress=update,  # type: ignore[arg-type]
+                         render=triage_json.job_files)
+    try:
+        _run.phase = "render"
+        _commit(_triage_outputs(run, out_dir))
+    finally:
+        run.cleanup()
+    _print_triage(run, out_dir)
+    if all(s.status == "failed" for s in run.summaries):
         raise typer.Exit(EXIT_ERROR)
     threshold = _fail_threshold(fail_on)
     if threshold is not None and any(
-        Severity(f["severity"]).rank >= threshold
-        for r in results for f in r.findings or []
+        Severity(sev).rank >= threshold for s in run.summaries for sev, n in s.counts.items() if n
     ):
         raise typer.Exit(EXIT_FINDINGS)
 

@@ -1,14 +1,23 @@
-"""Batch triage: the same analysis over many jobs' folders, ranking jobs and recurring bad nodes.
+"""Batch triage: the same analysis over many jobs, incremental, on a local process pool or on Ray.
 
-Each job is analysed on its own (in parallel worker processes); the result per job is reduced to a
-small picklable summary (its finding records, counts, and the report files an optional renderer made
-of it in the worker), so memory stays bounded by one job at a time per worker whatever the number of
-jobs. This module computes records only; rendering lives in forensics.reports (the CLI wires them).
+:func:`analyze_job` is the one per-job function both engines run: it analyses one job folder, writes
+its report files (as ``forensics analyze`` would) into a staging folder inside OUT, and returns a small
+:class:`JobSummary`, so memory stays bounded by one job per worker whatever the number of jobs. It
+never raises for a job: a bad input or an internal error becomes a failed summary with the reason.
+
+:func:`run_triage` finds the jobs (:mod:`forensics.triage_jobs`), reuses the summaries of jobs whose
+files did not change since the last run into OUT (the state file), analyses the others, and hands the
+caller a :class:`TriageRun` whose outputs it commits in one :class:`~forensics.outputs.OutputSet`
+(job files moved in from staging, the dataset and pages written): an interrupted run leaves OUT as it was.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
+import time
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,167 +25,321 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from forensics.errors import UsageError
+from forensics import __version__
+from forensics.errors import ForensicsError, UsageError
+from forensics.triage_data import (
+    JOB_FILES,
+    SEVERITIES,
+    STATE_FILE,
+    JobSummary,
+    State,
+    dataset,
+    dump_state,
+    load_state,
+    state_config,
+)
+from forensics.triage_jobs import Discovery, JobRef, find_jobs, fingerprint
 from forensics.workers import run_pool
 
 if TYPE_CHECKING:
     from forensics.analyze import Analysis
+    from forensics.outputs import OutputSet
 
-SEVERITIES = ("critical", "warning", "info")
-
+__all__ = ["JobSummary", "JobTask", "TriageRun", "analyze_job", "find_jobs", "run_triage"]
 
 JobRenderer = Callable[["Analysis"], dict[str, bytes]]
-"""Renders one analysed job into its report files (file name -> content); runs in the worker process,
-so it must be a module-level function (picklable). The CLI passes one from forensics.reports."""
+"""Renders one analysed job into its report files (file name -> content); runs in the worker, so it
+must be a module-level function (picklable). The CLI passes one from forensics.reports."""
+ProgressFn = Callable[[str, int, int], None]
+ENGINES = ("local", "ray")
+_EPOCH_2000_NS = 946_684_800 * 10**9  # earlier "times" are offsets from an unknown origin, not dates
+
+
+@dataclass(frozen=True)
+class JobTask:
+    job_id: str
+    path: str
+    fingerprint: str
+    staging: str | None = None
+    """Folder to write the job's report files into (None: no files)."""
+    overrides: Mapping[str, Mapping[str, str]] | None = None
+    render: JobRenderer | None = None
+
+
+# --- the per-job function ------------------------------------------------------------------------
+
+
+def analyze_job(task: JobTask) -> JobSummary:
+    """Analyse one job and write its report files; never raises but for interrupts."""
+    from forensics.analyze import analyze
+
+    start = time.time_ns()
+    try:
+        analysis = analyze(Path(task.path), overrides=task.overrides, workers=1)
+        summary = summarize(task, analysis, start)
+        summary.files = _write_files(task, analysis)
+    except ForensicsError as exc:
+        return failed(task, str(exc), start)
+    except Exception as exc:  # a bug (or MemoryError) costs this job, not the batch
+        return failed(task, internal_reason(exc), start)
+    return summary
+
+
+def failed(task: JobTask, reason: str, start: int = 0, retry: bool = False) -> JobSummary:
+    return JobSummary(task.job_id, task.path, task.fingerprint, "failed", " ".join(reason.split())[:500],
+                      tool_version=__version__, analysed_at_ns=start or time.time_ns(), retry=retry)
+
+
+def internal_reason(exc: BaseException) -> str:
+    """The traceback's last line, and where it was raised."""
+    last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" at {Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""
+    return f"internal error (a bug, please report it): {last}{where}"
+
+
+def summarize(task: JobTask, analysis: Analysis, start: int) -> JobSummary:
+    from forensics.runinfo import run_header
+
+    run = run_header(analysis)
+    counts = {sev: sum(1 for f in analysis.findings if f.severity.value == sev) for sev in SEVERITIES}
+    damaged = analysis.sources.filter(pl.col("status").is_in(["partial", "failed"])).height
+    lo, hi = job_window(analysis)
+    return JobSummary(
+        task.job_id, task.path, task.fingerprint,
+        "ok" if analysis.readable else "failed", None if analysis.readable else "no readable trace or log",
+        lo, hi, run["world_size"], len(run["ranks"]), len(run["hosts"]), len(run["gpus"]), counts, damaged,
+        incident_records(analysis, run["gpus"]), [], __version__, start,
+    )
+
+
+def job_window(analysis: Analysis) -> tuple[int | None, int | None]:
+    """Wall-clock start and end (Unix ns): the profiled steps, else the kernel-log lines' dates."""
+    from forensics.incidents import trace_window
+
+    window = trace_window(analysis.frames)
+    if window is not None and window[0] >= _EPOCH_2000_NS:
+        return window
+    if analysis.frames.has("kernel_events"):
+        wall = analysis.frames["kernel_events"]["wall_ns"].drop_nulls()
+        wall = wall.filter(wall >= _EPOCH_2000_NS)
+        if wall.len():
+            return int(wall.min()), int(wall.max())
+    return None, None
+
+
+def incident_records(analysis: Analysis, gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each incident with its root cause's detector and culprits; a GPU is named ``host/pci bus id``."""
+    detector = {f.id: f.detector for f in analysis.findings}
+    hosts_of: dict[str, list[str]] = {}
+    for g in gpus:
+        hosts_of.setdefault(g["pci_bus_id"], []).append(g["host"])
+    out = []
+    for inc in analysis.incidents:
+        culprit_gpus = sorted({
+            f"{h}/{bus}" for bus in inc.gpus
+            for h in ([h for h in hosts_of.get(bus, []) if h in inc.hosts] or list(inc.hosts) or ["?"])
+        })
+        out.append({
+            "id": inc.id, "title": inc.title, "severity": inc.severity.value,
+            "root_cause_detector": detector.get(inc.root_cause), "culprit_hosts": list(inc.hosts),
+            "culprit_gpus": culprit_gpus, "culprit_ranks": list(inc.ranks), "gpu_hours_lost": inc.gpu_hours_lost,
+            "confidence": inc.confidence, "verdict": inc.verdict,
+        })
+    return out
+
+
+def _write_files(task: JobTask, analysis: Analysis) -> list[str]:
+    from forensics.outputs import OutputSet
+
+    if task.render is None or task.staging is None:
+        return []
+    outs = OutputSet(Path(task.staging))
+    files = task.render(analysis)
+    for name, data in files.items():
+        outs.add_bytes(name, data)
+    outs.commit()
+    return sorted(files)
+
+
+# --- engines -------------------------------------------------------------------------------------
+
+Done = Callable[[int, JobSummary], None]
+
+
+def _lost(task: JobTask, why: str) -> JobSummary:
+    return failed(task, f"not analysed: {why} (out of memory?)", retry=True)
+
+
+def run_local(tasks: list[JobTask], done: Done, workers: int | None) -> None:
+    n = workers if workers is not None else min(os.cpu_count() or 1, len(tasks))
+    if n > 1 and len(tasks) > 1:
+        # Each worker analyses one small job at a time: Polars threads beyond its share of the cores
+        # only contend. Spawned workers read the variable when they import Polars.
+        saved = os.environ.get("POLARS_MAX_THREADS")
+        os.environ["POLARS_MAX_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
+        try:
+            run_pool(analyze_job, tasks, n, _lost, done)
+        finally:
+            if saved is None:
+                os.environ.pop("POLARS_MAX_THREADS", None)
+            else:
+                os.environ["POLARS_MAX_THREADS"] = saved
+    else:
+        for i, task in enumerate(tasks):
+            done(i, analyze_job(task))
+
+
+def run_ray(tasks: list[JobTask], done: Done, address: str | None, in_flight: int = 0) -> None:
+    """The same per-job function as Ray tasks; joins the Ray session already open (tests), else opens
+    one (``address``: an existing cluster; None: a local one) and closes it after."""
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("--engine ray needs Ray: pip install 'trace-forensics[ray]'") from None
+    opened = not ray.is_initialized()
+    if opened:
+        import logging
+
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    remote = ray.remote(num_cpus=1, max_retries=1)(analyze_job)  # max_retries: a worker lost, not a job's error
+    limit = in_flight or 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))  # backpressure
+    pending: dict[Any, int] = {}
+    todo = iter(range(len(tasks)))
+    try:
+        while True:
+            while len(pending) < limit and (i := next(todo, None)) is not None:
+                pending[remote.remote(tasks[i])] = i
+            if not pending:
+                break
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                i = pending.pop(ref)
+                try:
+                    res = ray.get(ref)
+                except ray.exceptions.RayError as exc:
+                    res = _lost(tasks[i], f"its Ray task failed ({type(exc).__name__})")
+                done(i, res)
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        if opened:
+            ray.shutdown()
+
+
+# --- the run -------------------------------------------------------------------------------------
 
 
 @dataclass
-class JobSummary:
-    """What triage keeps of one job: records, plus the files the renderer made of it (if any)."""
+class TriageRun:
+    out_dir: Path
+    found: Discovery
+    summaries: list[JobSummary]
+    """One per job found, in job id order: analysed now or reused from the state."""
+    analysed: set[str]
+    """Job ids analysed by this run (the others were unchanged)."""
+    staging: Path
+    config: dict[str, Any]
+    previous: State
+    data: pl.DataFrame = field(default_factory=pl.DataFrame)
 
-    name: str
-    path: str
-    findings: list[dict[str, Any]] | None
-    """Each finding as its findings.json record (:meth:`Finding.to_json`), worst first; None when the job
-    could not be analysed at all."""
-    damaged_sources: int = 0
-    """Files of the job that were read only in part or not at all (status partial or failed)."""
-    files: dict[str, bytes] = field(default_factory=dict)
-    error: str | None = None
-    counts: dict[str, int] = field(default_factory=dict)
-    top_incident: dict[str, Any] | None = None
-    """The job's worst incident (its findings.json record); the job is ranked by it."""
+    def add_outputs(self, outs: OutputSet) -> None:
+        """The job files (moved in from staging), stale files of jobs gone or re-analysed, the dataset
+        and the state, into ``outs`` (the caller adds the pages and commits)."""
+        for s in self.summaries:
+            if s.job_id not in self.analysed:
+                continue
+            for name in s.files:
+                outs.add(f"jobs/{s.job_id}/{name}", _mover(self.staging / "jobs" / s.job_id / name))
+        kept = {s.job_id for s in self.summaries if s.job_id not in self.analysed}
+        for old in self.previous.jobs.values():
+            if old.job_id not in kept:
+                for name in JOB_FILES:
+                    outs.remove(f"jobs/{old.job_id}/{name}")
+        outs.add_bytes(STATE_FILE, dump_state(self.config, self.summaries))
+        outs.add("triage.parquet", self.write_parquet)
 
-    @property
-    def worst(self) -> str | None:
-        for sev in SEVERITIES:
-            if self.counts.get(sev):
-                return sev
+    def write_parquet(self, path: Path) -> None:
+        """The dataset with pyarrow; the tool version and the schema's doc in the file's metadata."""
+        import pyarrow.parquet as pq
+
+        table = self.data.to_arrow()
+        meta = {b"forensics.version": __version__.encode(), b"forensics.schema": b"docs/triage.md (triage.parquet)"}
+        pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}), **meta}), path)
+
+    def cleanup(self) -> None:
+        """Remove the staging folder and the job folders left empty."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+        jobs = self.out_dir / "jobs"
+        if jobs.is_dir():
+            for dirpath, _, _ in sorted(os.walk(jobs), key=lambda t: -len(t[0])):
+                try:
+                    os.rmdir(dirpath)  # only empty ones go
+                except OSError:
+                    pass
+
+
+def _mover(staged: Path) -> Callable[[Path], None]:
+    def write(tmp: Path) -> None:
+        os.replace(staged, tmp)
+
+    return write
+
+
+def _reusable(old: JobSummary | None, job: JobRef, fp: str, out_dir: Path) -> bool:
+    if old is None or old.retry or old.fingerprint != fp or old.job_id != job.job_id:
+        return False
+    return all((out_dir / "jobs" / job.job_id / name).is_file() for name in old.files)
+
+
+def _read_state(out_dir: Path) -> bytes | None:
+    try:
+        return (out_dir / STATE_FILE).read_bytes()
+    except OSError:
         return None
 
-    @property
-    def gpu_seconds_lost(self) -> float:
-        return float(sum((f.get("impact") or {}).get("gpu_seconds_lost") or 0.0 for f in self.findings or []))
 
+def run_triage(
+    found: Discovery,
+    out_dir: Path,
+    overrides: Mapping[str, Mapping[str, str]] | None = None,
+    engine: str = "local",
+    workers: int | None = None,
+    ray_address: str | None = None,
+    rebuild: bool = False,
+    progress: ProgressFn | None = None,
+    render: JobRenderer | None = None,
+) -> TriageRun:
+    """Analyse the new or changed jobs of ``found`` (all with ``rebuild``) into a staging folder in
+    ``out_dir``; the caller commits :meth:`TriageRun.add_outputs` and calls :meth:`TriageRun.cleanup`."""
+    config = state_config(__version__, {d: dict(kv) for d, kv in (overrides or {}).items()})
+    previous = load_state(None if rebuild else _read_state(out_dir), config)
+    staging = out_dir / f".triage-staging.{os.getpid()}.{secrets.token_hex(4)}"
+    by_id: dict[str, JobSummary] = {}
+    tasks = []
+    for job in found.jobs:
+        fp = fingerprint(Path(job.path))
+        old = previous.jobs.get(job.path)
+        if old is not None and _reusable(old, job, fp, out_dir):
+            by_id[job.job_id] = old
+        else:
+            tasks.append(JobTask(job.job_id, job.path, fp, str(staging / "jobs" / job.job_id), overrides, render))
+    run = TriageRun(out_dir, found, [], {t.job_id for t in tasks}, staging, config, previous)
 
-def job_dirs(paths: list[Path]) -> list[Path]:
-    """One argument: each immediate subdirectory is a job. Several: each argument is a job."""
-    for p in paths:
-        if not p.is_dir():
-            raise UsageError(f"{p}: no such directory")
-    if len(paths) == 1:
-        subdirs = sorted(d for d in paths[0].iterdir() if d.is_dir() and not d.is_symlink())
-        if not subdirs:
-            raise UsageError(f"{paths[0]}: no job folders inside (triage expects one subfolder per job)")
-        return subdirs
-    return sorted(paths)
-
-
-def analyze_job(
-    path: Path, overrides: Mapping[str, Mapping[str, str]] | None = None, render: JobRenderer | None = None
-) -> JobSummary:
-    """Analyse one job folder; never raises for a job's bad input (the error is kept instead)."""
-    from forensics.analyze import analyze
-    from forensics.errors import ForensicsError
+    def done(_i: int, res: JobSummary) -> None:
+        by_id[res.job_id] = res
+        if progress:
+            progress(res.job_id, len(by_id), len(found.jobs))
 
     try:
-        analysis = analyze(path, overrides=overrides, workers=1)
-    except ForensicsError as exc:
-        return JobSummary(path.name, str(path), None, error=str(exc))
-    error = None if analysis.readable else "no readable trace or log"
-    counts = {sev: sum(1 for f in analysis.findings if f.severity.value == sev) for sev in SEVERITIES}
-    damaged = analysis.sources.filter(pl.col("status").is_in(["partial", "failed"])).height
-    files = render(analysis) if render is not None else {}
-    top = analysis.incidents[0].to_json() if analysis.incidents else None
-    return JobSummary(path.name, str(path), [f.to_json() for f in analysis.findings], damaged, files, error, counts, top)
-
-
-def _worker(args: tuple[Path, Mapping[str, Mapping[str, str]] | None, JobRenderer | None]) -> JobSummary:
-    return analyze_job(*args)
-
-
-def triage(
-    jobs: list[Path],
-    overrides: Mapping[str, Mapping[str, str]] | None = None,
-    workers: int | None = None,
-    progress: Callable[[str, int, int], None] | None = None,
-    render: JobRenderer | None = None,
-) -> list[JobSummary]:
-    """Analyse every job (in ``workers`` processes); ``render`` makes each job's report files there."""
-    n_workers = workers if workers is not None else min(os.cpu_count() or 1, len(jobs))
-    results: list[JobSummary] = []
-
-    def done(_index: int, res: JobSummary) -> None:
-        results.append(res)
-        if progress:
-            progress(res.name, len(results), len(jobs))
-
-    if n_workers > 1 and len(jobs) > 1:
-        run_pool(_worker, [(j, overrides, render) for j in jobs], n_workers, _lost, done)
-        order = {str(j): i for i, j in enumerate(jobs)}
-        results.sort(key=lambda r: order[r.path])
-    else:
-        for i, job in enumerate(jobs):
-            done(i, analyze_job(job, overrides, render))
-    return results
-
-
-def _lost(args: tuple[Path, Any, Any], why: str) -> JobSummary:
-    return JobSummary(args[0].name, str(args[0]), None, error=f"not analysed: {why} (out of memory?)")
-
-
-def job_table(results: list[JobSummary]) -> pl.DataFrame:
-    """One row per job, worst first: severity, then the top incident's GPU-hours, then all GPU-seconds lost."""
-    order = {sev: i for i, sev in enumerate(SEVERITIES)}
-    rows = []
-    for r in results:
-        inc = r.top_incident  # its root cause names the job's problem, not a symptom
-        top = inc["title"] if inc else None
-        rows.append(
-            {
-                "job": r.name,
-                "worst": r.worst or ("error" if r.error else "clean"),
-                "critical": r.counts.get("critical", 0),
-                "warning": r.counts.get("warning", 0),
-                "info": r.counts.get("info", 0),
-                "gpu_seconds_lost": round(r.gpu_seconds_lost, 3),
-                "damaged_sources": r.damaged_sources,
-                "top_finding": top or r.error,
-                "top_incident": inc["verdict"] if inc else None,
-                "top_incident_gpu_hours": inc["gpu_hours_lost"] if inc else None,
-                "_order": order.get(r.worst or "", 3 if not r.error else -1),
-            }
-        )
-    if not rows:
-        return pl.DataFrame()
-    return (
-        pl.DataFrame(rows)
-        .sort(["_order", "top_incident_gpu_hours", "gpu_seconds_lost", "job"], descending=[False, True, True, False],
-              nulls_last=True)
-        .drop("_order")
-    )
-
-
-def host_table(results: list[JobSummary]) -> pl.DataFrame:
-    """Hosts named by findings in more than one job come first: recurring bad nodes."""
-    rows = [
-        {"host": host, "job": r.name, "detector": f["detector"], "severity": f["severity"]}
-        for r in results
-        for f in r.findings or []
-        for host in f["hosts"]
-    ]
-    if not rows:
-        return pl.DataFrame(schema={"host": pl.String, "jobs": pl.UInt32, "findings": pl.UInt32,
-                                    "critical": pl.UInt32, "detectors": pl.String, "job_names": pl.String})
-    return (
-        pl.DataFrame(rows)
-        .group_by("host")
-        .agg(
-            pl.col("job").n_unique().alias("jobs"),
-            pl.len().alias("findings"),
-            (pl.col("severity") == "critical").sum().alias("critical"),
-            pl.col("detector").unique().sort().str.join(", ").alias("detectors"),
-            pl.col("job").unique().sort().str.join(", ").alias("job_names"),
-        )
-        .sort(["jobs", "critical", "findings", "host"], descending=[True, True, True, False])
-    )
+        staging.mkdir(parents=True, exist_ok=True)
+        if engine == "ray":
+            run_ray(tasks, done, ray_address)
+        else:
+            run_local(tasks, done, workers)
+    except BaseException:
+        run.cleanup()
+        raise
+    run.summaries = [by_id[j] for j in sorted(by_id)]
+    run.data = dataset(run.summaries)
+    return run

@@ -1,34 +1,52 @@
-"""triage.json (jobs ranked worst first, hosts that recur) and the per-job files triage writes."""
+"""triage.json (the dataset's rows, the jobs ranked by cost, the drain candidates, what was skipped) and
+the report files triage writes for each job (the same renderers as ``forensics analyze``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import orjson
+from forensics.reports import html as html_report
 from forensics.reports import json_report, markdown
 
 from forensics import __version__
 from forensics.analyze import Analysis
-from forensics.triage import JobSummary, host_table, job_table
+from forensics.triage import TriageRun
+from forensics.triage_data import job_ranking, recurring_culprits
 
 
-def build(results: list[JobSummary]) -> dict[str, Any]:
-    """The triage.json document: one record per job and one per host named by findings."""
+def overview(run: TriageRun) -> dict[str, Any]:
+    """Counts for the first lines of every triage page."""
+    failed = sum(s.status == "failed" for s in run.summaries)
+    lost = [s.gpu_hours_lost for s in run.summaries if s.gpu_hours_lost is not None]
     return {
-        "schema_version": 1,
-        "tool": {"name": "forensics", "version": __version__},
-        "jobs": job_table(results).to_dicts(),
-        "hosts": host_table(results).to_dicts(),
+        "jobs": len(run.summaries), "analysed": len(run.analysed), "unchanged": len(run.summaries) - len(run.analysed),
+        "failed": failed, "skipped": len(run.found.skipped), "gpu_hours_lost": round(sum(lost), 6),
+        "state_note": run.previous.note,
     }
 
 
-def render(results: list[JobSummary]) -> bytes:
-    return orjson.dumps(build(results), option=orjson.OPT_INDENT_2)
+def build(run: TriageRun) -> dict[str, Any]:
+    """The triage.json document; ``rows`` holds the same data as triage.parquet (docs/triage.md)."""
+    return {
+        "schema_version": 2,
+        "tool": {"name": "forensics", "version": __version__},
+        "overview": overview(run),
+        "rows": run.data.to_dicts(),
+        "jobs": job_ranking(run.data, run.analysed).to_dicts(),
+        "recurring_culprits": recurring_culprits(run.data).to_dicts(),
+        "skipped": [{"path": s.path, "reason": s.reason} for s in run.found.skipped],
+    }
+
+
+def render(run: TriageRun) -> bytes:
+    return orjson.dumps(build(run), option=orjson.OPT_INDENT_2)
 
 
 def job_files(analysis: Analysis) -> dict[str, bytes]:
-    """The files triage writes for one job (findings.json and summary.md); runs in the worker process."""
+    """A job's report files, exactly as ``forensics analyze`` writes them; runs in the worker process."""
     return {
-        "findings.json": orjson.dumps(json_report.build(analysis), option=orjson.OPT_INDENT_2),
+        "findings.json": json_report.render(analysis),
         "summary.md": markdown.render(analysis).encode("utf-8"),
+        "report.html": html_report.render(analysis).encode("utf-8"),
     }

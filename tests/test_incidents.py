@@ -287,18 +287,14 @@ def test_real_nccl_logs_give_byte_identical_findings(tmp_path):
 
 
 def test_triage_ranks_jobs_by_their_top_incident():
-    from forensics.triage import JobSummary, analyze_job, job_table
+    from forensics.triage import JobTask, analyze_job
+    from forensics.triage_data import dataset, job_ranking
 
-    xid = analyze_job(ROOT / "sample_traces" / "xid79")
-    table = job_table([analyze_job(ROOT / "sample_traces" / "ddp_straggler"), xid])
+    def run(name: str):
+        return analyze_job(JobTask(name, str(ROOT / "sample_traces" / name), "fp"))
+
+    xid = run("xid79")
+    table = job_ranking(dataset([run("ddp_straggler"), xid]))
     top = table.row(0, named=True)
-    assert top["job"] == "xid79" and top["top_finding"].startswith("Xid 79")  # not the busy_wait symptom
-    assert top["top_incident"] == xid.top_incident["verdict"]
-
-    def job(name: str, hours: float, total_s: float) -> JobSummary:
-        return JobSummary(name, name, [{"impact": {"gpu_seconds_lost": total_s}}], counts={"critical": 1},
-                          top_incident={"title": name, "verdict": name, "gpu_hours_lost": hours})
-
-    # equal severity: the larger top incident first, whatever the sum over all findings
-    order = job_table([job("small_top", 0.5, 9000.0), job("big_top", 2.0, 7200.0)])["job"].to_list()
-    assert order == ["big_top", "small_top"]
+    assert top["job_id"] == "xid79" and top["top_incident"].startswith("Xid 79")  # not the busy_wait symptom
+    assert top["top_verdict"] == xid.incidents[0]["verdict"]
