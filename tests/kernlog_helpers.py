@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import calendar
+
 import orjson
 import polars as pl
 from forensics.parsers.common import ParseResult
@@ -11,6 +13,27 @@ from forensics.detectors import run_detectors
 from forensics.findings import Finding
 from forensics.frames import JobFrames
 from tests.conftest import shared_path
+
+T0 = calendar.timegm((2025, 3, 1, 10, 0, 0, 0, 0, 0)) * 10**9  # 2025-03-01T10:00:00Z
+
+
+def iso(sec: float) -> str:
+    """``sec`` seconds after T0 as a journalctl short-iso-precise timestamp."""
+    whole = int(sec)
+    h, m, s = 10 + whole // 3600, whole // 60 % 60, whole % 60
+    return f"2025-03-01T{h:02d}:{m:02d}:{s:02d}.{int(round((sec - whole) * 1e6)):06d}+00:00"
+
+
+def journal(lines: list[tuple[str, float, str]]) -> str:
+    """(host, seconds after T0, kernel message) -> journalctl -o short-iso-precise text."""
+    return "".join(f"{iso(t)} {h} kernel: {m}\n" for h, t, m in lines)
+
+
+def kernel_frame(text: str, source: str) -> pl.DataFrame:
+    """The kernel_events frame of a kernel-log text."""
+    from forensics.parsers.kernel_log import parse_text
+
+    return parse_text(text, source).frames["kernel_events"]
 
 
 def parse_sample(name: str) -> ParseResult:

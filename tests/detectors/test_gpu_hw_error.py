@@ -3,13 +3,11 @@ clean logs (benign only: nothing), and skips."""
 
 from __future__ import annotations
 
-import calendar
 import shutil
 from pathlib import Path
 
 import polars as pl
 import pytest
-from forensics.parsers.kernel_log import parse_text
 from forensics.parsers.nvidia_smi import parse_text as smi_text
 from forensics.reports import json_report
 
@@ -21,24 +19,12 @@ from forensics.findings import Severity
 from forensics.frames import JobFrames
 from tests.conftest import assert_valid_findings, shared_path
 from tests.detectors.nccl_fixtures import frames_from
-from tests.kernlog_helpers import detect
-
-T0 = calendar.timegm((2025, 3, 1, 10, 0, 0, 0, 0, 0)) * 10**9  # 2025-03-01T10:00:00Z
-
-
-def _iso(sec: float) -> str:
-    whole = int(sec)
-    h, m, s = 10 + whole // 3600, whole // 60 % 60, whole % 60
-    return f"2025-03-01T{h:02d}:{m:02d}:{s:02d}.{int(round((sec - whole) * 1e6)):06d}+00:00"
-
-
-def _log(lines: list[tuple[str, float, str]]) -> str:
-    """(host, seconds after T0, kernel message) -> journalctl -o short-iso-precise text."""
-    return "".join(f"{_iso(t)} {h} kernel: {m}\n" for h, t, m in lines)
+from tests.kernlog_helpers import T0, detect, kernel_frame
+from tests.kernlog_helpers import journal as _log
 
 
 def _kernel(text: str, source: str = "logs/dmesg.log") -> pl.DataFrame:
-    return parse_text(text, source).frames["kernel_events"]
+    return kernel_frame(text, source)
 
 
 def _ranks(rows: list[tuple[int, str, int, int]]) -> pl.DataFrame:

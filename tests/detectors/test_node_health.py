@@ -4,34 +4,20 @@ samples (EDAC UE, CPU throttling, OOM, lockups, IB port at boot) are in tests/te
 
 from __future__ import annotations
 
-import calendar
-
 import polars as pl
-from forensics.parsers.kernel_log import parse_text
 
 from forensics.context import JobContext
 from forensics.detectors import run_detectors
 from forensics.findings import Severity
 from forensics.frames import JobFrames
-from tests.kernlog_helpers import detect
+from tests.kernlog_helpers import T0, detect, kernel_frame
+from tests.kernlog_helpers import journal as _log
 
-T0 = calendar.timegm((2025, 3, 1, 10, 0, 0, 0, 0, 0)) * 10**9  # 2025-03-01T10:00:00Z
 S = 10**9
 
 
-def _iso(sec: float) -> str:
-    whole = int(sec)
-    h, m, s = 10 + whole // 3600, whole // 60 % 60, whole % 60
-    return f"2025-03-01T{h:02d}:{m:02d}:{s:02d}.{int(round((sec - whole) * 1e6)):06d}+00:00"
-
-
-def _log(lines: list[tuple[str, float, str]]) -> str:
-    """(host, seconds after T0, kernel message) -> journalctl -o short-iso-precise text."""
-    return "".join(f"{_iso(t)} {h} kernel: {m}\n" for h, t, m in lines)
-
-
 def _kernel(text: str, source: str = "logs/kern.log") -> pl.DataFrame:
-    return parse_text(text, source).frames["kernel_events"]
+    return kernel_frame(text, source)
 
 
 def _ranks(rows: list[tuple[int, str, int]]) -> pl.DataFrame:
