@@ -19,7 +19,7 @@ import jinja2
 import plotly.graph_objects as go
 import plotly.io as pio
 import polars as pl
-from forensics.reports.views import View, build_views
+from forensics.reports.views import View, build_views, view_for
 from markupsafe import Markup
 from plotly.offline import get_plotlyjs
 
@@ -34,27 +34,6 @@ MAX_TABLE_ROWS = 500
 MAX_EVIDENCE_ROWS = 50
 MAX_RANK_ROWS = 2048
 """Ranks and GPUs are listed whole up to this many (a 1,024-rank job: about 0.3 MB)."""
-
-# Which view shows the facts a detector's finding is about (anchor ids of reports.views).
-_VIEW_OF_DETECTOR = {
-    "straggler": "rank-step-heatmap",
-    "exposed_comm": "step-anatomy",
-    "gpu_idle": "step-anatomy",
-    "busy_wait": "collectives",
-    "pipeline_bubble": "timeline",
-    "gpu_hw_error": "hw-events",
-    "gpu_health": "hw-events",
-    "node_health": "hw-events",
-    "nccl_timeout": "hw-events",  # the hardware/host events view marks the NCCL timeout
-}
-
-
-def view_of(detector: str) -> str | None:
-    """The anchor of the view that shows a detector's evidence; None when no view does."""
-    if detector in _VIEW_OF_DETECTOR:
-        return _VIEW_OF_DETECTOR[detector]
-    return "nccl-config" if detector.startswith("nccl_") else None
-
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("forensics.reports", "templates"),
@@ -245,7 +224,7 @@ def _is_number(text: str) -> bool:
 
 
 def _finding_data(f: Finding, views: dict[str, ViewData]) -> dict[str, Any]:
-    target = views.get(view_of(f.detector) or "")
+    target = views.get(view_for(f.detector) or "")
     return {
         "id": f.id, "detector": f.detector, "severity": f.severity.value, "title": f.title, "scope": f.scope,
         "summary": f.summary, "remediation": f.remediation, "confidence": f.confidence, "incident": f.incident,

@@ -68,13 +68,13 @@ def build_views(analysis: Analysis) -> list[View]:
 
 DETECTOR_VIEWS: dict[str, str] = {
     "straggler": "rank-step-heatmap",
-    "busy_wait": "step-anatomy",
+    "busy_wait": "collectives",  # the per-collective table names who was waited for
     "exposed_comm": "step-anatomy",
-    "gpu_idle": "timeline",
+    "gpu_idle": "step-anatomy",
     "pipeline_bubble": "timeline",
     "gpu_hw_error": "hw-events",
-    "nccl_timeout": "hw-events",
-    "nccl_algorithm": "collectives",
+    "nccl_timeout": "hw-events",  # the hardware and host events view marks the NCCL timeout
+    "nccl_algorithm": "nccl-config",
     "nccl_transport": "nccl-config",
     "slow_link": "collectives",
     "node_health": "hw-events",
