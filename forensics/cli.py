@@ -534,7 +534,7 @@ def triage(
 def diff(
     base_dir: Path = typer.Argument(..., help="the run that was fine (BASE): a run folder, or an earlier `forensics frames` output"),
     new_dir: Path = typer.Argument(..., help="the run to explain (NEW): a run folder, or an earlier `forensics frames` output"),
-    out_dir: Path = typer.Option(..., "--out", "-o", help="where to write diff.json and diff.md"),
+    out_dir: Path = typer.Option(..., "--out", "-o", help="where to write diff.json, diff.md and diff.html"),
     fail_slower: float | None = typer.Option(None, "--fail-slower", min=0.0,
                                              help="exit 1 when NEW's mean step is slower than BASE's by more than this fraction (e.g. 0.05)"),
     workers: int | None = typer.Option(None, "--workers", min=1, help=_WORKERS_HELP),
@@ -546,7 +546,7 @@ def diff(
     from forensics.analyze import analyze_frames, is_frames_output, load_frames_output
     from forensics.diff import compare, profile
     from forensics.outputs import OutputSet
-    from forensics.reports import diff_report
+    from forensics.reports import diff_html, diff_report
 
     profiles = []
     for label, path in (("BASE", base_dir), ("NEW", new_dir)):
@@ -565,6 +565,7 @@ def diff(
     outs = OutputSet(out_dir)
     outs.add_bytes("diff.json", diff_report.render_json(d, str(base_dir), str(new_dir)))
     outs.add_text("diff.md", diff_report.render_md(d))
+    outs.add_text("diff.html", diff_html.render(d))
     _commit(outs)
     out.print(d.verdict, highlight=False, markup=False)
     out.print(f"Diff: {out_dir}", highlight=False, markup=False)

@@ -35,7 +35,7 @@ MAX_EVIDENCE_ROWS = 50
 MAX_RANK_ROWS = 2048
 """Ranks and GPUs are listed whole up to this many (a 1,024-rank job: about 0.3 MB)."""
 
-_ENV = jinja2.Environment(
+ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("forensics.reports", "templates"),
     autoescape=True,  # every {{ value }} is HTML-escaped; only the plotly markup below is marked safe
     undefined=jinja2.StrictUndefined,
@@ -49,7 +49,7 @@ def _anchor(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "-", text)
 
 
-_ENV.filters["anchor"] = _anchor
+ENV.filters["anchor"] = _anchor
 
 
 def _cell(value: Any) -> str:
@@ -82,7 +82,7 @@ def table(caption: str, df: pl.DataFrame, max_rows: int = MAX_TABLE_ROWS, status
     return Table(caption, list(df.columns), rows, numeric, max(df.height - max_rows, 0), classes)
 
 
-def _figure_html(fig: go.Figure, div_id: str) -> Markup:
+def figure_html(fig: go.Figure, div_id: str) -> Markup:
     """One figure as a <div> and its <script>; plotly.js itself is inlined once in <head>."""
     fig.update_layout(template="plotly_white")
     # plotly.io's JSON escapes <, > and /: no label from the input can close the <script>
@@ -111,7 +111,7 @@ def prose(text: str | None) -> str | None:
 
 def _view_data(view: View) -> ViewData:
     vid = _anchor(view.id)
-    figures = [] if view.empty_reason else [_figure_html(f, f"{vid}-fig{i}") for i, f in enumerate(view.figures)]
+    figures = [] if view.empty_reason else [figure_html(f, f"{vid}-fig{i}") for i, f in enumerate(view.figures)]
     tables = [] if view.empty_reason else [table(prose(cap) or "", df) for cap, df in view.tables]
     return ViewData(vid, prose(view.title) or "", prose(view.caption) or "", prose(view.empty_reason), figures, tables)
 
@@ -292,4 +292,4 @@ def render(analysis: Analysis) -> str:
     has_figures = any(v.figures for v in data["views"])
     # plotly.js is code we ship, not input: it goes in as it is, once, and only when a figure needs it
     plotly_js = Markup(get_plotlyjs()) if has_figures else None
-    return _ENV.get_template("report.html.j2").render(**data, plotly_js=plotly_js)
+    return ENV.get_template("report.html.j2").render(**data, plotly_js=plotly_js)

@@ -14,6 +14,7 @@ import pytest
 from forensics.analyze import analyze
 from forensics.diff import RunDiff, RunProfile, compare, profile
 from forensics.simulate import simulate
+from tests.browser import open_page  # noqa: F401  (a pytest fixture)
 from tests.conftest import run_cli
 
 
@@ -112,6 +113,22 @@ def test_markdown_escapes_run_names(runs: dict[str, Path], tmp_path: Path):
     assert run_cli("diff", str(odd), str(runs["clean8_seed7"]), "--out", str(out), "-q").returncode == 0
     head = (out / "diff.md").read_text().splitlines()[0]
     assert head == "# forensics diff: a\\|b\\`\\<i\\> -> clean8\\_seed7"
+
+
+def test_diff_page_in_the_browser(runs: dict[str, Path], tmp_path: Path, open_page):  # noqa: F811
+    odd = tmp_path / "base<img src=x onerror=alert(1)>"
+    shutil.copytree(runs["clean8"], odd)
+    out = tmp_path / "d"
+    res = run_cli("diff", str(odd), str(runs["input_bound"]), "--out", str(out), "-q")
+    assert res.returncode == 0, res.stderr
+    opened = open_page(out / "diff.html")
+    page = opened.page
+    assert page.locator("#verdict").inner_text() == res.stdout.splitlines()[0]  # the CLI's verdict line
+    assert page.locator("#fig-delta .main-svg").count() >= 1  # the waterfall drew, offline
+    assert page.locator("h1").inner_text().startswith("forensics diff: base<img src=x onerror=alert(1)>")
+    first = page.locator("#contributors tbody tr").first.locator("td").all_inner_texts()
+    assert first[0] == "GPU idle" and first[1].startswith("+")
+    opened.assert_clean()
 
 
 def test_unreadable_input_is_exit_2(tmp_path: Path, runs: dict[str, Path]):
