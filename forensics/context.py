@@ -17,6 +17,7 @@ import polars as pl
 
 from forensics.breakdown import Breakdown, compute_breakdown, kernel_exposure
 from forensics.collectives import CollectiveMatch, match_collectives, pg_type_expr
+from forensics.flops import op_throughput
 from forensics.frames import JobFrames
 from forensics.identity import job_identities
 from forensics.op_categories import categorized_kernels, category_breakdown, op_attribution
@@ -158,6 +159,13 @@ class JobContext:
     def op_attribution(self) -> pl.DataFrame:
         """Per rank, category and launching CPU op: kernels, time_ns, kernel_names (largest first)."""
         return op_attribution(self.kernel_categories, self.frames)
+
+    @cached_property
+    def op_throughput(self) -> pl.DataFrame:
+        """GEMM and attention ops by shape: calls, kernel time, achieved TFLOP/s and share of the device's
+        dense peak (:func:`forensics.flops.op_throughput`); empty when the trace recorded no shapes."""
+        f = self.frames
+        return op_throughput(f["op_shapes"], f["kernels"], f["cpu_ops"], f["ranks"])
 
     @cached_property
     def clock_offsets(self) -> ClockOffsets:

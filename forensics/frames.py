@@ -226,7 +226,25 @@ PROCESS_GROUPS = FrameSpec(
     ),
 )
 
-_register(SOURCES, KERNELS, CPU_OPS, STEPS, COMMS, RANKS, PROCESS_GROUPS)
+OP_SHAPES = FrameSpec(
+    "op_shapes",
+    "GEMM and attention ops with the input shapes the profiler recorded (`record_shapes=True`); only the ops "
+    "whose FLOPs forensics.flops can count.",
+    (
+        _RANK,
+        _HOST,
+        _SOURCE,
+        _c("tid", pl.Int64(), "thread id of the op (its kernel launches are on the same thread)"),
+        _c("name", pl.String(), "op name, e.g. `aten::addmm`"),
+        _c("start_ns", pl.Int64(), "host op start, ns"),
+        _c("end_ns", pl.Int64(), "host op end, ns"),
+        _c("external_id", pl.Int64(), "Kineto `External id`"),
+        _c("input_dims", pl.String(), "`Input Dims` as JSON, one list per input (`[]` for a scalar or none)"),
+        _c("input_types", pl.String(), "`Input type` as JSON, one name per input (`c10::BFloat16`, `float`)"),
+    ),
+)
+
+_register(SOURCES, KERNELS, CPU_OPS, STEPS, COMMS, RANKS, PROCESS_GROUPS, OP_SHAPES)
 
 # --- NCCL log frames (NCCL issue) ------------------------------------------------------------
 

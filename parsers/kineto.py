@@ -109,10 +109,11 @@ class KinetoBatch:
         gpu = ex.gpu_frame()
         cpu = ex.cpu_frame()
         comm_raw = ex.comm_frame(cpu)
+        shapes = ex.shape_frame(cpu)
         cpu = cpu.drop("_row") if cpu is not None else None
         bases = pl.Series([_base_ns(f.outcome.meta) for f in files], dtype=pl.Int64)
         if (bases != 0).any():
-            gpu, cpu, comm_raw = (_shift(df, bases) for df in (gpu, cpu, comm_raw))
+            gpu, cpu, comm_raw, shapes = (_shift(df, bases) for df in (gpu, cpu, comm_raw, shapes))
         _hosts(files, cpu)
         kernels = _kernels(gpu)
         cpu_ops = _cpu_ops(cpu, kernels, one_file=len(files) == 1)
@@ -123,7 +124,8 @@ class KinetoBatch:
         ident = _ident(files)
         out: dict[str, pl.DataFrame] = {}
         counts: dict[str, dict[int, int]] = {}
-        for name, df in (("kernels", kernels), ("cpu_ops", cpu_ops), ("steps", steps), ("comms", comms)):
+        for name, df in (("kernels", kernels), ("cpu_ops", cpu_ops), ("steps", steps), ("comms", comms),
+                         ("op_shapes", shapes)):
             out[name], counts[name] = _stamp(name, df, ident)
         out["ranks"] = ranks
         out["process_groups"] = _process_groups(files)

@@ -14,7 +14,10 @@ from array import array
 from collections import Counter
 from typing import Any
 
+import orjson
 import polars as pl
+
+from forensics.flops import SHAPED_OPS
 
 NULL = -(1 << 63)  # integer-buffer stand-in for a missing value
 NAN = math.nan
@@ -56,7 +59,8 @@ _NO3 = (NULL, NULL, NULL)
 _DATA_ERRORS = (TypeError, ValueError, IndexError, KeyError, OverflowError, AttributeError)
 # One chunk, converted but not yet committed: GPU and CPU columns, (row in chunk, args) of the
 # kernels and host ops whose collective args are wanted, and the skipped (ph, cat) counts.
-_Staged = tuple[list[tuple[str, array]], list[tuple[str, array]], list[tuple[int, dict]], list[tuple[int, dict]], Counter]
+_Staged = tuple[list[tuple[str, array]], list[tuple[str, array]], list[tuple[int, dict]], list[tuple[int, dict]],
+                list[tuple[int, dict]], Counter]
 
 
 def _to_int(value: object) -> int:
@@ -110,6 +114,9 @@ class Extractor:
         self.comm_name_ids: set[int] = set()
         self.gpu_comm_args: list[tuple] = []  # (row, *GPU_ARG_KEYS values) for kernels carrying them
         self.comm_ops: list[tuple] = []  # (cpu row, *COMM_ARG_KEYS values)
+        # GEMM / attention ops (forensics.flops.SHAPED_OPS): (cpu row, Input Dims JSON, Input type JSON)
+        self.shape_name_ids: set[int] = set()
+        self.shape_ops: list[tuple] = []
         self.skipped: Counter[tuple] = Counter()
         self.malformed = 0
         # bound appends of every column, in _G / _C order, for the per-event path
@@ -118,28 +125,30 @@ class Extractor:
         # One extractor may take several files (a batch of small traces): (file index, GPU rows,
         # host rows) of each file taken, in order; the frames carry the index in ``_f``.
         self.files: list[tuple[int, int, int]] = []
-        self._mark = (0, 0, 0, 0)
+        self._mark = (0, 0, 0, 0, 0)
         self.dropped: Counter[int] = Counter()  # per file: events dropped when the frames are built
 
     def begin_file(self) -> None:
         """Start a file: its skipped and malformed counts start from zero."""
-        self._mark = (len(self.g["ts"]), len(self.c["ts"]), len(self.gpu_comm_args), len(self.comm_ops))
+        self._mark = (len(self.g["ts"]), len(self.c["ts"]), len(self.gpu_comm_args), len(self.comm_ops),
+                      len(self.shape_ops))
         self.skipped = Counter()
         self.malformed = 0
 
     def end_file(self, index: int) -> None:
-        g0, c0, _, _ = self._mark
+        g0, c0, _, _, _ = self._mark
         self.files.append((index, len(self.g["ts"]) - g0, len(self.c["ts"]) - c0))
 
     def drop_file(self) -> None:
         """Forget every row of the file begun last (it failed): the batch goes on without it."""
-        g0, c0, ga, co = self._mark
+        g0, c0, ga, co, so = self._mark
         for arr in self.g.values():
             del arr[g0:]
         for arr in self.c.values():
             del arr[c0:]
         del self.gpu_comm_args[ga:]
         del self.comm_ops[co:]
+        del self.shape_ops[so:]
 
     def _count_dropped(self, df: pl.DataFrame, gpu: bool) -> None:
         """Per file, the events ``_typed_frame`` dropped for a time out of range (malformed)."""
@@ -162,6 +171,8 @@ class Extractor:
             code = self.names[key] = len(self.names)
             if key.startswith(COMM_OP_PREFIXES):
                 self.comm_name_ids.add(code)
+            elif key in SHAPED_OPS:
+                self.shape_name_ids.add(code)
         return code
 
     def feed(self, events: list) -> None:
@@ -178,7 +189,7 @@ class Extractor:
         except _DATA_ERRORS:
             self._feed_rows(events)
             return
-        gcols, ccols, gargs, cops, skipped = staged
+        gcols, ccols, gargs, cops, sops, skipped = staged
         g0, c0 = len(self.g["ts"]), len(self.c["ts"])
         for col, arr in gcols:
             self.g[col].extend(arr)
@@ -188,6 +199,8 @@ class Extractor:
             self.gpu_comm_args.extend((g0 + i, *[_arg_value(col, a.get(key)) for key, col in GPU_ARG_KEYS]) for i, a in gargs)
         if cops:
             self.comm_ops.extend((c0 + i, *[_arg_value(col, a.get(key)) for key, col in COMM_ARG_KEYS]) for i, a in cops)
+        if sops:
+            self.shape_ops.extend(_shape_row(c0 + i, a) for i, a in sops)
         self.skipped.update(skipped)
 
     # Column order of the fast path's per-event tuples, with each column's array typecode.
@@ -204,11 +217,12 @@ class Extractor:
         an unused entry in the name table changes no output.
         """
         gpu_cats, cpu_cats, names, intern = GPU_CATS, CPU_CATS, self.names, self._intern
-        comm_ids = self.comm_name_ids
+        comm_ids, shape_ids = self.comm_name_ids, self.shape_name_ids
         grows: list[tuple] = []
         crows: list[tuple] = []
         gargs: list[tuple[int, dict]] = []
         cops: list[tuple[int, dict]] = []
+        sops: list[tuple[int, dict]] = []
         skipped: list[tuple] = []
         gadd, cadd = grows.append, crows.append
         for e in events:
@@ -250,10 +264,12 @@ class Extractor:
                   a.get("correlation", NULL), ext if ext is not None else a.get("external id", NULL)))
             if nid in comm_ids and code in _COMM_OP_CATS:
                 cops.append((len(crows) - 1, a))
+            elif nid in shape_ids and "Input Dims" in a:
+                sops.append((len(crows) - 1, a))
         # array() raises on a value of the wrong type (a float id, a string ts, a 65-bit int).
         gcols = [(col, array(tc, vals)) for (col, tc), vals in zip(self._GROW, zip(*grows))] if grows else []
         ccols = [(col, array(tc, vals)) for (col, tc), vals in zip(self._CROW, zip(*crows))] if crows else []
-        return gcols, ccols, gargs, cops, Counter(skipped)  # Counter(): an unhashable ph raises here
+        return gcols, ccols, gargs, cops, sops, Counter(skipped)  # Counter(): an unhashable ph raises here
 
     def _feed_rows(self, events: list) -> None:
         """The per-event loop: a value the fast appends reject sends that event to the slow paths."""
@@ -344,6 +360,8 @@ class Extractor:
             nid = self._intern(e["name"])
         if nid in self.comm_name_ids and code in _COMM_OP_CATS:
             self.comm_ops.append((n, *[_arg_value(col, a.get(key)) for key, col in COMM_ARG_KEYS]))
+        elif nid in self.shape_name_ids and "Input Dims" in a:
+            self.shape_ops.append(_shape_row(n, a))
 
     # Slow paths: an event with an unusual value (string ids, nulls, short grid lists, a missing
     # ts). Values are coerced one by one; an event without a name or a numeric ts is malformed.
@@ -439,6 +457,21 @@ class Extractor:
         rows = cpu.join(args, on="_row", how="inner")
         return rows.select("_f", "pid", "tid", "name", "start_ns", "end_ns", "external_id",
                            *[col for _, col in COMM_ARG_KEYS])
+
+
+    def shape_frame(self, cpu: pl.DataFrame | None) -> pl.DataFrame | None:
+        """The GEMM and attention ops whose input shapes the trace recorded (``record_shapes=True``)."""
+        if cpu is None or not self.shape_ops:
+            return None
+        args = pl.DataFrame(self.shape_ops, schema={"_row": pl.UInt32, "input_dims": pl.String,
+                                                    "input_types": pl.String}, orient="row")
+        rows = cpu.join(args, on="_row", how="inner")
+        return rows.select("_f", "tid", "name", "start_ns", "end_ns", "external_id", "input_dims", "input_types")
+
+
+def _shape_row(row: int, a: dict) -> tuple[int, str, str]:
+    """Shapes as JSON text: one string column, whatever the nesting the profiler wrote."""
+    return (row, orjson.dumps(a.get("Input Dims")).decode(), orjson.dumps(a.get("Input type")).decode())
 
 
 # Times (µs) beyond this are rejected per event: start + duration in ns must fit an Int64 (year 2096).

@@ -60,4 +60,20 @@ def op_categories_view(analysis: Analysis) -> View:
                       margin=dict(t=30, b=40, l=50, r=10))
     view.figures.append(fig)
     view.tables.append((f"Top {TOP_OPS} ops by GPU kernel time (all ranks)", top_ops(ctx.op_attribution)))
+    view.tables.append(throughput_table(ctx.op_throughput))
     return view
+
+
+def throughput_table(tp: pl.DataFrame) -> tuple[str, pl.DataFrame]:
+    """GEMM / attention shapes by kernel time, with achieved TFLOP/s against the device's dense peak."""
+    if tp.height == 0:
+        return ("Achieved TFLOP/s: the trace recorded no input shapes of GEMM or attention ops "
+                "(profile with record_shapes=True); not guessed", pl.DataFrame())
+    table = tp.head(TOP_OPS).select(
+        "op", "shapes", "dtype", "device", "calls",
+        (pl.col("kernel_ns") / 1e6).round(3).alias("kernel_ms"),
+        pl.col("tflops").round(2), pl.col("peak_tflops"),
+        (pl.col("efficiency") * 100).round(1).alias("pct_of_peak"),
+    )
+    return (f"Achieved TFLOP/s of the GEMM and attention shapes with the most kernel time (top {TOP_OPS}); "
+            "peak = the device's dense tensor-core figure for the dtype", table)

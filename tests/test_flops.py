@@ -47,3 +47,49 @@ def test_devices_and_dtypes():
     assert peak_tflops("H100", "fp32") == 494.7  # measured against TF32: the trace cannot tell
     assert peak_tflops("A100", "fp8") is None  # no FP8 on Ampere
     assert peak_tflops(None, "bf16") is None
+
+
+def _reference(folder, op: str, dims: list[list[int]]) -> tuple[int, int]:
+    """Straight from the JSON: calls of ``op`` with ``dims`` over all ranks, and the ns of the kernels whose
+    launch began inside such a call and inside no later-starting shaped op of the same thread."""
+    import gzip
+    import json
+
+    from forensics.flops import SHAPED_OPS
+
+    calls, ns = 0, 0
+    for path in sorted(folder.glob("*.json.gz")):
+        events = json.load(gzip.open(path))["traceEvents"]
+        shaped = sorted((e for e in events if e.get("cat") == "cpu_op" and e.get("name") in SHAPED_OPS
+                         and "Input Dims" in e.get("args", {})), key=lambda e: e["ts"])
+        kern = {}
+        for e in events:
+            if e.get("cat") == "kernel":
+                kern[e["args"]["correlation"]] = kern.get(e["args"]["correlation"], 0) + round(e["dur"] * 1000)
+        for e in events:
+            if e.get("cat") != "cuda_runtime" or e["args"].get("correlation") not in kern:
+                continue
+            open_ops = [o for o in shaped if o["tid"] == e["tid"] and o["ts"] <= e["ts"]]
+            if open_ops and open_ops[-1]["ts"] + open_ops[-1]["dur"] >= e["ts"]:
+                o = open_ops[-1]
+                if o["name"] == op and o["args"]["Input Dims"] == dims:
+                    ns += kern[e["args"]["correlation"]]
+        calls += sum(1 for o in shaped if o["name"] == op and o["args"]["Input Dims"] == dims)
+    return calls, ns
+
+
+def test_achieved_tflops_on_the_real_dlrm_traces():
+    """param_dlrm_8rank records shapes: the fp32 [16,512] x [512,512] GEMM, checked against the raw JSON."""
+    import polars as pl
+
+    from forensics.analyze import analyze
+    from tests.conftest import shared_path
+
+    folder = shared_path("kineto", "param_dlrm_8rank")
+    tp = analyze(folder).context.op_throughput
+    row = tp.filter((pl.col("op") == "aten::mm") & (pl.col("shapes") == "[[16,512],[512,512]]")).row(0, named=True)
+    calls, ns = _reference(folder, "aten::mm", [[16, 512], [512, 512]])
+    assert (row["calls"], row["kernel_ns"]) == (calls, ns)
+    assert row["dtype"] == "fp32" and row["gflop_per_call"] == 2 * 16 * 512 * 512 / 1e9
+    assert row["tflops"] == pytest.approx(calls * 2 * 16 * 512 * 512 / ns / 1e3, rel=1e-12)
+    assert tp.filter(pl.col("op") == "aten::linear").height == 0  # its kernels belong to the addmm inside
