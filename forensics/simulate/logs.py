@@ -409,7 +409,8 @@ def write_kernel_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
 
 def _inject_xid(inject: _Injector, kernel_log: str, r: int, st: Any, wall0: int, end_ns: int,
                 timeout: dict[str, Any] | None) -> None:
-    """The Xid scenario's lines on the culprit rank's node (``kernel_log``: xid79 / xid48 / xid94 / xid63)."""
+    """The Xid scenario's lines on the culprit rank's node (``kernel_log``: xid79 / xid48 / xid94 / xid149 /
+    xid63)."""
     bus = PCI_BUS_IDS[st.local]
     short = bus[:-2]
     if kernel_log == "xid79":
@@ -429,6 +430,14 @@ def _inject_xid(inject: _Injector, kernel_log: str, r: int, st: Any, wall0: int,
     elif kernel_log == "xid94":
         t = wall0 + end_ns // 2
         inject(t, f"NVRM: Xid (PCI:{short}): 94, pid={st.pid}, name=python3, Contained: SM (0x1). RST: No, D-RST: No", "xid", r, bus)
+    elif kernel_log == "xid149":
+        # NVLink5 (Blackwell): the link fault, then the driver tears down the GPU's channels because of it
+        t = wall0 + end_ns // 2
+        inject(t, f"NVRM: Xid (PCI:{short}): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 03 (0x016415c6 0x00000000 "
+               "0x00000000 0x00000000 0x00000000 0x00000000)", "xid", r, bus)
+        for i, ch in enumerate(("00000001", "00000002")):
+            inject(t + 280_000_000 + i * 1_000_000, f"NVRM: Xid (PCI:{short}): 45, pid={st.pid}, name=python3, "
+                   f"Ch {ch} caused by previous Xid 149", "xid", r, bus)
     elif kernel_log == "xid63":
         t = wall0 + end_ns // 2
         inject(t, f"NVRM: Xid (PCI:{short}): 63, pid={st.pid}, name=python3, Row Remapper: New row (0x00000001a2b3c000) marked for remapping, reset gpu to activate.", "xid", r, bus)

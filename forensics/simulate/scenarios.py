@@ -19,7 +19,7 @@ class Scenario:
     name: str
     summary: str
     build: Callable[[int | None, int | None, Params], Job]
-    kernel_log: str = "benign"          # benign / xid79 / xid48 / xid94 / xid63 / throttle / link_flap / oom
+    kernel_log: str = "benign"          # benign / xid79 / xid48 / xid94 / xid149 / xid63 / throttle / link_flap / oom
 
 
 class Params:
@@ -346,6 +346,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("xid48", "double-bit ECC error (Xid 48) on one GPU", xid(48), kernel_log="xid48"),
     Scenario("xid94", "contained ECC error (Xid 94) on one GPU", xid(94), kernel_log="xid94"),
     Scenario("xid63", "row-remapping event (Xid 63) on one GPU", xid(63), kernel_log="xid63"),
+    Scenario("xid149", "NVLink5 link fault (Xid 149) on one GPU; the driver tears down its channels "
+             "(Xid 45 caused by previous Xid 149)", xid(149), kernel_log="xid149"),
     Scenario("oom_kill", "the OOM killer kills one rank's process (host memory); its peers time out in the watchdog", oom_kill, kernel_log="oom"),
     Scenario("benign_kernel_log", "healthy job whose kernel logs hold only benign noise", ddp_clean),
 )}

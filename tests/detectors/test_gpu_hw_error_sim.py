@@ -19,6 +19,7 @@ CASES = [
     ("xid63", 16, 12, 63, Severity.WARNING),   # node 1: dmesg -T
     ("xid48", 24, 20, 48, Severity.CRITICAL),  # node 2: syslog with embedded monotonic stamps
     ("xid94", 32, 28, 94, Severity.CRITICAL),  # node 3: dmesg --time-format iso
+    ("xid149", 16, 9, 149, Severity.CRITICAL),  # node 1: NVLink5 fault and the Xid 45s it caused: one finding
 ]
 
 
@@ -43,6 +44,15 @@ def test_triggers_one_finding_per_simulated_xid_incident(tmp_path: Path, scenari
     # monotonic dmesg without a boot time stays unplaced; every other style lands in the profile
     assert f.metrics["time_placed"] is (style != "monotonic")
     assert f.metrics["in_profiled_window"] is (None if style == "monotonic" else True)
+
+
+def test_xid149_chain_is_one_nvlink5_finding_rooted_in_the_link_fault(tmp_path: Path):
+    truth, analysis = _run(tmp_path, "xid149", 16, {"rank": "9"})
+    (f,) = analysis.findings  # not one per Xid 45: the channels died of the link fault
+    injected = [i for i in truth["kernel_log"]["injected"] if i["kind"] == "xid"]
+    assert len(injected) == 3  # the 149 and two 45s "caused by previous Xid 149"
+    assert f.metrics["category"] == "nvlink5" and f.metrics["root_xid"] == 149 and f.metrics["events"] == 3
+    assert not f.title.startswith("Application-level")
 
 
 def test_triggers_xid79_pcie_root_cause_and_timeout_rank(tmp_path: Path):
