@@ -76,7 +76,9 @@ def kind_of(f: Finding) -> str:
             return "timeout"
         return {"ras": "missing_rank", "desync": "missing_rank", "cuda_failure": "cuda_failure"}.get(key, "other")
     if det == "nccl_transport":
-        if key in DEGRADED_TRANSPORT_KEYS:
+        # a transport switch in the environment (NCCL_IB_DISABLE ...) is a cause only where it cost the job:
+        # at info the logs showed no effect of it
+        if key in DEGRADED_TRANSPORT_KEYS or (key == "transport_env" and f.severity is not Severity.INFO):
             return "degraded_transport"
         return "transport_failure" if key.startswith("fail_") else "other"
     if det == "nccl_algorithm":
@@ -544,7 +546,8 @@ def kinds_markdown() -> str:
         f"- `host_fault`: categories {', '.join(sorted(HOST_FAULT_CATEGORIES))} (a `node_health` finding at info "
         "level, e.g. correctable DRAM errors below the rate, is `other`)",
         f"- `nic_fault`: categories {', '.join(sorted(NIC_FAULT_CATEGORIES))}",
-        f"- `degraded_transport`: `nccl_transport` findings {', '.join(sorted(DEGRADED_TRANSPORT_KEYS))}; "
+        f"- `degraded_transport`: `nccl_transport` findings {', '.join(sorted(DEGRADED_TRANSPORT_KEYS))}, and "
+        "`transport_env` above info; "
         "`transport_failure`: its `fail_*` findings",
         "- `forced_algorithm`: `nccl_algorithm` forced-by-environment finding",
         "- `timeout`: `nccl_timeout` watchdog/blocking-wait timeout; `missing_rank`: its RAS and desync findings; "

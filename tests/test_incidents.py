@@ -112,6 +112,12 @@ CASES = [
       F("exposed_comm", "0", Severity.WARNING, ranks=(0, 1, 2, 3), hosts=("node07",))],
      [F("nccl_transport", "socket", Severity.WARNING, ranks=(8, 9), hosts=("node09",)),
       F("exposed_comm", "0", Severity.WARNING, ranks=(0, 1, 2, 3), hosts=("node07",))]),
+    # a transport switch in the environment links where it cost the job (warning), not where it had no effect
+    ("degraded_transport_slows_comm",
+     [F("nccl_transport", "transport_env", Severity.WARNING, ranks=(0, 1), hosts=("node07",)),
+      F("exposed_comm", "0", Severity.WARNING, ranks=(0, 1, 2, 3), hosts=("node07",))],
+     [F("nccl_transport", "transport_env", Severity.INFO, ranks=(0, 1), hosts=("node07",)),
+      F("exposed_comm", "0", Severity.WARNING, ranks=(0, 1, 2, 3), hosts=("node07",))]),
     ("forced_algorithm_slows_comm",
      [F("nccl_algorithm", "forced", Severity.WARNING), F("exposed_comm", "0", Severity.WARNING, ranks=(0, 1))],
      [F("nccl_algorithm", "mixed_gpus", Severity.WARNING), F("exposed_comm", "0", Severity.WARNING, ranks=(0, 1))]),
