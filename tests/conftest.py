@@ -41,3 +41,17 @@ def assert_valid_findings(validator, path_or_doc) -> dict:
 def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """The CLI as a user runs it: a fresh interpreter, output captured as text."""
     return subprocess.run([sys.executable, "-m", "forensics.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def write_old_outputs(folder: Path) -> dict[str, bytes]:
+    """An earlier run's output set in ``folder``, to check that a failed or interrupted run leaves it intact."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"findings.json": b'{"old": 1}', "summary.md": b"# old\n", "report.html": b"<html>old</html>"}
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return files
+
+
+def folder_files(folder: Path) -> dict[str, bytes]:
+    """Every file directly in ``folder`` by name, with its bytes ({} when the folder does not exist)."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())} if folder.exists() else {}

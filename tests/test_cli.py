@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SCHEMA_PATH, SHARED, assert_valid_findings, run_cli, shared_path
+from tests.conftest import (
+    ROOT,
+    SCHEMA_PATH,
+    SHARED,
+    assert_valid_findings,
+    folder_files,
+    run_cli,
+    shared_path,
+    write_old_outputs,
+)
 
 
 def test_vendored_schema_matches_shared_contract():
@@ -81,18 +90,6 @@ def run_patched(patch: str, *args: str, **kw) -> subprocess.Popen | subprocess.C
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, **kw)
 
 
-def previous_outputs(out: Path) -> dict[str, bytes]:
-    out.mkdir(parents=True, exist_ok=True)
-    files = {"findings.json": b'{"previous": true}', "summary.md": b"previous", "report.html": b"previous"}
-    for name, data in files.items():
-        (out / name).write_bytes(data)
-    return files
-
-
-def folder(out: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(out.iterdir())} if out.exists() else {}
-
-
 @pytest.mark.parametrize("make_out,expect", [
     (lambda t: (t / "f.txt").write_text("x") and t / "f.txt", "exists and is not a folder"),
     (lambda t: Path("/usr/share/forensics-out"), "system folder"),
@@ -132,14 +129,14 @@ def test_version_help_and_workers(tmp_path: Path):
 
 def test_write_error_is_exit_2_and_keeps_previous_outputs(tmp_path: Path):
     out = tmp_path / "o"
-    before = previous_outputs(out)
+    before = write_old_outputs(out)
     patch = ("import errno, os, forensics.outputs as o\n"
              "def full(path): raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n"
              "o._fsync_file = full")
     res = run_patched(patch, "analyze", str(SAMPLE), "--out", str(out), "-q")
     assert res.returncode == 2, res.stderr
     assert "No space left on device" in one_line(res.stderr)
-    assert folder(out) == before
+    assert folder_files(out) == before
 
 
 def test_internal_error_is_exit_3_with_phase_file_and_crash_txt(tmp_path: Path):
@@ -176,7 +173,7 @@ def test_bug_in_a_detector_or_renderer_names_the_phase(tmp_path: Path):
 @pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
 def test_signal_is_one_line_and_leaves_previous_outputs(tmp_path: Path, sig: int, code: int, word: str):
     out = tmp_path / "o"
-    before = previous_outputs(out)
+    before = write_old_outputs(out)
     ready = tmp_path / "ready"
     # the detectors phase waits (as a slow one would); the signal arrives while it runs
     patch = ("import time, pathlib, forensics.detectors as d\n"
@@ -196,7 +193,7 @@ def test_signal_is_one_line_and_leaves_previous_outputs(tmp_path: Path, sig: int
     assert proc.returncode == code, stderr
     assert one_line(stderr).startswith(f"{word}: during detect")
     assert stdout == ""
-    assert folder(out) == before  # no new output, nothing half-written, no temporary file
+    assert folder_files(out) == before  # no new output, nothing half-written, no temporary file
 
 
 HOSTILE = "a[b]<script>|x`y`[red]z"  # rich would print "a<script>|x`y`z" in bold red
@@ -251,7 +248,7 @@ def test_frames_write_error_is_exit_2_and_keeps_previous_parquet(tmp_path: Path)
     res = run_patched(patch, "frames", str(SAMPLE), "--out", str(out), "-q")
     assert res.returncode == 2, res.stderr
     assert "No space left on device" in one_line(res.stderr)
-    assert folder(out) == {"kernels.parquet": b"previous"}
+    assert folder_files(out) == {"kernels.parquet": b"previous"}
 
 
 def test_bus_ids_are_not_emoji_codes_in_the_verdict(tmp_path: Path):

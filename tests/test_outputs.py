@@ -13,19 +13,7 @@ import pytest
 
 from forensics import outputs
 from forensics.outputs import OutputError, OutputSet, check_out_dir
-from tests.conftest import ROOT
-
-
-def _old_set(folder: Path) -> dict[str, bytes]:
-    folder.mkdir(parents=True, exist_ok=True)
-    files = {"findings.json": b'{"old": 1}', "summary.md": b"# old\n", "report.html": b"<html>old</html>"}
-    for name, data in files.items():
-        (folder / name).write_bytes(data)
-    return files
-
-
-def _contents(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+from tests.conftest import ROOT, folder_files, write_old_outputs
 
 
 def _new_set(folder: Path, tag: str) -> OutputSet:
@@ -86,16 +74,16 @@ def test_unwritable_folder_is_refused(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_commit_replaces_the_whole_set_and_removes_stale_files(tmp_path: Path):
-    _old_set(tmp_path)
+    write_old_outputs(tmp_path)
     (tmp_path / "crash.txt").write_text("old crash")
     outs = _new_set(tmp_path, "new")
     outs.remove("crash.txt")
     outs.commit()
-    assert _contents(tmp_path) == {n: f"new:{n}".encode() for n in ("findings.json", "report.html", "summary.md")}
+    assert folder_files(tmp_path) == {n: f"new:{n}".encode() for n in ("findings.json", "report.html", "summary.md")}
 
 
 def test_write_error_leaves_the_previous_set_and_no_temporary_file(tmp_path: Path):
-    old = _old_set(tmp_path)
+    old = write_old_outputs(tmp_path)
     outs = _new_set(tmp_path, "new")
 
     def disk_full(path: Path) -> None:
@@ -105,11 +93,11 @@ def test_write_error_leaves_the_previous_set_and_no_temporary_file(tmp_path: Pat
     outs.add("report.html", disk_full)
     with pytest.raises(OutputError, match="No space left on device"):
         outs.commit()
-    assert _contents(tmp_path) == old
+    assert folder_files(tmp_path) == old
 
 
 def test_interrupt_while_writing_leaves_the_previous_set(tmp_path: Path):
-    old = _old_set(tmp_path)
+    old = write_old_outputs(tmp_path)
     outs = _new_set(tmp_path, "new")
 
     def interrupted(path: Path) -> None:
@@ -119,14 +107,14 @@ def test_interrupt_while_writing_leaves_the_previous_set(tmp_path: Path):
     outs.add("zzz.json", interrupted)
     with pytest.raises(KeyboardInterrupt):
         outs.commit()
-    assert _contents(tmp_path) == old
+    assert folder_files(tmp_path) == old
 
 
 def test_dev_full_is_a_write_error(tmp_path: Path):
     """A real ENOSPC from the kernel: the writer copies to /dev/full before writing its file."""
     if not Path("/dev/full").exists():
         pytest.fail("/dev/full missing on this Linux machine")
-    old = _old_set(tmp_path)
+    old = write_old_outputs(tmp_path)
     outs = _new_set(tmp_path, "new")
 
     def via_dev_full(path: Path) -> None:
@@ -137,7 +125,7 @@ def test_dev_full_is_a_write_error(tmp_path: Path):
     outs.add("findings.json", via_dev_full)
     with pytest.raises(OutputError, match="No space left"):
         outs.commit()
-    assert _contents(tmp_path) == old
+    assert folder_files(tmp_path) == old
 
 
 _WRITER = """
@@ -156,7 +144,7 @@ for i in range(40):
 def test_concurrent_runs_leave_one_runs_set(tmp_path: Path):
     procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path), tag], cwd=ROOT) for tag in ("a", "b")]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
-    files = _contents(tmp_path)
+    files = folder_files(tmp_path)
     assert sorted(files) == ["extra.bin", "findings.json", "report.html", "summary.md"]  # no temporary files left
     values = {files[n] for n in ("findings.json", "summary.md", "report.html")}
     assert len(values) == 1, files.keys()  # one run's set, not a mix
@@ -195,6 +183,6 @@ def test_renames_of_two_runs_never_interleave(tmp_path: Path, monkeypatch: pytes
     for t in threads:
         t.join(60)
     assert not errors
-    files = _contents(tmp_path)
+    files = folder_files(tmp_path)
     tags = {data.split(b":")[0] for data in files.values()}
     assert len(tags) == 1, files
