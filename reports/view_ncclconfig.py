@@ -63,7 +63,7 @@ def process_facets(ctx: JobContext) -> pl.DataFrame:
                "channels"),
         _facet(env.filter(pl.col("pid").is_not_null()), env_val, "env"),
     ]
-    out = procs.group_by(PROC).agg(pl.col("source").first())
+    out = procs.group_by(PROC).agg(pl.col("source").min())  # min, not first: the same page every run
     for fa in facets:
         out = out.join(fa, on=PROC, how="left", nulls_equal=True)
     out = out.join(cmd_env, on="source", how="left").with_columns(
