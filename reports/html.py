@@ -1,9 +1,9 @@
 """report.html: one self-contained page an engineer attaches to a ticket.
 
 Rendered from the Jinja2 templates in ``templates/`` with autoescaping on, so every piece of input text
-(file, host, kernel names) is escaped by the template engine, never by hand. Figures are embedded through
-``plotly.io`` (its JSON escapes ``<``, ``>`` and ``/``), and plotly.js is inlined once, only when the page
-has a figure: the page makes no network request of any kind.
+(file, host, kernel names) is escaped by the template engine, never by hand. Figures are plain data
+(:mod:`forensics.reports.figures`) embedded through ``plotly.io`` (its JSON escapes ``<``, ``>`` and ``/``),
+and plotly.js is inlined once, only when the page has a figure: the page makes no network request of any kind.
 
 This module turns the :class:`Analysis` into plain data (strings, numbers, lists); the templates lay it out.
 """
@@ -16,9 +16,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 import jinja2
-import plotly.graph_objects as go
-import plotly.io as pio
 import polars as pl
+from forensics.reports.figures import figure_html as figure_html  # re-exported: diff_html imports it from here
 from forensics.reports.views import View, build_views, view_for
 from markupsafe import Markup
 from plotly.offline import get_plotlyjs
@@ -80,14 +79,6 @@ def table(caption: str, df: pl.DataFrame, max_rows: int = MAX_TABLE_ROWS, status
     rows = [[_cell(v) for v in row] for row in shown.iter_rows()]
     classes = [f"status-{s}" for s in shown[status_col].cast(pl.String).fill_null("").to_list()] if status_col else []
     return Table(caption, list(df.columns), rows, numeric, max(df.height - max_rows, 0), classes)
-
-
-def figure_html(fig: go.Figure, div_id: str) -> Markup:
-    """One figure as a <div> and its <script>; plotly.js itself is inlined once in <head>."""
-    fig.update_layout(template="plotly_white")
-    # plotly.io's JSON escapes <, > and /: no label from the input can close the <script>
-    return Markup(pio.to_html(fig, include_plotlyjs=False, full_html=False, include_mathjax=False, div_id=div_id,
-                              default_height="380px", config={"displaylogo": False, "responsive": True}))
 
 
 @dataclass

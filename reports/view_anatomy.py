@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import plotly.graph_objects as go
 import polars as pl
+from forensics.reports.figures import Figure
 from forensics.reports.view_common import View, culprit_ranks, esc, gpu_labels, layout, rank_label
 
 from forensics.collectives import PG_TYPES
@@ -109,7 +109,7 @@ def step_anatomy_view(analysis: Analysis) -> View:
     table, segs = anatomy_segments(analysis)
     culprits = culprit_ranks(analysis)
     rows, axis = _bars(table, segs, culprits)
-    fig = go.Figure()
+    fig = Figure()
     for s in segs:
         if rows[s].sum() > 0:
             fig.add_bar(x=rows["label"].to_list(), y=[round(float(v), 3) for v in rows[s].to_list()], name=s)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import plotly.graph_objects as go
 import polars as pl
+from forensics.reports.figures import Figure
 from forensics.reports.views import View
 
 from forensics.op_categories import CATEGORIES
@@ -51,7 +51,7 @@ def op_categories_view(analysis: Analysis) -> View:
         view.empty_reason = "no GPU kernels inside steps"
         return view
     data, who = per_step_ms(cats)
-    fig = go.Figure()
+    fig = Figure()
     present = set(data["category"].to_list())
     for cat in [c for c in CATEGORIES if c in present]:
         part = data.filter(pl.col("category") == cat)

@@ -21,9 +21,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-import plotly.graph_objects as go
 import polars as pl
 import pyarrow as pa
+from forensics.reports.figures import Figure
 from forensics.reports.view_common import View, esc, layout
 
 from forensics import nccl_cost as nc
@@ -185,8 +185,8 @@ def _display(df: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _scatter(df: pl.DataFrame) -> go.Figure:
-    fig = go.Figure()
+def _scatter(df: pl.DataFrame) -> Figure:
+    fig = Figure()
     for op in sorted(df["op"].unique().to_list()):
         part = df.filter(pl.col("op") == op)
         fig.add_scatter(x=(part["skew_ns"] / 1e3).round(1).to_list(), y=part["busbw_gbps"].round(2).to_list(),

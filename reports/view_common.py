@@ -11,8 +11,8 @@ import html
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import plotly.graph_objects as go
 import polars as pl
+from forensics.reports.figures import Figure
 
 if TYPE_CHECKING:
     from forensics.analyze import Analysis
@@ -29,7 +29,7 @@ class View:
     title: str
     caption: str
     """One line: what to look for in it."""
-    figures: list[go.Figure] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
     tables: list[tuple[str, pl.DataFrame]] = field(default_factory=list)
     """(caption, small aggregate frame) pairs, shown sortable; never raw events."""
     empty_reason: str | None = None
@@ -81,7 +81,7 @@ def rank_label(rank: int, gpu: str | None) -> str:
     return f"r{rank} {esc(gpu)}" if gpu else f"r{rank}"
 
 
-def layout(fig: go.Figure, **kw: Any) -> go.Figure:
+def layout(fig: Figure, **kw: Any) -> Figure:
     fig.update_layout(margin=MARGIN, legend=dict(orientation="h", y=-0.2), **kw)
     return fig
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import plotly.graph_objects as go
 import polars as pl
+from forensics.reports.figures import Figure, colorscale
 from forensics.reports.view_common import View, culprit_ranks, gpu_labels, layout, rank_label
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ def heatmap_cells(analysis: Analysis) -> pl.DataFrame:
     ).join(labels, on="rank", how="left").select("rank", "gpu", "step", "step_ms", "exposed_comm_ms").sort("rank", "step")
 
 
-def _figure(cells: pl.DataFrame, value: str, title: str, culprits: set[int]) -> go.Figure:
+def _figure(cells: pl.DataFrame, value: str, title: str, culprits: set[int]) -> Figure:
     wide = cells.pivot(on="step", index=["rank", "gpu"], values=value, sort_columns=True).sort("rank")
     step_cols = [c for c in wide.columns if c not in ("rank", "gpu")]
     y = [("▶ " if r in culprits else "") + rank_label(r, g) for r, g in zip(wide["rank"], wide["gpu"])]
@@ -41,11 +41,11 @@ def _figure(cells: pl.DataFrame, value: str, title: str, culprits: set[int]) -> 
     med = float(vals.median() or 0.0)  # type: ignore[arg-type]
     # colours span at least +-5% of the median: noise of a few tenths of a percent must not look like a signal
     lo, hi = min(float(vals.min()), 0.95 * med), max(float(vals.max()), 1.05 * med)  # type: ignore[arg-type]
-    fig = go.Figure(go.Heatmap(
-        z=z, x=[f"step {c}" for c in step_cols], y=y, colorscale="Viridis", colorbar=dict(title="ms"),
+    fig = Figure().add_heatmap(
+        z=z, x=[f"step {c}" for c in step_cols], y=y, colorscale=colorscale("Viridis"), colorbar=dict(title="ms"),
         zmin=max(0.0, lo), zmax=hi,
         hovertemplate="%{y}<br>%{x}<br>%{z:.3f} ms<extra></extra>",
-    ))
+    )
     height = min(900, max(260, 14 * len(y) + 80))
     layout(fig, title=title, height=height)
     fig.update_yaxes(autorange="reversed", showticklabels=len(y) <= 64)

@@ -16,8 +16,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-import plotly.graph_objects as go
 import polars as pl
+from forensics.reports.figures import Figure
 from forensics.reports.view_common import View, esc, layout
 
 if TYPE_CHECKING:
@@ -90,8 +90,8 @@ def job_marks(analysis: Analysis) -> list[tuple[int, str]]:
     return sorted(set(marks))
 
 
-def _scatter(ev: pl.DataFrame, x: str, marks: list[tuple[int, str]]) -> go.Figure:
-    fig = go.Figure()
+def _scatter(ev: pl.DataFrame, x: str, marks: list[tuple[int, str]]) -> Figure:
+    fig = Figure()
     lanes = sorted(ev["lane"].unique().to_list())
     capped = ev.sort(x).group_by("lane", "kind", maintain_order=True).head(MAX_POINTS_PER_LANE_KIND)
     for kind in sorted(capped["kind"].unique().to_list()):

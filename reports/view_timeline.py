@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import plotly.graph_objects as go
 import polars as pl
+from forensics.reports.figures import Figure
 from forensics.reports.view_common import View, culprit_ranks, esc, gpu_labels, layout, rank_label
 
 from forensics.intervals import merge
@@ -109,7 +109,7 @@ def step_intervals(ctx: JobContext, step: int, ranks: list[int]) -> pl.DataFrame
                                            pl.col("end_ns") - pl.col("offset_ns")).sort("rank", "lane", "start_ns")
 
 
-def _figure(iv: pl.DataFrame, ranks: list[tuple[int, str]], labels: dict[int, str], title: str) -> go.Figure:
+def _figure(iv: pl.DataFrame, ranks: list[tuple[int, str]], labels: dict[int, str], title: str) -> Figure:
     t0 = int(iv["start_ns"].min() or 0)  # type: ignore[arg-type]
     order = {r: i for i, (r, _) in enumerate(ranks)}
     role = dict(ranks)
@@ -119,7 +119,7 @@ def _figure(iv: pl.DataFrame, ranks: list[tuple[int, str]], labels: dict[int, st
     )
     lanes = iv.select("rank", "lane", "_o").unique().sort("_o", "lane")
     name = {(r, ln): f"{role[r]} {rank_label(r, labels.get(r))} · {esc(ln)}" for r, ln, _ in lanes.iter_rows()}
-    fig = go.Figure()
+    fig = Figure()
     for kind, color in COLORS.items():
         part = iv.filter(pl.col("kind") == kind)
         if part.height == 0:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import plotly.graph_objects as go
 import polars as pl
+from forensics.reports.figures import Figure
 from forensics.reports.view_anatomy import step_anatomy_view
 from forensics.reports.view_collectives import collectives_view
 from forensics.reports.view_common import View
@@ -38,7 +38,7 @@ def kernel_classes_view(analysis: Analysis) -> View:
     if kernels.height == 0:
         view.empty_reason = "no GPU kernels in the inputs"
         return view
-    fig = go.Figure()
+    fig = Figure()
     for cls in kernels["class"].unique(maintain_order=True).to_list():
         part = kernels.filter(pl.col("class") == cls)
         fig.add_bar(x=[str(r) for r in part["rank"].to_list()], y=part["total_ms"].to_list(), name=str(cls))

@@ -1,0 +1,139 @@
+"""Plotly figures as plain data, for every page the reports write.
+
+``plotly.graph_objects.Figure`` validates and deep-copies every property it is given (each
+``update_layout`` copies the whole template again): that was most of the time a small job's report took
+(about 0.7 s of 1 s in ``forensics triage``). The views build the same figures as plain dicts instead,
+already in the form plotly's validation gives them (``title="x"`` as ``{"text": "x"}``, a named colour
+scale as its list of stops): ``tests/test_figures.py`` checks that ``go.Figure(fig).to_plotly_json()``
+equals ``fig`` for every figure of every view, so plotly.js draws exactly what it drew before.
+
+:func:`figure_html` embeds one figure (a :class:`Figure`, or a ``go.Figure``) through ``plotly.io``
+without validating it again; its JSON escapes ``<``, ``>`` and ``/``, so no label from the input can
+close the ``<script>``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import plotly.io as pio
+from markupsafe import Markup
+from plotly.colors import sequential
+
+__all__ = ["PLOTLY_WHITE", "Figure", "PlotlyJSON", "colorscale", "figure_html", "page_figure"]
+
+PLOTLY_WHITE: dict[str, Any] = pio.templates["plotly_white"].to_plotly_json()
+"""The page's plotly template as data: a constant, read once per process; never modified."""
+CONFIG = {"displaylogo": False, "responsive": True}
+DEFAULT_HEIGHT = "380px"
+
+
+class PlotlyJSON(Protocol):
+    """Anything plotly.js can draw: a :class:`Figure` or a ``plotly.graph_objects.Figure``."""
+
+    def to_plotly_json(self) -> dict[str, Any]: ...
+
+
+def colorscale(name: str) -> list[list[Any]]:
+    """A named plotly colour scale as the stops plotly's validator turns it into: [[0.0, c0], ..., [1.0, cn]]."""
+    colors = getattr(sequential, name)
+    d = len(colors) - 1
+    return [[(1.0 * i) / (1.0 * d), c] for i, c in enumerate(colors)]
+
+
+def _nest(props: dict[str, Any]) -> dict[str, Any]:
+    """plotly's magic underscores (``xaxis_title=`` is ``xaxis={"title": ...}``) and a bare string title as
+    ``{"text": ...}``, as its validators write them. No property used here has an underscore in its name."""
+    out: dict[str, Any] = {}
+    for key, value in props.items():
+        head, *rest = key.split("_")
+        for part in reversed(rest):
+            value = {part: value}
+        _merge(out, {head: value})
+    return out
+
+
+def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
+    """Nested update, as ``update_layout`` does: a dict updates the dict already there."""
+    for key, value in new.items():
+        if isinstance(value, dict):
+            value = _nest(value)
+            if isinstance(into.get(key), dict):
+                _merge(into[key], value)
+                continue
+        elif key == "title" and isinstance(value, str):
+            value = {"text": value}
+        into[key] = value
+
+
+class Figure(dict[str, Any]):
+    """``{"data": [trace, ...], "layout": {...}}``: what ``Plotly.newPlot`` takes.
+
+    The builder methods mirror ``plotly.graph_objects.Figure``'s (``add_bar``, ``update_layout``,
+    ``update_xaxes``, ...) and return the figure; they only store the values, so a mistake is not caught
+    here but by the test that validates every view's figures with plotly.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(data=[], layout={})
+
+    @property
+    def data(self) -> list[dict[str, Any]]:
+        data: list[dict[str, Any]] = self["data"]
+        return data
+
+    @property
+    def layout(self) -> dict[str, Any]:
+        layout: dict[str, Any] = self["layout"]
+        return layout
+
+    def add_trace(self, trace_type: str, **props: Any) -> Figure:
+        trace = _nest(props)
+        trace["type"] = trace_type
+        self.data.append(trace)
+        return self
+
+    def add_bar(self, **props: Any) -> Figure:
+        return self.add_trace("bar", **props)
+
+    def add_scatter(self, **props: Any) -> Figure:
+        return self.add_trace("scatter", **props)
+
+    def add_heatmap(self, **props: Any) -> Figure:
+        return self.add_trace("heatmap", **props)
+
+    def update_layout(self, **props: Any) -> Figure:
+        _merge(self.layout, _nest(props))
+        return self
+
+    def update_xaxes(self, **props: Any) -> Figure:
+        return self.update_layout(xaxis=props)
+
+    def update_yaxes(self, **props: Any) -> Figure:
+        return self.update_layout(yaxis=props)
+
+    def add_shape(self, **props: Any) -> Figure:
+        self.layout.setdefault("shapes", []).append(_nest(props))
+        return self
+
+    def add_annotation(self, **props: Any) -> Figure:
+        self.layout.setdefault("annotations", []).append(_nest(props))
+        return self
+
+    def to_plotly_json(self) -> dict[str, Any]:
+        """The figure itself (it is the JSON), as ``go.Figure.to_plotly_json`` gives."""
+        return self
+
+
+def page_figure(fig: PlotlyJSON) -> dict[str, Any]:
+    """What the page draws: ``fig``'s data and layout on the ``plotly_white`` template (``fig`` is not changed)."""
+    data = fig.to_plotly_json()
+    return {"data": data.get("data", []), "layout": {**data.get("layout", {}), "template": PLOTLY_WHITE}}
+
+
+def figure_html(fig: PlotlyJSON, div_id: str) -> Markup:
+    """One figure as a <div> and its <script>; plotly.js itself is inlined once, in <head>."""
+    # validate=False: the views' figures are already in validated form (tests/test_figures.py)
+    return Markup(pio.to_html(page_figure(fig), validate=False,
+                              include_plotlyjs=False, full_html=False, include_mathjax=False, div_id=div_id,
+                              default_height=DEFAULT_HEIGHT, config=dict(CONFIG)))

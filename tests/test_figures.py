@@ -1,0 +1,107 @@
+"""The report's figures as plain data (reports/figures.py): exactly what plotly's own validation makes of them,
+so the page draws what a ``go.Figure`` would have drawn, without paying for the validation on every job."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import plotly.graph_objects as go
+import plotly.io as pio
+import pytest
+from forensics.reports.figures import PLOTLY_WHITE, Figure, colorscale, figure_html, page_figure
+from forensics.reports.views import build_views
+
+from forensics.analyze import Analysis, analyze
+from forensics.context import JobContext
+from forensics.findings import Finding, Severity
+from forensics.frames import JobFrames
+from tests.conftest import ROOT, shared_path
+from tests.frame_builders import MS, dp_job
+
+SAMPLES = sorted(p for p in (ROOT / "sample_traces").iterdir() if p.is_dir())
+
+
+def _validated(fig: dict) -> dict:
+    """plotly's validated form of ``fig`` (every property checked and coerced by its validator)."""
+    return go.Figure(fig).to_plotly_json()
+
+
+def _assert_views_validate(analysis: Analysis) -> int:
+    n = 0
+    for view in build_views(analysis):
+        for i, fig in enumerate(view.figures):
+            shown = page_figure(fig)
+            assert _validated(shown) == shown, f"{view.id} figure {i}: plotly would draw something else"
+            n += 1
+    return n
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
+def test_every_figure_of_every_view_is_already_in_plotly_validated_form(sample: Path):
+    assert _assert_views_validate(analyze(sample, workers=1)) >= 5
+
+
+def test_hardware_events_figures_with_marks_validate():
+    """The shared dmesg folder: wall-clock and since-boot lanes, marks as shapes and annotations."""
+    analysis = analyze(shared_path("dmesg"), workers=1)
+    assert _assert_views_validate(analysis) >= 1
+
+
+def test_host_level_bars_and_culprits_validate():
+    """Above 64 ranks the anatomy draws per host, outliers apart; a straggler finding marks its rank."""
+    frames, _ = dp_job(n_ranks=80, steps=3, slow={5: 1.3}, clock_offset={1: 3 * MS}, seq=True)
+    straggler = Finding("straggler", Severity.WARNING, "Straggler", "s", "r", ranks=(5,))
+    analysis = Analysis(Path("job"), JobContext(JobFrames({n: frames[n] for n in frames.present})), [straggler])
+    assert _assert_views_validate(analysis) >= 5
+
+
+def test_builder_writes_plotly_forms():
+    fig = Figure().add_bar(x=["a"], y=[1.0], name="n", marker_color="#fff")
+    fig.update_layout(title="t", xaxis_title="x", margin=dict(t=1), legend=dict(orientation="h", y=-0.2))
+    fig.update_layout(margin=dict(b=2)).update_xaxes(type="category").update_yaxes(title="y")
+    fig.add_heatmap(z=[[1.0, None]], colorscale=colorscale("Viridis"), colorbar=dict(title="ms"))
+    fig.add_shape(type="line", x0=0, x1=0, y0=0, y1=1, yref="paper", line=dict(color="#b00020", dash="dot"))
+    fig.add_annotation(x=0, y=1, yref="paper", text="m", showarrow=False)
+    assert fig == {
+        "data": [
+            {"type": "bar", "x": ["a"], "y": [1.0], "name": "n", "marker": {"color": "#fff"}},
+            {"type": "heatmap", "z": [[1.0, None]], "colorscale": colorscale("Viridis"),
+             "colorbar": {"title": {"text": "ms"}}},
+        ],
+        "layout": {
+            "title": {"text": "t"}, "xaxis": {"title": {"text": "x"}, "type": "category"},
+            "yaxis": {"title": {"text": "y"}}, "margin": {"t": 1, "b": 2}, "legend": {"orientation": "h", "y": -0.2},
+            "shapes": [{"type": "line", "x0": 0, "x1": 0, "y0": 0, "y1": 1, "yref": "paper",
+                        "line": {"color": "#b00020", "dash": "dot"}}],
+            "annotations": [{"x": 0, "y": 1, "yref": "paper", "text": "m", "showarrow": False}],
+        },
+    }
+    page = page_figure(fig)
+    assert _validated(page) == page
+    reference = go.Figure(go.Heatmap(colorscale="Viridis")).to_plotly_json()["data"][0]["colorscale"]
+    assert colorscale("Viridis") == [list(stop) for stop in reference]
+
+
+def _newplot_args(markup: str) -> list:
+    call = re.search(r'Plotly\.newPlot\(\s*"[^"]+",\s*(.*)\)\s*};', markup, re.S)
+    assert call
+    return json.loads(f"[{call.group(1)}]")
+
+
+def test_figure_html_draws_a_plain_figure_as_plotly_io_draws_the_graph_object():
+    """The same markup as plotly.io on the validated go.Figure with the page's template; the figure is untouched."""
+    fig = Figure().add_bar(x=["</script><b>"], y=[2.0], name="k").update_layout(height=300, yaxis_title="ms")
+    before = json.dumps(fig)
+    mine = figure_html(fig, "f1")
+    graph = go.Figure(fig).update_layout(template="plotly_white")
+    theirs = pio.to_html(graph, include_plotlyjs=False, full_html=False, include_mathjax=False, div_id="f1",
+                         default_height="380px", config={"displaylogo": False, "responsive": True})
+    assert _newplot_args(mine) == _newplot_args(theirs)
+    assert re.sub(r"\{.*\}", "", str(mine), flags=re.S) == re.sub(r"\{.*\}", "", theirs, flags=re.S)
+    assert json.dumps(fig) == before and "template" not in fig["layout"]
+    assert "</script><b>" not in mine and mine.count("<script") == mine.count("</script>")
+    assert _newplot_args(mine)[1]["template"] == PLOTLY_WHITE
+    # a go.Figure (diff.html's waterfall) goes through the same function
+    assert _newplot_args(figure_html(graph, "f1")) == _newplot_args(theirs)
