@@ -490,6 +490,7 @@ def triage(
     fail_on: FailOn = typer.Option(FailOn.never, "--fail-on", help="exit 1 when any job has a finding at or above this severity"),
     settings: list[str] = typer.Option([], "--set", help="override a detector threshold: DETECTOR.SETTING=VALUE (repeatable)"),
     workers: int | None = typer.Option(None, "--workers", min=1, help="jobs analysed in parallel (local engine), at least 1 [default: CPU count]"),
+    worker_memory: int | None = typer.Option(None, "--worker-memory", min=1, help="MB of resident memory a local worker may use; a job over it is ended and becomes a failed row (default: 80% of the machine's memory shared by the workers)"),
     engine: TriageEngine = typer.Option(TriageEngine.local, "--engine", help="local: a process pool on this machine; ray: Ray tasks (pip install 'trace-forensics[ray]')"),
     ray_address: str | None = typer.Option(None, "--ray-address", help="address of an existing Ray cluster [default: start a local one]"),
     job_depth: int | None = typer.Option(None, "--job-depth", min=0, help="jobs are the folders this many levels below each JOB_DIR, e.g. 2 for DIR/<date>/<job> [default: 1 for one JOB_DIR, 0 for several]"),
@@ -513,7 +514,7 @@ def triage(
     with _progress("jobs", quiet) as update:
         run = run_triage(found, out_dir, overrides=overrides, engine=engine.value, workers=workers,
                          ray_address=ray_address, rebuild=rebuild, progress=update,  # type: ignore[arg-type]
-                         render=triage_json.job_files)
+                         render=triage_json.job_files, worker_memory=worker_memory)
     try:
         _run.phase = "render"
         _commit(_triage_outputs(run, out_dir))

@@ -13,6 +13,7 @@ caller a :class:`TriageRun` whose outputs it commits in one :class:`~forensics.o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -53,6 +54,7 @@ must be a module-level function (picklable). The CLI passes one from forensics.r
 ProgressFn = Callable[[str, int, int], None]
 ENGINES = ("local", "ray")
 _EPOCH_2000_NS = 946_684_800 * 10**9  # earlier "times" are offsets from an unknown origin, not dates
+MIN_WORKER_MEMORY = 512 * 2**20
 
 
 @dataclass(frozen=True)
@@ -168,18 +170,42 @@ Done = Callable[[int, JobSummary], None]
 
 
 def _lost(task: JobTask, why: str) -> JobSummary:
-    return failed(task, f"not analysed: {why} (out of memory?)", retry=True)
+    # retry: the next run tries it again (with more memory, or with the worker that died for another reason)
+    hint = "" if "memory limit" in why else " (out of memory?)"
+    return failed(task, f"not analysed: {why}{hint}", retry=True)
 
 
-def run_local(tasks: list[JobTask], done: Done, workers: int | None) -> None:
+def machine_memory() -> int:
+    """Bytes of memory this process may use: the machine's (MemTotal), or its cgroup's limit when lower."""
+    total = 0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/meminfo") as fh:
+            total = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemTotal:"))
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        with contextlib.suppress(OSError, ValueError):
+            limit = int(Path(path).read_text().strip())  # "max" (no limit) is a ValueError
+            total = min(total, limit) if total else limit
+    return total
+
+
+def default_worker_memory(n_workers: int) -> int:
+    """A local worker's memory bound in bytes: 80% of :func:`machine_memory` shared by the workers,
+    at least :data:`MIN_WORKER_MEMORY` (a worker holds about 150-200 MB for a small job)."""
+    return max(MIN_WORKER_MEMORY, int(0.8 * machine_memory()) // max(1, n_workers))
+
+
+def run_local(tasks: list[JobTask], done: Done, workers: int | None, memory_mb: int | None = None) -> None:
+    """Every job in a worker process, each bounded to ``memory_mb`` resident MB (None: the default
+    share); ``workers`` 1 without ``memory_mb`` runs the jobs here, in this process, unbounded."""
     n = workers if workers is not None else min(os.cpu_count() or 1, len(tasks))
-    if n > 1 and len(tasks) > 1:
+    if (n > 1 and len(tasks) > 1) or memory_mb is not None:
+        limit = memory_mb * 2**20 if memory_mb is not None else default_worker_memory(n)
         # Each worker analyses one small job at a time: Polars threads beyond its share of the cores
         # only contend. Spawned workers read the variable when they import Polars.
         saved = os.environ.get("POLARS_MAX_THREADS")
-        os.environ["POLARS_MAX_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
+        os.environ["POLARS_MAX_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, n)))
         try:
-            run_pool(analyze_job, tasks, n, _lost, done)
+            run_pool(analyze_job, tasks, n, _lost, done, memory_limit=limit, respawn=True)
         finally:
             if saved is None:
                 os.environ.pop("POLARS_MAX_THREADS", None)
@@ -309,9 +335,13 @@ def run_triage(
     rebuild: bool = False,
     progress: ProgressFn | None = None,
     render: JobRenderer | None = None,
+    worker_memory: int | None = None,
 ) -> TriageRun:
     """Analyse the new or changed jobs of ``found`` (all with ``rebuild``) into a staging folder in
-    ``out_dir``; the caller commits :meth:`TriageRun.add_outputs` and calls :meth:`TriageRun.cleanup`."""
+    ``out_dir``; the caller commits :meth:`TriageRun.add_outputs` and calls :meth:`TriageRun.cleanup`.
+    ``worker_memory``: MB of resident memory a local worker may hold (:func:`run_local`)."""
+    if worker_memory is not None and engine == "ray":
+        raise UsageError("--worker-memory bounds the local engine's workers; Ray's own memory monitor bounds its workers")
     config = state_config(__version__, {d: dict(kv) for d, kv in (overrides or {}).items()})
     previous = load_state(None if rebuild else _read_state(out_dir), config)
     staging = out_dir / f".triage-staging.{os.getpid()}.{secrets.token_hex(4)}"
@@ -336,7 +366,7 @@ def run_triage(
         if engine == "ray":
             run_ray(tasks, done, ray_address)
         else:
-            run_local(tasks, done, workers)
+            run_local(tasks, done, workers, worker_memory)
     except BaseException:
         run.cleanup()
         raise

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import time
 
-from forensics.workers import run_pool
+from forensics.workers import over_limit_reason, resident_bytes, run_pool
+
+MB = 2**20
+LIMIT = 400 * MB
 
 
 def square_or_die(x: int) -> int:
@@ -15,6 +19,22 @@ def square_or_die(x: int) -> int:
 
 def _lost(x: int, why: str) -> int:
     assert "died" in why or "no worker" in why
+    return -x
+
+
+def grow_or_square(x: int) -> int:
+    """Item 3 keeps allocating (and touching) memory, well past LIMIT, unless its worker is ended first."""
+    if x == 3:
+        held = []
+        while len(held) < 60:  # 3 GB at most: the test fails, rather than the machine, if nothing stops it
+            held.append(b"x" * (50 * MB))
+            time.sleep(0.02)
+        return -1
+    return x * x
+
+
+def _lost_memory(x: int, why: str) -> int:
+    assert why == over_limit_reason(LIMIT) == "its worker exceeded the worker memory limit of 400 MB"
     return -x
 
 
@@ -37,3 +57,21 @@ def test_when_every_worker_dies_the_rest_is_reported_lost():
     got: dict[int, int] = {}
     run_pool(square_or_die, [7, 7, 1, 2, 3], 2, _lost, got.__setitem__, chunk_size=1)
     assert got == {0: -7, 1: -7, 2: -1, 3: -2, 4: -3}
+
+
+def test_with_respawn_a_dead_worker_is_replaced_and_only_its_item_is_lost():
+    got: dict[int, int] = {}
+    run_pool(square_or_die, [7, 1, 7, 2], 1, _lost, got.__setitem__, respawn=True)
+    assert got == {0: -7, 1: 1, 2: -7, 3: 4}  # one worker: each item after a death ran in its replacement
+
+
+def test_a_worker_over_the_memory_limit_is_ended_and_replaced():
+    got: dict[int, int] = {}
+    run_pool(grow_or_square, list(range(6)), 1, _lost_memory, got.__setitem__, memory_limit=LIMIT, respawn=True)
+    assert got == {0: 0, 1: 1, 2: 4, 3: -3, 4: 16, 5: 25}  # 3 lost to the limit (its own result would be -1)
+
+
+def test_resident_bytes_reads_proc():
+    ballast = b"y" * (64 * MB)
+    assert resident_bytes(os.getpid()) >= len(ballast)
+    assert resident_bytes(0) == 0  # no such process: 0, not an error
