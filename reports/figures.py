@@ -14,16 +14,23 @@ close the ``<script>``.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Protocol
 
 import plotly.io as pio
 from markupsafe import Markup
 from plotly.colors import sequential
+from plotly.offline import get_plotlyjs
 
-__all__ = ["PLOTLY_WHITE", "Figure", "PlotlyJSON", "colorscale", "figure_html", "page_figure"]
+__all__ = ["PLOTLY_JS_SLOT", "PLOTLY_WHITE", "Figure", "PlotlyJSON", "colorscale", "figure_html", "page_figure",
+           "plotly_js", "plotly_js_bytes"]
 
 PLOTLY_WHITE: dict[str, Any] = pio.templates["plotly_white"].to_plotly_json()
 """The page's plotly template as data: a constant, read once per process; never modified."""
+PLOTLY_JS_SLOT = Markup("<!-- plotly.js -->")
+"""Where a page template puts plotly.js: the renderer splices the library in afterwards (it is 4.8 MB;
+passing it through the template engine copies it several times). No input text can make this string:
+the templates escape ``<`` in text and the figures' JSON writes it as ``\\u003c``."""
 CONFIG = {"displaylogo": False, "responsive": True}
 DEFAULT_HEIGHT = "380px"
 
@@ -32,6 +39,18 @@ class PlotlyJSON(Protocol):
     """Anything plotly.js can draw: a :class:`Figure` or a ``plotly.graph_objects.Figure``."""
 
     def to_plotly_json(self) -> dict[str, Any]: ...
+
+
+@functools.cache
+def plotly_js() -> str:
+    """plotly.js, as plotly ships it (code, not input): read from the package once per process."""
+    return get_plotlyjs()
+
+
+@functools.cache
+def plotly_js_bytes() -> bytes:
+    """:func:`plotly_js` as UTF-8, encoded once per process."""
+    return plotly_js().encode("utf-8")
 
 
 def colorscale(name: str) -> list[list[Any]]:

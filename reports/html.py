@@ -17,10 +17,10 @@ from typing import Any
 
 import jinja2
 import polars as pl
+from forensics.reports.figures import PLOTLY_JS_SLOT, plotly_js, plotly_js_bytes
 from forensics.reports.figures import figure_html as figure_html  # re-exported: diff_html imports it from here
 from forensics.reports.views import View, build_views, view_for
 from markupsafe import Markup
-from plotly.offline import get_plotlyjs
 
 from forensics import __version__
 from forensics.analyze import Analysis
@@ -278,9 +278,19 @@ def context(analysis: Analysis) -> dict[str, Any]:
     }
 
 
-def render(analysis: Analysis) -> str:
+def _page(analysis: Analysis) -> str:
+    """The page with :data:`PLOTLY_JS_SLOT` where plotly.js goes (only when a figure needs it)."""
     data = context(analysis)
     has_figures = any(v.figures for v in data["views"])
-    # plotly.js is code we ship, not input: it goes in as it is, once, and only when a figure needs it
-    plotly_js = Markup(get_plotlyjs()) if has_figures else None
-    return ENV.get_template("report.html.j2").render(**data, plotly_js=plotly_js)
+    return ENV.get_template("report.html.j2").render(**data, plotly_js=PLOTLY_JS_SLOT if has_figures else None)
+
+
+def render(analysis: Analysis) -> str:
+    # plotly.js is code we ship, not input: it goes in as it is, once
+    return _page(analysis).replace(PLOTLY_JS_SLOT, plotly_js(), 1)
+
+
+def render_bytes(analysis: Analysis) -> bytes:
+    """``render(analysis).encode("utf-8")``, without building and encoding the 5 MB string."""
+    head, slot, tail = _page(analysis).partition(PLOTLY_JS_SLOT)
+    return head.encode("utf-8") + (plotly_js_bytes() if slot else b"") + tail.encode("utf-8")

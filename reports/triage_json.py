@@ -48,5 +48,5 @@ def job_files(analysis: Analysis) -> dict[str, bytes]:
     return {
         "findings.json": json_report.render(analysis),
         "summary.md": markdown.render(analysis).encode("utf-8"),
-        "report.html": html_report.render(analysis).encode("utf-8"),
+        "report.html": html_report.render_bytes(analysis),
     }

@@ -29,6 +29,7 @@ HW_KINDS = ("xid", "sxid", "fabric_manager", "gsp", "fallen_off_bus", "ecc", "nv
             "hard_lockup", "boot")
 MAX_POINTS_PER_LANE_KIND = 200
 EVENT_SCHEMA = {"lane": pl.String, "kind": pl.String, "wall_ns": pl.Int64, "mono_ns": pl.Int64, "message": pl.String}
+NO_EVENTS = "no hardware or host event in the kernel logs, nvidia-smi or dcgmi outputs (or none given)"
 CAPTION = ("Look for a GPU or host event just before the NCCL timeout or the last completed step: that GPU's host is "
            "where the job broke; events long before are background.")
 
@@ -123,10 +124,13 @@ def _summary(ev: pl.DataFrame) -> pl.DataFrame:
 def hw_events_view(analysis: Analysis) -> View:
     view = View("hw-events", "Hardware and host events per host and GPU", CAPTION)
     ctx = analysis.context
+    if all(ctx.frames[n].height == 0 for n in ("kernel_events", "gpu_health", "gpu_diag")):
+        view.empty_reason = NO_EVENTS
+        return view
     ev = pl.concat([kernel_log_events(ctx), health_events(ctx)], how="vertical")
     diag = ctx.frames["gpu_diag"].filter(pl.col("result").is_in(["fail", "warning", "error"]))
     if ev.height == 0 and diag.height == 0:
-        view.empty_reason = "no hardware or host event in the kernel logs, nvidia-smi or dcgmi outputs (or none given)"
+        view.empty_reason = NO_EVENTS
         return view
     walled = ev.filter(pl.col("wall_ns").is_not_null())
     if walled.height:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from forensics.context import JobContext
 
 RESOLUTION = 400
+TABLE_PARTS = ("step", "compute", "comm_wait", "idle")
 MAX_CULPRITS = 3
 CAPTION = ("Read across: the rank whose compute ends last is the one the others' NCCL 'wait' bars are waiting "
            "for; idle gaps before a rank's kernels point at its host.")
@@ -64,12 +65,12 @@ def _offsets(ctx: JobContext, ranks: list[int]) -> pl.DataFrame:
         pl.col("offset_ns").fill_null(0))
 
 
-def _raw_intervals(ctx: JobContext, ranks: list[int]) -> pl.DataFrame:
+def _raw_intervals(ctx: JobContext, ranks: list[int]) -> pl.LazyFrame:
     """rank, lane, kind, start_ns, end_ns of the ranks' kernels (rank's own clock): NCCL split in wait/transfer."""
-    k = ctx.frames["kernels"].filter(pl.col("rank").is_in(ranks) & (pl.col("class") != "comm"))
+    k = ctx.frames["kernels"].lazy().filter(pl.col("rank").is_in(ranks) & (pl.col("class") != "comm"))
     other = pl.when(pl.col("class") == "compute").then(pl.lit("compute")).otherwise(pl.lit("memcpy/memset"))
     plain = k.select(pl.col("rank").cast(pl.Int32), other.alias("lane"), other.alias("kind"), "start_ns", "end_ns")
-    c = ctx.match.kernels.filter(pl.col("rank").is_in(ranks))
+    c = ctx.match.kernels.lazy().filter(pl.col("rank").is_in(ranks))
     lane = pl.lit("NCCL ") + pl.col("pg_type") + pl.lit(" pg ") + pl.col("pg_name").fill_null("?")
     split = pl.col("start_ns") + pl.col("wait_ns")
     wait = c.select(pl.col("rank").cast(pl.Int32), lane.alias("lane"), pl.lit("NCCL wait").alias("kind"),
@@ -89,24 +90,26 @@ def step_intervals(ctx: JobContext, step: int, ranks: list[int]) -> pl.DataFrame
         return pl.DataFrame(schema={"rank": pl.Int32, "lane": pl.String, "kind": pl.String,
                                     "start_ns": pl.Int64, "end_ns": pl.Int64})
     tol = max(1, int((win["w_end"] - win["w_start"]).max() or 0) // RESOLUTION)
-    raw = _raw_intervals(ctx, ranks).join(win, on="rank").filter(
+    # One lazy query, collected once: the frames are small, each eager step would cost more than its work.
+    wl = win.lazy()
+    raw = _raw_intervals(ctx, ranks).join(wl, on="rank").filter(
         (pl.col("start_ns") < pl.col("w_end")) & (pl.col("end_ns") > pl.col("w_start"))
     ).with_columns(pl.max_horizontal("start_ns", "w_start").alias("start_ns"),
                    pl.min_horizontal("end_ns", "w_end").alias("end_ns"))
     busy = merge(raw.with_columns(pl.col("end_ns") + tol), ["rank", "lane", "kind"]).with_columns(
-        pl.col("end_ns") - tol).collect()
-    union = merge(raw, ["rank"]).collect().sort("rank", "start_ns")
-    edges = pl.concat([union, win.select("rank", pl.col("w_start").alias("start_ns"), pl.col("w_start").alias("end_ns")),
-                       win.select("rank", pl.col("w_end").alias("start_ns"), pl.col("w_end").alias("end_ns"))],
+        pl.col("end_ns") - tol)
+    union = merge(raw, ["rank"]).sort("rank", "start_ns")
+    edges = pl.concat([union, wl.select("rank", pl.col("w_start").alias("start_ns"), pl.col("w_start").alias("end_ns")),
+                       wl.select("rank", pl.col("w_end").alias("start_ns"), pl.col("w_end").alias("end_ns"))],
                       how="vertical").sort("rank", "start_ns", "end_ns")
     idle = edges.select("rank", pl.col("end_ns").cum_max().over("rank").alias("start_ns"),
                         pl.col("start_ns").shift(-1).over("rank").alias("end_ns")).filter(
         pl.col("end_ns") - pl.col("start_ns") >= tol).with_columns(pl.lit("idle").alias("lane"), pl.lit("idle").alias("kind"))
     out = pl.concat([busy.select("rank", "lane", "kind", "start_ns", "end_ns"),
                      idle.select("rank", "lane", "kind", "start_ns", "end_ns")], how="vertical")
-    off = _offsets(ctx, ranks)
+    off = _offsets(ctx, ranks).lazy()
     return out.join(off, on="rank").select("rank", "lane", "kind", pl.col("start_ns") - pl.col("offset_ns"),
-                                           pl.col("end_ns") - pl.col("offset_ns")).sort("rank", "lane", "start_ns")
+                                           pl.col("end_ns") - pl.col("offset_ns")).sort("rank", "lane", "start_ns").collect()
 
 
 def _figure(iv: pl.DataFrame, ranks: list[tuple[int, str]], labels: dict[int, str], title: str) -> Figure:
@@ -133,6 +136,13 @@ def _figure(iv: pl.DataFrame, ranks: list[tuple[int, str]], labels: dict[int, st
     return fig
 
 
+def _step_sums(ctx: JobContext, step: int, ranks: list[int]) -> dict[int, dict[str, int]]:
+    """rank -> {part: ns} of ``step`` (the breakdown's step, compute, comm_wait and idle time), one query."""
+    b = ctx.steps.filter((pl.col("step") == step) & pl.col("rank").is_in(ranks))
+    sums = b.group_by("rank").agg([pl.col(f"{c}_ns").sum().alias(c) for c in TABLE_PARTS])
+    return {int(row.pop("rank")): row for row in sums.iter_rows(named=True)}
+
+
 def timeline_view(analysis: Analysis) -> View:
     view = View("timeline", "Timeline of the slowest and a median step, on one clock", CAPTION)
     ctx = analysis.context
@@ -149,12 +159,11 @@ def timeline_view(analysis: Analysis) -> View:
         iv = step_intervals(ctx, step, [r for r, _ in ranks])
         if iv.height:
             view.figures.append(_figure(iv, ranks, labels, f"{why} step {step}" if step >= 0 else "whole trace"))
-        b = ctx.steps.filter(pl.col("step") == step)
+        sums = _step_sums(ctx, step, [r for r, _ in ranks])
         for r, role in ranks:
             shown.add(r)
             rows.append({"step": step, "which": why, "rank": r, "role": role, "gpu": labels.get(r)} | {
-                f"{c}_ms": round(float(b.filter(pl.col("rank") == r)[f"{c}_ns"].sum()) / 1e6, 3)
-                for c in ("step", "compute", "comm_wait", "idle")})
+                f"{c}_ms": round(float(sums.get(r, {}).get(c, 0)) / 1e6, 3) for c in TABLE_PARTS})
     off = _offsets(ctx, sorted(shown))
     table = pl.DataFrame(rows).with_columns(pl.col("rank").cast(pl.Int32)).join(off, on="rank", how="left")
     view.tables.append(("Ranks shown (ms in that step; clock offset subtracted, ms)", table.with_columns(

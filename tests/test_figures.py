@@ -105,3 +105,16 @@ def test_figure_html_draws_a_plain_figure_as_plotly_io_draws_the_graph_object():
     assert _newplot_args(mine)[1]["template"] == PLOTLY_WHITE
     # a go.Figure (diff.html's waterfall) goes through the same function
     assert _newplot_args(figure_html(graph, "f1")) == _newplot_args(theirs)
+
+
+def test_report_bytes_are_the_page_encoded_with_plotly_js_spliced_in_once():
+    from forensics.reports import html as html_report
+    from plotly.offline import get_plotlyjs
+
+    analysis = analyze(ROOT / "sample_traces" / "xid79", workers=1)
+    page = html_report.render(analysis)
+    assert html_report.render_bytes(analysis) == page.encode("utf-8")
+    assert page.count(get_plotlyjs()) == 1 and "<!-- plotly.js -->" not in page
+    empty = Analysis(Path("job"), JobContext(JobFrames({})), [])  # no figure: no plotly.js at all
+    assert html_report.render_bytes(empty) == html_report.render(empty).encode("utf-8")
+    assert "Plotly" not in html_report.render(empty)
