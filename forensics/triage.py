@@ -152,15 +152,15 @@ def incident_records(analysis: Analysis, gpus: list[dict[str, Any]]) -> list[dic
 
 
 def _write_files(task: JobTask, analysis: Analysis) -> list[str]:
-    from forensics.outputs import OutputSet
-
     if task.render is None or task.staging is None:
         return []
-    outs = OutputSet(Path(task.staging))
     files = task.render(analysis)
+    staging = Path(task.staging)
+    staging.mkdir(parents=True, exist_ok=True)
+    # Plain writes, no fsync: the staging folder is this run's own, and a file gets into OUT only through
+    # the run's OutputSet commit, which fsyncs it there (by then the kernel has mostly written it back).
     for name, data in files.items():
-        outs.add_bytes(name, data)
-    outs.commit()
+        (staging / name).write_bytes(data)
     return sorted(files)
 
 
