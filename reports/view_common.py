@@ -48,9 +48,10 @@ def esc(value: Any) -> str:
 def gpu_labels(ctx: JobContext) -> pl.DataFrame:
     """rank (Int32), host, gpu: one row per rank; ``gpu`` is ``host:bus-id`` (``host:cudaN`` when no log gave the
     bus id: device index from the trace, the host alone when neither is known). Sorted by rank."""
-    ident = ctx.identity.filter(pl.col("rank").is_not_null())
+    # one lazy query, collected once (small frames: each eager step would cost more than its work)
+    ident = ctx.identity.lazy().filter(pl.col("rank").is_not_null())
     hosts = pl.concat(
-        [ctx.frames[n].select(pl.col("rank").cast(pl.Int32), pl.col("host").cast(pl.String))
+        [ctx.frames[n].lazy().select(pl.col("rank").cast(pl.Int32), pl.col("host").cast(pl.String))
          for n in ("ranks", "sources")], how="vertical",
     ).drop_nulls("rank").group_by("rank").agg(pl.col("host").drop_nulls().first())
     by_rank = ident.group_by("rank").agg(
@@ -59,7 +60,7 @@ def gpu_labels(ctx: JobContext) -> pl.DataFrame:
         pl.col("cuda_dev").drop_nulls().first(),
     ).with_columns(pl.col("rank").cast(pl.Int32))
     # the GPU index a rank's kernels ran on, where neither a log nor the trace metadata gave one
-    kdev = ctx.frames["kernels"].drop_nulls("rank").group_by("rank").agg(pl.col("device").drop_nulls().first().alias("_kdev"))
+    kdev = ctx.frames["kernels"].lazy().drop_nulls("rank").group_by("rank").agg(pl.col("device").drop_nulls().first().alias("_kdev"))
     out = hosts.join(by_rank, on="rank", how="full", coalesce=True).join(
         kdev.with_columns(pl.col("rank").cast(pl.Int32)), on="rank", how="left"
     ).with_columns(pl.coalesce("_ihost", "host").fill_null("?").alias("host"),
@@ -68,7 +69,7 @@ def gpu_labels(ctx: JobContext) -> pl.DataFrame:
     return out.select(
         "rank", "host",
         pl.when(dev.is_null()).then(pl.col("host")).otherwise(pl.col("host") + ":" + dev).alias("gpu"),
-    ).sort("rank")
+    ).sort("rank").collect()
 
 
 def culprit_ranks(analysis: Analysis) -> list[int]:

@@ -47,17 +47,17 @@ def _lane(bus: str) -> pl.Expr:
 
 def kernel_log_events(ctx: JobContext) -> pl.DataFrame:
     """lane, kind (xid as ``xid 79``), wall_ns, mono_ns, message of the hardware/host kernel-log records."""
-    ke = ctx.frames["kernel_events"].filter(pl.col("kind").cast(pl.String).is_in(HW_KINDS))
-    src_host = ctx.sources.select(pl.col("path").alias("source"), pl.col("host").alias("_shost"))
+    ke = ctx.frames["kernel_events"].lazy().filter(pl.col("kind").cast(pl.String).is_in(HW_KINDS))
+    src_host = ctx.sources.lazy().select(pl.col("path").alias("source"), pl.col("host").alias("_shost"))
     ke = ke.join(src_host, on="source", how="left").with_columns(pl.coalesce("host", "_shost").fill_null("?").alias("host"))
     kind = pl.when(pl.col("xid").is_not_null()).then(pl.col("kind").cast(pl.String) + " " + pl.col("xid").cast(pl.String))
     return ke.select(_lane("pci_bus_id").alias("lane"), kind.otherwise(pl.col("kind").cast(pl.String)).alias("kind"),
-                     "wall_ns", "mono_ns", "message").cast(EVENT_SCHEMA)  # type: ignore[arg-type]
+                     "wall_ns", "mono_ns", "message").cast(EVENT_SCHEMA).collect()  # type: ignore[arg-type]
 
 
 def health_events(ctx: JobContext) -> pl.DataFrame:
     """The same columns for nvidia-smi snapshot conditions (one row per GPU and condition)."""
-    h = ctx.frames["gpu_health"].with_columns(pl.col("host").fill_null("?"))
+    h = ctx.frames["gpu_health"].lazy().with_columns(pl.col("host").fill_null("?"))
     conds = {
         "throttle": pl.col("clock_reasons_active").list.len().fill_null(0) > 0,
         "ecc uncorrectable": (pl.sum_horizontal(pl.col("^ecc_volatile_.*_ue$").fill_null(0)) > 0),
@@ -69,7 +69,7 @@ def health_events(ctx: JobContext) -> pl.DataFrame:
         pl.lit(None, pl.Int64).alias("mono_ns"),
         (pl.lit(f"nvidia-smi: {name} ") + pl.col("clock_reasons_active").list.join(", ").fill_null("")).alias("message"),
     ) for name, cond in conds.items()]
-    return pl.concat([p.cast(EVENT_SCHEMA) for p in parts], how="vertical")  # type: ignore[arg-type]
+    return pl.concat([p.cast(EVENT_SCHEMA) for p in parts], how="vertical").collect()  # type: ignore[arg-type]
 
 
 def job_marks(analysis: Analysis) -> list[tuple[int, str]]:
@@ -94,7 +94,9 @@ def job_marks(analysis: Analysis) -> list[tuple[int, str]]:
 def _scatter(ev: pl.DataFrame, x: str, marks: list[tuple[int, str]]) -> Figure:
     fig = Figure()
     lanes = sorted(ev["lane"].unique().to_list())
-    capped = ev.sort(x).group_by("lane", "kind", maintain_order=True).head(MAX_POINTS_PER_LANE_KIND)
+    # ties in time in a fixed order (lane, message): the same page every run
+    capped = ev.sort(x, "lane", "message", nulls_last=True, maintain_order=True).group_by(
+        "lane", "kind", maintain_order=True).head(MAX_POINTS_PER_LANE_KIND)
     for kind in sorted(capped["kind"].unique().to_list()):
         part = capped.filter(pl.col("kind") == kind)
         xs = [iso(v) for v in part[x].to_list()] if x == "wall_ns" else (part[x] / 1e9).round(6).to_list()

@@ -36,7 +36,7 @@ def _joined(value: pl.Expr) -> pl.Expr:
     return value.drop_nulls().unique().sort().str.join(", ")
 
 
-def _facet(df: pl.DataFrame, value: pl.Expr, name: str) -> pl.DataFrame:
+def _facet(df: pl.LazyFrame, value: pl.Expr, name: str) -> pl.LazyFrame:
     return df.group_by(PROC).agg(_joined(value).alias(name))
 
 
@@ -49,33 +49,34 @@ def process_facets(ctx: JobContext) -> pl.DataFrame:
     if procs.height == 0:
         return pl.DataFrame(schema={**dict.fromkeys(["host", "gpu", *FACETS], pl.String), "pid": pl.Int64,
                                     "cuda_dev": pl.Int32, "rank": pl.Int32})
-    tuning = f["nccl_calls"].filter(pl.col("kind") == "tuning")
-    ch = f["nccl_channels"]
+    # one lazy query, collected once (small frames: each eager step would cost more than its work)
+    tuning = f["nccl_calls"].lazy().filter(pl.col("kind") == "tuning")
+    ch = f["nccl_channels"].lazy()
     transport = pl.when(pl.col("net").is_not_null()).then(pl.col("transport") + "/" + pl.col("net")).otherwise(pl.col("transport"))
-    env = f["nccl_env"]
+    env = f["nccl_env"].lazy()
     env_val = pl.col("var") + "=" + pl.col("value")
     cmd_env = env.filter(pl.col("pid").is_null()).group_by("source").agg(_joined(env_val).alias("_cmd_env"))
     facets = [
-        procs.join(files, on="source", how="left").group_by(PROC).agg(_joined(pl.col("_v")).alias("version")),
+        procs.lazy().join(files.lazy(), on="source", how="left").group_by(PROC).agg(_joined(pl.col("_v")).alias("version")),
         _facet(tuning, pl.col("algo"), "algo"), _facet(tuning, pl.col("proto"), "proto"),
         _facet(ch, transport, "transport"),
-        _facet(f["nccl_events"].filter(pl.col("kind") == "channels"), pl.col("value").cast(pl.Int64).cast(pl.String),
+        _facet(f["nccl_events"].lazy().filter(pl.col("kind") == "channels"), pl.col("value").cast(pl.Int64).cast(pl.String),
                "channels"),
         _facet(env.filter(pl.col("pid").is_not_null()), env_val, "env"),
     ]
-    out = procs.group_by(PROC).agg(pl.col("source").min())  # min, not first: the same page every run
+    out = procs.lazy().group_by(PROC).agg(pl.col("source").min())  # min, not first: the same page every run
     for fa in facets:
         out = out.join(fa, on=PROC, how="left", nulls_equal=True)
     out = out.join(cmd_env, on="source", how="left").with_columns(
         pl.concat_str([pl.col("env"), pl.col("_cmd_env")], separator=", ", ignore_nulls=True).alias("env"))
-    ident = ctx.identity.select(*PROC, pl.col("rank").alias("_r"), "bus_id").unique(PROC)
-    traced = ctx.frames["ranks"].select(pl.col("rank").alias("_r"), pl.col("nccl_version").alias("_tv")).drop_nulls().unique("_r")
+    ident = ctx.identity.lazy().select(*PROC, pl.col("rank").alias("_r"), "bus_id").unique(PROC)
+    traced = ctx.frames["ranks"].lazy().select(pl.col("rank").alias("_r"), pl.col("nccl_version").alias("_tv")).drop_nulls().unique("_r")
     out = out.join(ident, on=PROC, how="left", nulls_equal=True).join(traced, on="_r", how="left").with_columns(
         pl.when(pl.col("version") == "").then(None).otherwise(pl.col("version")).fill_null(pl.col("_tv")).alias("version"),
         pl.when(pl.col("bus_id").is_not_null()).then(pl.col("host") + ":" + pl.col("bus_id")).otherwise(pl.col("host")).alias("gpu"))
     cols = [pl.when(pl.col(c) == "").then(None).otherwise(pl.col(c)).alias(c) for c in FACETS]
     return out.select("host", "pid", "cuda_dev", pl.col("_r").cast(pl.Int32).alias("rank"), "gpu", *cols).sort(
-        "rank", "host", "pid", "cuda_dev", nulls_last=True)
+        "rank", "host", "pid", "cuda_dev", nulls_last=True).collect()
 
 
 def flag_deviations(df: pl.DataFrame, facets: list[str]) -> pl.DataFrame:
