@@ -125,17 +125,18 @@ def _simulated(ranks: int, cache: Path, scenario: str = "ddp_straggler", size: f
     return run
 
 
-def inputs(cache: Path, quick: bool) -> dict[str, tuple[Path, str]]:
-    """name -> (RUN_DIR or file, what it is)."""
+def inputs(cache: Path, quick: bool, only: list[str]) -> dict[str, tuple[Path, str]]:
+    """name -> (RUN_DIR or file, what it is); with ``only``, just those (nothing else is generated)."""
     real = {
         "hta53": (SHARED / "kineto" / "hta" / "df_index_resolver.json.gz", "real 53.7 MB Kineto trace (HTA sample)"),
         "dlrm8": (SHARED / "kineto" / "param_dlrm_8rank", "real 8-rank DLRM traces + logs"),
     }
-    sims = [64, 256] if quick else [64, 256, 1024, 4096]
-    out = dict(real)
+    sims = [64, 256] if quick and not only else [64, 256, 1024, 4096]
+    out = {k: v for k, v in real.items() if not only or k in only}
     for n in sims:
-        out[f"sim{n}"] = (_simulated(n, cache), f"simulated ddp_straggler, {n} ranks x 5 steps")
-    if not quick:
+        if not only or f"sim{n}" in only:
+            out[f"sim{n}"] = (_simulated(n, cache), f"simulated ddp_straggler, {n} ranks x 5 steps")
+    if not quick and (not only or "dense" in only):
         out["dense"] = (_simulated(1, cache, "ddp_clean", 100.0), "simulated kernel-dense trace, 1 rank, ~100 MB")
     return out
 
@@ -260,9 +261,7 @@ def main() -> int:
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "forensics-bench",
                     help="where simulated inputs are generated once and reused")
     args = ap.parse_args()
-    todo = inputs(args.cache, args.quick)
-    if args.only:
-        todo = {k: v for k, v in todo.items() if k in args.only}
+    todo = inputs(args.cache, args.quick, args.only)
     results = []
     for name, (path, what) in todo.items():
         print(f"measuring {name}: {what} ...", file=sys.stderr, flush=True)
