@@ -346,11 +346,16 @@ def discover_and_parse(
     run_dir: Path,
     progress: ProgressFn | None = None,
     workers: int | None = None,
+    engine: str = "local",
+    ray_address: str | None = None,
 ) -> list[ParsedSource]:
     """Classify and parse every file below ``run_dir`` (or the one file ``run_dir``); results in path order.
 
-    KeyboardInterrupt and SystemExit (a SIGTERM handler's) propagate as soon as the worker
-    processes are gone: pending files are cancelled and running workers terminated.
+    ``engine`` "local": this process, or a pool of worker processes when there is enough to parse;
+    "ray": the same units of files as Ray tasks (``ray_address``: an existing cluster, whose nodes
+    see RUN_DIR at the same path; None: a local one). KeyboardInterrupt and SystemExit (a SIGTERM
+    handler's) propagate as soon as the worker processes are gone: pending files are cancelled and
+    running workers terminated.
     """
     files = discover(run_dir)
     root = run_dir if run_dir.is_dir() else run_dir.parent
@@ -364,7 +369,9 @@ def discover_and_parse(
         if progress:
             progress(item.file.rel_path, len(results), len(files))
 
-    if n_workers > 1 and len(to_parse) > 1 and (total_bytes >= PARALLEL_MIN_BYTES or len(to_parse) >= PARALLEL_MIN_FILES):
+    if engine == "ray":
+        _parse_on_ray(files, root, tick, ray_address)
+    elif n_workers > 1 and len(to_parse) > 1 and (total_bytes >= PARALLEL_MIN_BYTES or len(to_parse) >= PARALLEL_MIN_FILES):
         _parse_in_pool(files, root, n_workers, tick)
     else:
         for unit in units(files, 1):
@@ -375,8 +382,8 @@ def discover_and_parse(
     return results
 
 
-def _parse_in_pool(files: list[DiscoveredFile], root: Path, n_workers: int, tick: Callable[[ParsedSource], None]) -> None:
-    """Parse in worker processes; ``tick`` sees the results in path order."""
+def _in_order(tick: Callable[[ParsedSource], None]) -> Callable[[int, list[ParsedSource]], None]:
+    """A ``done(index, items)`` that hands the units' items to ``tick`` in unit (so path) order."""
     out: dict[int, list[ParsedSource]] = {}
     emitted = 0
 
@@ -388,7 +395,22 @@ def _parse_in_pool(files: list[DiscoveredFile], root: Path, n_workers: int, tick
                 tick(item)
             emitted += 1
 
-    run_pool(_parse_worker, [(unit, root) for unit in units(files, n_workers)], n_workers, _lost, done)
+    return done
+
+
+def _parse_on_ray(files: list[DiscoveredFile], root: Path, tick: Callable[[ParsedSource], None],
+                  address: str | None) -> None:
+    """The pool's units of work, parsed by the pool's function, as Ray tasks (one unit per CPU at a time
+    and a few more queued, as many units as the pool makes for that many CPUs)."""
+    from forensics.ray_engine import ray_map, ray_session
+
+    with ray_session(address) as cpus:
+        ray_map(_parse_worker, [(unit, root) for unit in units(files, cpus)], _lost, _in_order(tick))
+
+
+def _parse_in_pool(files: list[DiscoveredFile], root: Path, n_workers: int, tick: Callable[[ParsedSource], None]) -> None:
+    """Parse in worker processes; ``tick`` sees the results in path order."""
+    run_pool(_parse_worker, [(unit, root) for unit in units(files, n_workers)], n_workers, _lost, _in_order(tick))
 
 
 def _lost(args: tuple[list[DiscoveredFile], Path], why: str) -> list[ParsedSource]:
