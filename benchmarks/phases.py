@@ -260,6 +260,7 @@ def main() -> int:
     ap.add_argument("--hta-venv", type=Path, default=None, help="a venv with holistictraceanalysis installed")
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "forensics-bench",
                     help="where simulated inputs are generated once and reused")
+    ap.add_argument("--json", type=Path, default=None, help="also write every figure (per phase RSS too) here")
     args = ap.parse_args()
     todo = inputs(args.cache, args.quick, args.only)
     results = []
@@ -271,6 +272,11 @@ def main() -> int:
     for label, ok, figures in targets({r.name: r for r in results}):
         print(f"{'PASS' if ok else 'FAIL' if ok is not None else 'n/a '}  {label}: {figures}")
     print(slope({r.name: r for r in results}))
+    if args.json:
+        args.json.write_text(json.dumps([{"name": r.name, "ours": r.ours.out, "wall_s": r.ours.wall_s,
+                                          "peak_mb": r.peak_mb(), "json_mb": r.json_mb,
+                                          "floor_s": r.floor.out["s"] if r.floor else None,
+                                          "hta_s": r.hta.out["s"] if r.hta else None} for r in results], indent=1))
     return 0
 
 

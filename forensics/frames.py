@@ -705,7 +705,9 @@ class JobFrames(Mapping[str, pl.DataFrame]):
         if name in self._frames:
             return self._frames[name]
         if name in FRAME_SPECS:
-            return empty(name)
+            # kept: an empty frame costs milliseconds to build and detectors ask for absent ones often
+            df = self._frames[name] = empty(name)
+            return df
         raise KeyError(name)
 
     def __iter__(self) -> Iterator[str]:
