@@ -29,8 +29,10 @@ class JobNccl:
         return (self.nnodes or 1) > 1
 
 
-def job(frames: JobFrames) -> JobNccl:
-    ident = identity.identities(frames)
+def job(frames: JobFrames, ident: pl.DataFrame | None = None) -> JobNccl:
+    """The job's NCCL facts; ``ident``: :func:`forensics.identity.identities` of ``frames`` when the caller
+    has it (``JobContext.log_identity``)."""
+    ident = ident if ident is not None else identity.identities(frames)
     hosts: set[str] = set()
     for name in ("nccl_comms", "nccl_net", "nccl_channels", "nccl_events"):
         hosts |= set(frames[name]["host"].drop_nulls().to_list())
