@@ -108,7 +108,7 @@ class JobContext:
         bus id, null when no log gave it), how (which evidence gave the rank), trace_rank (the trace
         ``ranks`` frame's rank for that process; null without traces).
         """
-        return job_identities(self.frames)
+        return job_identities(self.frames, self.log_identity)
 
     @cached_property
     def log_identity(self) -> pl.DataFrame:
