@@ -5,7 +5,8 @@
     python benchmarks/phases.py --only sim1024 --hta-venv /tmp/hta-venv
 
 Each input is analysed in a fresh child process that runs the pipeline's phases one after the other and
-reports, after each, the wall time and the peak RSS so far (its own, and its parser workers'):
+reports, after each, the wall time, the peak RSS so far (its own, and its parser workers') and the CPU time
+so far (its own plus its parser workers'; on a loaded machine the steadier figure):
   discover  classify every file by content (parsers.discovery.discover)
   parse     parse the files, in the worker pool when there are enough (discover_and_parse, minus discover)
   assemble  merge per-file frames into one JobFrames (analyze.collect_frames)
@@ -49,16 +50,20 @@ from forensics.outputs import OutputSet
 from forensics.parsers.discovery import discover, discover_and_parse
 from forensics.reports import html, json_report, markdown
 run = Path(sys.argv[1]); out = []
+def cpu():
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 def mark(name, t):
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    out.append({"phase": name, "s": time.perf_counter() - t, "rss_kb": own, "worker_rss_kb": kids})
+    out.append({"phase": name, "s": time.perf_counter() - t, "rss_kb": own, "worker_rss_kb": kids, "cpu_s": cpu()})
     return time.perf_counter()
 t = mark("import", t0)
 files = discover(run); t = mark("discover", t)
 parsed = discover_and_parse(run); dt = time.perf_counter() - t
 out.append({"phase": "parse", "s": dt - out[-1]["s"], "rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-            "worker_rss_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}); t = time.perf_counter()
+            "worker_rss_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, "cpu_s": cpu()})
+t = time.perf_counter()
 _, frames = collect_frames(parsed); t = mark("assemble", t)
 ctx = JobContext(frames)
 for fact in ("identity", "match", "breakdown", "exposure", "stages", "clock_offsets"):
@@ -190,15 +195,16 @@ def measure(name: str, path: Path, what: str, hta_venv: Path | None) -> Result:
 
 
 def table(results: list[Result]) -> str:
-    head = ["input", "files", "JSON MB", *PHASES, "total s", "peak MB", "orjson floor s", "x floor", "HTA load s",
-            "HTA / ours"]
+    head = ["input", "files", "JSON MB", *PHASES, "total s", "CPU s", "peak MB", "orjson floor s", "x floor",
+            "HTA load s", "HTA / ours"]
     rows = [head, ["---"] * len(head)]
     for r in results:
         ph = {p["phase"]: p["s"] for p in r.ours.out["phases"]}
         floor = r.floor.out["s"] if r.floor else None
         hta = r.hta.out["s"] if r.hta else None
         rows.append([r.name, str(r.n_files), f"{r.json_mb:.1f}", *[f"{ph.get(p, 0.0):.2f}" for p in PHASES],
-                     f"{r.ours.wall_s:.2f}", f"{r.peak_mb():.0f}", _f(floor), _f(floor and r.ours.wall_s / floor),
+                     f"{r.ours.wall_s:.2f}", f"{r.ours.out['phases'][-1].get('cpu_s', 0.0):.1f}",
+                     f"{r.peak_mb():.0f}", _f(floor), _f(floor and r.ours.wall_s / floor),
                      _f(hta) if r.hta else "skipped", _f(hta and hta / r.ours.wall_s)])
     return "\n".join("| " + " | ".join(row) + " |" for row in rows)
 
