@@ -3,6 +3,7 @@
     python benchmarks/phases.py                      # the standard set (see INPUTS); minutes
     python benchmarks/phases.py --quick              # the real inputs and 64/256 simulated ranks only
     python benchmarks/phases.py --only sim1024 --hta-venv /tmp/hta-venv
+    python benchmarks/phases.py --only sim1024 --python ../main/.venv/bin/python   # another checkout, same run
 
 Each input is analysed in a fresh child process that runs the pipeline's phases one after the other and
 reports, after each, the wall time, the peak RSS so far (its own, and its parser workers') and the CPU time
@@ -110,7 +111,8 @@ class Child:
 
 def run_child(cmd: list[str]) -> Child:
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # not run in ROOT: `python -c` would import this checkout's folders even for another --python
+    proc = subprocess.Popen(cmd, cwd=tempfile.gettempdir(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage (communicate() would reap it first)
     wall = time.perf_counter() - start
     text = proc.stdout.read().decode() if proc.stdout else ""
@@ -180,9 +182,9 @@ class Result:
         return (last["rss_kb"] + workers * last["worker_rss_kb"]) / 1024
 
 
-def measure(name: str, path: Path, what: str, hta_venv: Path | None) -> Result:
+def measure(name: str, path: Path, what: str, hta_venv: Path | None, python: str = sys.executable) -> Result:
     files = trace_files(path)
-    ours = run_child([sys.executable, "-c", CHILD, str(path)])
+    ours = run_child([python, "-c", CHILD, str(path)])
     floor = run_child([sys.executable, "-c", ORJSON_CHILD, *map(str, files)]) if files else None
     hta = None
     if hta_venv and files:
@@ -266,13 +268,15 @@ def main() -> int:
     ap.add_argument("--hta-venv", type=Path, default=None, help="a venv with holistictraceanalysis installed")
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "forensics-bench",
                     help="where simulated inputs are generated once and reused")
+    ap.add_argument("--python", default=sys.executable,
+                    help="the interpreter whose forensics is measured (another checkout's venv: before/after)")
     ap.add_argument("--json", type=Path, default=None, help="also write every figure (per phase RSS too) here")
     args = ap.parse_args()
     todo = inputs(args.cache, args.quick, args.only)
     results = []
     for name, (path, what) in todo.items():
         print(f"measuring {name}: {what} ...", file=sys.stderr, flush=True)
-        results.append(measure(name, path, what, args.hta_venv))
+        results.append(measure(name, path, what, args.hta_venv, args.python))
     print(table(results))
     print()
     for label, ok, figures in targets({r.name: r for r in results}):
