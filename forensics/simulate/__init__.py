@@ -29,7 +29,7 @@ from forensics.simulate.engine import (
     iter_steps,
 )
 from forensics.simulate.kineto import EPOCH_NS, T0_NS, TraceWriter
-from forensics.simulate.logs import OOM_ANON_RSS_KB
+from forensics.simulate.logs import OOM_ANON_RSS_KB, RM_INIT_STATUS, aer_port
 from forensics.simulate.model import PCI_BUS_IDS, Job
 from forensics.simulate.scenarios import SCENARIOS, Params, Scenario, ScenarioError
 
@@ -457,10 +457,17 @@ def _straggler_truth(f: dict[str, Any], per_rank: list[dict[str, Any]], others: 
     return exp
 
 
-def _killer_truth(f: dict[str, Any], engine: Engine) -> dict[str, Any]:
-    """What the kernel log says about a fault that stops its rank: the Xid, or the OOM victim's pid and size."""
+def _device_truth(f: dict[str, Any], engine: Engine) -> dict[str, Any]:
+    """What the kernel log says about a device fault: the Xid, the fatal AER's port and errant function (the
+    GPU's audio function, while the GPU is at .0), the failed GPU init's status and device minor, or the
+    OOM victim's pid and size."""
     if f["kind"] == "xid":
         return {"xid": f["code"]}
+    if f["kind"] == "gpu_init_failed":
+        return {"device_minor": f["gpu"], "init_status": RM_INIT_STATUS, "severity": "critical"}
+    if f["kind"] == "aer_fatal":
+        bus = PCI_BUS_IDS[engine.states[f["ranks"][0]].local]
+        return {"aer_port": aer_port(bus), "aer_device": f"{bus[:-1]}{f['function']}", "severity": "critical"}
     return {"victim_pid": engine.states[f["ranks"][0]].pid, "anon_rss_kb": OOM_ANON_RSS_KB}
 
 
@@ -471,12 +478,20 @@ def _slow_nic_who(f: dict[str, Any], topo: Any, engine: Engine) -> dict[str, Any
     return {"hosts": [engine.hosts[n] for n in nodes], "ranks": ranks, "gpus": []}
 
 
+def _gpu_init_who(f: dict[str, Any], engine: Engine) -> dict[str, Any]:
+    """A fault without culprit ranks: the GPU that failed to initialize and its node (no rank runs on it),
+    else nobody."""
+    if f["kind"] != "gpu_init_failed":
+        return {"ranks": [], "hosts": [], "gpus": []}
+    return {"ranks": [], "hosts": [engine.hosts[f["node"]]], "gpus": [PCI_BUS_IDS[f["gpu"]]]}
+
+
 def _fault_truth(f: dict[str, Any], job: Job, engine: Engine, per_rank: list[dict[str, Any]], timeout_info: dict[str, Any] | None) -> dict[str, Any]:
     kind = f["kind"]
     out: dict[str, Any] = {"kind": kind, "params": {k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(f.items()) if k != "kind"}}
     topo = job.topo
     culprits = tuple(f.get("ranks", ()))
-    out.update(_who(engine, culprits) if culprits else {"ranks": [], "hosts": [], "gpus": []})
+    out.update(_who(engine, culprits) if culprits else _gpu_init_who(f, engine))
     exp: dict[str, Any] = {}
     others = [d for d in per_rank if d["rank"] not in culprits and d["steps"]]
     med = _upper_median
@@ -512,7 +527,7 @@ def _fault_truth(f: dict[str, Any], job: Job, engine: Engine, per_rank: list[dic
             "collective": c.op, "numel": timeout_info["numel_in"], "numel_out": timeout_info["numel_out"], "timeout_ms": f["timeout_ms"],
             "missing_ranks": sorted(c.absent), "waiting_ranks": sorted(timeout_info["arrive"]),
         })
-    elif kind in ("xid", "oom_kill"):
-        exp.update(_killer_truth(f, engine))
+    elif kind in ("xid", "aer_fatal", "oom_kill", "gpu_init_failed"):
+        exp.update(_device_truth(f, engine))
     out["expected"] = exp
     return out
