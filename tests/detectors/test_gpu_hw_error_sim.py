@@ -146,3 +146,15 @@ def test_rm_init_adapter_failed_on_a_nodes_second_gpu_names_that_gpu_and_no_rank
     assert (f.gpus, f.hosts, f.ranks) == ((gpu,), (host,), ())  # no rank ran on it: none is blamed
     assert f.metrics["device_minor"] == 1 and f.metrics["init_status"] == status
     assert {(i["file"], i["line"]) for i in injected} <= {(e["source"], e["line"]) for e in f.evidence}
+
+
+@pytest.mark.parametrize(("ranks", "params", "message"), [
+    (16, {}, "not a multiple of 8"),  # both nodes full: no GPU left free to fail
+    (9, {"gpu": "0"}, "outside the valid range 1..7"),  # GPU 0 of the last node runs rank 8
+])
+def test_rm_init_failed_refuses_a_gpu_the_job_uses(ranks, params, message):
+    from forensics.simulate import ScenarioError, check_run_args
+
+    with pytest.raises(ScenarioError) as err:
+        check_run_args("rm_init_failed", ranks=ranks, params=params)
+    assert message in str(err.value)
