@@ -28,6 +28,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "clean16": ("ddp_clean", {"ranks": 16}),
         "net_socket": ("net_socket", {}),
         "algo_forced": ("algo_forced", {}),
+        "slow_gemm": ("slow_gemm", {}),
     }
     for name, (scenario, kw) in jobs.items():
         simulate(scenario, root / name, **kw)
@@ -59,6 +60,26 @@ def test_more_idle_is_named_with_its_size(runs: dict[str, Path]):
     assert d.contributors[0]["delta_ms"] == pytest.approx(stall_ms, rel=0.10)
     assert d.verdict.startswith("NEW is ") and "slower per step" in d.verdict and "GPU idle" in d.verdict
     assert not d.nccl_changes
+
+
+def test_slower_kernel_class_is_named_with_its_size(runs: dict[str, Path]):
+    """Every rank's GEMM kernels 30 % longer: the GEMM time the simulator added per step (its truth) is the
+    compute delta and the GEMM category's delta, and the verdict names GEMM kernels."""
+    fault = _truth(runs["slow_gemm"])["faults"][0]
+    assert fault["kind"] == "slow_kernel_class" and fault["params"] == {"kernel_class": "gemm", "slowdown": 0.3}
+    added_ms = fault["expected"]["added_ms_per_step"]
+    assert added_ms > 5  # a change well above the noise
+    d = _diff(runs, "clean8", "slow_gemm")
+    top = d.contributors[0]
+    assert top["kind"] == "compute" and top["what"].startswith("compute (mostly gemm kernels")
+    assert top["delta_ms"] == pytest.approx(added_ms, rel=0.10)
+    assert d.new.categories["gemm"] - d.base.categories["gemm"] == pytest.approx(added_ms, rel=0.10)
+    assert d.delta_ms == pytest.approx(added_ms, rel=0.10)
+    assert "slower per step" in d.verdict and "gemm kernels" in d.verdict
+    assert not d.nccl_changes
+    gemm = [k for k in d.kernels if k["category"] == "gemm"]
+    assert gemm and all(k["change"] == "changed" and k["delta_ms"] > 0 for k in gemm)
+    assert sum(k["delta_ms"] for k in gemm) == pytest.approx(added_ms, rel=0.10)
 
 
 def test_transport_change_is_the_explanation(runs: dict[str, Path]):
