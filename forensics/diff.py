@@ -53,6 +53,8 @@ class RunProfile:
     incidents: dict[str, str]
     whole_capture: bool = False
     """No profiler steps: the one "step" is the whole capture of each rank."""
+    formats: list[str] = field(default_factory=list)
+    """Trace formats the kernels came from (``kineto``, ``nsys``)."""
     versions: dict[str, list[str]] = field(default_factory=dict)
     """Software versions the inputs carry (CUDA runtime, driver, ...), sorted distinct values per component."""
 
@@ -131,22 +133,49 @@ def _per_step(analysis: Analysis) -> pl.DataFrame:
     return out.with_columns(pl.col(pl.Float64).fill_null(0.0)).sort("step")
 
 
+_COPY_DIRECTIONS = {"Host-to-Device": "HtoD", "Device-to-Host": "DtoH", "Device-to-Device": "DtoD",
+                    "Peer-to-Peer": "PtoP", "Host-to-Host": "HtoH"}
+"""Nsight Systems' copy kinds as Kineto names them (``[CUDA memcpy Host-to-Device]`` = ``Memcpy HtoD (...)``)."""
+
+
+def kernel_key() -> pl.Expr:
+    """What a kernel is compared by: its name; NCCL kernels by collective (``nccl allreduce``: the naming eras
+    compare); copies by direction (``memcpy HtoD``) and memsets as one (Kineto and Nsight Systems name them
+    differently)."""
+    cls = pl.col("class").cast(pl.String)
+    direction = pl.col("name").str.extract(r"(?i)memcpy\s+([A-Za-z-]+)", 1)
+    direction = direction.replace(_COPY_DIRECTIONS).fill_null("?")
+    return (pl.when(cls == "comm").then(pl.lit("nccl ") + pl.col("collective").fill_null("?"))
+            .when(cls == "memcpy").then(pl.lit("memcpy ") + direction)
+            .when(cls == "memset").then(pl.lit("memset"))
+            .otherwise(pl.col("name")))
+
+
+def short_key() -> pl.Expr:
+    """:func:`kernel_key` with compute kernels by their qualified function name alone (no template arguments or
+    parameters): Kineto (cxxabi) and Nsight Systems demangle those differently (``128`` / ``(int)128``,
+    ``(anonymous namespace)`` / ``<unnamed>``, ``{lambda()#1}`` / ``[lambda() (instance 1)]``)."""
+    fn = (pl.col("name").str.replace_all(r"\(anonymous namespace\)|<unnamed>", "anon")
+          .str.replace(r"^void\s+", "").str.extract(r"^([^<(]+)", 1).str.strip_chars())
+    return pl.when(pl.col("class").cast(pl.String) == "compute").then(pl.coalesce(fn, pl.col("name"))).otherwise(
+        kernel_key())
+
+
 def _kernel_steps(analysis: Analysis) -> pl.DataFrame:
     """Per step and kernel key: calls and ms summed over ranks; a kernel is in the step window it starts in."""
     ctx = analysis.context
     k = ctx.kernel_categories
-    key = pl.when(pl.col("class") == "comm").then(pl.lit("nccl ") + pl.col("collective").fill_null("?")).otherwise(
-        pl.col("name"))
     w = ctx.step_windows.select("rank", "step", "w_start", "w_end").sort("w_start")
-    empty = pl.DataFrame(schema={"step": pl.Int64, "key": pl.String, "category": pl.String, "calls": pl.Float64,
-                                 "ms": pl.Float64})
+    empty = pl.DataFrame(schema={"step": pl.Int64, "key": pl.String, "short": pl.String, "category": pl.String,
+                                 "calls": pl.Float64, "ms": pl.Float64})
     if k.height == 0 or w.height == 0:
         return empty
-    k = k.select(key.alias("key"), "category", "rank", "start_ns", "end_ns").sort("start_ns")
+    k = k.select(kernel_key().alias("key"), short_key().alias("short"), "category", "rank", "start_ns",
+                 "end_ns").sort("start_ns")
     j = k.join_asof(w, left_on="start_ns", right_on="w_start", by="rank", strategy="backward",
                     check_sortedness=False)  # both sorted above; the check cannot run with by
     j = j.filter(pl.col("step").is_not_null() & (pl.col("start_ns") < pl.col("w_end")))
-    return j.group_by("step", "key").agg(
+    return j.group_by("step", "key", "short").agg(
         pl.col("category").first(), pl.len().cast(pl.Float64).alias("calls"),
         ((pl.col("end_ns") - pl.col("start_ns")).sum() / 1e6).alias("ms"))
 
@@ -190,7 +219,13 @@ def profile(analysis: Analysis, name: str) -> RunProfile:
         findings={_finding_key(f.detector, f.title): f.title for f in analysis.findings},
         incidents={_finding_key("incident", i.title): i.title for i in analysis.incidents},
         whole_capture=steps.height > 0 and bool((steps["step"] == WHOLE_TRACE).all()),
+        formats=_formats(analysis),
     )
+
+
+def _formats(analysis: Analysis) -> list[str]:
+    src = analysis.frames["sources"].filter(pl.col("status").cast(pl.String).is_in(["ok", "partial"]))
+    return sorted({str(k) for k in src["kind"].cast(pl.String).to_list()} & {"kineto", "nsys"})
 
 
 def align(base_steps: list[int], new_steps: list[int], warmup: int | None = None) -> Alignment:
@@ -299,20 +334,21 @@ def _compute_label(deltas: dict[str, float]) -> str:
     return f"compute (mostly {top} kernels, {deltas[top]:+.1f} ms of kernel time)"
 
 
-def _kernel_means(p: RunProfile, steps: list[int]) -> pl.DataFrame:
-    """Calls and ms per rank and step over ``steps``."""
+def _kernel_means(p: RunProfile, steps: list[int], by: str) -> pl.DataFrame:
+    """Calls and ms per rank and step over ``steps``, per ``by`` (``key`` or ``short``) as ``key``."""
     rows = float(p.per_step.filter(pl.col("step").is_in(steps))["ranks"].sum() or 0) or 1.0
-    return (p.kernels.filter(pl.col("step").is_in(steps)).group_by("key")
+    return (p.kernels.filter(pl.col("step").is_in(steps)).group_by(pl.col(by).alias("key"))
             .agg(pl.col("category").first(), (pl.col("calls").sum() / rows).alias("calls"),
                  (pl.col("ms").sum() / rows).alias("ms")))
 
 
 def kernel_changes(base: RunProfile, new: RunProfile, al: Alignment, n: int = TOP_KERNELS) -> list[dict[str, Any]]:
     """Kernels (NCCL ones by collective) that appeared, vanished or changed over the compared steps, by
-    |time per rank and step delta|."""
+    |time per rank and step delta|; by function name alone when the runs come from different trace formats."""
     cols = ["key", "category", "calls", "ms"]
-    b = _kernel_means(base, [p[0] for p in al.pairs]).select(cols)
-    nw = _kernel_means(new, [p[1] for p in al.pairs]).select(cols)
+    by = "key" if base.formats == new.formats else "short"
+    b = _kernel_means(base, [p[0] for p in al.pairs], by).select(cols)
+    nw = _kernel_means(new, [p[1] for p in al.pairs], by).select(cols)
     j = b.join(nw, on="key", how="full", coalesce=True, suffix="_new")
     j = j.with_columns(
         pl.coalesce("category", "category_new").alias("category"),
