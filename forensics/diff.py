@@ -193,8 +193,10 @@ def nccl_config(analysis: Analysis) -> dict[str, list[str]]:
     transport = pl.when(pl.col("net").is_not_null()).then(pl.col("transport") + "/" + pl.col("net")).otherwise(
         pl.col("transport"))
     kern = f["kernels"].filter(pl.col("class") == "comm")
+    versions = sorted(set(_distinct(f["ranks"], pl.col("nccl_version")))
+                      | set(_distinct(f["nccl_files"], pl.col("nccl_version"))))  # the traces', then the logs' banners
     return {
-        "version": _distinct(f["ranks"], pl.col("nccl_version")),
+        "version": versions,
         "env": _distinct(f["nccl_env"], pl.col("var") + "=" + pl.col("value")),
         "transport": _distinct(ch, transport) if "net" in ch.columns else [],
         "algorithm": _distinct(kern, pl.col("collective").fill_null("?") + " " + pl.col("name_algo")),
@@ -220,7 +222,41 @@ def profile(analysis: Analysis, name: str) -> RunProfile:
         incidents={_finding_key("incident", i.title): i.title for i in analysis.incidents},
         whole_capture=steps.height > 0 and bool((steps["step"] == WHOLE_TRACE).all()),
         formats=_formats(analysis),
+        versions=software_versions(analysis.frames["ranks"]),
     )
+
+
+_COMPONENTS: dict[str, tuple[str, bool]] = {
+    "cuda_runtime_version": ("CUDA runtime", True), "cuda_driver_version": ("CUDA driver API", True),
+    "CudaDriverVersion": ("CUDA driver API", True), "cupti_version": ("CUPTI API", False),
+    "NvDriverVersion": ("NVIDIA driver", False), "OfedDriverVersion": ("OFED", False),
+    "SoftwareReleaseVersion": ("Linux kernel", False), "hip_runtime_version": ("HIP runtime", False),
+    "hip_driver_version": ("HIP driver", False), "roctracer_version": ("roctracer", False),
+    "pytorch_version": ("PyTorch", False), "torch_version": ("PyTorch", False),
+}
+"""Version keys of the ranks frame -> (component, written as CUDA's integer 1000 * major + 10 * minor)."""
+
+
+def _version_value(raw: str, cuda_int: bool) -> str:
+    if cuda_int and raw.isdigit():
+        v = int(raw)
+        return f"{v // 1000}.{v % 1000 // 10}"
+    return raw
+
+
+def software_versions(ranks: pl.DataFrame) -> dict[str, list[str]]:
+    """Component -> sorted distinct versions over the ranks (CUDA runtime and driver API, CUPTI, NVIDIA driver,
+    OFED, Linux kernel, HIP, PyTorch where the inputs carry them), and the distributed backend."""
+    out: dict[str, set[str]] = {}
+    if "versions" in ranks.columns:
+        for kv in ranks["versions"].explode().drop_nulls().unique().to_list():
+            key, _, raw = str(kv).partition("=")
+            name, cuda_int = _COMPONENTS.get(key, (key, False))
+            out.setdefault(name, set()).add(_version_value(raw, cuda_int))
+    backends = _distinct(ranks, pl.col("backend")) if "backend" in ranks.columns else []
+    if backends:
+        out["distributed backend"] = set(backends)
+    return {k: sorted(v) for k, v in sorted(out.items())}
 
 
 def _formats(analysis: Analysis) -> list[str]:
@@ -454,10 +490,10 @@ def verdict(d: RunDiff, noise: float = NOISE) -> str:
     if no is not None:
         return no
     assert d.delta_frac is not None and d.base_side is not None and d.new_side is not None
-    why = _config_reason(d)
+    why, sw = _config_reason(d), _version_reason(d)
     per = "over the capture (no profiler steps)" if d.alignment.how == "whole capture" else "per step"
     if abs(d.delta_frac) < noise:
-        tail = f"; {why}" if why else ""
+        tail = "".join(f"; {r}" for r in (why, sw) if r)
         return (f"No significant change: NEW is within {noise:.0%} of BASE {per} "
                 f"({d.new_side.step_ms:.1f} ms vs {d.base_side.step_ms:.1f} ms; {_how_many(d)}){tail}.")
     word = "slower" if d.delta_ms > 0 else "faster"
@@ -470,7 +506,16 @@ def verdict(d: RunDiff, noise: float = NOISE) -> str:
     if why and top["kind"] in ("comm", "wait"):
         return f"{head}: {why} ({cause})."
     new_incidents = d.incidents.get("appeared") or []
-    return f"{head}: {cause}" + (f"; new: {new_incidents[0]}." if new_incidents else ".")
+    extra = [sw] if sw else []
+    extra += [f"new: {new_incidents[0]}"] if new_incidents else []
+    return f"{head}: {cause}" + "".join(f"; {e}" for e in extra) + "."
+
+
+def _version_reason(d: RunDiff) -> str | None:
+    if not d.version_changes:
+        return None
+    return "software changed: " + ", ".join(
+        f"{c['component']} {'/'.join(c['base'])} -> {'/'.join(c['new'])}" for c in d.version_changes[:3])
 
 
 def _config_reason(d: RunDiff) -> str | None:

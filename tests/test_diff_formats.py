@@ -261,3 +261,73 @@ def test_one_kernel_named_by_both_tools_compares_and_maps_the_same(cls: str, kin
     assert out["key"].to_list() == [key, key]
     if cls == "compute":  # copies and memsets take their category from their class, not their name
         assert out["category"].to_list() == [category, category]
+
+
+# ------------------------------------------------------------------ software versions (issue 18, item 3)
+def _cuda(v: int) -> str:
+    """CUDA's integer version (1000 * major + 10 * minor) as major.minor."""
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
+def test_software_versions_of_the_simulated_eras(runs: dict[str, Path], tmp_path: Path):
+    """old_nccl is built against CUDA 12.2 (truth.json), ddp_clean against 12.4: a software version change, in
+    diff.json, diff.md and diff.html."""
+    from tests.conftest import run_cli
+
+    truth = {r: json.loads((runs[r] / "truth.json").read_text())["job"] for r in ("clean", "old")}
+    assert truth["clean"]["cuda_version"] != truth["old"]["cuda_version"]
+    d = compare(_profile(runs["clean"]), _profile(runs["old"]))
+    assert d.version_changes == [{"component": "CUDA runtime", "base": [truth["clean"]["cuda_version"]],
+                                  "new": [truth["old"]["cuda_version"]]}]
+    assert _profile(runs["clean"]).versions["distributed backend"] == ["nccl"]
+    assert d.verdict.endswith(f"; software changed: CUDA runtime {truth['clean']['cuda_version']} -> "
+                              f"{truth['old']['cuda_version']}.")
+    out = tmp_path / "d"
+    assert run_cli("diff", str(runs["clean"]), str(runs["old"]), "--out", str(out), "-q").returncode == 0
+    data = json.loads((out / "diff.json").read_text())
+    assert data["version_changes"] == d.version_changes
+    row = f"| CUDA runtime | {truth['clean']['cuda_version']} | {truth['old']['cuda_version']} |"
+    md_rows = [line.replace("\\", "") for line in (out / "diff.md").read_text().splitlines()]  # Markdown escapes off
+    assert row in md_rows
+    assert "CUDA runtime" in (out / "diff.html").read_text()
+
+
+def test_software_versions_of_a_real_kineto_trace():
+    from tests.conftest import shared_path
+
+    trace = shared_path("kineto", "tracelens", "eager_trace.json.gz")
+    raw = _load(trace)
+    expected = {"CUDA runtime": [_cuda(raw["cuda_runtime_version"])], "CUDA driver API": [_cuda(raw["cuda_driver_version"])],
+                "CUPTI API": [str(raw["cupti_version"])], "distributed backend": [raw["distributedInfo"]["backend"]]}
+    assert expected == {"CUDA runtime": ["12.9"], "CUDA driver API": ["13.0"], "CUPTI API": ["28"],
+                        "distributed backend": ["nccl"]}  # what the file says, read by eye
+    assert profile(analyze(trace), "eager").versions == expected
+
+
+def test_software_versions_of_real_nsys_exports():
+    from tests.conftest import shared_path
+
+    run = shared_path("nsys", "DistributedSysLab_FS24", "ring_simple_2nodes_6gpus_job508813")
+    env: dict[str, set[str]] = {}
+    for db in sorted(run.glob("*.sqlite")):
+        con = sqlite3.connect(db)
+        for k, v in con.execute("SELECT name, value FROM TARGET_INFO_SYSTEM_ENV"):
+            env.setdefault(k, set()).add(v)
+        con.close()
+    expected = {"NVIDIA driver": sorted(env["NvDriverVersion"]),
+                "CUDA driver API": sorted(_cuda(int(v)) for v in env["CudaDriverVersion"]),
+                "OFED": sorted(env["OfedDriverVersion"]), "Linux kernel": sorted(env["SoftwareReleaseVersion"])}
+    assert expected["NVIDIA driver"] == ["530.30.02"] and expected["CUDA driver API"] == ["12.1"]
+    versions = profile(analyze(run), "ring").versions
+    assert {k: versions[k] for k in expected} == expected
+
+
+def test_nccl_version_from_the_logs_alone(runs: dict[str, Path], tmp_path: Path):
+    """Runs with only their NCCL logs (no traces): the NCCL version change still comes from the log banners."""
+    for r in ("clean", "old"):
+        shutil.copytree(runs[r] / "logs", tmp_path / r / "logs")
+    truth = {r: json.loads((runs[r] / "truth.json").read_text())["job"]["nccl_version"] for r in ("clean", "old")}
+    d = compare(profile(analyze(tmp_path / "clean"), "c"), profile(analyze(tmp_path / "old"), "o"))
+    changes = {c["aspect"]: c for c in d.nccl_changes}
+    assert (changes["version"]["base"], changes["version"]["new"]) == ([truth["clean"]], [truth["old"]])
+    assert d.verdict.startswith("No comparison")

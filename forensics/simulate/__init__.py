@@ -392,7 +392,7 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
             "gpus_per_node": topo.gpus_per_node, "schedule": job.schedule if p > 1 else "none", "chunks": v, "microbatches": m,
             "layers_per_stage": job.work.layers, "hidden": job.work.hidden, "seq": job.work.seq, "micro_batch": job.work.micro_batch,
             "steps": all_steps, "gpu": job.gpu.name, "num_sms": job.gpu.num_sms, "nccl_version": job.nccl_version,
-            "kernel_naming": "ncclDevKernel" if job.new_kernel_names else "ncclKernel",
+            "cuda_version": job.cuda_version, "kernel_naming": "ncclDevKernel" if job.new_kernel_names else "ncclKernel",
             "seq_on_kernels": job.seq_on_kernels, "dp_overlap": job.overlap_dp, "noise_sigma": job.noise, "dp_mode": job.dp_mode,
             "window_skew": job.window_skew,
             "nccl_env": {k: v for k, v in job.env}, "net": {"intra": job.net.intra, "inter": job.net.inter, "gdr": job.net.gdr},
