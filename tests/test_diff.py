@@ -207,6 +207,11 @@ def test_diff_page_in_the_browser(runs: dict[str, Path], tmp_path: Path, open_pa
     assert page.locator("h1").inner_text().startswith("forensics diff: base<img src=x onerror=alert(1)>")
     first = page.locator("#contributors tbody tr").first.locator("td").all_inner_texts()
     assert first[0] == "GPU idle" and first[1].startswith("+")
+    data = json.loads((out / "diff.json").read_text())
+    steps = page.locator("#steps tbody tr")
+    assert steps.count() == len(data["steps"]["pairs"]) == 3
+    assert steps.first.locator("td").all_inner_texts()[:2] == [str(s) for s in data["steps"]["pairs"][0]]
+    assert "aligned by step number" in page.locator("#alignment").inner_text()
     opened.assert_clean()
 
 
