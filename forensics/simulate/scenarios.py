@@ -155,6 +155,13 @@ def input_bound(ranks: int | None, steps: int | None, params: Params) -> Job:
     return _ddp(ranks, steps, params, faults=({"kind": "input_bound", "ranks": tuple(range(n)), "stall_ms": stall},))
 
 
+def slow_gemm(ranks: int | None, steps: int | None, params: Params) -> Job:
+    """Every rank's GEMM kernels run ``slowdown`` longer (default 0.3 = +30%), as after a library upgrade
+    that picks slower GEMM kernels: a slower kernel class on the whole job, not a straggler."""
+    slowdown = params.number("slowdown", 0.3, 0.0, 10.0)
+    return _ddp(ranks, steps, params, faults=({"kind": "slow_kernel_class", "kernel_class": "gemm", "slowdown": slowdown},))
+
+
 def ddp_no_overlap(ranks: int | None, steps: int | None, params: Params) -> Job:
     return _ddp(ranks, steps, params, default=16, overlap_dp=False, faults=({"kind": "dp_not_overlapped"},))
 
@@ -355,6 +362,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("host_straggler", "one rank's host launches kernels slowly (launch-bound straggler; its node logs CPU thermal throttling)", host_straggler, kernel_log="throttle"),
     Scenario("late_rank", "one rank's data loader stalls every step; the others busy-wait in NCCL", late_rank),
     Scenario("input_bound", "input-bound job: every rank's data loader stalls each step, the GPU idles ~40% of it", input_bound),
+    Scenario("slow_gemm", "every rank's GEMM kernels run 30% longer (a slower kernel class, e.g. after a library upgrade)", slow_gemm),
     Scenario("ddp_no_overlap", "DDP all-reduce runs after backward instead of overlapping it", ddp_no_overlap),
     Scenario("slow_nic", "one node's NIC runs at a fraction of its bandwidth (TP=8 x PP=2 x DP; 32 ranks)", slow_nic, kernel_log="link_flap"),
     Scenario("hsdp_clean", "healthy hybrid-sharded data parallel job (HSDP: shard groups of 16 ranks over 2 nodes, replicated)", hsdp_clean),
