@@ -543,7 +543,9 @@ def diff(
     new_dir: Path = typer.Argument(..., help="the run to explain (NEW): a run folder, or an earlier `forensics frames` output"),
     out_dir: Path = typer.Option(..., "--out", "-o", help="where to write diff.json, diff.md and diff.html"),
     fail_slower: float | None = typer.Option(None, "--fail-slower", min=0.0,
-                                             help="exit 1 when NEW's mean step is slower than BASE's by more than this fraction (e.g. 0.05)"),
+                                             help="exit 1 when NEW's median step is slower than BASE's by more than this fraction (e.g. 0.05)"),
+    warmup: int | None = typer.Option(None, "--warmup", min=0,
+                                      help="steps dropped at the start of each run (default: 1 when both runs have 3 or more)"),
     workers: int | None = typer.Option(None, "--workers", min=1, help=_WORKERS_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
 ) -> None:
@@ -568,7 +570,7 @@ def diff(
             raise typer.Exit(EXIT_ERROR)
         profiles.append(profile(analysis, path.resolve().name))
     _run.phase = "render"
-    d = compare(profiles[0], profiles[1])
+    d = compare(profiles[0], profiles[1], warmup=warmup)
     outs = OutputSet(out_dir)
     outs.add_bytes("diff.json", diff_report.render_json(d, str(base_dir), str(new_dir)))
     outs.add_text("diff.md", diff_report.render_md(d))

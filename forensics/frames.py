@@ -208,6 +208,9 @@ RANKS = FrameSpec(
         _c("nccl_version", pl.String(), "NCCL/RCCL version the trace reports"),
         _c("backend", pl.String(), "`distributedInfo.backend`"),
         _c("pg_count", pl.Int32(), "number of process groups the rank created"),
+        _c("versions", pl.List(pl.String()), "software versions the source reports, `key=value` as written "
+           "(Kineto: top-level `*_version` keys, e.g. `cuda_runtime_version=12040`; nsys: `NvDriverVersion`, "
+           "`CudaDriverVersion`, `OfedDriverVersion`, `SoftwareReleaseVersion` of TARGET_INFO_SYSTEM_ENV)"),
         _SOURCE,
     ),
 )

@@ -461,6 +461,8 @@ def _rank_row(f: _File, device: int | None, pid: int | None) -> dict[str, Any]:
         "nccl_version": str(nccl) if nccl is not None else None,
         "backend": dist.get("backend") if isinstance(dist.get("backend"), str) else None,
         "pg_count": pg_count,
+        "versions": sorted(f"{k}={v}" for k, v in meta.items()
+                           if k.endswith("_version") and isinstance(v, (str, int, float)) and not isinstance(v, bool)),
         "source": f.rel_path,
     }
 
