@@ -81,17 +81,21 @@ def _add_shared(parts: dict[str, list[pl.DataFrame]], shared: SharedFrames, usab
         parts[name].append(df.filter(~pl.col("source").is_in(dropped)) if dropped else df)
 
 
-def load(run_dir: Path, progress: ProgressFn | None = None, workers: int | None = None) -> tuple[pl.DataFrame, JobFrames]:
+def load(run_dir: Path, progress: ProgressFn | None = None, workers: int | None = None,
+         engine: str = "local", ray_address: str | None = None) -> tuple[pl.DataFrame, JobFrames]:
+    """Parse ``run_dir`` (``engine``: see :func:`forensics.parsers.discovery.discover_and_parse`)."""
     if not (run_dir.is_dir() or run_dir.is_file()):
         raise UsageError(f"{run_dir}: no such directory or file")
-    return collect_frames(discover_and_parse(run_dir, progress=progress, workers=workers))
+    parsed = discover_and_parse(run_dir, progress=progress, workers=workers, engine=engine, ray_address=ray_address)
+    return collect_frames(parsed)
 
 
 def _no_progress(phase: str, item: str, done: int, total: int) -> None:
     return None
 
 
-def _load_with_phases(run_dir: Path, report: PhaseFn, workers: int | None) -> JobFrames:
+def _load_with_phases(run_dir: Path, report: PhaseFn, workers: int | None, engine: str = "local",
+                      ray_address: str | None = None) -> JobFrames:
     """load(), telling discover (the files found, known at the first parsed file) apart from parse."""
     report("discover", "", 0, 0)
     found = [-1]
@@ -102,7 +106,7 @@ def _load_with_phases(run_dir: Path, report: PhaseFn, workers: int | None) -> Jo
             report("discover", "", total, total)
         report("parse", item, done, total)
 
-    _, frames = load(run_dir, progress=parsed, workers=workers)
+    _, frames = load(run_dir, progress=parsed, workers=workers, engine=engine, ray_address=ray_address)
     if found[0] < 0:  # nothing to parse
         report("discover", "", 0, 0)
     return frames
@@ -121,9 +125,12 @@ def analyze(
     only: list[str] | None = None,
     progress: PhaseFn | None = None,
     workers: int | None = None,
+    engine: str = "local",
+    ray_address: str | None = None,
 ) -> Analysis:
+    """Parse ``run_dir`` (in a local process pool, or as Ray tasks: ``engine``), then analyze its frames."""
     report = progress or _no_progress
-    frames = _load_with_phases(run_dir, report, workers)
+    frames = _load_with_phases(run_dir, report, workers, engine, ray_address)
     return analyze_frames(run_dir, frames, overrides, only, progress=report)
 
 

@@ -311,6 +311,13 @@ _WORKERS_HELP = "parser processes, at least 1 [default: CPU count]"
 # --- analyze -----------------------------------------------------------------------------------
 
 
+class TriageEngine(str, Enum):
+    """Where files (analyze) or jobs (triage) are parsed and analysed."""
+
+    local = "local"
+    ray = "ray"
+
+
 def _analysis_outputs(analysis: Any, out_dir: Path, phases: _Phases | None = None,
                       timeline_steps: int | None = None) -> Any:
     from forensics.outputs import OutputSet
@@ -374,9 +381,13 @@ def analyze(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
     timeline: bool = typer.Option(False, "--timeline", help="also write timeline.json.gz (Perfetto / chrome://tracing)"),
     timeline_steps: int = typer.Option(1, "--timeline-steps", min=0, help="steps either side of the worst one in the timeline"),
+    engine: TriageEngine = typer.Option(TriageEngine.local, "--engine", help="local: parse on this machine (a process pool); ray: parse files as Ray tasks (pip install 'trace-forensics[ray]')"),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="address of an existing Ray cluster, whose nodes see RUN_DIR at the same path [default: start a local one]"),
 ) -> None:
     """Analyze RUN_DIR; write findings.json, summary.md, report.html and collectives.parquet to --out."""
     out_dir = out_dir or Path.cwd() / f"forensics-{run_dir.resolve().name}"
+    if ray_address and engine is not TriageEngine.ray:
+        raise UsageError("--ray-address needs --engine ray")
     _check_out_dir([run_dir], out_dir)
     from forensics.analyze import analyze as run_analysis
     from forensics.detectors import parse_overrides
@@ -384,7 +395,8 @@ def analyze(
     overrides = parse_overrides(settings)
     _run.phase = "discover"
     with _Phases(quiet) as phases:
-        analysis = run_analysis(run_dir, overrides=overrides, only=only or None, progress=phases, workers=workers)
+        analysis = run_analysis(run_dir, overrides=overrides, only=only or None, progress=phases, workers=workers,
+                                engine=engine.value, ray_address=ray_address)
         _run.phase = "render"
         _commit(_analysis_outputs(analysis, out_dir, phases, timeline_steps if timeline else None), phases, count=3)
     _print_analysis(analysis, out_dir)
@@ -441,11 +453,6 @@ def _write_parquet(df: Any, path: Path) -> None:
 
 
 # --- triage ------------------------------------------------------------------------------------
-
-
-class TriageEngine(str, Enum):
-    local = "local"
-    ray = "ray"
 
 
 def _triage_outputs(run: Any, out_dir: Path) -> Any:
@@ -537,7 +544,9 @@ def diff(
     new_dir: Path = typer.Argument(..., help="the run to explain (NEW): a run folder, or an earlier `forensics frames` output"),
     out_dir: Path = typer.Option(..., "--out", "-o", help="where to write diff.json, diff.md and diff.html"),
     fail_slower: float | None = typer.Option(None, "--fail-slower", min=0.0,
-                                             help="exit 1 when NEW's mean step is slower than BASE's by more than this fraction (e.g. 0.05)"),
+                                             help="exit 1 when NEW's median step is slower than BASE's by more than this fraction (e.g. 0.05)"),
+    warmup: int | None = typer.Option(None, "--warmup", min=0,
+                                      help="steps dropped at the start of each run (default: 1 when both runs have 3 or more)"),
     workers: int | None = typer.Option(None, "--workers", min=1, help=_WORKERS_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
 ) -> None:
@@ -562,7 +571,7 @@ def diff(
             raise typer.Exit(EXIT_ERROR)
         profiles.append(profile(analysis, path.resolve().name))
     _run.phase = "render"
-    d = compare(profiles[0], profiles[1])
+    d = compare(profiles[0], profiles[1], warmup=warmup)
     outs = OutputSet(out_dir)
     outs.add_bytes("diff.json", diff_report.render_json(d, str(base_dir), str(new_dir)))
     outs.add_text("diff.md", diff_report.render_md(d))

@@ -19,7 +19,7 @@ from forensics.breakdown import Breakdown, compute_breakdown, kernel_exposure
 from forensics.collectives import CollectiveMatch, match_collectives, pg_type_expr
 from forensics.flops import op_throughput
 from forensics.frames import JobFrames
-from forensics.identity import job_identities
+from forensics.identity import identities, job_identities
 from forensics.op_categories import categorized_kernels, category_breakdown, op_attribution
 
 STAGES_SCHEMA = {"rank": pl.Int32, "pp_stage": pl.Int64, "pp_size": pl.Int64, "pp_key": pl.String}
@@ -108,7 +108,13 @@ class JobContext:
         bus id, null when no log gave it), how (which evidence gave the rank), trace_rank (the trace
         ``ranks`` frame's rank for that process; null without traces).
         """
-        return job_identities(self.frames)
+        return job_identities(self.frames, self.log_identity)
+
+    @cached_property
+    def log_identity(self) -> pl.DataFrame:
+        """The processes the NCCL logs mention, joined to trace ranks (:func:`forensics.identity.identities`):
+        :attr:`identity` less the traced processes no log names."""
+        return identities(self.frames)
 
     # --- trace facts (GPU timeline, ns) ------------------------------------------------------------
 

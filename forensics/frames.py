@@ -208,6 +208,9 @@ RANKS = FrameSpec(
         _c("nccl_version", pl.String(), "NCCL/RCCL version the trace reports"),
         _c("backend", pl.String(), "`distributedInfo.backend`"),
         _c("pg_count", pl.Int32(), "number of process groups the rank created"),
+        _c("versions", pl.List(pl.String()), "software versions the source reports, `key=value` as written "
+           "(Kineto: top-level `*_version` keys, e.g. `cuda_runtime_version=12040`; nsys: `NvDriverVersion`, "
+           "`CudaDriverVersion`, `OfedDriverVersion`, `SoftwareReleaseVersion` of TARGET_INFO_SYSTEM_ENV)"),
         _SOURCE,
     ),
 )
@@ -705,7 +708,9 @@ class JobFrames(Mapping[str, pl.DataFrame]):
         if name in self._frames:
             return self._frames[name]
         if name in FRAME_SPECS:
-            return empty(name)
+            # kept: an empty frame costs milliseconds to build and detectors ask for absent ones often
+            df = self._frames[name] = empty(name)
+            return df
         raise KeyError(name)
 
     def __iter__(self) -> Iterator[str]:

@@ -166,15 +166,16 @@ def identities(frames: JobFrames) -> pl.DataFrame:
     return with_trace_ranks(ident, frames["ranks"])
 
 
-def job_identities(frames: JobFrames) -> pl.DataFrame:
+def job_identities(frames: JobFrames, ident: pl.DataFrame | None = None) -> pl.DataFrame:
     """The job's rank <-> host <-> GPU frame (``JobContext.identity``): every process of the job.
 
     :func:`identities` (the log processes) first, then one row per traced process (host, pid, device)
     that is none of them, with ``how`` = ``trace``, ``rank`` = ``trace_rank`` = the trace's rank and no
     ``bus_id``. Same columns as :func:`identities`; a rank may appear twice when its log process and its
-    traced process differ (another pid), both naming the same host and GPU.
+    traced process differ (another pid), both naming the same host and GPU. ``ident``: :func:`identities`
+    of ``frames`` when the caller has it.
     """
-    ident = identities(frames)
+    ident = ident if ident is not None else identities(frames)
     if not frames.has("ranks"):
         return ident
     return pl.concat([ident, trace_only(ident, frames["ranks"])], how="vertical_relaxed")

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from forensics import __version__
-from forensics.errors import ForensicsError, UsageError
+from forensics.errors import ForensicsError
 from forensics.triage_data import (
     JOB_FILES,
     SEVERITIES,
@@ -217,40 +217,10 @@ def run_local(tasks: list[JobTask], done: Done, workers: int | None, memory_mb: 
 
 
 def run_ray(tasks: list[JobTask], done: Done, address: str | None, in_flight: int = 0) -> None:
-    """The same per-job function as Ray tasks; joins the Ray session already open (tests), else opens
-    one (``address``: an existing cluster; None: a local one) and closes it after."""
-    try:
-        import ray
-    except ImportError:
-        raise UsageError("--engine ray needs Ray: pip install 'trace-forensics[ray]'") from None
-    opened = not ray.is_initialized()
-    if opened:
-        import logging
+    """The same per-job function as Ray tasks (:func:`forensics.ray_engine.ray_map`)."""
+    from forensics.ray_engine import ray_map
 
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    remote = ray.remote(num_cpus=1, max_retries=1)(analyze_job)  # max_retries: a worker lost, not a job's error
-    limit = in_flight or 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))  # backpressure
-    pending: dict[Any, int] = {}
-    todo = iter(range(len(tasks)))
-    try:
-        while True:
-            while len(pending) < limit and (i := next(todo, None)) is not None:
-                pending[remote.remote(tasks[i])] = i
-            if not pending:
-                break
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            for ref in ready:
-                i = pending.pop(ref)
-                try:
-                    res = ray.get(ref)
-                except ray.exceptions.RayError as exc:
-                    res = _lost(tasks[i], f"its Ray task failed ({type(exc).__name__})")
-                done(i, res)
-    finally:
-        for ref in pending:
-            ray.cancel(ref, force=True)
-        if opened:
-            ray.shutdown()
+    ray_map(analyze_job, tasks, _lost, done, address, in_flight)
 
 
 # --- the run -------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from forensics.workers import run_pool
 
 HEAD_BYTES = 1 << 20
 TAIL_BYTES = 1 << 20
+QUICK_HEAD_BYTES = 64 << 10
 # Parse in worker processes only when there is enough work to pay for their start-up.
 PARALLEL_MIN_BYTES = 32 << 20
 PARALLEL_MIN_FILES = 64
@@ -134,6 +135,9 @@ def classify(path: Path, rel_path: str) -> DiscoveredFile:
         kind = "kineto" if name_says_trace else "unknown"
         status = "failed" if kind == "kineto" else "ignored"
         return DiscoveredFile(path, rel_path, kind, size, status, "empty file")
+    quick = _quick_trace(path, rel_path, size)
+    if quick is not None:
+        return quick
     head, error = read_head(path, HEAD_BYTES)
     if error:
         return DiscoveredFile(path, rel_path, "kineto" if name_says_trace else "unknown", size, "failed", error)
@@ -142,6 +146,19 @@ def classify(path: Path, rel_path: str) -> DiscoveredFile:
         kind, why = binary
         return DiscoveredFile(path, rel_path, kind, size, None if kind != "unknown" else "ignored", why)
     return _classify_text(path, rel_path, size, head)
+
+
+def _quick_trace(path: Path, rel_path: str, size: int) -> DiscoveredFile | None:
+    """A trace told by its first QUICK_HEAD_BYTES (most are), else None: decompressing a whole
+    megabyte of every trace cost more than the rest of discovery. The answer is the one the full
+    head gives: every check before the Kineto score reads only the first 8 KiB (a shorter head is
+    the whole file), and a key found in a prefix is in the longer head too."""
+    head, error = read_head(path, QUICK_HEAD_BYTES)
+    if error or _classify_binary(path, rel_path, head) is not None:
+        return None
+    if any(pattern.search(head[:4096]) for pattern, _ in _KNOWN_JSON) or sniff.score_kineto(head) < 100:
+        return None
+    return DiscoveredFile(path, rel_path, "kineto", size)
 
 
 def _classify_binary(path: Path, rel_path: str, head: bytes) -> tuple[str, str | None] | None:
@@ -329,11 +346,16 @@ def discover_and_parse(
     run_dir: Path,
     progress: ProgressFn | None = None,
     workers: int | None = None,
+    engine: str = "local",
+    ray_address: str | None = None,
 ) -> list[ParsedSource]:
     """Classify and parse every file below ``run_dir`` (or the one file ``run_dir``); results in path order.
 
-    KeyboardInterrupt and SystemExit (a SIGTERM handler's) propagate as soon as the worker
-    processes are gone: pending files are cancelled and running workers terminated.
+    ``engine`` "local": this process, or a pool of worker processes when there is enough to parse;
+    "ray": the same units of files as Ray tasks (``ray_address``: an existing cluster, whose nodes
+    see RUN_DIR at the same path; None: a local one). KeyboardInterrupt and SystemExit (a SIGTERM
+    handler's) propagate as soon as the worker processes are gone: pending files are cancelled and
+    running workers terminated.
     """
     files = discover(run_dir)
     root = run_dir if run_dir.is_dir() else run_dir.parent
@@ -347,7 +369,9 @@ def discover_and_parse(
         if progress:
             progress(item.file.rel_path, len(results), len(files))
 
-    if n_workers > 1 and len(to_parse) > 1 and (total_bytes >= PARALLEL_MIN_BYTES or len(to_parse) >= PARALLEL_MIN_FILES):
+    if engine == "ray":
+        _parse_on_ray(files, root, tick, ray_address)
+    elif n_workers > 1 and len(to_parse) > 1 and (total_bytes >= PARALLEL_MIN_BYTES or len(to_parse) >= PARALLEL_MIN_FILES):
         _parse_in_pool(files, root, n_workers, tick)
     else:
         for unit in units(files, 1):
@@ -358,8 +382,8 @@ def discover_and_parse(
     return results
 
 
-def _parse_in_pool(files: list[DiscoveredFile], root: Path, n_workers: int, tick: Callable[[ParsedSource], None]) -> None:
-    """Parse in worker processes; ``tick`` sees the results in path order."""
+def _in_order(tick: Callable[[ParsedSource], None]) -> Callable[[int, list[ParsedSource]], None]:
+    """A ``done(index, items)`` that hands the units' items to ``tick`` in unit (so path) order."""
     out: dict[int, list[ParsedSource]] = {}
     emitted = 0
 
@@ -371,7 +395,22 @@ def _parse_in_pool(files: list[DiscoveredFile], root: Path, n_workers: int, tick
                 tick(item)
             emitted += 1
 
-    run_pool(_parse_worker, [(unit, root) for unit in units(files, n_workers)], n_workers, _lost, done)
+    return done
+
+
+def _parse_on_ray(files: list[DiscoveredFile], root: Path, tick: Callable[[ParsedSource], None],
+                  address: str | None) -> None:
+    """The pool's units of work, parsed by the pool's function, as Ray tasks (one unit per CPU at a time
+    and a few more queued, as many units as the pool makes for that many CPUs)."""
+    from forensics.ray_engine import ray_map, ray_session
+
+    with ray_session(address) as cpus:
+        ray_map(_parse_worker, [(unit, root) for unit in units(files, cpus)], _lost, _in_order(tick))
+
+
+def _parse_in_pool(files: list[DiscoveredFile], root: Path, n_workers: int, tick: Callable[[ParsedSource], None]) -> None:
+    """Parse in worker processes; ``tick`` sees the results in path order."""
+    run_pool(_parse_worker, [(unit, root) for unit in units(files, n_workers)], n_workers, _lost, _in_order(tick))
 
 
 def _lost(args: tuple[list[DiscoveredFile], Path], why: str) -> list[ParsedSource]:

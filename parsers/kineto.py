@@ -217,10 +217,16 @@ def _stamp(name: str, df: pl.DataFrame | None, ident: dict[str, pl.Series]) -> t
 
 
 def _map_unique(series: pl.Series, fn: Callable[[Any], Any], dtype: pl.DataType | type[pl.DataType]) -> pl.Series:
-    """Apply a Python function once per distinct value (names repeat thousands of times)."""
-    uniq = series.unique().drop_nulls().to_list()
-    mapping = {u: fn(u) for u in uniq}
-    return series.replace_strict(mapping, default=None, return_dtype=dtype)
+    """Apply a Python function once per distinct value (names repeat thousands of times); null stays null.
+
+    A join in which every row finds its value (null included): ``replace_strict``, or a join that
+    leaves rows unmatched, gave each null row of a list column a copy of a list (measured: 590 MB
+    for the 151k kernels of a 1,024-rank job, of which 3k carry a 1,024-rank list; 13 MB so)."""
+    uniq = series.unique()
+    values = [None if u is None else fn(u) for u in uniq.to_list()]
+    table = pl.DataFrame([uniq.rename("_k"), pl.Series("_v", values, dtype=dtype)])
+    joined = series.rename("_k").to_frame().join(table, on="_k", how="left", maintain_order="left", nulls_equal=True)
+    return joined.get_column("_v").rename(series.name)
 
 
 def _bytes_expr() -> pl.Expr:
@@ -455,6 +461,8 @@ def _rank_row(f: _File, device: int | None, pid: int | None) -> dict[str, Any]:
         "nccl_version": str(nccl) if nccl is not None else None,
         "backend": dist.get("backend") if isinstance(dist.get("backend"), str) else None,
         "pg_count": pg_count,
+        "versions": sorted(f"{k}={v}" for k, v in meta.items()
+                           if k.endswith("_version") and isinstance(v, (str, int, float)) and not isinstance(v, bool)),
         "source": f.rel_path,
     }
 

@@ -47,6 +47,8 @@ RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_
 WORLD_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS", "SLURM_NPROCS")
 HOST_VARS = ("SLURMD_NODENAME", "HOSTNAME")
 _FILE_RANK = re.compile(r"(?:^|[^a-z])rank[_\-.]?(\d+)", re.IGNORECASE)
+VERSION_KEYS = ("NvDriverVersion", "CudaDriverVersion", "OfedDriverVersion", "SoftwareReleaseVersion")
+"""TARGET_INFO_SYSTEM_ENV rows kept as the ranks' ``versions``."""
 _MPI_RANK_THREAD = re.compile(r"^MPI Rank (\d+)$")
 
 # NCCL kernel names in every naming era: ncclKernel_* (<= 2.18), ncclDevKernel_* (2.19+),
@@ -192,6 +194,7 @@ class _Meta:
     host: str | None
     gpus: pl.DataFrame  # device, gpu_name, sm_count, bus_id
     notes: list[str]
+    versions: list[str] = field(default_factory=list)  # `key=value` of VERSION_KEYS
 
 
 def _read_meta(db: _Db) -> _Meta:
@@ -236,6 +239,7 @@ def _read_meta(db: _Db) -> _Meta:
         host=short_host(host),
         gpus=_gpus(db, sysenv),
         notes=notes,
+        versions=sorted(f"{k}={sysenv[k]}" for k in VERSION_KEYS if sysenv.get(k)),
     )
 
 
@@ -273,8 +277,8 @@ def _system_env(db: _Db) -> dict[str, str]:
     table = "TARGET_INFO_SYSTEM_ENV"
     if not db.has(table) or not {"name", "value"} <= db.cols(table):
         return {}
-    wanted = ("Hostname", "GpuInfo")
-    rows = db.rows(f'SELECT name, value FROM "{db.name(table)}" WHERE name IN (?, ?)', wanted)
+    wanted = ("Hostname", "GpuInfo", *VERSION_KEYS)
+    rows = db.rows(f'SELECT name, value FROM "{db.name(table)}" WHERE name IN ({",".join("?" * len(wanted))})', wanted)
     return {str(k): str(v) for k, v in rows if v is not None}
 
 
@@ -734,6 +738,7 @@ def _ranks_frame(meta: _Meta, procs: pl.DataFrame, tag: Callable[[pl.DataFrame],
         pl.col("devices").list.first().cast(pl.Int32).alias("device"),
         pl.lit(world, pl.Int32()).alias("world_size"),
         pl.lit(meta.env.get("NCCL_VERSION"), pl.String()).alias("nccl_version"),
+        pl.lit(meta.versions, pl.List(pl.String())).alias("versions"),
     ).drop("devices", "first")
     if meta.gpus.height:
         ranks_rows = ranks_rows.join(meta.gpus.select("device", "gpu_name", "sm_count"), on="device", how="left")

@@ -15,17 +15,18 @@ from forensics.diff import RunDiff
 
 
 def contributors_figure(d: RunDiff) -> go.Figure | None:
-    """A waterfall from BASE's mean step to NEW's: one bar per part of the delta (they add up)."""
-    if not d.contributors:
+    """A waterfall from BASE's median step through each part of the median delta (the medians with the rest
+    they leave add up to it) to BASE + the median delta."""
+    if not d.contributors or d.base_side is None:
         return None
     parts = d.contributors
     fig = go.Figure(go.Waterfall(
-        x=["BASE step", *[p["what"] for p in parts], "NEW step"],
-        y=[round(d.base.step_ms, 3), *[p["delta_ms"] for p in parts], round(d.new.step_ms, 3)],
+        x=["BASE step", *[p["what"] for p in parts], "BASE + median delta"],
+        y=[d.base_side.step_ms, *[p["delta_ms"] for p in parts], 0.0],
         measure=["absolute", *["relative"] * len(parts), "total"],
         hovertemplate="%{x}: %{y:.3f} ms<extra></extra>",
     ))
-    fig.update_layout(yaxis_title="ms per step (mean over ranks and steps)", showlegend=False, height=380,
+    fig.update_layout(yaxis_title="ms per step (median over the aligned steps)", showlegend=False, height=380,
                       margin={"t": 20, "b": 120, "l": 60, "r": 10})
     return fig
 

@@ -8,7 +8,7 @@ from typing import cast
 import polars as pl
 
 from forensics import identity
-from forensics.frames import JobFrames
+from forensics.context import JobContext
 from forensics.nccl_cost import arch_from_gpu_name
 
 NCCL_FRAMES = ("nccl_comms", "nccl_net", "nccl_channels", "nccl_calls", "nccl_tuning", "nccl_env",
@@ -20,7 +20,7 @@ class JobNccl:
     ident: pl.DataFrame  # host, pid, cuda_dev, rank, bus_id, how, trace_rank
     hosts: list[str]
     nnodes: int | None  # from `comm ... nNodes`, else distinct hosts when > 1, else None
-    nranks: int | None
+    nranks: int | None  # the job's world size (JobContext.world), else NCCL's thread thresholds
     archs: dict[str, str]  # gpu name -> generation
     env: dict[str, str]  # last value per NCCL_* variable
 
@@ -29,8 +29,9 @@ class JobNccl:
         return (self.nnodes or 1) > 1
 
 
-def job(frames: JobFrames) -> JobNccl:
-    ident = identity.identities(frames)
+def job(ctx: JobContext) -> JobNccl:
+    frames = ctx.frames
+    ident = ctx.log_identity  # identity.identities(frames), computed once per job
     hosts: set[str] = set()
     for name in ("nccl_comms", "nccl_net", "nccl_channels", "nccl_events"):
         hosts |= set(frames[name]["host"].drop_nulls().to_list())
@@ -40,14 +41,10 @@ def job(frames: JobFrames) -> JobNccl:
     nnodes = _max_int(comms["nnodes"])
     if nnodes is None and len(hosts) > 1:
         nnodes = len(hosts)
-    sizes = [v for v in [_max_int(comms["nranks"])] if v is not None]
+    # the world size is the context's (trace metadata, NCCL init lines); the ring thread threshold (8 per
+    # rank) is a lower bound only the NCCL logs give, for logs that lost their init lines
     tt = _max_int(frames["nccl_events"].filter(pl.col("kind") == "thread_thresholds")["value"])
-    if tt is not None:
-        sizes.append(tt)
-    if frames.has("ranks"):
-        ws = _max_int(frames["ranks"]["world_size"])
-        if ws is not None:
-            sizes.append(ws)
+    sizes = [v for v in (ctx.world_size, tt) if v is not None]
     names = set(comms["gpu_name"].drop_nulls().to_list())
     if frames.has("ranks"):
         names |= set(frames["ranks"]["gpu_name"].drop_nulls().to_list())

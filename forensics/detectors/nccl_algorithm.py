@@ -439,7 +439,7 @@ CHECKS: tuple[Callable[[_Algo], list[Finding]], ...] = (
     requires_any=("nccl_env", "nccl_calls", "nccl_tuning", "nccl_tests", "nccl_comms"),
 )
 def detect(ctx: JobContext, cfg: NcclAlgorithmConfig) -> list[Finding]:
-    a = _Algo(ctx.frames, job(ctx.frames), cfg)
+    a = _Algo(ctx.frames, job(ctx), cfg)
     out = [f for check in CHECKS for f in check(a)]
     if not out and not a.looked:
         raise Skip("no NCCL environment, TUNING, COLL or nccl-tests lines to judge the algorithm choice from")

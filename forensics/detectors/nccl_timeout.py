@@ -264,7 +264,7 @@ def detect(ctx: JobContext, cfg: NcclTimeoutConfig) -> list[Finding]:
     cuda = ev.filter(pl.col("kind") == "cuda_failure")
     if ct.height == 0 and ras.height == 0 and cuda.height == 0:
         raise Skip("no PyTorch watchdog/timeout lines, NCCL RAS errors or fatal NCCL errors in the logs")
-    t = _Logs(job(frames), ct, ras, ras_ok, cuda, _job_year(frames))
+    t = _Logs(job(ctx), ct, ras, ras_ok, cuda, _job_year(frames))
     return [f for check in CHECKS for f in check(t, cfg)]
 
 

@@ -87,7 +87,7 @@ class _Transport:
 
 def _facts(ctx: JobContext) -> _Transport:
     frames = ctx.frames
-    j = job(frames)
+    j = job(ctx)
     ch, net, ev = frames["nccl_channels"], frames["nccl_net"], frames["nccl_events"]
     if ch.height == 0 and net.height == 0 and ev.filter(pl.col("level") != "INFO").height == 0 \
             and ev.filter(pl.col("kind").is_in(["p2p_check", "nvls_support", "channels", "connected"])).height == 0:

@@ -63,9 +63,12 @@ def on_fallen_off_bus(book: Book, r: Event) -> None:
 def on_gpu_init_failed(book: Book, r: Event) -> None:
     """`RmInitAdapter failed` / `rm_init_adapter failed`: the driver could not bring the GPU up; it is
     missing from CUDA and nvidia-smi until a reset or reboot. Joins a fault of the same GPU (fallen off
-    the bus at probe) when there is one."""
+    the bus at probe) when there is one, else the GPU's earlier init failure: the driver retries at each open
+    of the device (after boot, at each job start) and the GPU stays down however far apart the retries are."""
     f, gpu, host = r["f"], r["pci_bus_id"], r["host"]
     tgt = book.near(r, lambda i: i.track == ("gpu", gpu) and i.group == "hw" and i.host == host)
+    if tgt is None and gpu is not None:
+        tgt = book.latest(lambda i: i.kind == "gpu_init_failed" and i.track == ("gpu", gpu) and i.host == host)
     if tgt is None:
         tgt = book.open(Incident("gpu_init_failed", r, ("gpu", gpu), "CRITICAL",
                                  "DRAIN_NODE;REBOOT_NODE;INSPECT_PCIE;INVESTIGATE_SW",

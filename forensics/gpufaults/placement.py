@@ -131,12 +131,14 @@ def _profiled_windows(frames: JobFrames) -> dict[str | None, tuple[int, int]]:
         df = frames[name]
         if not df.height:
             continue
+        # grouped by the host as written, then by its key: host_key runs once per name, not per row
         w = (df.filter(pl.col("start_ns") > 10**18)
-             .group_by(pl.col("host").map_elements(host_key, return_dtype=pl.String).alias("h"))
+             .group_by("host")
              .agg(pl.col("start_ns").min().alias("lo"), pl.col("end_ns").max().alias("hi")))
-        for h, lo, hi in w.iter_rows():
+        for raw, lo, hi in w.iter_rows():
             if lo is None:
                 continue
+            h = host_key(raw)
             old = window.get(h)
             window[h] = (min(lo, old[0]), max(hi, old[1])) if old else (lo, hi)
     return window

@@ -20,6 +20,7 @@ from forensics.simulate.engine import (
     COLL,
     COLL_OPTYPE,
     COMPUTE,
+    GEMM,
     KERNEL_GAP_NS,
     LAUNCH_LATENCY_NS,
     MEMCPY,
@@ -29,7 +30,7 @@ from forensics.simulate.engine import (
     iter_steps,
 )
 from forensics.simulate.kineto import EPOCH_NS, T0_NS, TraceWriter
-from forensics.simulate.logs import OOM_ANON_RSS_KB
+from forensics.simulate.logs import OOM_ANON_RSS_KB, RM_INIT_STATUS, aer_port
 from forensics.simulate.model import PCI_BUS_IDS, Job
 from forensics.simulate.scenarios import SCENARIOS, Params, Scenario, ScenarioError
 
@@ -38,6 +39,7 @@ MAX_ARRIVAL_ROWS = 20_000  # last-arrival rows kept in truth.json (large --size 
 MAX_RANKS = 4096  # beyond this the simulator's own memory, not the job, is what you would measure
 MAX_STEPS = 100_000
 MAX_SIZE_MB = 100_000.0
+_GEMM_PREFIX = GEMM.split("{")[0]
 _NCCL_VERSION = re.compile(r"\d{1,3}\.\d{1,3}(\.\d{1,3})?")
 __all__ = ["SCENARIOS", "simulate", "build_job", "check_run_args"]
 
@@ -102,8 +104,13 @@ def _overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
     return tot
 
 
+def _gemm_ns(prog: list[Op]) -> int:
+    return sum(op.dur for op in prog if op.kind == COMPUTE and op.name.startswith(_GEMM_PREFIX))
+
+
 class _RankMetrics:
-    __slots__ = ("steps", "step_ns", "compute_ns", "comm_ns", "exposed_ns", "wait_ns", "last_arrivals", "kernel_busy_ns", "dp_comm_ns", "p2p_ns", "idle_by_step", "pp_wait_ns", "pp_wait_by_step")
+    __slots__ = ("steps", "step_ns", "compute_ns", "comm_ns", "exposed_ns", "wait_ns", "last_arrivals", "kernel_busy_ns", "dp_comm_ns", "p2p_ns", "idle_by_step", "pp_wait_ns", "pp_wait_by_step",
+                 "gemm_ns")
 
     def __init__(self) -> None:
         self.steps = 0
@@ -112,6 +119,7 @@ class _RankMetrics:
         self.idle_by_step: list[float] = []
         self.pp_wait_ns = 0
         self.pp_wait_by_step: list[float] = []
+        self.gemm_ns = 0  # GEMM kernel time as the engine drew it (slow_gemm's injected size comes from it)
 
     def add(self, span: tuple[int, int], prog: list[Op]) -> None:
         comp: list[tuple[int, int]] = []
@@ -149,6 +157,7 @@ class _RankMetrics:
                 elif c.pg.kind in ("dp", "dp_rep", "world"):
                     self.dp_comm_ns += op.end - op.start
         cu, mu = _merge(comp), _merge(comm)
+        self.gemm_ns += _gemm_ns(prog)
         self.steps += 1
         self.step_ns += span[1] - span[0]
         self.compute_ns += _length(cu)
@@ -167,6 +176,7 @@ class _RankMetrics:
             "steps": self.steps,
             "step_ns_mean": round(step),
             "compute_ns_mean": round(self.compute_ns / n),
+            "gemm_ns_mean": round(self.gemm_ns / n),
             "comm_ns_mean": round(self.comm_ns / n),
             "dp_comm_ns_mean": round(self.dp_comm_ns / n),
             "p2p_ns_mean": round(self.p2p_ns / n),
@@ -382,7 +392,7 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
             "gpus_per_node": topo.gpus_per_node, "schedule": job.schedule if p > 1 else "none", "chunks": v, "microbatches": m,
             "layers_per_stage": job.work.layers, "hidden": job.work.hidden, "seq": job.work.seq, "micro_batch": job.work.micro_batch,
             "steps": all_steps, "gpu": job.gpu.name, "num_sms": job.gpu.num_sms, "nccl_version": job.nccl_version,
-            "kernel_naming": "ncclDevKernel" if job.new_kernel_names else "ncclKernel",
+            "cuda_version": job.cuda_version, "kernel_naming": "ncclDevKernel" if job.new_kernel_names else "ncclKernel",
             "seq_on_kernels": job.seq_on_kernels, "dp_overlap": job.overlap_dp, "noise_sigma": job.noise, "dp_mode": job.dp_mode,
             "window_skew": job.window_skew,
             "nccl_env": {k: v for k, v in job.env}, "net": {"intra": job.net.intra, "inter": job.net.inter, "gdr": job.net.gdr},
@@ -457,10 +467,32 @@ def _straggler_truth(f: dict[str, Any], per_rank: list[dict[str, Any]], others: 
     return exp
 
 
-def _killer_truth(f: dict[str, Any], engine: Engine) -> dict[str, Any]:
-    """What the kernel log says about a fault that stops its rank: the Xid, or the OOM victim's pid and size."""
+def _slow_kernel_truth(f: dict[str, Any], per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """The GEMM time per rank and step (mean over ranks) and the part of it the slowdown added."""
+    gemm_ms = sum(d["gemm_ns_mean"] for d in per_rank) / max(len(per_rank), 1) / 1e6
+    return {"slowdown": f["slowdown"], "gemm_ms_per_step": round(gemm_ms, 6),
+            "added_ms_per_step": round(gemm_ms * f["slowdown"] / (1.0 + f["slowdown"]), 6)}
+
+
+def _input_bound_truth(f: dict[str, Any], per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"stall_ms_per_step": f["stall_ms"], "gpu_idle_fraction_median": _upper_median("gpu_idle_fraction", per_rank)}
+
+
+_JOB_WIDE_TRUTH = {"input_bound": _input_bound_truth, "slow_kernel_class": _slow_kernel_truth}
+"""Faults on every rank alike: their expected figures from the per-rank metrics."""
+
+
+def _device_truth(f: dict[str, Any], engine: Engine) -> dict[str, Any]:
+    """What the kernel log says about a device fault: the Xid, the fatal AER's port and errant function (the
+    GPU's audio function, while the GPU is at .0), the failed GPU init's status and device minor, or the
+    OOM victim's pid and size."""
     if f["kind"] == "xid":
         return {"xid": f["code"]}
+    if f["kind"] == "gpu_init_failed":
+        return {"device_minor": f["gpu"], "init_status": RM_INIT_STATUS, "severity": "critical"}
+    if f["kind"] == "aer_fatal":
+        bus = PCI_BUS_IDS[engine.states[f["ranks"][0]].local]
+        return {"aer_port": aer_port(bus), "aer_device": f"{bus[:-1]}{f['function']}", "severity": "critical"}
     return {"victim_pid": engine.states[f["ranks"][0]].pid, "anon_rss_kb": OOM_ANON_RSS_KB}
 
 
@@ -471,20 +503,27 @@ def _slow_nic_who(f: dict[str, Any], topo: Any, engine: Engine) -> dict[str, Any
     return {"hosts": [engine.hosts[n] for n in nodes], "ranks": ranks, "gpus": []}
 
 
+def _gpu_init_who(f: dict[str, Any], engine: Engine) -> dict[str, Any]:
+    """A fault without culprit ranks: the GPU that failed to initialize and its node (no rank runs on it),
+    else nobody."""
+    if f["kind"] != "gpu_init_failed":
+        return {"ranks": [], "hosts": [], "gpus": []}
+    return {"ranks": [], "hosts": [engine.hosts[f["node"]]], "gpus": [PCI_BUS_IDS[f["gpu"]]]}
+
+
 def _fault_truth(f: dict[str, Any], job: Job, engine: Engine, per_rank: list[dict[str, Any]], timeout_info: dict[str, Any] | None) -> dict[str, Any]:
     kind = f["kind"]
     out: dict[str, Any] = {"kind": kind, "params": {k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(f.items()) if k != "kind"}}
     topo = job.topo
     culprits = tuple(f.get("ranks", ()))
-    out.update(_who(engine, culprits) if culprits else {"ranks": [], "hosts": [], "gpus": []})
+    out.update(_who(engine, culprits) if culprits else _gpu_init_who(f, engine))
     exp: dict[str, Any] = {}
     others = [d for d in per_rank if d["rank"] not in culprits and d["steps"]]
     med = _upper_median
     if kind in ("compute_straggler", "host_straggler"):
         exp.update(_straggler_truth(f, per_rank, others, culprits[0]))
-    elif kind == "input_bound":
-        exp["stall_ms_per_step"] = f["stall_ms"]
-        exp["gpu_idle_fraction_median"] = med("gpu_idle_fraction", per_rank)
+    elif kind in _JOB_WIDE_TRUTH:
+        exp.update(_JOB_WIDE_TRUTH[kind](f, per_rank))
     elif kind == "dp_not_overlapped":
         exp["exposed_comm_fraction_median"] = med("exposed_comm_fraction", per_rank)
     elif kind == "slow_nic":
@@ -512,7 +551,7 @@ def _fault_truth(f: dict[str, Any], job: Job, engine: Engine, per_rank: list[dic
             "collective": c.op, "numel": timeout_info["numel_in"], "numel_out": timeout_info["numel_out"], "timeout_ms": f["timeout_ms"],
             "missing_ranks": sorted(c.absent), "waiting_ranks": sorted(timeout_info["arrive"]),
         })
-    elif kind in ("xid", "oom_kill"):
-        exp.update(_killer_truth(f, engine))
+    elif kind in ("xid", "aer_fatal", "oom_kill", "gpu_init_failed"):
+        exp.update(_device_truth(f, engine))
     out["expected"] = exp
     return out

@@ -156,6 +156,7 @@ class Engine:
             st.host_t = 40_000 + rng.randrange(0, 300_000)  # profiler windows open at slightly different times
             self.states.append(st)
         self.timeout_spec: dict[str, Any] | None = None
+        self.gemm_scale = 1.0  # a slower kernel class on every rank (slow_gemm)
         for f in job.faults:
             st_ranks = f.get("ranks", ())
             if f["kind"] == "compute_straggler":
@@ -165,6 +166,8 @@ class Engine:
                 for r in st_ranks:
                     self.states[r].host_scale = f.get("launch_factor", 1.0)
                     self.states[r].stall_ns = int(f.get("stall_ms", 0.0) * 1e6)
+            elif f["kind"] == "slow_kernel_class":
+                self.gemm_scale = 1.0 + f["slowdown"]
             elif f["kind"] == "collective_timeout":
                 self.timeout_spec = dict(f)  # resolved (seq, group) here; the job's fault stays as given
         self.stage_scale = job.stage_scale or (1.0,) * self.topo.pp
@@ -176,7 +179,8 @@ class Engine:
 
     def _gemm_ns(self, flops: float, st: RankState, scale: float) -> int:
         g = self.job.gpu
-        return int((flops / (g.peak_tflops * 1e12 * self.job.work.gemm_eff) * 1e9 + 3_000) * scale * self._noise(st))
+        return int((flops / (g.peak_tflops * 1e12 * self.job.work.gemm_eff) * 1e9 + 3_000) * scale * self.gemm_scale
+                   * self._noise(st))
 
     def _attn_ns(self, flops: float, st: RankState, scale: float) -> int:
         g = self.job.gpu

@@ -25,10 +25,14 @@ ROOTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "dp_not_overlapped": ("exposed_comm", (), ()),
     "slow_nic": ("slow_link", (), ("exposed_comm", "busy_wait")),
     "xid": ("gpu_hw_error", (), ("busy_wait", "straggler")),
+    "aer_fatal": ("gpu_hw_error", (), ("busy_wait", "straggler")),
+    "gpu_init_failed": ("gpu_hw_error", (), ()),
     "oom_kill": ("node_health", (), ("busy_wait", "straggler")),
 }
 # faults that stop their rank: a collective timeout on that rank is their consequence, not an incident of its own
-_KILLERS = ("xid", "oom_kill")
+_KILLERS = ("xid", "aer_fatal", "oom_kill")
+# the root finding's category where the fault kind fixes it
+CATEGORY = {"aer_fatal": "aer", "gpu_init_failed": "gpu_init_failed"}
 
 
 def expected_incidents(faults: list[dict[str, Any]], kernel_log: str = "benign") -> list[dict[str, Any]]:
@@ -53,6 +57,7 @@ def expected_incidents(faults: list[dict[str, Any]], kernel_log: str = "benign")
             out.append({"root": {"detector": "node_health", "ranks": [], "category": category},
                         "consequences": [consequence], "may_include": list(may), "fatal": False})
             continue
-        out.append({"root": {"detector": root, "ranks": sorted(f.get("ranks") or [])},
+        cat = {"category": CATEGORY[f["kind"]]} if f["kind"] in CATEGORY else {}
+        out.append({"root": {"detector": root, "ranks": sorted(f.get("ranks") or []), **cat},
                     "consequences": list(must), "may_include": list(may), "fatal": "nccl_timeout" in (root, *must)})
     return out

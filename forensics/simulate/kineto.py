@@ -42,6 +42,12 @@ def nccl_kernel_name(op: str, algo: str, proto: str, new: bool) -> str:
     return f"ncclKernel_{OLD_COLL[op]}_{a}_{p}_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
 
 
+def _cuda_int(version: str) -> int:
+    """CUDA's integer version as CUPTI reports it: "12.4" -> 12040."""
+    major, minor = (int(x) for x in (version.split(".") + ["0"])[:2])
+    return major * 1000 + minor * 10
+
+
 def device_properties(job: Job) -> list[dict[str, Any]]:
     g = job.gpu
     return [
@@ -87,7 +93,8 @@ class TraceWriter:
         head = (b'{\n  "schemaVersion": 1,\n  "deviceProperties": [\n' + props.encode() + b'\n  ]'
                 + b',\n  "distributedInfo": ' + json.dumps(dist).encode()
                 + b',\n  "record_shapes": 0,\n  "with_stack": 0,\n  "profile_memory": 0,\n  "cupti_version": 24,\n'
-                + b'  "cuda_runtime_version": 12040,\n  "cuda_driver_version": 12040,\n  "traceEvents": [\n')
+                + b'  "cuda_runtime_version": ' + str(_cuda_int(job.cuda_version)).encode()
+                + b',\n  "cuda_driver_version": 12040,\n  "traceEvents": [\n')
         self._write(head)
 
     # ------------------------------------------------------------------ low level

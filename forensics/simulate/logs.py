@@ -20,6 +20,8 @@ NIC_BUS_IDS = ("0000:1a:00.0", "0000:3c:00.0", "0000:4d:00.0", "0000:5e:00.0",
 ALGO_ID = {"Tree": 0, "Ring": 1}
 PROTO_ID = {"LL": 0, "LL128": 1, "Simple": 2}
 JOB_START_S = 150.0  # the job (and NCCL init) started this long before the profiled window
+AUDIO_PCI_ID = "10de:22bb"  # the vendor:device of a GPU's HDMI audio function
+RM_INIT_STATUS = "0x26:0xffff:1227"  # RmInitAdapter's (initStatus:rmStatus:line) as the driver prints it
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 
@@ -313,7 +315,8 @@ class _KLog:
         return "\n".join(line for _, _, line in ordered) + "\n", {(t, i): n + 1 for n, (t, i, _) in enumerate(ordered)}
 
 
-def _boot_noise(k: _KLog, rng: random.Random, gdr: bool) -> None:
+def _boot_noise(k: _KLog, rng: random.Random, gdr: bool, audio: str | None = None) -> None:
+    """Boot lines; ``audio``: the HDMI audio function of a GPU, enumerated right after the GPU's own line."""
     t = k.boot_ns
     msgs = [
         "Linux version 5.15.0-105-generic (buildd@lcy02-amd64-007) (gcc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0, GNU ld (GNU Binutils for Ubuntu) 2.38) #115-Ubuntu SMP Mon Apr 15 09:52:04 UTC 2024 (Ubuntu 5.15.0-105.115-generic 5.15.152)",
@@ -322,7 +325,10 @@ def _boot_noise(k: _KLog, rng: random.Random, gdr: bool) -> None:
         "smpboot: CPU0: Intel(R) Xeon(R) Platinum 8480+ (family: 0x6, model: 0x8f, stepping: 0x8)",
         "Memory: 2113498212K/2147036084K available (16393K kernel code, 4397K rwdata, 10828K rodata, 3248K init, 6104K bss, 33537872K reserved, 0K cma-reserved)",
     ]
-    msgs += [f"pci {b}: [10de:2330] type 00 class 0x030200" for b in PCI_BUS_IDS]
+    for b in PCI_BUS_IDS:
+        msgs.append(f"pci {b}: [10de:2330] type 00 class 0x030200")
+        if audio is not None and audio[:-1] == b[:-1]:
+            msgs.append(f"pci {audio}: [{AUDIO_PCI_ID}] type 00 class 0x040300")
     msgs += [f"pci {b}: [15b3:1021] type 00 class 0x020700" for b in NIC_BUS_IDS]
     msgs += [
         "EXT4-fs (nvme0n1p2): mounted filesystem with ordered data mode. Opts: (null). Quota mode: none.",
@@ -368,31 +374,21 @@ def write_kernel_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
     (out / "kernel").mkdir(parents=True, exist_ok=True)
     paths: dict[str, str] = {}
     injected: list[dict[str, Any]] = []
-    culprit = next((f for f in job.faults if f["kind"] in ("xid", "compute_straggler", "host_straggler", "oom_kill")), None)
+    culprit = next((f for f in job.faults if f["kind"] in ("xid", "aer_fatal", "compute_straggler", "host_straggler", "oom_kill")), None)
     for node, host in enumerate(engine.hosts):
         rng = random.Random(f"{seed}:klog:{node}")
         style = STYLES[node % len(STYLES)]
         boot = EPOCH_NS + offsets[node] - int(rng.uniform(2, 30) * 86400e9)
         k = _KLog(host, style, boot)
-        _boot_noise(k, rng, job.net.gdr)
+        st = engine.states[culprit["ranks"][0]] if culprit is not None else None
+        here = st if st is not None and st.node == node else None  # the culprit rank's state on its own node
+        _boot_noise(k, rng, job.net.gdr, PCI_BUS_IDS[here.local][:-1] + "1" if here is not None and kernel_log == "aer_audio" else None)
         wall0 = EPOCH_NS + offsets[node]
         k.add(wall0 - int(JOB_START_S * 1e9) - 3_000_000_000, "perf: interrupt took too long (2503 > 2500), lowering kernel.perf_event_max_sample_rate to 79750")
         inject = _Injector(k)
-        culprit_here = culprit is not None and engine.states[culprit["ranks"][0]].node == node
-        if kernel_log.startswith("xid") and culprit is not None and culprit_here:
-            r = culprit["ranks"][0]
-            _inject_xid(inject, kernel_log, r, engine.states[r], wall0, end_ns, timeout)
-        if kernel_log == "oom" and culprit is not None and culprit_here:
-            r = culprit["ranks"][0]
-            _inject_oom(inject, r, engine.states[r].pid, wall0, timeout)
-        if kernel_log == "link_flap":
-            slow = {n: f.get("nic", 0) for f in job.faults if f["kind"] == "slow_nic" for n in f["nodes"]}
-            if node in slow:
-                _inject_link_flap(inject, wall0, slow[node])
-        if kernel_log == "throttle" and culprit is not None and culprit_here:
-            t = wall0 + end_ns // 3
-            for cpu in (12, 13, 44, 45):
-                inject(t + cpu * 1000, f"mce: CPU{cpu}: Package temperature above threshold, cpu clock throttled (total events = {rng.randrange(1000, 9000)})", "cpu_throttle", culprit["ranks"][0])
+        if here is not None:
+            _inject_culprit(inject, kernel_log, here, wall0, end_ns, timeout, rng)
+        _inject_node(inject, kernel_log, job, node, wall0)
         # benign runtime noise during the job
         k.add(wall0 + end_ns // 4, f"pcieport 0000:{0x16 + node % 4:02x}:01.0: AER: Corrected error received: 0000:{0x16 + node % 4:02x}:01.0")
         k.add(wall0 + end_ns // 4 + 20_000, f"pcieport 0000:{0x16 + node % 4:02x}:01.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)")
@@ -405,6 +401,67 @@ def write_kernel_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
             injected.append({**rec, "line": line_no[key]})
         paths[host] = rel
     return paths, injected
+
+
+def _inject_culprit(inject: _Injector, kernel_log: str, st: Any, wall0: int, end_ns: int, timeout: dict[str, Any] | None,
+                    rng: random.Random) -> None:
+    """The lines of the scenario's fault on the culprit rank's node (``st``: the culprit rank's state)."""
+    r = st.rank
+    if kernel_log.startswith("xid"):
+        _inject_xid(inject, kernel_log, r, st, wall0, end_ns, timeout)
+    elif kernel_log == "aer_audio":
+        assert timeout is not None
+        _inject_aer_audio(inject, r, PCI_BUS_IDS[st.local], wall0 + timeout["stop"][r] + 2_000_000)
+    elif kernel_log == "oom":
+        _inject_oom(inject, r, st.pid, wall0, timeout)
+    elif kernel_log == "throttle":
+        t = wall0 + end_ns // 3
+        for cpu in (12, 13, 44, 45):
+            inject(t + cpu * 1000, f"mce: CPU{cpu}: Package temperature above threshold, cpu clock throttled (total events = {rng.randrange(1000, 9000)})", "cpu_throttle", r)
+
+
+def _inject_node(inject: _Injector, kernel_log: str, job: Job, node: int, wall0: int) -> None:
+    """The lines of a scenario's fault on a node rather than on a rank (a NIC, a GPU no rank uses)."""
+    if kernel_log == "link_flap":
+        slow = {n: f.get("nic", 0) for f in job.faults if f["kind"] == "slow_nic" for n in f["nodes"]}
+        if node in slow:
+            _inject_link_flap(inject, wall0, slow[node])
+    if kernel_log == "rm_init":
+        for f in job.faults:
+            if f["kind"] == "gpu_init_failed" and f["node"] == node:
+                _inject_rm_init(inject, f["gpu"], wall0)
+
+
+def aer_port(bus: str) -> str:
+    """The PCIe port above a GPU (``bus``: its function 0) in the simulated topology."""
+    return f"0000:{int(bus[5:7], 16) - 2:02x}:01.0"
+
+
+def _inject_aer_audio(inject: _Injector, r: int, bus: str, t: int) -> None:
+    """A fatal completion timeout that the GPU's HDMI audio function (.1) reports (Linux 5.15 wording,
+    drivers/pci/pcie/aer.c and err.c): the port receives it, the audio driver prints the details, each
+    function's driver says it cannot recover (neither has an error_detected callback), the port gives up."""
+    port, audio = aer_port(bus), bus[:-1] + "1"
+    lines = [
+        f"pcieport {port}: AER: Uncorrected (Fatal) error received: {audio}",
+        f"snd_hda_intel {audio}: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Requester ID)",
+        f"snd_hda_intel {audio}:   device [{AUDIO_PCI_ID}] error status/mask=00004000/00000000",
+        f"snd_hda_intel {audio}:    [14] CmpltTO                (First)",
+        f"nvidia {bus}: AER: can't recover (no error_detected callback)",
+        f"snd_hda_intel {audio}: AER: can't recover (no error_detected callback)",
+        f"pcieport {port}: AER: device recovery failed",
+    ]
+    for i, msg in enumerate(lines):
+        inject(t + i * 20_000, msg, "aer_fatal", r, bus)
+
+
+def _inject_rm_init(inject: _Injector, gpu: int, wall0: int) -> None:
+    """GPU ``gpu`` of the node fails to initialize each time the device is opened: when
+    nvidia-persistenced starts after boot, and when the job's prolog runs nvidia-smi."""
+    bus = PCI_BUS_IDS[gpu]
+    for t in (inject.k.boot_ns + 45_000_000_000, wall0 - int(JOB_START_S * 1e9) - 2_000_000_000):
+        inject(t, f"NVRM: GPU {bus}: RmInitAdapter failed! ({RM_INIT_STATUS})", "gpu_init_failed", None, bus)
+        inject(t + 30_000, f"NVRM: GPU {bus}: rm_init_adapter failed, device minor number {gpu}", "gpu_init_failed", None, bus)
 
 
 def _inject_xid(inject: _Injector, kernel_log: str, r: int, st: Any, wall0: int, end_ns: int,

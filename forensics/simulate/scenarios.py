@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from forensics.simulate.model import ALGOS, PROTOS, Job, Net, Topology, Workload
+from forensics.simulate.model import ALGOS, GPUS_PER_NODE, PROTOS, Job, Net, Topology, Workload
 
 
 class ScenarioError(ValueError):
@@ -19,7 +19,7 @@ class Scenario:
     name: str
     summary: str
     build: Callable[[int | None, int | None, Params], Job]
-    kernel_log: str = "benign"          # benign / xid79 / xid48 / xid94 / xid149 / xid63 / throttle / link_flap / oom
+    kernel_log: str = "benign"  # benign / xid79 / xid48 / xid94 / xid149 / xid63 / aer_audio / rm_init / throttle / link_flap / oom
 
 
 class Params:
@@ -153,6 +153,13 @@ def input_bound(ranks: int | None, steps: int | None, params: Params) -> Job:
     n = ranks or 8
     stall = params.number("stall_ms", 60.0, 0.0, 1e6)
     return _ddp(ranks, steps, params, faults=({"kind": "input_bound", "ranks": tuple(range(n)), "stall_ms": stall},))
+
+
+def slow_gemm(ranks: int | None, steps: int | None, params: Params) -> Job:
+    """Every rank's GEMM kernels run ``slowdown`` longer (default 0.3 = +30%), as after a library upgrade
+    that picks slower GEMM kernels: a slower kernel class on the whole job, not a straggler."""
+    slowdown = params.number("slowdown", 0.3, 0.0, 10.0)
+    return _ddp(ranks, steps, params, faults=({"kind": "slow_kernel_class", "kernel_class": "gemm", "slowdown": slowdown},))
 
 
 def ddp_no_overlap(ranks: int | None, steps: int | None, params: Params) -> Job:
@@ -317,6 +324,32 @@ def oom_kill(ranks: int | None, steps: int | None, params: Params) -> Job:
         {"kind": "oom_kill", "ranks": (r,)}))
 
 
+def aer_fatal_audio(ranks: int | None, steps: int | None, params: Params) -> Job:
+    """A fatal PCIe AER (completion timeout) that the GPU's HDMI audio function (.1) reports: the port's
+    link is lost with the GPU at .0 behind it, whose rank never reaches the next gradient all-reduce."""
+    n = ranks or 8
+    if n < 2:
+        raise ScenarioError("aer_fatal_audio hangs a collective: it needs at least 2 ranks")
+    r = _culprit(params, n, 2 if n > 2 else n - 1)
+    steps = steps or 3
+    return _ddp(ranks, steps, params, faults=(
+        {"kind": "collective_timeout", "ranks": (r,), "step": 100 + steps - 1, "seq": 0, "timeout_ms": 600000.0},
+        {"kind": "aer_fatal", "ranks": (r,), "function": 1}))
+
+
+def rm_init_failed(ranks: int | None, steps: int | None, params: Params) -> Job:
+    """The last node's GPU ``gpu`` (default: the first one the job leaves free, the node's second GPU with
+    the default 9 ranks) fails to initialize (RmInitAdapter failed) each time the device is opened: at boot
+    and when the job starts. The job runs on the node's other GPUs; no rank uses the broken one."""
+    n = ranks or 9
+    used = n % GPUS_PER_NODE
+    if used == 0:
+        raise ScenarioError(f"rm_init_failed needs a GPU the job leaves free on its last node: --ranks not a multiple of "
+                            f"{GPUS_PER_NODE}; got {n}")
+    gpu = params.integer("gpu", used, used, GPUS_PER_NODE - 1)
+    return _ddp(n, steps, params, faults=({"kind": "gpu_init_failed", "node": (n - 1) // GPUS_PER_NODE, "gpu": gpu},))
+
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("ddp_clean", "healthy data-parallel job (DDP, overlapped bucketed all-reduce)", ddp_clean),
     Scenario("fsdp_clean", "healthy FSDP job (per-layer all-gather prefetch, reduce-scatter of gradients)", fsdp_clean),
@@ -329,6 +362,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("host_straggler", "one rank's host launches kernels slowly (launch-bound straggler; its node logs CPU thermal throttling)", host_straggler, kernel_log="throttle"),
     Scenario("late_rank", "one rank's data loader stalls every step; the others busy-wait in NCCL", late_rank),
     Scenario("input_bound", "input-bound job: every rank's data loader stalls each step, the GPU idles ~40% of it", input_bound),
+    Scenario("slow_gemm", "every rank's GEMM kernels run 30% longer (a slower kernel class, e.g. after a library upgrade)", slow_gemm),
     Scenario("ddp_no_overlap", "DDP all-reduce runs after backward instead of overlapping it", ddp_no_overlap),
     Scenario("slow_nic", "one node's NIC runs at a fraction of its bandwidth (TP=8 x PP=2 x DP; 32 ranks)", slow_nic, kernel_log="link_flap"),
     Scenario("hsdp_clean", "healthy hybrid-sharded data parallel job (HSDP: shard groups of 16 ranks over 2 nodes, replicated)", hsdp_clean),
@@ -348,6 +382,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("xid63", "row-remapping event (Xid 63) on one GPU", xid(63), kernel_log="xid63"),
     Scenario("xid149", "NVLink5 link fault (Xid 149) on one GPU; the driver tears down its channels "
              "(Xid 45 caused by previous Xid 149)", xid(149), kernel_log="xid149"),
+    Scenario("aer_fatal_audio", "fatal PCIe AER reported by a GPU's audio function (.1): the GPU at .0 is lost; its rank "
+             "never arrives; watchdog timeout", aer_fatal_audio, kernel_log="aer_audio"),
+    Scenario("rm_init_failed", "a GPU the job leaves free on its last node fails to initialize (RmInitAdapter failed; "
+             "9 ranks: the node's second GPU)", rm_init_failed, kernel_log="rm_init"),
     Scenario("oom_kill", "the OOM killer kills one rank's process (host memory); its peers time out in the watchdog", oom_kill, kernel_log="oom"),
     Scenario("benign_kernel_log", "healthy job whose kernel logs hold only benign noise", ddp_clean),
 )}
