@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from forensics import __version__
-from forensics.errors import ForensicsError
+from forensics.errors import ForensicsError, UsageError
 from forensics.triage_data import (
     JOB_FILES,
     SEVERITIES,
