@@ -29,7 +29,7 @@ from forensics.simulate.engine import (
     StepResult,
     iter_steps,
 )
-from forensics.simulate.kineto import EPOCH_NS, T0_NS, TraceWriter
+from forensics.simulate.kineto import EPOCH_NS, T0_NS, Spool, TraceWriter
 from forensics.simulate.logs import OOM_ANON_RSS_KB, RM_INIT_STATUS, aer_port
 from forensics.simulate.model import PCI_BUS_IDS, Job
 from forensics.simulate.scenarios import SCENARIOS, Params, Scenario, ScenarioError
@@ -246,6 +246,7 @@ class _Recorder:
                 self.step_log[r].append((res.step, span[0], span[1]))
             for op in prog:
                 w.op(op)
+            w.spill()  # one rank's step text at a time in memory, whatever the world size
 
     def halt(self, res: StepResult) -> None:
         """The step in which a collective timed out: what the logs and the truth say about it."""
@@ -262,20 +263,22 @@ class _Recorder:
         self.timeout_info = info
 
 
-def _open_writers(out: Path, job: Job, engine: Engine, offsets: list[int], compresslevel: int) -> list[TraceWriter]:
-    (out / "profiler").mkdir(parents=True, exist_ok=True)
+def _open_writers(out: Path, job: Job, engine: Engine, offsets: list[int], compresslevel: int, spool: Spool) -> list[TraceWriter]:
     writers: list[TraceWriter] = []
     for st in engine.states:
         start_ms = (EPOCH_NS + offsets[st.node] + st.host_t) // 1_000_000
         name = f"{st.host}_{st.pid}.{start_ms}.pt.trace.json.gz"
-        w = TraceWriter(out / "profiler" / name, job, st, engine.groups, offsets[st.node], compresslevel)
+        w = TraceWriter(out / "profiler" / name, job, st, engine.groups, offsets[st.node], spool, compresslevel)
         w.metadata(st.host_t)
+        w.spill()
         writers.append(w)
     return writers
 
 
 def _run_steps(rec: _Recorder, size_mb: float | None) -> None:
-    for res in iter_steps(rec.engine):
+    steps = iter_steps(rec.engine)
+    res = next(steps, None)
+    while res is not None:
         rec.collectives(res)
         rec.programs(res)
         if rec.engine.halted:
@@ -283,6 +286,8 @@ def _run_steps(rec: _Recorder, size_mb: float | None) -> None:
             break
         if size_mb and rec.writers[0].bytes_written >= size_mb * 1e6:
             break
+        res = None  # let this step's programs go before the next step is built
+        res = next(steps, None)
     for st, w in zip(rec.engine.states, rec.writers):
         w.close(rec.first_host[st.rank], st.host_t)
 
@@ -304,8 +309,13 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
     offsets = [int(rng.uniform(-job.clock_offset_us, job.clock_offset_us) * 1e3) for _ in range(job.topo.nodes)]
     engine = Engine(job, seed, hosts)
     out = Path(out)
-    rec = _Recorder(job, engine, _open_writers(out, job, engine, offsets, compresslevel))
-    _run_steps(rec, size_mb)
+    (out / "profiler").mkdir(parents=True, exist_ok=True)
+    spool = Spool(out / "profiler")
+    try:
+        rec = _Recorder(job, engine, _open_writers(out, job, engine, offsets, compresslevel, spool))
+        _run_steps(rec, size_mb)
+    finally:
+        spool.close()
 
     truth = _truth(sc, job, engine, hosts, offsets, rec.writers, rec.metrics, rec.step_log, rec.timeout_info, seed, params or {},
                    rec.all_steps)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import tempfile
+import zlib
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 import orjson
 
@@ -63,17 +65,48 @@ def _us(ns: int) -> float:
     return ns / 1000.0
 
 
+class Spool:
+    """Where every rank's trace text waits until the job is simulated: one anonymous temporary file of
+    chunks, each deflated at level 1 on its own. The ranks advance together step by step, so writing each
+    trace through its own gzip stream would hold one compressor (~260 KB) and one event buffer per rank
+    at once, gigabytes at thousands of ranks; :meth:`TraceWriter.close` compresses the traces one at a
+    time from here (deflate's output does not depend on how its input is cut, so the bytes are the same)."""
+
+    def __init__(self, directory: Path) -> None:
+        self._f: IO[bytes] = tempfile.TemporaryFile(dir=directory, prefix=".spool-")
+        self._end = 0
+
+    def put(self, data: bytes) -> tuple[int, int]:
+        """Store ``data``; return where it went (offset, length)."""
+        packed = zlib.compress(data, 1)
+        self._f.seek(self._end)
+        self._f.write(packed)
+        where = (self._end, len(packed))
+        self._end += len(packed)
+        return where
+
+    def get(self, where: tuple[int, int]) -> bytes:
+        self._f.seek(where[0])
+        return zlib.decompress(self._f.read(where[1]))
+
+    def close(self) -> None:
+        self._f.close()
+
+
 class TraceWriter:
     """Writes one rank's trace incrementally; counts what it wrote (the truth for parser tests)."""
 
-    def __init__(self, path: Path, job: Job, st: RankState, groups: list[ProcessGroup], offset_ns: int, compresslevel: int = 6) -> None:
+    def __init__(self, path: Path, job: Job, st: RankState, groups: list[ProcessGroup], offset_ns: int, spool: Spool,
+                 compresslevel: int = 6) -> None:
         self.path = path
         self.job = job
         self.st = st
         self.offset = T0_NS + offset_ns
         self.dev = st.local
-        self._raw: BinaryIO = open(path, "wb")
-        self._gz = gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, mtime=0, compresslevel=compresslevel)
+        self._spool = spool
+        self._compresslevel = compresslevel
+        self._pending: list[bytes] = []  # text not yet in the spool
+        self._chunks: list[tuple[int, int]] = []  # this trace's text in the spool, in order
         self._buf: list[bytes] = []
         self._first = True
         self.bytes_written = 0
@@ -99,8 +132,15 @@ class TraceWriter:
 
     # ------------------------------------------------------------------ low level
     def _write(self, data: bytes) -> None:
-        self._gz.write(data)
+        self._pending.append(data)
         self.bytes_written += len(data)
+
+    def spill(self) -> None:
+        """Move what this rank has written so far into the spool (at the end of each of its steps)."""
+        self.flush()
+        if self._pending:
+            self._chunks.append(self._spool.put(b"".join(self._pending)))
+            self._pending.clear()
 
     def _ev(self, ev: dict[str, Any], kind: str) -> None:
         self.counts[kind] = self.counts.get(kind, 0) + 1
@@ -234,7 +274,7 @@ class TraceWriter:
             "Collective name": TORCH_COLL[kind], "In msg nelems": in_n, "Out msg nelems": out_n,
             "Group size": len(pg.ranks), "dtype": dtype, "In split size": "[]", "Out split size": "[]",
             "Process Group Name": pg.name, "Process Group Description": pg.desc,
-            "Process Group Ranks": "[" + ", ".join(str(r) for r in pg.ranks) + "]",
+            "Process Group Ranks": pg.ranks_text,
         }
         if job.seq_on_kernels and kind not in ("send", "recv"):
             coll_args["Seq"] = c.seq
@@ -258,6 +298,7 @@ class TraceWriter:
         self.counts["nccl_kernels"] = self.counts.get("nccl_kernels", 0) + 1
 
     def close(self, start_ns: int, end_ns: int) -> None:
+        """End the trace and write the file, compressed from the spool."""
         self._ev({"ph": "X", "cat": "Trace", "ts": self.ts(start_ns), "dur": _us(end_ns - start_ns), "pid": "Spans", "tid": "PyTorch Profiler",
                   "name": "PyTorch Profiler (0)", "args": {"Op count": 0}}, "Trace")
         self._ev({"name": "Iteration Start: PyTorch Profiler", "ph": "i", "s": "g", "pid": "Traces", "tid": "Trace PyTorch Profiler", "ts": self.ts(start_ns)}, "instant")
@@ -266,5 +307,8 @@ class TraceWriter:
         tail = (b'\n  ],\n  "traceName": "' + str(self.path.name).encode() + b'",\n  "displayTimeUnit": "ms",\n'
                 + b'  "baseTimeNanoseconds": ' + str(EPOCH_NS - T0_NS).encode() + b"\n}\n")
         self._write(tail)
-        self._gz.close()
-        self._raw.close()
+        self.spill()
+        with open(self.path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=self._compresslevel) as gz:
+            for where in self._chunks:
+                gz.write(self._spool.get(where))
+        self._chunks.clear()

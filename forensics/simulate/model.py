@@ -4,6 +4,7 @@ Pure data and arithmetic; no randomness here (noise is drawn in ``engine``)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -165,6 +166,12 @@ class ProcessGroup:
     desc: str          # default_pg, TENSOR_MODEL_PARALLEL_GROUP, ...
     ranks: tuple[int, ...]
     kind: str          # world / tp / dp / pp
+
+    @functools.cached_property
+    def ranks_text(self) -> str:
+        """The ranks as a trace's "Process Group Ranks" spells them; cached, as every collective of every
+        member writes it and thousands of ranks are long to spell."""
+        return "[" + ", ".join(str(r) for r in self.ranks) + "]"
 
     def pg_config(self) -> dict[str, Any]:
         return {"pg_name": self.name, "pg_desc": self.desc, "backend_config": "cuda:nccl", "pg_size": len(self.ranks), "ranks": list(self.ranks)}
