@@ -150,6 +150,11 @@ def attach_steps(frames: JobFrames, kernels: pl.DataFrame) -> pl.DataFrame:
 
 def comm_kernels(frames: JobFrames) -> pl.DataFrame:
     """NCCL/RCCL kernels with step, PG key, PG type and launch time attached."""
+    return _comm_kernels(frames).drop("_pgid")
+
+
+def _comm_kernels(frames: JobFrames) -> pl.DataFrame:
+    """:func:`comm_kernels` plus ``_pgid``, a dense integer id of ``pg_key`` to group and join by."""
     k = frames["kernels"].filter(pl.col("class") == "comm")
     pgs = frames["process_groups"]
     if pgs.height:
@@ -160,20 +165,32 @@ def comm_kernels(frames: JobFrames) -> pl.DataFrame:
             pl.coalesce("pg_desc", "_desc").alias("pg_desc"),
             pl.coalesce("pg_ranks", "_pranks").alias("pg_ranks"),
         ).drop("_desc", "_pranks")
-    k = attach_steps(frames, k)
-    ranks_txt = pl.col("pg_ranks").cast(pl.List(pl.String)).list.join(",")
+    k = _with_pg_key(attach_steps(frames, k))
     return k.with_columns(
-        pl.concat_str(
-            [pl.col("pg_name").fill_null("?"), ranks_txt.fill_null("*")], separator="|"
-        ).alias("pg_key"),
         pg_type_expr(pl.col("pg_desc").fill_null("")).alias("pg_type"),
         (pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns"),
         pl.col("collective").fill_null(pl.lit("unknown")).alias("collective"),
     )
 
 
+def _with_pg_key(k: pl.DataFrame) -> pl.DataFrame:
+    """Add ``pg_key`` (``pg_name|r0,r1,...``, the rank list spelled out) and ``_pgid``. The key is spelled
+    once per distinct group and joined to the rows, which then share its text (string views): spelled per
+    row it held the whole rank list once per kernel, 75 MB at 1,024 ranks and growing with the square of
+    the ranks. A group is its name and the hash of its rank list (the list itself is not copied)."""
+    k = k.with_columns(pl.col("pg_ranks").hash().alias("_rh"))
+    ranks_txt = pl.col("pg_ranks").cast(pl.List(pl.String)).list.join(",")
+    keys = (
+        k.group_by("pg_name", "_rh").agg(pl.col("pg_ranks").first())
+        .select("pg_name", "_rh", pl.concat_str([pl.col("pg_name").fill_null("?"), ranks_txt.fill_null("*")],
+                                                separator="|").alias("pg_key"))
+        .with_columns(pl.col("pg_key").rank("dense").alias("_pgid"))  # one id per key text, as grouping by it
+    )
+    return k.join(keys, on=["pg_name", "_rh"], how="left", nulls_equal=True, maintain_order="left").drop("_rh")
+
+
 def match_collectives(frames: JobFrames) -> CollectiveMatch:
-    k = comm_kernels(frames).filter(pl.col("rank").is_not_null())
+    k = _comm_kernels(frames).filter(pl.col("rank").is_not_null())
     is_p2p = pl.col("collective").is_in(P2P_OPS) & (pl.col("pg_type") == "PP")
     k = k.with_columns(is_p2p.alias("is_p2p"))
     sync = _with_instance_keys(k.filter(~pl.col("is_p2p")))
@@ -194,40 +211,52 @@ def match_collectives(frames: JobFrames) -> CollectiveMatch:
         "instance", "instance_key", "pg_key", "pg_type", "step", "collective", "bytes", "n_ranks",
         "transfer_ns", "last_rank", "margin_ns", "max_wait_ns",
     )
-    present = inst.select("instance_key", pl.col("n_ranks").alias("_n_present"))
-    allk = _split_wait_transfer(k, sync.join(present, on="instance_key", how="left"), instances)
+    present = inst.select("_iid", pl.col("n_ranks").alias("_n_present"))
+    allk = _split_wait_transfer(k, sync.join(present, on="_iid", how="left"), good)
     rank_off, host_off = _clock_offsets(allk)
     return CollectiveMatch(allk, instances, rank_off, host_off, unmatched, incomplete)
 
 
 def _with_instance_keys(sync: pl.DataFrame) -> pl.DataFrame:
-    """Add ``n_members`` and ``instance_key``: one key per call of one collective on one group (by NCCL
-    sequence number where every row has one, else by step and call order per rank)."""
+    """Add ``n_members``, ``instance_key`` (one key per call of one collective on one group: by NCCL
+    sequence number where every row has one, else by step and call order per rank) and ``_iid``, a dense
+    integer id of the key. Keys are spelled once per instance and joined to the rows (see :func:`_with_pg_key`)."""
     # Members of each group: the listed ranks, else every rank seen with that key.
-    members = sync.group_by("pg_key").agg(
+    members = sync.group_by("_pgid").agg(
         pl.col("group_size").max().alias("_gsize"),
         pl.col("rank").n_unique().alias("_seen"),
         pl.col("seq").is_not_null().all().alias("_has_seq"),
     ).with_columns(pl.coalesce("_gsize", "_seen").cast(pl.Int64).alias("n_members"))
-    sync = sync.join(members.select("pg_key", "n_members", "_has_seq"), on="pg_key", how="left")
+    sync = sync.join(members.select("_pgid", "n_members", "_has_seq"), on="_pgid", how="left")
 
-    ordinal = (pl.int_range(pl.len()).over(["rank", "pg_key", "step"], order_by="start_ns")).cast(pl.Int64)
-    return sync.with_columns(
-        pl.when(pl.col("_has_seq"))
-        .then(pl.concat_str([pl.col("pg_key"), pl.lit("#s"), pl.col("seq").cast(pl.String)]))
+    ordinal = (pl.int_range(pl.len()).over(["rank", "_pgid", "step"], order_by="start_ns")).cast(pl.Int64)
+    has_seq = pl.col("_has_seq")
+    sync = sync.with_columns(
+        pl.when(has_seq).then(pl.col("seq")).alias("_k_seq"),
+        pl.when(~has_seq).then(pl.col("step")).alias("_k_step"),
+        pl.when(~has_seq).then(ordinal).alias("_k_ord"),
+    )
+    parts = ["_pgid", "_has_seq", "_k_seq", "_k_step", "_k_ord"]
+    keys = sync.select(*parts, "pg_key").unique(subset=parts).select(
+        *parts,
+        pl.when(has_seq)
+        .then(pl.concat_str([pl.col("pg_key"), pl.lit("#s"), pl.col("_k_seq").cast(pl.String)]))
         .otherwise(
             pl.concat_str(
-                [pl.col("pg_key"), pl.lit("#"), pl.col("step").cast(pl.String).fill_null("-"), pl.lit("#"),
-                 ordinal.cast(pl.String)]
+                [pl.col("pg_key"), pl.lit("#"), pl.col("_k_step").cast(pl.String).fill_null("-"), pl.lit("#"),
+                 pl.col("_k_ord").cast(pl.String)]
             )
         )
-        .alias("instance_key")
-    )
+        .alias("instance_key"),
+    ).with_columns(pl.col("instance_key").rank("dense").alias("_iid"))  # one id per key text, as grouping by it
+    return sync.join(keys, on=parts, how="left", nulls_equal=True, maintain_order="left").drop(
+        "_k_seq", "_k_step", "_k_ord")
 
 
 def _instance_table(sync: pl.DataFrame) -> pl.DataFrame:
     """One row per instance key: who took part, the shortest duration (the transfer), who arrived last."""
-    inst = sync.group_by("instance_key").agg(
+    inst = sync.group_by("_iid").agg(
+        pl.col("instance_key").first(),
         pl.col("pg_key").first(),
         pl.col("pg_type").first(),
         pl.col("step").min(),
@@ -258,8 +287,8 @@ def _instance_table(sync: pl.DataFrame) -> pl.DataFrame:
 def _split_wait_transfer(k: pl.DataFrame, sync: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
     """Every comm kernel with ``transfer_ns`` / ``wait_ns``, its instance (when matched) and ``is_last``."""
     sync = sync.join(
-        instances.select("instance_key", "instance", pl.col("transfer_ns").alias("_x"), "last_rank", "margin_ns"),
-        on="instance_key",
+        instances.select("_iid", "instance", pl.col("transfer_ns").alias("_x"), "last_rank", "margin_ns"),
+        on="_iid",
         how="left",
     )
     # Unmatched kernels (PP p2p, incomplete or inconsistent instances): transfer = smallest duration of
@@ -267,11 +296,11 @@ def _split_wait_transfer(k: pl.DataFrame, sync: pl.DataFrame, instances: pl.Data
     # Point-to-point: a send and its receive end together, so whichever side arrived last is pure transfer;
     # pool sends and receives (a receive posted early always waits).
     p2p_class = pl.when(pl.col("collective").is_in(P2P_OPS)).then(pl.lit("p2p")).otherwise(pl.col("collective"))
-    class_min = k.with_columns(p2p_class.alias("_cls")).group_by("pg_key", "_cls", "bytes").agg(
+    class_min = k.with_columns(p2p_class.alias("_cls")).group_by("_pgid", "_cls", "bytes").agg(
         pl.col("dur_ns").min().alias("_class_min")
     )
     cols = ["rank", "host", "step", "pg_key", "pg_type", "pg_name", "collective", "bytes", "stream", "launch_ns",
-            "start_ns", "end_ns", "dur_ns", "is_p2p"]
+            "start_ns", "end_ns", "dur_ns", "is_p2p", "_pgid"]
     p2p = k.filter(pl.col("is_p2p")).select(cols).with_columns(
         pl.lit(None, dtype=pl.String).alias("instance_key"),
         pl.lit(None, dtype=pl.Int64).alias("instance"),
@@ -285,8 +314,8 @@ def _split_wait_transfer(k: pl.DataFrame, sync: pl.DataFrame, instances: pl.Data
          p2p.with_columns(pl.lit(None, dtype=pl.Int64).alias("_n_present"))],
         how="vertical",
     ).with_columns(p2p_class.alias("_cls")).join(
-        class_min, on=["pg_key", "_cls", "bytes"], how="left", nulls_equal=True
-    ).drop("_cls")
+        class_min, on=["_pgid", "_cls", "bytes"], how="left", nulls_equal=True
+    ).drop("_cls", "_pgid")
     how = _transfer_how()
     estimate = pl.when(how == UNKNOWN_SPLIT).then(pl.col("dur_ns")).otherwise(pl.coalesce("_x", "_class_min"))
     return allk.with_columns(
