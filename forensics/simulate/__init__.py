@@ -148,7 +148,7 @@ class _RankMetrics:
                 allk.append((op.start, op.end))
                 if c.timeout:
                     continue
-                last = max(c.arrive.values())
+                last = c.last_arrival()
                 self.wait_ns += last - op.start
                 if last == op.start and len(c.members) > 1:
                     self.last_arrivals += 1

@@ -48,7 +48,8 @@ COLL_OPTYPE = {"allreduce": "ALLREDUCE", "allgather": "_ALLGATHER_BASE", "reduce
 class Coll:
     """One collective instance across its members."""
 
-    __slots__ = ("key", "op", "pg", "seq", "members", "arrive", "t_tx", "end", "nbytes", "nelems", "algo", "proto", "channels", "timeout", "absent", "step")
+    __slots__ = ("key", "op", "pg", "seq", "members", "arrive", "t_tx", "end", "nbytes", "nelems", "algo", "proto", "channels", "timeout", "absent", "step",
+                 "last_arrive")
 
     def __init__(self, key: tuple, op: str, pg: ProcessGroup, seq: int, members: tuple[int, ...], nbytes: int, step: int) -> None:
         self.key, self.op, self.pg, self.seq, self.members = key, op, pg, seq, members
@@ -61,6 +62,13 @@ class Coll:
         self.timeout = False
         self.absent: tuple[int, ...] = ()
         self.step = step
+        self.last_arrive: int | None = None  # once every member arrived: the latest arrival (see last_arrival)
+
+    def last_arrival(self) -> int:
+        """The latest member's arrival; asked by every member, computed once (thousands of members)."""
+        if self.last_arrive is None:
+            self.last_arrive = max(self.arrive.values())
+        return self.last_arrive
 
 
 class Op:

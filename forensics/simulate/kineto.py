@@ -17,7 +17,7 @@ from typing import IO, Any
 import orjson
 
 from forensics.simulate.engine import COLL, COMPUTE, HOST, MEMCPY, SYNC, Op, RankState
-from forensics.simulate.model import Job, ProcessGroup
+from forensics.simulate.model import Job, ProcessGroup, start_stride
 
 # All trace clocks start here (1 day of "uptime"); baseTimeNanoseconds maps them to the epoch.
 T0_NS = 86_400_000_000_000
@@ -263,13 +263,7 @@ class TraceWriter:
         elif kind == "reduce_scatter":
             out_n = nelems // len(c.members)
         pg = c.pg
-        if kind in ("send", "recv"):
-            g_ranks = list(c.members)
-        else:
-            g_ranks = list(pg.ranks)
-        stride = g_ranks[1] - g_ranks[0] if len(g_ranks) > 1 else 1
-        if any(b - a != stride for a, b in zip(g_ranks, g_ranks[1:])):
-            stride = -1
+        first, stride = start_stride(c.members) if kind in ("send", "recv") else pg.start_stride
         coll_args: dict[str, Any] = {
             "Collective name": TORCH_COLL[kind], "In msg nelems": in_n, "Out msg nelems": out_n,
             "Group size": len(pg.ranks), "dtype": dtype, "In split size": "[]", "Out split size": "[]",
@@ -283,7 +277,7 @@ class TraceWriter:
         t1 = t0 + op.host_ns - 400
         self._x("cpu_op", op.cpu, st.pid, op.tid, t0, t1, {"External id": e1, "Record function id": 0, "Ev Idx": self._idx()})
         rpc: dict[str, Any] = {"External id": e2, "Record function id": 0, "Ev Idx": self._idx(), "Rank": st.rank,
-                               "Global rank start": g_ranks[0], "Global rank stride": stride, **coll_args}
+                               "Global rank start": first, "Global rank stride": stride, **coll_args}
         if kind == "send":
             rpc["Dst Rank"] = c.members[1]
         elif kind == "recv":

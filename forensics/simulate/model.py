@@ -173,8 +173,22 @@ class ProcessGroup:
         member writes it and thousands of ranks are long to spell."""
         return "[" + ", ".join(str(r) for r in self.ranks) + "]"
 
+    @functools.cached_property
+    def start_stride(self) -> tuple[int, int]:
+        """The group's first rank and the stride between its ranks (-1: not evenly spaced), as the trace's
+        ``record_param_comms`` says; cached for the same reason as :attr:`ranks_text`."""
+        return start_stride(self.ranks)
+
     def pg_config(self) -> dict[str, Any]:
         return {"pg_name": self.name, "pg_desc": self.desc, "backend_config": "cuda:nccl", "pg_size": len(self.ranks), "ranks": list(self.ranks)}
+
+
+def start_stride(ranks: tuple[int, ...]) -> tuple[int, int]:
+    """First rank and the stride between consecutive ranks (-1 when they are not evenly spaced)."""
+    stride = ranks[1] - ranks[0] if len(ranks) > 1 else 1
+    if any(b - a != stride for a, b in zip(ranks, ranks[1:])):
+        stride = -1
+    return ranks[0], stride
 
 
 def build_groups(topo: Topology) -> list[ProcessGroup]:
