@@ -150,47 +150,59 @@ def attach_steps(frames: JobFrames, kernels: pl.DataFrame) -> pl.DataFrame:
 
 def comm_kernels(frames: JobFrames) -> pl.DataFrame:
     """NCCL/RCCL kernels with step, PG key, PG type and launch time attached."""
-    return _comm_kernels(frames).drop("_pgid")
+    k, lists = _comm_kernels(frames)
+    return k.join(lists, on="_pgid", how="left", maintain_order="left").drop("_pgid")
 
 
-def _comm_kernels(frames: JobFrames) -> pl.DataFrame:
-    """:func:`comm_kernels` plus ``_pgid``, a dense integer id of ``pg_key`` to group and join by."""
-    k = frames["kernels"].filter(pl.col("class") == "comm")
+def _comm_kernels(frames: JobFrames) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """:func:`comm_kernels` without the rank lists, plus ``_pgid``, a dense integer id of ``pg_key`` to group
+    and join by; and the rank list of each ``_pgid`` (``_pgid``, ``pg_ranks``). A rank list per kernel row
+    is the square of the ranks (1 GB at 4,096 ranks), copied by every filter, join and sort of the rows;
+    the rows carry its hash instead (with the group's name it tells one group from another)."""
+    kern = frames["kernels"]
+    rh = pl.when(pl.col("pg_ranks").is_not_null()).then(pl.col("pg_ranks").hash())
+    k = kern.with_columns(rh.alias("_rh")).with_row_index("_row").drop("pg_ranks").filter(pl.col("class") == "comm")
+    firsts = k.filter(pl.col("_rh").is_not_null()).group_by("pg_name", "_rh").agg(pl.col("_row").first())
+    lists = firsts.select("pg_name", "_rh", kern["pg_ranks"].gather(firsts["_row"]).alias("pg_ranks"))
     pgs = frames["process_groups"]
-    if pgs.height:
+    if pgs.height:  # kernels without group metadata take their rank's group of that name
         pg_info = pgs.group_by("rank", "pg_name").agg(
             pl.col("pg_desc").first().alias("_desc"), pl.col("pg_ranks").first().alias("_pranks")
-        )
-        k = k.join(pg_info, on=["rank", "pg_name"], how="left").with_columns(
+        ).with_columns(pl.when(pl.col("_pranks").is_not_null()).then(pl.col("_pranks").hash()).alias("_prh"))
+        k = k.join(pg_info.drop("_pranks"), on=["rank", "pg_name"], how="left").with_columns(
             pl.coalesce("pg_desc", "_desc").alias("pg_desc"),
-            pl.coalesce("pg_ranks", "_pranks").alias("pg_ranks"),
-        ).drop("_desc", "_pranks")
-    k = _with_pg_key(attach_steps(frames, k))
+            pl.coalesce("_rh", "_prh").alias("_rh"),
+        ).drop("_desc", "_prh")
+        lists = pl.concat([lists, pg_info.select("pg_name", pl.col("_prh").alias("_rh"), pl.col("_pranks").alias("pg_ranks"))])
+    k, lists = _with_pg_key(attach_steps(frames, k.drop("_row")), lists)
     return k.with_columns(
         pg_type_expr(pl.col("pg_desc").fill_null("")).alias("pg_type"),
         (pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns"),
         pl.col("collective").fill_null(pl.lit("unknown")).alias("collective"),
-    )
+    ), lists
 
 
-def _with_pg_key(k: pl.DataFrame) -> pl.DataFrame:
-    """Add ``pg_key`` (``pg_name|r0,r1,...``, the rank list spelled out) and ``_pgid``. The key is spelled
-    once per distinct group and joined to the rows, which then share its text (string views): spelled per
-    row it held the whole rank list once per kernel, 75 MB at 1,024 ranks and growing with the square of
-    the ranks. A group is its name and the hash of its rank list (the list itself is not copied)."""
-    k = k.with_columns(pl.col("pg_ranks").hash().alias("_rh"))
+def _with_pg_key(k: pl.DataFrame, lists: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Add ``pg_key`` (``pg_name|r0,r1,...``, the rank list spelled out) and ``_pgid`` to the rows (which
+    carry ``_rh``, their rank list's hash; ``lists``: pg_name, _rh, pg_ranks). The key is spelled once per
+    group and joined to the rows, which then share its text (string views): spelled per row it held the
+    whole rank list once per kernel (75 MB at 1,024 ranks). Returns the rows and each ``_pgid``'s ranks."""
     ranks_txt = pl.col("pg_ranks").cast(pl.List(pl.String)).list.join(",")
     keys = (
-        k.group_by("pg_name", "_rh").agg(pl.col("pg_ranks").first())
-        .select("pg_name", "_rh", pl.concat_str([pl.col("pg_name").fill_null("?"), ranks_txt.fill_null("*")],
-                                                separator="|").alias("pg_key"))
+        k.select("pg_name", "_rh").unique()
+        .join(lists.drop_nulls("_rh").unique(["pg_name", "_rh"], keep="first"), on=["pg_name", "_rh"], how="left",
+              nulls_equal=True)
+        .with_columns(pl.concat_str([pl.col("pg_name").fill_null("?"), ranks_txt.fill_null("*")], separator="|")
+                      .alias("pg_key"))
         .with_columns(pl.col("pg_key").rank("dense").alias("_pgid"))  # one id per key text, as grouping by it
     )
-    return k.join(keys, on=["pg_name", "_rh"], how="left", nulls_equal=True, maintain_order="left").drop("_rh")
+    rows = k.join(keys.drop("pg_ranks"), on=["pg_name", "_rh"], how="left", nulls_equal=True, maintain_order="left")
+    return rows.drop("_rh"), keys.select("_pgid", "pg_ranks").unique("_pgid", keep="first")
 
 
 def match_collectives(frames: JobFrames) -> CollectiveMatch:
-    k = _comm_kernels(frames).filter(pl.col("rank").is_not_null())
+    k, lists = _comm_kernels(frames)
+    k = k.filter(pl.col("rank").is_not_null())
     is_p2p = pl.col("collective").is_in(P2P_OPS) & (pl.col("pg_type") == "PP")
     k = k.with_columns(is_p2p.alias("is_p2p"))
     sync = _with_instance_keys(k.filter(~pl.col("is_p2p")))
@@ -199,7 +211,9 @@ def match_collectives(frames: JobFrames) -> CollectiveMatch:
         "incomplete_instances": int(inst.filter(~pl.col("complete")).height),
         "inconsistent_instances": int(inst.filter(pl.col("complete") & ~pl.col("consistent")).height),
     }
-    incomplete = inst.filter(~pl.col("complete") & (pl.col("n_ranks") < pl.col("n_members"))).select(
+    incomplete = inst.filter(~pl.col("complete") & (pl.col("n_ranks") < pl.col("n_members"))).join(
+        lists.select("_pgid", pl.col("pg_ranks").alias("_pg_ranks")), on="_pgid", how="left"
+    ).select(
         "instance_key", "pg_key", "step", "collective", "n_ranks", "n_members",
         pl.col("_pg_ranks").list.set_difference(pl.col("_present")).fill_null([]).list.sort().alias("missing_ranks"),
     ).sort("pg_key", "step", "instance_key")
@@ -272,7 +286,7 @@ def _instance_table(sync: pl.DataFrame) -> pl.DataFrame:
         pl.col("rank").sort_by("dur_ns").first().alias("last_rank"),
         (pl.col("dur_ns").max() - pl.col("dur_ns").min()).alias("max_wait_ns"),
         pl.col("start_ns").min().alias("first_start_ns"),
-        pl.col("pg_ranks").drop_nulls().first().alias("_pg_ranks"),
+        pl.col("_pgid").first(),
         pl.col("rank").unique().alias("_present"),
     )
     complete = (pl.col("n_ranks") == pl.col("n_members")) & (pl.col("n_rows") == pl.col("n_ranks"))
