@@ -36,7 +36,7 @@ from forensics.simulate.scenarios import SCENARIOS, Params, Scenario, ScenarioEr
 
 TRUTH_SCHEMA = "forensics-sim-truth/1"
 MAX_ARRIVAL_ROWS = 20_000  # last-arrival rows kept in truth.json (large --size runs are truncated)
-MAX_RANKS = 4096  # beyond this the simulator's own memory, not the job, is what you would measure
+MAX_RANKS = 4096  # traces grow with the square of the ranks (every collective spells its group's ranks)
 MAX_STEPS = 100_000
 MAX_SIZE_MB = 100_000.0
 _GEMM_PREFIX = GEMM.split("{")[0]
