@@ -21,15 +21,17 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from forensics.errors import ForensicsError, UsageError
 from forensics.findings import Severity
+
+if TYPE_CHECKING:  # rich.progress is imported when a bar is shown: -q runs never pay for it
+    from rich.progress import Progress
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
@@ -94,6 +96,8 @@ def _progress(label: str, quiet: bool) -> Iterator[object]:
     if quiet:
         yield None
         return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -133,6 +137,8 @@ class _Phases:
 
     def __enter__(self) -> _Phases:
         if not self.quiet:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
             self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), TextColumn("{task.fields[item]}", markup=False),
                                 console=err, transient=True)
