@@ -338,7 +338,7 @@ def _analysis_outputs(analysis: Any, out_dir: Path, phases: _Phases | None = Non
     tick("render", "summary.md", 1, 3)
     outs.add_text("summary.md", markdown.render(analysis))
     tick("render", "report.html", 2, 3)
-    outs.add_bytes("report.html", html_report.render_bytes(analysis))  # no 5 MB str to build and encode again
+    outs.add_chunks("report.html", html_report.render_chunks(analysis))  # no 5 MB string or joined copy
     outs.add_parquet("collectives.parquet", collectives_arrow(analysis.context))
     if timeline_steps is not None:
         outs.add_bytes("timeline.json.gz", perfetto.render(analysis, timeline_steps))
