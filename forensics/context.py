@@ -24,6 +24,7 @@ from forensics.identity import identities, job_identities
 from forensics.op_categories import categorized_kernels, category_breakdown, op_attribution
 
 if TYPE_CHECKING:
+    from forensics.detectors._nccl import JobNccl
     from forensics.gpufaults.placement import Placement
 
 STAGES_SCHEMA = {"rank": pl.Int32, "pp_stage": pl.Int64, "pp_size": pl.Int64, "pp_key": pl.String}
@@ -127,6 +128,14 @@ class JobContext:
         from forensics.runinfo import run_facts
 
         return run_facts(self)
+
+    @cached_property
+    def nccl(self) -> JobNccl:
+        """The job's NCCL setup the nccl_* detectors share: log identities, hosts, node and rank counts,
+        GPU generations, the NCCL_* settings (:class:`forensics.detectors._nccl.JobNccl`). Read, never change."""
+        from forensics.detectors._nccl import job_nccl
+
+        return job_nccl(self)
 
     @cached_property
     def placement(self) -> Placement:
