@@ -45,7 +45,10 @@ def _attach_stacks(ev: pl.DataFrame) -> pl.DataFrame:
     (stack lines are kind ``context``; unparsed lines between them do not end the trace, any other kind does)."""
     anchor = (pl.when(pl.col("kind") == "hung_task").then(pl.col("line"))
               .when(pl.col("kind").is_in(["context", "unknown"])).then(None).otherwise(-1))
-    ev = ev.sort("source", "line").with_columns(anchor.forward_fill().over("source").alias("_anchor"))
+    ev = ev.sort("source", "line")
+    if not (ev["kind"] == "hung_task").any():  # no report to attach a stack to (most logs): skip the queries
+        return ev.with_columns(pl.lit(None, pl.String).alias("stack_module"))
+    ev = ev.with_columns(anchor.forward_fill().over("source").alias("_anchor"))
     mods = (ev.filter((pl.col("kind") == "context") & (pl.col("_anchor") > 0)
                       & (pl.col("line") - pl.col("_anchor") <= STACK_LINES))
             .with_columns(pl.col("message").str.extract(_STACK_MODULE).alias("stack_module"))
