@@ -245,7 +245,7 @@ class NcclBatch:
         frames = _fill_ranks(frames, procs)
         one = procs.filter(pl.len().over("source") == 1)  # one process, one GPU: the file is that rank's
         frames["checkpoints"] = _fill_checkpoints(frames["checkpoints"], one)
-        hosts, ranks = _file_facts(frames, one)
+        hosts, ranks = _file_facts(self.files, one)
         return [_result(f, hosts.get(f.acc.source, set()), ranks.get(f.acc.source, set())) for f in self.files], frames
 
 
@@ -297,20 +297,19 @@ def _result(f: _File, hosts: set[str], ranks: set[int]) -> ParseResult:
     )
 
 
-def _file_facts(frames: dict[str, pl.DataFrame], one: pl.DataFrame) -> tuple[dict[str, set[str]], dict[str, set[int]]]:
+def _file_facts(files: list[_File], one: pl.DataFrame) -> tuple[dict[str, set[str]], dict[str, set[int]]]:
     """Per file (source): the hosts its NCCL lines name, and the ranks its init lines, its timeouts
-    and (a file of one process) that process name."""
+    and (a file of one process) that process name; read from the rows (a few per file: no queries)."""
     hosts: dict[str, set[str]] = defaultdict(set)
-    found = pl.concat([frames[n].select("source", "host") for n in ("nccl_comms", "nccl_net", "nccl_channels")])
-    for source, host in found.drop_nulls().unique().iter_rows():
-        hosts[source].add(host)
     ranks: dict[str, set[int]] = defaultdict(set)
-    named = pl.concat([
-        frames["nccl_comms"].filter(pl.col("origin") == "init").select("source", pl.col("rank").cast(pl.Int64)),
-        frames["collective_timeouts"].select("source", pl.col("rank").cast(pl.Int64)),
-        one.select("source", pl.col("rank").cast(pl.Int64)),
-    ])
-    for source, rank in named.drop_nulls().unique().iter_rows():
+    for f in files:
+        rows = f.acc.rows
+        hosts[f.acc.source] = {r["host"] for name in ("nccl_comms", "nccl_net", "nccl_channels")
+                               for r in rows.get(name, []) if r.get("host") is not None}
+        ranks[f.acc.source] = {r["rank"] for r in rows.get("nccl_comms", [])
+                               if r.get("origin") == "init" and r.get("rank") is not None}
+        ranks[f.acc.source] |= {r["rank"] for r in rows.get("collective_timeouts", []) if r.get("rank") is not None}
+    for source, rank in one.select("source", "rank").iter_rows():
         ranks[source].add(rank)
     return hosts, ranks
 
