@@ -55,3 +55,12 @@ def write_old_outputs(folder: Path) -> dict[str, bytes]:
 def folder_files(folder: Path) -> dict[str, bytes]:
     """Every file directly in ``folder`` by name, with its bytes ({} when the folder does not exist)."""
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())} if folder.exists() else {}
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """One local Ray cluster (2 CPUs) per test module that asks for it; the module skips without ray."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

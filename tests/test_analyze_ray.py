@@ -12,14 +12,8 @@ import pytest
 
 from tests.conftest import ROOT, run_cli
 
-ray = pytest.importorskip("ray")
+pytest.importorskip("ray")
 
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # one local cluster for the module
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture

@@ -311,30 +311,30 @@ def xid(code: int) -> Callable[[int | None, int | None, Params], Job]:
     return build
 
 
-def oom_kill(ranks: int | None, steps: int | None, params: Params) -> Job:
-    """The host's OOM killer kills one rank's training process: it never reaches the next gradient
-    all-reduce and the others time out in the watchdog (a host fault, not the GPU's)."""
+def _hang_after(ranks: int | None, steps: int | None, params: Params, name: str, default_rank: int,
+                fault: dict[str, object]) -> Job:
+    """A DDP job whose culprit rank meets ``fault`` and never reaches the last step's first all-reduce:
+    the others time out in the watchdog."""
     n = ranks or 8
     if n < 2:
-        raise ScenarioError("oom_kill hangs a collective: it needs at least 2 ranks")
-    r = _culprit(params, n, 5 if n > 5 else n - 1)
+        raise ScenarioError(f"{name} hangs a collective: it needs at least 2 ranks")
+    r = _culprit(params, n, default_rank if n > default_rank else n - 1)
     steps = steps or 3
     return _ddp(ranks, steps, params, faults=(
         {"kind": "collective_timeout", "ranks": (r,), "step": 100 + steps - 1, "seq": 0, "timeout_ms": 600000.0},
-        {"kind": "oom_kill", "ranks": (r,)}))
+        {**fault, "ranks": (r,)}))
+
+
+def oom_kill(ranks: int | None, steps: int | None, params: Params) -> Job:
+    """The host's OOM killer kills one rank's training process: it never reaches the next gradient
+    all-reduce and the others time out in the watchdog (a host fault, not the GPU's)."""
+    return _hang_after(ranks, steps, params, "oom_kill", 5, {"kind": "oom_kill"})
 
 
 def aer_fatal_audio(ranks: int | None, steps: int | None, params: Params) -> Job:
     """A fatal PCIe AER (completion timeout) that the GPU's HDMI audio function (.1) reports: the port's
     link is lost with the GPU at .0 behind it, whose rank never reaches the next gradient all-reduce."""
-    n = ranks or 8
-    if n < 2:
-        raise ScenarioError("aer_fatal_audio hangs a collective: it needs at least 2 ranks")
-    r = _culprit(params, n, 2 if n > 2 else n - 1)
-    steps = steps or 3
-    return _ddp(ranks, steps, params, faults=(
-        {"kind": "collective_timeout", "ranks": (r,), "step": 100 + steps - 1, "seq": 0, "timeout_ms": 600000.0},
-        {"kind": "aer_fatal", "ranks": (r,), "function": 1}))
+    return _hang_after(ranks, steps, params, "aer_fatal_audio", 2, {"kind": "aer_fatal", "function": 1})
 
 
 def rm_init_failed(ranks: int | None, steps: int | None, params: Params) -> Job:
