@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -21,6 +22,10 @@ from forensics.flops import op_throughput
 from forensics.frames import JobFrames
 from forensics.identity import identities, job_identities
 from forensics.op_categories import categorized_kernels, category_breakdown, op_attribution
+
+if TYPE_CHECKING:
+    from forensics.detectors._nccl import JobNccl
+    from forensics.gpufaults.placement import Placement
 
 STAGES_SCHEMA = {"rank": pl.Int32, "pp_stage": pl.Int64, "pp_size": pl.Int64, "pp_key": pl.String}
 
@@ -115,6 +120,42 @@ class JobContext:
         """The processes the NCCL logs mention, joined to trace ranks (:func:`forensics.identity.identities`):
         :attr:`identity` less the traced processes no log names."""
         return identities(self.frames)
+
+    @cached_property
+    def run(self) -> dict[str, Any]:
+        """The run header: ranks, hosts and GPUs seen and expected, sources used and ignored
+        (:func:`forensics.runinfo.run_facts`; schema: ``run``). Read it, never change it."""
+        from forensics.runinfo import run_facts
+
+        return run_facts(self)
+
+    @cached_property
+    def nccl(self) -> JobNccl:
+        """The job's NCCL setup the nccl_* detectors share: log identities, hosts, node and rank counts,
+        GPU generations, the NCCL_* settings (:class:`forensics.detectors._nccl.JobNccl`). Read, never change."""
+        from forensics.detectors._nccl import job_nccl
+
+        return job_nccl(self)
+
+    @cached_property
+    def placement(self) -> Placement:
+        """Where a host- or GPU-side event happened (:class:`forensics.gpufaults.placement.Placement`): the
+        job's hosts (those the kernel logs name included), GPU -> rank maps from :attr:`identity` and
+        nvidia-smi, the profiled window per host. Shared by gpu_hw_error and node_health: read, never change."""
+        from forensics.gpufaults.placement import Placement
+
+        place = Placement(self.frames, self.identity)
+        if self.frames.has("kernel_events"):
+            place.learn_hosts(self.frames["kernel_events"]["host"].drop_nulls().unique().to_list())
+        return place
+
+    @cached_property
+    def kernel_events(self) -> pl.DataFrame:
+        """The kernel_events frame with one host per line (:attr:`placement`'s names), ``clock`` and ``t``,
+        lines collected twice dropped (:func:`forensics.gpufaults.events.normalize_events`)."""
+        from forensics.gpufaults.events import normalize_events
+
+        return normalize_events(self.frames["kernel_events"], self.placement)
 
     # --- trace facts (GPU timeline, ns) ------------------------------------------------------------
 

@@ -658,13 +658,26 @@ _register(GPU_METRICS, PROFILER_OVERHEAD)
 # --------------------------------------------------------------------------------------------
 
 
+# Constants derived from the (immutable) specs on first use: building a Schema validates every dtype
+# (~0.1 ms) and a frame from a schema costs ~1 ms, while clearing a template frame costs ~5 us.
+_SCHEMAS: dict[str, pl.Schema] = {}
+_EMPTIES: dict[str, pl.DataFrame] = {}
+
+
 def schema(name: str) -> pl.Schema:
-    return FRAME_SPECS[name].schema
+    """The canonical schema of ``name`` (shared: do not modify it)."""
+    found = _SCHEMAS.get(name)
+    if found is None:
+        found = _SCHEMAS[name] = FRAME_SPECS[name].schema
+    return found
 
 
 def empty(name: str) -> pl.DataFrame:
-    """An empty frame with the canonical schema of ``name``."""
-    return pl.DataFrame(schema=schema(name))
+    """A new empty frame with the canonical schema of ``name``."""
+    template = _EMPTIES.get(name)
+    if template is None:
+        template = _EMPTIES[name] = pl.DataFrame(schema=schema(name))
+    return template.clear()
 
 
 def conform(name: str, df: pl.DataFrame) -> pl.DataFrame:
@@ -673,9 +686,14 @@ def conform(name: str, df: pl.DataFrame) -> pl.DataFrame:
     Missing columns are added as nulls; extra columns are an error (a parser bug, not bad input).
     """
     target = schema(name)
-    extra = [c for c in df.columns if c not in target]
+    columns = df.columns
+    extra = [c for c in columns if c not in target]
     if extra:
         raise ValueError(f"frame {name!r}: columns not in the canonical schema: {extra}")
+    if df.height == 0:  # nothing to cast: the canonical empty frame
+        return empty(name)
+    if columns == target.names() and df.dtypes == target.dtypes():  # already canonical: no query
+        return df
     exprs = [
         (pl.col(col).cast(dtype, strict=True) if col in df.columns else pl.lit(None, dtype=dtype)).alias(col)
         for col, dtype in target.items()

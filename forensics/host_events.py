@@ -23,9 +23,6 @@ from __future__ import annotations
 
 import polars as pl
 
-from forensics.gpufaults.events import normalize_events
-from forensics.gpufaults.placement import Placement
-
 #: kernel_events kinds read here (gpu_hw_error reads none of them)
 HOST_KINDS = ("edac", "hung_task", "soft_lockup", "hard_lockup", "rcu_stall", "oom", "fs_error", "storage_client",
               "ib_port", "mlx5", "netdev_carrier", "netdev_link", "cpu_thermal")
@@ -48,7 +45,10 @@ def _attach_stacks(ev: pl.DataFrame) -> pl.DataFrame:
     (stack lines are kind ``context``; unparsed lines between them do not end the trace, any other kind does)."""
     anchor = (pl.when(pl.col("kind") == "hung_task").then(pl.col("line"))
               .when(pl.col("kind").is_in(["context", "unknown"])).then(None).otherwise(-1))
-    ev = ev.sort("source", "line").with_columns(anchor.forward_fill().over("source").alias("_anchor"))
+    ev = ev.sort("source", "line")
+    if not (ev["kind"] == "hung_task").any():  # no report to attach a stack to (most logs): skip the queries
+        return ev.with_columns(pl.lit(None, pl.String).alias("stack_module"))
+    ev = ev.with_columns(anchor.forward_fill().over("source").alias("_anchor"))
     mods = (ev.filter((pl.col("kind") == "context") & (pl.col("_anchor") > 0)
                       & (pl.col("line") - pl.col("_anchor") <= STACK_LINES))
             .with_columns(pl.col("message").str.extract(_STACK_MODULE).alias("stack_module"))
@@ -127,11 +127,11 @@ def _flaps(ev: pl.DataFrame) -> pl.DataFrame:
     return ev.with_columns((down & (pl.col("_was_up") == 1)).alias("is_flap")).drop("_was_up")
 
 
-def host_events(ke: pl.DataFrame, place: Placement, ignore_interfaces: str) -> pl.DataFrame:
+def host_events(normalized: pl.DataFrame, ignore_interfaces: str) -> pl.DataFrame:
     """The host-side events of the kernel logs, one row each, with ``category`` and ``key``, on the job's
-    host names and clocks (see :func:`forensics.gpufaults.events.normalize_events`)."""
-    ev = normalize_events(ke, place)
-    ev = _attach_stacks(ev)
+    host names and clocks (``normalized``: ``JobContext.kernel_events``, see
+    :func:`forensics.gpufaults.events.normalize_events`)."""
+    ev = _attach_stacks(normalized)
     ev = ev.filter(pl.col("kind").cast(pl.String).is_in(HOST_KINDS))
     if ev.height == 0:
         return ev.with_columns(pl.lit(None, pl.String).alias("category"))

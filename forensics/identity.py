@@ -64,30 +64,32 @@ def _empty() -> pl.DataFrame:
     return pl.DataFrame(schema=IDENTITY_SCHEMA)
 
 
+_KEY = (pl.col("host").cast(pl.String()), pl.col("pid").cast(pl.Int64()), pl.col("cuda_dev").cast(pl.Int32()))
+
+
+def _known(rank: pl.Expr, bus_id: pl.Expr, how: str) -> tuple[pl.Expr, ...]:
+    """The identity columns of one kind of evidence, cast as they are kept (one select, not two)."""
+    return (*_KEY, rank.cast(pl.Int32()).alias("rank"), bus_id.cast(pl.String()).alias("bus_id"),
+            pl.lit(how, pl.String()).alias("how"))
+
+
 def log_identities(frames: JobFrames) -> pl.DataFrame:
     """One row per (host, pid, cuda_dev) seen in NCCL logs, with its global rank and bus id when known."""
     comms = frames["nccl_comms"]
-    init = (
-        comms.filter(pl.col("origin") == "init")
-        .sort("nranks", descending=True)
-        .select("host", "pid", "cuda_dev", "rank", "bus_id", pl.lit("init").alias("how"))
-    )
+    init = comms.filter(pl.col("origin") == "init").sort("nranks", descending=True).select(
+        _known(pl.col("rank"), pl.col("bus_id"), "init"))
     tests = comms.filter(pl.col("origin").is_in(["nccl-tests", "launcher"])).select(
-        "host", "pid", "cuda_dev", "rank", "bus_id", pl.lit("nccl-tests").alias("how")
-    )
-    ch = frames["nccl_channels"]
-    own = ch.select(
-        "host", "pid", "cuda_dev",
-        pl.when(pl.col("direction") == "receive").then(pl.col("dst_rank")).otherwise(pl.col("src_rank")).alias("rank"),
-        pl.when(pl.col("direction") == "receive").then(pl.col("dst_bus_id")).otherwise(pl.col("src_bus_id")).alias("bus_id"),
-        pl.lit("channel").alias("how"),
-    )
-    known = pl.concat([_cast(init), _cast(tests), _cast(own)], how="vertical")
+        _known(pl.col("rank"), pl.col("bus_id"), "nccl-tests"))
+    recv = pl.col("direction") == "receive"
+    own = frames["nccl_channels"].select(_known(
+        pl.when(recv).then(pl.col("dst_rank")).otherwise(pl.col("src_rank")),
+        pl.when(recv).then(pl.col("dst_bus_id")).otherwise(pl.col("src_bus_id")), "channel"))
+    known = pl.concat([init, tests, own], how="vertical")
     known = known.filter(pl.col("cuda_dev").is_not_null() & pl.col("host").is_not_null())
     # every process the logs mention, with or without a rank
     seen = pl.concat(
         [
-            _cast(frames[name].select("host", "pid", "cuda_dev"))
+            frames[name].select(_KEY)
             for name in ("nccl_net", "nccl_channels", "nccl_events", "nccl_env", "nccl_calls", "nccl_comms")
             if frames[name].height
         ]
@@ -98,34 +100,37 @@ def log_identities(frames: JobFrames) -> pl.DataFrame:
         known.group_by("host", "pid", "cuda_dev", maintain_order=True)
         .agg(pl.col("rank").drop_nulls().first(), pl.col("bus_id").drop_nulls().first(), pl.col("how").first())
     )
-    out = seen.join(best, on=["host", "pid", "cuda_dev"], how="full", coalesce=True)
-    # 4. rank offset per process, else per host, when every known pair agrees
+    return _fill_gaps(seen.join(best, on=["host", "pid", "cuda_dev"], how="full", coalesce=True))
+
+
+def _fill_gaps(out: pl.DataFrame) -> pl.DataFrame:
+    """4. rank offset per process, else per host, when every known pair agrees; a bus id known for a (host,
+    cuda_dev) from any process of that host."""
     pairs = out.filter(pl.col("rank").is_not_null()).select("host", "pid", (pl.col("rank") - pl.col("cuda_dev")).alias("off"))
 
-    def offsets(keys: list[str]) -> pl.DataFrame:
+    def offsets(keys: list[str], name: str) -> pl.DataFrame:
         return (
             pairs.group_by(keys)
             .agg(pl.col("off").n_unique().alias("k"), pl.col("off").first().alias("off"), pl.len().alias("n"))
             .filter((pl.col("k") == 1) & (pl.col("n") >= 2))
-            .select(*keys, "off")
+            .select(*keys, pl.col("off").alias(name))
         )
 
+    off = pl.coalesce("off", "_ho")
     out = (
-        out.join(offsets(["host", "pid"]), on=["host", "pid"], how="left")
-        .join(offsets(["host"]).rename({"off": "_ho"}), on="host", how="left")
-        .with_columns(pl.coalesce("off", "_ho").alias("off"))
-        .drop("_ho")
+        out.join(offsets(["host", "pid"], "off"), on=["host", "pid"], how="left")
+        .join(offsets(["host"], "_ho"), on="host", how="left")
+        .select(
+            "host", "pid", "cuda_dev",
+            pl.coalesce("rank", (pl.col("cuda_dev") + off).cast(pl.Int32())).alias("rank"),
+            "bus_id",
+            pl.when(pl.col("rank").is_null() & off.is_not_null()).then(pl.lit("host-offset")).otherwise(pl.col("how"))
+            .alias("how"),
+        )
     )
-    out = out.with_columns(
-        pl.when(pl.col("rank").is_null() & pl.col("off").is_not_null())
-        .then(pl.lit("host-offset"))
-        .otherwise(pl.col("how"))
-        .alias("how"),
-        pl.coalesce("rank", (pl.col("cuda_dev") + pl.col("off")).cast(pl.Int32())).alias("rank"),
-    ).drop("off")
-    # a bus id known for a (host, cuda_dev) from any process of that host
     bus = out.filter(pl.col("bus_id").is_not_null()).group_by("host", "cuda_dev").agg(pl.col("bus_id").first().alias("_b"))
-    out = out.join(bus, on=["host", "cuda_dev"], how="left").with_columns(pl.coalesce("bus_id", "_b").alias("bus_id")).drop("_b")
+    out = out.join(bus, on=["host", "cuda_dev"], how="left").select(
+        "host", "pid", "cuda_dev", "rank", pl.coalesce("bus_id", "_b").alias("bus_id"), "how")
     return _cast(out).sort("host", "pid", "cuda_dev", nulls_last=True)
 
 

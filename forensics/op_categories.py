@@ -24,7 +24,7 @@ from typing import Any
 import polars as pl
 
 from forensics.frames import JobFrames
-from forensics.intervals import clip_to_windows
+from forensics.intervals import clip_to_disjoint_windows
 
 KERNEL_RULES: tuple[tuple[str, str], ...] = (
     ("attention", r"flash|fmha|attention|attn|sdpa|scaled_dot_product|mha_|xformers"),
@@ -78,9 +78,9 @@ def category_breakdown(kernels: pl.DataFrame, windows: pl.DataFrame, steps: pl.D
     plus one ``idle`` row per step from the breakdown ``steps`` frame. Sorted by rank, step, category order."""
     if windows.height == 0:
         return pl.DataFrame(schema=_SCHEMA)
-    cut = clip_to_windows(
+    cut = clip_to_disjoint_windows(  # step windows are disjoint: linear in kernels however many steps
         kernels.select("rank", "category", "start_ns", "end_ns").lazy(),
-        windows.select("rank", "host", "step", "w_start", "w_end").lazy(),
+        windows.select("rank", "host", "step", "w_start", "w_end"),
         on=["rank"],
     )
     busy = (

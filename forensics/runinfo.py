@@ -14,6 +14,7 @@ import polars as pl
 
 if TYPE_CHECKING:
     from forensics.analyze import Analysis
+    from forensics.context import JobContext
 
 
 def _gpus(ident: pl.DataFrame) -> list[dict[str, Any]]:
@@ -24,16 +25,22 @@ def _gpus(ident: pl.DataFrame) -> list[dict[str, Any]]:
 
 
 def run_header(analysis: Analysis) -> dict[str, Any]:
-    """The `run` facts of findings.json beyond path and sources (schema: `run`)."""
-    frames = analysis.frames
-    ident = analysis.context.identity
-    ranks = set(analysis.context.ranks) | set(ident["rank"].drop_nulls().to_list())
-    hosts = set(analysis.context.hosts) | set(ident["host"].drop_nulls().to_list())
+    """The `run` facts of findings.json beyond path and sources (schema: `run`): the job context's
+    ``run`` fact (built once, whatever asks: findings.json, summary.md, report.html, triage)."""
+    return dict(analysis.context.run)
+
+
+def run_facts(ctx: JobContext) -> dict[str, Any]:
+    """:func:`run_header` of the job whose context is ``ctx``."""
+    frames = ctx.frames
+    ident = ctx.identity
+    ranks = set(ctx.ranks) | set(ident["rank"].drop_nulls().to_list())
+    hosts = set(ctx.hosts) | set(ident["host"].drop_nulls().to_list())
     if frames.has("kernel_events"):
         hosts |= set(frames["kernel_events"]["host"].drop_nulls().to_list())
-    world, world_src = analysis.context.world
+    world, world_src = ctx.world
     nnodes = frames["nccl_comms"]["nnodes"].drop_nulls() if frames.has("nccl_comms") else pl.Series([], dtype=pl.Int32)
-    src = analysis.sources
+    src = ctx.sources
     ignored = src.filter(pl.col("status").is_in(["ignored", "failed"])).sort("path")
     return {
         "world_size": world,

@@ -38,7 +38,7 @@ UNIT_MAX_FILES = 512
 UNIT_MAX_BYTES = 16 << 20
 SMALL_FILE_BYTES = 4 << 20
 # Kinds whose parser can take several files at once ("module:class", see ``BatchParser``).
-BATCH_PARSERS = {"kineto": "forensics.parsers.kineto:KinetoBatch"}
+BATCH_PARSERS = {"kineto": "forensics.parsers.kineto:KinetoBatch", "nccl_log": "forensics.parsers.nccl_log:NcclBatch"}
 
 # Names that make an empty or undecompressable file count as a broken trace rather than noise.
 _TRACE_NAME = re.compile(r"\.json(\.gz)?$|\.pt\.trace|trace", re.IGNORECASE)
@@ -294,8 +294,9 @@ def _finish_batch(batch: BatchParser, items: list[ParsedSource], run_dir: Path) 
 
 
 def units(files: list[DiscoveredFile], n_workers: int) -> list[list[DiscoveredFile]]:
-    """Consecutive files grouped into units of work (see UNIT_MAX_FILES); a big file is alone."""
-    per_unit = max(1, min(UNIT_MAX_FILES, -(-len(files) // (4 * n_workers))))
+    """Consecutive files grouped into units of work (see UNIT_MAX_FILES); a big file is alone.
+    ``n_workers`` 0: parsed in this process, so no more units than the size caps make."""
+    per_unit = UNIT_MAX_FILES if n_workers == 0 else max(1, min(UNIT_MAX_FILES, -(-len(files) // (4 * n_workers))))
     out: list[list[DiscoveredFile]] = []
     unit: list[DiscoveredFile] = []
     size = 0
@@ -374,7 +375,7 @@ def discover_and_parse(
     elif n_workers > 1 and len(to_parse) > 1 and (total_bytes >= PARALLEL_MIN_BYTES or len(to_parse) >= PARALLEL_MIN_FILES):
         _parse_in_pool(files, root, n_workers, tick)
     else:
-        for unit in units(files, 1):
+        for unit in units(files, 0):
             for item in parse_unit(unit, root):
                 tick(item)
     _reject_duplicate_ranks(results)

@@ -21,6 +21,7 @@ import calendar
 import datetime as dt
 import re
 import zlib
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -899,11 +900,12 @@ def _result(cols: dict[str, list[Any]], source: str, bad_bytes: int) -> ParseRes
     df = _assign_boots_and_place(_carry_gpu_bus_ids(df))
     df = df.with_columns(pl.lit(source).alias("source")).drop("segment")
     out = fr.conform("kernel_events", df)
-    # ties by name: the message must be the same bytes on every run
-    counts = out.group_by("kind").len().sort([pl.col("len"), pl.col("kind").cast(pl.String)], descending=[True, False])
-    summary = ", ".join(f"{k}={v}" for k, v in counts.iter_rows())
-    unknown = int(out.filter(pl.col("kind") == "unknown").height)
-    hosts = out["host"].drop_nulls().unique().to_list()
+    # counted from the collected columns (a few records: no queries); ties by name: the message must be
+    # the same bytes on every run
+    counts = Counter(cols["kind"])
+    summary = ", ".join(f"{k}={v}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    unknown = counts["unknown"]
+    hosts = list({h for h in cols["host"] if h is not None})
     msg = f"{n} records ({summary}); {unknown} unknown"
     status = "ok"
     if bad_bytes:

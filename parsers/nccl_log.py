@@ -12,6 +12,7 @@ import re
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -210,10 +211,59 @@ class _Acc:
         self.rows[frame].append(row)
 
 
+@dataclass
+class _File:
+    acc: _Acc
+    lines: int
+    error: str | None
+
+
+class NcclBatch:
+    """Several NCCL logs parsed as one: each file's lines are read on their own (``add``), the frames
+    of all of them are built and their ranks filled at once, per file (``source``) (``finish``), so
+    many small logs (one a rank) pay Polars' fixed costs once."""
+
+    def __init__(self) -> None:
+        self.files: list[_File] = []
+
+    def add(self, path: Path, ctx: ParseContext) -> ParseResult | None:
+        """Read one log: a failed result when nothing of it could be read, else None (see ``finish``)."""
+        acc, n, error = _read(path, ctx)
+        if n == 0 and error:
+            return ParseResult.failed(error)
+        _settle_rows(acc)
+        self.files.append(_File(acc, n, error))
+        return None
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def finish(self) -> tuple[list[ParseResult], dict[str, pl.DataFrame]]:
+        """The result of every file ``add`` took (in order) and the frames of them all."""
+        frames = _frames(self.files)
+        procs = process_ranks(frames)
+        frames = _fill_ranks(frames, procs)
+        one = procs.filter(pl.len().over("source") == 1)  # one process, one GPU: the file is that rank's
+        frames["checkpoints"] = _fill_checkpoints(frames["checkpoints"], one)
+        hosts, ranks = _file_facts(self.files, one)
+        return [_result(f, hosts.get(f.acc.source, set()), ranks.get(f.acc.source, set())) for f in self.files], frames
+
+
 def parse(path: Path, ctx: ParseContext) -> ParseResult:
+    """One NCCL log (a batch of one)."""
+    batch = NcclBatch()
+    early = batch.add(path, ctx)
+    if early is not None:
+        return early
+    results, frames = batch.finish()
+    results[0].frames = frames
+    return results[0]
+
+
+def _read(path: Path, ctx: ParseContext) -> tuple[_Acc, int, str | None]:
+    """Every line of one file into a row accumulator: (rows, lines read, why reading stopped early)."""
     acc = _Acc(ctx.rel_path)
     error: str | None = None
-    n = 0
     long = LongLines()
     try:
         with open_bounded(path, ctx.max_decompressed_bytes) as fh:
@@ -226,38 +276,51 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
                     acc.unknown_sample = acc.unknown_sample or f"line {n}: {exc}"
     except (OSError, EOFError, zlib.error, DecompressionLimitExceeded) as exc:
         error = f"{ctx.rel_path}: read stopped after line {long.lines}: {exc}"
-    n = long.lines
     error = "; ".join(e for e in (error, long.note(ctx.rel_path)) if e) or None
-    if n == 0 and error:
-        return ParseResult.failed(error)
-    frames = _frames(acc, n)
-    c = acc.counts
+    return acc, long.lines, error
+
+
+def _result(f: _File, hosts: set[str], ranks: set[int]) -> ParseResult:
+    acc, c = f.acc, f.acc.counts
     msg = (
-        f"NCCL {acc.version or 'version unknown'}: {n} lines, {c['nccl']} NCCL "
+        f"NCCL {acc.version or 'version unknown'}: {f.lines} lines, {c['nccl']} NCCL "
         f"({c['nccl_unknown']} not understood), {c['nccl_tests']} nccl-tests, {c['pytorch']} PyTorch, "
         f"{c['ras']} RAS, {c['other']} other"
     )
     if acc.unknown_sample:
         msg += f"; first not understood: {acc.unknown_sample[:160]}"
-    hosts = frames["nccl_comms"]["host"].drop_nulls().unique().to_list() + [
-        h for h in frames["nccl_net"]["host"].drop_nulls().unique().to_list()
-    ]
-    ranks = set(frames["nccl_comms"].filter(pl.col("origin") == "init")["rank"].drop_nulls().to_list())
-    ranks |= set(frames["collective_timeouts"]["rank"].drop_nulls().to_list())
-    procs = process_ranks(frames)
-    if procs.height == 1:  # one process, one GPU: the file is that rank's
-        ranks |= set(procs["rank"].to_list())
-        frames["checkpoints"] = frames["checkpoints"].with_columns(
-            pl.col("rank").fill_null(pl.lit(procs["rank"][0], pl.Int32)),
-            pl.col("host").fill_null(pl.lit(procs["host"][0], pl.String)))
-    hosts_set = set(hosts) | set(frames["nccl_channels"]["host"].drop_nulls().to_list())
     return ParseResult(
-        frames=frames,
-        status="partial" if error else "ok",
-        message=(error + "; " + msg) if error else msg,
+        status="partial" if f.error else "ok",
+        message=(f.error + "; " + msg) if f.error else msg,
         rank=next(iter(ranks)) if len(ranks) == 1 else None,
-        host=next(iter(hosts_set)) if len(hosts_set) == 1 else None,
+        host=next(iter(hosts)) if len(hosts) == 1 else None,
     )
+
+
+def _file_facts(files: list[_File], one: pl.DataFrame) -> tuple[dict[str, set[str]], dict[str, set[int]]]:
+    """Per file (source): the hosts its NCCL lines name, and the ranks its init lines, its timeouts
+    and (a file of one process) that process name; read from the rows (a few per file: no queries)."""
+    hosts: dict[str, set[str]] = defaultdict(set)
+    ranks: dict[str, set[int]] = defaultdict(set)
+    for f in files:
+        rows = f.acc.rows
+        hosts[f.acc.source] = {r["host"] for name in ("nccl_comms", "nccl_net", "nccl_channels")
+                               for r in rows.get(name, []) if r.get("host") is not None}
+        ranks[f.acc.source] = {r["rank"] for r in rows.get("nccl_comms", [])
+                               if r.get("origin") == "init" and r.get("rank") is not None}
+        ranks[f.acc.source] |= {r["rank"] for r in rows.get("collective_timeouts", []) if r.get("rank") is not None}
+    for source, rank in one.select("source", "rank").iter_rows():
+        ranks[source].add(rank)
+    return hosts, ranks
+
+
+def _fill_checkpoints(checkpoints: pl.DataFrame, one: pl.DataFrame) -> pl.DataFrame:
+    """Checkpoint lines of a file of one process are that process's (rank and host)."""
+    if checkpoints.height == 0 or one.height == 0:
+        return checkpoints
+    got = one.select("source", pl.col("rank").cast(pl.Int32).alias("_r"), pl.col("host").alias("_h"))
+    return checkpoints.join(got, on="source", how="left", maintain_order="left").with_columns(
+        pl.col("rank").fill_null(pl.col("_r")), pl.col("host").fill_null(pl.col("_h"))).drop("_r", "_h")
 
 
 def _line(acc: _Acc, line: str, n: int) -> None:
@@ -864,48 +927,64 @@ def _ras(acc: _Acc, text: str, n: int) -> None:
         acc.add("nccl_events", **base, level="WARN", kind="ras_dead", message=text)
 
 
-def _frames(acc: _Acc, nlines: int) -> dict[str, pl.DataFrame]:
-    out: dict[str, pl.DataFrame] = {}
+def _settle_rows(acc: _Acc) -> None:
+    """What only the whole file tells: whether bare number rows are nccl-tests results, the test's
+    collective, the launcher's ranks, the 2.20+ layout, which variables a plugin set."""
     tail_lines = len({t["line"] for t in acc.tails}) + acc.tail_lines
     if acc.nt_seen:
         acc.rows["nccl_tests"].extend(acc.tails)
     else:  # bare number rows in a file without nccl-tests output are just text
         acc.counts["nccl_tests"] -= tail_lines
         acc.counts["other"] += tail_lines
+    if acc.perf:
+        for row in acc.rows.get("nccl_tests", []):
+            row["collective"] = acc.perf
+    for (h, p, d), r in acc.launcher.items():
+        acc.rows["nccl_comms"].append({"source": acc.source, "host": h, "pid": p, "cuda_dev": d, "rank": r,
+                                       "origin": "launcher"})
+    if acc.rows.get("_layout"):
+        _apply_layout(acc.rows["nccl_comms"], acc.rows["_layout"])
+    env = acc.rows.get("nccl_env", [])
+    plugin_vars = {r["var"] for r in env if r.get("origin") == "plugin" and r.get("var") is not None}
+    for row in env:
+        if row.get("var") in plugin_vars:
+            row["origin"] = "plugin"
+
+
+def _apply_layout(comms: list[dict[str, Any]], layout: list[dict[str, Any]]) -> None:
+    """nnodes / localRanks from the 2.20+ layout lines onto the file's communicators, by (host, pid,
+    comm), the last line winning; a communicator with an unknown key gets none."""
+    by_key = {(r["host"], r["pid"], r["comm"]): (r["nnodes"], r["local_ranks"]) for r in layout}
+    for row in comms:
+        key = (row.get("host"), row.get("pid"), row.get("comm"))
+        row["nnodes"], row["local_ranks"] = (None, None) if None in key else by_key.get(key, (None, None))
+
+
+def _frames(files: list[_File]) -> dict[str, pl.DataFrame]:
+    """The frames of every file's rows, built once."""
+    out: dict[str, pl.DataFrame] = {}
     for name in ("nccl_comms", "nccl_net", "nccl_channels", "nccl_calls", "nccl_tuning", "nccl_env",
                  "nccl_events", "collective_timeouts", "nccl_tests", "checkpoints"):
-        rows = acc.rows.get(name, [])
-        schema = fr.schema(name)
-        df = pl.DataFrame([{k: r.get(k) for k in schema} for r in rows], schema=schema, orient="row") if rows else fr.empty(name)
-        out[name] = df
-    if acc.launcher:
-        lrows = pl.DataFrame(
-            [{"source": acc.source, "host": h, "pid": p, "cuda_dev": d, "rank": r, "origin": "launcher"}
-             for (h, p, d), r in acc.launcher.items()]
-        )
-        out["nccl_comms"] = pl.concat([out["nccl_comms"], fr.conform("nccl_comms", lrows)])
-    if acc.perf:
-        out["nccl_tests"] = out["nccl_tests"].with_columns(pl.lit(acc.perf).alias("collective"))
-    # nnodes / localRanks from the 2.20+ layout lines, by (host, pid, comm)
-    if acc.rows.get("_layout"):
-        lay = pl.DataFrame(acc.rows["_layout"]).unique(["host", "pid", "comm"], keep="last")
-        out["nccl_comms"] = fr.conform(
-            "nccl_comms",
-            out["nccl_comms"].drop("nnodes", "local_ranks").join(lay, on=["host", "pid", "comm"], how="left"),
-        )
-    plugin_vars = set(out["nccl_env"].filter(pl.col("origin") == "plugin")["var"].to_list())
-    if plugin_vars:
-        out["nccl_env"] = out["nccl_env"].with_columns(
-            pl.when(pl.col("var").is_in(list(plugin_vars))).then(pl.lit("plugin")).otherwise(pl.col("origin")).alias("origin"))
-    out = _fill_ranks(out)
-    c = acc.counts
-    out["nccl_files"] = fr.conform("nccl_files", pl.DataFrame([{
-        "source": acc.source, "nccl_version": acc.version, "lines": nlines, "nccl_lines": c["nccl"],
+        out[name] = _rows_frame(name, [row for f in files for row in f.acc.rows.get(name, [])])
+    out["nccl_files"] = _rows_frame("nccl_files", [_file_row(f) for f in files])
+    return out
+
+
+def _rows_frame(name: str, rows: list[dict[str, Any]]) -> pl.DataFrame:
+    if not rows:
+        return fr.empty(name)
+    schema = fr.schema(name)
+    return pl.DataFrame([{k: r.get(k) for k in schema} for r in rows], schema=schema, orient="row")
+
+
+def _file_row(f: _File) -> dict[str, Any]:
+    acc, c = f.acc, f.acc.counts
+    return {
+        "source": acc.source, "nccl_version": acc.version, "lines": f.lines, "nccl_lines": c["nccl"],
         "nccl_unknown": c["nccl_unknown"], "nccl_tests_lines": c["nccl_tests"], "pytorch_lines": c["pytorch"],
         "ras_lines": c["ras"], "other_lines": c["other"], "unknown_sample": acc.unknown_sample,
         "version_range": _range(acc),
-    }]))
-    return out
+    }
 
 
 def _range(acc: _Acc) -> str | None:
@@ -920,21 +999,24 @@ def _range(acc: _Acc) -> str | None:
 
 
 def process_ranks(frames: dict[str, pl.DataFrame]) -> pl.DataFrame:
-    """(host, pid, cuda_dev) -> rank, from init lines (largest communicator wins) and, failing those,
-    from the process's own side of its channel lines."""
-    comms = frames["nccl_comms"].filter(pl.col("origin").is_in(["init", "launcher"])).sort("nranks", descending=True)
-    init = comms.select("host", "pid", "cuda_dev", "rank", pl.lit(0).alias("prio"))
-    ch = frames["nccl_channels"].select(
-        "host", "pid", "cuda_dev",
+    """Per file (source): (host, pid, cuda_dev) -> rank, from init lines (largest communicator wins)
+    and, failing those, from the process's own side of its channel lines."""
+    comms = frames["nccl_comms"].lazy().filter(pl.col("origin").is_in(["init", "launcher"]))
+    init = comms.sort("nranks", descending=True, maintain_order=True).select(
+        "source", "host", "pid", "cuda_dev", "rank", pl.lit(0).alias("prio"))
+    ch = frames["nccl_channels"].lazy().select(
+        "source", "host", "pid", "cuda_dev",
         pl.when(pl.col("direction") == "receive").then(pl.col("dst_rank")).otherwise(pl.col("src_rank")).alias("rank"),
         pl.lit(1).alias("prio"),
     )
     both = pl.concat([init, ch], how="vertical_relaxed").drop_nulls(["pid", "cuda_dev", "rank"])
-    return both.sort("prio").unique(["host", "pid", "cuda_dev"], keep="first", maintain_order=True).drop("prio")
+    return (both.sort("prio", maintain_order=True)
+            .unique(["source", "host", "pid", "cuda_dev"], keep="first", maintain_order=True)
+            .drop("prio").collect())
 
 
-def _fill_ranks(out: dict[str, pl.DataFrame]) -> dict[str, pl.DataFrame]:
-    ranks = process_ranks(out)
+def _fill_ranks(out: dict[str, pl.DataFrame], ranks: pl.DataFrame) -> dict[str, pl.DataFrame]:
+    """A null rank of a line of a process whose rank its file tells (:func:`process_ranks`)."""
     if ranks.height == 0:
         return out
     ranks = ranks.rename({"rank": "_r"})
@@ -942,7 +1024,8 @@ def _fill_ranks(out: dict[str, pl.DataFrame]) -> dict[str, pl.DataFrame]:
         df = out[name]
         if df.height == 0:
             continue
-        df = df.join(ranks, on=["host", "pid", "cuda_dev"], how="left", nulls_equal=False)
+        df = df.join(ranks, on=["source", "host", "pid", "cuda_dev"], how="left", nulls_equal=False,
+                     maintain_order="left")
         out[name] = fr.conform(name, df.with_columns(pl.coalesce("rank", "_r").alias("rank")).drop("_r"))
     return out
 

@@ -290,7 +290,13 @@ def render(analysis: Analysis) -> str:
     return _page(analysis).replace(PLOTLY_JS_SLOT, plotly_js(), 1)
 
 
+def render_chunks(analysis: Analysis) -> list[bytes]:
+    """``render_bytes(analysis)`` in pieces that are written one after the other: the page before plotly.js,
+    plotly.js itself (the process' one copy), the rest; no 5 MB joined copy is made."""
+    head, slot, tail = _page(analysis).partition(PLOTLY_JS_SLOT)
+    return [head.encode("utf-8"), plotly_js_bytes() if slot else b"", tail.encode("utf-8")]
+
+
 def render_bytes(analysis: Analysis) -> bytes:
     """``render(analysis).encode("utf-8")``, without building and encoding the 5 MB string."""
-    head, slot, tail = _page(analysis).partition(PLOTLY_JS_SLOT)
-    return head.encode("utf-8") + (plotly_js_bytes() if slot else b"") + tail.encode("utf-8")
+    return b"".join(render_chunks(analysis))

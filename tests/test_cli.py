@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -258,3 +259,22 @@ def test_bus_ids_are_not_emoji_codes_in_the_verdict(tmp_path: Path):
     assert res.returncode == 0, res.stderr
     assert "0000:ab:00.0" in json.dumps(truth)
     assert "0000:ab:00.0" in res.stdout and "\U0001f18e" not in res.stdout
+
+
+def test_polars_allocator_gets_few_arenas_unless_the_user_chose():
+    """The CLI's process (and its parser workers) run Polars' jemalloc with one arena per eight cores, at least one;
+    a value the user set is left alone."""
+    code = ("import os, sys; sys.argv = ['forensics', '--version']\n"
+            "from forensics.cli import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(os.environ.get('_RJEM_MALLOC_CONF'), os.cpu_count())")
+    env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+    conf, cpus = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                                check=True).stdout.split()[-2:]
+    assert conf == f"narenas:{max(1, int(cpus) // 8)}"
+    env["_RJEM_MALLOC_CONF"] = "narenas:3"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.split()[-2] == "narenas:3"
+    from forensics.cli import _jemalloc_conf
+
+    assert [_jemalloc_conf(n) for n in (1, 2, 8, 15, 16, 64)] == ["narenas:1"] * 4 + ["narenas:2", "narenas:8"]

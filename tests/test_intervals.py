@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import polars as pl
+import random
 
-from forensics.intervals import clip_to_windows, mask_lengths, merge
+import polars as pl
+import pytest
+
+from forensics.intervals import MANY_WINDOWS, clip_to_disjoint_windows, clip_to_windows, mask_lengths, merge
 
 
 def test_merge_joins_overlapping_and_touching_intervals_per_group():
@@ -29,3 +32,47 @@ def test_clip_splits_an_interval_across_windows():
     w = pl.DataFrame({"rank": [0, 0], "step": [1, 2], "w_start": [0, 20], "w_end": [20, 40]})
     out = clip_to_windows(iv, w, on=["rank"]).collect().sort("step").select("step", "start_ns", "end_ns")
     assert out.rows() == [(1, 5, 20), (2, 20, 25)]
+
+
+def _brute_clip(ivs: list[tuple], wins: list[tuple]) -> list[tuple]:
+    """Every (interval, window) pair of one rank that overlap, clipped: Python, pair by pair."""
+    out = []
+    for rank, s, e, cat in ivs:
+        for w_rank, step, ws, we, host in wins:
+            if None not in (rank, s, e) and rank == w_rank and s < we and e > ws:
+                out.append((rank, max(s, ws), min(e, we), cat, step, ws, we, host))
+    return sorted(out, key=repr)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_clip_to_disjoint_windows_is_clip_to_windows(seed: int):
+    """Many disjoint windows per rank (the as-of path) and few (the join): the pairs a brute force finds."""
+    rng = random.Random(seed)
+    wins, ivs = [], []
+    for rank in range(3):
+        t = rng.randint(0, 50)
+        for step in range(rng.choice([2, MANY_WINDOWS + 5, 40])):
+            t += rng.choice([0, 0, 3])  # touching windows, and gaps
+            e = t + rng.randint(1, 20)
+            wins.append((rank, step, t, e, f"h{rank}"))
+            t = e
+    for _ in range(300):
+        s = rng.randint(-10, 1000)
+        ivs.append((rng.choice([0, 1, 2, 3, None]), s if rng.random() > 0.03 else None,
+                    s + rng.choice([0, 1, 5, 30, 200]), rng.choice(["gemm", "nccl"])))
+    w = pl.DataFrame(wins, schema={"rank": pl.Int32, "step": pl.Int64, "w_start": pl.Int64, "w_end": pl.Int64,
+                                   "host": pl.String}, orient="row")
+    i = pl.DataFrame(ivs, schema={"rank": pl.Int32, "start_ns": pl.Int64, "end_ns": pl.Int64, "category": pl.String},
+                     orient="row")
+    fast = clip_to_disjoint_windows(i.lazy(), w, on=["rank"]).collect()
+    assert fast.columns == clip_to_windows(i.lazy(), w.lazy(), on=["rank"]).collect().columns
+    assert sorted(fast.iter_rows(), key=repr) == _brute_clip(ivs, wins)
+
+
+def test_clip_to_disjoint_windows_with_overlapping_windows_is_the_join():
+    """Overlapping windows are not what the as-of path handles: both windows still get the interval."""
+    w = pl.DataFrame({"rank": [0] * 40, "step": list(range(40)), "w_start": [10 * k for k in range(40)],
+                      "w_end": [10 * k + 15 for k in range(40)]})
+    i = pl.DataFrame({"rank": [0], "start_ns": [12], "end_ns": [14]})
+    got = clip_to_disjoint_windows(i.lazy(), w, on=["rank"]).collect().sort("step")
+    assert got["step"].to_list() == [0, 1] and got["start_ns"].to_list() == [12, 12]

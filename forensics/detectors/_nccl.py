@@ -30,6 +30,12 @@ class JobNccl:
 
 
 def job(ctx: JobContext) -> JobNccl:
+    """The job's NCCL setup: the context's ``nccl`` fact (built once for the nccl_* detectors)."""
+    return ctx.nccl
+
+
+def job_nccl(ctx: JobContext) -> JobNccl:
+    """:func:`job`, computed (``JobContext.nccl`` calls this once)."""
     frames = ctx.frames
     ident = ctx.log_identity  # identity.identities(frames), computed once per job
     hosts: set[str] = set()

@@ -52,7 +52,6 @@ from forensics.gpufaults.events import prepare_events
 from forensics.gpufaults.health import diag_incidents, smi_incidents
 from forensics.gpufaults.incident import Incident, mark_fleet_patterns
 from forensics.gpufaults.kernel import kernel_incidents
-from forensics.gpufaults.placement import Placement
 from forensics.gpufaults.render import to_finding, with_benign
 from forensics.settings import setting
 from forensics.xid_catalog import LEVELS, POLICIES, max_level
@@ -91,11 +90,11 @@ def detect(ctx: JobContext, cfg: GpuHwErrorConfig) -> list[Finding]:
     if cfg.policy not in POLICIES:
         raise Skip(f"unknown policy {cfg.policy!r}; use one of {', '.join(POLICIES)}")
     frames = ctx.frames
-    place = Placement(frames, ctx.identity)
+    place = ctx.placement
     benign: dict[str | None, int] = {}  # lines that prove nothing, per host: counted in every finding
     incidents: list[Incident] = []
     if frames.has("kernel_events"):
-        incidents += kernel_incidents(prepare_events(frames["kernel_events"], place), cfg, benign, place.gpu_buses())
+        incidents += kernel_incidents(prepare_events(ctx.kernel_events), cfg, benign, place.gpu_buses())
     if frames.has("gpu_health"):
         incidents += smi_incidents(frames["gpu_health"], cfg, benign, place)
     if frames.has("gpu_diag"):

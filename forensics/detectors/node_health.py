@@ -95,8 +95,8 @@ class Grade:
 
 @detector("node_health", settings=NodeHealthConfig, requires=("kernel_events",))
 def detect(ctx: JobContext, cfg: NodeHealthConfig) -> list[Finding]:
-    place = Placement(ctx.frames, ctx.identity)
-    ev = host_events(ctx.frames["kernel_events"], place, cfg.ignore_interfaces)
+    place = ctx.placement
+    ev = host_events(ctx.kernel_events, cfg.ignore_interfaces)
     if ev.height == 0:
         return []
     ep = summarize(episodes(ev, cfg.incident_gap_s), cfg.trainer_processes, cfg.max_evidence)

@@ -39,9 +39,10 @@ def place_across_files(ke: pl.DataFrame) -> pl.DataFrame:
     ).drop("_h", "_boot_ns")
 
 
-def prepare_events(ke: pl.DataFrame, place: Placement) -> list[Event]:
-    """The kernel_events frame as events, per host by time within a clock (file order breaks ties)."""
-    rows = normalize_events(ke, place).sort("source", "boot", "line").to_dicts()
+def prepare_events(normalized: pl.DataFrame) -> list[Event]:
+    """The kernel_events frame (:func:`normalize_events`'d: ``JobContext.kernel_events``) as events, per
+    host by time within a clock (file order breaks ties)."""
+    rows = normalized.sort("source", "boot", "line").to_dicts()
     for r in rows:
         r["f"] = orjson.loads(r["fields"]) if r["fields"] else {}
     # quoted logs are not chronological: order by time within one file and boot
