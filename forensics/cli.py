@@ -531,8 +531,13 @@ def triage(
     try:
         _run.phase = "render"
         _commit(_triage_outputs(run, out_dir))
-    finally:
-        run.cleanup()
+    except BaseException:
+        try:
+            run.cleanup()
+        except KeyboardInterrupt:  # the same Ctrl-C, a second time (see TriageRun.cleanup)
+            run.cleanup()
+        raise
+    run.cleanup()
     _print_triage(run, out_dir)
     if all(s.status == "failed" for s in run.summaries):
         raise typer.Exit(EXIT_ERROR)

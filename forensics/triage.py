@@ -264,7 +264,10 @@ class TriageRun:
         pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}), **meta}), path)
 
     def cleanup(self) -> None:
-        """Remove the staging folder and the job folders left empty."""
+        """Remove the staging folder and the job folders left empty. On an interrupt path call it in a
+        ``try`` whose ``except KeyboardInterrupt`` calls it again, written out at the call site: a Ctrl-C
+        that stops a Polars query raises KeyboardInterrupt twice, once from Polars and once from
+        Python's own pending signal at the next call (pola-rs/polars#23988), even a helper's first line."""
         shutil.rmtree(self.staging, ignore_errors=True)
         jobs = self.out_dir / "jobs"
         if jobs.is_dir():
@@ -338,7 +341,10 @@ def run_triage(
         else:
             run_local(tasks, done, workers, worker_memory)
     except BaseException:
-        run.cleanup()
+        try:
+            run.cleanup()
+        except KeyboardInterrupt:  # the same Ctrl-C, a second time (see cleanup)
+            run.cleanup()
         raise
     run.summaries = [by_id[j] for j in sorted(by_id)]
     run.data = dataset(run.summaries)

@@ -343,7 +343,7 @@ def test_interrupted_run_leaves_out_as_it_was(tmp_path: Path):
     import signal
 
     jobs = tmp_path / "jobs"
-    for name in ("a", "b", "c", "d"):
+    for name in "abcdefghijkl":  # enough jobs that the run cannot end between the first staged one and the signal
         _job(jobs / name)
     out = tmp_path / "t"
     assert _cli("triage", str(jobs), "--out", str(out), "-q", "--workers", "1").returncode == 0
@@ -359,3 +359,31 @@ def test_interrupted_run_leaves_out_as_it_was(tmp_path: Path):
     assert proc.returncode == 130, err
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert not list(out.glob(".triage-staging*"))
+
+
+def test_a_ctrl_c_that_surfaces_twice_still_removes_the_staging_folder(tmp_path: Path, monkeypatch):
+    """pola-rs/polars#23988: a Ctrl-C that stops a Polars query raises KeyboardInterrupt once from Polars
+    and once more at Python's next call, which can be the cleanup's own first line."""
+    import forensics.analyze
+    import forensics.triage as triage
+
+    jobs = tmp_path / "jobs"
+    _job(jobs / "a")
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    real, calls = triage.TriageRun.cleanup, []
+
+    def second_surfacing_first(self) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        real(self)
+
+    monkeypatch.setattr(forensics.analyze, "analyze", interrupted)
+    monkeypatch.setattr(triage.TriageRun, "cleanup", second_surfacing_first)
+    with pytest.raises(KeyboardInterrupt):
+        run_triage(find_jobs([jobs]), tmp_path / "t", workers=1)
+    assert len(calls) == 2
+    assert (tmp_path / "t").is_dir() and not list((tmp_path / "t").glob(".triage-staging*"))
