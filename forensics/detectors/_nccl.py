@@ -29,13 +29,8 @@ class JobNccl:
         return (self.nnodes or 1) > 1
 
 
-def job(ctx: JobContext) -> JobNccl:
-    """The job's NCCL setup: the context's ``nccl`` fact (built once for the nccl_* detectors)."""
-    return ctx.nccl
-
-
 def job_nccl(ctx: JobContext) -> JobNccl:
-    """:func:`job`, computed (``JobContext.nccl`` calls this once)."""
+    """The job's NCCL setup; detectors read it as ``ctx.nccl``, which calls this once a job."""
     frames = ctx.frames
     ident = ctx.log_identity  # identity.identities(frames), computed once per job
     hosts: set[str] = set()

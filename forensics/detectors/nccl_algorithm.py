@@ -41,7 +41,7 @@ import polars as pl
 from forensics import nccl_cost as nc
 from forensics.context import JobContext
 from forensics.detectors import Skip, detector
-from forensics.detectors._nccl import JobNccl, evidence, job, where
+from forensics.detectors._nccl import JobNccl, evidence, where
 from forensics.findings import Finding, Severity
 from forensics.frames import JobFrames
 from forensics.settings import setting
@@ -439,7 +439,7 @@ CHECKS: tuple[Callable[[_Algo], list[Finding]], ...] = (
     requires_any=("nccl_env", "nccl_calls", "nccl_tuning", "nccl_tests", "nccl_comms"),
 )
 def detect(ctx: JobContext, cfg: NcclAlgorithmConfig) -> list[Finding]:
-    a = _Algo(ctx.frames, job(ctx), cfg)
+    a = _Algo(ctx.frames, ctx.nccl, cfg)
     out = [f for check in CHECKS for f in check(a)]
     if not out and not a.looked:
         raise Skip("no NCCL environment, TUNING, COLL or nccl-tests lines to judge the algorithm choice from")

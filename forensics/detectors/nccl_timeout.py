@@ -40,7 +40,7 @@ import polars as pl
 
 from forensics.context import JobContext
 from forensics.detectors import Skip, detector
-from forensics.detectors._nccl import JobNccl, evidence, job, where
+from forensics.detectors._nccl import JobNccl, evidence, where
 from forensics.findings import Finding, Severity
 from forensics.frames import JobFrames
 from forensics.settings import setting
@@ -264,7 +264,7 @@ def detect(ctx: JobContext, cfg: NcclTimeoutConfig) -> list[Finding]:
     cuda = ev.filter(pl.col("kind") == "cuda_failure")
     if ct.height == 0 and ras.height == 0 and cuda.height == 0:
         raise Skip("no PyTorch watchdog/timeout lines, NCCL RAS errors or fatal NCCL errors in the logs")
-    t = _Logs(job(ctx), ct, ras, ras_ok, cuda, _job_year(frames))
+    t = _Logs(ctx.nccl, ct, ras, ras_ok, cuda, _job_year(frames))
     return [f for check in CHECKS for f in check(t, cfg)]
 
 

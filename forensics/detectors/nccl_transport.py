@@ -43,7 +43,7 @@ import polars as pl
 
 from forensics.context import JobContext
 from forensics.detectors import Skip, detector
-from forensics.detectors._nccl import JobNccl, evidence, job, where
+from forensics.detectors._nccl import JobNccl, evidence, where
 from forensics.findings import Finding, Severity
 from forensics.settings import setting
 
@@ -87,7 +87,7 @@ class _Transport:
 
 def _facts(ctx: JobContext) -> _Transport:
     frames = ctx.frames
-    j = job(ctx)
+    j = ctx.nccl
     ch, net, ev = frames["nccl_channels"], frames["nccl_net"], frames["nccl_events"]
     if ch.height == 0 and net.height == 0 and ev.filter(pl.col("level") != "INFO").height == 0 \
             and ev.filter(pl.col("kind").is_in(["p2p_check", "nvls_support", "channels", "connected"])).height == 0:
