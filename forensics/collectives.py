@@ -90,7 +90,7 @@ def effective_steps(frames: JobFrames) -> pl.DataFrame:
     steps = frames["steps"].filter(pl.col("rank").is_not_null())
     if steps.height:
         return steps
-    k = frames["kernels"].filter(pl.col("rank").is_not_null())
+    k = frames["kernels"].select("rank", "host", "source", "start_ns", "end_ns").filter(pl.col("rank").is_not_null())
     return k.group_by("rank").agg(
         pl.col("host").first(),
         pl.col("source").first(),

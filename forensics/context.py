@@ -234,9 +234,10 @@ def _pp_members(frames: JobFrames, match: CollectiveMatch) -> pl.DataFrame:
         k = match.kernels.filter(pl.col("pg_type") == "PP")
         if k.height == 0:
             return pl.DataFrame(schema={"rank": pl.Int32, "pg_ranks": pl.List(pl.Int64)})
-        full = frames["kernels"].filter(pl.col("class") == "comm").join(
-            k.select("rank", "pg_name").unique(), on=["rank", "pg_name"]
-        )
+        # the PP kernels' rows alone carry their rank lists through the join (each copy is the square of the ranks)
+        full = frames["kernels"].select("rank", "pg_name", "class", "pg_ranks").join(
+            k.select("rank", "pg_name").unique(), on=["rank", "pg_name"], how="semi"
+        ).filter(pl.col("class") == "comm")
         pp = full.select("rank", "pg_name", "pg_ranks").drop_nulls("pg_ranks")
     return pp.unique(["rank"], keep="first").select("rank", "pg_ranks")
 

@@ -52,7 +52,8 @@ def window_steps(ctx: JobContext, around: int) -> list[int]:
 
 def _kernels(ctx: JobContext, windows: pl.DataFrame) -> pl.DataFrame:
     """Every kernel overlapping a rank's window, with its track: the communicator for NCCL, else the stream."""
-    k = ctx.frames["kernels"].filter(pl.col("rank").is_not_null()).with_columns(pl.col("rank").cast(pl.Int32))
+    k = ctx.frames["kernels"].select("rank", "stream", "name", "class", "start_ns", "end_ns").filter(
+        pl.col("rank").is_not_null()).with_columns(pl.col("rank").cast(pl.Int32))
     comm = ctx.match.kernels.select(pl.col("rank").cast(pl.Int32), "start_ns", "end_ns", "stream",
                                     (pl.lit("NCCL ") + pl.col("pg_type") + " pg " + pl.col("pg_name").fill_null("?")).alias("_pg"))
     k = k.join(comm, on=["rank", "start_ns", "end_ns", "stream"], how="left").join(windows, on="rank")

@@ -161,7 +161,7 @@ def classify_gaps(ctx: JobContext, gaps: pl.DataFrame, launch_ranks: list[int], 
 def launch_facts(ctx: JobContext, ranks: list[int]) -> pl.DataFrame:
     """Per rank: median kernel duration (us) and the share of its step time covered by CPU ops."""
     win = ctx.step_windows.filter(pl.col("rank").is_in(ranks))
-    kern = ctx.frames["kernels"].filter(pl.col("rank").is_in(ranks))
+    kern = ctx.frames["kernels"].select("rank", "start_ns", "end_ns").filter(pl.col("rank").is_in(ranks))
     med = kern.group_by("rank").agg(((pl.col("end_ns") - pl.col("start_ns")).median() / 1e3).alias("median_kernel_us"))
     ops = ctx.frames["cpu_ops"].filter(pl.col("rank").is_in(ranks) & pl.col("category").cast(pl.String).is_in(CPU_CATEGORIES))
     clipped = clip_to_windows(ops.select("rank", "start_ns", "end_ns").lazy(), win.select("rank", "step", "w_start", "w_end").lazy(), on=["rank"])

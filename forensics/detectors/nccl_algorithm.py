@@ -104,7 +104,9 @@ _COLL = {"allreduce": "AllReduce", "allgather": "AllGather", "reduce_scatter": "
 
 def _traced_collectives(frames: JobFrames) -> pl.DataFrame:
     """Transfer time of every matched traced collective: the minimum kernel duration across its ranks (µs)."""
-    k = frames["kernels"].filter((pl.col("class") == "comm") & pl.col("bytes").is_not_null() & pl.col("seq").is_not_null())
+    # only the columns read: a filter copies every list value it keeps (the rank lists are the square of the ranks)
+    k = frames["kernels"].select("class", "pg_name", "seq", "collective", "bytes", "start_ns", "end_ns").filter(
+        (pl.col("class") == "comm") & pl.col("bytes").is_not_null() & pl.col("seq").is_not_null())
     return (k.group_by("pg_name", "seq", "collective", "bytes")
             .agg(((pl.col("end_ns") - pl.col("start_ns")).min() / 1e3).alias("time_us")))
 
@@ -210,7 +212,8 @@ def _observed_sizes(frames: JobFrames, calls: pl.DataFrame) -> tuple[pl.DataFram
     if not frames.has("comms"):
         return sizes, 0, None
     # one rank's collectives in the profiled window stand for every rank's
-    cm = frames["comms"].filter(pl.col("bytes").is_not_null() & pl.col("collective").is_in(list(_COLL)))
+    cm = frames["comms"].select("rank", "collective", "bytes").filter(
+        pl.col("bytes").is_not_null() & pl.col("collective").is_in(list(_COLL)))
     if not cm.height:
         return sizes, 0, None
     r0 = cm["rank"].drop_nulls().min()
