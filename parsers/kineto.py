@@ -18,7 +18,6 @@ from typing import Any
 import polars as pl
 from forensics.parsers.common import ParseContext, ParseResult
 from forensics.parsers.kineto_extract import Extractor
-from forensics.parsers.kineto_native import read_native
 from forensics.parsers.kineto_names import (
     COMM_KERNEL_PATTERN,
     DTYPE_BYTES,
@@ -82,8 +81,7 @@ class KinetoBatch:
         ex = self.ex
         ex.begin_file()
         try:
-            outcome = read_native(path, ctx.max_decompressed_bytes, ex) or read_trace(
-                path, ctx.max_decompressed_bytes, ex.feed)
+            outcome = read_trace(path, ctx.max_decompressed_bytes, ex.feed)
         except TraceReadError as exc:
             ex.drop_file()
             return ParseResult.failed(str(exc))

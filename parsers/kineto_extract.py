@@ -127,73 +127,28 @@ class Extractor:
         self.files: list[tuple[int, int, int]] = []
         self._mark = (0, 0, 0, 0, 0)
         self.dropped: Counter[int] = Counter()  # per file: events dropped when the frames are built
-        # Files read whole by the native reader (``kineto_native``) arrive as frames of the buffers'
-        # raw columns; rows already in segments come before the buffers' (``_g_off`` / ``_c_off``
-        # of them), so a row's position is the same whichever reader took its file.
-        self.g_segments: list[pl.DataFrame] = []
-        self.c_segments: list[pl.DataFrame] = []
-        self._g_off = 0
-        self._c_off = 0
-        self._native = False  # the file begun last went in as a segment
-
-    def g_rows(self) -> int:
-        return self._g_off + len(self.g["ts"])
-
-    def c_rows(self) -> int:
-        return self._c_off + len(self.c["ts"])
 
     def begin_file(self) -> None:
         """Start a file: its skipped and malformed counts start from zero."""
-        self._mark = (self.g_rows(), self.c_rows(), len(self.gpu_comm_args), len(self.comm_ops),
+        self._mark = (len(self.g["ts"]), len(self.c["ts"]), len(self.gpu_comm_args), len(self.comm_ops),
                       len(self.shape_ops))
         self.skipped = Counter()
         self.malformed = 0
-        self._native = False
 
     def end_file(self, index: int) -> None:
         g0, c0, _, _, _ = self._mark
-        self.files.append((index, self.g_rows() - g0, self.c_rows() - c0))
+        self.files.append((index, len(self.g["ts"]) - g0, len(self.c["ts"]) - c0))
 
     def drop_file(self) -> None:
         """Forget every row of the file begun last (it failed): the batch goes on without it."""
         g0, c0, ga, co, so = self._mark
-        if self._native:  # its rows are the last segment of each kind (the buffers were flushed before it)
-            for segs, off in ((self.g_segments, "_g_off"), (self.c_segments, "_c_off")):
-                if segs and getattr(self, off) > (g0 if off == "_g_off" else c0):
-                    setattr(self, off, getattr(self, off) - segs.pop().height)
-            self._native = False
         for arr in self.g.values():
-            del arr[g0 - self._g_off:]
+            del arr[g0:]
         for arr in self.c.values():
-            del arr[c0 - self._c_off:]
+            del arr[c0:]
         del self.gpu_comm_args[ga:]
         del self.comm_ops[co:]
         del self.shape_ops[so:]
-
-    def add_segment(self, gpu: pl.DataFrame | None, cpu: pl.DataFrame | None, gpu_args: list[tuple],
-                    comm_ops: list[tuple], shape_ops: list[tuple]) -> None:
-        """Commit one file read whole: its raw columns (``_G`` / ``_C`` order, the buffers' dtypes,
-        names as codes of ``names``) and its arg rows, positioned from ``g_rows`` / ``c_rows``."""
-        self._flush()
-        if gpu is not None and gpu.height:
-            self.g_segments.append(gpu)
-            self._g_off += gpu.height
-        if cpu is not None and cpu.height:
-            self.c_segments.append(cpu)
-            self._c_off += cpu.height
-        self.gpu_comm_args.extend(gpu_args)
-        self.comm_ops.extend(comm_ops)
-        self.shape_ops.extend(shape_ops)
-        self._native = True
-
-    def _flush(self) -> None:
-        """Rows in the buffers (earlier files') become a segment, so that a new segment follows them."""
-        for cols, segs, off in ((self.g, self.g_segments, "_g_off"), (self.c, self.c_segments, "_c_off")):
-            if len(cols["ts"]):
-                segs.append(pl.DataFrame([pl.Series(c, arr) for c, arr in cols.items()]))
-                setattr(self, off, getattr(self, off) + len(cols["ts"]))
-                for arr in cols.values():
-                    del arr[:]
 
     def _count_dropped(self, df: pl.DataFrame, gpu: bool) -> None:
         """Per file, the events ``_typed_frame`` dropped for a time out of range (malformed)."""
@@ -203,7 +158,7 @@ class Extractor:
 
     def _file_index(self, gpu: bool) -> array:
         if not self.files:  # fed without begin_file / end_file: one file
-            return array("q", [0]) * (self.g_rows() if gpu else self.c_rows())
+            return array("q", [0]) * len((self.g if gpu else self.c)["ts"])
         out = array("q")
         for index, g_rows, c_rows in self.files:
             out.extend(array("q", [index]) * (g_rows if gpu else c_rows))
@@ -235,7 +190,7 @@ class Extractor:
             self._feed_rows(events)
             return
         gcols, ccols, gargs, cops, sops, skipped = staged
-        g0, c0 = self.g_rows(), self.c_rows()
+        g0, c0 = len(self.g["ts"]), len(self.c["ts"])
         for col, arr in gcols:
             self.g[col].extend(arr)
         for col, arr in ccols:
@@ -375,7 +330,7 @@ class Extractor:
             self._slow_gpu(e, code)
             return
         if "Collective name" in a or "In msg nelems" in a:
-            self.gpu_comm_args.append((self._g_off + n, *[_arg_value(col, a.get(key)) for key, col in GPU_ARG_KEYS]))
+            self.gpu_comm_args.append((n, *[_arg_value(col, a.get(key)) for key, col in GPU_ARG_KEYS]))
 
     def _row_cpu(self, e: dict, code: int) -> None:
         c = self.c
@@ -404,9 +359,9 @@ class Extractor:
             a = a if isinstance(a, dict) else _EMPTY
             nid = self._intern(e["name"])
         if nid in self.comm_name_ids and code in _COMM_OP_CATS:
-            self.comm_ops.append((self._c_off + n, *[_arg_value(col, a.get(key)) for key, col in COMM_ARG_KEYS]))
+            self.comm_ops.append((n, *[_arg_value(col, a.get(key)) for key, col in COMM_ARG_KEYS]))
         elif nid in self.shape_name_ids and "Input Dims" in a:
-            self.shape_ops.append(_shape_row(self._c_off + n, a))
+            self.shape_ops.append(_shape_row(n, a))
 
     # Slow paths: an event with an unusual value (string ids, nulls, short grid lists, a missing
     # ts). Values are coerced one by one; an event without a name or a numeric ts is malformed.
@@ -439,7 +394,7 @@ class Extractor:
         for col, arr in g.items():
             arr.append(values[col])
         if "Collective name" in a or "In msg nelems" in a:
-            self.gpu_comm_args.append((self._g_off + n, *[_arg_value(col, a.get(key)) for key, col in GPU_ARG_KEYS]))
+            self.gpu_comm_args.append((n, *[_arg_value(col, a.get(key)) for key, col in GPU_ARG_KEYS]))
 
     def _slow_cpu(self, e: dict, code: int) -> bool:
         a = e.get("args")
@@ -465,10 +420,10 @@ class Extractor:
         return pl.Series("name", list(self.names), dtype=pl.String)
 
     def gpu_frame(self) -> pl.DataFrame | None:
-        if not self.g_rows():
+        if not len(self.g["ts"]):
             return None
         self.g["_f"] = self._file_index(gpu=True)
-        df, bad = _typed_frame(self.g, self.name_table(), self.g_segments)  # consumes the buffers
+        df, bad = _typed_frame(self.g, self.name_table())  # consumes the buffers
         if bad:
             self._count_dropped(df, gpu=True)
         df = df.with_columns(
@@ -483,10 +438,10 @@ class Extractor:
 
     def cpu_frame(self) -> pl.DataFrame | None:
         """Host ops, with ``_row`` (their position in the buffers) kept for ``comm_frame``."""
-        if not self.c_rows():
+        if not len(self.c["ts"]):
             return None
         self.c["_f"] = self._file_index(gpu=False)
-        df, bad = _typed_frame(self.c, self.name_table(), self.c_segments)  # consumes the buffers
+        df, bad = _typed_frame(self.c, self.name_table())  # consumes the buffers
         if bad:
             self._count_dropped(df, gpu=False)
         return df.with_columns(
@@ -524,15 +479,12 @@ TIME_LIMIT_US = 4e15
 SMALL_ROWS = 50_000
 
 
-def _typed_frame(cols: dict[str, array], names: pl.Series,
-                 segments: list[pl.DataFrame] | None = None) -> tuple[pl.DataFrame, int]:
-    """The columns (``segments`` first, then the buffers) as a frame with integer-ns ``start_ns`` /
-    ``end_ns`` and the row position in ``_row``; events whose ts or dur is not a finite number
-    within ``TIME_LIMIT_US`` are dropped and counted (second value)."""
+def _typed_frame(cols: dict[str, array], names: pl.Series) -> tuple[pl.DataFrame, int]:
+    """The columns as a frame with integer-ns ``start_ns`` / ``end_ns`` and the buffer position in
+    ``_row``; events whose ts or dur is not a finite number within ``TIME_LIMIT_US`` are dropped
+    and counted (second value)."""
     ints = [c for c, arr in cols.items() if arr.typecode == "q" and c != "name"]
     floats = [c for c, arr in cols.items() if arr.typecode == "d" and c != "ts"]
-    if segments:
-        return _finish_typed(_segment_frame(cols, names, segments), ints, floats, True)
     # Small frames: one pass for every column (each Polars call has a fixed cost that dominates
     # tiny traces). Large ones: column by column, so each buffer is freed as its column exists.
     small = len(cols["ts"]) < SMALL_ROWS
@@ -548,24 +500,8 @@ def _typed_frame(cols: dict[str, array], names: pl.Series,
         elif not small and col in floats:
             s = s.fill_nan(None)
         data[col] = s
-    return _finish_typed(pl.DataFrame(data), ints, floats, small)
-
-
-def _segment_frame(cols: dict[str, array], names: pl.Series, segments: list[pl.DataFrame]) -> pl.DataFrame:
-    """Segments and the rows still in the buffers as one raw frame (``_f`` spans them all), names gathered."""
-    index = pl.Series("_f", cols.pop("_f"))
-    tail = [pl.Series(c, cols.pop(c)) for c in list(cols)]
-    parts = [*segments, pl.DataFrame(tail)] if len(tail[0]) else list(segments)
-    segments.clear()
-    raw = pl.concat(parts, how="vertical", rechunk=True)
-    del parts
-    return raw.with_columns(names.gather(raw.get_column("name")).alias("name"), index)
-
-
-def _finish_typed(raw: pl.DataFrame, ints: list[str], floats: list[str], small: bool) -> tuple[pl.DataFrame, int]:
-    n = raw.height
-    lazy = raw.lazy()
-    del raw
+    n = len(data["ts"])
+    lazy = pl.DataFrame(data).lazy()
     if small:
         lazy = lazy.with_columns(*[pl.when(pl.col(c) != NULL).then(pl.col(c)).alias(c) for c in ints],
                                  *[pl.col(c).fill_nan(None) for c in floats])
