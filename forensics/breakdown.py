@@ -38,7 +38,7 @@ import polars as pl
 
 from forensics.collectives import PG_TYPES, CollectiveMatch, attach_steps, effective_steps, match_collectives
 from forensics.frames import JobFrames
-from forensics.intervals import clip_to_disjoint_windows, clip_to_windows, mask_lengths, merge
+from forensics.intervals import clip_to_disjoint_windows, mask_lengths, merge
 
 COMPUTE = 1
 OTHER = 2
@@ -127,16 +127,18 @@ def compute_breakdown(frames: JobFrames, match: CollectiveMatch | None = None) -
     intervals = _labelled_intervals(kern, match, windows)
     wcols = windows.select("rank", "step", "w_start", "w_end")
     # linear in the intervals however many steps (windows are disjoint); only integer sums follow, so the row
-    # order it gives changes nothing (the SM share below is a float sum: its join is left as it was)
+    # order it gives changes nothing
     clipped = clip_to_disjoint_windows(intervals.lazy(), wcols, on=["rank"])
     masks = mask_lengths(clipped.select("rank", "step", "start_ns", "end_ns", "bit"), ["rank", "step"]).filter(
         _has(WINDOW)
     )
     table = masks.group_by("rank", "step").agg(_bucket_aggs()).collect()
 
+    # a float sum: its terms are summed in one fixed order (time within each step), whichever order the clip gives
     usm = (
-        clip_to_windows(kern.select("rank", "start_ns", "end_ns", "_sm_share").lazy(), wcols.lazy(), on=["rank"])
-        .group_by("rank", "step")
+        clip_to_disjoint_windows(kern.select("rank", "start_ns", "end_ns", "_sm_share").lazy(), wcols, on=["rank"])
+        .sort("rank", "step", "start_ns", "end_ns", "_sm_share")
+        .group_by("rank", "step", maintain_order=True)
         .agg(((pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64) * pl.col("_sm_share")).sum().alias("u_sm_ns"))
         .collect()
     )

@@ -329,7 +329,7 @@ def _analysis_outputs(analysis: Any, out_dir: Path, phases: _Phases | None = Non
     from forensics.outputs import OutputSet
     from forensics.reports import html as html_report
     from forensics.reports import json_report, markdown, perfetto
-    from forensics.reports.view_collectives import collectives_arrow
+    from forensics.reports.view_collectives import collectives_parquet_metadata, collectives_table
 
     tick = phases or (lambda *a: None)
     outs = OutputSet(out_dir)
@@ -339,7 +339,8 @@ def _analysis_outputs(analysis: Any, out_dir: Path, phases: _Phases | None = Non
     outs.add_text("summary.md", markdown.render(analysis))
     tick("render", "report.html", 2, 3)
     outs.add_chunks("report.html", html_report.render_chunks(analysis))  # no 5 MB string or joined copy
-    outs.add_parquet("collectives.parquet", collectives_arrow(analysis.context))
+    outs.add("collectives.parquet", functools.partial(_write_parquet, collectives_table(analysis.context),
+                                                      metadata=collectives_parquet_metadata()))
     if timeline_steps is not None:
         outs.add_bytes("timeline.json.gz", perfetto.render(analysis, timeline_steps))
     outs.remove("timeline.json.gz")  # an earlier run's, when this one writes none (kept when it does)
@@ -449,11 +450,11 @@ def frames(
         raise typer.Exit(EXIT_ERROR)
 
 
-def _write_parquet(df: Any, path: Path) -> None:
+def _write_parquet(df: Any, path: Path, metadata: dict[str, str] | None = None) -> None:
     import polars as pl
 
     try:
-        df.write_parquet(path)
+        df.write_parquet(path, metadata=metadata)
     except pl.exceptions.ComputeError as exc:  # Polars' own I/O error (e.g. "No space left on device (os error 28)")
         raise OSError(str(exc).splitlines()[0] if str(exc) else "write failed") from exc
 

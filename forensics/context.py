@@ -193,7 +193,7 @@ class JobContext:
     @cached_property
     def kernel_categories(self) -> pl.DataFrame:
         """Every ranked kernel with its op ``category`` (:mod:`forensics.op_categories`); NCCL kernels by the
-        process-group type of the matched collectives."""
+        process-group type of the matched collectives. The kernels frame's columns but ``pg_ranks``."""
         return categorized_kernels(self.frames, self.match.kernels)
 
     @cached_property

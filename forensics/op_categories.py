@@ -58,17 +58,22 @@ def category_expr(name: pl.Expr) -> pl.Expr:
 
 
 def categorized_kernels(frames: JobFrames, comm_pg: pl.DataFrame) -> pl.DataFrame:
-    """Every ranked kernel with ``category``; ``comm_pg`` (rank, start_ns, end_ns, pg_type) gives NCCL kernels
-    their process-group type (the matched collectives' kernels)."""
-    # CUDA sync events (nsys) are waits recorded on the GPU rows, not work: no category
-    k = frames["kernels"].filter(pl.col("rank").is_not_null() & (pl.col("class") != "sync"))
+    """Every ranked kernel with ``category``, all the kernels frame's columns but ``pg_ranks``; ``comm_pg`` (rank,
+    start_ns, end_ns, pg_type) gives NCCL kernels their process-group type (the matched collectives' kernels)."""
+    # CUDA sync events (nsys) are waits recorded on the GPU rows, not work: no category. The rank lists are
+    # dropped first: every filter and join copies a list column's values, and a group's rank list on each NCCL
+    # kernel row is the square of the ranks (about 1 GB per copy at 4,096 ranks); process_groups has them
+    k = frames["kernels"].drop("pg_ranks").filter(pl.col("rank").is_not_null() & (pl.col("class") != "sync"))
     pg = comm_pg.select("rank", "start_ns", "end_ns", "pg_type").unique(["rank", "start_ns", "end_ns"])
     k = k.join(pg, on=["rank", "start_ns", "end_ns"], how="left")
     cls = pl.col("class").cast(pl.String)
+    # the rules' regexes run once per distinct name (hundreds), not once per kernel (millions on big jobs)
+    names = k.select(pl.col("name").unique().drop_nulls()).with_columns(category_expr(pl.col("name")).alias("_c"))
+    by_name = pl.col("name").replace_strict(names["name"], names["_c"], default="other", return_dtype=pl.String)
     return k.with_columns(
         pl.when(cls == "comm").then(pl.lit("nccl:") + pl.col("pg_type").fill_null("default"))
         .when(cls.is_in(["memcpy", "memset"])).then(cls)
-        .otherwise(category_expr(pl.col("name")))
+        .otherwise(by_name)
         .alias("category")
     )
 
@@ -109,7 +114,9 @@ def op_attribution(kernels: pl.DataFrame, frames: JobFrames) -> pl.DataFrame:
         .agg(pl.col("name").first().alias("_ext_op"))
     )
     k = kernels.join(ops, on=["rank", "external_id"], how="left")
-    k = k.join(launch_ops(frames), on=["rank", "correlation"], how="left")
+    # the launch-time lookup only for the kernels no External id links (none, in most Kineto traces)
+    unlinked = k.filter(pl.col("_ext_op").is_null()).select("rank", "correlation").unique()
+    k = k.join(launch_ops(frames, unlinked), on=["rank", "correlation"], how="left")
     k = k.with_columns(pl.coalesce("_ext_op", "_launch_op").alias("op"))
     return (
         k.group_by("rank", "category", "op")
@@ -125,17 +132,21 @@ def op_attribution(kernels: pl.DataFrame, frames: JobFrames) -> pl.DataFrame:
 _NVTX_SUFFIX = r",\s*(op_id|seq|sizes|stream)\s*=.*$"
 
 
-def launch_ops(frames: JobFrames) -> pl.DataFrame:
-    """Per (rank, correlation) of a launch call: the innermost op or annotation range open on the launching
-    thread when the launch began (the NVTX ranges PyTorch writes under Nsight Systems, ``aten::mm, op_id =
-    N``, with the op id dropped). Traces that link by External id do not need it."""
+def launch_ops(frames: JobFrames, only: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Per (rank, correlation) of a launch call (of those in ``only``, when given): the innermost op or annotation
+    range open on the launching thread when the launch began (the NVTX ranges PyTorch writes under Nsight Systems,
+    ``aten::mm, op_id = N``, with the op id dropped). Traces that link by External id do not need it."""
     ops = frames["cpu_ops"]
+    launches = ops.filter(pl.col("is_launch") & pl.col("correlation").is_not_null())
+    if only is not None:
+        launches = launches.join(only.select("rank", "correlation"), on=["rank", "correlation"], how="semi")
     launches = (
-        ops.filter(pl.col("is_launch") & pl.col("correlation").is_not_null())
-        .select("rank", "tid", "correlation", pl.col("start_ns").alias("_t"))
+        launches.select("rank", "tid", "correlation", pl.col("start_ns").alias("_t"))
         .drop_nulls(["rank", "tid"])
         .sort("_t")
     )
+    if launches.height == 0:
+        return pl.DataFrame(schema={"rank": pl.Int32, "correlation": pl.Int64, "_launch_op": pl.String})
     ranges = (
         ops.filter(pl.col("category").is_in(["cpu_op", "user_annotation"]))
         .select("rank", "tid", pl.col("start_ns").alias("_rs"), pl.col("end_ns").alias("_re"),
@@ -143,7 +154,7 @@ def launch_ops(frames: JobFrames) -> pl.DataFrame:
         .drop_nulls(["rank", "tid"])
         .sort("_rs")
     )
-    if launches.height == 0 or ranges.height == 0:
+    if ranges.height == 0:
         return pl.DataFrame(schema={"rank": pl.Int32, "correlation": pl.Int64, "_launch_op": pl.String})
     j = launches.join_asof(ranges, left_on="_t", right_on="_rs", by=["rank", "tid"], strategy="backward",
                            check_sortedness=False)  # both sorted above; the check cannot run with by

@@ -29,7 +29,6 @@ import secrets
 import signal
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 from forensics.errors import ForensicsError
 
@@ -138,16 +137,6 @@ class OutputSet:
 
     def add_text(self, rel: str, text: str) -> None:
         self.add_bytes(rel, text.encode("utf-8"))
-
-    def add_parquet(self, rel: str, table: Any) -> None:
-        """A pyarrow Table as Parquet (field and schema metadata kept)."""
-
-        def write(path: Path) -> None:
-            import pyarrow.parquet as pq
-
-            pq.write_table(table, path)
-
-        self.add(rel, write)
 
     def remove(self, rel: str) -> None:
         """A file left by an earlier run that would mislead next to this run's set (removed on commit)."""

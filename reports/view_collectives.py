@@ -28,8 +28,6 @@ from forensics.reports.view_common import View, esc, layout
 from forensics import nccl_cost as nc
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
     from forensics.analyze import Analysis
     from forensics.context import JobContext
 
@@ -154,20 +152,16 @@ def collectives_table(ctx: JobContext) -> pl.DataFrame:
     return df.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("instance")
 
 
-def collectives_arrow(ctx: JobContext) -> pa.Table:
-    """:func:`collectives_table` as a pyarrow Table for ``collectives.parquet``: each field carries its unit and
-    meaning (field metadata ``doc``), the file says what it is (schema metadata ``forensics``).
+COLLECTIVES_ABOUT = ("one row per NCCL collective instance matched across its ranks; "
+                     "times in ns on the job's common clock, bandwidth in GB/s")
 
-    pyarrow is imported here, not with the module: the report itself never needs it (30 MB and 0.1 s of
-    start-up). The columns are put under the annotated schema as they are: ``Table.cast`` would load
-    ``pyarrow.compute`` (another 0.1 s) to convert nothing, the types being the same."""
-    import pyarrow as pa
 
-    table = collectives_table(ctx).to_arrow()
-    fields = [table.schema.field(c).with_metadata({"doc": COLLECTIVES_SCHEMA[c][1]}) for c in table.column_names]
-    schema = pa.schema(fields, metadata={"forensics": "one row per NCCL collective instance matched across its ranks; "
-                                                      "times in ns on the job's common clock, bandwidth in GB/s"})
-    return pa.Table.from_arrays(table.columns, schema=schema)
+def collectives_parquet_metadata() -> dict[str, str]:
+    """The key-value metadata of ``collectives.parquet`` (written by Polars with :func:`collectives_table`): what
+    the file is (``forensics``) and each column's unit and meaning (``forensics.doc.<column>``). pyarrow could
+    carry the meanings as field metadata, but it would add 0.1 s and about 40 MB (mostly its libraries' code) to
+    the end of every run, where the peak of a big trace's analysis is."""
+    return {"forensics": COLLECTIVES_ABOUT, **{f"forensics.doc.{c}": doc for c, (_, doc) in COLLECTIVES_SCHEMA.items()}}
 
 
 def schema_markdown() -> str:
@@ -175,7 +169,9 @@ def schema_markdown() -> str:
     lines = ["# collectives.parquet", "",
              "Written by `forensics analyze` beside the report: one row per NCCL collective instance matched across",
              "its ranks (`JobContext.match`). Generated from `forensics/reports/view_collectives.py`",
-             "(`COLLECTIVES_SCHEMA`); each field also carries its meaning as Parquet field metadata `doc`.", "",
+             "(`COLLECTIVES_SCHEMA`). The file's key-value metadata says what it is (`forensics`) and carries each",
+             "column's meaning as `forensics.doc.<column>` (`polars.read_parquet_metadata`, `pyarrow.parquet.read_metadata`).",
+             "",
              "| column | dtype | meaning (unit) |", "|---|---|---|"]
     lines += [f"| `{c}` | {t} | {doc} |" for c, (t, doc) in COLLECTIVES_SCHEMA.items()]
     return "\n".join(lines) + "\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from forensics.breakdown import comm_model, compute_breakdown
+from forensics.frames import JobFrames
 from tests.frame_builders import MS, US, dp_job, pp_job
 
 PARTS = ["compute_ns", "comm_exposed_ns", "comm_wait_ns", "other_ns", "idle_ns"]
@@ -41,3 +42,19 @@ def test_pipeline_bubble_equals_time_without_compute():
     b = compute_breakdown(frames).steps
     got = {(r, s): bw + bi for r, s, bw, bi in b.select("rank", "step", "bubble_wait_ns", "bubble_idle_ns").iter_rows()}
     assert got == truth.bubble
+
+
+def test_sm_share_sum_does_not_depend_on_the_order_of_the_kernel_rows():
+    # Fractional SM shares make the float sum order-sensitive: the breakdown sums each step's terms in one
+    # fixed order, so a trace whose events come in another order gives the same bits.
+    frames, _ = dp_job(n_ranks=4, steps=3, tx_ns=2 * MS)
+    kernels = frames["kernels"].with_columns(
+        (pl.int_range(pl.len()).cast(pl.Float64) * 0.137 % 0.9 + 0.01).alias("blocks_per_sm"))
+    parts = {name: frames[name] for name in frames.present}
+    base = compute_breakdown(JobFrames({**parts, "kernels": kernels}, frames.present)).steps
+    shares = base["u_sm_ns"].to_list()
+    assert len(set(shares)) > 1 and all(0 < s for s in shares)
+    for seed in (1, 2, 3):
+        shuffled = kernels.sample(fraction=1.0, shuffle=True, seed=seed)
+        got = compute_breakdown(JobFrames({**parts, "kernels": shuffled}, frames.present)).steps
+        assert got["u_sm_ns"].to_list() == shares, seed

@@ -117,11 +117,12 @@ def test_cli_writes_timeline_and_collectives_and_drops_a_stale_timeline(tmp_path
     assert res.exit_code in (0, 1), res.output
     doc = orjson.loads(gzip.decompress((out / "timeline.json.gz").read_bytes()))
     check_trace(doc)
-    table = pq.read_table(out / "collectives.parquet")
-    assert table.column_names == list(COLLECTIVES_SCHEMA)
-    assert all(table.schema.field(c).metadata[b"doc"] for c in table.column_names)
-    assert b"forensics" in table.schema.metadata
     df = pl.read_parquet(out / "collectives.parquet")
+    assert df.columns == list(COLLECTIVES_SCHEMA)
+    meta = pq.read_metadata(out / "collectives.parquet").metadata  # readable without Polars too
+    assert {k.decode(): v.decode() for k, v in meta.items() if k.startswith(b"forensics.doc.")} == {
+        f"forensics.doc.{c}": doc for c, (_, doc) in COLLECTIVES_SCHEMA.items()}
+    assert "matched across its ranks" in meta[b"forensics"].decode()
     kernels = analyze(SAMPLE, workers=1).context.match.kernels.filter(pl.col("matched"))
     assert df.height == kernels["instance"].n_unique() > 0
     res = runner.invoke(app, ["analyze", str(SAMPLE), "--out", str(out), "-q", "--workers", "1"])
