@@ -38,7 +38,8 @@ UNIT_MAX_FILES = 512
 UNIT_MAX_BYTES = 16 << 20
 SMALL_FILE_BYTES = 4 << 20
 # Kinds whose parser can take several files at once ("module:class", see ``BatchParser``).
-BATCH_PARSERS = {"kineto": "forensics.parsers.kineto:KinetoBatch", "nccl_log": "forensics.parsers.nccl_log:NcclBatch"}
+BATCH_PARSERS = {"kineto": "forensics.parsers.kineto:KinetoBatch", "nccl_log": "forensics.parsers.nccl_log:NcclBatch",
+                 "dmesg": "forensics.parsers.kernel_log:KernelLogBatch"}
 
 # Names that make an empty or undecompressable file count as a broken trace rather than noise.
 _TRACE_NAME = re.compile(r"\.json(\.gz)?$|\.pt\.trace|trace", re.IGNORECASE)
