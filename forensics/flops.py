@@ -142,7 +142,8 @@ def _launched_kernel_time(shapes: pl.DataFrame, kernels: pl.DataFrame, cpu_ops: 
     are dropped)."""
     k = kernels.group_by("rank", "correlation").agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("_kns"))
     launches = (
-        cpu_ops.filter(pl.col("is_launch") & pl.col("correlation").is_not_null())
+        cpu_ops.select("rank", "tid", "is_launch", "correlation", "start_ns")
+        .filter(pl.col("is_launch") & pl.col("correlation").is_not_null())
         .select("rank", "tid", "correlation", pl.col("start_ns").alias("_t"))
         .join(k, on=["rank", "correlation"], how="inner")
         .drop_nulls(["rank", "tid"]).sort("_t")

@@ -108,7 +108,7 @@ def op_attribution(kernels: pl.DataFrame, frames: JobFrames) -> pl.DataFrame:
     """Per rank, category and launching CPU op: kernels, total kernel time (ns) and the distinct kernel names
     (up to 3); op is null where the trace links kernels to no op. Largest time first."""
     ops = (
-        frames["cpu_ops"]
+        frames["cpu_ops"].select("rank", "category", "external_id", "name")
         .filter((pl.col("category") == "cpu_op") & pl.col("external_id").is_not_null())
         .group_by("rank", "external_id")
         .agg(pl.col("name").first().alias("_ext_op"))
@@ -136,7 +136,7 @@ def launch_ops(frames: JobFrames, only: pl.DataFrame | None = None) -> pl.DataFr
     """Per (rank, correlation) of a launch call (of those in ``only``, when given): the innermost op or annotation
     range open on the launching thread when the launch began (the NVTX ranges PyTorch writes under Nsight Systems,
     ``aten::mm, op_id = N``, with the op id dropped). Traces that link by External id do not need it."""
-    ops = frames["cpu_ops"]
+    ops = frames["cpu_ops"].select("rank", "tid", "category", "is_launch", "correlation", "name", "start_ns", "end_ns")
     launches = ops.filter(pl.col("is_launch") & pl.col("correlation").is_not_null())
     if only is not None:
         launches = launches.join(only.select("rank", "correlation"), on=["rank", "correlation"], how="semi")
