@@ -113,7 +113,9 @@ def op_attribution(kernels: pl.DataFrame, frames: JobFrames) -> pl.DataFrame:
         .group_by("rank", "external_id")
         .agg(pl.col("name").first().alias("_ext_op"))
     )
-    k = kernels.join(ops, on=["rank", "external_id"], how="left")
+    # only the columns used: every join copies each column it carries (millions of kernel rows on big jobs)
+    k = kernels.select("rank", "category", "external_id", "correlation", "name", "start_ns", "end_ns").join(
+        ops, on=["rank", "external_id"], how="left")
     # the launch-time lookup only for the kernels no External id links (none, in most Kineto traces)
     unlinked = k.filter(pl.col("_ext_op").is_null()).select("rank", "correlation").unique()
     k = k.join(launch_ops(frames, unlinked), on=["rank", "correlation"], how="left")
