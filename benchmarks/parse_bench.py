@@ -110,7 +110,8 @@ def measure(cmd: list[str], cwd: Path) -> Run:
 
 def setup_hta(venv: Path) -> None:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "holistictraceanalysis"], check=True)
+    # HTA 0.5.0 reads a column named "cat" as df.cat, which pandas 3 no longer resolves to the column
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "holistictraceanalysis", "pandas<3"], check=True)
 
 
 def raw_json_size(trace: Path) -> int:

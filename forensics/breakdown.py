@@ -36,7 +36,14 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from forensics.collectives import PG_TYPES, CollectiveMatch, attach_steps, effective_steps, match_collectives
+from forensics.collectives import (
+    PG_TYPES,
+    CollectiveMatch,
+    attach_steps,
+    effective_steps,
+    launch_times,
+    match_collectives,
+)
 from forensics.frames import JobFrames
 from forensics.intervals import clip_to_disjoint_windows, mask_lengths, merge
 
@@ -119,10 +126,13 @@ def step_windows(frames: JobFrames, kernels: pl.DataFrame) -> pl.DataFrame:
     ).filter(pl.col("w_end") > pl.col("w_start")).cast(WINDOW_SCHEMA)  # type: ignore[arg-type]
 
 
-def compute_breakdown(frames: JobFrames, match: CollectiveMatch | None = None) -> Breakdown:
-    """The per (rank, step) breakdown frame; ``match`` is reused when the caller already has it."""
-    match = match if match is not None else match_collectives(frames)
-    kern = _kernels_with_launch_and_sm_share(frames)
+def compute_breakdown(frames: JobFrames, match: CollectiveMatch | None = None,
+                      launches: pl.DataFrame | None = None) -> Breakdown:
+    """The per (rank, step) breakdown frame; ``match`` and ``launches`` (:func:`launch_times`) are reused when
+    the caller already has them."""
+    launches = launch_times(frames) if launches is None else launches
+    match = match if match is not None else match_collectives(frames, launches)
+    kern = _kernels_with_launch_and_sm_share(frames, launches)
     windows = step_windows(frames, kern)
     intervals = _labelled_intervals(kern, match, windows)
     wcols = windows.select("rank", "step", "w_start", "w_end")
@@ -156,12 +166,12 @@ def compute_breakdown(frames: JobFrames, match: CollectiveMatch | None = None) -
     return Breakdown(table, match, windows)
 
 
-def _kernels_with_launch_and_sm_share(frames: JobFrames) -> pl.DataFrame:
+def _kernels_with_launch_and_sm_share(frames: JobFrames, launches: pl.DataFrame) -> pl.DataFrame:
     """Ranked kernels with their launch time (``launch_ns``), step (by launch time) and SM share."""
     # only the columns the breakdown reads: the rank lists and strings of the rest cost memory at every
     # join and sort (measured: 0.6 GB for the 722k kernels of a 1,024-rank job)
     cols = ["rank", "correlation", "start_ns", "end_ns", "class", "blocks_per_sm", "grid_x", "grid_y", "grid_z"]
-    kern = attach_steps(frames, frames["kernels"].select(cols).filter(pl.col("rank").is_not_null()))
+    kern = attach_steps(frames, frames["kernels"].select(cols).filter(pl.col("rank").is_not_null()), launches)
     sm = frames["ranks"].group_by("rank").agg(pl.col("sm_count").max())
     return kern.join(sm, on="rank", how="left").with_columns(
         pl.coalesce(
@@ -270,7 +280,8 @@ def kernel_exposure(frames: JobFrames, match: CollectiveMatch) -> pl.DataFrame:
     rank. The last arriver waited for nobody, so what is exposed there is exposed by the schedule; what
     a victim shows beyond it was caused by waiting for someone (a straggler), not by missing overlap.
     """
-    comp = frames["kernels"].filter((pl.col("class") == "compute") & pl.col("rank").is_not_null())
+    comp = frames["kernels"].select("rank", "class", "start_ns", "end_ns").filter(
+        (pl.col("class") == "compute") & pl.col("rank").is_not_null())
     merged = merge(comp.select("rank", "start_ns", "end_ns"), ["rank"]).collect().sort("rank", "start_ns")
     merged = merged.with_columns(
         ((pl.col("end_ns") - pl.col("start_ns")).cum_sum().over("rank") - (pl.col("end_ns") - pl.col("start_ns")))

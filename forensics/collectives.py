@@ -115,16 +115,18 @@ def assign_steps(df: pl.DataFrame, steps: pl.DataFrame, time_col: str = "start_n
     return out.sort("_ord").drop("_ord", "_step_start")
 
 
-def _launch_times(frames: JobFrames) -> pl.DataFrame:
-    ops = frames["cpu_ops"]
+def launch_times(frames: JobFrames) -> pl.DataFrame:
+    """Per (rank, correlation) of a kernel launch call: ``launch_ns``, the earliest such call's CPU start."""
+    ops = frames["cpu_ops"].lazy()  # lazy: the filter reads four columns instead of copying every op's row
     return (
         ops.filter(pl.col("is_launch") & pl.col("correlation").is_not_null())
         .group_by("rank", "correlation")
         .agg(pl.col("start_ns").min().alias("launch_ns"))
+        .collect()
     )
 
 
-def attach_steps(frames: JobFrames, kernels: pl.DataFrame) -> pl.DataFrame:
+def attach_steps(frames: JobFrames, kernels: pl.DataFrame, launches: pl.DataFrame | None = None) -> pl.DataFrame:
     """Add ``launch_ns`` and ``step`` to GPU activity rows (rank, correlation, start_ns, ...).
 
     A kernel belongs to the profiler step whose CPU range launched it (launch -> kernel correlation):
@@ -133,8 +135,9 @@ def attach_steps(frames: JobFrames, kernels: pl.DataFrame) -> pl.DataFrame:
     before the profiler started) has no step; one launched after the last recorded step belongs to it (a
     hung step's ProfilerStep range is never closed, so its collective is launched "after" the last one).
     Ranks without any launch link, and captures without profiler steps, place kernels by their own start.
+    ``launches`` is :func:`launch_times` when the caller has it already.
     """
-    launches = _launch_times(frames)
+    launches = launch_times(frames) if launches is None else launches
     k = kernels.join(launches, on=["rank", "correlation"], how="left")
     steps = effective_steps(frames)
     if steps.height == 0:
@@ -148,13 +151,13 @@ def attach_steps(frames: JobFrames, kernels: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([timed, untimed], how="vertical").sort("_kord").drop("_kord", "_t_step")
 
 
-def comm_kernels(frames: JobFrames) -> pl.DataFrame:
+def comm_kernels(frames: JobFrames, launches: pl.DataFrame | None = None) -> pl.DataFrame:
     """NCCL/RCCL kernels with step, PG key, PG type and launch time attached."""
-    k, lists = _comm_kernels(frames)
+    k, lists = _comm_kernels(frames, launches)
     return k.join(lists, on="_pgid", how="left", maintain_order="left").drop("_pgid")
 
 
-def _comm_kernels(frames: JobFrames) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _comm_kernels(frames: JobFrames, launches: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """:func:`comm_kernels` without the rank lists, plus ``_pgid``, a dense integer id of ``pg_key`` to group
     and join by; and the rank list of each ``_pgid`` (``_pgid``, ``pg_ranks``). A rank list per kernel row
     is the square of the ranks (1 GB at 4,096 ranks), copied by every filter, join and sort of the rows;
@@ -174,7 +177,7 @@ def _comm_kernels(frames: JobFrames) -> tuple[pl.DataFrame, pl.DataFrame]:
             pl.coalesce("_rh", "_prh").alias("_rh"),
         ).drop("_desc", "_prh")
         lists = pl.concat([lists, pg_info.select("pg_name", pl.col("_prh").alias("_rh"), pl.col("_pranks").alias("pg_ranks"))])
-    k, lists = _with_pg_key(attach_steps(frames, k.drop("_row")), lists)
+    k, lists = _with_pg_key(attach_steps(frames, k.drop("_row"), launches), lists)
     return k.with_columns(
         pg_type_expr(pl.col("pg_desc").fill_null("")).alias("pg_type"),
         (pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns"),
@@ -200,8 +203,10 @@ def _with_pg_key(k: pl.DataFrame, lists: pl.DataFrame) -> tuple[pl.DataFrame, pl
     return rows.drop("_rh"), keys.select("_pgid", "pg_ranks").unique("_pgid", keep="first")
 
 
-def match_collectives(frames: JobFrames) -> CollectiveMatch:
-    k, lists = _comm_kernels(frames)
+def match_collectives(frames: JobFrames, launches: pl.DataFrame | None = None) -> CollectiveMatch:
+    """NCCL kernels matched into collective instances (see :class:`CollectiveMatch`); ``launches`` is
+    :func:`launch_times` when the caller has it already."""
+    k, lists = _comm_kernels(frames, launches)
     k = k.filter(pl.col("rank").is_not_null())
     is_p2p = pl.col("collective").is_in(P2P_OPS) & (pl.col("pg_type") == "PP")
     k = k.with_columns(is_p2p.alias("is_p2p"))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from forensics.breakdown import Breakdown, compute_breakdown, kernel_exposure
-from forensics.collectives import CollectiveMatch, match_collectives, pg_type_expr
+from forensics.collectives import CollectiveMatch, launch_times, match_collectives, pg_type_expr
 from forensics.flops import op_throughput
 from forensics.frames import JobFrames
 from forensics.identity import identities, job_identities
@@ -160,14 +160,20 @@ class JobContext:
     # --- trace facts (GPU timeline, ns) ------------------------------------------------------------
 
     @cached_property
+    def launches(self) -> pl.DataFrame:
+        """Per (rank, correlation) of a kernel launch call: ``launch_ns``, its CPU start (ns); how kernels are
+        tied to the profiler step that launched them (collective matching and the step breakdown)."""
+        return launch_times(self.frames)
+
+    @cached_property
     def match(self) -> CollectiveMatch:
         """NCCL kernels matched into collective instances, each split into transfer and wait (ns)."""
-        return match_collectives(self.frames)
+        return match_collectives(self.frames, self.launches)
 
     @cached_property
     def breakdown(self) -> Breakdown:
         """Per rank and step: where the step time went (:mod:`forensics.breakdown`)."""
-        return compute_breakdown(self.frames, self.match)
+        return compute_breakdown(self.frames, self.match, self.launches)
 
     @property
     def steps(self) -> pl.DataFrame:

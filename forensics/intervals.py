@@ -20,7 +20,8 @@ def merge(df: pl.LazyFrame | pl.DataFrame, keys: Sequence[str]) -> pl.LazyFrame:
     lf = df.lazy().filter(pl.col("end_ns") > pl.col("start_ns")).sort([*keys, "start_ns"])
     # A new block starts where an interval begins after everything before it (in the group) ended.
     prev_end = pl.col("end_ns").cum_max().shift(1).over(keys)
-    block = (prev_end.is_null() | (pl.col("start_ns") > prev_end)).cast(pl.Int64).cum_sum().over(keys)
+    # block ids need only be distinct within a group (the group_by below has the keys): one running sum
+    block = (prev_end.is_null() | (pl.col("start_ns") > prev_end)).cast(pl.Int64).cum_sum()
     return (
         lf.with_columns(block.alias("_blk"))
         .group_by([*keys, "_blk"])
@@ -45,9 +46,12 @@ def mask_lengths(df: pl.LazyFrame | pl.DataFrame, keys: Sequence[str], bit_col: 
     )
     # Events at the same instant are summed first, so zero-length segments never carry a wrong mask.
     ev = ev.group_by([*keys, "t"]).agg(pl.col("d").sum()).sort([*keys, "t"])
+    # Every group's events sum to zero (each interval opens and closes its bit in its group), so one running
+    # sum over the sorted frame is each group's own; a segment ends at the next event of the same group.
+    same_group = pl.all_horizontal([pl.col(k).shift(-1).eq_missing(pl.col(k)) for k in keys])
     seg = ev.with_columns(
-        pl.col("d").cum_sum().over(keys).alias("mask"),
-        (pl.col("t").shift(-1).over(keys) - pl.col("t")).alias("length_ns"),
+        pl.col("d").cum_sum().alias("mask"),
+        pl.when(same_group).then(pl.col("t").shift(-1) - pl.col("t")).alias("length_ns"),
     ).filter(pl.col("length_ns").is_not_null() & (pl.col("length_ns") > 0))
     return seg.group_by([*keys, "mask"]).agg(pl.col("length_ns").sum())
 

@@ -108,12 +108,14 @@ def op_attribution(kernels: pl.DataFrame, frames: JobFrames) -> pl.DataFrame:
     """Per rank, category and launching CPU op: kernels, total kernel time (ns) and the distinct kernel names
     (up to 3); op is null where the trace links kernels to no op. Largest time first."""
     ops = (
-        frames["cpu_ops"]
+        frames["cpu_ops"].select("rank", "category", "external_id", "name")
         .filter((pl.col("category") == "cpu_op") & pl.col("external_id").is_not_null())
         .group_by("rank", "external_id")
         .agg(pl.col("name").first().alias("_ext_op"))
     )
-    k = kernels.join(ops, on=["rank", "external_id"], how="left")
+    # only the columns used: every join copies each column it carries (millions of kernel rows on big jobs)
+    k = kernels.select("rank", "category", "external_id", "correlation", "name", "start_ns", "end_ns").join(
+        ops, on=["rank", "external_id"], how="left")
     # the launch-time lookup only for the kernels no External id links (none, in most Kineto traces)
     unlinked = k.filter(pl.col("_ext_op").is_null()).select("rank", "correlation").unique()
     k = k.join(launch_ops(frames, unlinked), on=["rank", "correlation"], how="left")
@@ -136,7 +138,7 @@ def launch_ops(frames: JobFrames, only: pl.DataFrame | None = None) -> pl.DataFr
     """Per (rank, correlation) of a launch call (of those in ``only``, when given): the innermost op or annotation
     range open on the launching thread when the launch began (the NVTX ranges PyTorch writes under Nsight Systems,
     ``aten::mm, op_id = N``, with the op id dropped). Traces that link by External id do not need it."""
-    ops = frames["cpu_ops"]
+    ops = frames["cpu_ops"].select("rank", "tid", "category", "is_launch", "correlation", "name", "start_ns", "end_ns")
     launches = ops.filter(pl.col("is_launch") & pl.col("correlation").is_not_null())
     if only is not None:
         launches = launches.join(only.select("rank", "correlation"), on=["rank", "correlation"], how="semi")

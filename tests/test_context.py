@@ -113,3 +113,22 @@ def test_identity_keeps_the_logs_join_and_adds_only_unlogged_traced_ranks():
     frames = JobFrames({"nccl_comms": conform("nccl_comms", comms), "ranks": conform("ranks", ranks)})
     got = JobContext(frames).identity.sort("rank").select("rank", "cuda_dev", "bus_id", "how", "trace_rank").rows()
     assert got == [(0, 0, "0000:3b:00.0", "init", 0), (1, 1, None, "trace", 1)]
+
+
+def test_one_analysis_computes_the_launch_times_once(monkeypatch):
+    # collective matching and the step breakdown both tie kernels to their launch calls: one join, shared
+    import forensics.breakdown as breakdown_mod
+    import forensics.collectives as collectives_mod
+
+    calls = []
+    real = collectives_mod.launch_times
+
+    def counting(frames: JobFrames) -> pl.DataFrame:
+        calls.append(1)
+        return real(frames)
+
+    for mod in (context_mod, collectives_mod, breakdown_mod):
+        monkeypatch.setattr(mod, "launch_times", counting)
+    analysis = analyze(ROOT / "sample_traces" / "ddp_straggler", workers=1)
+    html_report.render(analysis)
+    assert len(calls) == 1

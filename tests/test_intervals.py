@@ -76,3 +76,33 @@ def test_clip_to_disjoint_windows_with_overlapping_windows_is_the_join():
     i = pl.DataFrame({"rank": [0], "start_ns": [12], "end_ns": [14]})
     got = clip_to_disjoint_windows(i.lazy(), w, on=["rank"]).collect().sort("step")
     assert got["step"].to_list() == [0, 1] and got["start_ns"].to_list() == [12, 12]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_mask_lengths_per_group_equals_counting_each_nanosecond(seed: int):
+    # Several groups (two keys, one of them null in a group), some after one another in time, some
+    # overlapping: each group's masks and its extent come from its own intervals only.
+    rng = random.Random(seed)
+    rows = []
+    for (g, h), offset in [((0, 0), 0), ((0, 1), 100), ((1, 0), 50), ((2, None), 200)]:
+        for _ in range(rng.randint(1, 12)):
+            start = offset + rng.randint(0, 60)
+            rows.append({"g": g, "h": h, "bit": rng.choice([1, 2, 4]), "start_ns": start,
+                         "end_ns": start + rng.randint(0, 15)})
+    df = pl.DataFrame(rows, schema={"g": pl.Int64, "h": pl.Int64, "bit": pl.Int64, "start_ns": pl.Int64,
+                                    "end_ns": pl.Int64})
+    want: dict[tuple, int] = {}
+    for (g, h), part in df.group_by("g", "h"):
+        spans = [r for r in part.iter_rows(named=True) if r["end_ns"] > r["start_ns"]]
+        if not spans:
+            continue
+        lo, hi = min(r["start_ns"] for r in spans), max(r["end_ns"] for r in spans)
+        for t in range(lo, hi):
+            mask = 0
+            for r in spans:
+                if r["start_ns"] <= t < r["end_ns"]:
+                    mask |= r["bit"]
+            want[(g, h, mask)] = want.get((g, h, mask), 0) + 1
+    got = {(g, h, m): n for g, h, m, n in mask_lengths(df, ["g", "h"]).collect().select(
+        "g", "h", "mask", "length_ns").iter_rows()}
+    assert got == want

@@ -99,7 +99,7 @@ def idle_table(steps: pl.DataFrame) -> pl.DataFrame:
 def idle_gaps(ctx: JobContext, ranks: list[int]) -> pl.DataFrame:
     """rank, step, g_start, g_end, step_ns: the intervals of each step window with no kernel running."""
     win = ctx.step_windows.filter(pl.col("rank").is_in(ranks)).select("rank", "step", "w_start", "w_end")
-    kern = ctx.frames["kernels"].filter(pl.col("rank").is_in(ranks)).select("rank", "start_ns", "end_ns")
+    kern = ctx.frames["kernels"].select("rank", "start_ns", "end_ns").filter(pl.col("rank").is_in(ranks))
     busy = merge(clip_to_windows(kern.lazy(), win.lazy(), on=["rank"]), ["rank", "step"]).collect()
     # Sentinels of zero length at both window edges; a gap is then "start minus the previous end".
     edges = pl.concat([
@@ -143,7 +143,8 @@ def _in_sync(gaps: pl.DataFrame, sync: pl.DataFrame) -> pl.DataFrame:
 
 def classify_gaps(ctx: JobContext, gaps: pl.DataFrame, launch_ranks: list[int], cfg: GpuIdleConfig) -> pl.DataFrame:
     """``gaps`` with a ``cls`` column (one of :data:`CLASSES`), by the CPU-side evidence during each gap."""
-    ops = ctx.frames["cpu_ops"].filter(pl.col("rank").is_in(gaps["rank"].unique().implode()))
+    ops = ctx.frames["cpu_ops"].select("rank", "name", "start_ns", "end_ns").filter(
+        pl.col("rank").is_in(gaps["rank"].unique().implode()))
     g = _cover(gaps, ops.filter(pl.col("name").str.contains(LOADER)), "_loader")
     g = _cover(g, ops.filter(pl.col("name").str.contains(PAUSE)), "_pause")
     g = _in_sync(g, ops.filter(pl.col("name").str.contains(SYNC)))
@@ -163,7 +164,8 @@ def launch_facts(ctx: JobContext, ranks: list[int]) -> pl.DataFrame:
     win = ctx.step_windows.filter(pl.col("rank").is_in(ranks))
     kern = ctx.frames["kernels"].select("rank", "start_ns", "end_ns").filter(pl.col("rank").is_in(ranks))
     med = kern.group_by("rank").agg(((pl.col("end_ns") - pl.col("start_ns")).median() / 1e3).alias("median_kernel_us"))
-    ops = ctx.frames["cpu_ops"].filter(pl.col("rank").is_in(ranks) & pl.col("category").cast(pl.String).is_in(CPU_CATEGORIES))
+    ops = ctx.frames["cpu_ops"].select("rank", "category", "start_ns", "end_ns").filter(
+        pl.col("rank").is_in(ranks) & pl.col("category").cast(pl.String).is_in(CPU_CATEGORIES))
     clipped = clip_to_windows(ops.select("rank", "start_ns", "end_ns").lazy(), win.select("rank", "step", "w_start", "w_end").lazy(), on=["rank"])
     cpu = merge(clipped, ["rank"]).group_by("rank").agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("_cpu")).collect()
     span = win.group_by("rank").agg((pl.col("w_end") - pl.col("w_start")).sum().alias("_span"))

@@ -54,7 +54,6 @@ from forensics.detectors import Skip, detector
 from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
 from forensics.detectors._coverage import rank_list
 from forensics.findings import Finding, Severity
-from forensics.frames import JobFrames
 from forensics.settings import setting
 
 
@@ -170,9 +169,9 @@ def microbatches_from_order(ta: JobContext, p2p: pl.DataFrame) -> int:
     if last.height == 0:
         return 0
     frames = ta.frames
-    launches = _launches(frames).filter(pl.col("rank").is_in(ranks))
-    comp = frames["kernels"].filter(pl.col("rank").is_in(ranks) & (pl.col("class") == "compute")).join(
-        launches, on=["rank", "correlation"], how="left")
+    launches = ta.launches.filter(pl.col("rank").is_in(ranks))
+    comp = frames["kernels"].select("rank", "class", "correlation", "start_ns").filter(
+        pl.col("rank").is_in(ranks) & (pl.col("class") == "compute")).join(launches, on=["rank", "correlation"], how="left")
     comp = assign_steps(comp.with_columns(pl.coalesce("launch_ns", "start_ns").alias("_t")), effective_steps(frames), "_t")
     items = pl.concat([
         comp.select("rank", "step", "_t", pl.col("start_ns").alias("_s"), pl.lit(False).alias("_p2p")),
@@ -190,13 +189,6 @@ def microbatches_from_order(ta: JobContext, p2p: pl.DataFrame) -> int:
         .group_by(order).agg(pl.len().alias("runs"))
     )
     return int(round(_num(runs["runs"].median()))) if runs.height else 0
-
-
-def _launches(frames: JobFrames) -> pl.DataFrame:
-    """rank, correlation, launch_ns: when the host launched each kernel."""
-    ops = frames["cpu_ops"]
-    return ops.filter(pl.col("is_launch") & pl.col("correlation").is_not_null()).group_by("rank", "correlation").agg(
-        pl.col("start_ns").min().alias("launch_ns"))
 
 
 @dataclass(frozen=True)
