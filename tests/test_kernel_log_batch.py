@@ -162,3 +162,23 @@ def test_a_failed_batch_build_costs_nothing_but_a_parse_one_by_one(tmp_path: Pat
 
 def test_kernel_logs_have_a_batch_parser():
     assert discovery.BATCH_PARSERS["dmesg"] == "forensics.parsers.kernel_log:KernelLogBatch"
+
+
+def test_the_first_character_table_never_hides_a_peeler_that_would_match(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch):
+    # A line is offered only to the peelers its first character allows (kernel_log._FIRST, kept by hand
+    # beside the patterns): on every style and every real sample, the records must be those that
+    # offering each line to all 17 peelers gives.
+    names = _write(tmp_path)
+    real = shared_path("dmesg")
+    paths = [tmp_path / n for n in names] + sorted(real.glob("*.log"))
+    texts = [(p.name, p.read_bytes().decode("utf-8", "replace")) for p in paths if not p.name.endswith(".gz")]
+    assert len(texts) >= 35
+
+    def frames() -> list[pl.DataFrame]:
+        return [kernel_log.parse_text(text, name).frames["kernel_events"] for name, text in texts]
+
+    filtered = frames()
+    monkeypatch.setattr(kernel_log, "_peelers_for", lambda c: kernel_log._PEELERS)
+    for (name, _), got, want in zip(texts, filtered, frames()):
+        assert got.equals(want), name
