@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import calendar
 import datetime as dt
+import functools
 import re
 import zlib
 from collections import Counter
@@ -588,27 +589,24 @@ def _peel_mono(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
     return end
 
 
-_PEELERS: tuple[_Peeler, ...] = (
-    _peel_grep, _peel_alert, _peel_talos, _peel_pdsh, _peel_kmsg, _peel_prio, _peel_decode, _peel_iso,
-    _peel_short_full, _peel_syslog, _peel_wall_kernel, _peel_bare_kernel, _peel_fm, _peel_ctime,
-    _peel_human_abs, _peel_human_rel, _peel_mono,
+# Every prefix peeler, in the order they are tried, with the characters its pattern can start with (none
+# matches an empty text): a line is offered only to the peelers its first character allows, in this order.
+# Most lines start with `[` or a letter, so 1-5 peelers are tried instead of 17 (the calls, not the regexes,
+# were the cost).
+_PEELER_STARTS: tuple[tuple[_Peeler, str], ...] = (
+    (_peel_grep, "/"), (_peel_alert, "X"), (_peel_talos, r"[\w.:-]"), (_peel_pdsh, "[A-Za-z0-9]"),
+    (_peel_kmsg, r"\d"), (_peel_prio, "<"), (_peel_decode, "[kumdasln]"), (_peel_iso, r"\d"),
+    (_peel_short_full, "[MTWFS]"), (_peel_syslog, "[JFMASOND]"), (_peel_wall_kernel, r"[\sk]"),
+    (_peel_bare_kernel, r"[\sk]"), (_peel_fm, r"\["), (_peel_ctime, r"\["), (_peel_human_abs, r"\["),
+    (_peel_human_rel, r"\["), (_peel_mono, r"\["),
 )
-# The characters each peeler's pattern can start with (none matches an empty text): a line is offered
-# only to the peelers its first character allows, in the same order. Most lines start with `[` or a
-# letter, so 1-5 peelers are tried instead of 17 (the calls, not the regexes, were the cost).
-_FIRST: tuple[re.Pattern[str], ...] = tuple(re.compile(rx) for rx in (
-    "/", "X", r"[\w.:-]", "[A-Za-z0-9]", r"\d", "<", "[kumdasln]", r"\d",
-    "[MTWFS]", "[JFMASOND]", r"[\sk]", r"[\sk]", r"\[", r"\[",
-    r"\[", r"\[", r"\[",
-))
-_BY_FIRST: dict[str, tuple[_Peeler, ...]] = {}
+_PEELERS: tuple[_Peeler, ...] = tuple(p for p, _ in _PEELER_STARTS)
 
 
+@functools.cache
 def _peelers_for(c: str) -> tuple[_Peeler, ...]:
-    got = _BY_FIRST.get(c)
-    if got is None:
-        got = _BY_FIRST[c] = tuple(p for p, first in zip(_PEELERS, _FIRST) if first.match(c))
-    return got
+    """The peelers a text starting with the character ``c`` can match, in order (one tuple per character)."""
+    return tuple(p for p, first in _PEELER_STARTS if re.match(first, c))
 
 
 def _peel(line: str, rec: _Rec, state: dict[str, Any]) -> str:

@@ -166,7 +166,7 @@ def test_kernel_logs_have_a_batch_parser():
 
 def test_the_first_character_table_never_hides_a_peeler_that_would_match(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch):
-    # A line is offered only to the peelers its first character allows (kernel_log._FIRST, kept by hand
+    # A line is offered only to the peelers its first character allows (kernel_log._PEELER_STARTS, kept by hand
     # beside the patterns): on every style and every real sample, the records must be those that
     # offering each line to all 17 peelers gives.
     names = _write(tmp_path)
