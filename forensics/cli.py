@@ -405,7 +405,8 @@ def analyze(
         analysis = run_analysis(run_dir, overrides=overrides, only=only or None, progress=phases, workers=workers,
                                 engine=engine.value, ray_address=ray_address)
         _run.phase = "render"
-        _commit(_analysis_outputs(analysis, out_dir, phases, timeline_steps if timeline else None), phases, count=3)
+        outs = _analysis_outputs(analysis, out_dir, phases, timeline_steps if timeline else None)
+        _commit(outs, phases, count=len(outs.names))
     _print_analysis(analysis, out_dir)
     if not analysis.readable:
         _error(f"no readable trace or log under {run_dir}")
