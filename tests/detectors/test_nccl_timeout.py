@@ -1,8 +1,6 @@
 from __future__ import annotations
 
 from forensics.base.frames import JobFrames
-from forensics.detectors import run_detectors
-from forensics.facts.context import JobContext
 from tests.detectors.nccl_fixtures import HEALTHY, frames_from
 
 TIMEOUT = """\
@@ -12,38 +10,34 @@ TIMEOUT = """\
 """
 
 
-def _run(frames):
-    return run_detectors(JobContext(frames), only=["nccl_timeout"])
-
-
-def test_triggers_and_names_the_rank_that_never_issued_the_collective(tmp_path):
-    findings, _ = _run(frames_from(tmp_path, TIMEOUT))
+def test_triggers_and_names_the_rank_that_never_issued_the_collective(run_detector, tmp_path):
+    findings, _ = run_detector(frames_from(tmp_path, TIMEOUT))
     (f,) = findings
     assert f.ranks == (3,) and f.metrics["seq"] == 41 and f.metrics["timeout_ms"] == 600000
     assert "never issued" in f.summary and "stuck inside" in f.summary
 
 
-def test_triggers_on_desync(tmp_path):
+def test_triggers_on_desync(run_detector, tmp_path):
     first = TIMEOUT.splitlines()[0]
     text = (TIMEOUT + first.replace("rank2", "rank6").replace("Rank 2", "Rank 6") + "\n"
             + first.replace("rank2", "rank5").replace("Rank 2", "Rank 5").replace("ALLREDUCE", "BROADCAST") + "\n")
-    findings, _ = _run(frames_from(tmp_path, text))
+    findings, _ = run_detector(frames_from(tmp_path, text))
     d = [f for f in findings if f.key == "desync"][0]
     assert d.ranks == (5,)  # the minority collective at SeqNum 41
 
 
-def test_clean_healthy_nccl_log(tmp_path):
-    findings, skipped = _run(frames_from(tmp_path, HEALTHY))
+def test_clean_healthy_nccl_log(run_detector, tmp_path):
+    findings, skipped = run_detector(frames_from(tmp_path, HEALTHY))
     assert findings == [] and "collective_timeouts" in skipped[0].reason
 
 
-def test_clean_ras_all_ok(tmp_path):
+def test_clean_ras_all_ok(run_detector, tmp_path):
     text = ("NCCL version 2.26.2 compiled with CUDA 12.4\n\nGroup     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors\n"
             "    0         1         2         8        16        16   RUNNING      OK\n")
-    findings, skipped = _run(frames_from(tmp_path, text))
+    findings, skipped = run_detector(frames_from(tmp_path, text))
     assert findings == [] and "no PyTorch watchdog" in skipped[0].reason
 
 
-def test_skipped_without_any_log():
-    findings, skipped = _run(JobFrames({}))
+def test_skipped_without_any_log(run_detector):
+    findings, skipped = run_detector(JobFrames({}))
     assert findings == [] and "collective_timeouts" in skipped[0].reason
