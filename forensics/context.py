@@ -21,7 +21,7 @@ from forensics.collectives import CollectiveMatch, launch_times, match_collectiv
 from forensics.flops import op_throughput
 from forensics.frames import JobFrames
 from forensics.identity import identities, job_identities
-from forensics.op_categories import categorized_kernels, category_breakdown, op_attribution
+from forensics.op_categories import categorized_kernels, category_breakdown, gpu_time_coverage, op_attribution
 
 if TYPE_CHECKING:
     from forensics.detectors._nccl import JobNccl
@@ -219,6 +219,12 @@ class JobContext:
         dense peak (:func:`forensics.flops.op_throughput`); empty when the trace recorded no shapes."""
         f = self.frames
         return op_throughput(f["op_shapes"], f["kernels"], f["cpu_ops"], f["ranks"])
+
+    @cached_property
+    def coverage(self) -> dict[str, Any]:
+        """How much of the GPU time is attributed to ops, replayed from CUDA graphs, in each category, with a
+        FLOP model, and what is not explained, in words (:func:`forensics.op_categories.gpu_time_coverage`)."""
+        return gpu_time_coverage(self.op_attribution, self.op_throughput)
 
     @cached_property
     def clock_offsets(self) -> ClockOffsets:

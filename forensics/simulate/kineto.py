@@ -222,6 +222,50 @@ class TraceWriter:
         elif k == COLL:
             self._collective(op)
 
+    def ops(self, prog: list[Op], step: int) -> None:
+        """One step's ops: eager, or (``job.cuda_graphs``) with its compute kernels replayed from a CUDA graph."""
+        if not self.job.cuda_graphs:
+            for op in prog:
+                self.op(op)
+            return
+        graphed = [op for op in prog if op.kind == COMPUTE and op.end is not None]
+        for op in prog:
+            if not (op.kind == COMPUTE and op.end is not None):
+                self.op(op)
+        if graphed:
+            capture = self.job.cuda_graphs == "capture" and step == self.job.first_step
+            self._graph(graphed, capture)
+
+    def _graph(self, ops: list[Op], capture: bool) -> None:
+        """The compute kernels of one step as one graph replay: ``CUDAGraph::replay`` > ``cudaGraphLaunch``, every
+        kernel carrying its correlation id. With ``capture``, first the capture on the main thread: each op and
+        its launch call between ``cudaStreamBeginCapture`` and ``cudaStreamEndCapture``, no kernel run by them."""
+        st, tid = self.st, self.st.pid
+        t_launch = ops[0].launch
+        if capture:
+            ext = self._next_ext()
+            t0 = ops[0].cpu_start - 2_000
+            self._x("cuda_runtime", "cudaStreamBeginCapture", st.pid, tid, t0, t0 + 1_000, {"External id": ext, "cbid": 317, "correlation": self._next_corr()})
+            for op in ops:
+                e = self._next_ext()
+                self._x("cpu_op", op.cpu, st.pid, tid, op.cpu_start, op.cpu_start + op.host_ns - 500, {"External id": e, "Record function id": 0, "Ev Idx": self._idx()})
+                self._x("cuda_runtime", "cudaLaunchKernel", st.pid, tid, op.launch, op.launch + op.host_ns // 3, {"External id": e, "cbid": 211, "correlation": self._next_corr()})
+                self.counts["captured_launches"] = self.counts.get("captured_launches", 0) + 1
+            t_end = max(op.launch + op.host_ns // 3 for op in ops) + 1_000
+            self._x("cuda_runtime", "cudaStreamEndCapture", st.pid, tid, t_end, t_end + 2_000, {"External id": ext, "cbid": 318, "correlation": self._next_corr()})
+            self._x("cuda_runtime", "cudaGraphInstantiate", st.pid, tid, t_end + 3_000, t_end + 40_000, {"External id": ext, "cbid": 393, "correlation": self._next_corr()})
+            t_launch = t_end + 41_000
+        ext, corr = self._next_ext(), self._next_corr()
+        self._x("cpu_op", "CUDAGraph::replay", st.pid, tid, t_launch - 2_000, t_launch + 9_000, {"External id": ext, "Record function id": 0, "Ev Idx": self._idx()})
+        self._x("cuda_runtime", "cudaGraphLaunch", st.pid, tid, t_launch, t_launch + 6_000, {"External id": ext, "cbid": 311, "correlation": corr})
+        self.counts["graph_launches"] = self.counts.get("graph_launches", 0) + 1
+        self._ev({"ph": "s", "id": corr, "pid": st.pid, "tid": tid, "ts": self.ts(t_launch), "cat": "ac2g", "name": "ac2g"}, "ac2g")
+        for op in ops:
+            self._kernel_event(op, op.name, ext, corr)
+            self._ev({"ph": "f", "id": corr, "pid": self.dev, "tid": op.stream, "ts": self.ts(op.start), "cat": "ac2g", "name": "ac2g", "bp": "e"}, "ac2g")
+            self.counts["graph_kernels"] = self.counts.get("graph_kernels", 0) + 1
+            self.counts["graph_kernel_ns"] = self.counts.get("graph_kernel_ns", 0) + (op.end or op.start) - op.start
+
     def _flows(self, corr: int, op: Op) -> None:
         st = self.st
         self._ev({"ph": "s", "id": corr, "pid": st.pid, "tid": op.tid, "ts": self.ts(op.launch), "cat": "ac2g", "name": "ac2g"}, "ac2g")
@@ -235,6 +279,10 @@ class TraceWriter:
             self._x("cpu_op", cpu_name, st.pid, op.tid, op.cpu_start, op.cpu_start + op.host_ns - 500, {"External id": ext, "Record function id": 0, "Ev Idx": self._idx()})
         corr = self._next_corr()
         self._x(api_cat, api, st.pid, op.tid, op.launch, op.launch + op.host_ns // 3, {"External id": ext, "cbid": cbid, "correlation": corr})
+        self._kernel_event(op, kernel_name or op.name, ext, corr, extra_args)
+        self._flows(corr, op)
+
+    def _kernel_event(self, op: Op, name: str, ext: int, corr: int, extra_args: dict[str, Any] | None = None) -> None:
         grid, block = op.meta if isinstance(op.meta, tuple) else (8, 640)
         sms = self.job.gpu.num_sms
         args: dict[str, Any] = {
@@ -246,8 +294,9 @@ class TraceWriter:
         if extra_args:
             args.update(extra_args)
         assert op.end is not None
-        self._x("kernel", kernel_name or op.name, self.dev, op.stream, op.start, op.end, args)
-        self._flows(corr, op)
+        self._x("kernel", name, self.dev, op.stream, op.start, op.end, args)
+        if self.job.cuda_graphs:  # the truth of the graph scenarios: every kernel's time, to share the graphs' out
+            self.counts["kernel_ns"] = self.counts.get("kernel_ns", 0) + op.end - op.start
 
     def _collective(self, op: Op) -> None:
         st, job = self.st, self.job

@@ -270,6 +270,9 @@ class Job:
     tuning_lines: bool = False
     faults: tuple[dict[str, Any], ...] = ()
     stage_scale: tuple[float, ...] = ()  # per pipeline stage compute multiplier (stage imbalance)
+    cuda_graphs: str = ""            # "" eager; "replay": each step's compute kernels replay from one CUDA graph
+                                     # (one cudaGraphLaunch under CUDAGraph::replay); "capture": the same, and the
+                                     # first profiled step also captures the graph (its launches run nothing)
     label: str = ""
 
     def with_(self, **kw: Any) -> Job:

@@ -84,6 +84,8 @@ def _ddp(ranks: int | None, steps: int | None, params: Params, default: int = 8,
     n = ranks or default
     mode = params.choice("dp_mode", job.pop("dp_mode", "ddp"), ("ddp", "fsdp"))
     job["dp_mode"] = mode
+    graphs = params.choice("cuda_graphs", job.pop("cuda_graphs", "off"), ("off", "replay", "capture"))
+    job["cuda_graphs"] = "" if graphs == "off" else graphs
     layers = params.integer("layers", 12 if n <= 16 else 6, 1, 256)
     work = Workload(layers=layers, hidden=params.integer("hidden", 1024, 8, 65536), seq=params.integer("seq", 4096, 1, 1 << 20),
                     micro_batch=params.integer("micro_batch", 8, 1, 4096))
@@ -131,6 +133,17 @@ def ddp_straggler(ranks: int | None, steps: int | None, params: Params) -> Job:
     n = ranks or 8
     r = _culprit(params, n, 5 if n > 5 else n - 1)
     return _ddp(ranks, steps, params, faults=({"kind": "compute_straggler", "ranks": (r,), "slowdown": params.number("slowdown", 0.15, 0.0, 10.0)},))
+
+
+def graph_straggler(ranks: int | None, steps: int | None, params: Params) -> Job:
+    n = ranks or 16
+    r = _culprit(params, n, 5 if n > 5 else n - 1)
+    return _ddp(ranks, steps, params, default=16, cuda_graphs="replay",
+                faults=({"kind": "compute_straggler", "ranks": (r,), "slowdown": params.number("slowdown", 0.15, 0.0, 10.0)},))
+
+
+def graph_capture(ranks: int | None, steps: int | None, params: Params) -> Job:
+    return _ddp(ranks, steps, params, cuda_graphs="capture", label="clean")
 
 
 def host_straggler(ranks: int | None, steps: int | None, params: Params) -> Job:
@@ -359,6 +372,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("pp_imbalance_stage2", "pipeline stage imbalance: stage 2 computes 25% longer", pp_imbalance_stage2),
     Scenario("old_nccl", "healthy DDP job on NCCL 2.18 (old ncclKernel_* names, fp32 grads)", old_nccl),
     Scenario("ddp_straggler", "one rank's GPU compute is slower (compute straggler)", ddp_straggler),
+    Scenario("graph_straggler", "16-rank DDP job whose compute kernels replay from CUDA graphs (one cudaGraphLaunch per step, "
+             "capture not profiled); one rank's GPU compute is slower", graph_straggler),
+    Scenario("graph_capture", "healthy DDP job replaying its compute from CUDA graphs; the first profiled step also "
+             "captures the graph", graph_capture),
     Scenario("host_straggler", "one rank's host launches kernels slowly (launch-bound straggler; its node logs CPU thermal throttling)", host_straggler, kernel_log="throttle"),
     Scenario("late_rank", "one rank's data loader stalls every step; the others busy-wait in NCCL", late_rank),
     Scenario("input_bound", "input-bound job: every rank's data loader stalls each step, the GPU idles ~40% of it", input_bound),

@@ -1,0 +1,146 @@
+"""CUDA graph replays (#30): known as such in the kernels frame, attributed (to the capturing ops when the capture
+is in the trace), counted in the coverage line, and no change to what the detectors find.
+
+Real trace: ../shared/sample_data/kineto/hta/rank0.json.gz (facebookresearch/HolisticTraceAnalysis
+tests/data/negative_queue_length_values_check/rank0.json.gz): a torch.compile job on A100 whose compiled regions
+replay CUDA graphs (70 ``cudaGraphLaunch`` calls inside ``CompiledFunction`` / ``CompiledFunctionBackward``, the
+capture not profiled). Expectations are computed from the raw JSON here, not from the parser.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import polars as pl
+import pytest
+from conftest import shared_path
+
+from forensics.analyze import load
+from forensics.context import JobContext
+from forensics.detectors import run_detectors
+from forensics.op_categories import GRAPH_REPLAY_OP, NOTE_SHARE
+
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+@pytest.fixture(scope="module")
+def hta_rank0(tmp_path_factory):
+    src = shared_path("kineto", "hta", "rank0.json.gz")
+    run = tmp_path_factory.mktemp("hta_graphs")
+    (run / "rank0.json.gz").write_bytes(src.read_bytes())  # a run folder of its own (in tmp, not the repo)
+    raw = json.loads(gzip.decompress(src.read_bytes()))
+    _, frames = load(run, workers=1)
+    return raw["traceEvents"], JobContext(frames)
+
+
+def _raw_graph_events(events: list) -> tuple[list, list]:
+    launches = {e["args"]["correlation"] for e in events
+                if e.get("cat") == "cuda_runtime" and e.get("name") == "cudaGraphLaunch"}
+    gpu = [e for e in events if e.get("cat") in GPU_CATS and e.get("ph") == "X"]
+    return [e for e in gpu if e["args"].get("correlation") in launches], gpu
+
+
+def test_graph_replayed_kernels_are_marked_on_a_real_trace(hta_rank0):
+    events, ctx = hta_rank0
+    graph, gpu = _raw_graph_events(events)
+    k = ctx.frames["kernels"]
+    marked = k.filter(pl.col("graph_replay"))
+    assert marked.height == len(graph) > 100
+    assert sorted(marked["correlation"].unique().to_list()) == sorted({e["args"]["correlation"] for e in graph})
+    assert k.filter(~pl.col("graph_replay")).height == len(gpu) - len(graph)
+
+
+def test_graph_kernels_are_said_to_be_replayed_with_their_compiled_region(hta_rank0):
+    events, ctx = hta_rank0
+    graph, _ = _raw_graph_events(events)
+    att = ctx.op_attribution
+    replayed = att.filter(pl.col("via") == "graph replay")
+    assert replayed["kernels"].sum() == len(graph)
+    assert replayed["time_ns"].sum() == sum(round(e["dur"] * 1000) for e in graph)
+    assert all(op.startswith(GRAPH_REPLAY_OP) for op in replayed["op"].to_list())
+    # every cudaGraphLaunch of this trace runs inside CompiledFunction or CompiledFunctionBackward
+    assert set(replayed["region"].to_list()) == {"CompiledFunction", "CompiledFunctionBackward"}
+
+
+def test_coverage_says_the_graph_share_in_words(hta_rank0):
+    events, ctx = hta_rank0
+    graph, gpu = _raw_graph_events(events)
+    cov = ctx.coverage
+    total = sum(round(e["dur"] * 1000) for e in gpu)
+    assert cov["gpu_time_ns"] == total
+    share = sum(round(e["dur"] * 1000) for e in graph) / total
+    assert cov["graph_replayed"] == round(share, 4)
+    assert share > NOTE_SHARE
+    assert f"{share:.1%} of GPU time is replayed from CUDA graphs" in cov["line"]
+    assert sum(cov["categories"].values()) == pytest.approx(1.0, abs=1e-3)
+    assert "other" in cov["categories"]
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    cache: dict[tuple, tuple] = {}
+
+    def _run(scenario: str, **kw):
+        key = (scenario, tuple(sorted((k, str(v)) for k, v in kw.items())))
+        if key not in cache:
+            from forensics.simulate import simulate
+
+            out = tmp_path_factory.mktemp(scenario)
+            simulate(scenario, out, seed=0, **kw)
+            truth = json.loads((out / "truth.json").read_text())
+            _, frames = load(out, workers=1)
+            cache[key] = (truth, JobContext(frames))
+        return cache[key]
+
+    return _run
+
+
+def _findings(ctx: JobContext) -> list[tuple]:
+    found, _ = run_detectors(ctx)
+    return [(f.detector, f.severity.value, f.title, tuple(f.ranks), f.gpu_seconds_lost) for f in found]
+
+
+def test_graph_replay_finds_the_same_straggler_as_eager(sim):
+    """The same engine run written eagerly and as graph replays: the same findings, and the graph share the
+    writer put in the truth."""
+    params = {"layers": "4"}
+    truth, graphed = sim("graph_straggler", ranks=8, steps=3, params=params)
+    _, eager = sim("ddp_straggler", ranks=8, steps=3, params=params)
+    found = _findings(graphed)
+    assert found == _findings(eager)
+    assert any(f[0] == "straggler" and f[3] == (5,) for f in found)
+    g = graphed.frames["kernels"].filter(pl.col("graph_replay"))
+    exp = truth["expected"]["cuda_graphs"]
+    assert g.height == exp["graph_kernels"]
+    assert int((g["end_ns"] - g["start_ns"]).sum()) == exp["graph_kernel_ns"]
+    assert graphed.coverage["graph_mapped_to_ops"] == 0.0
+    # the steps are the eager ones: kernels of a replay belong to the step that launched it
+    assert graphed.steps.select("rank", "step", "step_ns").equals(eager.steps.select("rank", "step", "step_ns"))
+
+
+def test_a_profiled_capture_maps_replayed_kernels_to_the_ops_that_captured_them(sim):
+    """graph_capture: the first profiled step captures the graph; every replay (that one and the later steps')
+    is mapped kernel by kernel to the captured launches' ops, which are the eager job's ops."""
+    truth, graphed = sim("graph_capture", ranks=4, steps=2, params={"layers": "2"})
+    _, eager = sim("ddp_clean", ranks=4, steps=2, params={"layers": "2"})
+    att = graphed.op_attribution
+    assert att.filter(pl.col("via") == "graph replay").height == 0
+    mapped = att.filter(pl.col("via") == "graph capture")
+    assert mapped["kernels"].sum() == truth["expected"]["cuda_graphs"]["graph_kernels"]
+    cols = ["rank", "category", "op", "kernels", "time_ns"]
+    eager_compute = eager.op_attribution.filter(~pl.col("category").str.starts_with("nccl")
+                                                & (pl.col("category") != "memcpy")).select(cols).sort(cols)
+    assert mapped.select(cols).sort(cols).equals(eager_compute)
+    assert graphed.coverage["graph_mapped_to_ops"] == graphed.coverage["graph_replayed"] > 0.9
+
+
+def test_graph_kernels_do_not_make_a_rank_launch_bound(sim):
+    from forensics.detectors.gpu_idle import launch_facts
+
+    _, graphed = sim("graph_capture", ranks=4, steps=2, params={"layers": "2"})
+    facts = launch_facts(graphed, [0, 1, 2, 3])
+    # only the eager NCCL kernels and copies are left to judge launch overhead by: long kernels
+    eager = graphed.frames["kernels"].filter(~pl.col("graph_replay") & (pl.col("rank") == 0))
+    assert facts.filter(pl.col("rank") == 0)["median_kernel_us"].item() == pytest.approx(
+        float((eager["end_ns"] - eager["start_ns"]).median()) / 1e3)
