@@ -356,8 +356,13 @@ def _unexplained(attribution: pl.DataFrame, cov: dict[str, Any], total: int) -> 
 
 def _coverage_line(cov: dict[str, Any]) -> str:
     cats = ", ".join(f"{c} {s:.0%}" for c, s in cov["categories"].items() if s >= 0.005)
-    line = (f"GPU time {cov['gpu_time_ns'] / 1e6:,.1f} ms over {cov['ranks']} rank(s): {cov['attributed_to_ops']:.0%} "
-            f"attributed to ops, {cov['graph_replayed']:.0%} replayed from CUDA graphs "
-            f"({cov['graph_mapped_to_ops']:.0%} mapped to the ops that captured them), {cov['compiled_regions']:.0%} in "
-            f"torch.compile regions, {cov['with_flop_model']:.0%} with a FLOP model; by category: {cats}.")
+    parts = [f"{cov['attributed_to_ops']:.0%} attributed to ops"]
+    if cov["graph_replayed"]:
+        parts.append(f"{cov['graph_replayed']:.0%} replayed from CUDA graphs ({cov['graph_mapped_to_ops']:.0%} mapped to "
+                     "the ops that captured them)")
+    if cov["compiled_regions"]:
+        parts.append(f"{cov['compiled_regions']:.0%} in torch.compile regions")
+    parts.append(f"{cov['with_flop_model']:.0%} with a FLOP model")
+    line = (f"GPU time {cov['gpu_time_ns'] / 1e6:,.1f} ms over {cov['ranks']} rank(s): {', '.join(parts)}; "
+            f"by category: {cats}.")
     return " ".join([line, *(n.rstrip(".") + "." for n in cov["notes"])])

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import polars as pl
 
-from forensics.flops import SHAPED_OPS
+from forensics.flops import SHAPED_OPS, TRITON_TEMPLATE_PREFIX
 
 NULL = -(1 << 63)  # integer-buffer stand-in for a missing value
 NAN = math.nan
@@ -171,7 +171,7 @@ class Extractor:
             code = self.names[key] = len(self.names)
             if key.startswith(COMM_OP_PREFIXES):
                 self.comm_name_ids.add(code)
-            elif key in SHAPED_OPS:
+            elif key in SHAPED_OPS or key.startswith(TRITON_TEMPLATE_PREFIX):
                 self.shape_name_ids.add(code)
         return code
 

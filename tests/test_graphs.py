@@ -144,3 +144,44 @@ def test_graph_kernels_do_not_make_a_rank_launch_bound(sim):
     eager = graphed.frames["kernels"].filter(~pl.col("graph_replay") & (pl.col("rank") == 0))
     assert facts.filter(pl.col("rank") == 0)["median_kernel_us"].item() == pytest.approx(
         float((eager["end_ns"] - eager["start_ns"]).median()) / 1e3)
+
+
+# --- torch.compile -----------------------------------------------------------------------------------------------
+
+
+def test_a_compiled_kernel_of_a_real_trace_is_attributed_to_its_launcher_and_region(tmp_path):
+    """tracelens/eager_trace.json.gz (AMD-AGI/TraceLens tests/traces/b200/eager_trace.json.gz, vLLM on B200): one
+    inductor kernel, launched under a host op of its own name inside ``## Call CompiledFxGraph <hash> ##``."""
+    src = shared_path("kineto", "tracelens", "eager_trace.json.gz")
+    (tmp_path / "trace.json.gz").write_bytes(src.read_bytes())
+    raw = json.loads(gzip.decompress(src.read_bytes()))["traceEvents"]
+    triton = [e for e in raw if e.get("cat") == "kernel" and e["name"].startswith("triton_")]
+    region = next(e["name"] for e in raw if str(e.get("name")).startswith("## Call CompiledFxGraph"))
+    _, frames = load(tmp_path, workers=1)
+    att = JobContext(frames).op_attribution.filter(pl.col("op").str.starts_with("triton_"))
+    assert att["kernels"].sum() == len(triton) == 1
+    row = att.row(0, named=True)
+    assert (row["category"], row["op"], row["via"]) == ("elementwise", triton[0]["name"], "launch")
+    assert row["region"] == region.removeprefix("## Call ").removesuffix(" ##")
+
+
+def test_a_compiled_model_gets_triton_categories_regions_and_template_flops(sim):
+    truth, ctx = sim("compiled", ranks=2, steps=2, params={"layers": "2"})
+    exp = truth["expected"]["compiled"]
+    tp = ctx.op_throughput.filter(pl.col("op").str.starts_with("triton_tem_"))
+    assert int((tp["gflop_per_call"] * 1e9 * tp["calls"]).sum().__round__()) == exp["triton_template_flops"]
+    assert int(tp["kernel_ns"].sum()) == exp["triton_template_ns"]
+    att = ctx.op_attribution.filter(pl.col("op").str.starts_with("triton_"))
+    assert att["kernels"].sum() == exp["triton_kernels"]
+    assert att["time_ns"].sum() == exp["triton_kernel_ns"]
+    assert set(att["region"].to_list()) == {"CompiledFunction", "CompiledFunctionBackward"}
+    cats = dict(att.group_by(pl.col("op").str.extract(r"^(triton_[a-z]+)_")).agg(pl.col("category").unique()).iter_rows())
+    assert {k: sorted(v) for k, v in cats.items()} == {
+        "triton_tem": ["gemm"], "triton_per": ["normalization"], "triton_red": ["normalization"],
+        "triton_poi": ["elementwise"]}
+    k = ctx.frames["kernels"].filter(pl.col("class") != "sync")
+    total = int((k["end_ns"] - k["start_ns"]).sum())
+    assert ctx.coverage["with_flop_model"] == round(exp["triton_template_ns"] / total, 4)
+    # nothing else changes: the same findings as the eager job
+    _, eager = sim("ddp_clean", ranks=2, steps=2, params={"layers": "2"})
+    assert _findings(ctx) == _findings(eager)

@@ -390,6 +390,9 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
             expected["bubble_fraction_measured_steady"] = round(sum(steady_w) / len(steady_w), 6)
     if job.cuda_graphs:
         expected["cuda_graphs"] = _graph_truth(job, ranks)
+    if job.compiled:
+        expected["compiled"] = {k: sum(w.counts.get(k, 0) for w in writers) for k in (
+            "triton_kernels", "triton_kernel_ns", "triton_template_flops", "triton_template_ns")}
     faults = [_fault_truth(f, job, engine, per_rank, timeout_info) for f in job.faults]
     return {
         "schema": TRUTH_SCHEMA,

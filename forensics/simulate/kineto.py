@@ -16,7 +16,21 @@ from typing import IO, Any
 
 import orjson
 
-from forensics.simulate.engine import COLL, COMPUTE, HOST, MEMCPY, SYNC, Op, RankState
+from forensics.simulate.engine import (
+    ADAM,
+    ADD,
+    COLL,
+    COMPUTE,
+    GELU,
+    GELU_BWD,
+    HOST,
+    LAYER_NORM,
+    LAYER_NORM_BWD,
+    MEMCPY,
+    SYNC,
+    Op,
+    RankState,
+)
 from forensics.simulate.model import Job, ProcessGroup, start_stride
 
 # All trace clocks start here (1 day of "uptime"); baseTimeNanoseconds maps them to the epoch.
@@ -28,6 +42,13 @@ TORCH_COLL = {"allreduce": "allreduce", "allgather": "_allgather_base", "reduce_
               "send": "send", "recv": "recv", "broadcast": "broadcast"}
 ANNOT = {"allreduce": "nccl:all_reduce", "allgather": "nccl:_all_gather_base", "reduce_scatter": "nccl:_reduce_scatter_base",
          "send": "nccl:send", "recv": "nccl:recv", "broadcast": "nccl:broadcast"}
+
+
+TRITON_NAMES = {
+    LAYER_NORM: "triton_per_fused_native_layer_norm", LAYER_NORM_BWD: "triton_red_fused_native_layer_norm_backward",
+    ADD: "triton_poi_fused_add", GELU: "triton_poi_fused_gelu", GELU_BWD: "triton_poi_fused_gelu_backward",
+}
+"""Inductor's kernel families for the eager kernels a compiled layer fuses (GEMMs become mm templates)."""
 
 
 def nccl_kernel_name(op: str, algo: str, proto: str, new: bool) -> str:
@@ -223,7 +244,11 @@ class TraceWriter:
             self._collective(op)
 
     def ops(self, prog: list[Op], step: int) -> None:
-        """One step's ops: eager, or (``job.cuda_graphs``) with its compute kernels replayed from a CUDA graph."""
+        """One step's ops: eager, compiled (``job.compiled``), or (``job.cuda_graphs``) with its compute kernels
+        replayed from a CUDA graph."""
+        if self.job.compiled:
+            self._compiled(prog)
+            return
         if not self.job.cuda_graphs:
             for op in prog:
                 self.op(op)
@@ -235,6 +260,46 @@ class TraceWriter:
         if graphed:
             capture = self.job.cuda_graphs == "capture" and step == self.job.first_step
             self._graph(graphed, capture)
+
+    def _compiled(self, prog: list[Op]) -> None:
+        """torch.compile: each run of compute ops on a thread (up to its next other op) is one compiled region,
+        ``CompiledFunction`` on the main thread, ``CompiledFunctionBackward`` on the autograd thread; inside it
+        the kernels are Triton kernels launched by ``cuLaunchKernel`` under a host op of their own name (as
+        inductor's launcher records them), GEMMs as ``triton_tem_fused_mm_N`` with their input shapes. Flash
+        attention stays an aten kernel, the fused optimizer stays outside the regions."""
+        runs: dict[int, list[Op]] = {}
+        for op in prog:
+            compiled = op.kind == COMPUTE and op.end is not None and op.name != ADAM
+            if not compiled:
+                self._region(runs.pop(op.tid, []))
+                self.op(op)
+                continue
+            runs.setdefault(op.tid, []).append(op)
+        for run in runs.values():
+            self._region(run)
+
+    def _region(self, ops: list[Op]) -> None:
+        if not ops:
+            return
+        st = self.st
+        name = "CompiledFunction" if ops[0].tid == st.pid else "CompiledFunctionBackward"
+        end = max(max(op.cpu_start + op.host_ns - 500, op.launch + op.host_ns // 3) for op in ops)
+        self._x("cpu_op", name, st.pid, ops[0].tid, ops[0].cpu_start - 200, end + 200, {"External id": self._next_ext(), "Record function id": 0, "Ev Idx": self._idx()})
+        for i, op in enumerate(ops):
+            triton = "triton_tem_fused_mm" if op.dims is not None else TRITON_NAMES.get(op.name)
+            if triton is None:
+                self._launch(op, op.cpu, "cudaLaunchKernel", "cuda_runtime", 211)
+                continue
+            kname = f"{triton}_{i}"
+            cpu_args: dict[str, Any] = {"kernel_backend": "triton", "kernel_name": kname}
+            if op.dims is not None:
+                m, k, n = op.dims
+                cpu_args.update({"Input Dims": [[m, k], [k, n], [m, n]], "Input type": ["c10::BFloat16"] * 3})
+                self.counts["triton_template_flops"] = self.counts.get("triton_template_flops", 0) + 2 * m * k * n
+                self.counts["triton_template_ns"] = self.counts.get("triton_template_ns", 0) + (op.end or op.start) - op.start
+            self._launch(op, kname, "cuLaunchKernel", "cuda_driver", 307, kernel_name=kname, cpu_args=cpu_args)
+            self.counts["triton_kernels"] = self.counts.get("triton_kernels", 0) + 1
+            self.counts["triton_kernel_ns"] = self.counts.get("triton_kernel_ns", 0) + (op.end or op.start) - op.start
 
     def _graph(self, ops: list[Op], capture: bool) -> None:
         """The compute kernels of one step as one graph replay: ``CUDAGraph::replay`` > ``cudaGraphLaunch``, every
@@ -272,11 +337,13 @@ class TraceWriter:
         self._ev({"ph": "f", "id": corr, "pid": self.dev, "tid": op.stream, "ts": self.ts(op.start), "cat": "ac2g", "name": "ac2g", "bp": "e"}, "ac2g")
 
     def _launch(self, op: Op, cpu_name: str, api: str, api_cat: str, cbid: int, ext: int | None = None,
-                extra_args: dict[str, Any] | None = None, kernel_name: str | None = None) -> None:
+                extra_args: dict[str, Any] | None = None, kernel_name: str | None = None,
+                cpu_args: dict[str, Any] | None = None) -> None:
         st = self.st
         if ext is None:
             ext = self._next_ext()
-            self._x("cpu_op", cpu_name, st.pid, op.tid, op.cpu_start, op.cpu_start + op.host_ns - 500, {"External id": ext, "Record function id": 0, "Ev Idx": self._idx()})
+            self._x("cpu_op", cpu_name, st.pid, op.tid, op.cpu_start, op.cpu_start + op.host_ns - 500,
+                    {"External id": ext, "Record function id": 0, "Ev Idx": self._idx(), **(cpu_args or {})})
         corr = self._next_corr()
         self._x(api_cat, api, st.pid, op.tid, op.launch, op.launch + op.host_ns // 3, {"External id": ext, "cbid": cbid, "correlation": corr})
         self._kernel_event(op, kernel_name or op.name, ext, corr, extra_args)

@@ -273,6 +273,8 @@ class Job:
     cuda_graphs: str = ""            # "" eager; "replay": each step's compute kernels replay from one CUDA graph
                                      # (one cudaGraphLaunch under CUDAGraph::replay); "capture": the same, and the
                                      # first profiled step also captures the graph (its launches run nothing)
+    compiled: bool = False           # torch.compile: Triton kernels (GEMMs as mm templates with their shapes) launched
+                                     # inside CompiledFunction / CompiledFunctionBackward regions
     label: str = ""
 
     def with_(self, **kw: Any) -> Job:

@@ -86,6 +86,9 @@ def _ddp(ranks: int | None, steps: int | None, params: Params, default: int = 8,
     job["dp_mode"] = mode
     graphs = params.choice("cuda_graphs", job.pop("cuda_graphs", "off"), ("off", "replay", "capture"))
     job["cuda_graphs"] = "" if graphs == "off" else graphs
+    job["compiled"] = params.flag("compiled", int(job.pop("compiled", False)))
+    if job["compiled"] and job["cuda_graphs"]:
+        raise ScenarioError("--param compiled=1 with cuda_graphs: not simulated together (pick one)")
     layers = params.integer("layers", 12 if n <= 16 else 6, 1, 256)
     work = Workload(layers=layers, hidden=params.integer("hidden", 1024, 8, 65536), seq=params.integer("seq", 4096, 1, 1 << 20),
                     micro_batch=params.integer("micro_batch", 8, 1, 4096))
@@ -144,6 +147,10 @@ def graph_straggler(ranks: int | None, steps: int | None, params: Params) -> Job
 
 def graph_capture(ranks: int | None, steps: int | None, params: Params) -> Job:
     return _ddp(ranks, steps, params, cuda_graphs="capture", label="clean")
+
+
+def compiled(ranks: int | None, steps: int | None, params: Params) -> Job:
+    return _ddp(ranks, steps, params, compiled=True, label="clean")
 
 
 def host_straggler(ranks: int | None, steps: int | None, params: Params) -> Job:
@@ -376,6 +383,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "capture not profiled); one rank's GPU compute is slower", graph_straggler),
     Scenario("graph_capture", "healthy DDP job replaying its compute from CUDA graphs; the first profiled step also "
              "captures the graph", graph_capture),
+    Scenario("compiled", "healthy DDP job compiled with torch.compile: Triton kernels (GEMMs as mm templates with "
+             "recorded shapes) inside CompiledFunction / CompiledFunctionBackward regions", compiled),
     Scenario("host_straggler", "one rank's host launches kernels slowly (launch-bound straggler; its node logs CPU thermal throttling)", host_straggler, kernel_log="throttle"),
     Scenario("late_rank", "one rank's data loader stalls every step; the others busy-wait in NCCL", late_rank),
     Scenario("input_bound", "input-bound job: every rank's data loader stalls each step, the GPU idles ~40% of it", input_bound),
