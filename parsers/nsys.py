@@ -28,6 +28,7 @@ from urllib.parse import quote
 
 import polars as pl
 from forensics.parsers.common import ParseContext, ParseResult
+from forensics.parsers.kineto_names import TP_OVERLAP_KERNEL
 
 from forensics import frames as fr
 from forensics.hosts import short_host
@@ -434,7 +435,8 @@ def classify_kernels(df: pl.DataFrame) -> pl.DataFrame:
     coll_token = base.str.extract(_NCCL_COLL, 1)
     return df.with_columns(
         pl.when(pl.col("kind") == "kernel")
-        .then(pl.when(is_nccl | pl.col("name").str.contains(DEEPEP_KERNEL)).then(pl.lit("comm")).otherwise(pl.lit("compute")))
+        .then(pl.when(is_nccl | pl.col("name").str.contains(DEEPEP_KERNEL) | base.str.contains(TP_OVERLAP_KERNEL))
+              .then(pl.lit("comm")).otherwise(pl.lit("compute")))
         .otherwise(pl.col("kind"))
         .alias("class"),
         pl.when(is_nccl).then(coll_token.replace_strict(COLLECTIVES, default=None, return_dtype=pl.String())).alias("collective"),
