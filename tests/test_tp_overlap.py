@@ -64,3 +64,28 @@ def test_their_overlap_is_measured_and_only_the_part_outside_gemms_is_exposed(ct
     kernels = ctx.match.kernels
     assert set(kernels["transfer_how"].to_list()) == {"unknown"}
     assert kernels["matched"].sum() == 0
+
+
+def test_fsdp2_collectives_are_dp_communication_with_the_prefetch_overlap_of_fsdp(tmp_path_factory):
+    """fsdp2_prefetch is fsdp_clean's engine run written as FSDP2 (all_gather_into_tensor / reduce_scatter_tensor on
+    the mesh's own dp_shard group): the same transfer, overlap and exposure, under the DP type instead of default;
+    NCCL time outside compute equals the simulator's own per-rank figure."""
+    from forensics.simulate import simulate
+
+    out: dict[str, JobContext] = {}
+    truth: dict = {}
+    for name in ("fsdp_clean", "fsdp2_prefetch"):
+        run = tmp_path_factory.mktemp(name)
+        truth = simulate(name, run, ranks=4, steps=2, seed=0, params={"layers": "3"})
+        out[name] = JobContext(load(run, workers=1)[1])
+    f1, f2 = out["fsdp_clean"], out["fsdp2_prefetch"]
+    assert set(f2.match.kernels["pg_type"].to_list()) == {"DP"}
+    assert set(f2.match.kernels["collective"].to_list()) == {"allgather", "reduce_scatter"}
+    assert f2.match.unmatched == {"incomplete_instances": 0, "inconsistent_instances": 0}
+    for part in ("tx", "overlap", "exposed"):
+        assert f2.steps[f"{part}_DP_ns"].to_list() == f1.steps[f"{part}_default_ns"].to_list()
+    # the prefetch hides most of it (the first layer's gather has nothing to hide under)
+    assert f2.steps["overlap_DP_ns"].sum() > 3 * f2.steps["exposed_DP_ns"].sum()
+    outside = f2.steps.group_by("rank").agg((pl.col("comm_exposed_ns") + pl.col("comm_wait_ns")).mean()).sort("rank")
+    assert outside["comm_exposed_ns"].to_list() == pytest.approx(
+        [m["exposed_comm_ns_mean"] for m in truth["metrics"]], rel=0.01)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from forensics.simulate.model import Job, ProcessGroup, build_groups, choose_algo, group_of, hsdp_groups
+from forensics.simulate.model import Job, ProcessGroup, build_groups, choose_algo, fsdp2_groups, group_of, hsdp_groups
 
 # op kinds
 COMPUTE, MEMCPY, COLL, HOST, SYNC = range(5)
@@ -153,7 +153,8 @@ class Engine:
         self.job = job
         self.seed = seed
         self.topo = job.topo
-        self.groups = hsdp_groups(job.topo, job.shard) or build_groups(job.topo)
+        self.groups = (hsdp_groups(job.topo, job.shard) or (fsdp2_groups(job.topo) if job.fsdp2 else [])
+                       or build_groups(job.topo))
         self.hosts = hosts
         self.colls: dict[tuple, Coll] = {}
         self.states: list[RankState] = []

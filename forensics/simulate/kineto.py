@@ -40,6 +40,8 @@ EPOCH_NS = 1_773_478_800_000_000_000  # 2026-03-14T09:00:00Z: the simulated job'
 OLD_COLL = {"allreduce": "AllReduce", "allgather": "AllGather", "reduce_scatter": "ReduceScatter", "broadcast": "Broadcast"}
 TORCH_COLL = {"allreduce": "allreduce", "allgather": "_allgather_base", "reduce_scatter": "_reduce_scatter_base",
               "send": "send", "recv": "recv", "broadcast": "broadcast"}
+FSDP2_COLL = {"allgather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor"}
+"""FSDP2's collectives as ``record_param_comms`` and the ``nccl:`` annotation name them."""
 ANNOT = {"allreduce": "nccl:all_reduce", "allgather": "nccl:_all_gather_base", "reduce_scatter": "nccl:_reduce_scatter_base",
          "send": "nccl:send", "recv": "nccl:recv", "broadcast": "nccl:broadcast"}
 
@@ -380,8 +382,9 @@ class TraceWriter:
             out_n = nelems // len(c.members)
         pg = c.pg
         first, stride = start_stride(c.members) if kind in ("send", "recv") else pg.start_stride
+        torch_name = FSDP2_COLL.get(kind, TORCH_COLL[kind]) if job.fsdp2 else TORCH_COLL[kind]
         coll_args: dict[str, Any] = {
-            "Collective name": TORCH_COLL[kind], "In msg nelems": in_n, "Out msg nelems": out_n,
+            "Collective name": torch_name, "In msg nelems": in_n, "Out msg nelems": out_n,
             "Group size": len(pg.ranks), "dtype": dtype, "In split size": "[]", "Out split size": "[]",
             "Process Group Name": pg.name, "Process Group Description": pg.desc,
             "Process Group Ranks": pg.ranks_text,
@@ -399,7 +402,8 @@ class TraceWriter:
         elif kind == "recv":
             rpc["Src Rank"] = c.members[0]
         self._x("cpu_op", "record_param_comms", st.pid, op.tid, t0 + 1_500, t1 - 1_000, rpc)
-        self._x("user_annotation", ANNOT[kind], st.pid, op.tid, t0 + 3_000, t1 - 2_000, {"External id": e3, "Record function id": 0, "Ev Idx": self._idx()})
+        annot = f"nccl:{torch_name}" if job.fsdp2 and kind in FSDP2_COLL else ANNOT[kind]
+        self._x("user_annotation", annot, st.pid, op.tid, t0 + 3_000, t1 - 2_000, {"External id": e3, "Record function id": 0, "Ev Idx": self._idx()})
         self.counts["comms"] = self.counts.get("comms", 0) + 1
         api, api_cat, cbid = ("cuLaunchKernelEx", "cuda_driver", 652) if new else ("cudaLaunchKernel", "cuda_runtime", 211)
         op.meta = (c.channels, 512 if new else 640)

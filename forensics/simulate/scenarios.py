@@ -87,6 +87,9 @@ def _ddp(ranks: int | None, steps: int | None, params: Params, default: int = 8,
     graphs = params.choice("cuda_graphs", job.pop("cuda_graphs", "off"), ("off", "replay", "capture"))
     job["cuda_graphs"] = "" if graphs == "off" else graphs
     job["compiled"] = params.flag("compiled", int(job.pop("compiled", False)))
+    job["fsdp2"] = params.flag("fsdp2", int(job.pop("fsdp2", False)))
+    if job["fsdp2"] and mode != "fsdp":
+        raise ScenarioError("--param fsdp2=1 needs dp_mode=fsdp")
     if job["compiled"] and job["cuda_graphs"]:
         raise ScenarioError("--param compiled=1 with cuda_graphs: not simulated together (pick one)")
     layers = params.integer("layers", 12 if n <= 16 else 6, 1, 256)
@@ -147,6 +150,10 @@ def graph_straggler(ranks: int | None, steps: int | None, params: Params) -> Job
 
 def graph_capture(ranks: int | None, steps: int | None, params: Params) -> Job:
     return _ddp(ranks, steps, params, cuda_graphs="capture", label="clean")
+
+
+def fsdp2_prefetch(ranks: int | None, steps: int | None, params: Params) -> Job:
+    return _ddp(ranks, steps, params, dp_mode="fsdp", fsdp2=True, label="clean")
 
 
 def compiled(ranks: int | None, steps: int | None, params: Params) -> Job:
@@ -383,6 +390,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "capture not profiled); one rank's GPU compute is slower", graph_straggler),
     Scenario("graph_capture", "healthy DDP job replaying its compute from CUDA graphs; the first profiled step also "
              "captures the graph", graph_capture),
+    Scenario("fsdp2_prefetch", "healthy FSDP2 job on a device mesh: all_gather_into_tensor prefetched a layer ahead, "
+             "reduce_scatter_tensor of gradients, both on the mesh's dp_shard group", fsdp2_prefetch),
     Scenario("compiled", "healthy DDP job compiled with torch.compile: Triton kernels (GEMMs as mm templates with "
              "recorded shapes) inside CompiledFunction / CompiledFunctionBackward regions", compiled),
     Scenario("host_straggler", "one rank's host launches kernels slowly (launch-bound straggler; its node logs CPU thermal throttling)", host_straggler, kernel_log="throttle"),
