@@ -16,10 +16,10 @@ import polars as pl
 import pytest
 from conftest import shared_path
 
-from forensics.analyze import load
-from forensics.context import JobContext
 from forensics.detectors import run_detectors
-from forensics.op_categories import GRAPH_REPLAY_OP, NOTE_SHARE
+from forensics.facts.context import JobContext
+from forensics.facts.op_categories import GRAPH_REPLAY_OP, NOTE_SHARE
+from forensics.pipeline import load
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 

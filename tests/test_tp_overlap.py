@@ -13,8 +13,8 @@ import json
 import polars as pl
 import pytest
 
-from forensics.analyze import load
-from forensics.context import JobContext
+from forensics.facts.context import JobContext
+from forensics.pipeline import load
 
 UB = "userbuffers_fp16_sum_inplace_gpu_rr_rs(void*, int, int, int, int, int, int, void**, int*, int*, int)"
 SYMM = "void c10d::symmetric_memory::two_shot_all_reduce_kernel<c10::BFloat16, 8>(c10::BFloat16**, unsigned long)"
@@ -89,3 +89,26 @@ def test_fsdp2_collectives_are_dp_communication_with_the_prefetch_overlap_of_fsd
     outside = f2.steps.group_by("rank").agg((pl.col("comm_exposed_ns") + pl.col("comm_wait_ns")).mean()).sort("rank")
     assert outside["comm_exposed_ns"].to_list() == pytest.approx(
         [m["exposed_comm_ns_mean"] for m in truth["metrics"]], rel=0.01)
+
+
+def test_symmetric_memory_all_reduces_of_a_real_trace_are_tp_communication(tmp_path):
+    """tracelens/eager_trace.json.gz (AMD-AGI/TraceLens tests/traces/b200/eager_trace.json.gz): vLLM with TP=8 on
+    B200 runs its all-reduces as PyTorch symmetric memory (``symm_mem::multimem_all_reduce_`` launching
+    ``multimem_all_reduce_kernel``), beside one NCCL all-gather. Expectations from the raw JSON."""
+    import gzip
+
+    from conftest import shared_path
+
+    src = shared_path("kineto", "tracelens", "eager_trace.json.gz")
+    (tmp_path / "trace.json.gz").write_bytes(src.read_bytes())
+    raw = json.loads(gzip.decompress(src.read_bytes()))["traceEvents"]
+    symm = [e for e in raw if e.get("cat") == "kernel" and "multimem_all_reduce_kernel" in e["name"]]
+    gpu = [e for e in raw if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    ctx = JobContext(load(tmp_path, workers=1)[1])
+    k = ctx.kernel_categories.filter(pl.col("name").str.contains("multimem_all_reduce_kernel"))
+    assert k.height == len(symm) > 10
+    assert set(k["class"].cast(pl.String).to_list()) == {"comm"}
+    assert set(k["collective"].to_list()) == {"allreduce"}
+    assert set(k["category"].to_list()) == {"nccl:TP"}
+    share = sum(round(e["dur"] * 1000) for e in symm) / sum(round(e["dur"] * 1000) for e in gpu)
+    assert ctx.coverage["categories"]["nccl:TP"] == round(share, 4)

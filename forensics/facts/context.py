@@ -215,7 +215,7 @@ class JobContext:
     @cached_property
     def coverage(self) -> dict[str, Any]:
         """How much of the GPU time is attributed to ops, replayed from CUDA graphs, in each category, with a
-        FLOP model, and what is not explained, in words (:func:`forensics.op_categories.gpu_time_coverage`)."""
+        FLOP model, and what is not explained, in words (:func:`forensics.facts.op_categories.gpu_time_coverage`)."""
         return gpu_time_coverage(self.op_attribution, self.op_throughput)
 
     @cached_property

@@ -295,7 +295,7 @@ def gpu_time_coverage(attribution: pl.DataFrame, throughput: pl.DataFrame) -> di
     explains: shares attributed to ops, replayed from CUDA graphs (and of those, mapped to the capturing
     ops), in compiled regions, with a FLOP model, per category (``other`` included), the parts left
     unexplained, and a sentence for each of those holding at least :data:`NOTE_SHARE` of the time.
-    ``attribution`` is :func:`op_attribution`; ``throughput`` :func:`forensics.flops.op_throughput`."""
+    ``attribution`` is :func:`op_attribution`; ``throughput`` :func:`forensics.facts.op_throughput.op_throughput`."""
     total = int(attribution["time_ns"].sum() or 0)
     if total <= 0:
         return {"gpu_time_ns": 0, "line": "No GPU kernel time in the traces: nothing to attribute.", "notes": [],
