@@ -185,3 +185,49 @@ def test_a_compiled_model_gets_triton_categories_regions_and_template_flops(sim)
     # nothing else changes: the same findings as the eager job
     _, eager = sim("ddp_clean", ranks=2, steps=2, params={"layers": "2"})
     assert _findings(ctx) == _findings(eager)
+
+
+def _graph_trace(launch_api: str, node_ids: bool) -> dict:
+    """A hand-written rank-0 trace: one step, a graph launched once (``launch_api``) running three kernels that
+    start out of node order (the graph's nodes 1 and 2 run on two streams), after a capture of three launches
+    under aten::mm, aten::add, aten::relu in that order; with ``node_ids`` the kernels carry `graph id` / `graph
+    node id` args."""
+    ev: list[dict] = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0.0,
+                       "dur": 500.0, "args": {}},
+                      {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamBeginCapture", "pid": 1, "tid": 1,
+                       "ts": 1.0, "dur": 1.0, "args": {"correlation": 1}}]
+    for i, op in enumerate(("aten::mm", "aten::add", "aten::relu")):
+        ev.append({"ph": "X", "cat": "cpu_op", "name": op, "pid": 1, "tid": 1, "ts": 10.0 + 10 * i, "dur": 5.0,
+                   "args": {"External id": 10 + i}})
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                   "ts": 11.0 + 10 * i, "dur": 2.0, "args": {"External id": 10 + i, "correlation": 10 + i}})
+    ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamEndCapture", "pid": 1, "tid": 1, "ts": 50.0,
+               "dur": 1.0, "args": {"correlation": 20}})
+    ev.append({"ph": "X", "cat": "cuda_runtime", "name": launch_api, "pid": 1, "tid": 1, "ts": 60.0, "dur": 5.0,
+               "args": {"External id": 30, "correlation": 30}})
+    # node 0 (gemm) first; node 2 (relu) starts before node 1 (add), on another stream
+    for node, (name, start, stream) in enumerate((("gemm_kernel", 100.0, 7), ("add_kernel", 160.0, 7),
+                                                 ("relu_kernel", 150.0, 9))):
+        args: dict = {"device": 0, "stream": stream, "correlation": 30, "External id": 30}
+        if node_ids:
+            args.update({"graph id": 5, "graph node id": 100 + node})
+        ev.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": start, "dur": 40.0,
+                   "args": args})
+    return {"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": ev}
+
+
+@pytest.mark.parametrize("launch_api", ["cudaGraphLaunch", "hipGraphLaunch"])
+@pytest.mark.parametrize("node_ids", [True, False])
+def test_a_capture_maps_kernels_by_graph_node_or_by_order(tmp_path, launch_api, node_ids):
+    (tmp_path / "rank0.pt.trace.json").write_text(json.dumps(_graph_trace(launch_api, node_ids)))
+    ctx = JobContext(load(tmp_path, workers=1)[1])
+    k = ctx.frames["kernels"].sort("name")
+    assert k["graph_replay"].to_list() == [True, True, True]
+    assert k["graph_node_id"].to_list() == ([101, 100, 102] if node_ids else [None, None, None])
+    att = ctx.op_attribution
+    ops = dict(zip(att["kernel_names"].list.first().to_list(), att["op"].to_list()))
+    assert set(att["via"].to_list()) == {"graph capture"}
+    if node_ids:  # node order: relu is the graph's third node although it started second
+        assert ops == {"gemm_kernel": "aten::mm", "add_kernel": "aten::add", "relu_kernel": "aten::relu"}
+    else:  # start order: what a trace without node ids can tell
+        assert ops == {"gemm_kernel": "aten::mm", "relu_kernel": "aten::add", "add_kernel": "aten::relu"}
