@@ -71,21 +71,29 @@ class KernelLogBatch:
     def finish(self) -> tuple[list[ParseResult], dict[str, pl.DataFrame]]:
         """The result of every file ``add`` took (in order) and the frame of them all."""
         return [_file_result(f) for f in self.files], {"kernel_events": _frame(self.files)}
+
+
 def parse(path: Path, ctx: ParseContext) -> ParseResult:
     """One kernel log (a batch of one)."""
     batch = KernelLogBatch()
     early = batch.add(path, ctx)
     return early if early is not None else _only(batch)
+
+
 def parse_text(text: str, source: str, mtime_ns: int | None = None, bad_bytes: int = 0) -> ParseResult:
     """Parse kernel-log text; ``mtime_ns`` (the file's mtime) supplies the year of year-less stamps
     when the text has no absolute stamp of its own."""
     batch = KernelLogBatch()
     batch.add_text(text, source, mtime_ns, bad_bytes)
     return _only(batch)
+
+
 def _only(batch: KernelLogBatch) -> ParseResult:
     results, frames = batch.finish()
     results[0].frames = frames
     return results[0]
+
+
 @dataclass
 class _File:
     """One log's collected records, column by column."""
@@ -94,8 +102,12 @@ class _File:
     cols: dict[str, list[Any]]
     bad_bytes: int
     long_note: str | None  # over-long lines skipped (LongLines.note)
+
+
 _COLUMNS = ("host", "line", "time_text", "time_format", "mono_ns", "wall_ns", "wall_source", "facility",
             "level", "kind", "pci_bus_id", "xid", "pid", "process", "message", "fields", "segment")
+
+
 class _Collector:
     """The records of one kernel-log text, column by column, built line by line."""
 
@@ -179,6 +191,8 @@ class _Collector:
             if ns is not None and self.cols["wall_ns"][row] is None:
                 self.cols["wall_ns"][row] = ns + delta
                 self.cols["wall_source"][row] = "stamp_year_from_file"
+
+
 def _frame(files: list[_File]) -> pl.DataFrame:
     """The kernel_events rows of every file, in file then line order; ``_f`` (the file's index) keys
     every window, so each file is worked out as if parsed alone."""
@@ -196,6 +210,8 @@ def _frame(files: list[_File]) -> pl.DataFrame:
     }, strict=False)
     df = _assign_boots_and_place(_carry_gpu_bus_ids(df)).drop("segment", "_f")
     return fr.conform("kernel_events", df)
+
+
 def _file_result(f: _File) -> ParseResult:
     """Status, message and host of one file (counted from its collected columns: no queries); ties
     by name, so the message is the same bytes on every run."""
@@ -216,6 +232,8 @@ def _file_result(f: _File) -> ParseResult:
         result.status = "partial"
         result.message = f"{result.message}; {f.long_note}"
     return result
+
+
 def _carry_gpu_bus_ids(df: pl.DataFrame) -> pl.DataFrame:
     """A driver message printed as several stamped records ("The NVIDIA GPU <bdf>", "(PCI ID: ...) installed
     in this system has", "fallen off the bus ...") names its GPU only in the first: a fallen-off-the-bus or
@@ -229,6 +247,8 @@ def _carry_gpu_bus_ids(df: pl.DataFrame) -> pl.DataFrame:
     fill = (pl.col("kind").is_in(["fallen_off_bus", "gpu_init_failed"]) & pl.col("pci_bus_id").is_null()
             & ((pl.col("line") - at) <= 3)).fill_null(False)
     return df.with_columns(pl.when(fill).then(bus).otherwise(pl.col("pci_bus_id")).alias("pci_bus_id"))
+
+
 def _assign_boots_and_place(df: pl.DataFrame) -> pl.DataFrame:
     """Number boots per host and derive wall time for monotonic-only records where a boot time is known."""
     if df.height == 0:

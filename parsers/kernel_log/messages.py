@@ -31,12 +31,14 @@ _FM_NVSWITCH = re.compile(
     rf"detected NVSwitch (?P<fatality>fatal|non-fatal) error (?P<sxid>\d+) on fid (?P<fid>\d+) on NVSwitch "
     rf"pci bus id (?P<bdf>{BDF4}) physical id (?P<phys>\d+) port (?P<port>\d+)"
 )
+
 # RmInitAdapter: "NVRM: GPU <bdf>: RmInitAdapter failed! (0x<init>:0x<rm>:<line>)", then
 # "NVRM: GPU <bdf>: rm_init_adapter failed, device minor number <n>" (osinit.c); old drivers print no bus id.
 _RM_INIT = re.compile(
     rf"NVRM: (?:GPU (?P<bdf>{BDF4}): )?(?:RmInitAdapter failed! \((?P<init_status>[^)]*)\)|"
     r"rm_init_adapter failed(?:, device minor number| for device bearing minor number) (?P<device_minor>\d+))"
 )
+
 _M: list[tuple[str, str, re.Pattern[str]]] = [
     ("gpu_identity", "uuid", re.compile(rf"NVRM: GPU at PCI:(?P<bdf>{BDF3}): (?P<uuid>GPU-[0-9a-fA-F-]{{36}})")),
     ("gpu_identity", "serial", re.compile(r"NVRM: GPU Board Serial Number: ?(?P<serial>\S*)")),
@@ -176,6 +178,7 @@ _HOST_M4: list[tuple[str, str, re.Pattern[str], str | None]] = [
         r"(?:NIC )?Link is (?P<state>[Uu]p|[Dd]own)\b"), "Link is "),
     ("rcu_stall", "rcu_stall", re.compile(r"rcu: INFO: (?P<flavor>\w+) (?:self-)?detected stalls? on CPUs?"), "rcu: INFO"),
 ]
+
 # A literal every match of the pattern contains: `in` is far cheaper than a regex search, and most
 # lines of a real log match nothing. None = always try.
 _NEEDLE: dict[tuple[str, str], str | None] = {
@@ -208,11 +211,16 @@ _NEEDLE: dict[tuple[str, str], str | None] = {
     ("benign", "noise"): None,
 }
 _M4 = _HOST_M4 + [(kind, tag, rx, _NEEDLE[(kind, tag)]) for kind, tag, rx in _M]
+
 # NVRM lines no specific pattern knows, and generic ``driver dddd:bb:dd.f: text`` device lines.
 _NVRM_ANY = re.compile(r"NVRM: ")
 _DEVICE_ANY = re.compile(rf"^(?P<drv>[\w-]+) (?P<bdf>{BDF4}): ")
+
+
 _INT_KEYS = frozenset({"cpu", "n", "count", "mc", "pid", "secs", "port", "rec", "bit", "module", "gpuidx", "uid",
                        "anon_rss_kb", "peer", "width", "phys", "fid", "tid", "sw", "device_minor"})
+
+
 def classify(msg: str) -> tuple[str, dict[str, Any]]:
     """(kind, fields) for one message."""
     m = _XID.search(msg)
@@ -247,6 +255,8 @@ def classify(msg: str) -> tuple[str, dict[str, Any]]:
     if m:
         return "device_other", {"drv": m.group("drv"), "bdf": m.group("bdf")}
     return "unknown", {}
+
+
 def column_values(kind: str, f: dict[str, Any]) -> tuple[str | None, int | None, int | None, str | None]:
     bdf = f.get("bdf")
     if kind == "ghes":

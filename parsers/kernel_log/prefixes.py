@@ -58,6 +58,8 @@ _P_AFTER_MONO_HOST = re.compile(r"^(?P<host>[A-Za-z0-9][\w.-]*) (?P<ident>kernel
 CONTINUATION = re.compile(r"^(?:\s{2,}|\t)(?=\S)")
 KMSG_DICT = re.compile(r"^ [A-Z_]+=")
 STAMP_START = re.compile(r"^\s*(?:\[\s*[\d+]|\d{4}-\d{2}-\d{2}T|" + MON + r" )")
+
+
 class Rec:
     """The record being assembled; flushed into column lists."""
 
@@ -78,20 +80,30 @@ class Rec:
         # (month, day, hms, frac) of a year-less stamp, resolved once the year is known
         self.year_less: tuple[int, int, str, str | None] | None = None
         self.delta_ns = 0  # dmesg -H: cumulative delta since the last absolute line
+
+
 _LEVELS = ["emerg", "alert", "crit", "err", "warn", "notice", "info", "debug"]
 _FACILITIES = ["kern", "user", "mail", "daemon", "auth", "syslog", "lpr", "news"]
+
+
 # Each peeler matches one wrapper or timestamp prefix at the start of the text, fills the record and returns
 # how many characters it consumed (None: not this prefix). Order matters: peel tries them in this order.
 _Peeler = Callable[[str, "Rec", dict[str, Any]], "int | None"]
+
+
 def _peel_grep(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     m = _P_GREP.match(rest)
     return m.end() if m else None
+
+
 def _peel_alert(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     m = _P_ALERT.match(rest)
     if not m:
         return None
     rec.host = m.group("host").strip()
     return m.end()
+
+
 def _peel_talos(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     m = _P_TALOS.match(rest)
     if not m:
@@ -102,12 +114,16 @@ def _peel_talos(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     rec.time_text, rec.time_format = m.group("iso"), "talos"
     rec.wall_ns, rec.wall_source = iso_ns(m.group("iso")), "stamp"
     return m.end()
+
+
 def _peel_pdsh(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     m = _P_PDSH.match(rest)
     if not m:
         return None
     rec.host = m.group("host")
     return m.end()
+
+
 def _peel_kmsg(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     m = _P_KMSG.match(rest)
     if not m:
@@ -119,12 +135,16 @@ def _peel_kmsg(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     rec.time_text, rec.time_format = m.group("usec"), "kmsg"
     rec.mono_ns = int(m.group("usec")) * 1000
     return m.end()
+
+
 def _peel_prio(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     m = _P_PRIO.match(rest)
     if not m:
         return None
     rec.level = _LEVELS[int(m.group("prio")) & 7]
     return m.end()
+
+
 def _peel_decode(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     m = _P_DECODE.match(rest)
     if not m:
@@ -132,6 +152,8 @@ def _peel_decode(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     rec.facility = "kernel" if m.group("facility") == "kern" else m.group("facility")
     rec.level = m.group("level")
     return m.end()
+
+
 def _peel_iso(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     m = _P_ISO.match(rest)
     if not m:
@@ -143,6 +165,8 @@ def _peel_iso(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     if m.group("ident"):
         rec.facility = m.group("ident")
     return m.end()
+
+
 def _peel_short_full(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     m = _P_SHORT_FULL.match(rest)
     if not m:
@@ -160,6 +184,8 @@ def _peel_short_full(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
         rec.host = m.group("host")
     rec.facility = m.group("ident")
     return m.end()
+
+
 def _peel_syslog(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     m = _P_SYSLOG.match(rest)
     if not m:
@@ -171,6 +197,8 @@ def _peel_syslog(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
         rec.host = m.group("host")
     rec.facility = m.group("ident")
     return m.end()
+
+
 def _peel_wall_kernel(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     """`kernel:` after a `wall` header line: the header gave host and time."""
     m = _P_WALL_KERNEL.match(rest)
@@ -181,12 +209,16 @@ def _peel_wall_kernel(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     rec.time_text, rec.time_format, rec.year_less = stamp[0], "syslog", stamp[1]
     rec.facility = "kernel"
     return m.end()
+
+
 def _peel_bare_kernel(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     m = _P_BARE_KERNEL.match(rest) or _P_WALL_KERNEL.match(rest)
     if not m:
         return None
     rec.facility = "kernel"
     return m.end()
+
+
 def _peel_fm(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     m = _P_FM.match(rest)
     if not m:
@@ -196,6 +228,8 @@ def _peel_fm(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     rec.wall_ns, rec.wall_source = epoch_ns(int(year), MONTHS[mon], int(day), hms), "stamp"
     rec.facility, rec.level = "fabricmanager", m.group("level").lower()
     return m.end()
+
+
 def _peel_ctime(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     m = _P_CTIME.match(rest)
     if not m or (ns := ctime_ns(m.group("ctime"))) is None:
@@ -203,6 +237,8 @@ def _peel_ctime(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     rec.time_text, rec.time_format = m.group("ctime"), "ctime"
     rec.wall_ns, rec.wall_source = ns, "stamp"
     return m.end()
+
+
 def _peel_human_abs(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     m = _P_HUMAN_ABS.match(rest)
     if not m:
@@ -213,6 +249,8 @@ def _peel_human_abs(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     state["human_base"] = rec.year_less
     state["human_delta_ns"] = 0
     return m.end()
+
+
 def _peel_human_rel(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     """`dmesg -H` relative lines: a delta from the last absolute line."""
     m = _P_HUMAN_REL.match(rest)
@@ -224,6 +262,8 @@ def _peel_human_rel(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     rec.year_less = state["human_base"]
     rec.delta_ns = state["human_delta_ns"]
     return m.end()
+
+
 def _peel_mono(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
     m = _P_MONO.match(rest)
     if not m:
@@ -242,6 +282,8 @@ def _peel_mono(rest: str, rec: Rec, state: dict[str, Any]) -> int | None:
             rec.facility = m2.group("ident")
             end += m2.end()
     return end
+
+
 # Every prefix peeler, in the order they are tried, with the characters its pattern can start with (none
 # matches an empty text): a line is offered only to the peelers its first character allows, in this order.
 # Most lines start with `[` or a letter, so 1-5 peelers are tried instead of 17 (the calls, not the regexes,
@@ -254,10 +296,14 @@ _PEELER_STARTS: tuple[tuple[_Peeler, str], ...] = (
     (_peel_human_rel, r"\["), (_peel_mono, r"\["),
 )
 _PEELERS: tuple[_Peeler, ...] = tuple(p for p, _ in _PEELER_STARTS)
+
+
 @functools.cache
 def _peelers_for(c: str) -> tuple[_Peeler, ...]:
     """The peelers a text starting with the character ``c`` can match, in order (one tuple per character)."""
     return tuple(p for p, first in _PEELER_STARTS if re.match(first, c))
+
+
 def peel(line: str, rec: Rec, state: dict[str, Any]) -> str:
     """Strip every wrapper and timestamp prefix, filling ``rec``; returns the message text."""
     rest = line

@@ -36,6 +36,8 @@ _XGSP = re.compile(
 _XSM = re.compile(r"\(GPC (?P<gpc>\d+), TPC (?P<tpc>\d+), SM (?P<sm>\d+)\)")
 _XCH = re.compile(r"\b(?:Ch|channel) (?:0x)?(?P<ch>[0-9a-f]{8})\b")
 _XMMU = re.compile(r"MMU Fault: ENGINE (?P<engine>.+?) faulted @ (?P<addr>\S+)\. Fault is of type (?P<ftype>\S+)")
+
+
 def xid_fields(m: re.Match[str]) -> dict[str, Any]:
     f: dict[str, Any] = {"xid": int(m.group("xid"))}
     if m.group("bdf"):
@@ -59,6 +61,8 @@ def xid_fields(m: re.Match[str]) -> dict[str, Any]:
         f.update(decoder(text))
     f.update(_xid_location(xid, text))
     return f
+
+
 def _xid_location(xid: int, text: str) -> dict[str, Any]:
     """Where on the GPU: SM coordinates (Xid 13), the MMU fault (Xid 31), the channel (any Xid)."""
     f: dict[str, Any] = {}
@@ -69,10 +73,14 @@ def _xid_location(xid: int, text: str) -> dict[str, Any]:
     if d := _XCH.search(text):
         f["channel"] = d.group("ch")
     return f
+
+
 # Per-Xid message decoders: the fields one Xid's free text carries (empty when the text does not match).
 def _x74(text: str) -> dict[str, Any]:
     d = _X74.search(text)
     return {"link": int(d.group("link")), "nvlink_regs": [r.strip() for r in d.group("regs").split(",")]} if d else {}
+
+
 def _x_nvl5(text: str) -> dict[str, Any]:
     d = _NVL5.search(text)
     if not d:
@@ -85,6 +93,8 @@ def _x_nvl5(text: str) -> dict[str, Any]:
         if d.group("errstatus"):
             f["error_status"] = d.group("errstatus")
     return f
+
+
 def _x9495(text: str) -> dict[str, Any]:
     d = _X9495.search(text)
     if not d:
@@ -94,12 +104,18 @@ def _x9495(text: str) -> dict[str, Any]:
     if d.group("phys"):
         f["phys_addr"] = d.group("phys")
     return f
+
+
 def _x154(text: str) -> dict[str, Any]:
     d = _X154.search(text)
     return {"recovery_from": d.group("from_name"), "recovery_action": d.group("to_name")} if d else {}
+
+
 def _x48(text: str) -> dict[str, Any]:
     d = _X48.search(text)
     return {"phys_addr": d.group("phys")} if d and d.group("phys") else {}
+
+
 def _x_remap(text: str) -> dict[str, Any]:
     d = _XREMAP.search(text)
     if not d:
@@ -108,6 +124,8 @@ def _x_remap(text: str) -> dict[str, Any]:
     if d.group("why"):
         f["remap_error"] = d.group("why").strip()
     return f
+
+
 def _x_gsp(text: str) -> dict[str, Any]:
     d = _XGSP.search(text)
     if not d:
@@ -118,6 +136,8 @@ def _x_gsp(text: str) -> dict[str, Any]:
     if d.group("secs"):
         f["timeout_s"] = int(d.group("secs"))
     return f
+
+
 _XID_DECODERS: dict[int, Callable[[str], dict[str, Any]]] = {
     74: _x74, **{x: _x_nvl5 for x in range(144, 151)}, 94: _x9495, 95: _x9495, 154: _x154, 48: _x48,
     63: _x_remap, 64: _x_remap, 119: _x_gsp, 120: _x_gsp,
