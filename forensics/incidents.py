@@ -14,93 +14,51 @@ cause), and each tree is one incident, rooted at the finding nothing explains.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
 import polars as pl
 
-from forensics.findings import Finding, Severity
+from forensics.detectors import declared_kinds, load_all
+from forensics.detectors import kind_of as declared_kind
+from forensics.findings import Finding, Role, Severity
 from forensics.frames import JobFrames
 
 # --- finding kinds -------------------------------------------------------------------------------
 
-#: Xids that mean the GPU (or its link) is gone or unusable for the job: fallen off the bus, double-bit
-#: ECC, uncontained / contained ECC, row-remap failure, NVLink errors, GSP timeouts.
-GPU_FAULT_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140, 143, 144, 145, 149})
-#: gpu_hw_error / node_health categories that are a GPU fault whatever the Xid.
-GPU_FAULT_CATEGORIES = frozenset({"fallen_off_bus", "gpu_init_failed", "nvlink", "nvlink5", "gsp", "aer", "nvswitch",
-                                  "nvidia_smi"})
-#: host-side faults: storage hangs (hung tasks), lockups, host memory errors, the OOM killer, CPU throttling,
-#: filesystem / block-device errors.
-HOST_FAULT_CATEGORIES = frozenset({"hung", "lockup", "edac", "ghes", "mce", "oom", "storage", "host_memory",
-                                   "cpu_thermal", "fs_error"})
-#: NIC faults on a host: IB port / Ethernet link flaps (node_health `nic_link`), mlx5 errors, carrier loss.
-NIC_FAULT_CATEGORIES = frozenset({"ib_port", "mlx5", "carrier", "nic_link"})
-#: nccl_transport finding keys that mean a slower path than the hardware offers.
-DEGRADED_TRANSPORT_KEYS = frozenset({"socket", "no_gdr", "intra_node", "nvls_off", "single_nic", "iface",
-                                     "no_libibverbs", "mixed_link"})
-
-#: kind -> tier; a rule only links a lower tier to a higher one, so links never form a cycle.
-TIERS: dict[str, int] = {
-    "gpu_fault": 0, "host_fault": 0, "nic_fault": 0, "degraded_transport": 0, "forced_algorithm": 0,
-    "transport_failure": 1, "missing_rank": 1, "cuda_failure": 1,
-    "timeout": 2, "slow_rank": 2, "slow_link": 2,
-    "busy_wait": 3, "exposed_comm": 3, "pipeline": 3, "other": 4,
-}
-
-
-def _fault_kind(f: Finding) -> str:
-    """gpu_hw_error / node_health findings: a GPU, host or NIC fault by category (and root Xid)."""
-    if f.detector == "node_health" and f.severity is Severity.INFO:
-        return "other"  # e.g. correctable DRAM errors below the rate: a fact, not a cause
-    cat = str(f.metrics.get("category") or "")
-    root_xid = f.metrics.get("root_xid")
-    if cat in GPU_FAULT_CATEGORIES or (cat == "xid" and isinstance(root_xid, int) and root_xid in GPU_FAULT_XIDS):
-        return "gpu_fault"
-    if cat in HOST_FAULT_CATEGORIES:
-        return "host_fault"
-    if cat in NIC_FAULT_CATEGORIES:
-        return "nic_fault"
-    return "other"
+#: the stage of a finding whose kind no detector declares: after every declared one, so nothing links to it
+UNDECLARED_STAGE = 99
 
 
 def kind_of(f: Finding) -> str:
-    """What a finding is, in the vocabulary of the rules."""
-    det, key = f.detector, f.key
-    if det in ("gpu_hw_error", "node_health"):
-        return _fault_kind(f)
-    if det == "nccl_timeout":
-        if key.startswith("timeout"):
-            return "timeout"
-        return {"ras": "missing_rank", "desync": "missing_rank", "cuda_failure": "cuda_failure"}.get(key, "other")
-    if det == "nccl_transport":
-        # a transport switch in the environment (NCCL_IB_DISABLE ...) is a cause only where it cost the job:
-        # at info the logs showed no effect of it
-        if key in DEGRADED_TRANSPORT_KEYS or (key == "transport_env" and f.severity is not Severity.INFO):
-            return "degraded_transport"
-        return "transport_failure" if key.startswith("fail_") else "other"
-    if det == "nccl_algorithm":
-        return "forced_algorithm" if key == "forced" else "other"
-    simple = {"straggler": "slow_rank", "slow_link": "slow_link", "busy_wait": "busy_wait", "exposed_comm": "exposed_comm",
-              "pipeline_bubble": "pipeline"}
-    return simple.get(det, "other")
+    """What a finding is, in the vocabulary of the rules: the kind its detector declared for it."""
+    return f.kind
+
+
+def stage_of(f: Finding) -> int:
+    kind = declared_kind(f)
+    return UNDECLARED_STAGE if kind is None else kind.tier
 
 
 # --- the rules -----------------------------------------------------------------------------------
 
 LINKS: dict[str, str] = {
     "gpu_or_rank": "the consequence names the cause's GPU (PCI bus id) or one of its ranks",
-    "waited_for": "the consequence's ranks waited for one of the cause's ranks (busy_wait `waited_for`, "
-                  "straggler victims), or name the same culprit rank",
+    "waited_for": "the consequence's ranks waited for one of the cause's ranks (its typed `waited_for`), "
+                  "or name the same culprit rank",
     "host": "both name the same host (a host fault explains only findings on that host)",
     "communicator": "they share a rank or a host (one communicator), or the cause is job-wide",
 }
 ORDERS: dict[str, str] = {
     "cause_first": "the cause happened before the consequence ended (a fault after the timeout is not its "
-                   "cause); unchecked when either finding has no wall-clock time",
+                   "cause); refused when either finding's time is unknown, unless the rule links by place only",
     "any": "no time order required (the two describe the same period)",
+}
+UNKNOWN_TIME: dict[str, str] = {
+    "refuse": "a finding whose time is unknown is not linked",
+    "place_only": "a finding whose time is unknown is linked by place alone, at low confidence, and the link says so",
 }
 
 
@@ -116,56 +74,49 @@ class Rule:
     window_s: float | None
     confidence: str
     why: str
-
-
-_FAULT_SOURCES = ("gpu_hw_error", "node_health")
-
-
-def _k(detectors: Iterable[str], kind: str) -> tuple[str, ...]:
-    return tuple(f"{d}:{kind}" for d in detectors)
+    unknown_time: str = "refuse"
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("gpu_fault_kills_rank", _k(_FAULT_SOURCES, "gpu_fault"),
-         ("nccl_timeout:timeout", "nccl_timeout:missing_rank", "nccl_timeout:cuda_failure"),
+    Rule("gpu_fault_kills_rank", ("gpu_fault",), ("timeout", "desync", "missing_rank", "cuda_failure"),
          "gpu_or_rank", "cause_first", None, "high",
-         "a GPU that fell off the bus or hit a fatal Xid stops its rank; its peers hang in NCCL until the watchdog"),
-    Rule("gpu_fault_stalls_peers", _k(_FAULT_SOURCES, "gpu_fault"), ("busy_wait:busy_wait", "straggler:slow_rank"),
+         "a GPU that fell off the bus or hit a fatal Xid stops its rank; its peers hang in NCCL until the watchdog",
+         "place_only"),
+    Rule("gpu_fault_stalls_peers", ("gpu_fault",), ("spin_wait", "slow_rank"),
          "waited_for", "cause_first", None, "medium",
          "peers of a failing GPU's rank spin in NCCL waiting for it"),
-    Rule("host_fault_slows_or_kills", _k(_FAULT_SOURCES, "host_fault") + _k(_FAULT_SOURCES, "nic_fault"),
-         ("straggler:slow_rank", "nccl_timeout:timeout", "nccl_timeout:missing_rank", "nccl_transport:transport_failure"),
+    Rule("host_fault_slows_or_kills", ("host_fault", "platform_error", "nic_fault"),
+         ("slow_rank", "timeout", "desync", "missing_rank", "transport_failure"),
          "host", "cause_first", 3600.0, "medium",
-         "a storage hang, host memory error, OOM kill or NIC fault stalls or kills the ranks on that host"),
-    Rule("host_fault_kills_rank", _k(("node_health",), "host_fault"),
-         ("nccl_timeout:timeout", "nccl_timeout:missing_rank", "nccl_timeout:cuda_failure", "busy_wait:busy_wait"),
+         "a storage hang, host memory error, OOM kill or NIC fault stalls or kills the ranks on that host",
+         "place_only"),
+    Rule("host_fault_kills_rank", ("host_fault",), ("timeout", "desync", "missing_rank", "cuda_failure", "spin_wait"),
          "gpu_or_rank", "cause_first", None, "high",
-         "the OOM killer or a hang stopped a rank's process; its peers wait for it in NCCL until the watchdog"),
-    Rule("nic_fault_slows_link", _k(_FAULT_SOURCES, "nic_fault"), ("slow_link:slow_link",),
+         "the OOM killer or a hang stopped a rank's process; its peers wait for it in NCCL until the watchdog",
+         "place_only"),
+    Rule("nic_fault_slows_link", ("nic_fault",), ("slow_transfers",),
          "host", "cause_first", None, "high",
          "a NIC that flapped, fell back to a lower speed or logs errors on the host common to every slow "
-         "communicator is why they are slow (a degraded link stays degraded: no time window)"),
-    Rule("missing_rank_times_out_others", ("nccl_timeout:missing_rank", "nccl_timeout:cuda_failure",
-                                           "nccl_transport:transport_failure"),
-         ("nccl_timeout:timeout",), "communicator", "any", None, "high",
+         "communicator is why they are slow (a degraded link stays degraded: no time window)", "place_only"),
+    Rule("missing_rank_times_out_others", ("desync", "missing_rank", "cuda_failure", "transport_failure"),
+         ("timeout",), "communicator", "any", None, "high",
          "a rank that never joins (dead, desynchronised, unreachable) makes the others' collective time out"),
-    Rule("hang_stalls_peers", ("nccl_timeout:timeout", "nccl_timeout:missing_rank"), ("busy_wait:busy_wait",),
+    Rule("hang_stalls_peers", ("timeout", "desync", "missing_rank"), ("spin_wait",),
          "waited_for", "any", None, "high",
          "ranks stuck in the hung collective spin inside NCCL kernels"),
-    Rule("straggler_stalls_peers", ("straggler:slow_rank",), ("busy_wait:busy_wait", "exposed_comm:exposed_comm"),
+    Rule("straggler_stalls_peers", ("slow_rank",), ("spin_wait", "exposed_communication"),
          "waited_for", "any", None, "high",
          "the peers of a slow rank wait for it inside their collectives"),
-    Rule("slow_link_stalls_peers", ("slow_link:slow_link",), ("busy_wait:busy_wait", "exposed_comm:exposed_comm"),
+    Rule("slow_link_stalls_peers", ("slow_transfers",), ("spin_wait", "exposed_communication"),
          "communicator", "any", None, "medium",
          "every member of a communicator through a slow link waits for its transfers, so more of them is exposed"),
-    Rule("slow_stage_bubbles_pipeline", ("straggler:slow_rank",), ("pipeline_bubble:pipeline",),
+    Rule("slow_stage_bubbles_pipeline", ("slow_rank",), ("pipeline",),
          "waited_for", "any", None, "high",
          "a pipeline stage that computes longer than the others makes the other stages idle in the pipeline"),
-    Rule("degraded_transport_slows_comm", ("nccl_transport:degraded_transport",),
-         ("exposed_comm:exposed_comm", "busy_wait:busy_wait", "straggler:slow_rank"),
+    Rule("degraded_transport_slows_comm", ("degraded_transport",), ("exposed_communication", "spin_wait", "slow_rank"),
          "communicator", "any", None, "medium",
          "Socket instead of IB, GDR off or SHM/P2P off make collectives slower, so more of them is exposed"),
-    Rule("forced_algorithm_slows_comm", ("nccl_algorithm:forced_algorithm",), ("exposed_comm:exposed_comm",),
+    Rule("forced_algorithm_slows_comm", ("forced_algorithm",), ("exposed_communication",),
          "communicator", "any", None, "medium",
          "a forced NCCL_ALGO / NCCL_PROTO slower than NCCL's choice makes collectives slower"),
 )
@@ -173,23 +124,13 @@ RULES: tuple[Rule, ...] = (
 # --- per-finding facts used by the links ---------------------------------------------------------
 
 
-def _ints(text: object) -> set[int]:
-    return {int(x) for x in str(text).replace(" ", "").split(",") if x.lstrip("-").isdigit()}
-
-
 def waited_for(f: Finding) -> set[int]:
-    """Ranks a finding's victims waited for (busy_wait `waited_for`), or the finding's culprits."""
-    out = _ints(f.metrics.get("waited_for") or "")
-    for e in f.evidence:
-        if isinstance(e.get("waited_for"), int):
-            out.add(e["waited_for"])
-        if e.get("role") == "culprit" and isinstance(e.get("rank"), int):
-            out.add(e["rank"])
-    return out or set(f.ranks)
+    """Ranks a finding's victims waited for (as its detector measured them), else the finding's own ranks."""
+    return set(f.waited_for) or set(f.ranks)
 
 
 def victims(f: Finding) -> set[int]:
-    return {e["rank"] for e in f.evidence if e.get("role") == "victim" and isinstance(e.get("rank"), int)}
+    return set(f.victims)
 
 
 def _link_gpu_or_rank(cause: Finding, cons: Finding) -> str | None:
@@ -221,30 +162,20 @@ LINK_TESTS: dict[str, Callable[[Finding, Finding], str | None]] = {
 
 # --- time ----------------------------------------------------------------------------------------
 
-TRACE_DETECTORS = frozenset({"straggler", "slow_link", "busy_wait", "exposed_comm", "pipeline_bubble"})
 
-
-def finding_time(f: Finding, window: tuple[int, int] | None) -> tuple[int, int] | None:
-    """(start, end) wall-clock ns of what the finding describes, when the inputs say."""
-    m = f.metrics
-    for key in ("fault_wall_ns", "first_wall_ns", "time_ns"):
-        t = m.get(key)
-        if isinstance(t, int):
-            ran = m.get("ran_ms")
-            start = t - int(ran * 1e6) if f.detector == "nccl_timeout" and isinstance(ran, (int, float)) else t
-            return start, t
-    if f.detector in TRACE_DETECTORS:
-        return window
-    return None
+def finding_time(f: Finding) -> tuple[int, int] | None:
+    """(start, end) wall-clock ns of what the finding describes, as its detector placed it; None when unknown."""
+    w = f.when
+    return (w.start_ns, w.end_ns) if w.start_ns is not None and w.end_ns is not None else None
 
 
 def _time_ok(rule: Rule, ct: tuple[int, int] | None, qt: tuple[int, int] | None) -> bool | None:
-    """True/False when both times are known, None when the order cannot be checked."""
+    """True/False when the order is checked (or the rule needs none), None when a time is unknown."""
     if rule.order == "any":
         return True
     if ct is None or qt is None:
         return None
-    if ct[0] > qt[1]:
+    if ct[0] > qt[1]:  # a cause is never later than its consequence
         return False
     return rule.window_s is None or qt[0] - ct[0] <= rule.window_s * 1e9
 
@@ -262,52 +193,61 @@ def trace_window(frames: JobFrames) -> tuple[int, int] | None:
 _CONF = ("low", "medium", "high")
 
 
-def _lower(conf: str) -> str:
-    return _CONF[max(0, _CONF.index(conf) - 1)] if conf in _CONF else "low"
-
-
 @dataclass(frozen=True)
 class Edge:
     cause: str
     consequence: str
     rule: str
     confidence: str
+    basis: str = ""  # set when the link rests on less than the rule asks: "place only: ..."
+
+    def to_json(self) -> dict[str, str]:
+        out = {"cause": self.cause, "consequence": self.consequence, "rule": self.rule, "confidence": self.confidence}
+        if self.basis:
+            out["basis"] = self.basis
+        return out
 
 
-def _edge(rule: Rule, cause: Finding, cons: Finding, window: tuple[int, int] | None) -> Edge | None:
+def _edge(rule: Rule, cause: Finding, cons: Finding) -> Edge | None:
     how = LINK_TESTS[rule.link](cause, cons)
     if how is None:
         return None
-    ok = _time_ok(rule, finding_time(cause, window), finding_time(cons, window))
+    ok = _time_ok(rule, finding_time(cause), finding_time(cons))
     if ok is False:
         return None
-    conf = rule.confidence if ok or how == "gpu" else _lower(rule.confidence)
-    return Edge(cause.id, cons.id, rule.name, conf)
+    if ok is None:
+        if rule.unknown_time != "place_only":
+            return None
+        unknown = " and ".join(f"the {f.kind}'s" for f in (cause, cons) if not f.when.known)
+        return Edge(cause.id, cons.id, rule.name, "low", f"place only ({how}): {unknown} time is unknown")
+    return Edge(cause.id, cons.id, rule.name, rule.confidence)
 
 
-def find_edges(findings: list[Finding], window: tuple[int, int] | None) -> list[Edge]:
+def find_edges(findings: list[Finding]) -> list[Edge]:
     """Every (cause, consequence) pair some rule links."""
-    kinds = {f.id: f"{f.detector}:{kind_of(f)}" for f in findings}
     edges: list[Edge] = []
     for rule in RULES:
-        causes = [f for f in findings if kinds[f.id] in rule.causes]
-        conseqs = [f for f in findings if kinds[f.id] in rule.consequences]
+        causes = [f for f in findings if f.kind in rule.causes]
+        conseqs = [f for f in findings if f.kind in rule.consequences]
         for cause in causes:
             for cons in conseqs:
-                if cause.id != cons.id and TIERS[kind_of(cause)] < TIERS[kind_of(cons)]:
-                    e = _edge(rule, cause, cons, window)
+                if cause.id != cons.id and stage_of(cause) < stage_of(cons):
+                    e = _edge(rule, cause, cons)
                     if e is not None:
                         edges.append(e)
     return edges
 
 
 def _parents(findings: list[Finding], edges: list[Edge]) -> dict[str, Edge]:
-    """One parent per consequence: the nearest cause (highest tier), then the stronger link, then the rule
-    listed first in RULES, then the id."""
-    tier = {f.id: TIERS[kind_of(f)] for f in findings}
+    """One parent per consequence: the nearest cause (highest stage), then the stronger link, then the stronger
+    rule (its own confidence: between two place-only links, the rule that names the rank beats the one that names
+    the host), then the rule listed first in RULES, then the id."""
+    tier = {f.id: stage_of(f) for f in findings}
     order = {r.name: i for i, r in enumerate(RULES)}
+    nominal = {r.name: _CONF.index(r.confidence) for r in RULES}
     best: dict[str, Edge] = {}
-    for e in sorted(edges, key=lambda e: (-tier[e.cause], -_CONF.index(e.confidence), order[e.rule], e.cause)):
+    for e in sorted(edges, key=lambda e: (-tier[e.cause], -_CONF.index(e.confidence), -nominal[e.rule],
+                                          order[e.rule], e.cause)):
         best.setdefault(e.consequence, e)
     return best
 
@@ -346,8 +286,7 @@ class Incident:
             "findings": list(self.findings), "summary": self.summary, "verdict": self.verdict,
             "ranks": list(self.ranks), "hosts": list(self.hosts), "gpus": list(self.gpus),
             "gpu_hours_lost": self.gpu_hours_lost, "cost_method": self.cost_method, "confidence": self.confidence,
-            "links": [{"cause": e.cause, "consequence": e.consequence, "rule": e.rule, "confidence": e.confidence}
-                      for e in self.links],
+            "links": [e.to_json() for e in self.links],
         }
 
 
@@ -386,7 +325,7 @@ def checkpoint_times(frames: JobFrames) -> tuple[int, ...]:
 def correlate(findings: list[Finding], facts: JobFacts) -> tuple[list[Finding], list[Incident]]:
     """Group findings into incidents; return the findings (``incident`` and ``caused_by`` set) and the
     incidents, worst first."""
-    edges = find_edges(findings, facts.window)
+    edges = find_edges(findings)
     parent = _parents(findings, edges)
     by_id = {f.id: f for f in findings}
     trees: dict[str, list[str]] = {}
@@ -450,7 +389,8 @@ class Cost:
 
 
 def _timeout(members: list[Finding]) -> Finding | None:
-    return next((f for f in members if f.detector == "nccl_timeout" and kind_of(f) == "timeout"), None)
+    """The member that killed the job (its cost basis is fatal), if any."""
+    return next((f for f in members if f.cost.fatal), None)
 
 
 def incident_cost(members: list[Finding], facts: JobFacts) -> Cost:
@@ -470,13 +410,15 @@ def incident_cost(members: list[Finding], facts: JobFacts) -> Cost:
     return Cost(None, "not computed: no finding of this incident measures lost time")
 
 
+def _struck(root: Finding) -> int | None:
+    """When a root fault struck: the start of its time, for a finding whose declared role is a fault."""
+    kind = declared_kind(root)
+    return root.when.start_ns if kind is not None and kind.role is Role.FAULT else None
+
+
 def _fatal_cost(root: Finding, to: Finding, facts: JobFacts) -> Cost:
-    m = to.metrics
-    t = m.get("time_ns")
-    died = t if isinstance(t, int) else None
-    ran = m.get("ran_ms")
-    ran_s = float(ran) / 1e3 if isinstance(ran, (int, float)) else None
-    fault = root.metrics.get("fault_wall_ns") or root.metrics.get("first_wall_ns") if root is not to else None
+    died, ran_s = to.cost.died_ns, to.cost.hung_s
+    fault = _struck(root) if root is not to else None
     how = ""
     hang_s: float | None = None
     if isinstance(fault, int) and isinstance(died, int) and fault <= died:
@@ -529,33 +471,22 @@ def fmt_time(ns: int | None) -> str | None:
 
 def rules_markdown() -> str:
     """The rules table of docs/incidents.md, generated from :data:`RULES`."""
-    lines = ["| rule | cause | consequence | linking evidence | time order | window | confidence | why |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| rule | cause | consequence | linking evidence | time order | unknown time | window | confidence | why |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in RULES:
         window = f"{r.window_s:.0f} s" if r.window_s else "-"
         lines.append(f"| `{r.name}` | {', '.join(f'`{c}`' for c in r.causes)} | "
                      f"{', '.join(f'`{c}`' for c in r.consequences)} | {r.link}: {LINKS[r.link]} | "
-                     f"{r.order}: {ORDERS[r.order]} | {window} | {r.confidence} | {r.why} |")
+                     f"{r.order}: {ORDERS[r.order]} | {r.unknown_time}: {UNKNOWN_TIME[r.unknown_time]} | {window} | "
+                     f"{r.confidence} | {r.why} |")
     return "\n".join(lines)
 
 
 def kinds_markdown() -> str:
-    return "\n".join([
-        f"- `gpu_fault`: `gpu_hw_error`/`node_health` categories {', '.join(sorted(GPU_FAULT_CATEGORIES))}, "
-        f"or category `xid` with root Xid in {', '.join(map(str, sorted(GPU_FAULT_XIDS)))}",
-        f"- `host_fault`: categories {', '.join(sorted(HOST_FAULT_CATEGORIES))} (a `node_health` finding at info "
-        "level, e.g. correctable DRAM errors below the rate, is `other`)",
-        f"- `nic_fault`: categories {', '.join(sorted(NIC_FAULT_CATEGORIES))}",
-        f"- `degraded_transport`: `nccl_transport` findings {', '.join(sorted(DEGRADED_TRANSPORT_KEYS))}, and "
-        "`transport_env` above info; "
-        "`transport_failure`: its `fail_*` findings",
-        "- `forced_algorithm`: `nccl_algorithm` forced-by-environment finding",
-        "- `timeout`: `nccl_timeout` watchdog/blocking-wait timeout; `missing_rank`: its RAS and desync findings; "
-        "`cuda_failure`: a CUDA error that aborted NCCL",
-        "- `slow_rank` (straggler), `slow_link` (slow_link), `busy_wait`, `exposed_comm`, `pipeline` (pipeline_bubble); "
-        "anything else: `other`",
-        "",
-        "Tiers (a rule links a lower tier to a higher one only): "
-        + ", ".join(f"`{k}` {v}" for k, v in TIERS.items()),
-    ])
-
+    """The kinds table of docs/incidents.md, generated from the detectors' declarations."""
+    registry = load_all()
+    lines = ["| kind | role | stage | declared by | meaning | default remediation |", "|---|---|---|---|---|---|"]
+    for name, kind in sorted(declared_kinds().items(), key=lambda kv: (kv[1].tier, kv[0])):
+        by = ", ".join(f"`{d}`" for d, spec in registry.items() if any(k.name == name for k in spec.kinds))
+        lines.append(f"| `{name}` | {kind.role.value} | {kind.tier} | {by} | {kind.meaning} | {kind.remediation} |")
+    return "\n".join(lines)

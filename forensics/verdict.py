@@ -46,8 +46,8 @@ def _do(f: Finding) -> str:
 
 
 def _waiters(to: Finding) -> str:
-    n = to.metrics.get("reporting_ranks")
-    return f"the other {n} rank(s)" if isinstance(n, int) else "the other ranks"
+    n = to.cost.waiting_ranks
+    return f"the other {n} rank(s)" if n is not None else "the other ranks"
 
 
 def verdict_line(members: list[Finding], cost: Cost, confidence: str, facts: JobFacts) -> str:
@@ -81,8 +81,9 @@ def incident_summary(members: list[Finding], links: tuple[Edge, ...], cost: Cost
     by_id = {f.id: f for f in members}
     for e in links:
         f = by_id[e.consequence]
+        basis = f"; {e.basis}" if e.basis else ""
         parts.append(f"Then: {f.title} ({f.detector}), explained by {by_id[e.cause].detector} [rule {e.rule}, "
-                     f"{e.confidence} confidence].")
+                     f"{e.confidence} confidence{basis}].")
     parts.append(f"{cost_text(cost)}: {cost.method}.")
     parts.append(f"Do: {_do(root)}.")
     return " ".join(parts)
