@@ -128,11 +128,3 @@ def test_cli_writes_timeline_and_collectives_and_drops_a_stale_timeline(tmp_path
     res = runner.invoke(app, ["analyze", str(SAMPLE), "--out", str(out), "-q", "--workers", "1"])
     assert res.exit_code in (0, 1), res.output
     assert not (out / "timeline.json.gz").exists() and (out / "collectives.parquet").exists()
-
-
-def test_collectives_doc_is_current():
-    from forensics.reports.view_collectives import schema_markdown
-
-    assert (ROOT / "docs" / "collectives.md").read_text() == schema_markdown(), (
-        "regenerate: python -c \"from forensics.reports.view_collectives import schema_markdown; "
-        "open('docs/collectives.md','w').write(schema_markdown())\"")
