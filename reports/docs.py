@@ -17,7 +17,7 @@ from pathlib import Path
 from forensics.reports import rules
 from forensics.reports.view_collectives import schema_markdown
 
-from forensics import frames
+from forensics.base import frames
 from forensics.detectors import load_all
 from forensics.incidents import kinds_markdown, rules_markdown
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import pytest
 from typer.testing import CliRunner
 
+from forensics.base.findings import Finding, FindingKind, Role, Severity, When
 from forensics.cli import app
-from forensics.context import JobContext
 from forensics.detectors import REGISTRY, DetectorDoc, detector, load_all
-from forensics.findings import Finding, FindingKind, Role, Severity, When
+from forensics.facts.context import JobContext
 from tests.conftest import ROOT
 
 NAME = "probe_gpu_fault"
@@ -81,8 +81,9 @@ def test_a_detector_written_here_is_run_linked_shown_and_listed(probe, tmp_path)
 
 
 def test_a_finding_of_an_undeclared_kind_is_refused(probe):
-    from forensics.detectors import run_detectors
     from forensics.frames import JobFrames
+
+    from forensics.detectors import run_detectors
 
     spec = probe
     with pytest.raises(ValueError, match="undeclared kind"):
@@ -111,7 +112,7 @@ def test_a_kind_declared_twice_must_play_the_same_role():
 
 
 #: a detector's own modules (its package of parts) and the simulator's ground truth may name it
-OWN = {"gpu_hw_error": ("forensics/gpufaults/",)}
+OWN = {"gpu_hw_error": ("forensics/detectors/gpu_hw_error/",)}
 TRUTH = ("forensics/simulate/",)
 
 

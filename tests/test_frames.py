@@ -3,7 +3,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from forensics import frames as fr
+from forensics.base import frames as fr
 
 
 def test_every_time_column_is_int64_ns():

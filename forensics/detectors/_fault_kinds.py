@@ -7,7 +7,7 @@ decided here, once, from the category and the root Xid.
 
 from __future__ import annotations
 
-from forensics.findings import FindingKind, Role
+from forensics.base.findings import FindingKind, Role
 
 #: Xids that mean the GPU (or its link) is gone or unusable for the job: fallen off the bus, double-bit
 #: ECC, uncontained / contained ECC, row-remap failure, NVLink errors, GSP timeouts.

@@ -9,14 +9,14 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from forensics.collectives import WHOLE_TRACE
-from forensics.context import JobContext
+from forensics.base.findings import Finding, FindingKind, Role, Severity
+from forensics.base.intervals import clip_to_windows, merge
+from forensics.base.settings import setting
 from forensics.detectors import DetectorDoc, Skip, detector
-from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, in_profile, ms, require_steps
-from forensics.detectors._coverage import gpus_of, rank_list
-from forensics.findings import Finding, FindingKind, Role, Severity
-from forensics.intervals import clip_to_windows, merge
-from forensics.settings import setting
+from forensics.detectors._step_metrics import EVIDENCE_CAP, gpu_seconds, in_profile, ms, require_steps
+from forensics.facts.collectives import WHOLE_TRACE
+from forensics.facts.context import JobContext
+from forensics.facts.coverage import gpus_of, rank_list
 
 LOADER = r"(?i)dataloader|__next__"
 SYNC = r"^(?:cuda|hip)(?:Stream|Device|Event)Synchronize$|^aten::(?:item|_local_scalar_dense)$"
@@ -184,22 +184,23 @@ DOC = DetectorDoc(
     measures=(
         "Needs profiler steps (a capture without them is skipped: its one window spans start-up and "
         "teardown). The idle time per rank and step is the breakdown's ``idle_ns`` "
-        "(:mod:`forensics.breakdown`: time in the step window with no kernel, copy or NCCL kernel running); a"
-        " rank is flagged when its idle time over all its steps is at least ``min_idle`` of its step time. "
-        "Its idle gaps (between the union of its kernels, inside the step windows) are each put in one class,"
-        " first match wins: ``input`` when data-loader ops (``enumerate(DataLoader)``, ``DataLoader``, "
-        "``__next__``) cover at least ``input_cover`` of the gap; ``sync`` when the gap starts while the host"
-        " is inside a synchronizing call (the host waited for the GPU to drain, then had nothing queued); "
-        "``pause`` when the gap alone is at least ``pause_share`` of its step or checkpoint / evaluation ops "
-        "(``checkpoint``, ``torch.save``, ``eval``, ``validat``) cover ``input_cover`` of it; ``launch`` for "
-        "the rest when the rank's median kernel is shorter than ``short_kernel_us`` and either its CPU ops "
-        "(cpu_op and CUDA API calls, union over threads) cover at least ``cpu_busy`` of the step or at least "
-        "``host_bound`` of its idle time is host-bound (the breakdown's ``host_bound_ns``: the next kernel's "
-        "launch call began only after the GPU had gone idle); ``other`` otherwise. A rank's class is the one "
-        "holding most of its idle time; one finding per class names its ranks, hosts and GPUs. Impact: the "
-        "idle time itself (``gpu_seconds_lost`` = summed idle of the ranks over the profiled steps; "
-        "``fraction_of_step`` = their median idle share). Severity: info from ``min_idle``, warning from "
-        "``warning_idle``, critical from ``critical_idle`` (median idle share of the ranks)."
+        "(:mod:`forensics.facts.breakdown`: time in the step window with no kernel, copy or NCCL kernel "
+        "running); a rank is flagged when its idle time over all its steps is at least ``min_idle`` of its "
+        "step time. Its idle gaps (between the union of its kernels, inside the step windows) are each put in"
+        " one class, first match wins: ``input`` when data-loader ops (``enumerate(DataLoader)``, "
+        "``DataLoader``, ``__next__``) cover at least ``input_cover`` of the gap; ``sync`` when the gap "
+        "starts while the host is inside a synchronizing call (the host waited for the GPU to drain, then had"
+        " nothing queued); ``pause`` when the gap alone is at least ``pause_share`` of its step or checkpoint"
+        " / evaluation ops (``checkpoint``, ``torch.save``, ``eval``, ``validat``) cover ``input_cover`` of "
+        "it; ``launch`` for the rest when the rank's median kernel is shorter than ``short_kernel_us`` and "
+        "either its CPU ops (cpu_op and CUDA API calls, union over threads) cover at least ``cpu_busy`` of "
+        "the step or at least ``host_bound`` of its idle time is host-bound (the breakdown's "
+        "``host_bound_ns``: the next kernel's launch call began only after the GPU had gone idle); ``other`` "
+        "otherwise. A rank's class is the one holding most of its idle time; one finding per class names its "
+        "ranks, hosts and GPUs. Impact: the idle time itself (``gpu_seconds_lost`` = summed idle of the ranks"
+        " over the profiled steps; ``fraction_of_step`` = their median idle share). Severity: info from "
+        "``min_idle``, warning from ``warning_idle``, critical from ``critical_idle`` (median idle share of "
+        "the ranks)."
     ),
     todo=(
         "input: more data-loader workers (``num_workers``), ``pin_memory=True``, ``prefetch_factor``, faster "

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from forensics.context import JobContext
+from forensics.base.findings import Finding, FindingKind, Role, Severity
+from forensics.base.settings import setting
 from forensics.detectors import DetectorDoc, Skip, detector
-from forensics.detectors._common import gpu_seconds, in_profile, ms
-from forensics.findings import Finding, FindingKind, Role, Severity
-from forensics.settings import setting
+from forensics.detectors._step_metrics import gpu_seconds, in_profile, ms
+from forensics.facts.context import JobContext
 
 
 @dataclass(frozen=True)
@@ -211,8 +211,8 @@ DOC = DetectorDoc(
     ),
     measures=(
         "Per communicator (the trace's process group) and per (collective, message size): the median transfer"
-        " time of its matched instances (:mod:`forensics.collectives`: the duration of the last member to "
-        "arrive, so waiting for late ranks is not counted), and for pipeline groups the bare send/recv "
+        " time of its matched instances (:mod:`forensics.facts.collectives`: the duration of the last member "
+        "to arrive, so waiting for late ranks is not counted), and for pipeline groups the bare send/recv "
         "transfer (their shortest kernel). Only communicators spanning two or more hosts are compared, each "
         "with the others of the same type, collective, size, member count and host count (at least two of "
         "them); the reference is their lower quartile. A communicator is slow when its transfers (summed over"

@@ -10,12 +10,12 @@ from dataclasses import dataclass, replace
 
 import polars as pl
 
-from forensics.context import JobContext
+from forensics.base.findings import Finding, FindingKind, Role, Severity
+from forensics.base.settings import setting
 from forensics.detectors import DetectorDoc, Skip, detector
-from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, in_profile, ms, require_steps
-from forensics.detectors._coverage import Coverage, at_most, coverage, gpus_of
-from forensics.findings import Finding, FindingKind, Role, Severity
-from forensics.settings import setting
+from forensics.detectors._step_metrics import EVIDENCE_CAP, gpu_seconds, in_profile, ms, require_steps
+from forensics.facts.context import JobContext
+from forensics.facts.coverage import Coverage, at_most, coverage, gpus_of
 
 
 @dataclass(frozen=True)
@@ -239,21 +239,21 @@ DOC = DetectorDoc(
         "least ``min_step_share`` of the steps and its robust z-score (median/MAD over peers) is at least "
         "``min_z``. Host: the same test on host-bound idle time (GPU idle before a kernel whose launch began "
         "after the GPU went idle). A rank that waits at collectives more than the median member is a victim, "
-        "never a culprit. Arrival: from the matched collectives (:mod:`forensics.collectives`), the share of "
-        "instances where the rank arrived last (least wait) by a margin of at least ``min_margin_us``, tested"
-        " against chance (one-sided binomial, ``max_p_value``). Stage: median compute per pipeline stage at "
-        "least ``stage_imbalance`` above the mean of stages. A late arriver that passes neither test on its "
-        "own is classed by whichever excess (compute or host-bound idle) explains at least ``explain_share`` "
-        "of its lateness margin, or as host when its launch queue (NCCL kernel start minus its launch call) "
-        "is at most ``host_slack_ratio`` of the job's median: its CPU barely keeps ahead of its GPU, so its "
-        "collectives are issued late. Impact (GPU-seconds lost): had the culprits arrived with the latest "
-        "other member, every other member would have waited that much less; per step the largest such saving "
-        "(waits at successive collectives overlap in time), times the other members, summed over steps. "
-        "Findings below ``min_impact`` of a step are reported as ``info``. A rank finding names the culprits'"
-        " hosts and GPUs (PCI bus id through the NCCL init lines, when the job has them). Only ranks with "
-        "data can be culprits; the ranks the job has without data are in the metrics, and confidence (high "
-        "for the compute and host classes, low for an unclassified late arrival) drops to medium with at "
-        "least half of the ranks or a single step, low below that."
+        "never a culprit. Arrival: from the matched collectives (:mod:`forensics.facts.collectives`), the "
+        "share of instances where the rank arrived last (least wait) by a margin of at least "
+        "``min_margin_us``, tested against chance (one-sided binomial, ``max_p_value``). Stage: median "
+        "compute per pipeline stage at least ``stage_imbalance`` above the mean of stages. A late arriver "
+        "that passes neither test on its own is classed by whichever excess (compute or host-bound idle) "
+        "explains at least ``explain_share`` of its lateness margin, or as host when its launch queue (NCCL "
+        "kernel start minus its launch call) is at most ``host_slack_ratio`` of the job's median: its CPU "
+        "barely keeps ahead of its GPU, so its collectives are issued late. Impact (GPU-seconds lost): had "
+        "the culprits arrived with the latest other member, every other member would have waited that much "
+        "less; per step the largest such saving (waits at successive collectives overlap in time), times the "
+        "other members, summed over steps. Findings below ``min_impact`` of a step are reported as ``info``. "
+        "A rank finding names the culprits' hosts and GPUs (PCI bus id through the NCCL init lines, when the "
+        "job has them). Only ranks with data can be culprits; the ranks the job has without data are in the "
+        "metrics, and confidence (high for the compute and host classes, low for an unclassified late "
+        "arrival) drops to medium with at least half of the ranks or a single step, low below that."
     ),
     todo=(
         "Compute: check the GPU (clocks, power, temperature, Xid/ECC lines in the kernel log; run a burn-in),"
@@ -284,7 +284,7 @@ def detect(ctx: JobContext, cfg: StragglerConfig) -> list[Finding]:
     )
     findings = [_rank_finding(h, c, rs, sc, job, cfg) for h, c, rs in _by_node(classes, job.host_of)]
     extra = _stages(s, cfg, job.step_med)
-    # Confidence from the evidence (forensics.confidence): never above what the ranks and steps support.
+    # Confidence from the evidence (forensics.base.confidence): never above what the ranks and steps support.
     return in_profile(ctx, findings + [replace(f, confidence=at_most(f.confidence, job.cov.confidence()))
                                        for f in extra])
 
