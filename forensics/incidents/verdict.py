@@ -5,12 +5,9 @@ Plain text only; the reports escape it for HTML/Markdown and the CLI prints it w
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from forensics.base.findings import Finding
-
-if TYPE_CHECKING:
-    from forensics.incidents import Cost, Edge, JobFacts
+from forensics.incidents.cost import Cost, timeout_of
+from forensics.incidents.model import Edge, Incident, JobFacts, fmt_time
 
 
 def _scope(f: Finding) -> str:
@@ -52,10 +49,8 @@ def _waiters(to: Finding) -> str:
 
 def verdict_line(members: list[Finding], cost: Cost, confidence: str, facts: JobFacts) -> str:
     """One line: what happened, what it cost, what to do, how sure we are."""
-    from forensics.incidents import _timeout, fmt_time
-
     root = members[0]
-    to = _timeout(members)
+    to = timeout_of(members)
     if cost.fatal and to is not None:
         when = fmt_time(cost.died_at_ns)
         head = f"Job died{' at ' + when if when else ''}: "
@@ -87,3 +82,8 @@ def incident_summary(members: list[Finding], links: tuple[Edge, ...], cost: Cost
     parts.append(f"{cost_text(cost)}: {cost.method}.")
     parts.append(f"Do: {_do(root)}.")
     return " ".join(parts)
+
+
+def verdict_text(inc: Incident) -> str:
+    """The line the CLI prints and the reports open with: severity, then the verdict."""
+    return f"{inc.severity.value.upper()}: {inc.verdict}"
