@@ -14,8 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from forensics.base.findings import Finding, FindingKind, Role, Severity, When
+from forensics.base.frames import JobFrames
 from forensics.cli import app
-from forensics.detectors import REGISTRY, DetectorDoc, detector, load_all
+from forensics.detectors import REGISTRY, DetectorDoc, detector, load_all, run_detectors
 from forensics.facts.context import JobContext
 from tests.conftest import ROOT
 
@@ -80,15 +81,19 @@ def test_a_detector_written_here_is_run_linked_shown_and_listed(probe, tmp_path)
     assert listed.exit_code == 0 and f"\n{NAME}\n" in "\n" + listed.stdout
 
 
-def test_a_finding_of_an_undeclared_kind_is_refused(probe):
-    from forensics.frames import JobFrames
+def test_a_finding_of_an_undeclared_kind_stops_the_run():
+    load_all()
 
-    from forensics.detectors import run_detectors
+    def detect(ctx: JobContext, cfg: ProbeConfig) -> list[Finding]:
+        return [Finding("probe_liar", Severity.INFO, "t", "s", "r", kind="timeout")]
 
-    spec = probe
-    with pytest.raises(ValueError, match="undeclared kind"):
-        spec.kind("timeout")
-    assert run_detectors(JobContext(JobFrames({})), only=[NAME])[0] == []
+    detect.__module__ = __name__
+    detector("probe_liar", doc=DOC, settings=ProbeConfig, kinds=(PROBE_KIND,))(detect)
+    try:
+        with pytest.raises(ValueError, match="undeclared kind 'timeout'"):
+            run_detectors(JobContext(JobFrames({})), only=["probe_liar"])
+    finally:
+        del REGISTRY["probe_liar"]
 
 
 def test_every_detector_declares_kinds_with_meaning_and_remediation():
