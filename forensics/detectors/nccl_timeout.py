@@ -88,6 +88,14 @@ class _Timeout:
     stuck: pl.DataFrame  # enqueued >= SeqNum > completed
     culprits: list[int]
     silent: list[int] = field(default_factory=list)
+    died_ns: int | None = None  # the earliest watchdog stamp (the job's year completes it)
+    pgs: list[int] = field(default_factory=list)  # process groups of the timeout and status lines
+    hosts: list[str] = field(default_factory=list)  # of the culprits (else the reporters)
+    gpus: list[str] = field(default_factory=list)
+
+    @property
+    def ran_ms(self) -> int | None:
+        return int(cast(int, self.ran_ns.max())) // 1_000_000 if self.ran_ns.len() else None
 
     @property
     def ratio(self) -> float | None:
@@ -113,6 +121,11 @@ def _timeout(t: _Logs, cfg: NcclTimeoutConfig) -> _Timeout:
         if not silent or len(silent) > cfg.max_silent_fraction * j.nranks:
             silent = []
         out.silent = out.culprits = silent
+    named = j.ident.filter(pl.col("rank").is_in(out.culprits or out.reporters))
+    out.hosts = sorted(set(named["host"].drop_nulls().to_list()))
+    out.gpus = sorted(set(named["bus_id"].drop_nulls().to_list()))
+    out.died_ns = earliest_glog_ns(timeouts["message"].drop_nulls().to_list(), t.year)
+    out.pgs = sorted(set(pl.concat([timeouts["pg"], status["pg"]]).drop_nulls().to_list()))
     return out
 
 
@@ -145,20 +158,19 @@ def check_timeout(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
     """Ranks that report a timed-out collective, and the ranks that did not arrive."""
     if not (t.timeouts.height or t.status.height):
         return []
-    o = _timeout(t, cfg)
-    named = t.j.ident.filter(pl.col("rank").is_in(o.culprits or o.reporters))
-    ratio = o.ratio
-    died = earliest_glog_ns(t.timeouts["message"].drop_nulls().to_list(), t.year)
-    ran_ms = int(o.ran_ns.max()) // 1_000_000 if o.ran_ns.len() else None  # type: ignore[arg-type]
-    pgs = sorted(set(pl.concat([t.timeouts["pg"], t.status["pg"]]).drop_nulls().to_list()))
-    return [Finding(
+    return [_timeout_finding(t, _timeout(t, cfg), cfg)]
+
+
+def _timeout_finding(t: _Logs, o: _Timeout, cfg: NcclTimeoutConfig) -> Finding:
+    """The measured timeout in words, with its typed facts."""
+    ratio, died, ran_ms = o.ratio, o.died_ns, o.ran_ms
+    return Finding(
         "nccl_timeout", Severity.CRITICAL, "NCCL collective timed out", _timeout_text(t, o, cfg) + ".",
         TIMEOUT.remediation, kind=TIMEOUT.name, when=_hang_span(died, ran_ms),
         cost=CostBasis(fatal=True, died_ns=died, hung_s=None if ran_ms is None else ran_ms / 1e3,
                        waiting_ranks=len(o.reporters)),
-        process_group=",".join(map(str, pgs)) or None,
-        ranks=tuple(o.culprits or o.reporters), hosts=tuple(sorted(set(named["host"].drop_nulls().to_list()))),
-        gpus=tuple(sorted(set(named["bus_id"].drop_nulls().to_list()))),
+        process_group=",".join(map(str, o.pgs)) or None,
+        ranks=tuple(o.culprits or o.reporters), hosts=tuple(o.hosts), gpus=tuple(o.gpus),
         key="timeout:" + ",".join(map(str, o.seqs[:4])),
         confidence="high" if (o.culprits and not o.silent) else "medium",
         metrics={"reporting_ranks": len(o.reporters), "culprit_ranks": ",".join(map(str, o.culprits)) or None,
@@ -168,7 +180,7 @@ def check_timeout(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
                  "ran_ms": ran_ms, "time_ns": died},
         evidence=evidence(pl.concat([t.timeouts, t.status], how="vertical"),
                           ("rank", "kind", "pg", "seq", "op_type", "numel_in", "last_enqueued", "last_completed", "line")),
-    )]
+    )
 
 
 def _hang_span(logged: int | None, ran_ms: int | None) -> When:
@@ -190,40 +202,64 @@ def _minority(groups: pl.DataFrame) -> list[int]:
     return minority
 
 
-def check_desync(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
-    """One SeqNum, different collectives or sizes on different ranks."""
+@dataclass(frozen=True)
+class _Desync:
+    """What a desynchronised collective measured: per SeqNum the (op, size) groups and their ranks, the ranks
+    named as not joining (desync reports, else the minority group), the timeout lines involved, its time."""
+
+    groups: pl.DataFrame  # seq, op_type, numel_in, rank (list)
+    named: list[int]
+    rows: pl.DataFrame  # the timeout lines of the split SeqNums
+    reports: pl.DataFrame  # desync report lines
+    when: When
+
+
+def _desync(t: _Logs) -> _Desync | None:
+    """One SeqNum, different collectives or sizes on different ranks (or a desync report); None when neither."""
     timeouts, desync = t.timeouts, t.desync
     if not (timeouts.height or t.status.height):
-        return []
+        return None
     per_seq = (timeouts.group_by("seq", maintain_order=True)
                .agg(pl.col("op_type").unique().sort(), pl.col("numel_in").unique().drop_nulls().sort(),
                     pl.col("rank").unique().drop_nulls().sort()))
     split = per_seq.filter((pl.col("op_type").list.len() > 1) | (pl.col("numel_in").list.len() > 1))
     if not (split.height or desync.height):
-        return []
+        return None
     rows = timeouts.join(split.select("seq"), on="seq") if split.height else timeouts.head(0)
     groups = (rows.group_by("seq", "op_type", "numel_in").agg(pl.col("rank").unique().sort())
               .sort("seq", "op_type", "numel_in", nulls_last=True))
-    names = sorted(set(desync["lagging_rank"].drop_nulls().to_list())) or sorted(_minority(groups))
+    named = sorted(set(desync["lagging_rank"].drop_nulls().to_list())) or sorted(_minority(groups))
+    return _Desync(groups, named, rows, desync, _desync_span(t, rows))
+
+
+def _desync_finding(d: _Desync) -> Finding:
+    """The measured desync in words, with its typed facts."""
     desc = "; ".join(f"SeqNum {r['seq']}: rank(s) {', '.join(map(str, r['rank']))} in {r['op_type']} "
-                     f"(NumelIn {r['numel_in']})" for r in groups.sort("seq", "op_type").iter_rows(named=True))
-    return [Finding(
+                     f"(NumelIn {r['numel_in']})" for r in d.groups.sort("seq", "op_type").iter_rows(named=True))
+    return Finding(
         "nccl_timeout", Severity.CRITICAL, "Ranks desynchronised: different collectives at the same SeqNum",
         (desc or "a desync report names the rank that did not join") + ". The ranks issued different "
         "collectives (code-path divergence), so they wait on each other forever; this is not a network fault.",
-        DESYNC.remediation, kind=DESYNC.name, when=_desync_span(t, rows),
-        ranks=tuple(names or sorted(set(rows["rank"].drop_nulls().to_list()))), key="desync",
-        confidence="high" if names else "medium",
-        evidence=evidence(groups.with_columns(pl.col("rank").cast(pl.List(pl.String)).list.join(",")),
-                          ("seq", "op_type", "numel_in", "rank")) + evidence(desync, ("rank", "lagging_rank", "seq", "line")),
-    )]
+        DESYNC.remediation, kind=DESYNC.name, when=d.when,
+        ranks=tuple(d.named or sorted(set(d.rows["rank"].drop_nulls().to_list()))), key="desync",
+        confidence="high" if d.named else "medium",
+        evidence=evidence(d.groups.with_columns(pl.col("rank").cast(pl.List(pl.String)).list.join(",")),
+                          ("seq", "op_type", "numel_in", "rank"))
+        + evidence(d.reports, ("rank", "lagging_rank", "seq", "line")),
+    )
+
+
+def check_desync(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
+    """One SeqNum, different collectives or sizes on different ranks."""
+    d = _desync(t)
+    return [] if d is None else [_desync_finding(d)]
 
 
 def _desync_span(t: _Logs, rows: pl.DataFrame) -> When:
     """The desynchronised collective's lines (and desync reports): the same clock as the timeout's."""
     lines = pl.concat([rows["message"], t.desync["message"]]).drop_nulls().to_list()
     ran_ns = rows["ran_ns"].drop_nulls()
-    return _hang_span(earliest_glog_ns(lines, t.year), int(ran_ns.max()) // 1_000_000 if ran_ns.len() else None)  # type: ignore[arg-type]
+    return _hang_span(earliest_glog_ns(lines, t.year), int(cast(int, ran_ns.max())) // 1_000_000 if ran_ns.len() else None)
 
 
 def check_ras(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
