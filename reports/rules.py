@@ -80,12 +80,15 @@ def _text_table(rows: list[dict[str, str]]) -> list[str]:
 
 
 def text(detectors: Iterable[DetectorSpec]) -> str:
-    """Plain terminal text: name, documentation and settings table of each detector."""
+    """Plain terminal text: name, documentation, kinds of finding and settings table of each detector."""
     blocks = []
     for det in detectors:
         lines = [det.name, "=" * len(det.name), *_wrapped(det.doc.summary, ""), ""]
         for name, body in det.doc.sections():
             lines += [f"{name}:", *_wrapped(body, "    "), ""]
+        lines.append("Finding kinds (role, stage: meaning):")
+        lines += [f"    {k.name} ({k.role.value}, stage {k.tier}): {k.meaning}" for k in det.kinds]
+        lines.append("")
         rows = describe(det.config)
         lines.append(f"Settings (--set {det.name}.SETTING=VALUE):")
         lines += ["    " + row for row in _text_table(rows)] if rows else ["    none"]
@@ -99,13 +102,22 @@ def _md_cell(value: str, code: bool = False) -> str:
     return md_inline(value)
 
 
+def _kinds_markdown(det: DetectorSpec) -> list[str]:
+    """The kinds of finding the detector declares (what incident rules match), as a table."""
+    out = ["### Finding kinds", "", "| kind | role | stage | meaning | default remediation |", "|---|---|---|---|---|"]
+    out += [f"| {_md_cell(k.name, True)} | {k.role.value} | {k.tier} | {_md_cell(k.meaning)} | {_md_cell(k.remediation)} |"
+            for k in det.kinds]
+    return [*out, ""]
+
+
 def markdown(detectors: Iterable[DetectorSpec], intro: bool = True) -> str:
-    """Markdown (docs/detectors.md): one section per detector with its settings table."""
+    """Markdown (docs/detectors.md): one section per detector with its kinds of finding and settings table."""
     out = [MD_INTRO] if intro else []
     for det in detectors:
         out += [f"## {det.name}", "", *[md_inline(p) + "\n" for p in _paragraphs(det.doc.summary)]]
         for name, body in det.doc.sections():
             out += [f"### {name}", "", *[md_inline(p) + "\n" for p in _paragraphs(body)]]
+        out += _kinds_markdown(det)
         out += ["### Settings", ""]
         rows = describe(det.config)
         if not rows:

@@ -79,6 +79,8 @@ def test_a_detector_written_here_is_run_linked_shown_and_listed(probe, tmp_path)
     assert TITLE in (out / "summary.md").read_text() and TITLE in (out / "report.html").read_text()
     listed = runner.invoke(app, ["rules"])
     assert listed.exit_code == 0 and f"\n{NAME}\n" in "\n" + listed.stdout
+    mine_listed = listed.stdout.split(f"{NAME}\n", 1)[1]
+    assert "gpu_fault (fault, stage 0): a GPU fault found by the probe" in mine_listed
 
 
 def test_a_finding_of_an_undeclared_kind_stops_the_run():
