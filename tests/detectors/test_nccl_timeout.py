@@ -54,12 +54,12 @@ def _in_2026(frames: JobFrames) -> JobFrames:
     return JobFrames({**{n: frames[n] for n in frames.present}, "steps": steps})
 
 
-def test_timeout_and_desync_carry_the_watchdog_time(tmp_path):
+def test_timeout_and_desync_carry_the_watchdog_time(run_detector, tmp_path):
     """Both are placed from their own lines: the watchdog stamp (Jan 1 10:00:00) minus the 600100 ms run."""
     stamped = TIMEOUT.replace("[E101 ", "[E0101 ")  # glog: [EMMDD hh:mm:ss.frac ...]
     first = stamped.splitlines()[0]
     text = stamped + first.replace("rank2", "rank5").replace("Rank 2", "Rank 5").replace("ALLREDUCE", "BROADCAST") + "\n"
-    findings, _ = _run(_in_2026(frames_from(tmp_path, text)))
+    findings, _ = run_detector(_in_2026(frames_from(tmp_path, text)))
     fired = int(datetime(2026, 1, 1, 10, 0, tzinfo=timezone.utc).timestamp()) * 10**9
     by = {f.kind: f for f in findings}
     assert set(by) == {"timeout", "desync"}
@@ -69,7 +69,7 @@ def test_timeout_and_desync_carry_the_watchdog_time(tmp_path):
     assert by["timeout"].cost.waiting_ranks == 3 and by["timeout"].process_group == "0"
 
 
-def test_without_the_job_year_the_time_is_unknown_and_says_why(tmp_path):
-    findings, _ = _run(frames_from(tmp_path, TIMEOUT.replace("[E101 ", "[E0101 ")))
+def test_without_the_job_year_the_time_is_unknown_and_says_why(run_detector, tmp_path):
+    findings, _ = run_detector(frames_from(tmp_path, TIMEOUT.replace("[E101 ", "[E0101 ")))
     (f,) = findings
     assert not f.when.known and "year" in f.when.basis and f.cost.died_ns is None
