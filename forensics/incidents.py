@@ -45,7 +45,7 @@ DEGRADED_TRANSPORT_KEYS = frozenset({"socket", "no_gdr", "intra_node", "nvls_off
 #: kind -> tier; a rule only links a lower tier to a higher one, so links never form a cycle.
 TIERS: dict[str, int] = {
     "gpu_fault": 0, "host_fault": 0, "nic_fault": 0, "degraded_transport": 0, "forced_algorithm": 0,
-    "transport_failure": 1, "missing_rank": 1, "cuda_failure": 1,
+    "transport_failure": 1, "missing_rank": 1, "cuda_failure": 1, "stuck_rank": 1,
     "timeout": 2, "slow_rank": 2, "slow_link": 2,
     "busy_wait": 3, "exposed_comm": 3, "pipeline": 3, "other": 4,
 }
@@ -83,6 +83,8 @@ def kind_of(f: Finding) -> str:
         return "transport_failure" if key.startswith("fail_") else "other"
     if det == "nccl_algorithm":
         return "forced_algorithm" if key == "forced" else "other"
+    if det == "hang":
+        return "stuck_rank" if key.startswith("stuck") else "missing_rank" if key.startswith("mismatch") else "other"
     simple = {"straggler": "slow_rank", "slow_link": "slow_link", "busy_wait": "busy_wait", "exposed_comm": "exposed_comm",
               "pipeline_bubble": "pipeline"}
     return simple.get(det, "other")
@@ -127,18 +129,20 @@ def _k(detectors: Iterable[str], kind: str) -> tuple[str, ...]:
 
 RULES: tuple[Rule, ...] = (
     Rule("gpu_fault_kills_rank", _k(_FAULT_SOURCES, "gpu_fault"),
-         ("nccl_timeout:timeout", "nccl_timeout:missing_rank", "nccl_timeout:cuda_failure"),
+         ("nccl_timeout:timeout", "nccl_timeout:missing_rank", "nccl_timeout:cuda_failure", "hang:stuck_rank"),
          "gpu_or_rank", "cause_first", None, "high",
          "a GPU that fell off the bus or hit a fatal Xid stops its rank; its peers hang in NCCL until the watchdog"),
     Rule("gpu_fault_stalls_peers", _k(_FAULT_SOURCES, "gpu_fault"), ("busy_wait:busy_wait", "straggler:slow_rank"),
          "waited_for", "cause_first", None, "medium",
          "peers of a failing GPU's rank spin in NCCL waiting for it"),
     Rule("host_fault_slows_or_kills", _k(_FAULT_SOURCES, "host_fault") + _k(_FAULT_SOURCES, "nic_fault"),
-         ("straggler:slow_rank", "nccl_timeout:timeout", "nccl_timeout:missing_rank", "nccl_transport:transport_failure"),
+         ("straggler:slow_rank", "nccl_timeout:timeout", "nccl_timeout:missing_rank", "nccl_transport:transport_failure",
+          "hang:stuck_rank"),
          "host", "cause_first", 3600.0, "medium",
          "a storage hang, host memory error, OOM kill or NIC fault stalls or kills the ranks on that host"),
     Rule("host_fault_kills_rank", _k(("node_health",), "host_fault"),
-         ("nccl_timeout:timeout", "nccl_timeout:missing_rank", "nccl_timeout:cuda_failure", "busy_wait:busy_wait"),
+         ("nccl_timeout:timeout", "nccl_timeout:missing_rank", "nccl_timeout:cuda_failure", "busy_wait:busy_wait",
+          "hang:stuck_rank"),
          "gpu_or_rank", "cause_first", None, "high",
          "the OOM killer or a hang stopped a rank's process; its peers wait for it in NCCL until the watchdog"),
     Rule("nic_fault_slows_link", _k(_FAULT_SOURCES, "nic_fault"), ("slow_link:slow_link",),
@@ -146,10 +150,11 @@ RULES: tuple[Rule, ...] = (
          "a NIC that flapped, fell back to a lower speed or logs errors on the host common to every slow "
          "communicator is why they are slow (a degraded link stays degraded: no time window)"),
     Rule("missing_rank_times_out_others", ("nccl_timeout:missing_rank", "nccl_timeout:cuda_failure",
-                                           "nccl_transport:transport_failure"),
+                                           "nccl_transport:transport_failure", "hang:stuck_rank", "hang:missing_rank"),
          ("nccl_timeout:timeout",), "communicator", "any", None, "high",
          "a rank that never joins (dead, desynchronised, unreachable) makes the others' collective time out"),
-    Rule("hang_stalls_peers", ("nccl_timeout:timeout", "nccl_timeout:missing_rank"), ("busy_wait:busy_wait",),
+    Rule("hang_stalls_peers", ("nccl_timeout:timeout", "nccl_timeout:missing_rank", "hang:stuck_rank", "hang:missing_rank"),
+         ("busy_wait:busy_wait",),
          "waited_for", "any", None, "high",
          "ranks stuck in the hung collective spin inside NCCL kernels"),
     Rule("straggler_stalls_peers", ("straggler:slow_rank",), ("busy_wait:busy_wait", "exposed_comm:exposed_comm"),
@@ -231,7 +236,8 @@ def finding_time(f: Finding, window: tuple[int, int] | None) -> tuple[int, int] 
         t = m.get(key)
         if isinstance(t, int):
             ran = m.get("ran_ms")
-            start = t - int(ran * 1e6) if f.detector == "nccl_timeout" and isinstance(ran, (int, float)) else t
+            timed = f.detector in ("nccl_timeout", "hang")
+            start = t - int(ran * 1e6) if timed and isinstance(ran, (int, float)) else t
             return start, t
     if f.detector in TRACE_DETECTORS:
         return window
@@ -450,7 +456,9 @@ class Cost:
 
 
 def _timeout(members: list[Finding]) -> Finding | None:
-    return next((f for f in members if f.detector == "nccl_timeout" and kind_of(f) == "timeout"), None)
+    """The finding that times the hang: the watchdog's timeout, else a Flight Recorder hang verdict."""
+    found = next((f for f in members if f.detector == "nccl_timeout" and kind_of(f) == "timeout"), None)
+    return found or next((f for f in members if f.detector == "hang" and kind_of(f) == "stuck_rank"), None)
 
 
 def incident_cost(members: list[Finding], facts: JobFacts) -> Cost:
@@ -551,7 +559,8 @@ def kinds_markdown() -> str:
         "`transport_failure`: its `fail_*` findings",
         "- `forced_algorithm`: `nccl_algorithm` forced-by-environment finding",
         "- `timeout`: `nccl_timeout` watchdog/blocking-wait timeout; `missing_rank`: its RAS and desync findings; "
-        "`cuda_failure`: a CUDA error that aborted NCCL",
+        "`cuda_failure`: a CUDA error that aborted NCCL; `stuck_rank`: a `hang` culprit (stuck on the device or the "
+        "host, from Flight Recorder dumps); its collective mismatches are `missing_rank`",
         "- `slow_rank` (straggler), `slow_link` (slow_link), `busy_wait`, `exposed_comm`, `pipeline` (pipeline_bubble); "
         "anything else: `other`",
         "",
