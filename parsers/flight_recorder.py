@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections import Counter
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -208,9 +209,10 @@ def _bad_field(entries: list[dict[str, Any]]) -> str:
 
 
 def _refuse_truncated_floats(entries: list[dict[str, Any]]) -> None:
-    """Arrow truncates a float given for an integer field (1.5 -> 1): refuse floats outside `duration_ms`. The
-    set of value types is taken in one C-level pass; the fields are only looked at when a float is there."""
-    if float not in set(map(type, chain.from_iterable(map(dict.values, entries)))):
+    """Arrow truncates a float given for an integer field (1.5 -> 1): refuse floats outside `duration_ms` (the
+    one float field). Value types are counted in one C-level pass; fields are only looked at on a mismatch."""
+    floats = Counter(map(type, chain.from_iterable(map(dict.values, entries))))[float]
+    if not floats or floats == sum(type(e.get("duration_ms")) is float for e in entries):
         return
     for f in _ENTRY_SCHEMA:
         if f.name != "duration_ms" and any(type(e.get(f.name)) is float for e in entries):

@@ -35,7 +35,7 @@ _FIXED: tuple[tuple[str, bytes], ...] = (
     ("NEWTRUE", rb"\x88"), ("NEWFALSE", rb"\x89"), ("TUPLE1", rb"\x85"), ("TUPLE2", rb"\x86"), ("TUPLE3", rb"\x87"),
     ("BININT1", rb"K."), ("BININT2", rb"M.."), ("BININT", rb"J...."), ("BINFLOAT", rb"G.{8}"),
     ("BINPUT", rb"q."), ("BINGET", rb"h."), ("LONG_BINPUT", rb"r...."), ("LONG_BINGET", rb"j...."),
-    ("MEMOIZE", rb"\x94"), ("FRAME", rb"\x95.{8}"),
+    ("MEMOIZE", rb"\x94"), ("FRAME", rb"\x95.{8}"), ("APPEND", rb"a"), ("SETITEM", rb"s"),
     ("LONG1", rb"\x8a(?:\x00|\x01.|\x02..|\x03...|\x04....|\x05.{5}|\x06.{6}|\x07.{7}|\x08.{8}|\x09.{9})"),
 )
 # Short strings (BINUNICODE under 64 bytes, most keys and values) are read by the pattern too.

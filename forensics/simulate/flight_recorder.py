@@ -87,13 +87,13 @@ def healthy(world: int, blocked: bool = True) -> list[_Group]:
     return groups
 
 
-def _device_stuck(groups: list[_Group], c: int) -> None:
+def device_stuck(groups: list[_Group], c: int) -> None:
     for g in groups:
         if c in g.ranks and g.kind != "PP":
             g.comp[c] = g.enq[c] - 3
 
 
-def _host_stuck(groups: list[_Group], c: int) -> None:
+def host_stuck(groups: list[_Group], c: int) -> None:
     for g in groups:
         if c in g.ranks and g.kind != "PP":
             g.enq[c] = g.comp[c] = g.enq[c] - 1
@@ -105,15 +105,15 @@ def build(scenario: str, world: int) -> tuple[list[_Group], dict[str, Any]]:
     c = world // 2 + 1
     truth: dict[str, Any] = {"device": [], "host": [], "missing_dumps": [], "mismatch": None}
     if scenario == "gpu_error":
-        _device_stuck(groups, c)
+        device_stuck(groups, c)
         truth["device"] = [c]
     elif scenario in ("host_stuck", "missing_dump"):
-        _host_stuck(groups, c)
+        host_stuck(groups, c)
         truth["host" if scenario == "host_stuck" else "missing_dumps"] = [c]
     elif scenario == "two_groups":
         other = next(r for r in range(world) if not any({r, 1} <= set(g.ranks) for g in groups if g.kind != "default"))
-        _device_stuck(groups, 1)
-        _host_stuck(groups, other)
+        device_stuck(groups, 1)
+        host_stuck(groups, other)
         truth["device"], truth["host"] = [1], [other]
     elif scenario == "size_mismatch":
         dp = next(g for g in groups if g.kind == "DP" and c in g.ranks)
