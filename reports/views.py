@@ -16,6 +16,7 @@ from forensics.reports.figures import Figure
 from forensics.reports.view_anatomy import step_anatomy_view
 from forensics.reports.view_collectives import collectives_view
 from forensics.reports.view_common import View
+from forensics.reports.view_hang import hang_view
 from forensics.reports.view_heatmap import rank_step_heatmap_view
 from forensics.reports.view_hwevents import hw_events_view
 from forensics.reports.view_ncclconfig import nccl_config_view
@@ -56,7 +57,7 @@ def op_categories_view(analysis: Analysis) -> View:
 
 VIEWS: list[ViewBuilder] = [
     step_anatomy_view, op_categories_view, rank_step_heatmap_view, timeline_view, collectives_view, hw_events_view,
-    nccl_config_view, kernel_classes_view,
+    nccl_config_view, kernel_classes_view, hang_view,
 ]
 """In page order. Each builder returns its view, possibly with ``empty_reason`` set; never raises for a
 job that lacks its inputs."""
@@ -78,6 +79,7 @@ DETECTOR_VIEWS: dict[str, str] = {
     "nccl_transport": "nccl-config",
     "slow_link": "collectives",
     "node_health": "hw-events",
+    "hang": "who-is-stuck-where",
 }
 """The view (anchor) that shows a detector's evidence, for a finding's link."""
 

@@ -288,3 +288,35 @@ def test_a_gpu_fault_on_the_culprits_gpu_is_the_root_of_the_hang(tmp_path):
     assert inc.root_cause != hang_f.id
     root = next(f for f in analysis.findings if f.id == inc.root_cause)
     assert root.detector in ("gpu_hw_error", "node_health") and host in root.hosts
+
+
+# --- report view and timeline --------------------------------------------------------------------------
+
+
+def test_who_is_stuck_where_view_marks_the_culprits_and_the_timeline_each_ranks_last_completed(tmp_path):
+    from forensics.reports import perfetto
+    from forensics.reports.view_hang import hang_view
+
+    truth = sim.write("host_stuck", tmp_path, version="2.10")
+    culprit = truth["expected"]["host"][0]
+    analysis = analyze(tmp_path)
+    view = hang_view(analysis)
+    assert view.empty_reason is None
+    table = view.tables[0][1]
+    marked = table.filter(pl.col("culprit") == "CULPRIT")
+    assert set(marked["rank"].to_list()) == {culprit} and "stuck on the host" in set(marked["state"].to_list())
+    assert table.filter(pl.col("rank") != culprit)["culprit"].to_list() == [""] * (table.height - marked.height)
+    events = [e for e in perfetto.trace_events(analysis)["traceEvents"] if e.get("cat") == "flight_recorder"]
+    assert sorted(e["pid"] for e in events) == list(range(16))
+    mark = next(e for e in events if e["pid"] == culprit)
+    # the culprit's latest completion over its groups: its tensor-parallel group's last collective before the hang
+    tp = next(g for g in truth["process_groups"] if g["kind"] == "TP" and culprit in g["ranks"])
+    expected = next(g for g in sim.healthy(16) if g.name == tp["pg_name"]).comp[culprit]
+    assert mark["args"] == {"pg_name": tp["pg_name"], "seq": expected, "time": "completed"}
+
+
+def test_the_view_says_why_it_is_empty_without_dumps(tmp_path):
+    from forensics.reports.view_hang import hang_view
+
+    (tmp_path / "x.log").write_text("nothing\n")
+    assert hang_view(analyze(tmp_path)).empty_reason == "no Flight Recorder dumps in the inputs"
