@@ -30,8 +30,8 @@ import pyarrow as pa
 from forensics.parsers import fr_pickle
 from forensics.parsers.common import ParseContext, ParseResult, open_bounded
 
-from forensics import frames as fr
-from forensics.hosts import short_host
+from forensics.base import frames as fr
+from forensics.base.hosts import short_host
 
 _NAME = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d{1,7})(?:\.(?:json|pkl|pickle|bin|txt|gz))*$", re.IGNORECASE)
 _KNOWN_PREFIXES = ("nccl_trace_rank_", "comm_lib_trace_rank_", "hccl_trace_rank_", "torchcomm_fr_trace_",

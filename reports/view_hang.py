@@ -1,7 +1,7 @@
 """Who is stuck where: per process group, each rank's last enqueued / completed collective and its state.
 
 From the Flight Recorder dumps (``fr_pg_status``) through the same vote as the ``hang`` detector
-(:mod:`forensics.hang`); the culprit marks are the ``hang`` findings' ranks, so the view and the findings agree.
+(:mod:`forensics.facts.hang`); the culprit marks are the ``hang`` findings' ranks, so the view and the findings agree.
 Shown: the groups a culprit is in, then the groups with ranks waiting, at most :data:`MAX_ROWS` rows; and the
 collective each blocked group waits in.
 """
@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 import polars as pl
 from forensics.reports.view_common import View
 
-from forensics import hang
+from forensics.facts import hang
 
 if TYPE_CHECKING:
-    from forensics.analyze import Analysis
+    from forensics.pipeline import Analysis
 
 MAX_ROWS = 400
 CAPTION = ("Per process group, where each rank stopped: a culprit (marked) is stuck on the device (its enqueued "

@@ -15,7 +15,7 @@ from forensics.parsers import flight_recorder, fr_pickle
 from forensics.parsers.common import ParseContext
 from forensics.parsers.discovery import discover
 
-from forensics.analyze import analyze
+from forensics.pipeline import analyze
 from forensics.simulate import flight_recorder as sim
 from forensics.simulate.fr_pickle import dumps
 

@@ -16,7 +16,7 @@ Why it matters:
     debugging the code.
 
 How it measures:
-    forensics.hang: each group votes (pipeline groups and groups with a missing dump do not): device-stuck =
+    forensics.facts.hang: each group votes (pipeline groups and groups with a missing dump do not): device-stuck =
     last_completed < last_enqueued and the group's lowest completed, below its highest; host-stuck =
     last_enqueued below the group's highest with nothing pending. A culprit needs votes from `min_votes` groups
     (or every group it could be voted in), or, for the host, nothing pending anywhere. Cost = GPUs x (the
@@ -39,11 +39,11 @@ from typing import Any
 
 import polars as pl
 
-from forensics import hang
-from forensics.context import JobContext
+from forensics.base.findings import Finding, MetricValue, Severity
+from forensics.base.settings import setting
 from forensics.detectors import Skip, detector
-from forensics.findings import Finding, MetricValue, Severity
-from forensics.settings import setting
+from forensics.facts import hang
+from forensics.facts.context import JobContext
 
 _CLASS_TEXT = {"device": ("stuck on the device", "its GPU work does not complete"),
                "host": ("stuck on the host", "its CPU thread stopped issuing collectives")}

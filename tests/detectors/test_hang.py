@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import polars as pl
 
-from forensics import frames as fr
-from forensics import hang
-from forensics.context import JobContext
+from forensics.base import frames as fr
+from forensics.base.frames import JobFrames
 from forensics.detectors import run_detectors
-from forensics.frames import JobFrames
+from forensics.facts import hang
+from forensics.facts.context import JobContext
 
 # rank -> {group: (last_enqueued, last_completed)}; groups: "0" = all four ranks, "1" = {0, 1}, "2" = {2, 3},
 # "9" = a pipeline group {0, 2}
