@@ -27,13 +27,25 @@ STATE_TEXT = {"device": "stuck on the device", "host": "stuck on the host", "wai
 
 def hang_view(analysis: Analysis) -> View:
     view = View("who-is-stuck-where", "Who is stuck where", CAPTION)
-    status = analysis.context.frames["fr_pg_status"]
-    if status.height == 0:
+    frames = analysis.context.frames
+    if frames["fr_pg_status"].height == 0:
         view.empty_reason = "no Flight Recorder dumps in the inputs"
         return view
+    culprits = {(f.key.partition(":")[2], r) for f in analysis.findings
+                if f.detector == "hang" and f.key.startswith("stuck") for r in f.ranks}
+    sets = hang.dump_sets(frames["fr_dumps"])
+    for folder, sources in sets:
+        status, entries, dumps = (frames[n].filter(pl.col("source").is_in(sources))
+                                  for n in ("fr_pg_status", "fr_entries", "fr_dumps"))
+        where = f" ({folder})" if len(sets) > 1 else ""
+        view.tables += _tables(status, entries, dumps, sorted(r for f, r in culprits if f == folder), where)
+    return view
+
+
+def _tables(status: pl.DataFrame, entries: pl.DataFrame, dumps: pl.DataFrame, culprits: list[int],
+            where: str) -> list[tuple[str, pl.DataFrame]]:
     verdict = hang.vote(hang.counters_from_dumps(status))
-    culprits = {r for f in analysis.findings if f.detector == "hang" and f.key.startswith("stuck") for r in f.ranks}
-    g = verdict.groups.with_columns(pl.col("rank").is_in(sorted(culprits)).alias("culprit"))
+    g = verdict.groups.with_columns(pl.col("rank").is_in(culprits).alias("culprit"))
     involved = g.group_by("pg_name").agg(pl.col("culprit").any().alias("_c"), (pl.col("pending") > 0).any().alias("_w"))
     rows = g.join(involved, on="pg_name").filter(pl.col("_c") | pl.col("_w")).sort(
         ["_c", "_w", "pg_name", "rank"], descending=[True, True, False, False])
@@ -42,16 +54,15 @@ def hang_view(analysis: Analysis) -> View:
         pl.col("role").replace_strict(STATE_TEXT, default=pl.col("role")).alias("state"),
         pl.when(pl.col("culprit")).then(pl.lit("CULPRIT")).otherwise(pl.lit("")).alias("culprit"))
     more = f" (first {MAX_ROWS} of {rows.height})" if rows.height > MAX_ROWS else ""
-    view.tables.append((f"Ranks of the groups with a culprit or ranks waiting{more}", table))
-    entries = analysis.context.frames["fr_entries"]
-    latest = analysis.context.frames["fr_dumps"]["latest_ns"].max()
+    out = [(f"Ranks of the groups with a culprit or ranks waiting{where}{more}", table)]
+    latest = dumps["latest_ns"].max()
     blocked = hang.blocked_collectives(verdict, entries, int(latest) if latest is not None else None)  # type: ignore[arg-type]
     if blocked.height:
-        view.tables.append(("The collective each blocked group waits in", blocked.select(
+        out.append((f"The collective each blocked group waits in{where}", blocked.select(
             "pg_name", pl.col("pg_desc").fill_null(""), "seq", pl.col("op").fill_null("?"),
             pl.col("waiting").cast(pl.List(pl.String)).list.join(", "),
             pl.col("never_joined").cast(pl.List(pl.String)).list.join(", "))))
     if verdict.undecided.height:
-        view.tables.append(("Groups that cannot vote: members' dumps missing", verdict.undecided.with_columns(
+        out.append((f"Groups that cannot vote: members' dumps missing{where}", verdict.undecided.with_columns(
             pl.col("missing").cast(pl.List(pl.String)).list.join(", "))))
-    return view
+    return out

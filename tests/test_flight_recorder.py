@@ -320,3 +320,14 @@ def test_the_view_says_why_it_is_empty_without_dumps(tmp_path):
 
     (tmp_path / "x.log").write_text("nothing\n")
     assert hang_view(analyze(tmp_path)).empty_reason == "no Flight Recorder dumps in the inputs"
+
+
+def test_the_dumps_of_two_cases_side_by_side_are_judged_apart():
+    root = shared_path("flight_recorder", "nvrx_fault_injection")
+    analysis = analyze(root)
+    for case in CASES:
+        found = {}
+        for f in analysis.findings:
+            if f.detector == "hang" and f.key.endswith(f":{case}"):
+                found.setdefault(f.key.split(":")[0].removeprefix("stuck_"), set()).update(f.ranks)
+        assert found == _injected(_case(case)), case

@@ -33,7 +33,7 @@ What to do:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -72,9 +72,20 @@ class _Job:
 @detector("hang", settings=HangConfig, requires_any=("fr_pg_status", "fr_dumps"))
 def detect(ctx: JobContext, cfg: HangConfig) -> list[Finding]:
     f = ctx.frames
-    status, entries, dumps = f["fr_pg_status"], f["fr_entries"], f["fr_dumps"]
-    if status.height == 0:
+    if f["fr_pg_status"].height == 0:
         raise Skip("the Flight Recorder dumps hold no per-group counters (no pg_status and no entries)")
+    sets = hang.dump_sets(f["fr_dumps"])
+    out: list[Finding] = []
+    for folder, sources in sets:
+        mine = [t.filter(pl.col("source").is_in(sources)) for t in (f["fr_pg_status"], f["fr_entries"], f["fr_dumps"])]
+        found = _verdict(ctx, cfg, *mine)
+        out += [replace(x, key=f"{x.key}:{folder}", title=f"{x.title} ({folder or '.'})") for x in found] \
+            if len(sets) > 1 else found
+    return out
+
+
+def _verdict(ctx: JobContext, cfg: HangConfig, status: pl.DataFrame, entries: pl.DataFrame,
+             dumps: pl.DataFrame) -> list[Finding]:
     verdict = hang.vote(hang.counters_from_dumps(status), cfg.min_votes)
     latest = dumps["latest_ns"].max()
     latest_ns = int(latest) if latest is not None else None  # type: ignore[arg-type]

@@ -56,6 +56,16 @@ class HangVerdict:
         return sorted(set(c["rank"].to_list()))
 
 
+def dump_sets(dumps: pl.DataFrame) -> list[tuple[str, list[str]]]:
+    """The dumps of one job together: all of them, unless a rank has dumps in several folders (the dumps of
+    several jobs or cases side by side); then one set per folder, named by it."""
+    folder = pl.col("source").str.replace(r"/?[^/]*$", "")
+    d = dumps.with_columns(folder.alias("folder"))
+    if d.group_by("rank").agg(pl.col("folder").n_unique().alias("n"))["n"].max() in (None, 1):
+        return [("", d["source"].to_list())]
+    return [(str(k[0]), g["source"].to_list()) for k, g in d.sort("folder").group_by("folder", maintain_order=True)]
+
+
 def counters_from_dumps(status: pl.DataFrame) -> pl.DataFrame:
     """fr_pg_status -> the vote's input: rank, pg_name, pg_desc, members (list), last_enqueued, last_completed."""
     return status.select(
