@@ -19,6 +19,7 @@ def build(analysis: Analysis) -> dict[str, Any]:
         "run": {
             "path": str(analysis.run_dir),
             **run_header(analysis),
+            "coverage": analysis.context.coverage,
             "steps_analyzed": steps_analyzed,
             "sources": [_source(row) for row in analysis.sources.iter_rows(named=True)],
         },

@@ -99,7 +99,9 @@ def idle_table(steps: pl.DataFrame) -> pl.DataFrame:
 def idle_gaps(ctx: JobContext, ranks: list[int]) -> pl.DataFrame:
     """rank, step, g_start, g_end, step_ns: the intervals of each step window with no kernel running."""
     win = ctx.step_windows.filter(pl.col("rank").is_in(ranks)).select("rank", "step", "w_start", "w_end")
-    kern = ctx.frames["kernels"].select("rank", "start_ns", "end_ns").filter(pl.col("rank").is_in(ranks))
+    # a graph replay is one host call for hundreds of kernels: its kernels say nothing of launch overhead
+    kern = ctx.frames["kernels"].select("rank", "start_ns", "end_ns", "graph_replay").filter(
+        pl.col("rank").is_in(ranks) & ~pl.col("graph_replay").fill_null(False))
     busy = merge(clip_to_windows(kern.lazy(), win.lazy(), on=["rank"]), ["rank", "step"]).collect()
     # Sentinels of zero length at both window edges; a gap is then "start minus the previous end".
     edges = pl.concat([
@@ -162,7 +164,9 @@ def classify_gaps(ctx: JobContext, gaps: pl.DataFrame, launch_ranks: list[int], 
 def launch_facts(ctx: JobContext, ranks: list[int]) -> pl.DataFrame:
     """Per rank: median kernel duration (us) and the share of its step time covered by CPU ops."""
     win = ctx.step_windows.filter(pl.col("rank").is_in(ranks))
-    kern = ctx.frames["kernels"].select("rank", "start_ns", "end_ns").filter(pl.col("rank").is_in(ranks))
+    # a graph replay is one host call for hundreds of kernels: its kernels say nothing of launch overhead
+    kern = ctx.frames["kernels"].select("rank", "start_ns", "end_ns", "graph_replay").filter(
+        pl.col("rank").is_in(ranks) & ~pl.col("graph_replay").fill_null(False))
     med = kern.group_by("rank").agg(((pl.col("end_ns") - pl.col("start_ns")).median() / 1e3).alias("median_kernel_us"))
     ops = ctx.frames["cpu_ops"].select("rank", "category", "start_ns", "end_ns").filter(
         pl.col("rank").is_in(ranks) & pl.col("category").cast(pl.String).is_in(CPU_CATEGORIES))
