@@ -1,34 +1,6 @@
 """Hangs from PyTorch Flight Recorder dumps: who is stuck where, and why the others wait.
 
-What it detects:
-    Per process group, from each rank's Flight Recorder dump (last enqueued / completed collective, the pending
-    entries): the rank stuck on the device (its enqueued work does not complete while its peers completed more),
-    the rank stuck on the host (it stopped enqueuing while its peers went on), the collective the others are
-    blocked in (op, sequence number, sizes, how long they waited), ranks that never joined it; collectives whose
-    members disagree (type, sizes, dtype, as PyTorch's fr_trace classifies them); groups it cannot decide because
-    dumps are missing (naming those ranks); and, when the dumps carry stacks, the ranks whose stack differs from
-    the majority. When the logs hold the watchdog's counters for the same hang, it says whether their vote agrees.
-
-Why it matters:
-    A hang costs every GPU of the job from the last progress until the watchdog kills it (often 30 minutes or
-    more), and the rank that timed out is usually a victim: the culprit is the rank whose state explains the
-    others. Naming it (and whether it is its GPU or its CPU thread) is what decides between draining a node and
-    debugging the code.
-
-How it measures:
-    forensics.facts.hang: each group votes (pipeline groups and groups with a missing dump do not): device-stuck =
-    last_completed < last_enqueued and the group's lowest completed, below its highest; host-stuck =
-    last_enqueued below the group's highest with nothing pending. A culprit needs votes from `min_votes` groups
-    (or every group it could be voted in), or, for the host, nothing pending anywhere. Cost = GPUs x (the
-    watchdog's kill, estimated as the blocked collective's enqueue time + its timeout, or the dumps' latest
-    time when later - that enqueue time).
-
-What to do:
-    Device-stuck: check that rank's GPU (dmesg Xid/ECC, nvidia-smi), and the kernel before the collective on its
-    stream; drain the node if the GPU is faulty. Host-stuck: look at that rank's Python stack (py-spy dump, the
-    dump's `frames` with TORCH_NCCL_TRACE_CPP_STACK), its dataloader, locks and exceptions. Mismatch: make every
-    rank issue the same collective with the same sizes and dtype. Missing dumps: collect every rank's dump
-    (TORCH_NCCL_DUMP_ON_TIMEOUT=1, a shared TORCH_NCCL_DEBUG_INFO_TEMP_FILE path).
+Its documentation (what it detects, why it matters, how it measures, what to do) is data: ``DOC``.
 """
 
 from __future__ import annotations
@@ -39,12 +11,57 @@ from typing import Any
 
 import polars as pl
 
-from forensics.base.findings import Finding, MetricValue, Severity
+from forensics.base.findings import CostBasis, Finding, FindingKind, MetricValue, Role, Severity, When
 from forensics.base.settings import setting
-from forensics.detectors import Skip, detector
+from forensics.detectors import DetectorDoc, Skip, detector
 from forensics.facts import hang
 from forensics.facts.context import JobContext
 
+DOC = DetectorDoc(
+    summary="Hangs from PyTorch Flight Recorder dumps: who is stuck where, and why the others wait.",
+    detects=(
+        "Per process group, from each rank's Flight Recorder dump (last enqueued / completed collective, the "
+        'pending entries): the rank stuck on the device (its enqueued work does not complete while its peers '
+        'completed more), the rank stuck on the host (it stopped enqueuing while its peers went on), the '
+        'collective the others are blocked in (op, sequence number, sizes, how long they waited), ranks that '
+        "never joined it; collectives whose members disagree (type, sizes, dtype, as PyTorch's fr_trace "
+        'classifies them); groups it cannot decide because dumps are missing (naming those ranks); and, when '
+        'the dumps carry stacks, the ranks whose stack differs from the majority. When the logs hold the '
+        "watchdog's counters for the same hang, it says whether their vote agrees."),
+    matters=(
+        'A hang costs every GPU of the job from the last progress until the watchdog kills it (often 30 '
+        'minutes or more), and the rank that timed out is usually a victim: the culprit is the rank whose '
+        'state explains the others. Naming it (and whether it is its GPU or its CPU thread) is what decides '
+        'between draining a node and debugging the code.'),
+    measures=(
+        'forensics.facts.hang: each group votes (pipeline groups and groups with a missing dump do not): '
+        "device-stuck = last_completed < last_enqueued and the group's lowest completed, below its highest; "
+        "host-stuck = last_enqueued below the group's highest with nothing pending. A culprit needs votes "
+        'from `min_votes` groups (or every group it could be voted in), or, for the host, nothing pending '
+        "anywhere. Cost = GPUs x (the watchdog's kill, estimated as the blocked collective's enqueue time + "
+        "its timeout, or the dumps' latest time when later - that enqueue time)."),
+    todo=(
+        "Device-stuck: check that rank's GPU (dmesg Xid/ECC, nvidia-smi), and the kernel before the "
+        "collective on its stream; drain the node if the GPU is faulty. Host-stuck: look at that rank's "
+        "Python stack (py-spy dump, the dump's `frames` with TORCH_NCCL_TRACE_CPP_STACK), its dataloader, "
+        'locks and exceptions. Mismatch: make every rank issue the same collective with the same sizes and '
+        "dtype. Missing dumps: collect every rank's dump (TORCH_NCCL_DUMP_ON_TIMEOUT=1, a shared "
+        'TORCH_NCCL_DEBUG_INFO_TEMP_FILE path).'),
+)
+STUCK_RANK = FindingKind(
+    "stuck_rank", "a rank whose state explains a hang: stuck on the device (its enqueued work does not complete) or "
+    "on the host (it stopped enqueuing while its peers went on), from Flight Recorder dumps", Role.HANG,
+    "Device: check the rank's GPU (Xid, ECC, nvidia-smi) and drain a faulty node; host: look at its Python stack, "
+    "dataloader, locks and exceptions, and its host's OOM kills and hung tasks.", stage=1)
+MISMATCH = FindingKind(
+    "collective_mismatch", "the members of one collective (same group, same sequence number) disagree on its type, "
+    "size or dtype, as PyTorch's fr_trace classifies them", Role.HANG,
+    "Find the code path that makes these ranks issue a different collective, size or dtype and make every rank "
+    "issue the same.", stage=1)
+UNDECIDED = FindingKind(
+    "hang_undecided", "the Flight Recorder dumps of some members of a group are missing: who is stuck there cannot "
+    "be decided", Role.SYMPTOM,
+    "Collect every rank's Flight Recorder dump (or its logs) and analyze again.")
 _CLASS_TEXT = {"device": ("stuck on the device", "its GPU work does not complete"),
                "host": ("stuck on the host", "its CPU thread stopped issuing collectives")}
 
@@ -69,7 +86,8 @@ class _Job:
     watchdog: hang.HangVerdict | None
 
 
-@detector("hang", settings=HangConfig, requires_any=("fr_pg_status", "fr_dumps"))
+@detector("hang", doc=DOC, settings=HangConfig, requires_any=("fr_pg_status", "fr_dumps"),
+          kinds=(STUCK_RANK, MISMATCH, UNDECIDED), view="who-is-stuck-where")
 def detect(ctx: JobContext, cfg: HangConfig) -> list[Finding]:
     f = ctx.frames
     if f["fr_pg_status"].height == 0:
@@ -157,6 +175,7 @@ def _culprit_finding(job: _Job, cls: str, entries: pl.DataFrame) -> Finding:
                f"{_blocked_text(mine)} Their peers wait for them; the others are consequences."
                + _agreement_text(job, ranks) + _stacks_text(entries))
     metrics, cost = _cost(job, mine)
+    evidence = _evidence(v, ranks)
     metrics.update({"class": cls, "culprit_ranks": _ranks(ranks),
                     "votes": ", ".join(f"{r}:{n}" for r, n in rows.select("rank", "votes").iter_rows()),
                     "groups_blocked": job.blocked.height, "missing_dumps": _ranks(list(v.missing)) or None,
@@ -164,7 +183,9 @@ def _culprit_finding(job: _Job, cls: str, entries: pl.DataFrame) -> Finding:
     return Finding(
         "hang", Severity.CRITICAL, f"Hang: rank(s) {_ranks(ranks)} {what}", summary, _REMEDIATION[cls],
         ranks=tuple(ranks), hosts=_names(job.who, ranks, "host"), gpus=_names(job.who, ranks, "bus_id"),
-        metrics=metrics, evidence=_evidence(v, ranks), gpu_seconds_lost=cost, key=f"stuck_{cls}",
+        metrics=metrics, evidence=evidence, gpu_seconds_lost=cost, key=f"stuck_{cls}",
+        kind=STUCK_RANK.name, when=_when(metrics), cost=_basis(metrics, evidence),
+        victims=tuple(sorted({e["rank"] for e in evidence if e["role"] == "victim"})),
         confidence="high" if job.watchdog is None or metrics.get("watchdog_agrees") is not False else "medium",
     )
 
@@ -192,6 +213,23 @@ def _cost(job: _Job, blocked: pl.DataFrame) -> tuple[dict[str, MetricValue], flo
     if not job.gpus or kill <= start:
         return metrics, None
     return metrics, round(job.gpus * (kill - start) / 1e9, 3)
+
+
+def _when(metrics: dict[str, MetricValue]) -> When:
+    start, kill = metrics.get("hang_start_ns"), metrics.get("time_ns")
+    if isinstance(start, int) and isinstance(kill, int):
+        return When.span(start, kill, "from the enqueue of the first blocked collective (Flight Recorder) to the "
+                                      "watchdog's kill (its timeout, or the dumps' latest recorded time)")
+    return When.unknown("the dumps hold no time for the blocked collective")
+
+
+def _basis(metrics: dict[str, MetricValue], evidence: tuple[dict[str, Any], ...]) -> CostBasis:
+    """A hang found in the dumps killed the job: when (the watchdog's kill) and for how long the others waited."""
+    start, kill = metrics.get("hang_start_ns"), metrics.get("time_ns")
+    known = isinstance(start, int) and isinstance(kill, int)
+    return CostBasis(fatal=True, died_ns=kill if known else None,  # type: ignore[arg-type]
+                     hung_s=(kill - start) / 1e9 if known else None,  # type: ignore[operator]
+                     waiting_ranks=sum(e["role"] == "victim" for e in evidence) or None)
 
 
 def _evidence(v: hang.HangVerdict, ranks: list[int]) -> tuple[dict[str, Any], ...]:
@@ -245,7 +283,8 @@ def _undecided_finding(job: _Job) -> Finding:
         "(or log) is never named a culprit; the missing rank may be the one the others wait for.",
         "Collect every rank's Flight Recorder dump (TORCH_NCCL_DUMP_ON_TIMEOUT=1 / TORCH_FR_DUMP_TEMP_FILE on "
         "storage every rank can write), or its logs, and analyze again.",
-        key="undecided", confidence="medium",
+        key="undecided", confidence="medium", kind=UNDECIDED.name,
+        when=When.unknown("Flight Recorder dumps carry no time of their own"),
         metrics={"missing_ranks": _ranks(missing), "undecided_groups": v.undecided.height},
         evidence=tuple(v.undecided.with_columns(pl.col("missing").cast(pl.List(pl.String)).list.join(","))
                        .head(10).to_dicts()),
@@ -266,7 +305,8 @@ def _mismatch_findings(mm: pl.DataFrame) -> list[Finding]:
             f"{first['majority']} ({g.height} such collective(s)). Ranks that disagree wait on each other forever.",
             "Find the code path that makes these ranks issue a different collective, size or dtype (uneven "
             "batches, data-dependent shapes, a branch taken on some ranks) and make every rank issue the same.",
-            ranks=tuple(ranks), key=f"mismatch_{kind}", confidence="high",
+            ranks=tuple(ranks), key=f"mismatch_{kind}", confidence="high", kind=MISMATCH.name,
+            when=When.unknown("Flight Recorder dumps carry no time of their own"),
             metrics={"kind": str(kind), "collectives": g.height, "seq": first["seq"], "pg_name": first["pg_name"]},
             evidence=tuple(g.with_columns(pl.col("ranks").cast(pl.List(pl.String)).list.join(",")).head(10)
                            .to_dicts()),
