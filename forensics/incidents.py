@@ -38,12 +38,15 @@ HOST_FAULT_CATEGORIES = frozenset({"hung", "lockup", "edac", "ghes", "mce", "oom
                                    "cpu_thermal", "fs_error"})
 #: NIC faults on a host: IB port / Ethernet link flaps (node_health `nic_link`), mlx5 errors, carrier loss.
 NIC_FAULT_CATEGORIES = frozenset({"ib_port", "mlx5", "carrier", "nic_link"})
+#: Xids an application causes (a bad kernel, a fault in its own memory): the same error as the rank's CUDA error.
+APP_XIDS = frozenset({13, 31, 43, 45})
 #: nccl_transport finding keys that mean a slower path than the hardware offers.
 DEGRADED_TRANSPORT_KEYS = frozenset({"socket", "no_gdr", "intra_node", "nvls_off", "single_nic", "iface",
                                      "no_libibverbs", "mixed_link"})
 
 #: kind -> tier; a rule only links a lower tier to a higher one, so links never form a cycle.
 TIERS: dict[str, int] = {
+    "scheduler_stop": -1, "app_failure": 0, "stuck_rank": 1, "nccl_raised": 2, "app_xid": 2,
     "gpu_fault": 0, "host_fault": 0, "nic_fault": 0, "degraded_transport": 0, "forced_algorithm": 0,
     "transport_failure": 1, "missing_rank": 1, "cuda_failure": 1,
     "timeout": 2, "slow_rank": 2, "slow_link": 2,
@@ -59,6 +62,8 @@ def _fault_kind(f: Finding) -> str:
     root_xid = f.metrics.get("root_xid")
     if cat in GPU_FAULT_CATEGORIES or (cat == "xid" and isinstance(root_xid, int) and root_xid in GPU_FAULT_XIDS):
         return "gpu_fault"
+    if cat == "xid" and isinstance(root_xid, int) and root_xid in APP_XIDS:
+        return "app_xid"
     if cat in HOST_FAULT_CATEGORIES:
         return "host_fault"
     if cat in NIC_FAULT_CATEGORIES:
@@ -66,11 +71,17 @@ def _fault_kind(f: Finding) -> str:
     return "other"
 
 
+#: last_words finding key (before ':') -> kind
+_LAST_WORDS_KINDS = {"first": "app_failure", "scheduler": "scheduler_stop", "victims": "nccl_raised", "stacks": "stuck_rank"}
+
+
 def kind_of(f: Finding) -> str:
     """What a finding is, in the vocabulary of the rules."""
     det, key = f.detector, f.key
     if det in ("gpu_hw_error", "node_health"):
         return _fault_kind(f)
+    if det == "last_words":
+        return _LAST_WORDS_KINDS.get(key.split(":", 1)[0], "other")
     if det == "nccl_timeout":
         if key.startswith("timeout"):
             return "timeout"
@@ -96,11 +107,14 @@ LINKS: dict[str, str] = {
                   "straggler victims), or name the same culprit rank",
     "host": "both name the same host (a host fault explains only findings on that host)",
     "communicator": "they share a rank or a host (one communicator), or the cause is job-wide",
+    "same_job": "always (one analysis is one job): the job's first failure or its cancellation explains what came after",
+    "gpu_rank_or_host": "they name the same GPU, rank or host",
 }
 ORDERS: dict[str, str] = {
     "cause_first": "the cause happened before the consequence ended (a fault after the timeout is not its "
                    "cause); unchecked when either finding has no wall-clock time",
     "any": "no time order required (the two describe the same period)",
+    "near": "the two happened within the window of each other (either first); unchecked when either has no time",
 }
 
 
@@ -126,6 +140,26 @@ def _k(detectors: Iterable[str], kind: str) -> tuple[str, ...]:
 
 
 RULES: tuple[Rule, ...] = (
+    Rule("scheduler_stop_ends_job", ("last_words:scheduler_stop",),
+         ("last_words:app_failure", "last_words:nccl_raised", "last_words:stuck_rank", "nccl_timeout:timeout",
+          "nccl_timeout:missing_rank", "nccl_timeout:cuda_failure", "nccl_transport:transport_failure",
+          "gpu_hw_error:gpu_fault", "node_health:gpu_fault", "node_health:host_fault", "node_health:nic_fault",
+          "gpu_hw_error:app_xid", "busy_wait:busy_wait"),
+         "same_job", "cause_first", None, "high",
+         "a job the scheduler cancelled (time limit, preemption) is torn down: what fails after that is not a fault"),
+    Rule("first_failure_kills_job", ("last_words:app_failure",),
+         ("nccl_timeout:timeout", "nccl_timeout:missing_rank", "nccl_timeout:cuda_failure",
+          "nccl_transport:transport_failure", "last_words:nccl_raised", "busy_wait:busy_wait"),
+         "same_job", "cause_first", None, "high",
+         "the first rank to fail stops taking part: the others raise NCCL errors or time out in their next "
+         "collective and spin until the watchdog"),
+    Rule("app_error_is_the_xid", ("last_words:app_failure",), ("gpu_hw_error:app_xid", "node_health:app_xid"),
+         "gpu_rank_or_host", "near", 120.0, "high",
+         "an application Xid (13, 31, 43, 45) on the rank's GPU at the time of its CUDA error is that error, seen by "
+         "the driver: the code is at fault, not the GPU"),
+    Rule("stuck_rank_hangs_job", ("last_words:stuck_rank",),
+         ("nccl_timeout:timeout", "busy_wait:busy_wait", "last_words:nccl_raised"), "same_job", "any", None, "medium",
+         "the rank whose stack is elsewhere (data loader, I/O, a lock) never reaches the collective the others wait in"),
     Rule("gpu_fault_kills_rank", _k(_FAULT_SOURCES, "gpu_fault"),
          ("nccl_timeout:timeout", "nccl_timeout:missing_rank", "nccl_timeout:cuda_failure"),
          "gpu_or_rank", "cause_first", None, "high",
@@ -214,9 +248,21 @@ def _link_communicator(cause: Finding, cons: Finding) -> str | None:
     return "host" if set(cause.hosts) & set(cons.hosts) else None
 
 
+def _link_same_job(cause: Finding, cons: Finding) -> str | None:
+    return "job"
+
+
+def _link_gpu_rank_or_host(cause: Finding, cons: Finding) -> str | None:
+    if set(cause.gpus) & set(cons.gpus):
+        return "gpu"
+    if set(cause.ranks) & set(cons.ranks):
+        return "rank"
+    return _link_host(cause, cons)
+
+
 LINK_TESTS: dict[str, Callable[[Finding, Finding], str | None]] = {
     "gpu_or_rank": _link_gpu_or_rank, "waited_for": _link_waited_for, "host": _link_host,
-    "communicator": _link_communicator,
+    "communicator": _link_communicator, "same_job": _link_same_job, "gpu_rank_or_host": _link_gpu_rank_or_host,
 }
 
 # --- time ----------------------------------------------------------------------------------------
@@ -244,6 +290,8 @@ def _time_ok(rule: Rule, ct: tuple[int, int] | None, qt: tuple[int, int] | None)
         return True
     if ct is None or qt is None:
         return None
+    if rule.order == "near":
+        return abs(qt[0] - ct[0]) <= (rule.window_s or 0.0) * 1e9
     if ct[0] > qt[1]:
         return False
     return rule.window_s is None or qt[0] - ct[0] <= rule.window_s * 1e9
@@ -454,7 +502,10 @@ def _timeout(members: list[Finding]) -> Finding | None:
 
 
 def incident_cost(members: list[Finding], facts: JobFacts) -> Cost:
-    """Fatal: GPUs x (end of job - fault); slowdown: the detectors' excess time x steps x GPUs."""
+    """Fatal: GPUs x (end of job - fault); slowdown: the detectors' excess time x steps x GPUs; cancelled by the
+    scheduler: GPUs x the work since the last checkpoint."""
+    if kind_of(members[0]) == "scheduler_stop":
+        return _stop_cost(members[0], facts)
     to = _timeout(members)
     if to is not None:
         return _fatal_cost(members[0], to, facts)
@@ -468,6 +519,17 @@ def incident_cost(members: list[Finding], facts: JobFacts) -> Cost:
         return Cost(worst.gpu_seconds_lost, f"slowdown: the largest measured consequence ({worst.detector}: excess "
                     f"time x steps x GPUs) = {worst.gpu_seconds_lost:.3f} GPU-s; the root cause itself is not timed")
     return Cost(None, "not computed: no finding of this incident measures lost time")
+
+
+def _stop_cost(root: Finding, facts: JobFacts) -> Cost:
+    t = root.metrics.get("time_ns")
+    lost_s, how = work_lost(t if isinstance(t, int) else None, facts, "the cancellation")
+    if not lost_s:
+        return Cost(None, f"not computed: cancelled by the scheduler, not a fault; {how}", True, t if isinstance(t, int) else None)
+    if not facts.gpus:
+        return Cost(None, f"not computed: the inputs lack the GPU count ({lost_s:.1f} s of work since the last "
+                    "checkpoint lost)", True, t if isinstance(t, int) else None)
+    return Cost(facts.gpus * lost_s, f"cancelled by the scheduler: {how}", True, t if isinstance(t, int) else None)
 
 
 def _fatal_cost(root: Finding, to: Finding, facts: JobFacts) -> Cost:

@@ -67,7 +67,7 @@ def verdict_line(members: list[Finding], cost: Cost, confidence: str, facts: Job
         text = f"{head}{what}; {_waiters(to)} waited{hang} in NCCL until the watchdog killed the job"
     else:
         # the CLI/report prefix already says the severity
-        lead = "Slowdown: " if cost.method.startswith("slowdown") else ""
+        lead = "Slowdown: " if cost.method.startswith("slowdown") else "Job died: " if root.metrics.get("job_died") is True else ""
         text = f"{lead}{root.title} {_scope(root)}".strip()
         if len(members) > 1:
             text += f"; it explains {len(members) - 1} other finding(s) ({', '.join(sorted({f.detector for f in members[1:]}))})"
