@@ -34,6 +34,7 @@ What to do:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 import polars as pl
@@ -62,6 +63,10 @@ class LastWordsConfig:
     stack_majority: float = setting(0.5, unit="fraction of stacks", low=0.0, high=1.0,
                                     doc="stacks outside the place where more than this share of main threads sit "
                                         "are the suspects")
+
+
+def _hms(ns: int | None) -> str | None:
+    return None if ns is None else datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%H:%M:%S")
 
 
 def _evidence(row: dict[str, Any], role: str) -> dict[str, Any]:
@@ -135,9 +140,7 @@ def _stop(t: pl.DataFrame) -> Finding | None:
         return None
     s = stops.row(0, named=True)
     cls = s["cls"]
-    from forensics.incidents import fmt_time
-
-    when = fmt_time(s.get("t_ns"))
+    when = _hms(s.get("t_ns"))
     metrics: dict[str, Any] = {"cls": cls, "job": s.get("job"), "batch_host": s.get("host"), "source": s["source"],
                                "line": s["line"], "first_line": first_line(s)}
     if s.get("t_ns") is not None:
