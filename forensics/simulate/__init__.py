@@ -337,6 +337,11 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
         row["kernel_log_style"] = logs.STYLES[row["node"] % len(logs.STYLES)]
     truth["kernel_log"] = {"scenario": sc.kernel_log, "injected": injected}
     truth["incidents"] = expected_incidents(truth["faults"], sc.kernel_log)
+    from forensics.simulate.lastwords import write_last_words
+
+    words = write_last_words(out, job, rec.engine, offsets, rec.timeout_info, rec.step_log, log_paths)
+    if words is not None:
+        truth["last_words"] = words
     ck = rec.timeout_info or {}
     if "checkpoint_wall_ns" in ck:  # the last save before the fault: a fatal incident's lost work starts here
         truth["checkpoints"] = [{"rank": 0, "log": log_paths[0], "wall_ns": ck["checkpoint_wall_ns"],

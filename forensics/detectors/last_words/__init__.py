@@ -90,7 +90,7 @@ def _first_failure(t: pl.DataFrame, cfg: LastWordsConfig) -> Finding | None:
     rank, host = first.get("rank"), first.get("host")
     sigterms = t.filter(pl.col("event") == "launcher_signal").height
     metrics: dict[str, Any] = {k: first.get(k) for k in _METRIC_COLS}
-    metrics.update(first_line=first_line(first), same_error_ranks=",".join(
+    metrics.update(time_from=first.get("t_from"), first_line=first_line(first), same_error_ranks=",".join(
         str(r) for r in sorted(set(same["rank"].drop_nulls().to_list()))), same_error_count=same.height,
         workers_terminated=sigterms, job_died=True)
     if first.get("t_ns") is not None:
