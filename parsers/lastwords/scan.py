@@ -9,6 +9,7 @@ their first characters only (text.MATCH_CHARS).
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import replace
 from typing import Any
 
@@ -16,10 +17,17 @@ from forensics.parsers.lastwords import launcher
 from forensics.parsers.lastwords.errors import classify, oom_numbers
 from forensics.parsers.lastwords.launcher import FailureTable
 from forensics.parsers.lastwords.stacks import Stacks
-from forensics.parsers.lastwords.text import Line, prepare
+from forensics.parsers.lastwords.text import MATCH_CHARS, Line, prepare, stamp_only
 from forensics.parsers.lastwords.tracebacks import GLUED_FRAME, Tracebacks, exception_line
 
 MAX_ROWS = 20_000
+# Anything any reader below could start on; a line without it (outside a block) is read for its time only.
+INTERESTING = re.compile(
+    r"Traceback|File \"|Error|Exception|error|Interrupt|Exit|Fault|Abort|Timeout|what\(\)|terminate called|CUDA|HIP|"
+    r"Assertion|DataLoader|exitcode|exitCode|finishedAt|reason: |signal|Killing subprocess|Main process|Rendezvous|"
+    r"Worker group|new nodes|return code|CANCELLED|FAILED|srun: |oom|OOM|Evicted|Preemption|DisruptionTarget|"
+    r"low on resource|<defunct>|Thread |most recent call|above exception|=== Rank|^Process \d+: |Fatal Python|Failures:|"
+    r"Root Cause|^\s+(?:time|host|rank)\s+:")
 
 _TERMINATE = re.compile(r"terminate called after throwing an instance of '(?P<t>[^']+)'")
 _WHAT = re.compile(r"^\s*what\(\):\s+(?P<m>.*)$")
@@ -52,7 +60,7 @@ class Scanner:
         self.last_time: int | None = None
         self.last_stamp: str | None = None
         self.terminate: dict[str, tuple[str, int]] = {}
-        self.listing: tuple[int, int] | None = None  # (first, last) line of the process listing being read
+        self.recent: deque[str] = deque(maxlen=512)  # the heads of the last lines (a process listing's start)
         self.tb = Tracebacks(self._emit, self._base)
         self.table = FailureTable(self._base, self._emit)
         self.stacks = Stacks(self._base, self._emit_stack)
@@ -89,7 +97,23 @@ class Scanner:
             return
         self.stacks_rows.append(row)
 
+    def _busy(self) -> bool:
+        """Inside a block (failure table, stack dump, traceback, a message's continuation): every line counts."""
+        return bool(self.table.active or self.stacks.pending or self.terminate or self.tb.pending
+                    or any(self.tb.open.values()))
+
     def feed(self, n: int, raw: str) -> None:
+        self.recent.append(raw[:64])
+        busy = self._busy()
+        if not busy and (" NCCL INFO " in raw or " NCCL TRACE " in raw):
+            return  # most of a rank's stdout, never last words (and NCCL WARN lines are the NCCL log's)
+        if not busy and not INTERESTING.search(raw, 0, MATCH_CHARS):
+            t, stamp = stamp_only(raw)  # a line of no interest is read for its time only (most of an NCCL log)
+            if t is not None:
+                self.last_time, self.last_stamp = t, None
+            elif stamp is not None:
+                self.last_stamp = stamp
+            return
         line = prepare(n, raw)
         glued = GLUED_FRAME.search(line.text) if 'File "' in line.text else None
         if glued:  # two processes' lines run together: read them as two lines
@@ -106,16 +130,14 @@ class Scanner:
 
     def _listing(self, line: Line, row: dict[str, Any]) -> None:
         """A `<defunct>` process of a `ps --forest` listing: which listing (its first line) and how deep."""
-        start = self.listing[0] if self.listing is not None and line.n == self.listing[1] + 1 else line.n
-        row.update(job=f"process listing at line {start}", detail=f"depth {line.text.find(chr(92) + '_')}")
-
-    def _ps(self, line: Line) -> None:
-        if _PS_LINE.match(line.text):
-            keep = self.listing is not None and line.n == self.listing[1] + 1
-            self.listing = (self.listing[0] if keep and self.listing else line.n, line.n)
+        back = 0
+        for prev in list(self.recent)[-2::-1]:  # the lines before this one, nearest first
+            if not _PS_LINE.match(prev):
+                break
+            back += 1
+        row.update(job=f"process listing at line {line.n - back}", detail=f"depth {line.text.find(chr(92) + '_')}")
 
     def _clock(self, line: Line) -> None:
-        self._ps(line)
         if line.time_ns is not None:
             self.last_time, self.last_stamp = line.time_ns, None
         elif line.stamp is not None:

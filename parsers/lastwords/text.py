@@ -96,3 +96,14 @@ def size_bytes(text: str | None) -> int | None:
         return None
     m = _SIZE.search(text)
     return int(float(m["v"]) * _UNITS[m["u"]]) if m else None
+
+
+def stamp_only(raw: str) -> tuple[int | None, str | None]:
+    """The time a line carries (as :func:`prepare` reads it), without peeling it: for lines read only for
+    their time."""
+    head = raw[:96]
+    d = _DATED.search(head)
+    if d:
+        return dated_ns(d["d"], d["t"], d["f"]), None
+    g = _GLOG.search(head)
+    return (None, f"{g['md'].zfill(4)} {g['s']}") if g else (None, None)
