@@ -8,11 +8,11 @@ from typing import Any
 
 import polars as pl
 
-from forensics.analyze import Analysis
+from forensics.base.findings import Finding
 from forensics.detectors.last_words.stacks import group_stacks
 from forensics.detectors.last_words.texts import first_line
-from forensics.findings import Finding
 from forensics.incidents import fmt_time
+from forensics.pipeline import Analysis
 
 MAX_RANKS = 64
 MAX_TRACEBACK_LINES = 80

@@ -13,7 +13,7 @@ import pytest
 from forensics.parsers.common import ParseContext
 from forensics.parsers.lastwords import parse
 
-from forensics.analyze import analyze
+from forensics.pipeline import analyze
 from tests.conftest import shared_path
 
 GiB, MiB, KiB = 2**30, 2**20, 2**10

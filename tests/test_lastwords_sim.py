@@ -4,7 +4,7 @@ the checkpoint and nothing after it is a fault."""
 
 from __future__ import annotations
 
-from forensics.analyze import analyze
+from forensics.pipeline import analyze
 from forensics.simulate import simulate
 
 

@@ -614,6 +614,10 @@ def kinds_markdown() -> str:
         "- `forced_algorithm`: `nccl_algorithm` forced-by-environment finding",
         "- `timeout`: `nccl_timeout` watchdog/blocking-wait timeout; `missing_rank`: its RAS and desync findings; "
         "`cuda_failure`: a CUDA error that aborted NCCL",
+        "- `last_words` findings by key: `first:*` (the job's first failure) `app_failure`, `scheduler:*` (cancelled "
+        "by the scheduler: time limit, preemption, ...) `scheduler_stop`, `victims` (NCCL errors raised to Python) "
+        "`nccl_raised`, `stacks` (the rank whose stack is elsewhere) `stuck_rank`; `app_xid`: `gpu_hw_error`/`node_health` "
+        f"category `xid` with root Xid in {', '.join(map(str, sorted(APP_XIDS)))} (an application's fault)",
         "- `slow_rank` (straggler), `slow_link` (slow_link), `busy_wait`, `exposed_comm`, `pipeline` (pipeline_bubble); "
         "anything else: `other`",
         "",

@@ -24,7 +24,7 @@ import polars as pl
 from forensics.parsers.common import LongLines, ParseContext, ParseResult, open_bounded, read_lines
 from forensics.parsers.lastwords.scan import MAX_ROWS, Scanner
 
-from forensics import frames as fr
+from forensics.base import frames as fr
 
 # What makes text worth reading line by line (a cheap test first: most NCCL logs hold none of it).
 TRIGGER = re.compile(

@@ -13,9 +13,8 @@ from collections import deque
 from dataclasses import replace
 from typing import Any
 
-from forensics.parsers.lastwords import launcher
 from forensics.parsers.lastwords.errors import classify, oom_numbers
-from forensics.parsers.lastwords.launcher import FailureTable
+from forensics.parsers.lastwords.launcher import FailureTable, pod_field, single
 from forensics.parsers.lastwords.stacks import Stacks
 from forensics.parsers.lastwords.text import MATCH_CHARS, Line, prepare, stamp_only
 from forensics.parsers.lastwords.tracebacks import GLUED_FRAME, Tracebacks, exception_line
@@ -144,13 +143,13 @@ class Scanner:
             self.last_stamp = line.stamp
 
     def _single(self, line: Line) -> None:
-        row = launcher.single(line, self._base)
+        row = single(line, self._base)
         if row is not None:
             if row["event"] == "worker_exited":
                 self._listing(line, row)
             self._emit(row)
             return
-        if launcher.pod_field(line, self.events):
+        if pod_field(line, self.events):
             return
         if self._cpp(line):
             return

@@ -10,12 +10,12 @@ from forensics.parsers.common import ParseContext
 from forensics.parsers.discovery import discover_and_parse
 from forensics.parsers.lastwords import parse
 
-from forensics.analyze import analyze, collect_frames
-from forensics.context import JobContext
+from forensics.base.findings import Finding, Severity
+from forensics.base.frames import JobFrames
 from forensics.detectors import run_detectors
-from forensics.findings import Finding, Severity
-from forensics.frames import JobFrames
+from forensics.facts.context import JobContext
 from forensics.incidents import JobFacts, correlate, kind_of
+from forensics.pipeline import analyze, collect_frames
 
 OOM_RANK3 = """\
 2025-03-01 10:00:00 [rank3]: Traceback (most recent call last):

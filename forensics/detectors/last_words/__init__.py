@@ -39,13 +39,14 @@ from typing import Any
 
 import polars as pl
 
-from forensics.context import JobContext
+from forensics.base.findings import Finding, Severity
+from forensics.base.settings import setting
 from forensics.detectors import detector
 from forensics.detectors.last_words.events import VICTIM_CLASSES, failures, scheduler_stops, timed
 from forensics.detectors.last_words.stacks import group_stacks
 from forensics.detectors.last_words.texts import WORDS, first_line, remediation, stop_remediation
-from forensics.findings import Finding, Severity
-from forensics.settings import setting
+from forensics.facts.context import JobContext
+from forensics.facts.job_year import job_year
 
 EVIDENCE_CAP = 12
 _METRIC_COLS = ("cls", "exc_type", "source", "line", "local_rank", "pid", "time_from", "user_frame", "innermost",
@@ -217,7 +218,7 @@ def _defunct(t: pl.DataFrame) -> Finding | None:
 def detect(ctx: JobContext, cfg: LastWordsConfig) -> list[Finding]:
     found: list[Finding | None] = []
     if ctx.frames.has("last_words"):
-        t = timed(ctx.frames["last_words"])
+        t = timed(ctx.frames["last_words"], job_year(ctx.frames))
         found += [_stop(t), _first_failure(t, cfg), _victims(t), _defunct(t)]
     if ctx.frames.has("stacks"):
         found.append(_stacks(ctx.frames["stacks"], cfg))

@@ -38,10 +38,10 @@ def _glog_ns(stamp: str | None, year: int | None) -> int | None:
     return int(dt.timestamp()) * 1_000_000_000 + (int(frac.ljust(9, "0")[:9]) if frac.isdigit() else 0)
 
 
-def timed(lw: pl.DataFrame) -> pl.DataFrame:
+def timed(lw: pl.DataFrame, fallback_year: int | None = None) -> pl.DataFrame:
     """``last_words`` with ``t_ns`` (its time, glog stamps placed, launcher record for untimed rank events)
     and ``t_from`` (how it was found), and an ``order`` column (file, line)."""
-    year = _year(lw)
+    year = _year(lw) or fallback_year  # the last words' own dated lines, else the job's (traces, kernel logs)
     t = [r if r is not None else _glog_ns(s, year) for r, s in zip(lw["time_ns"].to_list(), lw["stamp"].to_list())]
     out = lw.with_columns(pl.Series("t_ns", t, dtype=pl.Int64), pl.col("time_from").alias("t_from"),
                           pl.int_range(pl.len()).alias("order"))
