@@ -63,3 +63,10 @@ def test_nan_guard_raised_as_an_exception(tmp_path):
                            "    check(loss)\nFloatingPointError: loss is nan at step 1200\n")
     assert [(r["cls"], r["exc_type"], r["user_frame"]) for r in rows] == [
         ("nan", "FloatingPointError", "/job/train.py:9 in <module>")]
+
+
+def test_a_store_error_a_dead_peer_left_is_a_victim(tmp_path):
+    rows = _rows(tmp_path, "[rank3]: torch.distributed.DistBackendError: [3] is setting up NCCL communicator and "
+                           "retrieving ncclUniqueId from [0] via c10d key-value store by key '0', but store->get('0') got "
+                           "error: Connection reset by peer\n")
+    assert [(r["rank"], r["cls"]) for r in rows] == [(3, "dist_error")]

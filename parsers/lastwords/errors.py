@@ -12,6 +12,8 @@ Classes (``last_words.cls``), checked in this order (first match wins):
 * ``dataloader``: a DataLoader worker killed, exited or timed out, or a bus error in a worker (shm);
 * ``nan``: a NaN/Inf guard (`loss is nan`, `non-finite`, `FloatingPointError`, anomaly mode);
 * ``fatal_signal``: `Fatal Python error: Segmentation fault` and the like;
+* ``dist_error``: `DistBackendError` / `DistNetworkError` / `DistStoreError` without NCCL or CUDA text (a store or
+  socket that a dead peer left): a victim, like the NCCL errors;
 * ``exception``: anything else.
 """
 
@@ -42,16 +44,20 @@ _CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = (
                        r"NaN or Inf found|nan detected", re.IGNORECASE)),
     ("fatal_signal", re.compile(r"^Fatal Python error: ")),
 )
-NCCL_RAISED = frozenset({"nccl_remote", "nccl_system", "nccl_internal", "nccl_cuda", "nccl_usage"})
+NCCL_RAISED = frozenset({"nccl_remote", "nccl_system", "nccl_internal", "nccl_cuda", "nccl_usage", "dist_error"})
 CUDA_CLASSES = frozenset({"cuda_oom", "cuda_context_oom", "illegal_address", "device_assert", "launch_failure",
                           "ecc", "cuda_unknown", "cuda_error"})
+
+
+_DIST = re.compile(r"Dist(?:Backend|Network|Store)Error")
 
 
 def classify(text: str) -> str:
     for cls, pattern in _CLASSES:
         if pattern.search(text):
             return cls
-    return "exception"
+    # torch.distributed's own errors with no NCCL or CUDA text (a store or socket a dead peer left): victims
+    return "dist_error" if _DIST.search(text[:80]) else "exception"
 
 
 _OOM_FIELDS = (

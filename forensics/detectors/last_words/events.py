@@ -15,7 +15,7 @@ import polars as pl
 #: rank-level failures a job dies of (a traceback cut off before its exception line counts only when
 #: nothing else is known)
 FAILURE_EVENTS = ("exception", "error_line")
-VICTIM_CLASSES = ("nccl_remote", "nccl_system", "nccl_internal", "nccl_cuda", "nccl_usage")
+VICTIM_CLASSES = ("nccl_remote", "nccl_system", "nccl_internal", "nccl_cuda", "nccl_usage", "dist_error")
 SCHEDULER_STOPS = ("time_limit", "preempted", "node_fail", "requeue", "cancelled", "cancelled_other")
 POD_FAILURES = ("oom_killed", "evicted", "error", "gpu_unhealthy", "node_oom")
 

@@ -11,7 +11,7 @@ WORDS = {
     "cuda_unknown": "CUDA unknown error", "cuda_error": "CUDA error",
     "nccl_remote": "NCCL remote error raised to Python", "nccl_system": "NCCL system error raised to Python",
     "nccl_internal": "NCCL internal error raised to Python", "nccl_cuda": "NCCL unhandled CUDA error raised to Python",
-    "nccl_usage": "NCCL invalid usage raised to Python", "dataloader": "data-loader worker failure",
+    "nccl_usage": "NCCL invalid usage raised to Python", "dist_error": "torch.distributed error raised to Python", "dataloader": "data-loader worker failure",
     "nan": "NaN/Inf guard stopped training", "fatal_signal": "fatal signal in the Python process",
     "exception": "Python exception", "truncated": "traceback cut off (no exception line)",
     "exit": "worker exited", "task_exit": "SLURM task exited", "oom_killed": "container OOMKilled (memory limit)",
@@ -95,7 +95,7 @@ def remediation(cls: str, row: dict[str, Any], frag_fraction: float) -> str:
     }
     if cls in texts:
         return texts[cls]
-    if cls.startswith("nccl_"):
+    if cls.startswith("nccl_") or cls == "dist_error":
         return ("An NCCL error raised to Python is usually a victim: another rank died first or the network failed; "
                 "read the first failure, the peer's log and the NCCL WARN lines (`Last error:`).")
     return exit_remediation(row) or (f"Read the traceback and fix the exception.{where}")
