@@ -11,7 +11,7 @@ import polars as pl
 from forensics.base.findings import Finding
 from forensics.detectors.last_words.stacks import group_stacks
 from forensics.detectors.last_words.texts import first_line
-from forensics.incidents import fmt_time
+from forensics.incidents.model import fmt_time
 from forensics.pipeline import Analysis
 
 MAX_RANKS = 64

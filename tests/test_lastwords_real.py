@@ -218,8 +218,8 @@ VERDICTS = {
     "01_": ("Hung: process 688514 in its data loader while 15 of 16 wait in a collective", "critical"),
     "02_": ("Job died: Uncorrectable ECC error raised to Python: RuntimeError: transform: failed to synchronize", "critical"),
     "03_": ("Job died: CUDA unknown error on local rank 3: c10::CUDAError: CUDA error: unknown error", "critical"),
-    "04_": ("Cancelled by the scheduler: time limit", "warning"),
-    "05_": ("Cancelled by the scheduler: cancelled by a user or administrator", "warning"),
+    "04_": ("Stopped at 21:42:11: Cancelled by the scheduler: time limit", "warning"),
+    "05_": ("Stopped at 08:46:02: Cancelled by the scheduler: cancelled by a user or administrator", "warning"),
     "07_": ("Job died: Container OOMKilled (memory limit)", "critical"),
     "09_": ("Job died: Worker exited: exit code -9 (SIGKILL) of rank 0, local rank 0, pid 14750 on "
             "mlxlab115rp2n7682d40d9-20250521025625-6dyyd3-8nir8b-worker (rank 0)", "critical"),
@@ -232,7 +232,7 @@ VERDICTS = {
             "access was encountered on Amphitrite (rank 0)", "critical"),
     "16_": ("Job died: Device-side assertion in a CUDA kernel: IndexKernel.cu:92", "critical"),
     "17_": ("NCCL error raised to Python on 1 rank(s): NCCL remote error raised to Python (rank 3)", "warning"),
-    "19_": ("Cancelled by the scheduler: time limit", "warning"),
+    "19_": ("Stopped at 15:27:25: Cancelled by the scheduler: time limit", "warning"),
 }
 
 

@@ -10,11 +10,11 @@ from forensics.parsers.common import ParseContext
 from forensics.parsers.discovery import discover_and_parse
 from forensics.parsers.lastwords import parse
 
-from forensics.base.findings import Finding, Severity
+from forensics.base.findings import CostBasis, Finding, Severity, When
 from forensics.base.frames import JobFrames
 from forensics.detectors import run_detectors
 from forensics.facts.context import JobContext
-from forensics.incidents import JobFacts, correlate, kind_of
+from forensics.incidents import JobFacts, correlate
 from forensics.pipeline import analyze, collect_frames
 
 OOM_RANK3 = """\
@@ -94,46 +94,47 @@ def test_a_rank_stdout_that_is_an_nccl_log_is_read_for_both_and_listed_once(tmp_
     assert frames["last_words"]["cls"].to_list() == ["cuda_oom"] and frames.has("nccl_channels")
 
 
-def _f(det: str, key: str, ranks=(), hosts=(), gpus=(), **metrics) -> Finding:
+def _f(det: str, key: str, kind: str, t: int | None, ranks=(), hosts=(), gpus=(), cost=None, **metrics) -> Finding:
+    when = When.span(t, t, "test") if t is not None else When.unknown("test")
     return Finding(det, Severity.CRITICAL, f"{det} {key}", "", "do it", ranks=tuple(ranks), hosts=tuple(hosts),
-                   gpus=tuple(gpus), metrics=metrics, key=key)
+                   gpus=tuple(gpus), metrics=metrics, key=key, kind=kind, when=when, cost=cost or CostBasis())
 
 
 T = 1_700_000_000 * 10**9
 
 
 def test_the_first_failure_is_the_root_and_the_other_ranks_timeouts_hang_under_it():
-    oom = _f("last_words", "first:cuda_oom", ranks=(3,), hosts=("n1",), fault_wall_ns=T, job_died=True)
-    timeout = _f("nccl_timeout", "timeout:0:5", ranks=(5, 6), hosts=("n2",), time_ns=T + 600 * 10**9, ran_ms=600_000.0,
-                 reporting_ranks=7)
-    victims = _f("last_words", "victims", ranks=(4,), time_ns=T + 5 * 10**9)
+    oom = _f("last_words", "first:cuda_oom", "app_failure", T, ranks=(3,), hosts=("n1",), job_died=True)
+    timeout = _f("nccl_timeout", "timeout:0:5", "timeout", T + 600 * 10**9, ranks=(5, 6), hosts=("n2",),
+                 cost=CostBasis(fatal=True, died_ns=T + 600 * 10**9, hung_s=600.0, waiting_ranks=7))
+    victims = _f("last_words", "victims", "nccl_raised", T + 5 * 10**9, ranks=(4,))
     out, incidents = correlate([timeout, victims, oom], JobFacts(gpus=8, window=None))
     assert len(incidents) == 1 and incidents[0].root_cause == oom.id
     assert {f.id: f.caused_by for f in out}[timeout.id] == (oom.id,)
     assert incidents[0].verdict.startswith("Job died at ") and "last_words first:cuda_oom" in incidents[0].verdict
+    assert incidents[0].gpu_hours_lost == round(8 * 600 / 3600, 6)  # from the OOM to the watchdog's kill
 
 
 def test_an_application_xid_at_the_time_of_the_ranks_cuda_error_is_the_same_incident():
-    ima = _f("last_words", "first:illegal_address", ranks=(2,), hosts=("n1",), fault_wall_ns=T, job_died=True)
-    xid = _f("gpu_hw_error", "xid:31", hosts=("n1",), gpus=("0000:3b:00.0",), category="xid", root_xid=31,
-             first_wall_ns=T - 2 * 10**9)
-    later = _f("gpu_hw_error", "xid:31b", hosts=("n1",), category="xid", root_xid=31, first_wall_ns=T + 900 * 10**9)
-    assert kind_of(xid) == "app_xid"
+    ima = _f("last_words", "first:illegal_address", "app_failure", T, ranks=(2,), hosts=("n1",), job_died=True)
+    xid = _f("gpu_hw_error", "xid:31", "gpu_event", T - 2 * 10**9, hosts=("n1",), gpus=("0000:3b:00.0",))
+    later = _f("gpu_hw_error", "xid:31b", "gpu_event", T + 900 * 10**9, hosts=("n1",))
     _, incidents = correlate([xid, ima, later], JobFacts(gpus=8, window=None))
     roots = {i.root_cause: set(i.findings) for i in incidents}
     assert roots[ima.id] == {ima.id, xid.id}  # within 120 s of the error; the one 15 minutes later is not it
 
 
 def test_nothing_after_a_time_limit_is_blamed_on_nccl_or_the_hardware():
-    stop = _f("last_words", "scheduler:time_limit", time_ns=T)
-    timeout = _f("nccl_timeout", "timeout:0:5", ranks=(1,), time_ns=T + 60 * 10**9, ran_ms=30_000.0)
-    xid79 = _f("gpu_hw_error", "xid:79", hosts=("n1",), category="xid", root_xid=79, first_wall_ns=T + 5 * 10**9)
-    before = _f("gpu_hw_error", "xid:79b", hosts=("n2",), category="xid", root_xid=79, first_wall_ns=T - 3600 * 10**9)
-    _, incidents = correlate([stop, timeout, xid79, before], JobFacts(gpus=8, window=None, checkpoints_ns=(T - 1800 * 10**9,),
-                                                                     checkpoint_lines=1))
+    stop = _f("last_words", "scheduler:time_limit", "scheduler_stop", T, cost=CostBasis(fatal=True, died_ns=T, hung_s=0.0))
+    timeout = _f("nccl_timeout", "timeout:0:5", "timeout", T + 60 * 10**9, ranks=(1,))
+    xid79 = _f("gpu_hw_error", "xid:79", "gpu_fault", T + 5 * 10**9, hosts=("n1",))
+    before = _f("gpu_hw_error", "xid:79b", "gpu_fault", T - 3600 * 10**9, hosts=("n2",))
+    facts = JobFacts(gpus=8, window=None, checkpoints_ns=(T - 1800 * 10**9,), checkpoint_lines=1)
+    _, incidents = correlate([stop, timeout, xid79, before], facts)
     by_root = {i.root_cause: i for i in incidents}
     assert set(by_root[stop.id].findings) == {stop.id, timeout.id, xid79.id}
     assert by_root[stop.id].gpu_hours_lost == round(8 * 1800 / 3600, 6)  # the work since the checkpoint
+    assert by_root[stop.id].verdict.startswith("Stopped at ")
     assert before.id in by_root  # a fault before the cancellation stays its own incident
 
 

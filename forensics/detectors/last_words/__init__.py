@@ -1,34 +1,6 @@
 """The job's own last words: the first failure of a job that died, and where a hung job's ranks sit.
 
-What it detects:
-    The first failure in time across all ranks and sources (a Python traceback, a CUDA error: out of memory
-    with the allocator's numbers, illegal memory access, device-side assertion, launch failure, ECC; a
-    data-loader worker's death, a NaN guard, a fatal signal; else torchrun's failure record, an srun task's
-    exit, a pod OOMKilled); the NCCL errors other ranks raised to Python afterwards (victims); a job
-    cancelled by the scheduler (time limit, preemption, node failure, scancel); in stack dumps of a hung
-    job (py-spy, faulthandler, debug-server, gdb), the ranks whose main thread is somewhere other than the
-    majority's (their data loader, checkpoint I/O, a lock); worker processes left `<defunct>`.
-
-Why it matters:
-    Most jobs die of their own errors, and other ranks' watchdog timeouts minutes later are only the
-    consequence: blaming the ranks that timed out, or the hardware, sends the fix to the wrong place. A job
-    the scheduler cancelled did not fail at all.
-
-How it measures:
-    last_words rows (forensics.parsers.lastwords) placed in time: the line's own stamp, the nearest dated
-    line before it, year-less glog stamps in the job's year, else torchrun's record of that rank; the
-    earliest timed failure wins (ties: torchrun's "first observed failure", then file order). Other ranks'
-    failures of the same class join it; NCCL errors raised to Python are victims. Scheduler stops from
-    slurmstepd `CANCELLED ... DUE TO` lines and pod status. Stacks: main threads grouped by `where` and by
-    their innermost six frames; when more than `stack_majority` of them are in one place, the others are
-    the suspects, else a stack alone beside larger groups.
-
-What to do:
-    By class: out of memory (the allocator's numbers, expandable_segments when reserved-but-unallocated is
-    large, micro-batch size, activation checkpointing, why this rank alone); illegal memory access and
-    device-side asserts (CUDA_LAUNCH_BLOCKING=1, compute-sanitizer, the kernel or frame named: fix the code,
-    never drain the node); data-loader stalls (workers, shared memory, storage); time limits (checkpoint
-    interval against the limit); SIGKILL without a traceback (the OOM killer: kernel log, pod status).
+Its documentation (what it detects, why it matters, how it measures, what to do) is data: ``DOC``.
 """
 
 from __future__ import annotations
@@ -39,9 +11,9 @@ from typing import Any
 
 import polars as pl
 
-from forensics.base.findings import Finding, Severity
+from forensics.base.findings import CostBasis, Finding, FindingKind, Role, Severity, When
 from forensics.base.settings import setting
-from forensics.detectors import detector
+from forensics.detectors import DetectorDoc, detector
 from forensics.detectors.last_words.events import VICTIM_CLASSES, failures, scheduler_stops, timed
 from forensics.detectors.last_words.stacks import group_stacks
 from forensics.detectors.last_words.texts import WORDS, first_line, remediation, stop_remediation
@@ -49,6 +21,61 @@ from forensics.facts.context import JobContext
 from forensics.facts.job_year import job_year
 
 EVIDENCE_CAP = 12
+
+
+DOC = DetectorDoc(
+    summary="The job's own last words: the first failure of a job that died, and where a hung job's ranks sit.",
+    detects=(
+        'The first failure in time across all ranks and sources (a Python traceback, a CUDA error: out of memory '
+        "with the allocator's numbers, illegal memory access, device-side assertion, launch failure, ECC; a "
+        "data-loader worker's death, a NaN guard, a fatal signal; else torchrun's failure record, an srun task's "
+        'exit, a pod OOMKilled); the NCCL errors other ranks raised to Python afterwards (victims); a job '
+        'cancelled by the scheduler (time limit, preemption, node failure, scancel); in stack dumps of a hung job '
+        '(py-spy, faulthandler, debug-server, gdb), the ranks whose main thread is somewhere other than the '
+        "majority's (their data loader, checkpoint I/O, a lock); worker processes left `<defunct>`."
+    ),
+    matters=(
+        "Most jobs die of their own errors, and other ranks' watchdog timeouts minutes later are only the "
+        'consequence: blaming the ranks that timed out, or the hardware, sends the fix to the wrong place. A job '
+        'the scheduler cancelled did not fail at all.'
+    ),
+    measures=(
+        "last_words rows (forensics.parsers.lastwords) placed in time: the line's own stamp, the nearest dated "
+        "line before it, year-less glog stamps in the job's year, else torchrun's record of that rank; the "
+        'earliest timed failure wins (ties: torchrun\'s "first observed failure", then file order). Other ranks\' '
+        'failures of the same class join it; NCCL errors raised to Python are victims. Scheduler stops from '
+        'slurmstepd `CANCELLED ... DUE TO` lines and pod status. Stacks: main threads grouped by `where` and by '
+        'their innermost six frames; when more than `stack_majority` of them are in one place, the others are the '
+        'suspects, else a stack alone beside larger groups.'
+    ),
+    todo=(
+        "By class: out of memory (the allocator's numbers, expandable_segments when reserved-but-unallocated is "
+        'large, micro-batch size, activation checkpointing, why this rank alone); illegal memory access and '
+        'device-side asserts (CUDA_LAUNCH_BLOCKING=1, compute-sanitizer, the kernel or frame named: fix the code, '
+        'never drain the node); data-loader stalls (workers, shared memory, storage); time limits (checkpoint '
+        'interval against the limit); SIGKILL without a traceback (the OOM killer: kernel log, pod status).'
+    ),
+)
+APP_FAILURE = FindingKind(
+    "app_failure", "the job's first failure in its own words: a rank's traceback or CUDA error, else the launcher's "
+    "record of a worker's death or a pod's", Role.FAULT,
+    "Fix what the first failure says (its class's advice); the other ranks' timeouts and NCCL errors follow from it.",
+    stage=0)
+SCHEDULER_STOP = FindingKind(
+    "scheduler_stop", "the scheduler cancelled the job (time limit, preemption, node failure, scancel): not a fault "
+    "of the job; what fails after it is its doing", Role.CONFIG,
+    "Checkpoint more often than the limit allows, or ask for a longer one; resume from the last checkpoint.", stage=-1)
+NCCL_RAISED = FindingKind(
+    "nccl_raised", "NCCL (or torch.distributed) errors raised to Python on some ranks: usually victims of another "
+    "rank's failure or of the network", Role.SYMPTOM,
+    "Read the first failure and the NCCL log of the peer that went away.", stage=2)
+STUCK_RANK = FindingKind(
+    "stuck_rank", "in stack dumps of a hung job, the ranks whose main thread is somewhere other than the majority's "
+    "(their data loader, checkpoint I/O, a lock)", Role.HANG,
+    "Look at what the suspect waits for (data loader workers, storage, the lock's holder).", stage=1)
+DEFUNCT = FindingKind(
+    "defunct_workers", "worker processes left <defunct> beside live ones: the launcher did not stop the job",
+    Role.SYMPTOM, "Find why the workers exited and make the launcher stop the job when one dies.", stage=3)
 _METRIC_COLS = ("cls", "exc_type", "source", "line", "local_rank", "pid", "time_from", "user_frame", "innermost",
                 "exit_code", "signal", "oom_requested_bytes", "oom_total_bytes", "oom_free_bytes", "oom_process_bytes",
                 "oom_allocated_bytes", "oom_reserved_unallocated_bytes", "gpu_index", "detail")
@@ -64,6 +91,14 @@ class LastWordsConfig:
     stack_majority: float = setting(0.5, unit="fraction of stacks", low=0.0, high=1.0,
                                     doc="stacks outside the place where more than this share of main threads sit "
                                         "are the suspects")
+
+
+def _when(t: int | None, how: str | None) -> When:
+    if t is None:
+        return When.unknown("no time on the line, before it, or in the launcher's record")
+    return When.span(t, t, {"line": "the stamp on its line", "before": "the nearest timestamped line before it",
+                            "launcher": "torchrun's failure record (its local time read as UTC)",
+                            "scheduler": "the scheduler's own time"}.get(how or "", "its line"))
 
 
 def _hms(ns: int | None) -> str | None:
@@ -110,7 +145,7 @@ def _first_failure(t: pl.DataFrame, cfg: LastWordsConfig) -> Finding | None:
                  f"{first['line']}{when}.{also}" + (f" The launcher then terminated {sigterms} worker(s)." if sigterms else "")),
         remediation=remediation(cls, first, cfg.frag_fraction),
         ranks=(int(rank),) if rank is not None else (), hosts=(host,) if host else (),
-        metrics=metrics, key=f"first:{cls}", confidence="high" if first.get("t_ns") is not None or fails.height == 1 else "medium",
+        metrics=metrics, key=f"first:{cls}", kind=APP_FAILURE.name, when=_when(first.get("t_ns"), first.get("t_from")), confidence="high" if first.get("t_ns") is not None or fails.height == 1 else "medium",
         evidence=tuple([_evidence(first, "culprit")] + [_evidence(r, "same error") for r in same.head(EVIDENCE_CAP).iter_rows(named=True)]),
     )
 
@@ -131,7 +166,7 @@ def _victims(t: pl.DataFrame) -> Finding | None:
             f"NCCL's last error: {first['detail'].splitlines()[-1]}. " if first.get("detail") else "")
         + "A rank that reports an NCCL error is usually a victim of another rank's failure or of the network.",
         remediation=remediation(first["cls"], first, 0.1), ranks=tuple(int(r) for r in ranks), metrics=metrics,
-        key="victims", confidence="medium",
+        key="victims", confidence="medium", kind=NCCL_RAISED.name, when=_when(first.get("t_ns"), first.get("t_from")),
         evidence=tuple(_evidence(r, "victim") for r in v.head(EVIDENCE_CAP).iter_rows(named=True)))
 
 
@@ -153,6 +188,8 @@ def _stop(t: pl.DataFrame) -> Finding | None:
                  f"{' at ' + when if when else ''}: {first_line(s)}. Not a fault of the job: what followed (workers "
                  "terminated, timeouts, errors) is the cancellation's doing."),
         remediation=stop_remediation(cls), metrics=metrics, key=f"scheduler:{cls}", confidence="high",
+        kind=SCHEDULER_STOP.name, when=_when(s.get("t_ns"), s.get("t_from")),
+        cost=CostBasis(fatal=True, died_ns=s.get("t_ns"), hung_s=0.0),
         evidence=tuple(_evidence(r, "scheduler") for r in stops.head(EVIDENCE_CAP).iter_rows(named=True)))
 
 
@@ -179,7 +216,8 @@ def _stacks(stacks: pl.DataFrame, cfg: LastWordsConfig) -> Finding | None:
         remediation=_stack_advice(where), ranks=ranks,
         metrics={"where": where, "suspects": ", ".join(members[:32]), "stacks": g.n, "groups": g.groups.height,
                  "majority_where": g.majority_where},
-        key="stacks", confidence="medium", evidence=tuple(evidence))
+        key="stacks", confidence="medium", evidence=tuple(evidence), kind=STUCK_RANK.name,
+        when=When.unknown("stack dumps carry no time the parser reads"))
 
 
 def _stack_advice(where: str) -> str:
@@ -211,10 +249,12 @@ def _defunct(t: pl.DataFrame) -> Finding | None:
                   "collective until a timeout.",
         remediation="Find why those workers exited (their last words, the kernel log); make the launcher stop the job "
                     "when a worker dies (torchrun does by default; check the wrapper).",
-        metrics={"defunct": d.height}, key="defunct", confidence="medium")
+        metrics={"defunct": d.height}, key="defunct", confidence="medium", kind=DEFUNCT.name,
+        when=When.unknown("a process listing carries no time"))
 
 
-@detector("last_words", settings=LastWordsConfig, requires_any=("last_words", "stacks"))
+@detector("last_words", settings=LastWordsConfig, doc=DOC, requires_any=("last_words", "stacks"),
+          kinds=(APP_FAILURE, SCHEDULER_STOP, NCCL_RAISED, STUCK_RANK, DEFUNCT))
 def detect(ctx: JobContext, cfg: LastWordsConfig) -> list[Finding]:
     found: list[Finding | None] = []
     if ctx.frames.has("last_words"):
