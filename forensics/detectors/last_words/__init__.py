@@ -254,7 +254,7 @@ def _defunct(t: pl.DataFrame) -> Finding | None:
 
 
 @detector("last_words", settings=LastWordsConfig, doc=DOC, requires_any=("last_words", "stacks"),
-          kinds=(APP_FAILURE, SCHEDULER_STOP, NCCL_RAISED, STUCK_RANK, DEFUNCT))
+          kinds=(APP_FAILURE, SCHEDULER_STOP, NCCL_RAISED, STUCK_RANK, DEFUNCT), view="hw-events")
 def detect(ctx: JobContext, cfg: LastWordsConfig) -> list[Finding]:
     found: list[Finding | None] = []
     if ctx.frames.has("last_words"):
