@@ -332,6 +332,9 @@ class Engine:
     def build_step(self, st: RankState, step: int) -> list[Op]:
         prog: list[Op] = []
         tid = st.pid
+        if self.job.item_syncs:
+            self._sync_loop_step(st, prog, step)
+            return prog
         self._step_head(st, prog, tid)
         if self.topo.pp == 1 and self.job.dp_mode == "fsdp":
             self._fsdp_step(st, prog, step)
@@ -343,6 +346,18 @@ class Engine:
             self._pipeline_step(st, prog, step)
         self._step_tail(st, prog, tid)
         return prog
+
+    def _sync_loop_step(self, st: RankState, prog: list[Op], step: int) -> None:
+        """``item_syncs`` rounds of: one forward layer, ``.item()`` on its result (a 4-byte device-to-host copy
+        and a stream synchronize: the host waits until the GPU has drained), then host work of
+        ``host_after_sync_us`` with nothing queued on the GPU (e.g. a Python decode loop reading each token)."""
+        for _ in range(self.job.item_syncs):
+            self._layer_fwd(st, prog, st.compute_scale, st.pid, step)
+            prog.append(Op(MEMCPY, STREAM_COMPUTE, "Memcpy DtoH (Device -> Pageable)", "aten::_local_scalar_dense", 2_500,
+                           self._host_ns(st, 12.0), st.pid, meta=4, cls="memcpy"))
+            prog.append(Op(SYNC, 0, "cudaStreamSynchronize", "aten::item", 0, self._host_ns(st, 8.0), st.pid))
+            host = int(self.job.host_after_sync_us * 1e3 * (0.9 + 0.2 * st.rng.random()))
+            prog.append(Op(HOST, 0, "", "postprocess", 0, host, st.pid))
 
     def _ddp_step(self, st: RankState, prog: list[Op], step: int) -> None:
         w = self.job.work
