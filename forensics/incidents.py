@@ -47,7 +47,7 @@ TIERS: dict[str, int] = {
     "gpu_fault": 0, "host_fault": 0, "nic_fault": 0, "degraded_transport": 0, "forced_algorithm": 0,
     "transport_failure": 1, "missing_rank": 1, "cuda_failure": 1,
     "timeout": 2, "slow_rank": 2, "slow_link": 2,
-    "busy_wait": 3, "exposed_comm": 3, "pipeline": 3, "other": 4,
+    "busy_wait": 3, "exposed_comm": 3, "pipeline": 3, "idle": 3, "other": 4,
 }
 
 
@@ -84,7 +84,7 @@ def kind_of(f: Finding) -> str:
     if det == "nccl_algorithm":
         return "forced_algorithm" if key == "forced" else "other"
     simple = {"straggler": "slow_rank", "slow_link": "slow_link", "busy_wait": "busy_wait", "exposed_comm": "exposed_comm",
-              "pipeline_bubble": "pipeline"}
+              "pipeline_bubble": "pipeline", "gpu_idle": "idle"}
     return simple.get(det, "other")
 
 
@@ -96,6 +96,8 @@ LINKS: dict[str, str] = {
                   "straggler victims), or name the same culprit rank",
     "host": "both name the same host (a host fault explains only findings on that host)",
     "communicator": "they share a rank or a host (one communicator), or the cause is job-wide",
+    "faulted_rank": "every rank of the consequence is one of the cause's ranks, or the consequence names the cause's GPU "
+                    "(what happened on the faulted rank itself, not on others that merely share a rank list)",
 }
 ORDERS: dict[str, str] = {
     "cause_first": "the cause happened before the consequence ended (a fault after the timeout is not its "
@@ -130,6 +132,11 @@ RULES: tuple[Rule, ...] = (
          ("nccl_timeout:timeout", "nccl_timeout:missing_rank", "nccl_timeout:cuda_failure"),
          "gpu_or_rank", "cause_first", None, "high",
          "a GPU that fell off the bus or hit a fatal Xid stops its rank; its peers hang in NCCL until the watchdog"),
+    Rule("fault_idles_its_rank", _k(_FAULT_SOURCES, "gpu_fault") + _k(("node_health",), "host_fault")
+         + ("nccl_timeout:timeout", "nccl_timeout:missing_rank", "nccl_timeout:cuda_failure"),
+         ("gpu_idle:idle",), "faulted_rank", "cause_first", None, "high",
+         "the faulted rank's host waits on a GPU that never answers (a synchronize or .item() on the lost device), "
+         "so its GPU idles from the fault on: a consequence of the fault, not a slowdown of its own"),
     Rule("gpu_fault_stalls_peers", _k(_FAULT_SOURCES, "gpu_fault"), ("busy_wait:busy_wait", "straggler:slow_rank"),
          "waited_for", "cause_first", None, "medium",
          "peers of a failing GPU's rank spin in NCCL waiting for it"),
@@ -214,9 +221,16 @@ def _link_communicator(cause: Finding, cons: Finding) -> str | None:
     return "host" if set(cause.hosts) & set(cons.hosts) else None
 
 
+def _link_faulted_rank(cause: Finding, cons: Finding) -> str | None:
+    if set(cause.gpus) & set(cons.gpus) and set(cons.ranks) <= set(cause.ranks) | {
+            int(e["rank"]) for e in cons.evidence if isinstance(e.get("rank"), int) and e.get("gpu") in cause.gpus}:
+        return "gpu"
+    return "rank" if cons.ranks and set(cons.ranks) <= set(cause.ranks) else None
+
+
 LINK_TESTS: dict[str, Callable[[Finding, Finding], str | None]] = {
     "gpu_or_rank": _link_gpu_or_rank, "waited_for": _link_waited_for, "host": _link_host,
-    "communicator": _link_communicator,
+    "communicator": _link_communicator, "faulted_rank": _link_faulted_rank,
 }
 
 # --- time ----------------------------------------------------------------------------------------
@@ -233,9 +247,18 @@ def finding_time(f: Finding, window: tuple[int, int] | None) -> tuple[int, int] 
             ran = m.get("ran_ms")
             start = t - int(ran * 1e6) if f.detector == "nccl_timeout" and isinstance(ran, (int, float)) else t
             return start, t
+    if f.detector == "gpu_idle":
+        return _idle_time(f) or window
     if f.detector in TRACE_DETECTORS:
         return window
     return None
+
+
+def _idle_time(f: Finding) -> tuple[int, int] | None:
+    """gpu_idle: from the earliest to the latest end of its ranks' longest idle gaps (trace clock, epoch ns)."""
+    spans = [(e["longest_gap_from_ns"], e["longest_gap_to_ns"]) for e in f.evidence
+             if isinstance(e.get("longest_gap_from_ns"), int) and isinstance(e.get("longest_gap_to_ns"), int)]
+    return (min(a for a, _ in spans), max(b for _, b in spans)) if spans else None
 
 
 def _time_ok(rule: Rule, ct: tuple[int, int] | None, qt: tuple[int, int] | None) -> bool | None:
@@ -552,7 +575,8 @@ def kinds_markdown() -> str:
         "- `forced_algorithm`: `nccl_algorithm` forced-by-environment finding",
         "- `timeout`: `nccl_timeout` watchdog/blocking-wait timeout; `missing_rank`: its RAS and desync findings; "
         "`cuda_failure`: a CUDA error that aborted NCCL",
-        "- `slow_rank` (straggler), `slow_link` (slow_link), `busy_wait`, `exposed_comm`, `pipeline` (pipeline_bubble); "
+        "- `slow_rank` (straggler), `slow_link` (slow_link), `busy_wait`, `exposed_comm`, `pipeline` (pipeline_bubble), "
+        "`idle` (gpu_idle); "
         "anything else: `other`",
         "",
         "Tiers (a rule links a lower tier to a higher one only): "

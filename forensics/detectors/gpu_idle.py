@@ -238,6 +238,8 @@ def rank_classes(ctx: JobContext, flagged: pl.DataFrame, cfg: GpuIdleConfig, who
         *[pl.col("gap_ns").filter(pl.col("cause") == c).sum().alias(f"{c}_ns") for c in SYNC_CAUSES],
         *[(pl.col("cause") == c).sum().alias(f"{c}_n") for c in SYNC_CAUSES],
         pl.col("gap_ns").max().alias("longest_gap_ns"), pl.len().alias("gaps"),
+        pl.col("g_start").sort_by("gap_ns").last().alias("longest_gap_from_ns"),
+        pl.col("g_end").sort_by("gap_ns").last().alias("longest_gap_to_ns"),
     )
     top = pl.concat_list([pl.col(f"{c}_ns") for c in CLASSES]).list.arg_max()
     return (
@@ -328,7 +330,8 @@ def _rows(t: pl.DataFrame, gpu_of: dict[int, str], cls: str) -> tuple[dict, ...]
          **{f"{c}_share": round(float(r[f"{c}_ns"] or 0) / float(r["idle_ns"]), 4) for c in CLASSES},
          **{f"{c}_syncs": int(r[f"{c}_n"] or 0) for c in causes},
          "host_bound_share": round(float(r["host_bound_ns"]) / float(r["idle_ns"]), 4),
-         "longest_gap_ms": ms(r["longest_gap_ns"]), "median_kernel_us": round(float(r["median_kernel_us"] or 0), 2),
+         "longest_gap_ms": ms(r["longest_gap_ns"]), "longest_gap_from_ns": r["longest_gap_from_ns"],
+         "longest_gap_to_ns": r["longest_gap_to_ns"], "median_kernel_us": round(float(r["median_kernel_us"] or 0), 2),
          "cpu_busy": round(float(r["cpu_busy"] or 0), 4), "gpu_seconds_lost": gpu_seconds(r["idle_ns"])}
         for r in t.sort("idle", descending=True).head(EVIDENCE_CAP).iter_rows(named=True)
     )

@@ -253,7 +253,8 @@ class _Recorder:
             if r % 2 and res.step < job.first_step + job.window_skew:
                 self.first_host[r] = span[1]  # this rank's profiler window opens later: nothing of this step is traced
                 continue
-            if not self.engine.halted:
+            if not self.engine.halted or r in self._hung_hosts():
+                # a host that hung in a call raising an error closes its step range and exports the trace on exit
                 if job.profiler_steps:
                     w.step(res.step, span[0], span[1])
                 self.metrics[r].add(span, prog)
@@ -261,6 +262,11 @@ class _Recorder:
             for op in prog:
                 w.op(op)
             w.spill()  # one rank's step text at a time in memory, whatever the world size
+
+    def _hung_hosts(self) -> tuple[int, ...]:
+        """The culprits whose host blocked in a call on their lost GPU (``host_hang_ms``) when the job halted."""
+        spec = self.engine.timeout_spec or {}
+        return tuple(spec.get("ranks", ())) if spec.get("host_hang_ms") else ()
 
     def halt(self, res: StepResult) -> None:
         """The step in which a collective timed out: what the logs and the truth say about it."""

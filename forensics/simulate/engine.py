@@ -584,7 +584,8 @@ class Engine:
         op.cpu_start = st.host_t
         op.launch = st.host_t + op.host_ns // 3
         op.start = op.launch
-        op.end = max([op.launch + 2_000, *[e + 1_500 for e in ends]])
+        hang = op.meta if isinstance(op.meta, int) else 0  # a device that never answers (lost GPU)
+        op.end = max([op.launch + 2_000, *[e + 1_500 for e in ends]]) + hang
         st.host_t = op.end + op.host_ns // 2
         return True
 
@@ -647,6 +648,11 @@ class Engine:
                 while cut > 0 and prog[cut - 1].kind != COMPUTE:
                     cut -= 1
                 del prog[cut:]
+                hang = spec.get("host_hang_ms", 0.0)
+                if hang:
+                    # its host reads a scalar from the lost GPU (.item()) and blocks until the driver gives up
+                    prog.append(Op(SYNC, 0, "cudaStreamSynchronize", "aten::item", 0, 20_000, self.states[r].pid,
+                                   meta=int(hang * 1e6)))
             else:
                 # the process aborts after the watchdog fires; nothing after the collective runs
                 del prog[idx + 1:]

@@ -338,10 +338,14 @@ def xid(code: int) -> Callable[[int | None, int | None, Params], Job]:
         if code == 79:
             if n < 2:
                 raise ScenarioError("xid79 hangs a collective: it needs at least 2 ranks")
-            # the GPU falls off the bus: its rank never reaches the next gradient all-reduce
+            # the GPU falls off the bus: its rank never reaches the next gradient all-reduce; its host blocks in
+            # .item() on the lost GPU for ``hang_ms`` until the driver reports the error, and its profiler exports
+            # the failing step as the exception unwinds
             steps = steps or 3
+            hang = params.number("hang_ms", 30000.0, 0.0, 1e9)
             return _ddp(ranks, steps, params, faults=(
-                {"kind": "collective_timeout", "ranks": (r,), "step": 100 + steps - 1, "seq": 0, "timeout_ms": 600000.0},
+                {"kind": "collective_timeout", "ranks": (r,), "step": 100 + steps - 1, "seq": 0, "timeout_ms": 600000.0,
+                 "host_hang_ms": hang},
                 {"kind": "xid", "code": 79, "ranks": (r,)}))
         return _ddp(ranks, steps, params, faults=({"kind": "xid", "code": code, "ranks": (r,)},))
     return build
