@@ -348,11 +348,12 @@ class Engine:
         return prog
 
     def _sync_loop_step(self, st: RankState, prog: list[Op], step: int) -> None:
-        """``item_syncs`` rounds of: one forward layer, ``.item()`` on its result (a 4-byte device-to-host copy
+        """``item_syncs`` rounds of: the forward layers, ``.item()`` on its result (a 4-byte device-to-host copy
         and a stream synchronize: the host waits until the GPU has drained), then host work of
         ``host_after_sync_us`` with nothing queued on the GPU (e.g. a Python decode loop reading each token)."""
         for _ in range(self.job.item_syncs):
-            self._layer_fwd(st, prog, st.compute_scale, st.pid, step)
+            for _ in range(self.job.work.layers):
+                self._layer_fwd(st, prog, st.compute_scale, st.pid, step)
             prog.append(Op(MEMCPY, STREAM_COMPUTE, "Memcpy DtoH (Device -> Pageable)", "aten::_local_scalar_dense", 2_500,
                            self._host_ns(st, 12.0), st.pid, meta=4, cls="memcpy"))
             prog.append(Op(SYNC, 0, "cudaStreamSynchronize", "aten::item", 0, self._host_ns(st, 8.0), st.pid))

@@ -157,14 +157,14 @@ def input_bound(ranks: int | None, steps: int | None, params: Params) -> Job:
 
 def item_sync(ranks: int | None, steps: int | None, params: Params) -> Job:
     """A single process traced without ProfilerStep ranges (a bare ``torch.profiler`` capture): each round runs
-    one forward layer, reads a scalar with ``.item()`` (device-to-host copy + stream synchronize) and then
+    ``layers`` forward layers (1), reads a scalar with ``.item()`` (device-to-host copy + stream synchronize) and then
     spends ``host_us`` (default 400 us) on the host with nothing queued, ``syncs`` rounds in all (default
     4,097): the GPU idles most of the capture, and the cause is the host's synchronizations."""
     n = ranks or 1
     syncs = params.integer("syncs", 4097, 1, 1 << 20)
     host_us = params.number("host_us", 400.0, 0.0, 1e7)
-    work = Workload(layers=1, hidden=params.integer("hidden", 1024, 8, 65536), seq=params.integer("seq", 128, 1, 1 << 20),
-                    micro_batch=1)
+    work = Workload(layers=params.integer("layers", 1, 1, 256), hidden=params.integer("hidden", 1024, 8, 65536),
+                    seq=params.integer("seq", 128, 1, 1 << 20), micro_batch=params.integer("micro_batch", 1, 1, 4096))
     return Job(topo=Topology(tp=1, pp=1, dp=n), work=work, steps=1, noise=params.number("noise", 0.02, 0.0, 1.0),
                profiler_steps=False, item_syncs=syncs, host_after_sync_us=host_us,
                faults=({"kind": "host_sync_idle", "ranks": tuple(range(n)), "syncs": syncs, "host_us": host_us},))
