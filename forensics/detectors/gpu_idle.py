@@ -17,7 +17,8 @@ How it measures:
     The unit is the profiler step; a capture without steps (no ``ProfilerStep#``, an Nsight export
     without NVTX step ranges) is measured over its profiled window instead, from the rank's first to its
     last GPU activity, and the finding says so (``unit`` = ``profiled_window``; the window may hold
-    start-up or phases the trace does not name, so confidence is medium at most). The idle time per
+    start-up or phases the trace does not name, so confidence is medium at most; a rank with fewer than
+    ``min_window_kernels`` compute or NCCL kernels ran set-up or a one-off test and is not judged). The idle time per
     rank and step is the breakdown's ``idle_ns`` (:mod:`forensics.breakdown`: time in the step window
     with no kernel, copy or NCCL kernel running); over a profiled window it is the window less the
     union of kernels, copies and memsets, the host's synchronization records (Nsight's CUPTI
@@ -57,7 +58,7 @@ import polars as pl
 
 from forensics.collectives import WHOLE_TRACE
 from forensics.context import JobContext
-from forensics.detectors import detector
+from forensics.detectors import Skip, detector
 from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
 from forensics.detectors._coverage import gpus_of, rank_list
 from forensics.findings import Finding, Severity
@@ -98,6 +99,9 @@ class GpuIdleConfig:
                               doc="... and CPU ops covering at least this share of the step ...")
     host_bound: float = setting(0.5, unit="fraction of idle", low=0.0, high=1.0,
                                 doc="... or at least this share of the idle time host-bound (next kernel launched after the GPU went idle)")
+    min_window_kernels: int = setting(5, unit="kernels", low=0,
+                                      doc="without profiler steps: a rank whose capture holds fewer compute or NCCL kernels "
+                                          "than this ran set-up or a one-off test, and its window is not judged")
 
 
 def idle_table(steps: pl.DataFrame) -> pl.DataFrame:
@@ -248,11 +252,18 @@ def rank_classes(ctx: JobContext, flagged: pl.DataFrame, cfg: GpuIdleConfig, who
     )
 
 
-def window_table(ctx: JobContext) -> pl.DataFrame:
+def window_table(ctx: JobContext, cfg: GpuIdleConfig) -> pl.DataFrame:
     """Per rank of a capture without profiler steps, :func:`idle_table`'s columns over its one profiled window
     (first to last GPU activity): idle = the window less the union of kernels, copies and memsets (the
-    host's synchronization records left out), host-bound idle as the breakdown measured it, at most that."""
-    win = ctx.step_windows.select("rank", "host", (pl.col("w_end") - pl.col("w_start")).alias("step_ns"))
+    host's synchronization records left out), host-bound idle as the breakdown measured it, at most that.
+    Only ranks that ran at least ``min_window_kernels`` compute or NCCL kernels; Skip when none did."""
+    work = ctx.frames["kernels"].filter(pl.col("class").is_in(["compute", "comm"])).group_by("rank").len()
+    enough = work.filter(pl.col("len") >= cfg.min_window_kernels)["rank"]
+    if enough.len() == 0:
+        raise Skip(f"no profiler steps, and no rank ran {cfg.min_window_kernels} compute or NCCL kernels in its capture "
+                   "(set-up or a one-off test): no window to judge idle time in")
+    win = ctx.step_windows.filter(pl.col("rank").is_in(enough.implode())).select(
+        "rank", "host", (pl.col("w_end") - pl.col("w_start")).alias("step_ns"))
     ranks = [int(r) for r in win["rank"].to_list()]
     idle = idle_gaps(ctx, ranks, whole=True).group_by("rank").agg((pl.col("g_end") - pl.col("g_start")).sum().alias("idle_ns"))
     hb = ctx.steps.group_by("rank").agg(pl.col("host_bound_ns").sum())
@@ -273,7 +284,7 @@ def detect(ctx: JobContext, cfg: GpuIdleConfig) -> list[Finding]:
     # Without profiler steps the unit is the profiled window (first to last GPU activity of the rank): it
     # may hold start-up or pauses between phases, which the pause class and the finding's wording name.
     whole = bool((ctx.steps["step"] == WHOLE_TRACE).all())
-    table = window_table(ctx) if whole else idle_table(ctx.steps.filter(pl.col("step") != WHOLE_TRACE))
+    table = window_table(ctx, cfg) if whole else idle_table(ctx.steps.filter(pl.col("step") != WHOLE_TRACE))
     flagged = table.filter(pl.col("idle") >= cfg.min_idle)
     if flagged.height == 0:
         return []
