@@ -19,7 +19,7 @@ How it measures:
     last GPU activity, and the finding says so (``unit`` = ``profiled_window``; the window may hold
     start-up or phases the trace does not name, so confidence is medium at most; a rank with fewer than
     ``min_window_kernels`` compute or NCCL kernels ran set-up or a one-off test and is not judged). The idle time per
-    rank and step is the breakdown's ``idle_ns`` (:mod:`forensics.breakdown`: time in the step window
+    rank and step is the breakdown's ``idle_ns`` (:mod:`forensics.facts.breakdown`: time in the step window
     with no kernel, copy or NCCL kernel running); over a profiled window it is the window less the
     union of kernels, copies and memsets, the host's synchronization records (Nsight's CUPTI
     synchronization rows: time a host thread waited) left out. A rank is flagged when its idle
@@ -56,14 +56,14 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from forensics.collectives import WHOLE_TRACE
-from forensics.context import JobContext
+from forensics.base.findings import Finding, Severity
+from forensics.base.intervals import clip_to_windows, merge
+from forensics.base.settings import setting
 from forensics.detectors import Skip, detector
-from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
-from forensics.detectors._coverage import gpus_of, rank_list
-from forensics.findings import Finding, Severity
-from forensics.intervals import clip_to_windows, merge
-from forensics.settings import setting
+from forensics.detectors._step_metrics import EVIDENCE_CAP, gpu_seconds, ms, require_steps
+from forensics.facts.collectives import WHOLE_TRACE
+from forensics.facts.context import JobContext
+from forensics.facts.coverage import gpus_of, rank_list
 
 LOADER = r"(?i)dataloader|__next__"
 SYNC = r"^(?:cuda|hip)(?:Stream|Device|Event)Synchronize$|^aten::(?:item|_local_scalar_dense)$|^(?:cuda|hip)Memcpy$"

@@ -22,7 +22,7 @@ How it measures:
     From `nccl_channels` (the `via` of every connection), `nccl_net` (NET/IB, NET/Socket, Bootstrap,
     GDR lines), `nccl_events` (WARNs, NVLS/P2P/topology facts) and `nccl_env`. A NET connection is
     treated as intra-node only when both ranks belong to one process or the job is single-node.
-    Ranks and GPUs come from forensics.identity (init lines, channel lines, traces).
+    Ranks and GPUs come from forensics.facts.identity (init lines, channel lines, traces).
 
 What to do:
     Sockets: install/enable the IB or EFA stack (NCCL_IB_DISABLE unset, libibverbs present, the right
@@ -41,11 +41,11 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from forensics.context import JobContext
+from forensics.base.findings import Finding, Severity
+from forensics.base.settings import setting
 from forensics.detectors import Skip, detector
-from forensics.detectors._nccl import JobNccl, evidence, where
-from forensics.findings import Finding, Severity
-from forensics.settings import setting
+from forensics.facts.context import JobContext
+from forensics.facts.nccl_setup import JobNccl, evidence, where
 
 IB_STATUS = {
     4: "local protection error (IBV_WC_LOC_PROT_ERR): memory registration / GDR problem",

@@ -7,10 +7,10 @@ import json
 import polars as pl
 import pytest
 
-from forensics.analyze import load
-from forensics.context import JobContext
 from forensics.detectors import run_detectors
 from forensics.detectors.pipeline_bubble import stage_table
+from forensics.facts.context import JobContext
+from forensics.pipeline import load
 from tests.frame_builders import dp_job, pp_job
 
 
@@ -95,7 +95,7 @@ def test_theory_agreeing_with_measured_is_not_uncertain():
 def _sim(tmp_path, scenario):
     import json
 
-    from forensics.analyze import load
+    from forensics.pipeline import load
     from forensics.simulate import simulate
 
     simulate(scenario, tmp_path, seed=0)
@@ -187,8 +187,8 @@ def test_slow_stage_named_even_when_the_schedule_cannot_be_told(tmp_path):
     # The coalesced Megatron job above with the last stage's P2P kernels gone from its traces (so neither the
     # per-transfer counts nor the order on the last stage give m): the theory is not compared, but the stages'
     # compute still is, and the slow stage is named with its ranks; the saving is a lower bound.
+    from forensics.base.frames import JobFrames
     from forensics.detectors.pipeline_bubble import infer_schedule
-    from forensics.frames import JobFrames
     from forensics.simulate import simulate
 
     simulate("pp_megatron_imbalance", tmp_path, seed=0)
