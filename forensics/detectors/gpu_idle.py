@@ -120,7 +120,8 @@ def idle_gaps(ctx: JobContext, ranks: list[int], whole: bool = False) -> pl.Data
     (the profiled window as the unit): the host's synchronization records (class ``sync``: the time a host
     thread waited, as Nsight's CUPTI export lists it) are not GPU work and leave the GPU idle."""
     win = ctx.step_windows.filter(pl.col("rank").is_in(ranks)).select("rank", "step", "w_start", "w_end")
-    kern = ctx.frames["kernels"].filter(pl.col("rank").is_in(ranks))
+    # a graph replay is one host call for hundreds of kernels: its kernels say nothing of launch overhead
+    kern = ctx.frames["kernels"].filter(pl.col("rank").is_in(ranks) & ~pl.col("graph_replay").fill_null(False))
     if whole:
         kern = kern.filter(pl.col("class") != "sync")
     kern = kern.select("rank", "start_ns", "end_ns")
@@ -213,7 +214,9 @@ def classify_gaps(ctx: JobContext, gaps: pl.DataFrame, launch_ranks: list[int], 
 def launch_facts(ctx: JobContext, ranks: list[int]) -> pl.DataFrame:
     """Per rank: median kernel duration (us) and the share of its step time covered by CPU ops."""
     win = ctx.step_windows.filter(pl.col("rank").is_in(ranks))
-    kern = ctx.frames["kernels"].select("rank", "start_ns", "end_ns").filter(pl.col("rank").is_in(ranks))
+    # a graph replay is one host call for hundreds of kernels: its kernels say nothing of launch overhead
+    kern = ctx.frames["kernels"].select("rank", "start_ns", "end_ns", "graph_replay").filter(
+        pl.col("rank").is_in(ranks) & ~pl.col("graph_replay").fill_null(False))
     med = kern.group_by("rank").agg(((pl.col("end_ns") - pl.col("start_ns")).median() / 1e3).alias("median_kernel_us"))
     ops = ctx.frames["cpu_ops"].select("rank", "category", "start_ns", "end_ns").filter(
         pl.col("rank").is_in(ranks) & pl.col("category").cast(pl.String).is_in(CPU_CATEGORIES))

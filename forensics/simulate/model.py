@@ -229,6 +229,14 @@ def hsdp_groups(topo: Topology, shard: int) -> list[ProcessGroup]:
                      for i in range(shard)]
 
 
+def fsdp2_groups(topo: Topology) -> list[ProcessGroup]:
+    """FSDP2 over a 1-D device mesh: the world, then the mesh's shard group (all ranks, its own communicator)."""
+    if topo.tp != 1 or topo.pp != 1 or topo.dp < 2:
+        return []
+    return [ProcessGroup("0", "default_pg", tuple(range(topo.world)), "world"),
+            ProcessGroup("1", "mesh_dp_shard", tuple(range(topo.world)), "dp")]
+
+
 def group_of(groups: list[ProcessGroup], rank: int, kind: str) -> ProcessGroup | None:
     """The rank's group of that kind; the DP group is the world group for pure data parallelism."""
     for g in groups:
@@ -275,6 +283,13 @@ class Job:
     profiler_steps: bool = True      # False: the traces hold no ProfilerStep# ranges (a bare profiler capture)
     item_syncs: int = 0              # > 0: each step is this many (forward, .item(), host work) rounds instead of training
     host_after_sync_us: float = 0.0  # ... and the host's work after each .item(), while nothing is queued on the GPU
+    cuda_graphs: str = ""            # "" eager; "replay": each step's compute kernels replay from one CUDA graph
+                                     # (one cudaGraphLaunch under CUDAGraph::replay); "capture": the same, and the
+                                     # first profiled step also captures the graph (its launches run nothing)
+    fsdp2: bool = False              # dp_mode=fsdp written as FSDP2 over a device mesh: all_gather_into_tensor /
+                                     # reduce_scatter_tensor on its own "mesh_dp_shard" group
+    compiled: bool = False           # torch.compile: Triton kernels (GEMMs as mm templates with their shapes) launched
+                                     # inside CompiledFunction / CompiledFunctionBackward regions
     label: str = ""
 
     def with_(self, **kw: Any) -> Job:
