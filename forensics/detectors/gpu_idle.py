@@ -1,66 +1,19 @@
 """GPU idle: steps in which no kernel runs on any stream for a large share of the time, and why.
 
-What it detects:
-    Ranks whose GPU runs no kernel at all (compute, NCCL or copy, on any stream) for at least
-    ``min_idle`` of the step time, classified by what the host was doing meanwhile: ``input`` (the
-    host was in the data loader while the GPU waited: input bound), ``sync`` (the host had blocked in
-    ``cudaStreamSynchronize`` / ``cudaDeviceSynchronize`` / ``.item()``, so nothing was queued when the
-    GPU drained: sync bound), ``pause`` (one long gap: a checkpoint, an evaluation, a logging stall),
-    ``launch`` (many short kernels and a host busy for nearly the whole step: launch bound), or
-    ``other`` (idle the CPU-side evidence does not explain).
-
-Why it matters:
-    Idle GPU time is lost outright, and nvidia-smi utilization hides none of it only when it is read
-    per step. Each class has a different fix, so naming the class is most of the diagnosis.
-
-How it measures:
-    The unit is the profiler step; a capture without steps (no ``ProfilerStep#``, an Nsight export
-    without NVTX step ranges) is measured over its profiled window instead, from the rank's first to its
-    last GPU activity, and the finding says so (``unit`` = ``profiled_window``; the window may hold
-    start-up or phases the trace does not name, so confidence is medium at most; a rank with fewer than
-    ``min_window_kernels`` compute or NCCL kernels ran set-up or a one-off test and is not judged). The idle time per
-    rank and step is the breakdown's ``idle_ns`` (:mod:`forensics.facts.breakdown`: time in the step window
-    with no kernel, copy or NCCL kernel running); over a profiled window it is the window less the
-    union of kernels, copies and memsets, the host's synchronization records (Nsight's CUPTI
-    synchronization rows: time a host thread waited) left out. A rank is flagged when its idle
-    time over all its steps (or its window) is at least ``min_idle`` of it. Its idle gaps (between the union
-    of its kernels, inside the step windows) are each put in one class, first match wins: ``input``
-    when data-loader ops (``enumerate(DataLoader)``, ``DataLoader``, ``__next__``) cover at least
-    ``input_cover`` of the gap; ``sync`` when the gap starts while the host is inside a synchronizing
-    call (the host waited for the GPU to drain, then had nothing queued; the cause is named per gap:
-    ``d2h_copy`` when the GPU's last work was a device-to-host copy or the host is in ``.item()``,
-    ``sync_copy`` for another synchronous ``cudaMemcpy``, ``device_sync``, else ``stream_sync``, with
-    the count of gaps and their share of the idle time for each); ``pause`` when the gap alone
-    is at least ``pause_share`` of its step or checkpoint / evaluation ops (``checkpoint``,
-    ``torch.save``, ``eval``, ``validat``) cover ``input_cover`` of it; ``launch`` for the rest when
-    the rank's median kernel is shorter than ``short_kernel_us`` and either its CPU ops (cpu_op and CUDA
-    API calls, union over threads) cover at least ``cpu_busy`` of the step or at least ``host_bound`` of
-    its idle time is host-bound (the breakdown's ``host_bound_ns``: the next kernel's launch call began
-    only after the GPU had gone idle); ``other`` otherwise. A rank's
-    class is the one holding most of its idle time; one finding per class names its ranks, hosts and
-    GPUs. Impact: the idle time itself (``gpu_seconds_lost`` = summed idle of the ranks over the
-    profiled steps; ``fraction_of_step`` = their median idle share). Severity: info from ``min_idle``,
-    warning from ``warning_idle``, critical from ``critical_idle`` (median idle share of the ranks).
-
-What to do:
-    input: more data-loader workers (``num_workers``), ``pin_memory=True``, ``prefetch_factor``,
-    faster storage or pre-processed data. sync: remove ``.item()`` / ``.cpu()`` / ``print(loss)`` from
-    the hot loop, log asynchronously every N steps. pause: make checkpoints asynchronous (e.g.
-    ``torch.distributed.checkpoint`` async save) and evaluate less often. launch: CUDA graphs
-    (``torch.compile(mode="reduce-overhead")``), fused kernels, larger batches per step.
+Its documentation (what it detects, why it matters, how it measures, what to do) is data: ``DOC``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import polars as pl
 
-from forensics.base.findings import Finding, Severity
+from forensics.base.findings import Finding, FindingKind, Role, Severity, When
 from forensics.base.intervals import clip_to_windows, merge
 from forensics.base.settings import setting
-from forensics.detectors import Skip, detector
-from forensics.detectors._step_metrics import EVIDENCE_CAP, gpu_seconds, ms, require_steps
+from forensics.detectors import DetectorDoc, Skip, detector
+from forensics.detectors._step_metrics import EVIDENCE_CAP, gpu_seconds, in_profile, ms, require_steps
 from forensics.facts.collectives import WHOLE_TRACE
 from forensics.facts.context import JobContext
 from forensics.facts.coverage import gpus_of, rank_list
@@ -255,6 +208,68 @@ def rank_classes(ctx: JobContext, flagged: pl.DataFrame, cfg: GpuIdleConfig, who
     )
 
 
+IDLE_GPU = FindingKind(
+    "idle_gpu", "GPUs idle inside the step (no kernel running), classed by what the host was doing",
+    Role.SYMPTOM, "Remove the host-side stall the class names (data loading, synchronisation, launch overhead).",
+    stage=4)
+
+
+DOC = DetectorDoc(
+    summary=(
+        "GPU idle: steps in which no kernel runs on any stream for a large share of the time, and why."
+    ),
+    detects=(
+        "Ranks whose GPU runs no kernel at all (compute, NCCL or copy, on any stream) for at least "
+        "``min_idle`` of the step time, classified by what the host was doing meanwhile: ``input`` (the host "
+        "was in the data loader while the GPU waited: input bound), ``sync`` (the host had blocked in "
+        "``cudaStreamSynchronize`` / ``cudaDeviceSynchronize`` / ``.item()``, so nothing was queued when the "
+        "GPU drained: sync bound), ``pause`` (one long gap: a checkpoint, an evaluation, a logging stall), "
+        "``launch`` (many short kernels and a host busy for nearly the whole step: launch bound), or "
+        "``other`` (idle the CPU-side evidence does not explain)."
+    ),
+    matters=(
+        "Idle GPU time is lost outright, and nvidia-smi utilization hides none of it only when it is read per"
+        " step. Each class has a different fix, so naming the class is most of the diagnosis."
+    ),
+    measures=(
+        "The unit is the profiler step; a capture without steps (no ``ProfilerStep#``, an Nsight export "
+        "without NVTX step ranges) is measured over its profiled window instead, from the rank's first to its "
+        "last GPU activity, and the finding says so (``unit`` = ``profiled_window``; the window may hold "
+        "start-up or phases the trace does not name, so confidence is medium at most; a rank with fewer than "
+        "``min_window_kernels`` compute or NCCL kernels ran set-up or a one-off test and is not judged). The "
+        "idle time per rank and step is the breakdown's ``idle_ns`` (:mod:`forensics.facts.breakdown`: time "
+        "in the step window with no kernel, copy or NCCL kernel running); over a profiled window it is the "
+        "window less the union of kernels, copies and memsets, the host's synchronization records (Nsight's "
+        "CUPTI synchronization rows: time a host thread waited) left out. A rank is flagged when its idle time "
+        "over all its steps (or its window) is at least ``min_idle`` of it. Its idle gaps (between the union of its kernels, inside the step windows) are each put in"
+        " one class, first match wins: ``input`` when data-loader ops (``enumerate(DataLoader)``, "
+        "``DataLoader``, ``__next__``) cover at least ``input_cover`` of the gap; ``sync`` when the gap "
+        "starts while the host is inside a synchronizing call (the host waited for the GPU to drain, then had"
+        " nothing queued; the cause is named per gap: ``d2h_copy`` when the GPU's last work was a "
+        "device-to-host copy or the host is in ``.item()``, ``sync_copy`` for another synchronous "
+        "``cudaMemcpy``, ``device_sync``, else ``stream_sync``, with the count of gaps and their share of the "
+        "idle time for each); ``pause`` when the gap alone is at least ``pause_share`` of its step or checkpoint"
+        " / evaluation ops (``checkpoint``, ``torch.save``, ``eval``, ``validat``) cover ``input_cover`` of "
+        "it; ``launch`` for the rest when the rank's median kernel is shorter than ``short_kernel_us`` and "
+        "either its CPU ops (cpu_op and CUDA API calls, union over threads) cover at least ``cpu_busy`` of "
+        "the step or at least ``host_bound`` of its idle time is host-bound (the breakdown's "
+        "``host_bound_ns``: the next kernel's launch call began only after the GPU had gone idle); ``other`` "
+        "otherwise. A rank's class is the one holding most of its idle time; one finding per class names its "
+        "ranks, hosts and GPUs. Impact: the idle time itself (``gpu_seconds_lost`` = summed idle of the ranks"
+        " over the profiled steps; ``fraction_of_step`` = their median idle share). Severity: info from "
+        "``min_idle``, warning from ``warning_idle``, critical from ``critical_idle`` (median idle share of "
+        "the ranks)."
+    ),
+    todo=(
+        "input: more data-loader workers (``num_workers``), ``pin_memory=True``, ``prefetch_factor``, faster "
+        "storage or pre-processed data. sync: remove ``.item()`` / ``.cpu()`` / ``print(loss)`` from the hot "
+        "loop, log asynchronously every N steps. pause: make checkpoints asynchronous (e.g. "
+        "``torch.distributed.checkpoint`` async save) and evaluate less often. launch: CUDA graphs "
+        "(``torch.compile(mode=\"reduce-overhead\")``), fused kernels, larger batches per step."
+    ),
+)
+
+
 def window_table(ctx: JobContext, cfg: GpuIdleConfig) -> pl.DataFrame:
     """Per rank of a capture without profiler steps, :func:`idle_table`'s columns over its one profiled window
     (first to last GPU activity): idle = the window less the union of kernels, copies and memsets (the
@@ -281,7 +296,7 @@ def window_table(ctx: JobContext, cfg: GpuIdleConfig) -> pl.DataFrame:
     )
 
 
-@detector("gpu_idle", settings=GpuIdleConfig, requires=("kernels",))
+@detector("gpu_idle", doc=DOC, settings=GpuIdleConfig, requires=("kernels",), kinds=(IDLE_GPU,), view="step-anatomy")
 def detect(ctx: JobContext, cfg: GpuIdleConfig) -> list[Finding]:
     require_steps(ctx)
     # Without profiler steps the unit is the profiled window (first to last GPU activity of the rank): it
@@ -292,7 +307,20 @@ def detect(ctx: JobContext, cfg: GpuIdleConfig) -> list[Finding]:
     if flagged.height == 0:
         return []
     table = rank_classes(ctx, flagged, cfg, whole)
-    return [_finding(ctx, table.filter(pl.col("cls") == c), c, cfg, whole) for c in CLASSES if (table["cls"] == c).any()]
+    found = in_profile(ctx, [_finding(ctx, table.filter(pl.col("cls") == c), c, cfg, whole)
+                             for c in CLASSES if (table["cls"] == c).any()])
+    return [_at_longest_gaps(f) for f in found]
+
+
+def _at_longest_gaps(f: Finding) -> Finding:
+    """Place the finding at its ranks' longest idle gaps (trace clock, epoch ns): what a fault that stopped the
+    rank explains is the gap that began at or after it, not the whole profiled window."""
+    spans = [(e["longest_gap_from_ns"], e["longest_gap_to_ns"]) for e in f.evidence
+             if isinstance(e.get("longest_gap_from_ns"), int) and isinstance(e.get("longest_gap_to_ns"), int)]
+    if not spans:
+        return f
+    return replace(f, when=When.span(min(a for a, _ in spans), max(b for _, b in spans),
+                                     "the flagged ranks' longest idle gaps on the trace clock"))
 
 
 _TITLE = {
@@ -383,6 +411,7 @@ def _finding(ctx: JobContext, t: pl.DataFrame, cls: str, cfg: GpuIdleConfig, who
         extra["unit"] = "profiled_window"
     return Finding(
         detector="gpu_idle",
+        kind=IDLE_GPU.name,
         severity=_severity(share, cfg),
         title=f"GPU idle {share:.0%} of the {unit} on {len(ranks)} rank(s), {_in_unit(_TITLE[cls], whole)}",
         summary=(
