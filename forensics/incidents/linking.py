@@ -48,10 +48,13 @@ def _link_communicator(cause: Finding, cons: Finding) -> str | None:
 
 
 def _link_faulted_rank(cause: Finding, cons: Finding) -> str | None:
-    """The consequence lies on the faulted rank itself: its GPU is the cause's, or all its ranks are the cause's."""
-    if cons.gpus and set(cons.gpus) <= set(cause.gpus):
+    """The consequence lies on the faulted rank itself: all its ranks are the cause's, or (a cause that names a GPU
+    but no rank) all its GPUs are the cause's and it names no more ranks than GPUs."""
+    if cons.ranks and set(cons.ranks) <= set(cause.ranks):
+        return "gpu" if set(cons.gpus) & set(cause.gpus) else "rank"
+    if cons.gpus and set(cons.gpus) <= set(cause.gpus) and len(cons.ranks) <= len(cons.gpus):
         return "gpu"
-    return "rank" if cons.ranks and set(cons.ranks) <= set(cause.ranks) else None
+    return None
 
 
 LINK_TESTS: dict[str, Callable[[Finding, Finding], str | None]] = {

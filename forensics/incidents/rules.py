@@ -32,8 +32,9 @@ LINKS: dict[str, str] = {
                   "or name the same culprit rank",
     "host": "both name the same host (a host fault explains only findings on that host)",
     "communicator": "they share a rank or a host (one communicator), or the cause is job-wide",
-    "faulted_rank": "every rank of the consequence is one of the cause's ranks, or the consequence names the cause's GPU "
-                    "(what happened on the faulted rank itself, not on others that merely share a rank list)",
+    "faulted_rank": "every rank of the consequence is one of the cause's ranks (or, for a cause naming a GPU but no "
+                    "rank, every GPU of the consequence is the cause's): what happened on the faulted rank itself, "
+                    "not on others that merely share a communicator",
 }
 ORDERS: dict[str, str] = {
     "cause_first": "the cause happened before the consequence ended (a fault after the timeout is not its "
