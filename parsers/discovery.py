@@ -173,6 +173,8 @@ def _classify_binary(path: Path, rel_path: str, head: bytes) -> tuple[str, str |
         return "nsys", None
     if head.startswith(GZIP_MAGIC):
         return "unknown", "compressed twice (gzip inside gzip): gunzip it once to analyze it"
+    if sniff.score_flight_recorder_pickle(head):
+        return "flight_recorder", None
     if not sniff.is_binary(head):
         return None
     if not head.strip(b"\x00") and not read_tail(path, TAIL_BYTES).strip(b"\x00"):

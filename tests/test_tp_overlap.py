@@ -112,3 +112,30 @@ def test_symmetric_memory_all_reduces_of_a_real_trace_are_tp_communication(tmp_p
     assert set(k["category"].to_list()) == {"nccl:TP"}
     share = sum(round(e["dur"] * 1000) for e in symm) / sum(round(e["dur"] * 1000) for e in gpu)
     assert ctx.coverage["categories"]["nccl:TP"] == round(share, 4)
+
+
+def test_a_simulated_symmetric_memory_tp_job_is_measured_as_its_nccl_twin(tmp_path_factory):
+    """symm_tp: pp_clean's TP=2 x PP=2 run with its TP all-reduces written as symmetric-memory kernels (no NCCL, no
+    group args). They are TP communication, counted whole (the truth's kernel time), exposed where no compute
+    runs beside them (they sit on the compute stream), and the findings are those of the NCCL twin."""
+    from forensics.detectors import run_detectors
+    from forensics.simulate import simulate
+
+    out: dict[str, JobContext] = {}
+    truth: dict = {}
+    for name in ("pp_clean", "symm_tp"):
+        run = tmp_path_factory.mktemp(name)
+        truth = simulate(name, run, ranks=4, steps=2, seed=0, params={"tp": "2", "pp": "2", "microbatches": "4"})
+        out[name] = JobContext(load(run, workers=1)[1])
+    symm, nccl = out["symm_tp"], out["pp_clean"]
+    tp = symm.match.kernels.filter(pl.col("pg_type") == "TP")
+    assert tp.height == truth["expected"]["symm_tp"]["symm_kernels"]
+    assert set(tp["collective"].to_list()) == {"allreduce"}
+    assert symm.steps["tx_TP_ns"].sum() == truth["expected"]["symm_tp"]["symm_kernel_ns"]
+    assert symm.steps["exposed_TP_ns"].sum() == symm.steps["tx_TP_ns"].sum()
+    assert nccl.steps["step_ns"].to_list() == symm.steps["step_ns"].to_list()
+
+    def found(ctx: JobContext) -> list[tuple]:
+        return [(f.detector, f.title, tuple(f.ranks)) for f in run_detectors(ctx)[0]]
+
+    assert found(symm) == found(nccl)

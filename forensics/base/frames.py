@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import polars as pl
 
 KERNEL_CLASSES = ["compute", "comm", "memcpy", "memset", "sync"]
-SOURCE_KINDS = ["kineto", "nsys", "nccl_log", "dmesg", "nvidia_smi", "unknown"]
+SOURCE_KINDS = ["kineto", "nsys", "nccl_log", "dmesg", "nvidia_smi", "flight_recorder", "unknown"]
 SOURCE_STATUSES = ["ok", "partial", "failed", "ignored"]
 CPU_OP_CATEGORIES = [
     "cpu_op",
@@ -661,6 +661,94 @@ PROFILER_OVERHEAD = FrameSpec(
 )
 
 _register(GPU_METRICS, PROFILER_OVERHEAD)
+
+
+# --- PyTorch Flight Recorder dumps (parsers/flight_recorder.py) ------------------------------
+
+FR_STATES = ["scheduled", "started", "completed"]
+_FR_PG = (
+    _c("pg_id", pl.Int32(), "ProcessGroupNCCL uid of the group on this rank (`pg_id`; keys `pg_status`; the watchdog's "
+       "`[PG ID n]`)"),
+    _c("pg_name", pl.String(), "process group name (`process_group[0]`, the `pg_config` key; the same on every member)"),
+    _c("pg_desc", pl.String(), "process group description (`default_pg`, Megatron group names); joins NCCL logs and traces"),
+)
+
+FR_DUMPS = FrameSpec(
+    "fr_dumps",
+    "One row per Flight Recorder dump (a rank's dump, pickle or JSON): what it holds. A dump with no entries is "
+    "evidence too: every collective that rank issued had completed (or was dropped by `onlyActive`).",
+    (
+        _RANK,
+        _HOST,
+        _SOURCE,
+        _c("format", pl.String(), "`pickle` (torch C++ pickler, protocol 2; nvidia-resiliency-ext's `_dump_N`) or `json`"),
+        _c("version", pl.String(), "dump format version (`version`: 1.0 ... 2.10)"),
+        _c("comm_lib_version", pl.String(), "NCCL version (`nccl_version`, `comm_lib_version` from 2.10)"),
+        _c("entries", pl.Int64(), "entries in the dump (0: all work completed, or none recorded)"),
+        _c("pg_count", pl.Int32(), "process groups in `pg_config` (null when the dump has none)"),
+        _c("has_status", pl.Boolean(), "the dump has `pg_status` (per-group last enqueued / started / completed)"),
+        _c("has_stacks", pl.Boolean(), "entries carry stack `frames`"),
+        _c("latest_ns", pl.Int64(), "latest time the dump records (created / started / completed), epoch ns: the dump "
+           "was written after it"),
+    ),
+)
+
+FR_ENTRIES = FrameSpec(
+    "fr_entries",
+    "One row per Flight Recorder entry: a collective or point-to-point op a rank enqueued, with its state.",
+    (
+        _RANK,
+        _HOST,
+        _SOURCE,
+        *_FR_PG,
+        _c("record_id", pl.Int64(), "position in the rank's ring buffer (monotonic; gaps when `onlyActive` dropped "
+           "completed entries)"),
+        _c("collective_seq", pl.Int64(), "per-group collective sequence number (`collective_seq_id`, `seq_id` before "
+           "2.0): the same on every member for the same collective; the watchdog's work sequence id"),
+        _c("p2p_seq", pl.Int64(), "per-group point-to-point sequence number (`p2p_seq_id`)"),
+        _c("op_id", pl.Int64(), "logical op number (`op_id`)"),
+        _c("op", pl.String(), "operation, backend prefix dropped (`all_reduce`, `_all_gather_base`, `send 3->0` with "
+           "group-local peers, `coalesced`)"),
+        _c("is_p2p", pl.Boolean(), "point-to-point op"),
+        _c("in_sizes", pl.List(pl.List(pl.Int64())), "input tensor shapes"),
+        _c("out_sizes", pl.List(pl.List(pl.Int64())), "output tensor shapes"),
+        _c("in_dtypes", pl.List(pl.String()), "input dtypes (`BFloat16`, `Float`)"),
+        _c("out_dtypes", pl.List(pl.String()), "output dtypes"),
+        _c("in_numel", pl.Int64(), "input elements, all tensors"),
+        _c("out_numel", pl.Int64(), "output elements, all tensors"),
+        _c("state", pl.Enum(FR_STATES), "scheduled (enqueued, not started) / started / completed"),
+        _c("created_ns", pl.Int64(), "when the op was enqueued (`time_created_ns`), epoch ns"),
+        _c("started_ns", pl.Int64(), "when the watchdog saw it start (`time_discovered_started_ns`), epoch ns; null "
+           "when not seen (JSON writes 0)"),
+        _c("completed_ns", pl.Int64(), "when the watchdog saw it complete, epoch ns; null when not seen"),
+        _c("duration_ns", pl.Int64(), "GPU duration (`duration_ms`, with TORCH_NCCL_ENABLE_TIMING), ns"),
+        _c("timeout_ns", pl.Int64(), "the op's watchdog timeout (`timeout_ms`), ns"),
+        _c("retired", pl.Boolean(), "the watchdog retired the work"),
+        _c("thread_name", pl.String(), "thread that enqueued it (`thread_name`, 2.9+)"),
+        _c("thread_id", pl.String(), "that thread's id"),
+        _c("stack", pl.List(pl.String()), "stack frames when dumped with stacks (`frames`), innermost first, "
+           "`name (file:line)`"),
+    ),
+)
+
+FR_PG_STATUS = FrameSpec(
+    "fr_pg_status",
+    "Per rank and process group: the last collective enqueued, started and completed (`pg_status`; from the entries "
+    "when a dump predates it). The watchdog's `last enqueued / last completed work` counters.",
+    (
+        _RANK,
+        _HOST,
+        _SOURCE,
+        *_FR_PG,
+        _c("pg_ranks", pl.List(pl.Int32()), "global ranks of the group (`pg_config`); null when the dump has none"),
+        _c("last_enqueued", pl.Int64(), "last enqueued collective sequence number"),
+        _c("last_started", pl.Int64(), "last started (-1: never, or timing off)"),
+        _c("last_completed", pl.Int64(), "last completed"),
+        _c("origin", pl.String(), "`pg_status`, or `entries` (derived from the entries: no `pg_status` in the dump)"),
+    ),
+)
+
+_register(FR_DUMPS, FR_ENTRIES, FR_PG_STATUS)
 
 
 # --------------------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ class Rule:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("gpu_fault_kills_rank", ("gpu_fault",), ("timeout", "desync", "missing_rank", "cuda_failure"),
+    Rule("gpu_fault_kills_rank", ("gpu_fault",), ("timeout", "desync", "missing_rank", "cuda_failure", "stuck_rank"),
          "gpu_or_rank", "cause_first", None, "high",
          "a GPU that fell off the bus or hit a fatal Xid stops its rank; its peers hang in NCCL until the watchdog",
          "place_only"),
@@ -68,11 +68,12 @@ RULES: tuple[Rule, ...] = (
          "waited_for", "cause_first", None, "medium",
          "peers of a failing GPU's rank spin in NCCL waiting for it"),
     Rule("host_fault_slows_or_kills", ("host_fault", "platform_error", "nic_fault"),
-         ("slow_rank", "timeout", "desync", "missing_rank", "transport_failure"),
+         ("slow_rank", "timeout", "desync", "missing_rank", "transport_failure", "stuck_rank"),
          "host", "cause_first", 3600.0, "medium",
          "a storage hang, host memory error, OOM kill or NIC fault stalls or kills the ranks on that host",
          "place_only"),
-    Rule("host_fault_kills_rank", ("host_fault",), ("timeout", "desync", "missing_rank", "cuda_failure", "spin_wait"),
+    Rule("host_fault_kills_rank", ("host_fault",),
+         ("timeout", "desync", "missing_rank", "cuda_failure", "spin_wait", "stuck_rank"),
          "gpu_or_rank", "cause_first", None, "high",
          "the OOM killer or a hang stopped a rank's process; its peers wait for it in NCCL until the watchdog",
          "place_only"),
@@ -80,10 +81,11 @@ RULES: tuple[Rule, ...] = (
          "host", "cause_first", None, "high",
          "a NIC that flapped, fell back to a lower speed or logs errors on the host common to every slow "
          "communicator is why they are slow (a degraded link stays degraded: no time window)", "place_only"),
-    Rule("missing_rank_times_out_others", ("desync", "missing_rank", "cuda_failure", "transport_failure"),
+    Rule("missing_rank_times_out_others", ("desync", "missing_rank", "cuda_failure", "transport_failure",
+                                           "stuck_rank", "collective_mismatch"),
          ("timeout",), "communicator", "any", None, "high",
          "a rank that never joins (dead, desynchronised, unreachable) makes the others' collective time out"),
-    Rule("hang_stalls_peers", ("timeout", "desync", "missing_rank"), ("spin_wait",),
+    Rule("hang_stalls_peers", ("timeout", "desync", "missing_rank", "stuck_rank", "collective_mismatch"), ("spin_wait",),
          "waited_for", "any", None, "high",
          "ranks stuck in the hung collective spin inside NCCL kernels"),
     Rule("straggler_stalls_peers", ("slow_rank",), ("spin_wait", "exposed_communication"),

@@ -387,11 +387,7 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
         steady_w = [x for d in per_rank for x in d["pipeline_wait_fraction_by_step"][1:-1]]
         if steady_w:
             expected["bubble_fraction_measured_steady"] = round(sum(steady_w) / len(steady_w), 6)
-    if job.cuda_graphs:
-        expected["cuda_graphs"] = _graph_truth(job, ranks)
-    if job.compiled:
-        expected["compiled"] = {k: sum(w.counts.get(k, 0) for w in writers) for k in (
-            "triton_kernels", "triton_kernel_ns", "triton_template_flops", "triton_template_ns")}
+    expected.update(_trace_shape_truth(job, ranks, writers))
     faults = [_fault_truth(f, job, engine, per_rank, timeout_info) for f in job.faults]
     return {
         "schema": TRUTH_SCHEMA,
@@ -419,6 +415,19 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
         "expected": expected,
         "metrics": per_rank,
     }
+
+
+def _trace_shape_truth(job: Job, ranks: list[dict[str, Any]], writers: list[TraceWriter]) -> dict[str, Any]:
+    """What the writer did differently from an eager trace (CUDA graphs, symmetric memory, torch.compile)."""
+    out: dict[str, Any] = {}
+    if job.cuda_graphs:
+        out["cuda_graphs"] = _graph_truth(job, ranks)
+    if job.symm_tp:
+        out["symm_tp"] = {k: sum(w.counts.get(k, 0) for w in writers) for k in ("symm_kernels", "symm_kernel_ns")}
+    if job.compiled:
+        out["compiled"] = {k: sum(w.counts.get(k, 0) for w in writers) for k in (
+            "triton_kernels", "triton_kernel_ns", "triton_template_flops", "triton_template_ns")}
+    return out
 
 
 def _graph_truth(job: Job, ranks: list[dict[str, Any]]) -> dict[str, Any]:

@@ -58,6 +58,10 @@ TRITON_NAMES = {
 """Inductor's kernel families for the eager kernels a compiled layer fuses (GEMMs become mm templates)."""
 
 
+SYMM_ALL_REDUCE = ("void c10d::symmetric_memory::two_shot_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16**, "
+                   "unsigned long, c10::BFloat16*, unsigned long, unsigned long, unsigned int**, unsigned long, unsigned long)")
+
+
 def nccl_kernel_name(op: str, algo: str, proto: str, new: bool) -> str:
     """Kernel name in the naming era of the NCCL version (a hint of algo/proto only, as in real NCCL)."""
     if op in ("send", "recv"):
@@ -374,6 +378,9 @@ class TraceWriter:
         st, job = self.st, self.job
         c = op.coll
         assert c is not None
+        if job.symm_tp and c.pg.kind == "tp" and op.name == "allreduce":
+            self._symm_all_reduce(op)
+            return
         new = job.new_kernel_names
         dtype = "BFloat16" if new else "Float"
         kind = op.name  # send and recv share one Coll; the op says which side this is
@@ -413,6 +420,15 @@ class TraceWriter:
         self._launch(op, "", api, api_cat, cbid, ext=e2, extra_args=coll_args,
                      kernel_name=nccl_kernel_name(kind, c.algo, c.proto, new))
         self.counts["nccl_kernels"] = self.counts.get("nccl_kernels", 0) + 1
+
+    def _symm_all_reduce(self, op: Op) -> None:
+        """A TP all-reduce through symmetric memory: ``symm_mem::two_shot_all_reduce_`` launching PyTorch's own
+        kernel, with no ``record_param_comms`` and no process-group args on the kernel."""
+        assert op.end is not None
+        op.meta = (op.coll.channels if op.coll is not None else 16, 512)
+        self._launch(op, "symm_mem::two_shot_all_reduce_", "cudaLaunchKernel", "cuda_runtime", 211, kernel_name=SYMM_ALL_REDUCE)
+        self.counts["symm_kernels"] = self.counts.get("symm_kernels", 0) + 1
+        self.counts["symm_kernel_ns"] = self.counts.get("symm_kernel_ns", 0) + op.end - op.start
 
     def close(self, start_ns: int, end_ns: int) -> None:
         """End the trace and write the file, compressed from the spool."""

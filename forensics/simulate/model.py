@@ -283,6 +283,8 @@ class Job:
                                      # first profiled step also captures the graph (its launches run nothing)
     fsdp2: bool = False              # dp_mode=fsdp written as FSDP2 over a device mesh: all_gather_into_tensor /
                                      # reduce_scatter_tensor on its own "mesh_dp_shard" group
+    symm_tp: bool = False            # TP all-reduces through PyTorch symmetric memory (symm_mem::two_shot_all_reduce_,
+                                     # no NCCL), as vLLM and async-TP jobs run them
     compiled: bool = False           # torch.compile: Triton kernels (GEMMs as mm templates with their shapes) launched
                                      # inside CompiledFunction / CompiledFunctionBackward regions
     label: str = ""

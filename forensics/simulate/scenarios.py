@@ -286,6 +286,10 @@ def collective_timeout(ranks: int | None, steps: int | None, params: Params) -> 
     return job
 
 
+def symm_tp(ranks: int | None, steps: int | None, params: Params) -> Job:
+    return _pp(ranks, steps, params.with_defaults(tp="2", pp="2"), symm_tp=True, label="clean")
+
+
 def pp_clean(ranks: int | None, steps: int | None, params: Params) -> Job:
     return _pp(ranks, steps, params, label="clean")
 
@@ -392,6 +396,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "captures the graph", graph_capture),
     Scenario("fsdp2_prefetch", "healthy FSDP2 job on a device mesh: all_gather_into_tensor prefetched a layer ahead, "
              "reduce_scatter_tensor of gradients, both on the mesh's dp_shard group", fsdp2_prefetch),
+    Scenario("symm_tp", "healthy TP=2 x PP=2 job whose TP all-reduces run through PyTorch symmetric memory "
+             "(two_shot_all_reduce kernels, no NCCL)", symm_tp),
     Scenario("compiled", "healthy DDP job compiled with torch.compile: Triton kernels (GEMMs as mm templates with "
              "recorded shapes) inside CompiledFunction / CompiledFunctionBackward regions", compiled),
     Scenario("host_straggler", "one rank's host launches kernels slowly (launch-bound straggler; its node logs CPU thermal throttling)", host_straggler, kernel_log="throttle"),
