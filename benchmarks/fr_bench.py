@@ -122,7 +122,7 @@ def main() -> None:
           f"(limit {TIME_LIMIT_S:.0f} s), peak RSS {peak / 2**20:.0f} MiB (limit {MEMORY_LIMIT / 2**20:.0f} MiB), "
           f"device-stuck rank(s) named: {named} (injected {CULPRIT % args.ranks})")
     print("PASS" if ok_time and ok_mem and ok_verdict else
-          f"FAIL ({', '.join(w for w, ok in (('time', ok_time), ('memory', ok_mem), ('verdict', ok_verdict)) if not ok)})")
+          f"FAIL ({', '.join(w for w, ok in (('time', ok_time), ('memory', ok_mem), ('verdict', ok_verdict)) if not ok)})")  # noqa: E501
     if not args.keep:
         shutil.rmtree(run_dir, ignore_errors=True)
 

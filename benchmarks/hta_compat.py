@@ -4,8 +4,10 @@ HTA is too heavy for CI, so this lives here: it creates /tmp/hta-venv (once), in
 generates a run dir with the simulator (or takes one), loads its traces with
 ``TraceAnalysis(trace_dir=...)``, runs a few HTA analyses and prints OK.
 
-    /work/venv/bin/python benchmarks/hta_compat.py [RUN_DIR [--truth TRUTH.json]] [--scenario ddp_straggler --ranks 8 --steps 3]
-    /work/venv/bin/python benchmarks/hta_compat.py sample_traces/ddp_straggler --truth sample_traces/ddp_straggler.truth.json
+    /work/venv/bin/python benchmarks/hta_compat.py [RUN_DIR [--truth TRUTH.json]] [--scenario ddp_straggler --ranks 8
+    --steps 3]
+    /work/venv/bin/python benchmarks/hta_compat.py sample_traces/ddp_straggler --truth
+    sample_traces/ddp_straggler.truth.json
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ if any(k.startswith("ncclKernel") for k in ta.t.symbol_table.get_sym_id_map()):
     # HTA's straggler analysis only sees NCCL <= 2.18 kernel names; informational, not checked
     print("HTA get_potential_stragglers():", ta.get_potential_stragglers())
 print(f"OK: HTA {__import__('importlib.metadata').metadata.version('HolisticTraceAnalysis')} loaded {len(ranks)} ranks from {trace_dir}")
-"""
+"""  # noqa: E501
 
 
 def ensure_venv() -> Path:
@@ -88,7 +90,7 @@ def main() -> int:
         run_dir = Path(tempfile.mkdtemp(prefix="hta-compat-")) / args.scenario
         simulate(args.scenario, run_dir, ranks=args.ranks, steps=args.steps, seed=0)
     truth = orjson.loads((args.truth or run_dir / "truth.json").read_bytes())
-    kernels = ",".join(f"{r['rank']}={r['counts'].get('kernel', 0) + r['counts'].get('gpu_memcpy', 0) + r['counts'].get('gpu_memset', 0)}" for r in truth["ranks"])
+    kernels = ",".join(f"{r['rank']}={r['counts'].get('kernel', 0) + r['counts'].get('gpu_memcpy', 0) + r['counts'].get('gpu_memset', 0)}" for r in truth["ranks"])  # noqa: E501
     py = ensure_venv()
     proc = subprocess.run([str(py), "-c", CHECK, str(run_dir / "profiler"), str(len(truth["ranks"])), kernels])
     return proc.returncode

@@ -18,13 +18,17 @@ from forensics.parsers.lastwords import parse
 TAIL = "[rank3]: Traceback (most recent call last):\n[rank3]:   File \"/job/train.py\", line 3, in <module>\n" \
        "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB.\n"
 CASES = {
-    "100k NCCL INFO lines + traceback": "".join(f"n1:1:2 [3] NCCL INFO Channel {i % 32:02d}/0 : 3[3] -> 4[4] via P2P/IPC\n"
+    "100k NCCL INFO lines + traceback": "".join(f"n1:1:2 [3] NCCL INFO Channel {i % 32:02d}/0 : 3[3] -> 4[4] via "
+                                                f"P2P/IPC\n"
                                                 for i in range(100_000)) + TAIL,
-    "100k progress lines + traceback": "".join(f" iteration {i:8d}/ 100000 | lm loss: 2.5E+00 |\n" for i in range(100_000)) + TAIL,
-    "100k-frame recursion traceback": "Traceback (most recent call last):\n" + "  File \"/job/r.py\", line 3, in r\n    r()\n"
+    "100k progress lines + traceback": "".join(f" iteration {i:8d}/ 100000 | lm loss: 2.5E+00 |\n"
+                                               for i in range(100_000)) + TAIL,
+    "100k-frame recursion traceback": "Traceback (most recent call last):\n"
+    + "  File \"/job/r.py\", line 3, in r\n    r()\n"
                                       * 100_000 + "RecursionError: maximum recursion depth exceeded\n",
     "64 ranks interleaved x 1k frames": "".join(f"[rank{r}]: Traceback (most recent call last):\n" for r in range(64))
-                                        + "".join(f"[rank{r}]:   File \"/job/t.py\", line {i}, in f\n" for i in range(1000)
+                                        + "".join(f"[rank{r}]:   File \"/job/t.py\", line {i}, in f\n"
+                                                  for i in range(1000)
                                                   for r in range(64)),
 }
 

@@ -81,7 +81,8 @@ def run_one(n: int, cores: int, parse_only: bool) -> tuple[float, float, float]:
             cmd = [sys.executable, "-c", _LOAD, str(run_dir), str(cores)]
         else:
             cli = Path(sys.executable).with_name("forensics")
-            cmd = [str(cli), "analyze", str(run_dir), "--out", str(out), "-q", "--fail-on", "never", "--workers", str(cores)]
+            cmd = [str(cli), "analyze", str(run_dir), "--out", str(out), "-q", "--fail-on", "never", "--workers",
+                   str(cores)]
         cpus = sorted(os.sched_getaffinity(0))[:cores]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()

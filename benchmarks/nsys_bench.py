@@ -31,7 +31,7 @@ t = time.perf_counter()
 rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
 wall = time.perf_counter() - t
 print(json.dumps({"rc": rc, "wall_s": wall, "peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
-"""
+"""  # noqa: E501
 
 
 def measure(run_dir: Path, repeat: int, expect_rc: int = 0) -> dict:
@@ -63,7 +63,8 @@ def synthesize(path: Path, n: int, seed: int = 0) -> None:
     con.execute("INSERT INTO META_DATA_CAPTURE VALUES ('PROCESS_0:ENVIRONMENT_VARIABLE', 'RANK=\"0\"')")
     names = [f"void kernel_{i}<float, {i % 7}>(float*, int)" for i in range(2000)]
     con.executemany("INSERT INTO StringIds VALUES (?, ?)", [(i + 1, s) for i, s in enumerate(names)])
-    con.executemany("INSERT INTO StringIds VALUES (?, ?)", [(5001, "cudaLaunchKernel_v7000"), (5002, "ncclDevKernel_AllReduce_Sum_f32_RING_LL")])
+    con.executemany("INSERT INTO StringIds VALUES (?, ?)",
+                    [(5001, "cudaLaunchKernel_v7000"), (5002, "ncclDevKernel_AllReduce_Sum_f32_RING_LL")])
     pid, t = 4242, 0
     batch = 100_000
     for lo in range(0, n, batch):
@@ -71,12 +72,14 @@ def synthesize(path: Path, n: int, seed: int = 0) -> None:
         for i in range(lo, min(n, lo + batch)):
             t += rnd.randint(1_000, 20_000)
             name = 5002 if i % 50 == 0 else rnd.randint(1, len(names))
-            krows.append((t + 5_000, t + 5_000 + rnd.randint(2_000, 200_000), 0, 1, 7, i, gpid(pid), name, name, 132, 1, 1, 256, 1, 1))
+            krows.append((t + 5_000, t + 5_000 + rnd.randint(2_000, 200_000), 0, 1, 7, i, gpid(pid), name, name, 132, 1,
+                          1, 256, 1, 1))
             rrows.append((t, t + 3_000, 1, gtid(pid, pid), i, 5001, 0))
         con.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", krows)
         con.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?,?,?,?,?,?,?)", rrows)
         con.executemany("INSERT INTO NVTX_EVENTS (start, end, eventType, globalTid, text) VALUES (?,?,59,?,?)",
-                        [(r[0], r[1] + 10_000, gtid(pid, pid), f"aten::op_{j % 300}") for j, r in enumerate(rrows[::4])])
+                        [(r[0], r[1] + 10_000, gtid(pid, pid), f"aten::op_{j % 300}") for j,
+                         r in enumerate(rrows[::4])])
     con.commit()
     con.close()
 
@@ -108,7 +111,8 @@ def main() -> None:
             synthesize(run_dir / "synthetic.sqlite", args.synthetic)
             gen = time.perf_counter() - t
             size = (run_dir / "synthetic.sqlite").stat().st_size / 2**20
-            results.append({"case": f"synthetic export, {args.synthetic:,} kernels + launches (generated in {gen:.0f} s)",
+            results.append({"case": f"synthetic export, {args.synthetic:,} kernels + launches (generated in {gen:.0f} "
+                                    f"s)",
                             "size_mib": size, **measure(run_dir, args.repeat)})
     print(f"{'case':<78} {'size MiB':>9} {'wall s':>8} {'peak RSS MiB':>13}")
     for r in results:

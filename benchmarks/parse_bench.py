@@ -59,7 +59,7 @@ t1 = time.perf_counter()
 p = Path(sys.argv[1])
 r = parse(p, ParseContext(p.parent, p.name))
 print(f"status={r.status} kernels={r.frames['kernels'].height} import_s={t1 - t:.3f} inner_s={time.perf_counter() - t1:.3f}")
-"""
+"""  # noqa: E501
 
 NSYS_PARSE_CHILD = """
 import sys, time
@@ -71,7 +71,7 @@ t1 = time.perf_counter()
 p = Path(sys.argv[1])
 r = parse(p, ParseContext(p.parent, p.name))
 print(f"status={r.status} gpu_ops={r.frames['kernels'].height} import_s={t1 - t:.3f} inner_s={time.perf_counter() - t1:.3f}")
-"""
+"""  # noqa: E501
 DEFAULT_NSYS_DIR = ROOT.parent / "shared" / "sample_data" / "nsys"
 
 HTA_CHILD = """
@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             '{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 2}]}'
         )
         contenders: dict[str, list[str]] = {
-            "forensics frames": [sys.executable, "-m", "forensics.cli", "frames", str(run_dir), "--out", str(tmp / "out"), "-q"],
+            "forensics frames": [sys.executable, "-m", "forensics.cli", "frames", str(run_dir), "--out",
+                                 str(tmp / "out"), "-q"],
             "forensics frames, 1-event trace": [
                 sys.executable, "-m", "forensics.cli", "frames", str(tiny_dir), "--out", str(tmp / "out_tiny"), "-q",
             ],

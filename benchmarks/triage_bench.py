@@ -124,7 +124,8 @@ def main() -> int:
         peak_small = figures["tenth"][1]
         time_ok = wall_all <= TIME_LIMIT_S
         mem_ok = peak_all <= 1.25 * peak_small + 64 * 2**20
-        print(f"{'PASS' if time_ok else 'FAIL'} time: {args.jobs} jobs in {wall_all:.1f} s (target <= {TIME_LIMIT_S:.0f} s)")
+        print(f"{'PASS' if time_ok else 'FAIL'} time: {args.jobs} jobs in {wall_all:.1f} s (target <= "
+              f"{TIME_LIMIT_S:.0f} s)")
         print(f"{'PASS' if mem_ok else 'FAIL'} memory: peak {peak_all / 2**20:.0f} MB for {args.jobs} jobs vs "
               f"{peak_small / 2**20:.0f} MB for {max(1, args.jobs // 10)} (flat: <= 1.25x + 64 MB)")
         print(f"incremental second run, nothing changed: {figures['again'][0]:.1f} s")

@@ -160,7 +160,8 @@ class _Phases:
     def _close(self) -> None:
         if self.phase is not None and self.bar is not None:
             took = time.monotonic() - self.started
-            self.bar.console.print(Text(f"{self.phase}: {self.total} {_PHASE_UNITS.get(self.phase, '')} in {took:.1f} s"),
+            self.bar.console.print(Text(f"{self.phase}: {self.total} {_PHASE_UNITS.get(self.phase, '')} in {took:.1f} "
+                                        f"s"),
                                    highlight=False)
         self.phase = None
 
@@ -275,7 +276,8 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="print the version and exit"),
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="print the version and exit"),
 ) -> None:
     """Why was this distributed GPU training job slow, or why did it die?"""
 
@@ -348,17 +350,27 @@ def _print_analysis(analysis: Any, out_dir: Path) -> None:
 @app.command()
 @_command
 def analyze(
-    run_dir: Path = typer.Argument(..., help="folder a training job left behind (traces, logs, kernel logs), or one file"),
-    out_dir: Path | None = typer.Option(None, "--out", "-o", help="where to write the report [default: ./forensics-<RUN_DIR name>]"),
-    fail_on: FailOn = typer.Option(FailOn.critical, "--fail-on", help="exit 1 when a finding is at or above this severity"),
-    settings: list[str] = typer.Option([], "--set", help="override a detector threshold: DETECTOR.SETTING=VALUE (repeatable)"),
+    run_dir: Path = typer.Argument(...,
+                                   help="folder a training job left behind (traces, logs, kernel logs), or one file"),
+    out_dir: Path | None = typer.Option(None, "--out", "-o",
+                                        help="where to write the report [default: ./forensics-<RUN_DIR name>]"),
+    fail_on: FailOn = typer.Option(FailOn.critical, "--fail-on",
+                                   help="exit 1 when a finding is at or above this severity"),
+    settings: list[str] = typer.Option([], "--set",
+                                       help="override a detector threshold: DETECTOR.SETTING=VALUE (repeatable)"),
     only: list[str] = typer.Option([], "--only", help="run only this detector (repeatable)"),
     workers: int | None = typer.Option(None, "--workers", min=1, help=_WORKERS_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
-    timeline: bool = typer.Option(False, "--timeline", help="also write timeline.json.gz (Perfetto / chrome://tracing)"),
-    timeline_steps: int = typer.Option(1, "--timeline-steps", min=0, help="steps either side of the worst one in the timeline"),
-    engine: TriageEngine = typer.Option(TriageEngine.local, "--engine", help="local: parse on this machine (a process pool); ray: parse files as Ray tasks (pip install 'trace-forensics[ray]')"),
-    ray_address: str | None = typer.Option(None, "--ray-address", help="address of an existing Ray cluster, whose nodes see RUN_DIR at the same path [default: start a local one]"),
+    timeline: bool = typer.Option(False, "--timeline",
+                                  help="also write timeline.json.gz (Perfetto / chrome://tracing)"),
+    timeline_steps: int = typer.Option(1, "--timeline-steps", min=0,
+                                       help="steps either side of the worst one in the timeline"),
+    engine: TriageEngine = typer.Option(TriageEngine.local, "--engine",
+                                        help="local: parse on this machine (a process pool); ray: parse files as Ray "
+                                             "tasks (pip install 'trace-forensics[ray]')"),
+    ray_address: str | None = typer.Option(None, "--ray-address",
+                                           help="address of an existing Ray cluster, whose nodes see RUN_DIR at the "
+                                                "same path [default: start a local one]"),
 ) -> None:
     """Analyze RUN_DIR; write findings.json, summary.md, report.html and collectives.parquet to --out."""
     out_dir = out_dir or Path.cwd() / f"forensics-{run_dir.resolve().name}"
@@ -469,16 +481,31 @@ def _print_triage(run: Any, out_dir: Path) -> None:
 @app.command()
 @_command
 def triage(
-    job_dirs: list[Path] = typer.Argument(..., help="one folder of job folders, or several job folders (see --job-depth)"),
-    out_dir: Path = typer.Option(..., "--out", "-o", help="where to write triage.parquet/.json/.md/.html and jobs/<job>/"),
-    fail_on: FailOn = typer.Option(FailOn.never, "--fail-on", help="exit 1 when any job has a finding at or above this severity"),
-    settings: list[str] = typer.Option([], "--set", help="override a detector threshold: DETECTOR.SETTING=VALUE (repeatable)"),
-    workers: int | None = typer.Option(None, "--workers", min=1, help="jobs analysed in parallel (local engine), at least 1 [default: CPU count]"),
-    worker_memory: int | None = typer.Option(None, "--worker-memory", min=1, help="MB of resident memory a local worker may use; a job over it is ended and becomes a failed row (default: 80% of the machine's memory shared by the workers)"),
-    engine: TriageEngine = typer.Option(TriageEngine.local, "--engine", help="local: a process pool on this machine; ray: Ray tasks (pip install 'trace-forensics[ray]')"),
-    ray_address: str | None = typer.Option(None, "--ray-address", help="address of an existing Ray cluster [default: start a local one]"),
-    job_depth: int | None = typer.Option(None, "--job-depth", min=0, help="jobs are the folders this many levels below each JOB_DIR, e.g. 2 for DIR/<date>/<job> [default: 1 for one JOB_DIR, 0 for several]"),
-    rebuild: bool = typer.Option(False, "--rebuild", help="analyse every job again, also those unchanged since the last run into --out"),
+    job_dirs: list[Path] = typer.Argument(...,
+                                          help="one folder of job folders, or several job folders (see --job-depth)"),
+    out_dir: Path = typer.Option(..., "--out", "-o",
+                                 help="where to write triage.parquet/.json/.md/.html and jobs/<job>/"),
+    fail_on: FailOn = typer.Option(FailOn.never, "--fail-on",
+                                   help="exit 1 when any job has a finding at or above this severity"),
+    settings: list[str] = typer.Option([], "--set",
+                                       help="override a detector threshold: DETECTOR.SETTING=VALUE (repeatable)"),
+    workers: int | None = typer.Option(None, "--workers", min=1,
+                                       help="jobs analysed in parallel (local engine), at least 1 [default: CPU "
+                                            "count]"),
+    worker_memory: int | None = typer.Option(None, "--worker-memory", min=1,
+                                             help="MB of resident memory a local worker may use; a job over it is "
+                                                  "ended and becomes a failed row (default: 80% of the machine's "
+                                                  "memory shared by the workers)"),
+    engine: TriageEngine = typer.Option(TriageEngine.local, "--engine",
+                                        help="local: a process pool on this machine; ray: Ray tasks (pip install "
+                                             "'trace-forensics[ray]')"),
+    ray_address: str | None = typer.Option(None, "--ray-address",
+                                           help="address of an existing Ray cluster [default: start a local one]"),
+    job_depth: int | None = typer.Option(None, "--job-depth", min=0,
+                                         help="jobs are the folders this many levels below each JOB_DIR, e.g. 2 for "
+                                              "DIR/<date>/<job> [default: 1 for one JOB_DIR, 0 for several]"),
+    rebuild: bool = typer.Option(False, "--rebuild",
+                                 help="analyse every job again, also those unchanged since the last run into --out"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
 ) -> None:
     """Analyze many jobs; rank them by GPU-hours lost, name hosts and GPUs that keep being the root cause.
@@ -522,13 +549,19 @@ def triage(
 @app.command()
 @_command
 def diff(
-    base_dir: Path = typer.Argument(..., help="the run that was fine (BASE): a run folder, or an earlier `forensics frames` output"),
-    new_dir: Path = typer.Argument(..., help="the run to explain (NEW): a run folder, or an earlier `forensics frames` output"),
+    base_dir: Path = typer.Argument(...,
+                                    help="the run that was fine (BASE): a run folder, or an earlier `forensics frames` "
+                                         "output"),
+    new_dir: Path = typer.Argument(...,
+                                   help="the run to explain (NEW): a run folder, or an earlier `forensics frames` "
+                                        "output"),
     out_dir: Path = typer.Option(..., "--out", "-o", help="where to write diff.json, diff.md and diff.html"),
     fail_slower: float | None = typer.Option(None, "--fail-slower", min=0.0,
-                                             help="exit 1 when NEW's median step is slower than BASE's by more than this fraction (e.g. 0.05)"),
+                                             help="exit 1 when NEW's median step is slower than BASE's by more than "
+                                                  "this fraction (e.g. 0.05)"),
     warmup: int | None = typer.Option(None, "--warmup", min=0,
-                                      help="steps dropped at the start of each run (default: 1 when both runs have 3 or more)"),
+                                      help="steps dropped at the start of each run (default: 1 when both runs have 3 "
+                                           "or more)"),
     workers: int | None = typer.Option(None, "--workers", min=1, help=_WORKERS_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress on stderr"),
 ) -> None:
@@ -573,7 +606,8 @@ class RulesFormat(str, Enum):
 @app.command()
 def rules(
     name: str | None = typer.Argument(None, help="a detector name; all when omitted"),
-    fmt: RulesFormat = typer.Option(RulesFormat.text, "--format", help="text (terminal) or md (Markdown, as in docs/detectors.md)"),
+    fmt: RulesFormat = typer.Option(RulesFormat.text, "--format",
+                                    help="text (terminal) or md (Markdown, as in docs/detectors.md)"),
 ) -> None:
     """Print each detector (or one) with its documentation and its settings table."""
     from forensics.detectors import load_all
@@ -660,15 +694,24 @@ def _simulate_into(out_dir: Path, truth_path: Path | None, run: Callable[[Path],
 @app.command()
 @_command
 def simulate(
-    scenario: str | None = typer.Argument(None, help="scenario name (see --list); e.g. ddp_clean, ddp_straggler, pp_small_m"),
-    out_dir: Path | None = typer.Option(None, "--out", "-o", help="RUN_DIR to write (created; must be empty or absent)"),
+    scenario: str | None = typer.Argument(None,
+                                          help="scenario name (see --list); e.g. ddp_clean, ddp_straggler, pp_small_m"),
+    out_dir: Path | None = typer.Option(None, "--out", "-o",
+                                        help="RUN_DIR to write (created; must be empty or absent)"),
     ranks: int | None = typer.Option(None, "--ranks", help="world size [default: the scenario's]"),
-    steps: int | None = typer.Option(None, "--steps", help="profiled training steps, at least 1 [default: the scenario's]"),
+    steps: int | None = typer.Option(None, "--steps",
+                                     help="profiled training steps, at least 1 [default: the scenario's]"),
     seed: int = typer.Option(0, "--seed", help="random seed; the same seed gives byte-identical output"),
-    size: float | None = typer.Option(None, "--size", help="keep adding steps until each trace holds about this many MB of JSON (benchmarks)"),
-    params: list[str] = typer.Option([], "--param", "-p", help="scenario parameter KEY=VALUE (repeatable), e.g. rank=3, slowdown=0.1"),
-    nccl_version: str | None = typer.Option(None, "--nccl-version", help="NCCL version to imitate, e.g. 2.18.5 (< 2.19: old ncclKernel_* names)"),
-    truth_path: Path | None = typer.Option(None, "--truth", help="where to write the ground truth [default: OUT/truth.json]"),
+    size: float | None = typer.Option(None, "--size",
+                                      help="keep adding steps until each trace holds about this many MB of JSON "
+                                           "(benchmarks)"),
+    params: list[str] = typer.Option([], "--param", "-p",
+                                     help="scenario parameter KEY=VALUE (repeatable), e.g. rank=3, slowdown=0.1"),
+    nccl_version: str | None = typer.Option(None, "--nccl-version",
+                                            help="NCCL version to imitate, e.g. 2.18.5 (< 2.19: old ncclKernel_* "
+                                                 "names)"),
+    truth_path: Path | None = typer.Option(None, "--truth",
+                                           help="where to write the ground truth [default: OUT/truth.json]"),
     list_: bool = typer.Option(False, "--list", help="list the scenarios and exit"),
 ) -> None:
     """Write a simulated RUN_DIR (traces, NCCL logs, kernel logs) with a known, injected fault, plus truth.json."""
@@ -701,8 +744,10 @@ def simulate(
         scenario, tmp, ranks=ranks, steps=steps, seed=seed, size_mb=size, params=kv, nccl_version=nccl_version))
     culprits = sorted({r for f in truth["faults"] for r in f["ranks"]})
     out.print(
-        f"{scenario}: {truth['job']['world_size']} ranks on {truth['job']['nodes']} node(s), {len(truth['job']['steps'])} step(s); "
-        f"culprit rank(s): {culprits or 'none'}. Wrote {out_dir}; ground truth in {truth_path or out_dir / 'truth.json'}",
+        f"{scenario}: {truth['job']['world_size']} ranks on {truth['job']['nodes']} node(s), "
+        f"{len(truth['job']['steps'])} step(s); "
+        f"culprit rank(s): {culprits or 'none'}. Wrote {out_dir}; ground truth in "
+        f"{truth_path or out_dir / 'truth.json'}",
         highlight=False, markup=False,
     )
 
@@ -713,7 +758,8 @@ def _simulate_fr(scenario: str, out_dir: Path, ranks: int | None, kv: dict[str, 
 
     unknown = sorted(set(kv) - {"format", "version", "stacks", "host_names"})
     world = ranks or 16
-    if unknown or kv.get("format", "pickle") not in ("pickle", "json") or kv.get("version", "2.9") not in fr_sim.VERSIONS \
+    if unknown or kv.get("format", "pickle") not in ("pickle", "json") or kv.get("version",
+                                                                                 "2.9") not in fr_sim.VERSIONS \
             or world % 4 or world < 8:
         raise UsageError(f"{scenario}: --ranks a multiple of 4 (at least 8); -p format=pickle|json, "
                          f"version={'|'.join(fr_sim.VERSIONS)}, stacks=0|1, host_names=0|1")

@@ -127,7 +127,8 @@ def _per_step(analysis: Analysis) -> pl.DataFrame:
     if cats.height:
         per = (cats.group_by("step", "category").agg(pl.col("time_ns").sum().cast(pl.Float64).alias("ns"))
                .join(out.select("step", "ranks"), on="step")
-               .with_columns(("c:" + pl.col("category")).alias("category"), (pl.col("ns") / pl.col("ranks") / 1e6).alias("ms"))
+               .with_columns(("c:" + pl.col("category")).alias("category"),
+                             (pl.col("ns") / pl.col("ranks") / 1e6).alias("ms"))
                .pivot(on="category", index="step", values="ms"))
         out = out.join(per, on="step", how="left")
     return out.with_columns(pl.col(pl.Float64).fill_null(0.0)).sort("step")
@@ -298,7 +299,8 @@ def _paired(base: RunProfile, new: RunProfile, al: Alignment) -> pl.DataFrame:
     def full(df: pl.DataFrame) -> pl.DataFrame:
         return df.with_columns([pl.lit(0.0).alias(c) for c in cols if c not in df.columns])
 
-    order = pl.DataFrame({"_pair": range(len(al.pairs)), "_b": [p[0] for p in al.pairs], "_n": [p[1] for p in al.pairs]},
+    order = pl.DataFrame({"_pair": range(len(al.pairs)), "_b": [p[0] for p in al.pairs],
+                          "_n": [p[1] for p in al.pairs]},
                          schema={"_pair": pl.Int64, "_b": pl.Int64, "_n": pl.Int64})
     return (order.join(full(base.per_step), left_on="_b", right_on="step", how="left")
             .join(full(new.per_step), left_on="_n", right_on="step", how="left", suffix="_new")

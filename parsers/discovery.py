@@ -409,7 +409,8 @@ def discover_and_parse(
 
     if engine == "ray":
         _parse_on_ray(files, root, tick, ray_address)
-    elif n_workers > 1 and len(to_parse) > 1 and (total_bytes >= PARALLEL_MIN_BYTES or len(to_parse) >= PARALLEL_MIN_FILES):
+    elif n_workers > 1 and len(to_parse) > 1 and (total_bytes >= PARALLEL_MIN_BYTES
+                                                  or len(to_parse) >= PARALLEL_MIN_FILES):
         _parse_in_pool(files, root, n_workers, tick)
     else:
         for unit in units(files, 0):
@@ -444,7 +445,8 @@ def _parse_on_ray(files: list[DiscoveredFile], root: Path, tick: Callable[[Parse
         ray_map(_parse_worker, [(unit, root) for unit in units(files, cpus)], _lost, _in_order(tick))
 
 
-def _parse_in_pool(files: list[DiscoveredFile], root: Path, n_workers: int, tick: Callable[[ParsedSource], None]) -> None:
+def _parse_in_pool(files: list[DiscoveredFile], root: Path, n_workers: int,
+                   tick: Callable[[ParsedSource], None]) -> None:
     """Parse in worker processes; ``tick`` sees the results in path order."""
     run_pool(_parse_worker, [(unit, root) for unit in units(files, n_workers)], n_workers, _lost, _in_order(tick))
 

@@ -99,7 +99,8 @@ class KinetoBatch:
         index = len(self.files)
         ex.end_file(index)
         skipped = sum(ex.skipped.values()) + outcome.flows
-        self.files.append(_File(index, ctx.rel_path, outcome, dist, rank, rank_note, rank_guessed, skipped, ex.malformed))
+        self.files.append(_File(index, ctx.rel_path, outcome, dist, rank, rank_note, rank_guessed, skipped,
+                                ex.malformed))
         return None
 
     def __len__(self) -> int:
@@ -211,7 +212,8 @@ def _stamp(name: str, df: pl.DataFrame | None, ident: dict[str, pl.Series]) -> t
         return fr.empty(name), {}
     index = df.get_column("_f")
     if len(ident["rank"]) == 1:  # one file: its values broadcast, no per-row gather
-        stamps: list[pl.Expr | pl.Series] = [pl.lit(values[0], dtype=values.dtype).alias(col) for col, values in ident.items()]
+        stamps: list[pl.Expr | pl.Series] = [pl.lit(values[0], dtype=values.dtype).alias(col) for col,
+                                             values in ident.items()]
         counts = {0: df.height}
     else:
         stamps = [values.gather(index).alias(col) for col, values in ident.items()]
@@ -261,9 +263,12 @@ def _kernels(gpu: pl.DataFrame | None) -> pl.DataFrame | None:
     hints = {n: kernel_name_hints(n) for n in comm_names}
     name_col = df.get_column("name")
     df = df.with_columns(
-        name_col.replace_strict({n: h[0] for n, h in hints.items()}, default=None, return_dtype=pl.String).alias("name_coll"),
-        name_col.replace_strict({n: h[1] for n, h in hints.items()}, default=None, return_dtype=pl.String).alias("name_algo"),
-        name_col.replace_strict({n: h[2] for n, h in hints.items()}, default=None, return_dtype=pl.String).alias("name_proto"),
+        name_col.replace_strict({n: h[0] for n, h in hints.items()}, default=None,
+                                return_dtype=pl.String).alias("name_coll"),
+        name_col.replace_strict({n: h[1] for n, h in hints.items()}, default=None,
+                                return_dtype=pl.String).alias("name_algo"),
+        name_col.replace_strict({n: h[2] for n, h in hints.items()}, default=None,
+                                return_dtype=pl.String).alias("name_proto"),
         _map_unique(df.get_column("coll_raw"), normalise_collective, pl.String).alias("collective"),
         _pg_ranks(df),
     )
@@ -306,7 +311,8 @@ def _graph_replays(kernels: pl.DataFrame | None, cpu_ops: pl.DataFrame | None) -
     return k.with_columns((with_id | pl.col("_graph").fill_null(False)).alias("graph_replay")).drop("_graph")
 
 
-def _comms(comm_raw: pl.DataFrame | None, cpu_ops: pl.DataFrame | None, kernels: pl.DataFrame | None) -> pl.DataFrame | None:
+def _comms(comm_raw: pl.DataFrame | None, cpu_ops: pl.DataFrame | None,
+           kernels: pl.DataFrame | None) -> pl.DataFrame | None:
     """One row per host-side collective call, linked to the comm kernel it launched.
 
     A call is an outermost range among ``record_param_comms``, ``c10d::*`` and ``nccl:*``/``gloo:*``
@@ -343,7 +349,8 @@ def _comms(comm_raw: pl.DataFrame | None, cpu_ops: pl.DataFrame | None, kernels:
         pl.col("external_id").filter(is_rpc).first().alias("_rpc_ext"),
         pl.col("external_id").first().alias("_outer_ext"),
         *[first_rpc(c) for c in arg_cols if c != "external_id"],
-        pl.col("name").filter(pl.col("name").str.starts_with("nccl:") | pl.col("name").str.starts_with("gloo:")).first().alias("_inner"),
+        pl.col("name").filter(pl.col("name").str.starts_with("nccl:")
+                              | pl.col("name").str.starts_with("gloo:")).first().alias("_inner"),
         pl.col("name").filter(pl.col("name").str.starts_with("c10d::")).first().alias("_c10d"),
     )
     calls = calls.with_columns(
@@ -375,7 +382,8 @@ def _link_kernels(calls: pl.DataFrame, cpu_ops: pl.DataFrame, comm_k: pl.DataFra
         .sort("_ls")
     )
     calls = calls.sort("start_ns").join_asof(
-        launches, left_on="start_ns", right_on="_ls", by=["_f", "pid", "tid"], strategy="forward", check_sortedness=False
+        launches, left_on="start_ns", right_on="_ls", by=["_f", "pid", "tid"], strategy="forward",
+        check_sortedness=False
     )
     by_ext = (
         comm_k.filter(pl.col("external_id").is_not_null())
@@ -384,7 +392,8 @@ def _link_kernels(calls: pl.DataFrame, cpu_ops: pl.DataFrame, comm_k: pl.DataFra
     )
     calls = calls.join(by_ext, on=["_f", "external_id"], how="left", maintain_order="left")
     calls = calls.with_columns(
-        pl.coalesce(pl.when(pl.col("_ls") <= pl.col("end_ns")).then(pl.col("_lc")), pl.col("_ec")).alias("kernel_correlation")
+        pl.coalesce(pl.when(pl.col("_ls") <= pl.col("end_ns")).then(pl.col("_lc")),
+                    pl.col("_ec")).alias("kernel_correlation")
     ).drop("_ls", "_lc", "_ec")
     # Last resort for the collective: the name of the kernel the call launched (a hint).
     hint = comm_k.select("_f", pl.col("correlation").alias("kernel_correlation"), pl.col("name_coll")).unique(
@@ -413,7 +422,8 @@ def _enrich_kernels(kernels: pl.DataFrame | None, comms: pl.DataFrame | None) ->
         kernels = kernels.join(host, on=["_f", "correlation"], how="left", maintain_order="left")
         missing = pl.col("collective").is_null() & pl.col("in_nelems").is_null()
         kernels = kernels.with_columns(
-            [pl.when(missing).then(pl.col(f"_h_{c}")).otherwise(pl.col(c)).alias(c) for c in ("collective", *_MSG_AND_PG)]
+            [pl.when(missing).then(pl.col(f"_h_{c}")).otherwise(pl.col(c)).alias(c) for c in ("collective",
+                                                                                              *_MSG_AND_PG)]
         ).drop([f"_h_{c}" for c in ("collective", *_MSG_AND_PG)])
     return kernels.with_columns(
         pl.when(pl.col("class") == "comm").then(pl.coalesce("collective", "name_coll")).alias("collective")
@@ -424,7 +434,8 @@ def _steps(cpu_ops: pl.DataFrame | None) -> pl.DataFrame | None:
     if cpu_ops is None:
         return None
     return (
-        cpu_ops.filter(pl.col("category").is_in(["user_annotation", "cpu_op"]) & pl.col("name").str.contains(_STEP_PATTERN))
+        cpu_ops.filter(pl.col("category").is_in(["user_annotation",
+                                                 "cpu_op"]) & pl.col("name").str.contains(_STEP_PATTERN))
         .select(
             "_f",
             pl.col("name").str.extract(_STEP_PATTERN, 1).cast(pl.Int64).alias("step"),
@@ -447,7 +458,8 @@ def _ranks(files: list[_File], kernels: pl.DataFrame | None, cpu_ops: pl.DataFra
         per_file = (
             cpu_ops.filter(pl.col("category").is_in(["cpu_op", "user_annotation"]))
             .group_by("_f")
-            .agg(is_step.any().alias("_has_steps"), _lowest_mode("pid", is_step).alias("_ps"), _lowest_mode("pid").alias("_ph"))
+            .agg(is_step.any().alias("_has_steps"), _lowest_mode("pid", is_step).alias("_ps"),
+                 _lowest_mode("pid").alias("_ph"))
         )
         pids = {index: (ps if has_steps else ph) for index, has_steps, ps, ph in per_file.iter_rows()}
     rows = [_rank_row(f, devices.get(f.index), pids.get(f.index)) for f in files]
@@ -503,7 +515,8 @@ def _process_groups(files: list[_File]) -> pl.DataFrame:
                     "pg_desc": pg.get("pg_desc") if isinstance(pg.get("pg_desc"), str) else None,
                     "backend_config": pg.get("backend_config") if isinstance(pg.get("backend_config"), str) else None,
                     "pg_size": pg.get("pg_size") if isinstance(pg.get("pg_size"), int) else None,
-                    "pg_ranks": [int(r) for r in ranks] if isinstance(ranks, list) and all(isinstance(r, int) for r in ranks) else None,
+                    "pg_ranks": [int(r) for r in ranks] if isinstance(ranks, list)
+                    and all(isinstance(r, int) for r in ranks) else None,
                     "source": f.rel_path,
                 }
             )

@@ -196,9 +196,11 @@ class Extractor:
         for col, arr in ccols:
             self.c[col].extend(arr)
         if gargs:
-            self.gpu_comm_args.extend((g0 + i, *[_arg_value(col, a.get(key)) for key, col in GPU_ARG_KEYS]) for i, a in gargs)
+            self.gpu_comm_args.extend((g0 + i, *[_arg_value(col, a.get(key)) for key, col in GPU_ARG_KEYS]) for i,
+                                      a in gargs)
         if cops:
-            self.comm_ops.extend((c0 + i, *[_arg_value(col, a.get(key)) for key, col in COMM_ARG_KEYS]) for i, a in cops)
+            self.comm_ops.extend((c0 + i, *[_arg_value(col, a.get(key)) for key, col in COMM_ARG_KEYS]) for i,
+                                 a in cops)
         if sops:
             self.shape_ops.extend(_shape_row(c0 + i, a) for i, a in sops)
         self.skipped.update(skipped)

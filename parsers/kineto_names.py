@@ -68,7 +68,8 @@ TP_OVERLAP_KERNEL = (r"(?i)userbuffers|symm_mem|symmetric_memory|multimem_(all_r
 ``fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``, ``multimem_all_reduce``, ``two_shot_all_reduce``)."""
 COMM_KERNEL_PATTERN = r"(?i)nccl|rccl|dpsk::ep::|deep_ep::|" + TP_OVERLAP_KERNEL.removeprefix("(?i)")
 _KERNEL_COLL = re.compile(
-    r"(?:nccl|rccl)\w*?Kernel_(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|Send|Recv|AllToAll|AlltoAll)(?=_|\(|<|$)",
+    r"(?:nccl|rccl)\w*?Kernel_(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|Send|Recv|AllToAll|AlltoAll)"
+    r"(?=_|\(|<|$)",
     re.IGNORECASE,
 )
 _ALGO = re.compile(r"_(RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|COLLNET|NVLS_TREE|NVLS|PAT)(?=_|\(|<|$)")

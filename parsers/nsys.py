@@ -200,7 +200,8 @@ class _Meta:
 
 def _read_meta(db: _Db) -> _Meta:
     meta_table = next((t for t in ("META_DATA_EXPORT", "EXPORT_META_DATA") if db.has(t)), None)
-    nsys_tables = [t for t in ("StringIds", "TARGET_INFO_SESSION_START_TIME", "CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS") if db.has(t)]
+    nsys_tables = [t for t in ("StringIds", "TARGET_INFO_SESSION_START_TIME", "CUPTI_ACTIVITY_KIND_KERNEL",
+                               "NVTX_EVENTS") if db.has(t)]
     if meta_table is None and len(nsys_tables) < 2:
         raise NotNsys(
             "SQLite database but not an Nsight Systems export (no META_DATA_EXPORT / EXPORT_META_DATA table); "
@@ -230,7 +231,8 @@ def _read_meta(db: _Db) -> _Meta:
     sysenv = _system_env(db)
     host = next((env[v] for v in HOST_VARS if env.get(v)), None) or sysenv.get("Hostname")
     if not host and db.has("META_DATA_CAPTURE"):
-        row = db.rows(f'SELECT value FROM "{db.name("META_DATA_CAPTURE")}" WHERE name = ? LIMIT 1', ("DEVICE_DISPLAY_NAME",))
+        row = db.rows(f'SELECT value FROM "{db.name("META_DATA_CAPTURE")}" WHERE name = ? LIMIT 1',
+                      ("DEVICE_DISPLAY_NAME",))
         host = str(row[0][0]) if row and row[0][0] else None
     return _Meta(
         version=export.get("EXPORT_PRODUCT_VERSION"),
@@ -297,8 +299,10 @@ def _gpus(db: _Db, sysenv: dict[str, str]) -> pl.DataFrame:
                 rows.append((g.get("CuDevice", g.get("Id")), g.get("Name"), g.get("SmCount"), g.get("BusLocation")))
         except (ValueError, AttributeError):
             rows = []
-    if not rows and db.has("TARGET_INFO_CUDA_DEVICE") and {"cudaId", "numMultiprocessors"} <= db.cols("TARGET_INFO_CUDA_DEVICE"):
-        rows = [(d, None, n, None) for d, n in db.rows(f'SELECT DISTINCT cudaId, numMultiprocessors FROM "{db.name("TARGET_INFO_CUDA_DEVICE")}"')]
+    if not rows and db.has("TARGET_INFO_CUDA_DEVICE") and {"cudaId",
+                                                           "numMultiprocessors"} <= db.cols("TARGET_INFO_CUDA_DEVICE"):
+        rows = [(d, None, n, None) for d,
+                n in db.rows(f'SELECT DISTINCT cudaId, numMultiprocessors FROM "{db.name("TARGET_INFO_CUDA_DEVICE")}"')]
     df = pl.DataFrame(rows, schema=_GPU_SCHEMA, orient="row") if rows else pl.DataFrame(schema=_GPU_SCHEMA)
     return df.unique("device", keep="first")
 
@@ -348,18 +352,21 @@ def _id_or_text(db: _Db, table: str, col: str) -> tuple[str, bool]:
     return f"t.{col}", True
 
 
-def _resolve(db: _Db, df: pl.DataFrame, table: str, pairs: dict[str, str], fix: Callable[[str], str] | None = None) -> pl.DataFrame:
+def _resolve(db: _Db, df: pl.DataFrame, table: str, pairs: dict[str, str],
+             fix: Callable[[str], str] | None = None) -> pl.DataFrame:
     """Replace id columns ``pairs`` {frame column: table column} by their StringIds values."""
     for out_col in pairs:
         wanted = df[out_col].drop_nulls().unique().to_list()
         rows: list[tuple] = []
         for i in range(0, len(wanted), 500):
             chunk = wanted[i : i + 500]
-            rows += db.rows(f'SELECT id, value FROM "{db.name("StringIds")}" WHERE id IN ({",".join("?" * len(chunk))})', chunk)
+            rows += db.rows(f'SELECT id, value FROM "{db.name("StringIds")}" WHERE id IN '
+                            f'({",".join("?" * len(chunk))})', chunk)
         ids = [r[0] for r in rows]
         vals = [fix(r[1]) if fix else r[1] for r in rows]
         df = df.with_columns(
-            pl.col(out_col).cast(pl.Int64).replace_strict(ids, vals, default=None, return_dtype=pl.String()).alias(out_col)
+            pl.col(out_col).cast(pl.Int64).replace_strict(ids, vals, default=None,
+                                                          return_dtype=pl.String()).alias(out_col)
         )
     return df
 
@@ -384,7 +391,8 @@ def _kernels(db: _Db, off: int) -> pl.DataFrame:
     if short_id:
         schema["short"] = pl.Int64()
     df = db.frame(sql, schema)
-    return _resolve(db, df, t, {k: v for k, v, used in (("name", "demangledName", dem_id), ("short", "shortName", short_id)) if used})
+    return _resolve(db, df, t, {k: v for k, v,
+                                used in (("name", "demangledName", dem_id), ("short", "shortName", short_id)) if used})
 
 
 def _copies(db: _Db, off: int, table: str, kind: str) -> pl.DataFrame:
@@ -403,7 +411,8 @@ def _copies(db: _Db, off: int, table: str, kind: str) -> pl.DataFrame:
     else:
         name = "'[CUDA memset]'"
     sql = (
-        f"SELECT t.start + {off}, t.end + {off}, t.deviceId, {_opt(db, table, 'contextId')}, {_opt(db, table, 'streamId')}, "
+        f"SELECT t.start + {off}, t.end + {off}, t.deviceId, {_opt(db, table, 'contextId')}, "
+        f"{_opt(db, table, 'streamId')}, "
         f"{_opt(db, table, 'correlationId')}, {_opt(db, table, 'globalPid', PID_EXPR.format(col='t.globalPid'))}, "
         f"{name}, NULL, NULL, NULL, NULL, NULL, NULL, NULL, {_opt(db, table, 'bytes')}, '{kind}', NULL, NULL "
         f'FROM "{db.name(table)}" t'
@@ -417,7 +426,8 @@ def _syncs(db: _Db, off: int) -> pl.DataFrame:
         return pl.DataFrame(schema=_GPU_OP_SCHEMA)
     enum = "ENUM_CUPTI_SYNC_TYPE"
     if "syncType" in db.cols(t) and db.has(enum) and {"id", "label"} <= db.cols(enum):
-        name = f"'[CUDA sync ' || COALESCE((SELECT e.label FROM \"{db.name(enum)}\" e WHERE e.id = t.syncType), 'unknown') || ']'"
+        name = (f"'[CUDA sync ' || COALESCE((SELECT e.label FROM \"{db.name(enum)}\" e WHERE e.id = t.syncType), "
+                f"'unknown') || ']'")
     else:
         name = "'[CUDA sync]'"
     sql = (
@@ -439,7 +449,8 @@ def classify_kernels(df: pl.DataFrame) -> pl.DataFrame:
               .then(pl.lit("comm")).otherwise(pl.lit("compute")))
         .otherwise(pl.col("kind"))
         .alias("class"),
-        pl.when(is_nccl).then(coll_token.replace_strict(COLLECTIVES, default=None, return_dtype=pl.String())).alias("collective"),
+        pl.when(is_nccl).then(coll_token.replace_strict(COLLECTIVES, default=None,
+                                                        return_dtype=pl.String())).alias("collective"),
         pl.when(is_nccl).then(base.str.extract(_NAME_ALGO, 1)).alias("name_algo"),
         pl.when(is_nccl).then(base.str.extract(_NAME_PROTO, 1)).alias("name_proto"),
         # CUPTI gives every kernel a graph replay ran a graph id (0 or NULL otherwise)
@@ -458,7 +469,8 @@ def _runtime(db: _Db, off: int) -> pl.DataFrame:
         return pl.DataFrame(schema=_RUNTIME_SCHEMA)
     name, name_id = _id_or_text(db, t, "nameId")
     sql = (
-        f"SELECT t.start + {off}, t.end + {off}, {PID_EXPR.format(col='t.globalTid')}, {TID_EXPR.format(col='t.globalTid')}, "
+        f"SELECT t.start + {off}, t.end + {off}, {PID_EXPR.format(col='t.globalTid')}, "
+        f"{TID_EXPR.format(col='t.globalTid')}, "
         f"{_opt(db, t, 'correlationId')}, {name} FROM \"{db.name(t)}\" t"
     )
     df = db.frame(sql, {**_RUNTIME_SCHEMA, "name": pl.Int64() if name_id else pl.String()})
@@ -571,11 +583,13 @@ def _payload_schemas(db: _Db) -> list[tuple[int, dict[str, tuple[int, int]], int
     sizes: dict[tuple[int, int], int] = {}
     s = "NVTX_PAYLOAD_SCHEMAS"
     if db.has(s) and {"domainId", "schemaId", "payloadSize"} <= db.cols(s):
-        sizes = {(d, i): p for d, i, p in db.rows(f'SELECT DISTINCT domainId, schemaId, payloadSize FROM "{db.name(s)}"') if p}
+        sizes = {(d, i): p for d, i,
+                 p in db.rows(f'SELECT DISTINCT domainId, schemaId, payloadSize FROM "{db.name(s)}"') if p}
     return [(k[0], v, sizes.get(k)) for k, v in entries.items()]
 
 
-def _decode_payload(blob: bytes | None, js: str | None, schemas: list, domain: int, want: tuple[str, ...]) -> dict[str, Any]:
+def _decode_payload(blob: bytes | None, js: str | None, schemas: list, domain: int, want: tuple[str, ...]) -> dict[str,
+                                                                                                                   Any]:
     """Named fields of one NCCL NVTX payload: from jsonText when exported, else from the binary blob
     laid out by the schema whose entries include ``want`` (and whose size fits the blob)."""
     if js:
@@ -646,7 +660,8 @@ class _Ranks:
                 pl.col("pid").replace_strict(self.by_pid, default=None, return_dtype=pl.Int32())
                 if "pid" in df.columns else pl.lit(None, pl.Int32())
             )
-            return df.with_columns(rank.alias("rank"), pl.lit(host, pl.String()).alias("host"), pl.lit(src).alias("source"))
+            return df.with_columns(rank.alias("rank"), pl.lit(host, pl.String()).alias("host"),
+                                   pl.lit(src).alias("source"))
 
         return tag
 
@@ -655,8 +670,10 @@ def _gpu_ops(job: _Job) -> pl.DataFrame:
     db, off, safe = job.db, job.meta.offset_ns, job.safe
     gpu = pl.concat(
         [safe("CUPTI_ACTIVITY_KIND_KERNEL", lambda: _kernels(db, off), _GPU_OP_SCHEMA),
-         safe("CUPTI_ACTIVITY_KIND_MEMCPY", lambda: _copies(db, off, "CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"), _GPU_OP_SCHEMA),
-         safe("CUPTI_ACTIVITY_KIND_MEMSET", lambda: _copies(db, off, "CUPTI_ACTIVITY_KIND_MEMSET", "memset"), _GPU_OP_SCHEMA),
+         safe("CUPTI_ACTIVITY_KIND_MEMCPY", lambda: _copies(db, off, "CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"),
+              _GPU_OP_SCHEMA),
+         safe("CUPTI_ACTIVITY_KIND_MEMSET", lambda: _copies(db, off, "CUPTI_ACTIVITY_KIND_MEMSET", "memset"),
+              _GPU_OP_SCHEMA),
          safe("CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", lambda: _syncs(db, off), _GPU_OP_SCHEMA)],
         how="vertical",
     )
@@ -716,7 +733,8 @@ def _cpu_side(job: _Job, gpu: pl.DataFrame, runtime: pl.DataFrame, ranges: pl.Da
     return fr.concat("cpu_ops", [tag(rt), tag(annotations)]), rt.height, annotations.height
 
 
-def _kernel_frame(meta: _Meta, gpu: pl.DataFrame, comms: pl.DataFrame, tag: Callable[[pl.DataFrame], pl.DataFrame]) -> pl.DataFrame:
+def _kernel_frame(meta: _Meta, gpu: pl.DataFrame, comms: pl.DataFrame,
+                  tag: Callable[[pl.DataFrame], pl.DataFrame]) -> pl.DataFrame:
     kern = tag(gpu)
     if meta.gpus.height:
         sms = dict(zip(meta.gpus["device"].to_list(), meta.gpus["sm_count"].to_list()))
@@ -732,8 +750,10 @@ def _kernel_frame(meta: _Meta, gpu: pl.DataFrame, comms: pl.DataFrame, tag: Call
         kkey = pl.col("pid").cast(pl.Int64) * (1 << 32) + pl.col("correlation").cast(pl.Int64)
         kern = kern.with_columns(
             kkey.replace_strict(lk, linked["bytes"].to_list(), default=None, return_dtype=pl.Int64()).alias("bytes"),
-            kkey.replace_strict(lk, linked["pg_name"].to_list(), default=None, return_dtype=pl.String()).alias("pg_name"),
-            kkey.replace_strict(lk, linked["group_size"].to_list(), default=None, return_dtype=pl.Int32()).alias("group_size"),
+            kkey.replace_strict(lk, linked["pg_name"].to_list(), default=None,
+                                return_dtype=pl.String()).alias("pg_name"),
+            kkey.replace_strict(lk, linked["group_size"].to_list(), default=None,
+                                return_dtype=pl.Int32()).alias("group_size"),
         )
     return fr.conform("kernels", kern.drop("context", "pid", "short", "kind", "sm_count", strict=False))
 
@@ -790,16 +810,19 @@ def _parse(db: _Db, path: Path, ctx: ParseContext) -> ParseResult:
     cpu_ops, n_api, n_ranges = _cpu_side(job, gpu, runtime, ranges, tag)
 
     # steps: NVTX ranges named ProfilerStep#N / step N / iteration N
-    steps_df = ranges.with_columns(pl.col("name").str.extract(_STEP_RANGE.pattern, 1).cast(pl.Int64, strict=False).alias("step")).drop_nulls("step")
-    steps = fr.conform("steps", tag(steps_df.select("pid", "step", "start_ns", "end_ns")).drop("pid").sort("rank", "step", nulls_last=True))
+    steps_df = ranges.with_columns(pl.col("name").str.extract(_STEP_RANGE.pattern, 1).cast(pl.Int64, strict=False).alias("step")).drop_nulls("step")  # noqa: E501
+    steps = fr.conform("steps", tag(steps_df.select("pid", "step", "start_ns",
+                                                    "end_ns")).drop("pid").sort("rank", "step", nulls_last=True))
     comms = _comms(db, nvtx, ranges, runtime, gpu, ranks.by_pid, tag)
     kernels = _kernel_frame(meta, gpu, comms, tag)
 
     # nsys-only frames
     overhead = job.safe("PROFILER_OVERHEAD", lambda: _overhead(db, off), _OVERHEAD_SCHEMA)
     dev_of_pid = procs.select("pid", pl.col("devices")).explode("devices").rename({"devices": "device"})
-    overhead = fr.conform("profiler_overhead", tag(overhead.join(dev_of_pid, on="pid", how="inner")).sort("device", "start_ns"))
-    metrics = fr.conform("gpu_metrics", _tag_metrics(job.safe("GPU_METRICS", lambda: _gpu_metrics(db, off), _METRIC_SCHEMA), ranks.by_pid, procs, meta, job.src))
+    overhead = fr.conform("profiler_overhead",
+                          tag(overhead.join(dev_of_pid, on="pid", how="inner")).sort("device", "start_ns"))
+    metrics = fr.conform("gpu_metrics", _tag_metrics(job.safe("GPU_METRICS", lambda: _gpu_metrics(db, off),
+                                                              _METRIC_SCHEMA), ranks.by_pid, procs, meta, job.src))
 
     out = {
         "kernels": kernels, "cpu_ops": cpu_ops, "steps": steps, "comms": comms, "ranks": _ranks_frame(meta, procs, tag),
@@ -819,18 +842,22 @@ def _parse(db: _Db, path: Path, ctx: ParseContext) -> ParseResult:
     status = "ok"
     if job.damaged:
         status, msg = "partial", f"{job.src}: unreadable table(s): {'; '.join(job.damaged)}; salvaged: {msg}"
-    return ParseResult(frames=out, status=status, message=msg, rank=single_rank, host=meta.host, rank_guessed=ranks.guessed)
+    return ParseResult(frames=out, status=status, message=msg, rank=single_rank, host=meta.host,
+                       rank_guessed=ranks.guessed)
 
 
-def _tag_metrics(df: pl.DataFrame, rank_by_pid: dict[int, int], procs: pl.DataFrame, meta: _Meta, src: str) -> pl.DataFrame:
+def _tag_metrics(df: pl.DataFrame, rank_by_pid: dict[int, int], procs: pl.DataFrame, meta: _Meta,
+                 src: str) -> pl.DataFrame:
     # GPU metrics are per GPU, not per process: a GPU used by exactly one ranked process gets its rank.
     dev_rank = (
         procs.explode("devices").rename({"devices": "device"})
         .with_columns(pl.col("pid").replace_strict(rank_by_pid, default=None, return_dtype=pl.Int32()).alias("rank"))
         .group_by("device").agg(pl.col("rank").unique())
-        .filter(pl.col("rank").list.len() == 1).with_columns(pl.col("rank").list.first(), pl.col("device").cast(pl.Int32))
+        .filter(pl.col("rank").list.len() == 1).with_columns(pl.col("rank").list.first(),
+                                                             pl.col("device").cast(pl.Int32))
     )
-    out = df.join(dev_rank, on="device", how="left") if dev_rank.height else df.with_columns(pl.lit(None, pl.Int32()).alias("rank"))
+    out = df.join(dev_rank, on="device",
+                  how="left") if dev_rank.height else df.with_columns(pl.lit(None, pl.Int32()).alias("rank"))
     return out.with_columns(pl.lit(meta.host, pl.String()).alias("host"), pl.lit(src).alias("source"))
 
 
@@ -838,7 +865,8 @@ def _payload_columns(db: _Db, calls: pl.DataFrame, ranges: pl.DataFrame, created
     """Payload fields (message size, peer, root, communicator, ranks) when the export kept them."""
     if not (calls["blob"].drop_nulls().len() or calls["json"].drop_nulls().len()):
         return calls.with_columns(pl.lit(None, pl.Int64()).alias("bytes"), pl.lit(None, pl.Int32()).alias("peer"),
-                                  pl.lit(None, pl.String()).alias("pg_name"), pl.lit(None, pl.Int32()).alias("group_size"))
+                                  pl.lit(None, pl.String()).alias("pg_name"),
+                                  pl.lit(None, pl.Int32()).alias("group_size"))
     schemas = _payload_schemas(db)
     want_by = {"send": ("Peer rank",), "recv": ("Peer rank",), "broadcast": ("Root",), "reduce": ("Root",),
                "allreduce": ("Reduction operation",), "reduce_scatter": ("Reduction operation",)}
@@ -849,7 +877,8 @@ def _payload_columns(db: _Db, calls: pl.DataFrame, ranges: pl.DataFrame, created
     calls = calls.with_columns(
         pl.Series("bytes", [_field(p, "Message size") for p in decoded], dtype=pl.Int64()),
         pl.Series("peer", [_field(p, "Peer rank") for p in decoded], dtype=pl.Int32()),
-        pl.Series("pg_name", [(f"0x{int(v):x}" if v is not None else None) for v in (_field(p, "NCCL communicator") for p in decoded)], dtype=pl.String()),
+        pl.Series("pg_name", [(f"0x{int(v):x}" if v is not None else None)
+                              for v in (_field(p, "NCCL communicator") for p in decoded)], dtype=pl.String()),
     )
     # Communicator sizes from the init calls' payloads ("No. of ranks"), by communicator id.
     inits = ranges.filter(pl.col("name").str.starts_with("ncclCommInit") | (pl.col("name") == "ncclCommSplit"))
@@ -861,10 +890,12 @@ def _payload_columns(db: _Db, calls: pl.DataFrame, ranges: pl.DataFrame, created
         comm, n = _field(p, "NCCL communicator"), _field(p, "No. of ranks")
         if comm is not None and n is not None:
             sizes[f"0x{int(comm):x}"] = int(n)
-    return calls.with_columns(pl.col("pg_name").replace_strict(sizes, default=None, return_dtype=pl.Int32()).alias("group_size"))
+    return calls.with_columns(pl.col("pg_name").replace_strict(sizes, default=None,
+                                                               return_dtype=pl.Int32()).alias("group_size"))
 
 
-def _kernel_links(calls: pl.DataFrame, ranges: pl.DataFrame, runtime: pl.DataFrame, gpu: pl.DataFrame, created: list) -> pl.DataFrame:
+def _kernel_links(calls: pl.DataFrame, ranges: pl.DataFrame, runtime: pl.DataFrame, gpu: pl.DataFrame,
+                  created: list) -> pl.DataFrame:
     """(_i, kernel_correlation): the NCCL kernel each call launched (a runtime launch on the same
     thread inside the range), or for grouped calls the one launched inside the next ncclGroupEnd."""
     comm_corr = gpu.filter(pl.col("class") == "comm").select("pid", "correlation").unique()
@@ -906,7 +937,8 @@ def _comms(db: _Db, nvtx: pl.DataFrame, ranges: pl.DataFrame, runtime: pl.DataFr
            rank_by_pid: dict[int, int], tag: Callable[[pl.DataFrame], pl.DataFrame]) -> pl.DataFrame:
     """Host-side NCCL calls from NVTX ranges of the ``NCCL`` domain (found by its NvtxDomainCreate row;
     windowed exports lose that row, then any domain whose ranges carry NCCL API names)."""
-    created = nvtx.filter((pl.col("event_type") == NVTX_DOMAIN_CREATE) & (pl.col("name") == "NCCL"))["domain"].unique().to_list()
+    created = nvtx.filter((pl.col("event_type") == NVTX_DOMAIN_CREATE)
+                          & (pl.col("name") == "NCCL"))["domain"].unique().to_list()
     calls = ranges.filter(pl.col("name").is_in(list(NCCL_API)))
     if created:
         calls = calls.filter(pl.col("domain").is_in(created))
@@ -914,13 +946,15 @@ def _comms(db: _Db, nvtx: pl.DataFrame, ranges: pl.DataFrame, runtime: pl.DataFr
         calls = calls.filter(pl.col("domain").fill_null(0) != 0)
     if calls.height == 0:
         return fr.empty("comms")
-    calls = calls.with_columns(pl.col("name").replace_strict(NCCL_API, default=None).alias("collective")).with_row_index("_i")
+    calls = calls.with_columns(pl.col("name").replace_strict(NCCL_API,
+                                                             default=None).alias("collective")).with_row_index("_i")
     calls = _payload_columns(db, calls, ranges, created)
     calls = calls.join(_kernel_links(calls, ranges, runtime, gpu, created), on="_i", how="left")
     own = pl.col("pid").replace_strict(rank_by_pid, default=None, return_dtype=pl.Int32())
     calls = calls.with_columns(
-        pl.when(pl.col("collective") == "send").then(own).when(pl.col("collective") == "recv").then(pl.col("peer")).alias("src_rank"),
-        pl.when(pl.col("collective") == "send").then(pl.col("peer")).when(pl.col("collective") == "recv").then(own).alias("dst_rank"),
+        pl.when(pl.col("collective") == "send").then(own).when(pl.col("collective") == "recv").then(pl.col("peer")).alias("src_rank"),  # noqa: E501
+        pl.when(pl.col("collective") == "send").then(pl.col("peer")).when(pl.col("collective") == "recv").then(own).alias("dst_rank"),  # noqa: E501
     )
-    cols = ["pid", "tid", "name", "collective", "start_ns", "end_ns", "kernel_correlation", "pg_name", "group_size", "bytes", "src_rank", "dst_rank"]
+    cols = ["pid", "tid", "name", "collective", "start_ns", "end_ns", "kernel_correlation", "pg_name", "group_size",
+            "bytes", "src_rank", "dst_rank"]
     return fr.conform("comms", tag(calls.select(cols)).sort("start_ns"))

@@ -91,7 +91,8 @@ def _parse_smi_q(lines: list[str]) -> tuple[list[dict[str, Any]], int]:
         key = (kv or sec).group("key").strip()  # type: ignore[union-attr]
         while stack and stack[-1][0] >= indent:
             stack.pop()
-        if cur is None and indent == 0 and kv is not None and key.lower() in ("timestamp", "driver version", "cuda version", "attached gpus"):
+        if cur is None and indent == 0 and kv is not None and key.lower() in ("timestamp", "driver version",
+                                                                              "cuda version", "attached gpus"):
             header[key.lower()] = kv.group("value")
             continue
         if cur is None:
@@ -142,7 +143,8 @@ def _sum(*vals: int | None) -> int | None:
 
 def _gpu_row(index: int | None, bdf: str | None, kv: dict[tuple[str, ...], str], snapshot: int | None,
              driver: str | None) -> dict[str, Any]:
-    row: dict[str, Any] = {"gpu_index": index, "pci_bus_id": normalize_bus_id(bdf) or normalize_bus_id(_find(kv, "pci", "bus id")),
+    row: dict[str, Any] = {"gpu_index": index,
+                           "pci_bus_id": normalize_bus_id(bdf) or normalize_bus_id(_find(kv, "pci", "bus id")),
                            "snapshot_ns": snapshot, "driver_version": driver,
                            "uuid": _find(kv, "gpu uuid"), "serial": _find(kv, "serial number"),
                            "product": _find(kv, "product name")}
@@ -158,8 +160,10 @@ def _gpu_row(index: int | None, bdf: str | None, kv: dict[tuple[str, ...], str],
             dram_ue = _num(_find(kv, "ecc errors", scope, "double bit", "total"))
         row[f"ecc_{scope}_dram_ue"] = dram_ue
     row["sram_threshold_exceeded"] = _flag(_find(kv, "sram threshold exceeded"))
-    row["retired_pages_sbe"] = _num(_find(kv, "retired pages", "single bit ecc") or _find(kv, "single bit ecc", "retired count"))
-    row["retired_pages_dbe"] = _num(_find(kv, "retired pages", "double bit ecc") or _find(kv, "double bit ecc", "retired count"))
+    row["retired_pages_sbe"] = _num(_find(kv, "retired pages", "single bit ecc") or _find(kv, "single bit ecc",
+                                                                                          "retired count"))
+    row["retired_pages_dbe"] = _num(_find(kv, "retired pages", "double bit ecc") or _find(kv, "double bit ecc",
+                                                                                          "retired count"))
     row["retired_pages_pending"] = _flag(_find(kv, "retired pages", "pending page blacklist")
                                          or _find(kv, "retired pages", "pending page retirement"))
     row["remapped_rows_ce"] = _num(_find(kv, "remapped rows", "correctable error"))

@@ -30,7 +30,8 @@ KINDS: tuple[SourceKind, ...] = (
     SourceKind("nvidia_smi", sniff.score_nvidia_smi, "forensics.parsers.nvidia_smi:parse", text=True),
     SourceKind("nccl_log", sniff.score_nccl_log, "forensics.parsers.nccl_log:parse", text=True),
     SourceKind("dmesg", sniff.score_dmesg, "forensics.parsers.kernel_log:parse", text=True),
-    SourceKind("flight_recorder", sniff.score_flight_recorder_json, "forensics.parsers.flight_recorder:parse", text=False),
+    SourceKind("flight_recorder", sniff.score_flight_recorder_json, "forensics.parsers.flight_recorder:parse",
+               text=False),
     # scores below every other text kind: a file another sniffer claims is read for last words beside (ALSO_READ)
     SourceKind("job_log", score_job_log, "forensics.parsers.lastwords:parse", text=True),
 )

@@ -41,7 +41,8 @@ _NCCL_TAG = re.compile(rb"\] NCCL (?:INFO|WARN|TRACE|ERROR)")
 _ENVELOPE = re.compile(rb"\S:\d{1,10}:\d{1,10} \[[^\]\n]{0,64}\]$")
 _ENVELOPE_WINDOW = 96
 _MAX_CANDIDATES = 1000
-_NCCL_OTHER = re.compile(rb"ProcessGroupNCCL|NCCL (?:INFO|WARN) |NCCL version \d|ncclCommInitRank|# nccl-tests|#\s+out-of-place")
+_NCCL_OTHER = re.compile(rb"ProcessGroupNCCL|NCCL (?:INFO|WARN) |NCCL version \d|ncclCommInitRank|# "
+                         rb"nccl-tests|#\s+out-of-place")
 
 
 def count_nccl_envelopes(text: bytes, cap: int = 40) -> int:
@@ -74,7 +75,8 @@ def score_nccl_log(text: bytes) -> int:
 # the first can skip ahead by its first characters: one alternation with `^` and `\b` in it is tried
 # at every byte (0.5 s a MB).
 _KERNEL_WORD = re.compile(
-    rb"NVRM: |kernel: ?\[|kernel: |pcieport |mlx5_core|mlx5_ib|nvidia-nvswitch|SXid \(|Linux version \d|AER: |EDAC |mce: |"
+    rb"NVRM: |kernel: ?\[|kernel: |pcieport |mlx5_core|mlx5_ib|nvidia-nvswitch|SXid \(|Linux version \d|AER: |EDAC "
+    rb"|mce: |"
     rb"Out of memory|invoked oom-killer|blocked for more than \d+ seconds|soft lockup|hard LOCKUP|"
     rb"\[Hardware Error\]|segfault at [0-9a-f]+ ip|temperature above threshold|detected NVSwitch (?:non-)?fatal error"
 )

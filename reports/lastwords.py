@@ -36,7 +36,8 @@ def _who(row: dict[str, Any]) -> str:
 
 def _clip_lines(text: str | None, limit: int = MAX_TRACEBACK_LINES) -> str:
     lines = (text or "").splitlines()
-    return "\n".join(lines[:limit] + ([f"... {len(lines) - limit} more line(s) in the frames"] if len(lines) > limit else []))
+    return "\n".join(lines[:limit]
+                     + ([f"... {len(lines) - limit} more line(s) in the frames"] if len(lines) > limit else []))
 
 
 def rank_failures(lw: pl.DataFrame) -> list[dict[str, Any]]:

@@ -115,14 +115,16 @@ def _last_words_md(analysis: Analysis) -> list[str]:
         lines.append(f"- ... {len(lw['ranks']) - 4} more failing process(es) in report.html")
     lines += [f"- scheduler / launcher: {md_text(clip(line, 300))}" for line in lw["scheduler"][:3]]
     if lw["stacks"].height:
-        lines += ["", "Stack groups:", "", *markdown_table(lw["stacks"].select("where", "count", "members"), max_rows=8)]
+        lines += ["", "Stack groups:", "",
+                  *markdown_table(lw["stacks"].select("where", "count", "members"), max_rows=8)]
     return [*lines, ""]
 
 
 def _evidence_md(f: Finding) -> list[str]:
     if not f.evidence:
         return []
-    rows = [{k: None if v is None else clip(v, CELL_CHARS) for k, v in row.items()} for row in f.evidence[:EVIDENCE_ROWS]]
+    rows = [{k: None if v is None else clip(v, CELL_CHARS) for k,
+             v in row.items()} for row in f.evidence[:EVIDENCE_ROWS]]
     df = pl.DataFrame(rows, infer_schema_length=None)
     df = df.select(df.columns[:EVIDENCE_COLUMNS])
     more = f", first {EVIDENCE_ROWS}" if len(f.evidence) > EVIDENCE_ROWS else ""
@@ -131,7 +133,8 @@ def _evidence_md(f: Finding) -> list[str]:
 
 def _finding_lines(f: Finding, with_evidence: bool) -> list[str]:
     lost = f" ({f.gpu_seconds_lost:.1f} GPU-s lost)" if f.gpu_seconds_lost else ""
-    lines = [f"### [{f.severity.value}] {md_text(clip(f.title, 300))}{lost}", ""]  # no link: input cannot define [x]: refs
+    lines = [f"### [{f.severity.value}] {md_text(clip(f.title, 300))}{lost}",
+             ""]  # no link: input cannot define [x]: refs
     if f.scope:
         lines += ["_" + md_text(clip(f.scope, 500)) + "_", ""]
     lines += [md_text(clip(f.summary, 2000)), "", f"**What to do:** {md_text(clip(f.remediation, 1000))}", ""]

@@ -58,7 +58,8 @@ def _kernels(ctx: JobContext, windows: pl.DataFrame) -> pl.DataFrame:
     k = ctx.frames["kernels"].select("rank", "stream", "name", "class", "start_ns", "end_ns").filter(
         pl.col("rank").is_not_null()).with_columns(pl.col("rank").cast(pl.Int32))
     comm = ctx.match.kernels.select(pl.col("rank").cast(pl.Int32), "start_ns", "end_ns", "stream",
-                                    (pl.lit("NCCL ") + pl.col("pg_type") + " pg " + pl.col("pg_name").fill_null("?")).alias("_pg"))
+                                    (pl.lit("NCCL ") + pl.col("pg_type") + " pg "
+                                     + pl.col("pg_name").fill_null("?")).alias("_pg"))
     k = k.join(comm, on=["rank", "start_ns", "end_ns", "stream"], how="left").join(windows, on="rank")
     k = k.filter((pl.col("end_ns") >= pl.col("w_start")) & (pl.col("start_ns") <= pl.col("w_end")))
     track = pl.coalesce("_pg", pl.lit("stream ") + pl.col("stream").cast(pl.String).fill_null("?"))
@@ -72,10 +73,13 @@ def merge_busy(k: pl.DataFrame, gap_ns: int = MERGE_GAP_NS) -> pl.DataFrame:
     nccl = k.filter(pl.col("cat") == "comm")
     rest = k.filter(pl.col("cat") != "comm").sort("rank", "track", "start_ns")
     prev = pl.col("end_ns").cum_max().shift(1).over(["rank", "track"])
-    rest = rest.with_columns((prev.is_null() | (pl.col("start_ns") > prev + gap_ns)).cum_sum().over(["rank", "track"]).alias("_b"))
+    rest = rest.with_columns((prev.is_null()
+                              | (pl.col("start_ns") > prev + gap_ns)).cum_sum().over(["rank", "track"]).alias("_b"))
     merged = rest.group_by("rank", "track", "_b").agg(
-        pl.col("name").first(), pl.col("cat").first(), pl.col("start_ns").min(), pl.col("end_ns").max(), pl.col("n").sum())
-    merged = merged.with_columns(pl.when(pl.col("n") > 1).then(pl.lit("busy: ") + pl.col("n").cast(pl.String) + " kernels")
+        pl.col("name").first(), pl.col("cat").first(), pl.col("start_ns").min(), pl.col("end_ns").max(),
+        pl.col("n").sum())
+    merged = merged.with_columns(pl.when(pl.col("n") > 1).then(pl.lit("busy: ") + pl.col("n").cast(pl.String)
+                                                               + " kernels")
                                  .otherwise(pl.col("name")).alias("name"))
     return pl.concat([nccl, merged.select(nccl.columns).cast(KERNEL_SCHEMA)], how="vertical")  # type: ignore[arg-type]
 
@@ -91,7 +95,8 @@ def bound(k: pl.DataFrame, max_events: int, priority: list[int]) -> tuple[pl.Dat
         return k, note
     counts = k.group_by("rank").len()
     order = {r: i for i, r in enumerate(priority)}
-    counts = counts.with_columns(pl.col("rank").replace_strict(order, default=len(order) + pl.col("rank").cast(pl.Int64),
+    counts = counts.with_columns(pl.col("rank").replace_strict(order,
+                                                               default=len(order) + pl.col("rank").cast(pl.Int64),
                                                                return_dtype=pl.Int64).alias("_o")).sort("_o")
     keep = counts.filter(pl.col("len").cum_sum() <= max_events)["rank"]
     note["ranks_dropped"] = counts.height - keep.len()
@@ -119,7 +124,8 @@ def _slices(k: pl.DataFrame, t0: int) -> list[dict[str, Any]]:
                     ((pl.col("end_ns") - pl.col("start_ns")) / 1e3).round(3).clip(lower_bound=0).alias("dur"),
                     pl.col("rank").cast(pl.Int64).alias("pid"), "tid", "n")
     return [{"ph": "X", "name": r["name"], "cat": r["cat"], "ts": r["ts"], "dur": r["dur"], "pid": r["pid"],
-             "tid": r["tid"], **({"args": {"kernels": r["n"]}} if r["n"] > 1 else {})} for r in rows.iter_rows(named=True)]
+             "tid": r["tid"],
+             **({"args": {"kernels": r["n"]}} if r["n"] > 1 else {})} for r in rows.iter_rows(named=True)]
 
 
 def _finding_events(analysis: Analysis, ranks: set[int], at_us: float) -> list[dict[str, Any]]:
@@ -159,7 +165,8 @@ def trace_events(analysis: Analysis, around: int = 1, max_events: int = MAX_EVEN
     k = k.join(_tids(k), on=["rank", "track"])
     steps_ev = st.select(pl.lit("ProfilerStep#").alias("_p") + pl.col("step").cast(pl.String),
                          pl.lit("step").alias("cat"), "start_ns", "end_ns", "rank",
-                         pl.lit(STEPS_TID, pl.Int64).alias("tid"), pl.lit(1, pl.UInt32).alias("n")).rename({"_p": "name"})
+                         pl.lit(STEPS_TID, pl.Int64).alias("tid"),
+                         pl.lit(1, pl.UInt32).alias("n")).rename({"_p": "name"})
     events = _process_meta(ctx, k) + _slices(steps_ev, t0) + _slices(k, t0)
     worst = st.filter(pl.col("step") == pick_steps(ctx)[0][0])["start_ns"].min()
     at_us = round((int(worst) - t0) / 1e3, 3) if worst is not None else 0.0  # type: ignore[arg-type]
@@ -185,7 +192,7 @@ def _fr_marks(ctx: JobContext) -> pl.DataFrame:
     keys = ["rank", "pg_id", "last_completed"]
     m = st.join(done.unique(keys), on=keys, how="left").join(nxt.unique(keys), on=keys, how="left").with_columns(
         pl.coalesce("_done", "_next").alias("at_ns"),
-        pl.when(pl.col("_done").is_not_null()).then(pl.lit("completed")).otherwise(pl.lit("next enqueued")).alias("how"))
+        pl.when(pl.col("_done").is_not_null()).then(pl.lit("completed")).otherwise(pl.lit("next enqueued")).alias("how"))  # noqa: E501
     return m.drop_nulls("at_ns").sort("at_ns").group_by("rank").agg(pl.all().last()).select(
         pl.col("rank").cast(pl.Int32), "pg_name", "pg_desc", pl.col("last_completed").alias("seq"), "at_ns", "how")
 

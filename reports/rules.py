@@ -105,7 +105,8 @@ def _md_cell(value: str, code: bool = False) -> str:
 def _kinds_markdown(det: DetectorSpec) -> list[str]:
     """The kinds of finding the detector declares (what incident rules match), as a table."""
     out = ["### Finding kinds", "", "| kind | role | stage | meaning | default remediation |", "|---|---|---|---|---|"]
-    out += [f"| {_md_cell(k.name, True)} | {k.role.value} | {k.tier} | {_md_cell(k.meaning)} | {_md_cell(k.remediation)} |"
+    out += [f"| {_md_cell(k.name, True)} | {k.role.value} | {k.tier} | {_md_cell(k.meaning)} | "
+            f"{_md_cell(k.remediation)} |"
             for k in det.kinds]
     return [*out, ""]
 

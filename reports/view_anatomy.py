@@ -78,7 +78,8 @@ def outlier_ranks(table: pl.DataFrame, culprits: list[int]) -> list[int]:
         # MAD floored at 0.1% of the median: identical peers (MAD 0) still leave a real outlier measurable
         mad = pl.max_horizontal((x - x.median()).abs().median(), 1e-3 * x.median().abs())
         zs.append(pl.when(mad > 0).then(0.6745 * (x - x.median()).abs() / mad).otherwise(0.0))
-    z = table.select("rank", pl.max_horizontal(zs).alias("z")).filter(pl.col("z") >= OUTLIER_Z).sort("z", descending=True)
+    z = table.select("rank", pl.max_horizontal(zs).alias("z")).filter(pl.col("z") >= OUTLIER_Z).sort("z",
+                                                                                                     descending=True)
     picked = [r for r in culprits if r in set(table["rank"].to_list())]
     picked += [r for r in z["rank"].to_list() if r not in picked]
     return sorted(picked[:MAX_OUTLIERS])

@@ -89,7 +89,7 @@ def _logged_choice(ctx: JobContext) -> pl.DataFrame:
     op = pl.col("op").fill_null("AllReduce").str.to_lowercase().replace({"reducescatter": "reduce_scatter"})
 
     def one(c: str) -> pl.Expr:
-        return pl.when(pl.col(c).drop_nulls().n_unique() > 1).then(pl.lit("mixed")).otherwise(pl.col(c).drop_nulls().first())
+        return pl.when(pl.col(c).drop_nulls().n_unique() > 1).then(pl.lit("mixed")).otherwise(pl.col(c).drop_nulls().first())  # noqa: E501
 
     return t.with_columns(op.alias("op")).group_by("op", "bytes").agg(
         one("algo").alias("algo"), one("proto").alias("proto"), pl.col("predicted_us").median())
@@ -170,7 +170,8 @@ def schema_markdown() -> str:
              "Written by `forensics analyze` beside the report: one row per NCCL collective instance matched across",
              "its ranks (`JobContext.match`). Generated from `forensics/reports/view_collectives.py`",
              "(`COLLECTIVES_SCHEMA`). The file's key-value metadata says what it is (`forensics`) and carries each",
-             "column's meaning as `forensics.doc.<column>` (`polars.read_parquet_metadata`, `pyarrow.parquet.read_metadata`).",
+             "column's meaning as `forensics.doc.<column>` (`polars.read_parquet_metadata`, "
+             "`pyarrow.parquet.read_metadata`).",
              "",
              "| column | dtype | meaning (unit) |", "|---|---|---|"]
     lines += [f"| `{c}` | {t} | {doc} |" for c, (t, doc) in COLLECTIVES_SCHEMA.items()]
@@ -205,7 +206,8 @@ def _scatter(df: pl.DataFrame) -> Figure:
     for op in sorted(df["op"].unique().to_list()):
         part = df.filter(pl.col("op") == op)
         fig.add_scatter(x=(part["skew_ns"] / 1e3).round(1).to_list(), y=part["busbw_gbps"].round(2).to_list(),
-                        mode="markers", name=esc(op), text=[f"seq {s} last r{r}" for s, r in zip(part["seq"], part["last_rank"])],
+                        mode="markers", name=esc(op),
+                        text=[f"seq {s} last r{r}" for s, r in zip(part["seq"], part["last_rank"])],
                         hovertemplate="%{text}<br>skew %{x} µs<br>%{y} GB/s<extra></extra>")
     return layout(fig, xaxis_title="arrival skew (µs)", yaxis_title="achieved busbw (GB/s)", height=360)
 

@@ -59,7 +59,8 @@ def _tables(status: pl.DataFrame, entries: pl.DataFrame, dumps: pl.DataFrame, cu
     more = f" (first {MAX_ROWS} of {rows.height})" if rows.height > MAX_ROWS else ""
     out = [(f"Ranks of the groups with a culprit or ranks waiting{where}{more}", table)]
     latest = dumps["latest_ns"].max()
-    blocked = hang.blocked_collectives(verdict, entries, int(latest) if latest is not None else None)  # type: ignore[arg-type]
+    blocked = hang.blocked_collectives(verdict, entries,
+                                       int(latest) if latest is not None else None)  # type: ignore[arg-type]
     if blocked.height:
         out.append((f"The collective each blocked group waits in{where}", blocked.select(
             "pg_name", pl.col("pg_desc").fill_null(""), "seq", pl.col("op").fill_null("?"),

@@ -29,7 +29,8 @@ def heatmap_cells(analysis: Analysis) -> pl.DataFrame:
         pl.col("rank").cast(pl.Int32), "step",
         (pl.col("step_ns") / 1e6).alias("step_ms"),
         ((pl.col("comm_exposed_ns") + pl.col("comm_wait_ns")) / 1e6).alias("exposed_comm_ms"),
-    ).join(labels, on="rank", how="left").select("rank", "gpu", "step", "step_ms", "exposed_comm_ms").sort("rank", "step")
+    ).join(labels, on="rank", how="left").select("rank", "gpu", "step", "step_ms", "exposed_comm_ms").sort("rank",
+                                                                                                           "step")
 
 
 def _figure(cells: pl.DataFrame, value: str, title: str, culprits: set[int]) -> Figure:

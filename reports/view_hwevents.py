@@ -49,8 +49,10 @@ def kernel_log_events(ctx: JobContext) -> pl.DataFrame:
     """lane, kind (xid as ``xid 79``), wall_ns, mono_ns, message of the hardware/host kernel-log records."""
     ke = ctx.frames["kernel_events"].lazy().filter(pl.col("kind").cast(pl.String).is_in(HW_KINDS))
     src_host = ctx.sources.lazy().select(pl.col("path").alias("source"), pl.col("host").alias("_shost"))
-    ke = ke.join(src_host, on="source", how="left").with_columns(pl.coalesce("host", "_shost").fill_null("?").alias("host"))
-    kind = pl.when(pl.col("xid").is_not_null()).then(pl.col("kind").cast(pl.String) + " " + pl.col("xid").cast(pl.String))
+    ke = ke.join(src_host, on="source",
+                 how="left").with_columns(pl.coalesce("host", "_shost").fill_null("?").alias("host"))
+    kind = pl.when(pl.col("xid").is_not_null()).then(pl.col("kind").cast(pl.String) + " "
+                                                     + pl.col("xid").cast(pl.String))
     return ke.select(_lane("pci_bus_id").alias("lane"), kind.otherwise(pl.col("kind").cast(pl.String)).alias("kind"),
                      "wall_ns", "mono_ns", "message").cast(EVENT_SCHEMA).collect()  # type: ignore[arg-type]
 
@@ -67,7 +69,8 @@ def health_events(ctx: JobContext) -> pl.DataFrame:
     parts = [h.filter(cond).select(
         _lane("pci_bus_id").alias("lane"), pl.lit(name).alias("kind"), pl.col("snapshot_ns").alias("wall_ns"),
         pl.lit(None, pl.Int64).alias("mono_ns"),
-        (pl.lit(f"nvidia-smi: {name} ") + pl.col("clock_reasons_active").list.join(", ").fill_null("")).alias("message"),
+        (pl.lit(f"nvidia-smi: {name} ")
+         + pl.col("clock_reasons_active").list.join(", ").fill_null("")).alias("message"),
     ) for name, cond in conds.items()]
     return pl.concat([p.cast(EVENT_SCHEMA) for p in parts], how="vertical").collect()  # type: ignore[arg-type]
 
@@ -103,8 +106,10 @@ def _scatter(ev: pl.DataFrame, x: str, marks: list[tuple[int, str]]) -> Figure:
                         text=[esc(m)[:200] for m in part["message"].fill_null("").to_list()],
                         marker=dict(size=10, symbol="diamond"), hovertemplate="%{y}<br>%{x}<br>%{text}<extra></extra>")
     for t, label in marks:
-        fig.add_shape(type="line", x0=iso(t), x1=iso(t), y0=0, y1=1, yref="paper", line=dict(color="#b00020", dash="dot"))
-        fig.add_annotation(x=iso(t), y=1, yref="paper", text=esc(label), showarrow=False, yanchor="bottom", textangle=-20)
+        fig.add_shape(type="line", x0=iso(t), x1=iso(t), y0=0, y1=1, yref="paper",
+                      line=dict(color="#b00020", dash="dot"))
+        fig.add_annotation(x=iso(t), y=1, yref="paper", text=esc(label), showarrow=False, yanchor="bottom",
+                           textangle=-20)
     layout(fig, height=min(1200, max(260, 30 * len(lanes) + 140)),
            xaxis_title="wall clock (UTC)" if x == "wall_ns" else "seconds since boot (the log has no wall-clock stamp)")
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=[esc(v) for v in lanes[::-1]],

@@ -44,7 +44,8 @@ def process_facets(ctx: JobContext) -> pl.DataFrame:
     """host, pid, cuda_dev, rank, gpu and one string column per facet (null when the logs do not say)."""
     f = ctx.frames
     files = f["nccl_files"].select("source", pl.col("nccl_version").alias("_v"))
-    sources = [f[n].select("source", *PROC) for n in ("nccl_comms", "nccl_env", "nccl_channels", "nccl_calls", "nccl_events")]
+    sources = [f[n].select("source", *PROC) for n in ("nccl_comms", "nccl_env", "nccl_channels", "nccl_calls",
+                                                      "nccl_events")]
     procs = pl.concat(sources, how="vertical").unique()
     if procs.height == 0:
         return pl.DataFrame(schema={**dict.fromkeys(["host", "gpu", *FACETS], pl.String), "pid": pl.Int64,
@@ -52,15 +53,18 @@ def process_facets(ctx: JobContext) -> pl.DataFrame:
     # one lazy query, collected once (small frames: each eager step would cost more than its work)
     tuning = f["nccl_calls"].lazy().filter(pl.col("kind") == "tuning")
     ch = f["nccl_channels"].lazy()
-    transport = pl.when(pl.col("net").is_not_null()).then(pl.col("transport") + "/" + pl.col("net")).otherwise(pl.col("transport"))
+    transport = pl.when(pl.col("net").is_not_null()).then(pl.col("transport") + "/"
+                                                          + pl.col("net")).otherwise(pl.col("transport"))
     env = f["nccl_env"].lazy()
     env_val = pl.col("var") + "=" + pl.col("value")
     cmd_env = env.filter(pl.col("pid").is_null()).group_by("source").agg(_joined(env_val).alias("_cmd_env"))
     facets = [
-        procs.lazy().join(files.lazy(), on="source", how="left").group_by(PROC).agg(_joined(pl.col("_v")).alias("version")),
+        procs.lazy().join(files.lazy(), on="source",
+                          how="left").group_by(PROC).agg(_joined(pl.col("_v")).alias("version")),
         _facet(tuning, pl.col("algo"), "algo"), _facet(tuning, pl.col("proto"), "proto"),
         _facet(ch, transport, "transport"),
-        _facet(f["nccl_events"].lazy().filter(pl.col("kind") == "channels"), pl.col("value").cast(pl.Int64).cast(pl.String),
+        _facet(f["nccl_events"].lazy().filter(pl.col("kind") == "channels"),
+               pl.col("value").cast(pl.Int64).cast(pl.String),
                "channels"),
         _facet(env.filter(pl.col("pid").is_not_null()), env_val, "env"),
     ]
@@ -70,10 +74,12 @@ def process_facets(ctx: JobContext) -> pl.DataFrame:
     out = out.join(cmd_env, on="source", how="left").with_columns(
         pl.concat_str([pl.col("env"), pl.col("_cmd_env")], separator=", ", ignore_nulls=True).alias("env"))
     ident = ctx.identity.lazy().select(*PROC, pl.col("rank").alias("_r"), "bus_id").unique(PROC)
-    traced = ctx.frames["ranks"].lazy().select(pl.col("rank").alias("_r"), pl.col("nccl_version").alias("_tv")).drop_nulls().unique("_r")
+    traced = ctx.frames["ranks"].lazy().select(pl.col("rank").alias("_r"),
+                                               pl.col("nccl_version").alias("_tv")).drop_nulls().unique("_r")
     out = out.join(ident, on=PROC, how="left", nulls_equal=True).join(traced, on="_r", how="left").with_columns(
-        pl.when(pl.col("version") == "").then(None).otherwise(pl.col("version")).fill_null(pl.col("_tv")).alias("version"),
-        pl.when(pl.col("bus_id").is_not_null()).then(pl.col("host") + ":" + pl.col("bus_id")).otherwise(pl.col("host")).alias("gpu"))
+        pl.when(pl.col("version") == "").then(None).otherwise(pl.col("version")).fill_null(pl.col("_tv")).alias("version"),  # noqa: E501
+        pl.when(pl.col("bus_id").is_not_null()).then(pl.col("host") + ":"
+                                                     + pl.col("bus_id")).otherwise(pl.col("host")).alias("gpu"))
     cols = [pl.when(pl.col(c) == "").then(None).otherwise(pl.col(c)).alias(c) for c in FACETS]
     return out.select("host", "pid", "cuda_dev", pl.col("_r").cast(pl.Int32).alias("rank"), "gpu", *cols).sort(
         "rank", "host", "pid", "cuda_dev", nulls_last=True).collect()
@@ -95,14 +101,16 @@ def flag_deviations(df: pl.DataFrame, facets: list[str]) -> pl.DataFrame:
 def communicator_facets(ctx: JobContext, procs: pl.DataFrame) -> pl.DataFrame:
     """One row per communicator with init lines: comm, nranks, nnodes, members seen, facets over its members."""
     init = ctx.frames["nccl_comms"].filter(pl.col("origin") == "init").with_columns(
-        pl.coalesce("comm_id", pl.col("host") + ":" + pl.col("pid").cast(pl.String) + ":" + pl.col("comm")).alias("comm_key"))
+        pl.coalesce("comm_id",
+                    pl.col("host") + ":" + pl.col("pid").cast(pl.String) + ":" + pl.col("comm")).alias("comm_key"))
     if init.height == 0:
         return pl.DataFrame()
     members = init.select("comm_key", *PROC, "nranks", "nnodes").unique()
     joined = members.join(procs.select(*PROC, *FACETS), on=PROC, how="left", nulls_equal=True)
     return joined.group_by("comm_key").agg(
         pl.col("nranks").max(), pl.col("nnodes").max(), pl.struct(PROC).n_unique().alias("members_seen"),
-        pl.col("host").n_unique().alias("hosts"), *[_joined(pl.col(c).str.split(", ").explode()).alias(c) for c in FACETS],
+        pl.col("host").n_unique().alias("hosts"),
+        *[_joined(pl.col(c).str.split(", ").explode()).alias(c) for c in FACETS],
     ).with_columns([pl.when(pl.col(c) == "").then(None).otherwise(pl.col(c)).alias(c) for c in FACETS]).sort(
         "nranks", "comm_key", descending=[True, False])
 

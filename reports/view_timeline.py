@@ -104,12 +104,14 @@ def step_intervals(ctx: JobContext, step: int, ranks: list[int]) -> pl.DataFrame
                       how="vertical").sort("rank", "start_ns", "end_ns")
     idle = edges.select("rank", pl.col("end_ns").cum_max().over("rank").alias("start_ns"),
                         pl.col("start_ns").shift(-1).over("rank").alias("end_ns")).filter(
-        pl.col("end_ns") - pl.col("start_ns") >= tol).with_columns(pl.lit("idle").alias("lane"), pl.lit("idle").alias("kind"))
+        pl.col("end_ns") - pl.col("start_ns") >= tol).with_columns(pl.lit("idle").alias("lane"),
+                                                                   pl.lit("idle").alias("kind"))
     out = pl.concat([busy.select("rank", "lane", "kind", "start_ns", "end_ns"),
                      idle.select("rank", "lane", "kind", "start_ns", "end_ns")], how="vertical")
     off = _offsets(ctx, ranks).lazy()
     return out.join(off, on="rank").select("rank", "lane", "kind", pl.col("start_ns") - pl.col("offset_ns"),
-                                           pl.col("end_ns") - pl.col("offset_ns")).sort("rank", "lane", "start_ns").collect()
+                                           pl.col("end_ns") - pl.col("offset_ns")).sort("rank", "lane",
+                                                                                        "start_ns").collect()
 
 
 def _figure(iv: pl.DataFrame, ranks: list[tuple[int, str]], labels: dict[int, str], title: str) -> Figure:

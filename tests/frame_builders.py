@@ -222,6 +222,7 @@ def link_job(slow_node: int | None = 2, factor: float = 3.0, steps: int = 3, com
             t = done
         for r in range(n):
             end = t[r] + 50 * US
-            rows.steps.append(dict(rank=r, host=f"node{r // 8}", source=f"r{r}.json", step=s, start_ns=start[r], end_ns=end))
+            rows.steps.append(dict(rank=r, host=f"node{r // 8}", source=f"r{r}.json", step=s, start_ns=start[r],
+                                   end_ns=end))
             t[r] = end
     return rows.frames(n, groups)

@@ -113,7 +113,8 @@ def read(path: Path) -> TraceSteps:
     for e in gpu:
         t = launch.get(int((e.get("args") or {}).get("correlation", -1)))
         before = [s for s in order if t is not None and steps[s][0] <= t]
-        out.append(GpuEvent(e["name"], e["cat"], _ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]), before[-1] if before else None))
+        out.append(GpuEvent(e["name"], e["cat"], _ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]),
+                            before[-1] if before else None))
     return TraceSteps(steps, out, _windows(steps, order, out))
 
 

@@ -1,4 +1,5 @@
-"""Shared helpers for the kernel-log / GPU-health tests: parse one sample file, run gpu_hw_error or node_health on it."""
+"""Shared helpers for the kernel-log / GPU-health tests: parse one sample file, run gpu_hw_error or node_health on
+it."""
 
 from __future__ import annotations
 

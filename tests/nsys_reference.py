@@ -10,7 +10,8 @@ GPU_CLASSES = ("compute", "comm", "memcpy", "memset")
 
 
 def kern_sum(kernels: pl.DataFrame) -> pl.DataFrame:
-    k = kernels.filter(pl.col("class").is_in(["compute", "comm"])).with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("d"))
+    k = kernels.filter(pl.col("class").is_in(["compute",
+                                              "comm"])).with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("d"))
     total = k["d"].sum()
     return k.group_by("name").agg(
         pl.col("d").sum().alias("total"),
@@ -25,11 +26,13 @@ def kern_sum(kernels: pl.DataFrame) -> pl.DataFrame:
 def gpu_ops(kernels: pl.DataFrame, overhead: pl.DataFrame) -> pl.DataFrame:
     """Kernels, memcpy, memset per (source, device), plus profiler overhead clipped to the device's span."""
     ops = kernels.filter(pl.col("class").is_in(GPU_CLASSES)).select("source", "device", "start_ns", "end_ns")
-    span = ops.group_by("source", "device").agg(pl.col("start_ns").min().alias("lo"), pl.col("end_ns").max().alias("hi"))
+    span = ops.group_by("source", "device").agg(pl.col("start_ns").min().alias("lo"),
+                                                pl.col("end_ns").max().alias("hi"))
     ov = (
         overhead.select("source", "device", "start_ns", "end_ns")
         .join(span, on=["source", "device"])
-        .with_columns(pl.max_horizontal("start_ns", "lo").alias("start_ns"), pl.min_horizontal("end_ns", "hi").alias("end_ns"))
+        .with_columns(pl.max_horizontal("start_ns", "lo").alias("start_ns"),
+                      pl.min_horizontal("end_ns", "hi").alias("end_ns"))
         .filter(pl.col("end_ns") > pl.col("start_ns"))
         .select("source", "device", "start_ns", "end_ns")
     )
@@ -54,7 +57,8 @@ def time_util(ops: pl.DataFrame, chunks: int = 30, threshold_pct: float = 50.0) 
     """Per GPU: split [first start, last end] into `chunks` chunks of ceil(span/chunks) ns, % of each
     chunk covered by ops (concurrent ops add up), chunks below the threshold, consecutive ones merged
     with a duration-weighted mean."""
-    span = ops.group_by("source", "device").agg(pl.col("start_ns").min().alias("lo"), pl.col("end_ns").max().alias("hi"))
+    span = ops.group_by("source", "device").agg(pl.col("start_ns").min().alias("lo"),
+                                                pl.col("end_ns").max().alias("hi"))
     span = span.with_columns((((pl.col("hi") - pl.col("lo")) + chunks - 1) // chunks).alias("size"))
     grid = span.with_columns(pl.int_ranges(0, chunks).alias("c")).explode("c").with_columns(
         (pl.col("lo") + pl.col("c") * pl.col("size")).alias("c_lo"),
@@ -63,7 +67,8 @@ def time_util(ops: pl.DataFrame, chunks: int = 30, threshold_pct: float = 50.0) 
     # Each op touches the chunks from (start-lo)//size to (end-lo)//size.
     o = ops.join(span, on=["source", "device"]).with_columns(
         pl.int_ranges((pl.col("start_ns") - pl.col("lo")) // pl.col("size"),
-                      pl.min_horizontal((pl.col("end_ns") - pl.col("lo")) // pl.col("size"), pl.lit(chunks - 1)) + 1).alias("c")
+                      pl.min_horizontal((pl.col("end_ns") - pl.col("lo")) // pl.col("size"),
+                                        pl.lit(chunks - 1)) + 1).alias("c")
     ).explode("c").drop("lo", "hi", "size")
     busy = o.join(grid, on=["source", "device", "c"]).with_columns(
         (pl.min_horizontal("end_ns", "c_hi") - pl.max_horizontal("start_ns", "c_lo")).clip(lower_bound=0).alias("b")
@@ -73,7 +78,9 @@ def time_util(ops: pl.DataFrame, chunks: int = 30, threshold_pct: float = 50.0) 
         (pl.col("c_hi") - pl.col("c_lo")).alias("dur"),
     ).sort("source", "device", "c")
     low = util.filter(pl.col("pct") < threshold_pct).with_columns(
-        (pl.col("c") - pl.col("c").shift(1).over("source", "device") != 1).fill_null(True).cum_sum().over("source", "device").alias("run")
+        (pl.col("c") - pl.col("c").shift(1).over("source",
+                                                 "device") != 1).fill_null(True).cum_sum().over("source",
+                                                                                                "device").alias("run")
     )
     return low.group_by("source", "device", "run").agg(
         ((pl.col("pct") * pl.col("dur")).sum() / pl.col("dur").sum()).alias("pct"),

@@ -32,7 +32,7 @@ METRICS_DDL = """
 CREATE TABLE GPU_METRICS (timestamp INTEGER, typeId INTEGER NOT NULL, metricId INTEGER NOT NULL, value INTEGER NOT NULL);
 CREATE TABLE TARGET_INFO_GPU_METRICS (typeId INTEGER NOT NULL, sourceId INTEGER NOT NULL, typeName TEXT NOT NULL,
   metricId INTEGER NOT NULL, metricName TEXT NOT NULL);
-"""
+"""  # noqa: E501
 
 
 def gtid(pid: int, tid: int) -> int:
@@ -81,13 +81,16 @@ def make_export(
         con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?,?,?,1,?,?,?,?,?,?,1,1,128,1,1)",
                     (start, end, dev, stream, corr, gpid(pid), sid(name), sid(short), grid_x))
     for start, end, pid, tid, corr, name in runtime:
-        con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?,?,1,?,?,?,0)", (start, end, gtid(pid, tid), corr, sid(name)))
+        con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?,?,1,?,?,?,0)",
+                    (start, end, gtid(pid, tid), corr, sid(name)))
     for start, end, etype, pid, tid, text, dom, js, blob in nvtx:
         con.execute(
-            "INSERT INTO NVTX_EVENTS (start, end, eventType, globalTid, text, domainId, jsonText, binaryData) VALUES (?,?,?,?,?,?,?,?)",
+            "INSERT INTO NVTX_EVENTS (start, end, eventType, globalTid, text, domainId, jsonText, binaryData) VALUES "
+            "(?,?,?,?,?,?,?,?)",
             (start, end, etype, gtid(pid, tid), text, dom, js, blob))
     for dom, schema, idx, typ, name, offset in schema_entries:
-        con.execute("INSERT INTO NVTX_PAYLOAD_SCHEMA_ENTRIES VALUES (?,?,?,0,?,?,NULL,NULL,?)", (dom, schema, idx, typ, name, offset))
+        con.execute("INSERT INTO NVTX_PAYLOAD_SCHEMA_ENTRIES VALUES (?,?,?,0,?,?,NULL,NULL,?)",
+                    (dom, schema, idx, typ, name, offset))
     for dom, schema, size in schemas:
         con.execute("INSERT INTO NVTX_PAYLOAD_SCHEMAS VALUES (?,?,NULL,1,0,3,?,0)", (dom, schema, size))
     if metrics is not None:

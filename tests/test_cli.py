@@ -87,7 +87,8 @@ def run_patched(patch: str, *args: str, **kw) -> subprocess.Popen | subprocess.C
     """The real entry point, with ``patch`` (Python source) applied first: to make a bug or a slow phase."""
     code = f"{patch}\nimport sys\nsys.argv = ['forensics', *{list(args)!r}]\nfrom forensics.cli import main\nmain()\n"
     if kw.pop("background", False):
-        return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, **kw)
 
 
@@ -102,7 +103,8 @@ def test_bad_out_is_exit_2_one_line_before_parsing(tmp_path: Path, make_out, exp
     touched = tmp_path / "parsing-started"
     # parsing would leave a mark: the check must refuse --out before it
     patch = (f"import pathlib, forensics.pipeline as an\nreal = an.load\n"
-             f"def load(*a, **k):\n    pathlib.Path({str(touched)!r}).touch()\n    return real(*a, **k)\nan.load = load")
+             f"def load(*a, **k):\n    pathlib.Path({str(touched)!r}).touch()\n    return real(*a, **k)\nan.load = "
+             f"load")
     res = run_patched(patch, "analyze", str(SAMPLE), "--out", str(out))
     assert res.returncode == 2, res.stderr
     assert expect in one_line(res.stderr)
@@ -152,7 +154,7 @@ def test_internal_error_is_exit_3_with_phase_file_and_crash_txt(tmp_path: Path):
     res = run_patched(patch, "analyze", str(SAMPLE), "--out", str(out), "-q", "--fail-on", "never")
     assert res.returncode == 3, res.stderr
     line = one_line(res.stderr)
-    assert "internal error during discover" in line and "kernel/hgx-5200/dmesg.log" in line and "ZeroDivisionError" in line
+    assert "internal error during discover" in line and "kernel/hgx-5200/dmesg.log" in line and "ZeroDivisionError" in line  # noqa: E501
     crash = (out / "crash.txt").read_text()
     assert "Traceback" in crash and "ZeroDivisionError: boom" in crash and "in read_head" in crash
     assert sorted(p.name for p in out.iterdir()) == ["crash.txt"]  # no report that looks complete
@@ -242,7 +244,8 @@ def test_frames_write_error_is_exit_2_and_keeps_previous_parquet(tmp_path: Path)
     (out / "kernels.parquet").write_bytes(b"previous")
     # Polars reports its own write errors (not OSError): the disk fills while it writes
     patch = ("import polars as pl\n"
-             "def full(self, path, *a, **k): raise pl.exceptions.ComputeError('No space left on device (os error 28)')\n"
+             "def full(self, path, *a, **k): raise pl.exceptions.ComputeError('No space left on device (os error "
+             "28)')\n"
              "pl.DataFrame.write_parquet = full")
     res = run_patched(patch, "frames", str(SAMPLE), "--out", str(out), "-q")
     assert res.returncode == 2, res.stderr

@@ -66,6 +66,7 @@ def test_clock_offsets_between_hosts_are_recovered_from_collective_ends():
 
 def test_pg_type_from_descriptions():
     descs = ["PIPELINE_MODEL_PARALLEL_GROUP", "TENSOR_MODEL_PARALLEL_GROUP", "DATA_PARALLEL_GROUP",
-             "EXPERT_MODEL_PARALLEL_GROUP", "CONTEXT_PARALLEL_GROUP", "default_pg", "undefined", "mesh_fsdp", "dp_shard"]
+             "EXPERT_MODEL_PARALLEL_GROUP", "CONTEXT_PARALLEL_GROUP", "default_pg", "undefined", "mesh_fsdp",
+             "dp_shard"]
     got = pl.DataFrame({"d": descs}).select(pg_type_expr(pl.col("d")).alias("d"))["d"].to_list()
     assert got == ["PP", "TP", "DP", "EP", "CP", "default", "default", "DP", "DP"]

@@ -55,7 +55,8 @@ def probe():
                         kind=PROBE_KIND.name, when=When.span(start, start, "the first profiled step"))]
 
     detect.__module__ = __name__
-    detector(NAME, doc=DOC, settings=ProbeConfig, requires=("steps", "collective_timeouts"), kinds=(PROBE_KIND,))(detect)
+    detector(NAME, doc=DOC, settings=ProbeConfig, requires=("steps", "collective_timeouts"),
+             kinds=(PROBE_KIND,))(detect)
     try:
         yield REGISTRY[NAME]
     finally:

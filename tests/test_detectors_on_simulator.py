@@ -55,7 +55,8 @@ STRAGGLERS = [
 ]
 
 
-@pytest.mark.parametrize("scenario,kw,cls", STRAGGLERS, ids=["compute8", "compute10pct_64r_5steps", "compute5pct", "host", "late_rank"])
+@pytest.mark.parametrize("scenario,kw,cls", STRAGGLERS,
+                         ids=["compute8", "compute10pct_64r_5steps", "compute5pct", "host", "late_rank"])
 def test_every_injected_straggler_is_found_with_rank_and_class(run, scenario, kw, cls):
     truth, frames, findings, _ = run(scenario, **kw)
     (fault,) = truth["faults"]
@@ -90,7 +91,8 @@ def test_slow_nic_is_found_as_a_slow_link_on_its_node(run, node, seed):
     (fault,) = truth["faults"]
     assert fault["ranks"] == list(range(8 * node, 8 * node + 8))
     found = [f for f in findings if f.detector == "slow_link"]
-    assert [(f.severity.value, list(f.ranks), list(f.hosts)) for f in found] == [("warning", fault["ranks"], fault["hosts"])]
+    assert [(f.severity.value, list(f.ranks), list(f.hosts)) for f in found] == [("warning", fault["ranks"],
+                                                                                  fault["hosts"])]
     assert [f for f in findings if f.detector == "straggler"] == []
     # The slow groups and how much slower they move data, against the engine's own transfer times.
     exp = fault["expected"]
@@ -175,7 +177,7 @@ def test_bubble_fraction_against_truth(run, scenario):
 def test_exposed_comm_fraction_within_one_percent_of_step(run):
     truth, _, findings, _ = run("ddp_no_overlap")
     (f,) = [f for f in findings if f.detector == "exposed_comm"]
-    assert f.metrics["exposed_fraction"] == pytest.approx(truth["faults"][0]["expected"]["exposed_comm_fraction_median"], abs=0.01)
+    assert f.metrics["exposed_fraction"] == pytest.approx(truth["faults"][0]["expected"]["exposed_comm_fraction_median"], abs=0.01)  # noqa: E501
 
 
 @pytest.mark.parametrize("scenario,kw", [

@@ -109,7 +109,8 @@ def test_the_parts_add_up_to_the_delta(runs: dict[str, Path]):
 
 @pytest.mark.parametrize("base,new,warmup,how,pairs,dropped_base,dropped_new", [
     # same step numbers: the first step of each run is warm-up (each has >= 3 steps), the rest pair by number
-    ([100, 101, 102, 103], [100, 101, 102, 103], None, "step number", [(101, 101), (102, 102), (103, 103)], [100], [100]),
+    ([100, 101, 102, 103], [100, 101, 102, 103], None, "step number", [(101, 101), (102, 102), (103, 103)], [100],
+     [100]),
     # no step number in common: by order, after each run's own warm-up step
     ([100, 101, 102, 103], [7, 8, 9], None, "order", [(101, 8), (102, 9)], [100, 103], [7]),
     # partly common: warm-up first (each run's own first step), then the common numbers; the rest has no partner
@@ -170,7 +171,8 @@ def test_algorithm_change_is_reported_even_below_noise(runs: dict[str, Path]):
 
 def test_cli_writes_both_files_and_gates_on_fail_slower(runs: dict[str, Path], tmp_path: Path):
     out = tmp_path / "d"
-    res = run_cli("diff", str(runs["clean16"]), str(runs["net_socket"]), "--out", str(out), "-q", "--fail-slower", "0.5")
+    res = run_cli("diff", str(runs["clean16"]), str(runs["net_socket"]), "--out", str(out), "-q", "--fail-slower",
+                  "0.5")
     assert res.returncode == 1, res.stderr  # 169 % slower > 50 %
     data = json.loads((out / "diff.json").read_text())
     assert data["schema"] == "forensics-diff/2" and data["verdict"] == res.stdout.splitlines()[0]
@@ -181,7 +183,8 @@ def test_cli_writes_both_files_and_gates_on_fail_slower(runs: dict[str, Path], t
     assert steps["dropped"] == {"base": [100], "new": [100]}
     assert [p["base_step"] for p in steps["deltas"]] == [101, 102, 103]
     assert data["delta_ms_per_step"] == pytest.approx(sorted(p["delta_ms"] for p in steps["deltas"])[1], abs=1e-3)
-    res = run_cli("diff", str(runs["clean8"]), str(runs["clean8_seed7"]), "--out", str(out), "-q", "--fail-slower", "0.05")
+    res = run_cli("diff", str(runs["clean8"]), str(runs["clean8_seed7"]), "--out", str(out), "-q", "--fail-slower",
+                  "0.05")
     assert res.returncode == 0, res.stderr
 
 

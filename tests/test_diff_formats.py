@@ -119,7 +119,8 @@ def _to_nsys(run: Path, out: Path) -> None:
     for trace in _traces(run):
         d = _load(trace)
         base = d.get("baseTimeNanoseconds", 0)
-        ns = [base + round(e["ts"] * 1000) for e in d["traceEvents"] if e.get("ph") == "X" and isinstance(e.get("ts"), float)]
+        ns = [base + round(e["ts"] * 1000) for e in d["traceEvents"] if e.get("ph") == "X" and isinstance(e.get("ts"),
+                                                                                                          float)]
         t0 = min(ns) - 1_000_000
         con = sqlite3.connect(out / f"rank{d['distributedInfo']['rank']}.sqlite")
         con.executescript(_SCHEMA)
@@ -145,14 +146,16 @@ def _insert_event(con: sqlite3.Connection, e: dict, base: int, t0: int, strings:
         gpid = _PID << 24
         name = strings(_nsys_demangled(e["name"]))
         con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (start, end, a["device"], 1, a["stream"], a["correlation"], gpid, name, name, *a["grid"], *a["block"]))
+                    (start, end, a["device"], 1, a["stream"], a["correlation"], gpid, name, name, *a["grid"],
+                     *a["block"]))
     elif cat == "gpu_memcpy":
         kind = _MEMCPY_KIND[e["name"].split()[1]]
         con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY VALUES (?,?,?,?,?,?,?,?,?)",
                     (start, end, a["device"], 1, a["stream"], a["correlation"], _PID << 24, kind, a["bytes"]))
     elif cat in ("cuda_runtime", "cuda_driver"):
         con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?,?,?,?,?)",
-                    (start, end, (_PID << 24) | (e["tid"] & 0xFFFFFF), a.get("correlation"), strings(e["name"] + "_v3020")))
+                    (start, end, (_PID << 24) | (e["tid"] & 0xFFFFFF), a.get("correlation"),
+                     strings(e["name"] + "_v3020")))
     elif cat == "user_annotation" and e["name"].startswith("ProfilerStep#"):
         con.execute("INSERT INTO NVTX_EVENTS VALUES (?,?,?,?,?,?)",
                     (start, end, 59, 0, (_PID << 24) | (e["tid"] & 0xFFFFFF), e["name"]))
@@ -165,7 +168,8 @@ def test_the_two_nccl_eras_really_differ(runs: dict[str, Path]):
     new_names = {e["name"] for e in _nccl_kernels(runs["clean"])}
     old_names = {e["name"] for e in _nccl_kernels(runs["old"])}
     assert new_names and old_names and not new_names & old_names
-    assert all(n.startswith("ncclDevKernel_") for n in new_names) and all(n.startswith("ncclKernel_") for n in old_names)
+    assert all(n.startswith("ncclDevKernel_") for n in new_names) and all(n.startswith("ncclKernel_")
+                                                                          for n in old_names)
     assert not any("Collective name" in e["args"] for e in _nccl_kernels(runs["old_bare"]))
 
 
@@ -176,15 +180,18 @@ def test_nccl_eras_line_up(runs: dict[str, Path], old: str):
     NCCL version changed (from truth.json)."""
     base, new = _profile(runs["clean"]), _profile(runs[old])
     d = compare(base, new)
-    collectives = {_NCCL_KERNEL.match(e["name"]).group(1).lower() for e in _nccl_kernels(runs[old])}  # type: ignore[union-attr]
+    collectives = {_NCCL_KERNEL.match(e["name"]).group(1).lower()
+                   for e in _nccl_kernels(runs[old])}  # type: ignore[union-attr]
     assert collectives == {_NCCL_KERNEL.match(e["name"]).group(1).lower()  # type: ignore[union-attr]
                            for e in _nccl_kernels(runs["clean"])} == {"allreduce"}
     for p in (base, new):
-        assert set(p.kernels.filter(p.kernels["key"].str.starts_with("nccl"))["key"]) == {f"nccl {c}" for c in collectives}
+        assert set(p.kernels.filter(p.kernels["key"].str.starts_with("nccl"))["key"]) == {f"nccl {c}"
+                                                                                          for c in collectives}
     assert d.base_side is not None and d.new_side is not None
     assert set(d.base_side.categories) == set(d.new_side.categories)
     nccl_cats = [c for c in d.base_side.categories if c.startswith("nccl:")]
-    assert nccl_cats and all(d.new_side.categories[c] == pytest.approx(d.base_side.categories[c], rel=0.05) for c in nccl_cats)
+    assert nccl_cats and all(d.new_side.categories[c] == pytest.approx(d.base_side.categories[c],
+                                                                       rel=0.05) for c in nccl_cats)
     assert [k for k in d.kernels if k["change"] != "changed"] == []
     truth = {r: json.loads((runs[r] / "truth.json").read_text())["job"]["nccl_version"] for r in ("clean", old)}
     changes = {c["aspect"]: c for c in d.nccl_changes}
@@ -233,11 +240,16 @@ _SAME_KERNEL = [
      "void at::native::<unnamed>::vectorized_layer_norm_kernel<float, float, (bool)0>(int, T2, const T1 *, "
      "const T1 *, const T1 *, T2 *, T2 *, T1 *)",
      "at::native::anon::vectorized_layer_norm_kernel", "normalization"),
-    ("compute", "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas",
-     "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas",
-     "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas",
+    ("compute",
+     "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel_"
+     "_5x_cublas",
+     "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel_"
+     "_5x_cublas",
+     "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel_"
+     "_5x_cublas",
      "gemm"),
-    ("compute", "void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t, "
+    ("compute",
+     "void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t, "
                 "Flash_kernel_traits<128, 128, 64, 4, cutlass::bfloat16_t> >, false, false>(Flash_fwd_params)",
      "void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<(int)128, (int)128, (int)64, (int)4, (bool)0, (bool)0, "
      "cutlass::bfloat16_t, Flash_kernel_traits<(int)128, (int)128, (int)64, (int)4, cutlass::bfloat16_t>>, (bool)0, "
@@ -299,7 +311,8 @@ def test_software_versions_of_a_real_kineto_trace():
 
     trace = shared_path("kineto", "tracelens", "eager_trace.json.gz")
     raw = _load(trace)
-    expected = {"CUDA runtime": [_cuda(raw["cuda_runtime_version"])], "CUDA driver API": [_cuda(raw["cuda_driver_version"])],
+    expected = {"CUDA runtime": [_cuda(raw["cuda_runtime_version"])],
+                "CUDA driver API": [_cuda(raw["cuda_driver_version"])],
                 "CUPTI API": [str(raw["cupti_version"])], "distributed backend": [raw["distributedInfo"]["backend"]]}
     assert expected == {"CUDA runtime": ["12.9"], "CUDA driver API": ["13.0"], "CUPTI API": ["28"],
                         "distributed backend": ["nccl"]}  # what the file says, read by eye

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from forensics.parsers.discovery import classify, discover_and_parse, walk
 
-KINETO_HEAD = b'{\n  "schemaVersion": 1,\n  "traceEvents": [\n  {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 2}\n]}'
+KINETO_HEAD = (b'{\n  "schemaVersion": 1,\n  "traceEvents": [\n  {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, '
+               b'"tid": 7, "ts": 1, "dur": 2}\n]}')
 NCCL_LINES = b"epoch 1 loss 2.3\nnode1:1234:1234 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>\nmore output\n"
 DMESG_LINES = b"[ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.\n"
 
@@ -74,7 +75,8 @@ def test_every_file_becomes_a_source_row(tmp_path: Path):
 
 
 def test_json_that_is_not_a_trace_is_ignored_unless_named_like_one(tmp_path: Path):
-    truth = classify(_write(tmp_path / "truth.json", b'{\n  "schema": "forensics-sim-truth/1",\n  "x": 1}'), "truth.json")
+    truth = classify(_write(tmp_path / "truth.json", b'{\n  "schema": "forensics-sim-truth/1",\n  "x": 1}'),
+                     "truth.json")
     assert (truth.kind, truth.status) == ("unknown", "ignored") and "ground truth" in truth.message
     report = classify(
         _write(tmp_path / "out/findings.json", b'{"schema_version": 1, "tool": {"name": "forensics", "version": "0"}}'),

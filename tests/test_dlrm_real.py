@@ -62,7 +62,8 @@ def test_what_the_detectors_say_on_the_real_set(dlrm):
     from forensics.detectors import run_detectors
     from forensics.facts.context import JobContext
 
-    findings, skipped = run_detectors(JobContext(dlrm), only=["straggler", "exposed_comm", "busy_wait", "pipeline_bubble"])
+    findings, skipped = run_detectors(JobContext(dlrm),
+                                      only=["straggler", "exposed_comm", "busy_wait", "pipeline_bubble"])
     assert [s.detector for s in skipped] == ["pipeline_bubble"]  # no pipeline group in DLRM
     by = {f.detector: f for f in findings}
     # Ranks 1 and 3 do more compute (310/315 kernels vs ~246) but they are the ones that wait longest:

@@ -35,7 +35,8 @@ def _kineto_events(steps: bool, kernels: bool) -> list[dict]:
             events.append({"ph": "X", "cat": "kernel", "name": "void gemm_kernel<float>(float*)", "pid": 0, "tid": 7,
                            "ts": t + 40, "dur": 4_000,
                            "args": {"device": 0, "stream": 7, "correlation": 100 + i, "grid": [64, 1, 1]}})
-            events.append({"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+            events.append({"ph": "X", "cat": "kernel",
+                           "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
                            "pid": 0, "tid": 13, "ts": t + 4_100, "dur": 2_000,
                            "args": {"device": 0, "stream": 13, "correlation": 200 + i, "grid": [8, 1, 1]}})
     return events
@@ -44,7 +45,8 @@ def _kineto_events(steps: bool, kernels: bool) -> list[dict]:
 def kineto_run(tmp: Path, case: str) -> Path:
     run = tmp / f"kineto_{case}"
     run.mkdir()
-    doc: dict = {"schemaVersion": 1, "traceEvents": _kineto_events(steps=case != "no_steps", kernels=case != "no_kernels")}
+    doc: dict = {"schemaVersion": 1,
+                 "traceEvents": _kineto_events(steps=case != "no_steps", kernels=case != "no_kernels")}
     if case == "no_rank":
         name = "node_trace.json"  # no rank in the name, no distributedInfo
     else:

@@ -1,4 +1,5 @@
-"""Flight Recorder dumps: safe loading, every format variant, frames, and the hang verdict on real and simulated jobs."""
+"""Flight Recorder dumps: safe loading, every format variant, frames, and the hang verdict on real and simulated
+jobs."""
 
 from __future__ import annotations
 
@@ -336,7 +337,8 @@ def test_the_dumps_of_two_cases_side_by_side_are_judged_apart():
 def test_the_cli_simulates_the_flight_recorder_scenarios(tmp_path):
     from conftest import run_cli
 
-    res = run_cli("simulate", "fr_host_stuck", "--out", str(tmp_path / "run"), "-p", "format=json", "-p", "version=2.10")
+    res = run_cli("simulate", "fr_host_stuck", "--out", str(tmp_path / "run"), "-p", "format=json", "-p",
+                  "version=2.10")
     assert res.returncode == 0, res.stderr
     truth = orjson.loads((tmp_path / "run" / "truth.json").read_bytes())
     assert truth["scenario"] == "fr_host_stuck" and len(list((tmp_path / "run" / "fr").iterdir())) == 16

@@ -25,9 +25,11 @@ CAP = 4 << 20
 
 
 def _trace(rank: int | None, n: int = 50, extra: list | None = None) -> dict:
-    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 1000, "dur": 10_000}]
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 1000,
+               "dur": 10_000}]
     for i in range(n):
-        events.append({"ph": "X", "cat": "cpu_op", "name": f"aten::op{i % 5}", "pid": 1, "tid": 1, "ts": 1000 + 100 * i, "dur": 50})
+        events.append({"ph": "X", "cat": "cpu_op", "name": f"aten::op{i % 5}", "pid": 1, "tid": 1, "ts": 1000 + 100 * i,
+                       "dur": 50})
         events.append({"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 1010 + 100 * i, "dur": 60,
                        "args": {"device": 0, "stream": 7, "correlation": i + 1}})
     doc: dict = {"traceEvents": events + (extra or [])}
@@ -56,7 +58,8 @@ def _run(run_dir: Path, out: Path, env: dict | None = None,
     cmd = [str(FORENSICS), "analyze", str(run_dir), "--out", str(out), "-q", "--fail-on", "never"]
     proc = subprocess.run(
         [sys.executable, "-c", _MEASURED, str(peak_kb), *cmd] if peak_kb else cmd,
-        capture_output=True, text=True, timeout=170, env={**os.environ, "FORENSICS_MAX_RECORD_BYTES": str(CAP), **(env or {})},
+        capture_output=True, text=True, timeout=170,
+        env={**os.environ, "FORENSICS_MAX_RECORD_BYTES": str(CAP), **(env or {})},
     )
     doc = json.loads((out / "findings.json").read_text()) if (out / "findings.json").exists() else None
     return proc, doc
@@ -88,7 +91,8 @@ def _build_hostile_run(run: Path, outside: Path) -> dict[str, tuple[set[str], st
     # NaN / Infinity as values; a time of 1e300 rejected per event
     nan = _dump(_trace(4, extra=[{"ph": "X", "cat": "cpu_op", "name": "odd", "pid": 1, "tid": 1, "ts": 2000, "dur": 5,
                                   "args": {"x": "__NAN__", "y": "__INF__"}},
-                                 {"ph": "X", "cat": "cpu_op", "name": "far", "pid": 1, "tid": 1, "ts": 1e300, "dur": 5}]))
+                                 {"ph": "X", "cat": "cpu_op", "name": "far", "pid": 1, "tid": 1, "ts": 1e300,
+                                  "dur": 5}]))
     (run / "rank4.pt.trace.json").write_bytes(nan.replace(b'"__NAN__"', b"NaN").replace(b'"__INF__"', b"-Infinity"))
     expect["rank4.pt.trace.json"] = ({"ok"}, "1 malformed events skipped")
     # deep nesting
@@ -167,7 +171,8 @@ def test_hostile_run_folder(tmp_path: Path):
 @pytest.mark.parametrize(
     "name,content,code,status,words",
     [
-        ("rank0.pt.trace.json", b'{"schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "ker', 2, "failed", "nothing usable"),
+        ("rank0.pt.trace.json", b'{"schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "ker', 2, "failed",
+         "nothing usable"),
         ("trace.json", _dump(_trace(None)), 0, "ok", "analysed as rank 0"),
     ],
     ids=["cut_before_first_event", "lone_unranked_trace"],

@@ -37,7 +37,8 @@ def _lagging_job(pre_trace: bool = False) -> JobFrames:
             rows.ops.pop()  # its launch happened before the trace
         for s in range(3):
             cpu0, gpu0 = T + s * 10 * MS, T + LAG + s * 10 * MS
-            rows.steps.append(dict(rank=r, host="node0", source=f"r{r}.json", step=s, start_ns=cpu0, end_ns=cpu0 + 10 * MS))
+            rows.steps.append(dict(rank=r, host="node0", source=f"r{r}.json", step=s, start_ns=cpu0,
+                                   end_ns=cpu0 + 10 * MS))
             for i in range(4):
                 rows.kernel(r, gpu0 + 2 * i * MS, gpu0 + 2 * (i + 1) * MS, "compute", launch=cpu0 + i * MS)
             rows.kernel(r, gpu0 + 8 * MS, gpu0 + 10 * MS, "comm", launch=cpu0 + 4 * MS, collective="allreduce",
@@ -192,7 +193,8 @@ def test_mi300x_gpu_30_ms_behind_the_cpu(tmp_path):
 def test_a_lone_rank_of_eight_without_sizes_claims_no_busy_wait_above_info(tmp_path):
     # DLRM rank 1 alone: its first SendRecv lasts 7,635 us of which 7,625 us wait for rank 7 (no trace here);
     # without sizes or peers the split is unknown.
-    ctx = JobContext(_load_one(tmp_path, "kineto", "param_dlrm_8rank", "worker1_step_12.1694128201556.pt.trace.json.gz"))
+    ctx = JobContext(_load_one(tmp_path, "kineto", "param_dlrm_8rank",
+                               "worker1_step_12.1694128201556.pt.trace.json.gz"))
     assert set(ctx.match.kernels["transfer_how"].to_list()) == {"unknown"}
     found, _ = run_detectors(ctx, only=["busy_wait", "exposed_comm"])
     for f in found:

@@ -72,7 +72,8 @@ def test_bus_id_spellings_of_every_writer_become_one():
 
 def test_traced_processes_no_log_names_are_rows_of_their_own(tmp_path):
     # the log knows nodeB pid 200 (rank 2 by init line); the trace also has ranks 0 and 1 on nodeA
-    text = "nodeB:200:1 [0] NCCL INFO ncclCommInitRank comm 0x1 rank 2 nranks 4 cudaDev 0 busId 18000 commId 0xa - Init COMPLETE\n"
+    text = ("nodeB:200:1 [0] NCCL INFO ncclCommInitRank comm 0x1 rank 2 nranks 4 cudaDev 0 busId 18000 commId 0xa - "
+            "Init COMPLETE\n")
     f = frames_from(tmp_path, text)
     ranks = pl.DataFrame({"rank": [0, 1, 2], "host": ["nodeA", "nodeA", "nodeB"], "pid": [10, 11, 200],
                           "device": [0, 1, 0]}, schema_overrides={"rank": pl.Int32, "device": pl.Int32})

@@ -32,7 +32,8 @@ IN_PROFILE = When.span(*WINDOW, "the profiled window")
 #: the kind each fixture's (detector, key) has, as its detector would declare it
 KINDS = {("gpu_hw_error", "xid|k|1"): "gpu_fault", ("nccl_timeout", "timeout:13"): "timeout",
          ("nccl_timeout", "ras"): "missing_rank", ("nccl_timeout", "desync"): "desync",
-         ("busy_wait", "busy_wait"): "spin_wait", ("straggler", "compute"): "slow_rank", ("slow_link", "link"): "slow_transfers",
+         ("busy_wait", "busy_wait"): "spin_wait", ("straggler", "compute"): "slow_rank",
+         ("slow_link", "link"): "slow_transfers",
          ("exposed_comm", "0"): "exposed_communication", ("nccl_transport", "socket"): "degraded_transport",
          ("nccl_algorithm", "forced"): "forced_algorithm", ("nccl_algorithm", "mixed_gpus"): "mixed_gpus"}
 _TRACE = ("busy_wait", "straggler", "slow_link", "exposed_comm")
@@ -87,7 +88,8 @@ def slow_link(host: str = "node07", ranks: tuple[int, ...] = tuple(range(8, 16))
     return F("slow_link", "link", Severity.WARNING, ranks=ranks, hosts=(host,), metrics={"level": "host"})
 
 
-def idle(ranks: tuple[int, ...] = (4,), gpu: str | None = "0000:9a:00.0", gap: tuple[int, int] = (T0 + 2 * S, T0 + 32 * S),
+def idle(ranks: tuple[int, ...] = (4,), gpu: str | None = "0000:9a:00.0",
+         gap: tuple[int, int] = (T0 + 2 * S, T0 + 32 * S),
          cls: str = "sync") -> Finding:
     """gpu_idle on ``ranks``, placed at their longest idle gap ``gap`` (trace clock, epoch ns), as the detector does."""
     return F("gpu_idle", f"class-{cls}", ranks=ranks, hosts=("node07",), gpus=(gpu,) if gpu and 4 in ranks else (),
@@ -147,7 +149,8 @@ CASES = [
       F("exposed_comm", "0", Severity.WARNING, ranks=(0, 1, 2, 3), hosts=("node07",))]),
     # a transport switch in the environment links where it cost the job (warning), not where it had no effect
     ("degraded_transport_slows_comm",
-     [F("nccl_transport", "transport_env", Severity.WARNING, ranks=(0, 1), hosts=("node07",), kind="degraded_transport"),
+     [F("nccl_transport", "transport_env", Severity.WARNING, ranks=(0, 1), hosts=("node07",),
+        kind="degraded_transport"),
       F("exposed_comm", "0", Severity.WARNING, ranks=(0, 1, 2, 3), hosts=("node07",))],
      [F("nccl_transport", "transport_env", Severity.INFO, ranks=(0, 1), hosts=("node07",), kind="transport_setting"),
       F("exposed_comm", "0", Severity.WARNING, ranks=(0, 1, 2, 3), hosts=("node07",))]),
@@ -257,7 +260,8 @@ def test_ids_and_order_do_not_depend_on_input_order():
     a = correlate(fs, JobFacts(8, WINDOW))
     b = correlate(list(reversed(fs)), JobFacts(8, WINDOW))
     assert [i.to_json() for i in a[1]] == [i.to_json() for i in b[1]]
-    assert sorted((f.id, f.incident, f.caused_by) for f in a[0]) == sorted((f.id, f.incident, f.caused_by) for f in b[0])
+    assert sorted((f.id, f.incident, f.caused_by) for f in a[0]) == sorted((f.id, f.incident,
+                                                                            f.caused_by) for f in b[0])
 
 
 # --- end to end ----------------------------------------------------------------------------------

@@ -43,11 +43,14 @@ STYLES = {
         "10.20.30.29: kern:     err: [2023-04-02T08:26:23.184031611Z]: " + XID + "\n"
         "node01: [  123.456] " + XID + "\n"
     ),
-    "tail_headers.log": "==> a.log <==\n[ 9000.0] " + XID + "\n[   10.0] kernel: Linux version 6.1\n==> b.log <==\n[ 5000.0] " + XID + "\n",
+    "tail_headers.log": "==> a.log <==\n[ 9000.0] " + XID
+    + "\n[   10.0] kernel: Linux version 6.1\n==> b.log <==\n[ 5000.0] " + XID + "\n",
     "human.log": "[Feb14 05:03] " + XID + "\n[  +0.500000] " + XID + "\n",
     "ctime.log": "[Sun Feb 23 16:24:18 2025] " + XID + "\n[四 3月 20 21:01:25 2025] " + XID + "\n",
-    "journal.log": "Mon 2024-01-08 12:34:57 UTC node3 kernel: " + XID + "\nMon 2024-01-08 12:34:58 UTC node3 systemd[1]: Started x\n",
-    "wall.log": "Message from syslogd@node7 at Mar  3 11:22:33 ...\n kernel:[  88.0] BUG: soft lockup - CPU#3 stuck for 22s! [py:42]\n",
+    "journal.log": "Mon 2024-01-08 12:34:57 UTC node3 kernel: " + XID
+    + "\nMon 2024-01-08 12:34:58 UTC node3 systemd[1]: Started x\n",
+    "wall.log": "Message from syslogd@node7 at Mar  3 11:22:33 ...\n kernel:[  88.0] BUG: soft lockup - CPU#3 stuck "
+                "for 22s! [py:42]\n",
     "empty.log": "",
 }
 
@@ -60,7 +63,8 @@ def _write(folder: Path) -> list[str]:
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(text, encoding="utf-8")
         names.append(name)
-    (folder / "bad_bytes.log.gz").write_bytes(gzip.compress(b"[ 1.0] " + XID.encode() + b"\n[ 2.0] bad \xff\xfe bytes\n"))
+    (folder / "bad_bytes.log.gz").write_bytes(gzip.compress(b"[ 1.0] " + XID.encode()
+                                                            + b"\n[ 2.0] bad \xff\xfe bytes\n"))
     (folder / "long_line.log").write_bytes(b"[ 1.0] " + XID.encode() + b"\n[ 2.0] " + b"y" * 500 + b"\n[ 3.0] x\n")
     (folder / "broken.log.gz").write_bytes(gzip.compress(b"[ 1.0] x\n" * 1000)[:40])
     return names + ["bad_bytes.log.gz", "long_line.log", "broken.log.gz"]
@@ -97,7 +101,8 @@ def test_a_batch_of_every_style_gives_each_file_what_parsing_it_alone_gives(tmp_
     names = _write(tmp_path)
     alone, df = _same_as_alone(tmp_path, names)
     status = {n: r.status for n, r in zip(names, alone)}
-    assert (status["broken.log.gz"], status["bad_bytes.log.gz"], status["long_line.log"]) == ("failed", "partial", "partial")
+    assert (status["broken.log.gz"], status["bad_bytes.log.gz"], status["long_line.log"]) == ("failed", "partial",
+                                                                                              "partial")
     assert "long_line.log line 2" in alone[names.index("long_line.log")].message
     # the two files of nodeA keep their own boots (numbered from 0 in each) and bus ids: the GPU named
     # last in kern.log.1 does not reach the fallen-off-the-bus record that opens kern.log

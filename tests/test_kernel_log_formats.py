@@ -88,7 +88,8 @@ def test_raw_kmsg_with_dictionary_lines():
     df = _df(text)
     assert df.height == 2
     r = df.row(0, named=True)
-    assert (r["time_format"], r["mono_ns"], r["level"], r["facility"], r["kind"]) == ("kmsg", 5_140_900_000, "err", "kernel", "xid")
+    assert (r["time_format"], r["mono_ns"], r["level"], r["facility"], r["kind"]) == ("kmsg", 5_140_900_000, "err",
+                                                                                      "kernel", "xid")
 
 
 def test_talos_and_pdsh_prefixes_several_nodes_in_one_file():
@@ -133,12 +134,14 @@ def test_dmesg_decode_prefix_and_xid_variants():
         "[  2.0] NVRM: Xid (PCI:0000:3b:00): 45, pid=7, name=python, Ch 00000008 caused by previous Xid 145\n"
         "[  3.0] NVRM: Xid (PCI:0000:3b:00): 74, pid=7, name=python, NVLink: fatal error detected on link 3"
         "(0x0, 0x0, 0x0, 0x10000, 0x0, 0x0, 0x0)\n"
-        "[  4.0] NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)\n"
+        "[  4.0] NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot "
+        "Required)\n"
     )
     df = _df(text)
     f = [orjson.loads(x) for x in df["fields"]]
     assert df["level"][0] == "err"
-    assert (f[0]["gpu_gi"], f[0]["gpu_ci"], f[0]["containment"], f[0]["unit"], f[0]["rst"]) == (2, 1, "Contained", "SM", False)
+    assert (f[0]["gpu_gi"], f[0]["gpu_ci"], f[0]["containment"], f[0]["unit"], f[0]["rst"]) == (2, 1, "Contained", "SM",
+                                                                                                False)
     assert f[0]["pid"] is None and f[0]["process"] is None
     assert f[1]["caused_by_xid"] == 145 and f[1]["channel"] == "00000008"
     assert f[2]["link"] == 3 and f[2]["nvlink_regs"][3] == "0x10000"

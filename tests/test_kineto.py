@@ -147,7 +147,8 @@ def test_ns_float_timestamps_and_base_time():
 def test_b200_nccl_2_27_driver_launch_and_comm_call():
     res = parsed("tracelens/eager_trace.json.gz")
     # the trace's other comm kernels are symmetric-memory all-reduces (tests/test_tp_overlap.py)
-    k = res.frames["kernels"].filter((pl.col("class") == "comm") & pl.col("name").str.starts_with("nccl")).row(0, named=True)
+    k = res.frames["kernels"].filter((pl.col("class") == "comm")
+                                     & pl.col("name").str.starts_with("nccl")).row(0, named=True)
     assert k["name"].startswith("ncclDevKernel_AllGather_RING_LL(")
     assert (k["collective"], k["in_nelems"], k["out_nelems"], k["dtype"]) == ("allgather", 25136, 201088, "BFloat16")
     assert k["bytes"] == 201088 * 2 and k["pg_name"] == "3" and k["group_size"] == 8
@@ -276,7 +277,10 @@ def test_rank_and_host_from_file_names():
 def test_rank_from_file_name_and_unknown_rank(tmp_path: Path):
     body = b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 2}]}'
     named = tmp_path / "gpu-host7_31337.1700000000000.pt.trace.json"
-    named.write_bytes(body.replace(b'"pid": 0', b'"pid": 0').replace(b"]}", b', {"ph": "X", "cat": "cpu_op", "name": "op", "pid": 31337, "tid": 1, "ts": 0, "dur": 5}]}'))
+    named.write_bytes(body.replace(b'"pid": 0',
+                                   b'"pid": 0').replace(b"]}",
+                                                        b', {"ph": "X", "cat": "cpu_op", "name": "op", "pid": 31337, '
+                                                        b'"tid": 1, "ts": 0, "dur": 5}]}'))
     res = parse(named, ParseContext(tmp_path, named.name))
     assert res.status == "ok" and res.host == "gpu-host7"
     # unknown: numbered 0 as a guess that discovery keeps only for a lone trace (not 31337, not 7)

@@ -96,7 +96,8 @@ def test_every_file_keeps_its_source_row_and_duplicate_ranks_drop_their_rows(tmp
     assert sorted(frames["ranks"]["source"].to_list()) == sorted(used)
 
 
-def test_a_failing_build_costs_only_the_file_that_breaks_it(tmp_path: Path, run_dir: Path, monkeypatch: pytest.MonkeyPatch):
+def test_a_failing_build_costs_only_the_file_that_breaks_it(tmp_path: Path, run_dir: Path,
+                                                            monkeypatch: pytest.MonkeyPatch):
     """A bug met while building a batch's frames: the files are parsed one by one, so only the
     file that triggers it fails."""
     run = tmp_path / "run"

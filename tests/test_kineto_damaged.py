@@ -175,7 +175,8 @@ def test_empty_event_list_is_ok(tmp_path: Path):
 
 def test_bare_event_array_and_odd_values(tmp_path: Path):
     events = [
-        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_SendRecv", "pid": "0", "tid": "stream 3", "ts": 10.5, "dur": 1,
+        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_SendRecv", "pid": "0", "tid": "stream 3", "ts": 10.5,
+         "dur": 1,
          "args": {"grid": [2], "correlation": "17"}},
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": None, "ts": 1, "dur": 2},
         {"ph": "X", "cat": "cpu_op", "ts": 1, "dur": 2},  # no name: malformed, counted
@@ -239,7 +240,8 @@ def test_many_random_cuts(tmp_path: Path, plain_trace):
 def test_braces_and_commas_inside_strings(tmp_path: Path):
     """`},` inside names of instant, flow-like and kernel events must not split or cut events."""
     events = [
-        {"ph": "i", "cat": "cpu_instant_event", "name": "odd },{ name", "pid": 1, "tid": 1, "ts": 5, "args": {"x": "},"}},
+        {"ph": "i", "cat": "cpu_instant_event", "name": "odd },{ name", "pid": 1, "tid": 1, "ts": 5,
+         "args": {"x": "},"}},
         {"ph": "X", "cat": "kernel", "name": "void k<{1},{2}>(int) },", "pid": 0, "tid": 7, "ts": 10, "dur": 2,
          "args": {"stream": 7, "correlation": 3}},
         {"ph": "f", "id": 3, "pid": 0, "tid": 7, "ts": 10, "cat": "ac2g", "name": "ac2g", "bp": "e"},

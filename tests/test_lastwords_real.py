@@ -157,7 +157,8 @@ def test_13_oldest_oom_format_and_the_chained_traceback():
     assert (oom["oom_requested_bytes"], oom["oom_total_bytes"], oom["oom_allocated_bytes"], oom["oom_free_bytes"],
             oom["oom_reserved_unallocated_bytes"]) == (1024 * MiB, int(15.90 * GiB), int(14.25 * GiB),
                                                        int(991.56 * MiB), 607 * KiB)
-    assert (chained["role"], chained["cls"], chained["user_frame"]) == ("chained", "truncated", "memtestcase.py:78 in fwbw")
+    assert (chained["role"], chained["cls"], chained["user_frame"]) == ("chained", "truncated",
+                                                                        "memtestcase.py:78 in fwbw")
 
 
 def test_14_cuda_runtime_out_of_memory_at_the_barrier_then_the_launcher_kills_four():
@@ -183,7 +184,8 @@ def test_16_device_side_assertion_with_its_traceback_and_seven_sigterms():
     assert (a["line"], a["cls"]) == (1, "device_assert")
     assert a["user_frame"] == "/root/data1/yolov8/ultralytics/engine/trainer.py:332 in _do_train"
     assert "IndexKernel.cu:92" in a["detail"]
-    assert [r["pid"] for r in rows if r["event"] == "launcher_signal"] == [16074, 16075, 16076, 16078, 16079, 16080, 16081]
+    assert [r["pid"] for r in rows if r["event"] == "launcher_signal"] == [16074, 16075, 16076, 16078, 16079, 16080,
+                                                                           16081]
 
 
 def test_17_nccl_remote_error_raised_to_python_with_the_ofi_last_error():
@@ -207,16 +209,20 @@ def test_19_lightning_step_cancelled_at_its_time_limit():
 def test_20_defunct_workers_of_two_listings():
     rows = _rows("20_")
     assert [(r["pid"], r["job"]) for r in rows] == [
-        (6472, "process listing at line 15"), (6601, "process listing at line 15"), (6474, "process listing at line 15"),
-        (6475, "process listing at line 15"), (2834, "process listing at line 48"), (2836, "process listing at line 48"),
-        (2971, "process listing at line 48"), (2837, "process listing at line 48"), (2964, "process listing at line 48")]
+        (6472, "process listing at line 15"), (6601, "process listing at line 15"),
+        (6474, "process listing at line 15"),
+        (6475, "process listing at line 15"), (2834, "process listing at line 48"),
+        (2836, "process listing at line 48"),
+        (2971, "process listing at line 48"), (2837, "process listing at line 48"),
+        (2964, "process listing at line 48")]
 
 
 # --- what `forensics analyze` now says (verdicts), per file --------------------------------------------------
 
 VERDICTS = {
     "01_": ("Hung: process 688514 in its data loader while 15 of 16 wait in a collective", "critical"),
-    "02_": ("Job died: Uncorrectable ECC error raised to Python: RuntimeError: transform: failed to synchronize", "critical"),
+    "02_": ("Job died: Uncorrectable ECC error raised to Python: RuntimeError: transform: failed to synchronize",
+            "critical"),
     "03_": ("Job died: CUDA unknown error on local rank 3: c10::CUDAError: CUDA error: unknown error", "critical"),
     "04_": ("Stopped at 21:42:11: Cancelled by the scheduler: time limit", "warning"),
     "05_": ("Stopped at 08:46:02: Cancelled by the scheduler: cancelled by a user or administrator", "warning"),
@@ -228,7 +234,8 @@ VERDICTS = {
             "critical"),
     "14_": ("Job died: CUDA could not allocate (CUDA error: out of memory): RuntimeError: CUDA error: out of memory",
             "critical"),
-    "15_": ("Job died: Illegal memory access in a CUDA kernel: ProcessGroupNCCL watchdog: CUDA error: an illegal memory "
+    "15_": ("Job died: Illegal memory access in a CUDA kernel: ProcessGroupNCCL watchdog: CUDA error: an illegal "
+            "memory "
             "access was encountered on Amphitrite (rank 0)", "critical"),
     "16_": ("Job died: Device-side assertion in a CUDA kernel: IndexKernel.cu:92", "critical"),
     "17_": ("NCCL error raised to Python on 1 rank(s): NCCL remote error raised to Python (rank 3)", "warning"),

@@ -22,7 +22,8 @@ def test_srun_task_exits_step_oom_and_node_failure(tmp_path):
                            "srun: error: nid001235: task 9: Out Of Memory\n"
                            "slurmstepd: error: Detected 1 oom_kill event in StepId=440575.0. Some of the step tasks "
                            "have been OOM Killed.\n"
-                           "slurmstepd: error: *** JOB 440575 ON nid001234 CANCELLED AT 2024-02-01T10:00:00 DUE TO NODE "
+                           "slurmstepd: error: *** JOB 440575 ON nid001234 CANCELLED AT 2024-02-01T10:00:00 DUE TO "
+                           "NODE "
                            "FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***\n")
     assert [(r["event"], r["cls"], r["host"], r["tasks"], r["exit_code"]) for r in rows] == [
         ("task_exit", "task_exit", "nid001234", "4-7", 1), ("task_exit", "out_of_memory", "nid001235", "9", None),
@@ -39,9 +40,11 @@ def test_raw_pyspy_dump_one_stack_per_thread_and_gdb_python_frames(tmp_path):
     stacks = _rows(tmp_path, 'Process 25585: python train.py\nPython v3.10.12 (/usr/bin/python3.10)\n\n'
                              'Thread 25585 (idle): "MainThread"\n    wait (threading.py:320)\n'
                              '    save (torch/serialization.py:628)\n    save_checkpoint (train.py:90)\n'
-                             'Thread 25601 (active): "pin_memory"\n    _pin_memory_loop (torch/utils/data/_utils/pin_memory.py:52)\n\n'
+                             'Thread 25601 (active): "pin_memory"\n    _pin_memory_loop '
+                             '(torch/utils/data/_utils/pin_memory.py:52)\n\n'
                              'Thread 1 (Thread 0x7f1a2b3c4740 (LWP 4242) "python"):\n'
-                             '#0  0x00007f1a2b5d in __futex_abstimed_wait_common () from /lib/x86_64-linux-gnu/libc.so.6\n'
+                             '#0  0x00007f1a2b5d in __futex_abstimed_wait_common () from '
+                             '/lib/x86_64-linux-gnu/libc.so.6\n'
                              '#1  0x00007f1a2b5e in ncclCommDestroy () from libnccl.so.2\n', "stacks")
     assert [(s["process"], s["thread"], s["main"], s["where"], s["innermost"]) for s in stacks] == [
         ("25585", "MainThread", True, "checkpoint_io", "wait (threading.py:320)"),
@@ -67,6 +70,7 @@ def test_nan_guard_raised_as_an_exception(tmp_path):
 
 def test_a_store_error_a_dead_peer_left_is_a_victim(tmp_path):
     rows = _rows(tmp_path, "[rank3]: torch.distributed.DistBackendError: [3] is setting up NCCL communicator and "
-                           "retrieving ncclUniqueId from [0] via c10d key-value store by key '0', but store->get('0') got "
+                           "retrieving ncclUniqueId from [0] via c10d key-value store by key '0', but store->get('0') "
+                           "got "
                            "error: Connection reset by peer\n")
     assert [(r["rank"], r["cls"]) for r in rows] == [(3, "dist_error")]

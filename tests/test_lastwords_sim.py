@@ -49,5 +49,6 @@ def test_time_limit_costs_the_work_since_the_checkpoint(tmp_path):
 def test_dataloader_hang_names_the_rank_in_its_data_loader(tmp_path):
     truth = simulate("dataloader_hang", tmp_path / "r", seed=0)
     inc, root, by_id = _root(analyze(tmp_path / "r", workers=1))
-    assert root.key == "stacks" and root.ranks == (truth["last_words"]["rank"],) and root.metrics["where"] == "data_loader"
+    assert root.key == "stacks" and root.ranks == (truth["last_words"]["rank"],
+                                                   ) and root.metrics["where"] == "data_loader"
     assert any(by_id[f].detector == "nccl_timeout" for f in inc.findings)

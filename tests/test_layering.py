@@ -190,7 +190,8 @@ def test_no_import_cycles(graph):
 def test_no_private_names_across_modules(graph):
     _, edges = graph
     taken = set(private_names(edges))
-    assert not taken - ALLOWED_PRIVATE, "\n".join(f"{s} takes {n} from {t}" for s, t, n in sorted(taken - ALLOWED_PRIVATE))
+    assert not taken - ALLOWED_PRIVATE, "\n".join(f"{s} takes {n} from {t}" for s, t,
+                                                  n in sorted(taken - ALLOWED_PRIVATE))
     assert not ALLOWED_PRIVATE - taken, "an allowed private import is gone: remove it from ALLOWED_PRIVATE"
 
 
@@ -239,7 +240,8 @@ def test_an_upward_import_in_any_form_is_found(source):
 
 
 def test_downward_and_same_layer_imports_pass():
-    edges = _probe("forensics.facts.context", "from forensics.base.frames import JobFrames\nfrom forensics import __version__")
+    edges = _probe("forensics.facts.context",
+                   "from forensics.base.frames import JobFrames\nfrom forensics import __version__")
     assert [e.target for e in edges] == ["forensics.base.frames", "forensics"] and not upward(edges)
 
 

@@ -23,7 +23,8 @@ NCCL_HEAD = (
 )
 NCCL_TAIL = (
     b"node1:1234:1234 [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to eth0\n"
-    b"node1:1234:1234 [0] NCCL INFO comm 0x5581 rank 0 nranks 8 cudaDev 0 nvmlDev 0 busId 18000 commId 0xabc - Init COMPLETE\n"
+    b"node1:1234:1234 [0] NCCL INFO comm 0x5581 rank 0 nranks 8 cudaDev 0 nvmlDev 0 busId 18000 commId 0xabc - Init "
+    b"COMPLETE\n"
     b"epoch 1 loss 2.3\n"
 )
 DMESG_HEAD = b"[ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.\n"
@@ -49,7 +50,8 @@ print(json.dumps({"status": res.status, "message": res.message, "rows": rows,
 
 def _probe(kind: str, path: Path) -> dict:
     env = {**os.environ, "FORENSICS_MAX_RECORD_BYTES": str(CAP)}
-    out = subprocess.run([sys.executable, "-c", _PROBE, kind, str(path)], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", _PROBE, kind, str(path)], env=env, capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -109,5 +111,6 @@ def test_read_capped_keeps_the_line_numbers_after_a_skipped_line():
     text = read_capped(io.BufferedReader(io.BytesIO(data), 16), long)  # type: ignore[arg-type]
     assert text.splitlines() == [b"a", b"", b"b", b"c"]
     long = LongLines(10)
-    assert read_capped(io.BufferedReader(io.BytesIO(b"a\n" + b"z" * 50), 16), long) == b"a\n\n"  # type: ignore[arg-type]
+    assert read_capped(io.BufferedReader(io.BytesIO(b"a\n" + b"z" * 50), 16),
+                       long) == b"a\n\n"  # type: ignore[arg-type]
     assert long.first == 2

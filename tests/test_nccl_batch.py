@@ -56,7 +56,7 @@ n1:100:100 [0] NCCL INFO Channel 00/0 : {r}[0] -> {n}[1] via P2P/CUMEM/read
 n1:100:100 [0] NCCL INFO NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0'
 n1:100:100 [0] NCCL INFO NCCL_IB_HCA set by environment to mlx5_0
 saving checkpoint at iteration 10 to /ckpt/run in torch format
-"""
+"""  # noqa: E501
 
 
 def test_files_of_the_same_processes_keep_their_own_ranks(tmp_path: Path):
@@ -85,7 +85,8 @@ def test_an_unreadable_log_fails_alone_and_the_others_are_parsed(tmp_path: Path)
     assert set(frames["nccl_comms"]["source"].to_list()) == {"a.log"}
 
 
-def test_a_run_folder_of_logs_is_parsed_as_one_batch_with_the_same_frames(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_a_run_folder_of_logs_is_parsed_as_one_batch_with_the_same_frames(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch):
     folder = shared_path("nccl_logs")
     run = tmp_path / "run"
     run.mkdir()
@@ -100,7 +101,8 @@ def test_a_run_folder_of_logs_is_parsed_as_one_batch_with_the_same_frames(tmp_pa
     alone = _alone(run, names)
     for n, one in zip(names, alone):
         row = sources.filter(pl.col("path") == n).row(0, named=True)
-        assert (row["status"], row["message"], row["rank"], row["host"]) == (one.status, one.message, one.rank, one.host)
+        assert (row["status"], row["message"], row["rank"], row["host"]) == (one.status, one.message, one.rank,
+                                                                             one.host)
     for frame in ("nccl_comms", "nccl_net", "nccl_channels", "nccl_env", "nccl_events", "collective_timeouts"):
         expected = pl.concat([r.frames[frame] for r in alone])
         assert frames[frame].equals(expected), frame

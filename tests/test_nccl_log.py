@@ -95,12 +95,14 @@ def test_file_parses_with_every_line_explained(prefix):
 
 def test_versions_from_banners():
     # banner lines: 2.10.3 (05_), 2.8.3 (13_), 2.19.3 (16_), 2.5.6 (28_), RAS 2.26.2 (39_), 2.27.3 (40_)
-    for prefix, ver in (("05", "2.10.3"), ("13", "2.8.3"), ("16", "2.19.3"), ("28", "2.5.6"), ("39", "2.26.2"), ("40", "2.27.3")):
+    for prefix, ver in (("05", "2.10.3"), ("13", "2.8.3"), ("16", "2.19.3"), ("28", "2.5.6"), ("39", "2.26.2"),
+                        ("40", "2.27.3")):
         assert _parse(prefix).frames["nccl_files"]["nccl_version"][0] == ver
 
 
 def test_init_line_2_22_fields():
-    # 11_: ncclCommInitRank comm 0x561097745b80 rank 0 nranks 24 cudaDev 0 nvmlDev 0 busId a4000 commId 0x1d39176440db4936
+    # 11_: ncclCommInitRank comm 0x561097745b80 rank 0 nranks 24 cudaDev 0 nvmlDev 0 busId a4000 commId
+    # 0x1d39176440db4936
     row = _parse("11").frames["nccl_comms"].row(0, named=True)
     assert (row["rank"], row["nranks"], row["cuda_dev"], row["nvml_dev"]) == (0, 24, 0, 0)
     assert row["bus_id"] == "0000:a4:00.0" and row["comm_id"] == "0x1d39176440db4936"
@@ -120,7 +122,8 @@ def test_transport_details_busid_and_index_brackets():
     ch = _parse("05").frames["nccl_channels"]
     # `13[92000] -> 4[89000] [send] via NET/IB/0/GDRDMA` (busId bracket, 2.10)
     r = ch.filter(pl.col("transport") == "NET").sort("line").row(0, named=True)
-    assert (r["src_rank"], r["dst_rank"], r["direction"], r["net"], r["nic"], r["gdr"]) == (13, 4, "send", "IB", 0, True)
+    assert (r["src_rank"], r["dst_rank"], r["direction"], r["net"], r["nic"], r["gdr"]) == (13, 4, "send", "IB", 0,
+                                                                                            True)
     assert (r["src_bus_id"], r["dst_bus_id"]) == ("0000:92:00.0", "0000:89:00.0")
     ch36 = _parse("36").frames["nccl_channels"]
     # `3[1] -> 0[0] [send] via NET/IB/12/GDRDMA/Shared` (index bracket, 2.27)
@@ -205,7 +208,8 @@ def test_command_line_env():
 
 def test_damaged_input_never_raises(tmp_path):
     p = tmp_path / "x.log"
-    p.write_bytes(b"h:1:2 [0] NCCL INFO Channel 00/0 : 0[zz] -> 1[1] via\n\xff\xfe garbage\nh:1:2 [0] NCCL INFO NET/IB : Using\n")
+    p.write_bytes(b"h:1:2 [0] NCCL INFO Channel 00/0 : 0[zz] -> 1[1] via\n\xff\xfe garbage\nh:1:2 [0] NCCL INFO NET/IB "
+                  b": Using\n")
     res = parse(p, ParseContext(tmp_path, "x.log"))
     assert res.status == "ok"
     assert res.frames["nccl_files"]["nccl_unknown"][0] == 2
@@ -244,7 +248,8 @@ def test_pytorch_timeout_at_work_form(tmp_path):
     p.write_text("[rank0]:[E0314 09:10:00.1 ProcessGroupNCCL.cpp:1708] [PG ID 0 PG GUID 0(default_pg) Rank 0] "
                  "Timeout at NCCL work: 7, last enqueued NCCL work: 7, last completed NCCL work: 6.\n")
     row = parse(p, ParseContext(tmp_path, "t.log")).frames["collective_timeouts"].row(0, named=True)
-    assert (row["kind"], row["rank"], row["seq"], row["last_enqueued"], row["last_completed"]) == ("pg_status", 0, 7, 7, 6)
+    assert (row["kind"], row["rank"], row["seq"], row["last_enqueued"], row["last_completed"]) == ("pg_status", 0, 7, 7,
+                                                                                                   6)
 
 
 def test_ring_lines_of_2_4_and_2_5(tmp_path):
@@ -268,7 +273,8 @@ def test_ring_order_trees_and_collnet_lines(tmp_path):
     p = tmp_path / "c.log"
     p.write_text("h:1:2 [0] NCCL INFO CollNet 00/0 : 3 [send] via COLLNET/IBext/1/GDRDMA\n")
     ch = parse(p, ParseContext(tmp_path, "c.log")).frames["nccl_channels"].row(0, named=True)
-    assert (ch["transport"], ch["src_rank"], ch["direction"], ch["net"], ch["nic"], ch["gdr"]) == ("COLLNET", 3, "send", "IBext", 1, True)
+    assert (ch["transport"], ch["src_rank"], ch["direction"], ch["net"], ch["nic"], ch["gdr"]) == ("COLLNET", 3, "send",
+                                                                                                   "IBext", 1, True)
 
 
 # aws-ofi-nccl 1.16 on NCCL 2.27 (EFA), formats as printed in a public training log
@@ -303,7 +309,7 @@ n0:191:726 [0] NCCL INFO Enabled NCCL Func/Proto/Algo Matrix:
 n0:191:726 [0] NCCL INFO TUNER/Plugin: Using tuner plugin nccl_ofi_tuner
 n0:191:726 [0] NCCL INFO NET/OFI NCCL_OFI_TUNER is not available for platform : g6e.12xlarge, Fall back to NCCL's tuner
 n0:191:1160 [0] NCCL INFO ncclCommSplit comm 0x556ea5a6db80 rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 38000 parent 0x556ea5166cf0 splitCount 1 color 1734919490 key 0- Init START
-"""
+"""  # noqa: E501
 
 
 def test_aws_ofi_efa_2_27_lines(tmp_path):
@@ -329,7 +335,8 @@ def test_sharp_collnet_lines_and_new_nccl_tests_bus_format(tmp_path):
     p = tmp_path / "s.log"
     p.write_text(
         "#  Rank  4 Group  0 Pid   9455 on      gpu40 device  0 [0000:4c:00] NVIDIA A100-SXM4-80GB\n"
-        "gpu40:2899:2929 [0] NCCL INFO NET/IB : Using [0]mlx5_2:1/IB/SHARP [1]mlx5_0:1/IB/SHARP [RO]; OOB ib0:10.159.0.40<0>\n"
+        "gpu40:2899:2929 [0] NCCL INFO NET/IB : Using [0]mlx5_2:1/IB/SHARP [1]mlx5_0:1/IB/SHARP [RO]; OOB "
+        "ib0:10.159.0.40<0>\n"
         "gpu40:2899:2929 [0] NCCL INFO CollNet 00/0 : 4 [receive] via COLLNET/SHARP/0/GDRDMA\n"
         "\ngpu40:2899:2947 [0] sharp_plugin.c:382 NCCL WARN SHARP int8,uint8,bfloat16 Datatypes not supported\n"
         "gpu40:2899:2947 [0] NCCL INFO SHARP rank 2/4 initialized on mlx5_2:1\n"
@@ -346,6 +353,7 @@ def test_sharp_collnet_lines_and_new_nccl_tests_bus_format(tmp_path):
 def test_flight_recorder_dump_signal(tmp_path):
     p = tmp_path / "fr.log"
     p.write_text("[rank2]:[E1001 10:00:00.1 ProcessGroupNCCL.cpp:1573] [PG ID 0 PG GUID 0(default_pg) Rank 2] "
-                 "Received a dump signal due to a collective timeout from rank 5 and we will try our best to dump the debug info.\n")
+                 "Received a dump signal due to a collective timeout from rank 5 and we will try our best to dump the "
+                 "debug info.\n")
     ev = parse(p, ParseContext(tmp_path, "fr.log")).frames["nccl_events"].row(0, named=True)
     assert (ev["kind"], ev["rank"], ev["code"]) == ("flight_recorder", 2, 5)

@@ -244,6 +244,7 @@ def test_11_busbw_far_below_a_user_supplied_hardware_peak():
     folder = shared_path("nccl_logs")
     path = next(folder.glob("11_*.log"))
     res = parse(path, ParseContext(folder, path.name))
-    findings, _ = rd(JobContext(JobFrames(res.frames)), {"nccl_algorithm": {"expected_busbw_gbps": "190"}}, only=["nccl_algorithm"])
+    findings, _ = rd(JobContext(JobFrames(res.frames)), {"nccl_algorithm": {"expected_busbw_gbps": "190"}},
+                     only=["nccl_algorithm"])
     (f,) = [x for x in findings if x.key == "busbw_peak"]
     assert f.metrics["peak_busbw_gbps"] == 29.50  # 32 MiB out-of-place row

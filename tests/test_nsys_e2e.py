@@ -45,7 +45,8 @@ def test_analyze_multinode_job(tmp_path, key):
     nsys = src.filter(pl.col("path").str.ends_with(".sqlite"))
     assert nsys.height == 6 and set(nsys["status"]) == {"ok"}
     # rank and host of every file from its captured environment, never from file order
-    got = {r: (h, int(p.rsplit("_", 1)[1].removesuffix(".sqlite"))) for p, r, h in nsys.select("path", "rank", "host").iter_rows()}
+    got = {r: (h, int(p.rsplit("_", 1)[1].removesuffix(".sqlite"))) for p, r,
+           h in nsys.select("path", "rank", "host").iter_rows()}
     assert got == EXPECTED[key]
     ctx = result.context
     assert ctx.ranks == [0, 1, 2, 3, 4, 5] and ctx.hosts == ["ault43", "ault44"] and ctx.world_size == 6
@@ -79,7 +80,8 @@ def test_cli_analyze_writes_valid_report(tmp_path, findings_validator):
     # the job's log says both nodes fell back to TCP sockets (`NET/Socket : Using`): a critical finding on
     # both hosts, so the default --fail-on critical exits 1
     log = next(run_dir.glob("*.o")).read_text()
-    socket_hosts = sorted({line.split(":", 1)[0] for line in log.splitlines() if "NCCL INFO NET/Socket : Using" in line})
+    socket_hosts = sorted({line.split(":",
+                                      1)[0] for line in log.splitlines() if "NCCL INFO NET/Socket : Using" in line})
     assert socket_hosts == ["ault43", "ault44"]
     critical = [f for f in doc["findings"] if f["severity"] == "critical"]
     assert [(f["detector"], f["hosts"]) for f in critical] == [("nccl_transport", socket_hosts)]

@@ -57,11 +57,13 @@ def test_multinode_rank_host_device_and_nccl_kernel(job, who, algo):
     assert ranks["pid"].item() == int(stem.rsplit("_", 1)[1])
     comm = res.frames["kernels"].filter(pl.col("class") == "comm")
     assert comm.height == 1
-    assert comm.select("collective", "name_algo", "name_proto", "rank", "device").row(0) == ("allreduce", algo, "LL", rank, device)
+    assert comm.select("collective", "name_algo", "name_proto", "rank", "device").row(0) == ("allreduce", algo, "LL",
+                                                                                             rank, device)
     # the one ncclAllReduce NVTX call, linked to the kernel it launched (correlation read with SQL)
     (corr,), = sql(path, "SELECT correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL")
     comms = res.frames["comms"]
-    assert comms.select("name", "collective", "rank", "kernel_correlation").rows() == [("ncclAllReduce", "allreduce", rank, corr)]
+    assert comms.select("name", "collective", "rank",
+                        "kernel_correlation").rows() == [("ncclAllReduce", "allreduce", rank, corr)]
 
 
 def test_normalised_export_keeps_epoch_times():
@@ -92,7 +94,8 @@ def test_p2p_nccl_kernels_and_calls_nsys_2026():
     path = shared_path("nsys", "nsys-ai", "mfu_2gpu_before.sqlite")
     res = run(path)
     comm = res.frames["kernels"].filter(pl.col("class") == "comm")
-    (n_kernels,), = sql(path, "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName "
+    (n_kernels,), = sql(path,
+                        "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName "
                               "WHERE s.value LIKE 'nccl%'")
     assert comm.height == n_kernels
     assert comm["collective"].unique().to_list() == ["sendrecv"]
@@ -167,12 +170,14 @@ def test_old_metadata_table_env_rank_and_time_offset(tmp_path):
         tmp_path / "x.sqlite", meta_table="EXPORT_META_DATA", utc_epoch_ns=T0,
         env={"RANK": "3", "WORLD_SIZE": "8", "SLURM_PROCID": "0", "HOSTNAME": "gpu-node-17.cluster.local"},
         kernels=[(1000, 2000, 0, 7, 11, 42, "void gemm_kernel<float>(float*)", 264)],
-        runtime=[(900, 950, 42, 43, 11, "cudaLaunchKernel_v7000"), (960, 990, 42, 43, 12, "cudaStreamSynchronize_v3020")],
+        runtime=[(900, 950, 42, 43, 11, "cudaLaunchKernel_v7000"),
+                 (960, 990, 42, 43, 12, "cudaStreamSynchronize_v3020")],
     )
     res = run(path)
     assert (res.status, res.rank, res.host) == ("ok", 3, "gpu-node-17")
     k = res.frames["kernels"].row(0, named=True)
-    assert (k["start_ns"], k["end_ns"], k["rank"], k["class"], k["stream"], k["correlation"]) == (T0 + 1000, T0 + 2000, 3, "compute", 7, 11)
+    assert (k["start_ns"], k["end_ns"], k["rank"], k["class"], k["stream"], k["correlation"]) == (T0 + 1000, T0 + 2000,
+                                                                                                  3, "compute", 7, 11)
     assert k["blocks_per_sm"] == pytest.approx(264 / 132)
     ops = res.frames["cpu_ops"].sort("start_ns")
     assert ops.select("name", "category", "is_launch", "pid", "tid").rows() == [
@@ -226,14 +231,16 @@ def test_nccl_nvtx_payloads_and_steps(tmp_path):
                (1, 16777227, 2, 5, "Rank", 12), (1, 16777227, 3, 5, "CUDA device", 16)]
     path = make_export(
         tmp_path / "rank0.sqlite", env={"OMPI_COMM_WORLD_RANK": "0"},
-        kernels=[(500, 900, 0, 13, 77, 9, "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 4)],
+        kernels=[(500, 900, 0, 13, 77, 9, "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                  4)],
         runtime=[(120, 130, 9, 10, 77, "cudaLaunchKernelExC_v11060")],
         nvtx=[
             (0, None, 75, 9, 10, "NCCL", 1, None, None),
             (10, 90, 59, 9, 10, "ncclCommInitRank", 1, None, struct.pack("<Qiii", 0xABC, 8, 0, 0)),
             (100, 200, 59, 9, 10, "ncclAllReduce", 1, None, _payload(0xABC, 8 << 20, 0)),
             (300, 400, 59, 9, 10, "ncclSend", 1, None, _payload(0xABC, 4096, 5)),
-            (410, 420, 59, 9, 10, "ncclRecv", 1, '{"NCCL communicator ID": 2748, "Message size [bytes]": 1024, "Peer rank": 2}', None),
+            (410, 420, 59, 9, 10, "ncclRecv", 1,
+             '{"NCCL communicator ID": 2748, "Message size [bytes]": 1024, "Peer rank": 2}', None),
             (0, 1000, 59, 9, 10, "ProfilerStep#5", 0, None, None),
             (1000, 2000, 59, 9, 10, "ProfilerStep#6, op_id = 4711", 0, None, None),
             (2000, 2100, 59, 9, 10, "stepper_kernel_wrapper", 0, None, None),
@@ -242,7 +249,8 @@ def test_nccl_nvtx_payloads_and_steps(tmp_path):
     )
     res = run(path)
     comms = res.frames["comms"].sort("start_ns")
-    assert comms.select("name", "collective", "bytes", "pg_name", "group_size", "src_rank", "dst_rank", "kernel_correlation").rows() == [
+    assert comms.select("name", "collective", "bytes", "pg_name", "group_size", "src_rank", "dst_rank",
+                        "kernel_correlation").rows() == [
         ("ncclAllReduce", "allreduce", 8 << 20, "0xabc", 8, None, None, 77),
         ("ncclSend", "send", 4096, "0xabc", 8, 0, 5, None),
         ("ncclRecv", "recv", 1024, "0xabc", 8, 2, 0, None),
@@ -261,11 +269,13 @@ def test_gpu_metrics_frame_and_sm_active_windows(tmp_path):
                (200, 0, "Tensor Active [Throughput %]", 5), (300, 0, "Tensor Active [Throughput %]", 7),
                (400, 0, "Tensor Active [Throughput %]", 9),
                (100, 0, "DRAM Read Bandwidth [Throughput %]", 33)]
-    path = make_export(tmp_path / "m.sqlite", env={"RANK": "2"}, kernels=[(150, 350, 0, 7, 1, 5, "k", 1)], metrics=metrics)
+    path = make_export(tmp_path / "m.sqlite", env={"RANK": "2"}, kernels=[(150, 350, 0, 7, 1, 5, "k", 1)],
+                       metrics=metrics)
     res = run(path)
     gm = res.frames["gpu_metrics"].sort("timestamp_ns")
     assert gm.select("timestamp_ns", "sm_active", "tensor_active", "rank", "device").rows() == [
-        (T0 + 100, 10.0, None, 2, 0), (T0 + 200, 50.0, 5.0, 2, 0), (T0 + 300, 100.0, 7.0, 2, 0), (T0 + 400, 20.0, 9.0, 2, 0)]
+        (T0 + 100, 10.0, None, 2, 0), (T0 + 200, 50.0, 5.0, 2, 0), (T0 + 300, 100.0, 7.0, 2, 0),
+        (T0 + 400, 20.0, 9.0, 2, 0)]
     frames = JobFrames(res.frames)
     # whole sampled span [100, 400]: (10*100 + 50*100 + 100*100) / 300 / 100
     whole = sm_active_fraction(frames)
@@ -283,7 +293,8 @@ def test_gpu_metrics_frame_and_sm_active_windows(tmp_path):
 def test_gpu_metrics_from_generic_events_json(tmp_path):
     path = make_export(tmp_path / "g.sqlite", kernels=[(150, 350, 1, 7, 1, 5, "k", 1)])
     con = sqlite3.connect(path)
-    con.execute("CREATE TABLE GENERIC_EVENTS (rawTimestamp INTEGER NOT NULL, timestamp INTEGER, typeId INTEGER NOT NULL, data TEXT NOT NULL)")
+    con.execute("CREATE TABLE GENERIC_EVENTS (rawTimestamp INTEGER NOT NULL, timestamp INTEGER, typeId INTEGER NOT "
+                "NULL, data TEXT NOT NULL)")
     con.executemany("INSERT INTO GENERIC_EVENTS VALUES (?, ?, ?, ?)", [
         (9_000, 100, 0x10001, '{"SM Active": 40, "SM Issue": 12, "Tensor Active": 0}'),
         (9_100, 200, 0x10001, '{"SM Active": 60, "SM Issue": 30, "Tensor Active": 25}'),

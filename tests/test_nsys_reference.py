@@ -163,7 +163,8 @@ def test_cuda_api_calls_match_cuda_api_sum(rel: str):
     ref = ref.with_columns(pl.col("Name").str.replace(r"_v\d+$", "")).group_by("Name").agg(
         pl.col("Num Calls").sum(), pl.col("Total Time (ns)").sum())
     ops = parsed(rel).frames["cpu_ops"].filter(pl.col("category").is_in(["cuda_runtime", "cuda_driver"]))
-    ours = ops.group_by("name").agg(pl.len().alias("calls"), (pl.col("end_ns") - pl.col("start_ns")).sum().alias("total"))
+    ours = ops.group_by("name").agg(pl.len().alias("calls"),
+                                    (pl.col("end_ns") - pl.col("start_ns")).sum().alias("total"))
     joined = ref.join(ours, left_on="Name", right_on="name", how="full", coalesce=False)
     assert joined.filter(pl.col("name").is_null() | pl.col("Name").is_null()).height == 0, "API names differ"
     assert joined["calls"].to_list() == joined["Num Calls"].to_list()

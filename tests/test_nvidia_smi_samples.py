@@ -39,7 +39,8 @@ def test_34_sram_uncorrectable_is_high_rma_candidate():
     assert (g["ecc_volatile_sram_ue"], g["ecc_aggregate_sram_ue"], g["ecc_aggregate_dram_ue"]) == (1, 5, 0)
     assert g["pci_bus_id"] is None and g["gpu_index"] is None
     (x,) = sample_findings("34_nvidia_smi_q_sram_uncorrectable.txt")
-    assert x.metrics["severity_level"] == "HIGH" and {"RMA_CANDIDATE", "RESET_GPU"} <= set(x.metrics["actions"].split(";"))
+    assert x.metrics["severity_level"] == "HIGH" and {"RMA_CANDIDATE",
+                                                      "RESET_GPU"} <= set(x.metrics["actions"].split(";"))
 
 
 def test_35_row_remap_pending_needs_reset():
@@ -74,7 +75,8 @@ def test_38_hw_power_brake_is_high_check_power():
 def test_39_dcgmi_diag_pending_remaps_memory_fail_and_thermal_warning():
     diag = parse_sample("39_dcgmi_diag_failures_stas00.txt").frames["gpu_diag"]
     err = diag.filter(diag["result"] == "error").row(0, named=True)
-    assert err["gpu_index"] == 3 and err["message"] == "GPU 3 has uncorrectable memory errors and row remappings are pending"
+    assert err["gpu_index"] == 3 and err["message"] == ("GPU 3 has uncorrectable memory errors and row remappings are "
+                                                        "pending")
     fail = diag.filter(diag["result"] == "fail").row(0, named=True)
     assert (fail["test"], fail["gpu_index"]) == ("GPU Memory", 0)
     assert sorted(diag.filter(diag["result"] == "pass")["gpu_index"].to_list()) == [1, 2, 3, 4, 5, 6, 7]
@@ -90,7 +92,8 @@ def test_39_dcgmi_diag_pending_remaps_memory_fail_and_thermal_warning():
 def test_53_r550_layout_completed_remap_is_info_only():
     g = _gpu("53_nvidia_smi_q_gh200_r550_format_dram_ue_row_remapped.txt")
     assert g["pci_bus_id"] == "0000:dd:00.0" and g["product"] == "NVIDIA GH200 480GB"
-    assert (g["ecc_aggregate_dram_ue"], g["remapped_rows_ue"], g["remap_pending"], g["remap_failure"]) == (1, 1, False, False)
+    assert (g["ecc_aggregate_dram_ue"], g["remapped_rows_ue"], g["remap_pending"], g["remap_failure"]) == (1, 1, False,
+                                                                                                           False)
     assert g["sram_threshold_exceeded"] is False and g["ecc_aggregate_sram_ue"] == 0
     assert g["reset_required"] is False and g["clock_reasons_active"] == ["Idle"]
     assert sample_findings("53_nvidia_smi_q_gh200_r550_format_dram_ue_row_remapped.txt") == []

@@ -32,7 +32,8 @@ def test_existing_file_is_refused(tmp_path: Path):
         check_out_dir(tmp_path / "f")
 
 
-@pytest.mark.parametrize("folder", ["/", "/usr", "/usr/local/share/x", "/etc", "/proc/self", "/sys", "/dev", "/bin", "/boot",
+@pytest.mark.parametrize("folder",
+                         ["/", "/usr", "/usr/local/share/x", "/etc", "/proc/self", "/sys", "/dev", "/bin", "/boot",
                                     "/lib", "/var", "/home"])
 def test_system_folders_are_refused(folder: str):
     with pytest.raises(OutputError, match="system folder"):
@@ -87,7 +88,7 @@ def test_chunks_are_written_as_their_concatenation(tmp_path: Path):
     outs = OutputSet(tmp_path / "out")
     outs.add_chunks("report.html", chunks)
     outs.commit()
-    assert (tmp_path / "out" / "report.html").read_bytes() == b"<head>" + bytes(range(256)) * 3 + "</html>\u00e9".encode()
+    assert (tmp_path / "out" / "report.html").read_bytes() == b"<head>" + bytes(range(256)) * 3 + "</html>\u00e9".encode()  # noqa: E501
 
 
 def test_write_error_leaves_the_previous_set_and_no_temporary_file(tmp_path: Path):

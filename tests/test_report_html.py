@@ -35,7 +35,8 @@ def _visible_text(page: str) -> str:
 def _table_column(page: str, section: str, column: int) -> list[str]:
     part = page[page.index(f'<section id="{section}"'):]
     body = part[part.index("<tbody>"):part.index("</tbody>")]
-    return [html.unescape(re.findall(r"<td>(.*?)</td>", row)[column]) for row in re.findall(r"<tr[^>]*>(.*?)</tr>", body)]
+    return [html.unescape(re.findall(r"<td>(.*?)</td>", row)[column]) for row in re.findall(r"<tr[^>]*>(.*?)</tr>",
+                                                                                            body)]
 
 
 def test_every_sample_page_reads_as_prose(tmp_path: Path):

@@ -39,12 +39,15 @@ def _analysis() -> Analysis:
     findings = [
         Finding("straggler", Severity.INFO, "minor", "s", "r", kind="slow_rank", ranks=(1,)),
         Finding(
-            "gpu_hw_error", Severity.CRITICAL, "Xid 79 <GPU fell off the bus>", "GPU 0000:3b:00.0 on n1 fell off the bus",
-            "drain the node", ranks=(3,), hosts=("n1",), gpus=("0000:3b:00.0",), metrics={"xid": 79, "nan": float("nan")},
+            "gpu_hw_error", Severity.CRITICAL, "Xid 79 <GPU fell off the bus>",
+            "GPU 0000:3b:00.0 on n1 fell off the bus",
+            "drain the node", ranks=(3,), hosts=("n1",), gpus=("0000:3b:00.0",),
+            metrics={"xid": 79, "nan": float("nan")},
             evidence=({"line": 12, "text": "NVRM: Xid (PCI:0000:3b:00): 79"},), gpu_seconds_lost=12.5,
         ),
     ]
-    return Analysis(Path("/runs/job42"), JobContext(frames), sort_findings(findings), [Skipped("busy_wait", "needs kernels")])
+    return Analysis(Path("/runs/job42"), JobContext(frames), sort_findings(findings),
+                    [Skipped("busy_wait", "needs kernels")])
 
 
 def test_findings_json_validates_and_is_deterministic(findings_validator):
@@ -97,7 +100,8 @@ def test_html_is_self_contained_escaped_and_attachable():
 
 # --- input text is never markup (issue #13.6) ---------------------------------------------------------
 
-HOSTILE = ["a[b](http://x)<script>|`c`", "*bold* _em_ **x** ~~s~~ {code} ^sup^", "# head\n- item\n1. one", "&lt; \\ |", "k<T>::run[0]!"]
+HOSTILE = ["a[b](http://x)<script>|`c`", "*bold* _em_ **x** ~~s~~ {code} ^sup^", "# head\n- item\n1. one", "&lt; \\ |",
+           "k<T>::run[0]!"]
 
 
 def _md_html(text: str) -> str:
@@ -151,7 +155,8 @@ def test_markdown_table_cells_with_pipes_and_html_stay_in_their_cell():
 def test_findings_with_hostile_names_render_as_text_in_markdown_and_html():
     a = _analysis()
     name = "ncclKernel<|`x`|>[0](javascript:alert(1))"
-    a.findings.append(Finding("straggler", Severity.WARNING, f"slow kernel {name}", f"kernel {name} on host h[1]|<b>", "check",
+    a.findings.append(Finding("straggler", Severity.WARNING, f"slow kernel {name}", f"kernel {name} on host h[1]|<b>",
+                              "check",
                               kind="slow_rank", ranks=(2,), hosts=("h[1]|<b>",)))
     md = markdown.render(a)
     rendered = _md_html(md)

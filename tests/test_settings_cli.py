@@ -68,7 +68,8 @@ def test_bad_set_is_exit_2_with_one_line_naming_the_key_and_what_is_allowed(tmp_
 
 def test_triage_validates_set_too(tmp_path: Path):
     (tmp_path / "jobs" / "a").mkdir(parents=True)
-    res = run_cli("triage", str(tmp_path / "jobs"), "--out", str(tmp_path / "t"), "-q", "--set", "gpu_hw_error.policy=strcit")
+    res = run_cli("triage", str(tmp_path / "jobs"), "--out", str(tmp_path / "t"), "-q", "--set",
+                  "gpu_hw_error.policy=strcit")
     assert res.returncode == 2 and "gpu_hw_error.policy" in res.stderr and not (tmp_path / "t").exists()
 
 

@@ -50,7 +50,8 @@ def test_every_documented_default_is_valid():
 
 def test_the_parameters_a_scenario_reads_are_accepted():
     # the keys each family reads (docs/simulator.md) are all accepted with in-range values
-    ok = {"layers": "2", "hidden": "512", "seq": "128", "micro_batch": "2", "noise": "0", "window_skew": "0", "seq_args": "0"}
+    ok = {"layers": "2", "hidden": "512", "seq": "128", "micro_batch": "2", "noise": "0", "window_skew": "0",
+          "seq_args": "0"}
     build_job("ddp_straggler", 4, 2, {**ok, "dp_mode": "fsdp", "rank": "3", "slowdown": "0.2"})
     build_job("pp_imbalance", 8, 2, {**ok, "pp": "4", "tp": "2", "microbatches": "4", "stage": "0", "factor": "2",
                                      "loss_kernel": "0", "optimizer": "1"})
@@ -64,7 +65,8 @@ def test_collective_timeout_seq_is_the_all_reduce_not_the_sequence_length():
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "forensics.cli", "simulate", *args], capture_output=True, text=True, cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", "forensics.cli", "simulate", *args], capture_output=True, text=True,
+                          cwd=ROOT)
 
 
 @pytest.mark.parametrize("args,message", [
@@ -85,7 +87,8 @@ def test_cli_rejects_with_exit_2_and_one_line(tmp_path: Path, args: list[str], m
 
 def test_cli_simulation_lands_whole_or_not_at_all(tmp_path: Path):
     out = tmp_path / "run"
-    res = cli("ddp_clean", "--ranks", "2", "--steps", "1", "-p", "layers=1", "--out", str(out), "--truth", str(tmp_path / "t.json"))
+    res = cli("ddp_clean", "--ranks", "2", "--steps", "1", "-p", "layers=1", "--out", str(out), "--truth",
+              str(tmp_path / "t.json"))
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "t.json").exists() and not (out / "truth.json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "t.json"]  # no temporary folder left

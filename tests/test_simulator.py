@@ -55,12 +55,14 @@ def union_us(iv: list[tuple[float, float]]) -> float:
 
 
 def steps_of(d: dict) -> list[tuple[int, float, float]]:
-    return sorted((int(e["name"].split("#")[1]), e["ts"], e["ts"] + e["dur"]) for e in d["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
+    return sorted((int(e["name"].split("#")[1]), e["ts"],
+                   e["ts"] + e["dur"]) for e in d["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
 
 
 # ---------------------------------------------------------------------------------- determinism
 def test_same_seed_gives_byte_identical_output(tmp_path: Path):
-    for name, kw in (("ddp_straggler", {"ranks": 4, "steps": 2}), ("collective_timeout", {"ranks": 4, "steps": 2}), ("pp_clean", {"ranks": 4, "steps": 2})):
+    for name, kw in (("ddp_straggler", {"ranks": 4, "steps": 2}), ("collective_timeout", {"ranks": 4, "steps": 2}),
+                     ("pp_clean", {"ranks": 4, "steps": 2})):
         a, b = tmp_path / f"{name}_a", tmp_path / f"{name}_b"
         simulate(name, a, seed=7, params=SMALL, **kw)
         simulate(name, b, seed=7, params=SMALL, **kw)
@@ -93,7 +95,7 @@ def test_trace_files_look_like_kineto(multinode: Path):
         assert pat.match(n), n
     for r, d in traces.items():
         row = t["ranks"][r]
-        assert row["trace"] == f"profiler/{[n for n in names if n.startswith(row['host'] + '_' + str(row['pid']) + '.')][0]}"
+        assert row["trace"] == f"profiler/{[n for n in names if n.startswith(row['host'] + '_' + str(row['pid']) + '.')][0]}"  # noqa: E501
         di = d["distributedInfo"]
         assert di["world_size"] == 16 and di["backend"] == "nccl" and di["pg_count"] == len(di["pg_config"])
         assert {"pg_name", "pg_desc", "backend_config", "pg_size", "ranks"} <= set(di["pg_config"][0])
@@ -101,15 +103,17 @@ def test_trace_files_look_like_kineto(multinode: Path):
         cats = {e.get("cat") for e in d["traceEvents"]}
         assert {"kernel", "cpu_op", "cuda_runtime", "cuda_driver", "user_annotation", "ac2g", "gpu_memcpy"} <= cats
         # every kernel has its launch (same correlation) and an ac2g flow pair
-        launches = {e["args"]["correlation"] for e in d["traceEvents"] if e.get("cat") in ("cuda_runtime", "cuda_driver") and "Launch" in e["name"]}
+        launches = {e["args"]["correlation"] for e in d["traceEvents"]
+                    if e.get("cat") in ("cuda_runtime", "cuda_driver") and "Launch" in e["name"]}
         flows = [e["id"] for e in d["traceEvents"] if e.get("cat") == "ac2g"]
         for k in (e for e in d["traceEvents"] if e.get("cat") == "kernel"):
             assert k["args"]["correlation"] in launches
         assert len(flows) == 2 * len(set(flows))
         for k in nccl_kernels(d):
             a = k["args"]
-            assert re.match(r"^ncclDevKernel_AllReduce_Sum_bf16_(RING|TREE)_(LL|LL128|SIMPLE)\(ncclDevKernelArgsStorage<4096ul>\)$", k["name"]), k["name"]
-            assert a["Collective name"] == "allreduce" and a["Process Group Name"] == "0" and a["Group size"] == 16 and isinstance(a["Seq"], int)
+            assert re.match(r"^ncclDevKernel_AllReduce_Sum_bf16_(RING|TREE)_(LL|LL128|SIMPLE)\(ncclDevKernelArgsStorage"
+                            r"<4096ul>\)$", k["name"]), k["name"]
+            assert a["Collective name"] == "allreduce" and a["Process Group Name"] == "0" and a["Group size"] == 16 and isinstance(a["Seq"], int)  # noqa: E501
         rpc = [e for e in d["traceEvents"] if e.get("name") == "record_param_comms"]
         assert len(rpc) == len(nccl_kernels(d)) == row["counts"]["nccl_kernels"]
         assert [s[0] for s in steps_of(d)] == [100, 101]
@@ -158,7 +162,8 @@ def test_old_nccl_uses_old_kernel_names(tmp_path: Path):
     simulate("old_nccl", tmp_path / "r", ranks=2, steps=1, params=SMALL)
     d = load_traces(tmp_path / "r")[0]
     names = {k["name"] for k in nccl_kernels(d)}
-    assert names and all(re.match(r"^ncclKernel_AllReduce_(RING|TREE)_(LL|LL128|SIMPLE)_Sum_float\(ncclDevComm\*, unsigned long, ncclWork\*\)$", n) for n in names)
+    assert names and all(re.match(r"^ncclKernel_AllReduce_(RING|TREE)_(LL|LL128|SIMPLE)_Sum_float\(ncclDevComm\*, "
+                                  r"unsigned long, ncclWork\*\)$", n) for n in names)
     assert all(e["args"]["dtype"] == "Float" for e in nccl_kernels(d))
     assert not any(e.get("cat") == "cuda_driver" for e in d["traceEvents"])  # old NCCL launches with cudaLaunchKernel
 
@@ -203,7 +208,8 @@ def test_collectives_end_together_once_clock_offsets_are_removed(multinode: Path
     assert statistics.median(max(v) - min(v) for v in starts.values()) > 1
 
 
-@pytest.mark.parametrize("scenario,m,v,tol", [("pp_clean", 8, 1, 0.02), ("pp_small_m", 2, 1, 0.02), ("pp_interleaved", 8, 2, 0.05)])
+@pytest.mark.parametrize("scenario,m,v,tol",
+                         [("pp_clean", 8, 1, 0.02), ("pp_small_m", 2, 1, 0.02), ("pp_interleaved", 8, 2, 0.05)])
 def test_pipeline_bubble_matches_theory(tmp_path: Path, scenario: str, m: int, v: int, tol: float):
     # textbook assumptions: equal stages (no loss kernel on the last), no optimizer, compute >> p2p transfer
     params = {"noise": "0", "layers": "4" if v == 1 else "2", "hidden": "8192", "seq": "1024", "micro_batch": "1",
@@ -230,7 +236,8 @@ def test_pipeline_bubble_matches_theory(tmp_path: Path, scenario: str, m: int, v
 
 
 def test_compute_straggler_slowdown_as_configured(tmp_path: Path):
-    simulate("ddp_straggler", tmp_path / "r", ranks=4, steps=2, params={"noise": "0", "layers": "2", "rank": "1", "slowdown": "0.2"})
+    simulate("ddp_straggler", tmp_path / "r", ranks=4, steps=2,
+             params={"noise": "0", "layers": "2", "rank": "1", "slowdown": "0.2"})
     busy = {r: sum(e["dur"] for e in compute_kernels(d)) for r, d in load_traces(tmp_path / "r").items()}
     healthy = [busy[r] for r in (0, 2, 3)]
     assert max(healthy) - min(healthy) < 1e-6 * max(healthy)
@@ -252,15 +259,18 @@ def test_collective_timeout_signature(tmp_path: Path):
     assert missing == [2] and exp["waiting_ranks"] == [0, 1, 3] and exp["timeout_ms"] == 600000.0
     traces = load_traces(run)
     for r, d in traces.items():
-        hit = [k for k in nccl_kernels(d) if k["args"]["Seq"] == seq and k["args"]["Process Group Name"] == exp["pg_name"]]
+        hit = [k for k in nccl_kernels(d) if k["args"]["Seq"] == seq
+               and k["args"]["Process Group Name"] == exp["pg_name"]]
         if r == 2:
             assert not hit
             assert max(k["args"]["Seq"] for k in nccl_kernels(d)) == seq - 1
         else:
-            assert len(hit) == 1 and 599_000_000 < hit[0]["dur"] <= 600_000_000  # spins until the watchdog (600 s after enqueue) kills it
+            # spins until the watchdog (600 s after enqueue) kills it
+            assert len(hit) == 1 and 599_000_000 < hit[0]["dur"] <= 600_000_000
     for r in range(4):
         text = (run / t["ranks"][r]["log"]).read_text()
-        wd = re.findall(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), OpType=ALLREDUCE, NumelIn=(\d+)", text)
+        wd = re.findall(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), OpType=ALLREDUCE, "
+                        r"NumelIn=(\d+)", text)
         if r == 2:
             assert not wd
         else:
@@ -284,7 +294,8 @@ def test_kernel_logs_carry_the_injected_xid_only_on_the_culprit(tmp_path: Path):
     assert "NVRM: Xid (PCI:0000:5d:00): 94, " in lines[inj[0]["line"] - 1]
     # two nodes, two timestamp styles
     heads = [(run / h["kernel_log"]).read_text().splitlines()[0] for h in t["hosts"]]
-    assert re.match(r"^\[\s*\d+\.\d{6}\] ", heads[0]) and re.match(r"^\[\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}\] ", heads[1])
+    assert re.match(r"^\[\s*\d+\.\d{6}\] ", heads[0]) and re.match(r"^\[\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}\] ",
+                                                                   heads[1])
 
 
 def test_nccl_logs_reflect_transport_faults(tmp_path: Path):
@@ -300,7 +311,8 @@ def test_nccl_logs_reflect_transport_faults(tmp_path: Path):
     assert "GPU Direct RDMA Disabled for HCA 7 'mlx5_7'" in text["gdr_off"]
     assert re.search(head + r"Channel 00/0 : 6\[6\] -> 7\[7\] \[receive\]", text["ddp_clean"], re.M) is None
     p2p = (runs["p2p_disabled"] / "logs" / "rank03.out").read_text()
-    assert "NCCL_P2P_LEVEL set by environment to LOC" in p2p and "via SHM/direct/direct" in p2p and "P2P/CUMEM" not in p2p
+    assert ("NCCL_P2P_LEVEL set by environment to "
+            "LOC") in p2p and "via SHM/direct/direct" in p2p and "P2P/CUMEM" not in p2p
     assert "NCCL_ALGO set by environment to Tree" in text["algo_forced"]
     r0 = (runs["algo_forced"] / "logs" / "rank00.out").read_text()
     tun = re.findall(r"NCCL INFO (\d+) Bytes -> Algo (\d) proto (\d) time", r0)
@@ -324,21 +336,25 @@ def test_size_option_streams_a_large_trace(tmp_path: Path):
 
 def test_cli_simulate_and_usage_errors(tmp_path: Path):
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "forensics.cli", "simulate", *args], capture_output=True, text=True, cwd=ROOT)
+        return subprocess.run([sys.executable, "-m", "forensics.cli", "simulate", *args], capture_output=True,
+                              text=True, cwd=ROOT)
 
-    res = cli("ddp_straggler", "--out", str(tmp_path / "r"), "--ranks", "2", "--steps", "1", "-p", "layers=1", "-p", "rank=1")
+    res = cli("ddp_straggler", "--out", str(tmp_path / "r"), "--ranks", "2", "--steps", "1", "-p", "layers=1", "-p",
+              "rank=1")
     assert res.returncode == 0, res.stderr
     assert "culprit rank(s): [1]" in res.stdout and (tmp_path / "r" / "truth.json").exists()
     assert cli("--list", "x").stdout.count("\n") == len(SCENARIOS) + len(FR_SCENARIOS)
     for bad in (["nope", "--out", str(tmp_path / "x")], ["ddp_clean", "--out", str(tmp_path / "r")],
-                ["pp_clean", "--ranks", "6", "--out", str(tmp_path / "y")], ["ddp_clean", "-p", "layers=x", "--out", str(tmp_path / "z")]):
+                ["pp_clean", "--ranks", "6", "--out", str(tmp_path / "y")],
+                ["ddp_clean", "-p", "layers=x", "--out", str(tmp_path / "z")]):
         res = cli(*bad)
         assert res.returncode == 2 and "Traceback" not in res.stderr, (bad, res.stderr)
 
 
 # ---------------------------------------------------------------------------------- fault signatures in the traces
 def _launch_to_start_us(d: dict) -> list[float]:
-    launch = {e["args"]["correlation"]: e["ts"] for e in d["traceEvents"] if e.get("cat") in ("cuda_runtime", "cuda_driver") and "Launch" in e["name"]}
+    launch = {e["args"]["correlation"]: e["ts"] for e in d["traceEvents"]
+              if e.get("cat") in ("cuda_runtime", "cuda_driver") and "Launch" in e["name"]}
     return [k["ts"] - launch[k["args"]["correlation"]] for k in compute_kernels(d)]
 
 

@@ -38,17 +38,20 @@ def test_kineto_parser_counts_match_truth(tmp_path: Path, scenario: str, ranks: 
         assert k.height == c["kernel"] + c.get("gpu_memcpy", 0) + c.get("gpu_memset", 0)
         assert k.filter(pl.col("class") == "comm").height == c.get("nccl_kernels", 0)
         assert k.filter(pl.col("class") == "memcpy").height == c.get("gpu_memcpy", 0)
-        assert f["cpu_ops"].height == sum(c.get(cat, 0) for cat in ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"))
+        assert f["cpu_ops"].height == sum(c.get(cat, 0) for cat in ("cpu_op", "user_annotation", "cuda_runtime",
+                                                                    "cuda_driver"))
         assert f["steps"].height == c.get("steps", 0)
         assert f["comms"].height == c.get("comms", 0)
         assert f["comms"]["kernel_correlation"].null_count() == 0
         rk = f["ranks"].row(0, named=True)
-        assert (rk["world_size"], rk["pid"], rk["nccl_version"], rk["sm_count"]) == (truth["job"]["world_size"], row["pid"], truth["job"]["nccl_version"], 132)
+        assert (rk["world_size"], rk["pid"], rk["nccl_version"],
+                rk["sm_count"]) == (truth["job"]["world_size"], row["pid"], truth["job"]["nccl_version"], 132)
         mine = sorted(name for name, g in groups.items() if row["rank"] in g["ranks"])
         assert sorted(f["process_groups"]["pg_name"].to_list()) == mine
         comm = k.filter(pl.col("class") == "comm")
         colls = set(comm["collective"].to_list())
-        assert colls <= {"allreduce", "allgather", "reduce_scatter", "send", "recv"} and (not comm.height or None not in colls)
+        assert colls <= {"allreduce", "allgather", "reduce_scatter", "send",
+                         "recv"} and (not comm.height or None not in colls)
         dp = comm.filter(pl.col("collective").is_in(["allreduce", "allgather", "reduce_scatter"]))
         assert dp["pg_desc"].null_count() == 0
         assert dp["seq"].null_count() == (dp.height if params.get("seq_args") == "0" else 0)

@@ -29,7 +29,8 @@ def _content(p: Path) -> bytes:
 def test_sample_is_up_to_date(tmp_path: Path, args: list[str]):
     name, cli_args = args[0], args[1:]
     out, truth = tmp_path / name, tmp_path / f"{name}.truth.json"
-    res = subprocess.run([sys.executable, "-m", "forensics.cli", "simulate", *cli_args, "--seed", "0", "--out", str(out), "--truth", str(truth)],
+    res = subprocess.run([sys.executable, "-m", "forensics.cli", "simulate", *cli_args, "--seed", "0", "--out",
+                          str(out), "--truth", str(truth)],
                          capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0, res.stderr
     committed = SAMPLES / name
@@ -37,7 +38,8 @@ def test_sample_is_up_to_date(tmp_path: Path, args: list[str]):
     theirs = sorted(p.relative_to(committed) for p in committed.rglob("*") if p.is_file())
     assert mine == theirs, "rerun sh sample_traces/regenerate.sh"
     for rel in mine:
-        assert _content(out / rel) == _content(committed / rel), f"{name}/{rel} is stale: rerun sh sample_traces/regenerate.sh"
+        assert _content(out / rel) == _content(committed / rel), (f"{name}/{rel} is stale: rerun sh "
+                                                                  f"sample_traces/regenerate.sh")
     assert truth.read_bytes() == (SAMPLES / f"{name}.truth.json").read_bytes()
 
 

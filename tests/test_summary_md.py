@@ -55,7 +55,8 @@ def _huge(n_ranks: int = 1024, n_findings: int = 3000, n_bad: int = 2000, n_inci
     evidence = tuple({"kernel": HOSTILE * 10, "rank": r, "ms": 1.5, **{f"c{i}": HOSTILE for i in range(12)}}
                      for r in range(200))
     findings = [Finding("straggler", Severity.WARNING if i % 2 else Severity.CRITICAL, f"slow {HOSTILE} {i}",
-                        f"summary {HOSTILE} " * 50, f"fix {HOSTILE} " * 30, kind="slow_rank", ranks=tuple(range(i % 50)),
+                        f"summary {HOSTILE} " * 50, f"fix {HOSTILE} " * 30, kind="slow_rank",
+                        ranks=tuple(range(i % 50)),
                         hosts=(hosts[i % n_ranks],), evidence=evidence, key=str(i)) for i in range(n_findings)]
     incidents = [Incident(f"incident-{i}", f"incident {HOSTILE}", Severity.CRITICAL, findings[i].id,
                           (findings[i].id,), f"story {HOSTILE} " * 40, f"verdict {i} {HOSTILE} " * 20,
@@ -70,7 +71,8 @@ def test_summary_of_a_huge_job_stays_ticket_sized_escaped_and_complete():
     assert len(md) < 60_000
     lines = md.splitlines()
     assert lines[2].replace("\\", "") == "- " + " ".join(verdict_text(a.incidents[0]).split())[:797].rstrip() + "..."
-    for head in ("## Job", "## Incidents (60)", "## Findings (3000)", "## Detectors skipped", "## Damaged inputs (2000)"):
+    for head in ("## Job", "## Incidents (60)", "## Findings (3000)", "## Detectors skipped",
+                 "## Damaged inputs (2000)"):
         assert head in md, head
     assert "Evidence (200 row(s), first 5):" in md
     assert "more in findings.json" in md

@@ -88,7 +88,8 @@ def test_wider_window_and_the_event_cap(sample: Analysis):
 
 def test_ranks_land_on_one_clock_and_kernels_keep_their_duration():
     frames, _ = dp_job(n_ranks=16, steps=3, clock_offset={1: 7 * MS}, seq=True)
-    analysis = Analysis(Path("j"), JobContext(frames), [Finding("straggler", Severity.INFO, "t", "s", "r", kind="slow_rank", ranks=(9,))])
+    analysis = Analysis(Path("j"), JobContext(frames),
+                        [Finding("straggler", Severity.INFO, "t", "s", "r", kind="slow_rank", ranks=(9,))])
     doc = perfetto.trace_events(analysis, around=2)  # all 3 steps
     check_trace(doc)
     nccl = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "comm"]

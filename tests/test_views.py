@@ -25,7 +25,8 @@ from tests.conftest import ROOT, shared_path
 from tests.frame_builders import MS, dp_job
 
 SAMPLES = sorted(p for p in (ROOT / "sample_traces").iterdir() if p.is_dir())
-IDS = ["step-anatomy", "op-categories", "rank-step-heatmap", "timeline", "collectives", "hw-events", "nccl-config", "kernel-classes",
+IDS = ["step-anatomy", "op-categories", "rank-step-heatmap", "timeline", "collectives", "hw-events", "nccl-config",
+       "kernel-classes",
        "who-is-stuck-where"]
 
 
@@ -165,7 +166,8 @@ def test_timeline_puts_ranks_on_one_clock(dp):
     iv = view_timeline.step_intervals(ctx, step, shown)
     ends = iv.filter(pl.col("kind") == "NCCL transfer").group_by("rank").agg(pl.col("end_ns").max())
     assert ends["end_ns"].n_unique() == 1  # every rank's all-reduce ends at one instant on the common clock
-    raw_end = frames["kernels"].filter((pl.col("class") == "comm") & pl.col("rank").is_in(shown) & (pl.col("seq") == step))
+    raw_end = frames["kernels"].filter((pl.col("class") == "comm") & pl.col("rank").is_in(shown)
+                                       & (pl.col("seq") == step))
     assert raw_end["end_ns"].n_unique() > 1  # ... though the two hosts' clocks say otherwise
     for r in shown:  # the wait bar is the builder's wait, the transfer bar the 2 ms transfer
         mine = iv.filter(pl.col("rank") == r)

@@ -11,7 +11,8 @@ were not recorded gets no FLOP count, never a guess. A multiply-add counts as 2 
   from the launcher's host op): 2·batch·M·N·K from the first operands A [.., M, K], B [.., K, N] whose output
   [.., M, N] is among the arguments; other templates (flex attention, convolutions) get none
 - scaled-dot-product / flash / memory-efficient attention, forward (q, k, v as [B, H, L, D]; the kernels'
-  own ``aten::_flash_attention_forward`` / ``aten::_efficient_attention_forward`` as [B, L, H, D]): 4·B·H·Lq·Lk·D (Q·Kᵀ and P·V), the dense count: a causal
+  own ``aten::_flash_attention_forward`` / ``aten::_efficient_attention_forward`` as [B, L, H, D]): 4·B·H·Lq·Lk·D (Q·Kᵀ
+  and P·V), the dense count: a causal
   mask halves the work done, which the shapes do not tell; backward: 2.5 times the forward (five matmuls of
   that size instead of two).
 

@@ -68,7 +68,9 @@ def _register(*specs: FrameSpec) -> None:
 
 
 _RANK = _c("rank", pl.Int32(), "global rank; null when the source does not say")
-_HOST = _c("host", pl.String(), "short host name (domain dropped, as NCCL logs print it; forensics.base.hosts.short_host); null when unknown")
+_HOST = _c("host", pl.String(),
+           "short host name (domain dropped, as NCCL logs print it; forensics.base.hosts.short_host); null when "
+           "unknown")
 _SOURCE = _c("source", pl.String(), "file the row came from, relative to RUN_DIR")
 _PG_COLUMNS = (
     _c("pg_name", pl.String(), "process group name (`Process Group Name` / `pg_name`)"),
@@ -468,14 +470,17 @@ CHECKPOINTS = FrameSpec(
     (
         _SOURCE,
         _HOST,
-        _c("rank", pl.Int32(), "global rank: `[Rank n]`/`[rankN]:` on the line, else the file's one process; null when unknown"),
+        _c("rank", pl.Int32(),
+           "global rank: `[Rank n]`/`[rankN]:` on the line, else the file's one process; null when unknown"),
         _c("line", pl.Int64(), "1-based line number"),
-        _c("time_ns", pl.Int64(), "Unix ns (read as UTC) from a dated stamp on the line (`YYYY-MM-DD HH:MM:SS[.,frac]`); "
+        _c("time_ns", pl.Int64(),
+           "Unix ns (read as UTC) from a dated stamp on the line (`YYYY-MM-DD HH:MM:SS[.,frac]`); "
            "null when the line carries none or only a year-less glog stamp (see `stamp`)"),
         _c("stamp", pl.String(), "year-less glog stamp `MMDD HH:MM:SS[.frac]` of a `[I0314 09:10:00.2 ...]` line; "
            "placed in time with the job's year, as the watchdog lines are"),
         _c("iteration", pl.Int64(), "training iteration saved (Megatron-LM), null when not printed"),
-        _c("step", pl.Int64(), "global step saved (DeepSpeed `global_stepN`, Lightning `global step N`, generic `step N`)"),
+        _c("step", pl.Int64(),
+           "global step saved (DeepSpeed `global_stepN`, Lightning `global step N`, generic `step N`)"),
         _c("epoch", pl.Int64(), "epoch (Lightning), null otherwise"),
         _c("path", pl.String(), "checkpoint path as printed, null when not printed"),
         _c("framework", pl.String(), "megatron / deepspeed / lightning / generic: which line format matched"),
@@ -675,7 +680,8 @@ LAST_WORDS = FrameSpec(
     (
         _SOURCE,
         _HOST,
-        _c("rank", pl.Int32(), "global rank: `[rankN]:` prefix, the failure table's `rank`, `rank<N>` in the file name; "
+        _c("rank", pl.Int32(),
+           "global rank: `[rankN]:` prefix, the failure table's `rank`, `rank<N>` in the file name; "
            "null when unknown"),
         _c("local_rank", pl.Int32(), "local rank: torchrun's `[default3]:` prefix, the failure table, `local_rank: N`"),
         _c("pid", pl.Int64(), "process id where printed (failure table, launcher lines, data-loader worker)"),
@@ -690,7 +696,8 @@ LAST_WORDS = FrameSpec(
            "(CUDA error, C++ what(), assertion, data-loader or fatal line) / launcher_failure / launcher_signal "
            "(the launcher terminating a worker) / launcher_stopped / restart / scheduler / task_exit (srun) / pod / "
            "worker_exited (a `<defunct>` worker in a process listing)"),
-        _c("cls", pl.String(), "class: cuda_oom, cuda_context_oom, illegal_address, device_assert, launch_failure, ecc, "
+        _c("cls", pl.String(),
+           "class: cuda_oom, cuda_context_oom, illegal_address, device_assert, launch_failure, ecc, "
            "cuda_unknown, cuda_error, nccl_remote/system/internal/cuda/usage (NCCL errors raised to Python), "
            "dataloader, nan, fatal_signal, exception, truncated (a traceback cut off), launcher; launcher: exit, "
            "sigterm, stopped, restart, membership; SLURM: time_limit, preempted, node_fail, requeue, task_failure, "
@@ -699,7 +706,8 @@ LAST_WORDS = FrameSpec(
         _c("exc_type", pl.String(), "exception type as printed (`torch.OutOfMemoryError`, `c10::CUDAError`)"),
         _c("message", pl.String(), "first line of the message (500 characters at most), or the line itself"),
         _c("detail", pl.String(), "the message's continuation lines (NCCL `Last error:` ...), C++ `raised from`"),
-        _c("user_frame", pl.String(), "innermost frame outside libraries (`file:line in func`); a device assertion's kernel"),
+        _c("user_frame", pl.String(),
+           "innermost frame outside libraries (`file:line in func`); a device assertion's kernel"),
         _c("innermost", pl.String(), "innermost frame of the traceback (`file:line in func`)"),
         _c("frames", pl.Int32(), "frames in the traceback (all of them, also those not kept)"),
         _c("traceback", pl.String(), "the traceback as text: first 8 and last 40 frames with their code lines"),
@@ -714,7 +722,8 @@ LAST_WORDS = FrameSpec(
         _c("oom_requested_bytes", pl.Int64(), "CUDA OOM: `Tried to allocate`, bytes"),
         _c("oom_total_bytes", pl.Int64(), "CUDA OOM: GPU total capacity, bytes"),
         _c("oom_free_bytes", pl.Int64(), "CUDA OOM: free on the GPU, bytes"),
-        _c("oom_process_bytes", pl.Int64(), "CUDA OOM: memory in use by this process (or the one process listed), bytes"),
+        _c("oom_process_bytes", pl.Int64(),
+           "CUDA OOM: memory in use by this process (or the one process listed), bytes"),
         _c("oom_allocated_bytes", pl.Int64(), "CUDA OOM: allocated by PyTorch, bytes"),
         _c("oom_reserved_unallocated_bytes", pl.Int64(), "CUDA OOM: reserved by PyTorch but unallocated, bytes "
            "(1.4-2.0: reserved minus allocated)"),
@@ -729,7 +738,8 @@ STACKS = FrameSpec(
     (
         _SOURCE,
         _HOST,
-        _c("rank", pl.Int32(), "global rank (`=== Rank N ===`, `[rankN]:`, `rank<N>` in the file name); null when unknown"),
+        _c("rank", pl.Int32(),
+           "global rank (`=== Rank N ===`, `[rankN]:`, `rank<N>` in the file name); null when unknown"),
         _c("process", pl.String(), "process id (py-spy `Process N:`), else the thread id"),
         _c("tid", pl.String(), "thread id as printed (OS tid, hex id, gdb LWP)"),
         _c("thread", pl.String(), "thread name (`MainThread`), null when not printed"),
@@ -752,8 +762,10 @@ FR_STATES = ["scheduled", "started", "completed"]
 _FR_PG = (
     _c("pg_id", pl.Int32(), "ProcessGroupNCCL uid of the group on this rank (`pg_id`; keys `pg_status`; the watchdog's "
        "`[PG ID n]`)"),
-    _c("pg_name", pl.String(), "process group name (`process_group[0]`, the `pg_config` key; the same on every member)"),
-    _c("pg_desc", pl.String(), "process group description (`default_pg`, Megatron group names); joins NCCL logs and traces"),
+    _c("pg_name", pl.String(),
+       "process group name (`process_group[0]`, the `pg_config` key; the same on every member)"),
+    _c("pg_desc", pl.String(),
+       "process group description (`default_pg`, Megatron group names); joins NCCL logs and traces"),
 )
 
 FR_DUMPS = FrameSpec(
@@ -764,7 +776,8 @@ FR_DUMPS = FrameSpec(
         _RANK,
         _HOST,
         _SOURCE,
-        _c("format", pl.String(), "`pickle` (torch C++ pickler, protocol 2; nvidia-resiliency-ext's `_dump_N`) or `json`"),
+        _c("format", pl.String(),
+           "`pickle` (torch C++ pickler, protocol 2; nvidia-resiliency-ext's `_dump_N`) or `json`"),
         _c("version", pl.String(), "dump format version (`version`: 1.0 ... 2.10)"),
         _c("comm_lib_version", pl.String(), "NCCL version (`nccl_version`, `comm_lib_version` from 2.10)"),
         _c("entries", pl.Int64(), "entries in the dump (0: all work completed, or none recorded)"),

@@ -34,7 +34,8 @@ from forensics.base.errors import ForensicsError
 
 # Folders whose whole tree belongs to the operating system.
 SYSTEM_TREES = tuple(
-    Path(p) for p in ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys", "/usr")
+    Path(p) for p in ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys",
+                      "/usr")
 )
 # Folders that are fine to write below but never to fill with report files themselves.
 SYSTEM_EXACT = tuple(Path(p) for p in ("/", "/home", "/media", "/mnt", "/opt", "/run", "/srv", "/var"))

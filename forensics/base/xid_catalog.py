@@ -77,7 +77,8 @@ def lookup(xid: int, policy: str = "default") -> XidInfo:
     )
 
 
-def nvlink5_severity(unit: str | None, fatal: bool | None, link: int | None, subcode: int | None) -> tuple[str, str, str]:
+def nvlink5_severity(unit: str | None, fatal: bool | None, link: int | None, subcode: int | None) -> tuple[str, str,
+                                                                                                           str]:
     """(severity, action, catalog bucket) for an NVLink5 Xid 144-150 from its decoded payload, after NVIDIA's
     NVLink5 rules: fatal MSE (firmware watchdog) -> reset; a fatal NETIR link event -> reset and inspect the
     link, unless its sub-code (0x15, 0x20-0x25) says the peer device is the source; a fatal error with no

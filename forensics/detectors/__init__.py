@@ -4,7 +4,8 @@ A detector is one module in this package holding one function ``detect`` decorat
 :func:`detector`: a pure function ``(JobContext, Settings) -> list[Finding]`` over the job's one
 :class:`forensics.facts.context.JobContext`. Its settings are a frozen dataclass whose fields are declared
 with :func:`forensics.base.settings.setting` (type, default, unit, valid range or choices, one line of doc);
-``--set`` is validated against that declaration and ``forensics rules`` prints it. Modules are discovered automatically, so
+``--set`` is validated against that declaration and ``forensics rules`` prints it. Modules are discovered automatically,
+so
 adding a detector is adding a module (plus its fixtures and tests).
 
 A detector never returns ``[]`` for "I could not look": when its inputs are missing it is skipped

@@ -36,7 +36,8 @@ def profiled_window(ctx: JobContext) -> When:
     lo, hi = steps["start_ns"].min(), steps["end_ns"].max()
     if lo is None or hi is None:
         return When.unknown("the profiled steps carry no times")
-    return When.span(int(lo), int(hi), "the profiled window (first step start to last step end)")  # type: ignore[arg-type]
+    return When.span(int(lo), int(hi),  # type: ignore[arg-type]
+                     "the profiled window (first step start to last step end)")
 
 
 def in_profile(ctx: JobContext, findings: list[Finding]) -> list[Finding]:

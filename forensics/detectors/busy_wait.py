@@ -26,7 +26,8 @@ class BusyWaitConfig:
     """Thresholds of the busy-wait check (shares of the step time)."""
 
     min_util_any: float = setting(0.8, unit="fraction of step", low=0.0, high=1.0,
-                                  doc="any-kernel active share (nvidia-smi utilization) from which a rank can be flagged")
+                                  doc="any-kernel active share (nvidia-smi utilization) from which a rank can be "
+                                      "flagged")
     min_wait: float = setting(0.15, unit="fraction of step", low=0.0, high=1.0,
                               doc="wait fraction W that flags a rank with U_any at or above min_util_any")
     min_gap: float = setting(0.2, unit="fraction of step", low=0.0, high=1.0,
@@ -122,7 +123,7 @@ def _flagged(u: pl.DataFrame, cfg: BusyWaitConfig) -> pl.DataFrame:
     gap mostly made of wait."""
     rule1 = (pl.col("u_any") >= cfg.min_util_any) & (pl.col("w") >= cfg.min_wait)
     gap = pl.col("u_any") - pl.col("u_compute")
-    rule2 = (gap >= cfg.min_gap) & (pl.col("w") >= cfg.min_wait_share_of_gap * gap) & (pl.col("w") >= cfg.min_wait_floor)
+    rule2 = (gap >= cfg.min_gap) & (pl.col("w") >= cfg.min_wait_share_of_gap * gap) & (pl.col("w") >= cfg.min_wait_floor)  # noqa: E501
     return u.filter(rule1 | rule2)
 
 
@@ -137,7 +138,8 @@ def _blame(match: CollectiveMatch, victims: list[int], with_data: tuple[int, ...
     last = match.kernels.filter(pl.col("is_last")).group_by(pl.col("rank").cast(pl.Int32).alias("last_rank")).agg(
         pl.len().alias("arrived_last"))
     return (
-        mk.group_by("last_rank").agg(pl.col("wait_ns").sum(), pl.col("wait_ns").filter(pl.col("never")).sum().alias("never_ns"))
+        mk.group_by("last_rank").agg(pl.col("wait_ns").sum(),
+                                     pl.col("wait_ns").filter(pl.col("never")).sum().alias("never_ns"))
         .with_columns(
             (pl.col("wait_ns") / pl.col("wait_ns").sum()).alias("share"),
             pl.col("last_rank").is_in(list(with_data)).alias("has_data"),
@@ -151,7 +153,8 @@ def _main_culprit(match: CollectiveMatch, victims: list[int]) -> dict[int, tuple
     """Per waiting rank: the rank it waited for most, with that wait (ns)."""
     per_pair = (
         waits_by_culprit(match).filter(pl.col("rank").is_in(victims))
-        .group_by("rank", "last_rank").agg(pl.col("wait_ns").sum()).sort(["wait_ns", "last_rank"], descending=[True, False])
+        .group_by("rank", "last_rank").agg(pl.col("wait_ns").sum()).sort(["wait_ns", "last_rank"],
+                                                                         descending=[True, False])
         .unique("rank", keep="first").sort("rank")
     )
     return {int(r): (int(q), w) for r, q, w in per_pair.iter_rows()}
@@ -182,7 +185,8 @@ def _sm_source(flagged: pl.DataFrame) -> tuple[str, str]:
     """Where U_SM came from across the flagged ranks: (metric value, words for the text)."""
     sources = set(flagged["u_sm_source"].to_list())
     sm_source = sources.pop() if len(sources) == 1 else "mixed"
-    sm_text = {"sm_active": "measured SM Active", "blocks_estimate": "SM-weighted estimate"}.get(sm_source, "SM Active or estimate")
+    sm_text = {"sm_active": "measured SM Active",
+               "blocks_estimate": "SM-weighted estimate"}.get(sm_source, "SM Active or estimate")
     return sm_source, sm_text
 
 
@@ -210,7 +214,8 @@ def _who(ctx: JobContext, flagged: pl.DataFrame, cov: Coverage, min_share: float
     rows = _culprit_rows(guilty, host_of, gpus_of(ctx, culprits))
     absent_ranks = sorted(int(r) for r in absent["last_rank"].to_list())
     if absent_ranks:
-        rows.append({"role": "no_data", "ranks": rank_list(absent_ranks), "waited_for_ms": ms(float(absent["wait_ns"].sum())),
+        rows.append({"role": "no_data", "ranks": rank_list(absent_ranks),
+                     "waited_for_ms": ms(float(absent["wait_ns"].sum())),
                      "share_of_wait": round(float(absent["share"].sum()), 4)})
     rows += _victim_rows(flagged, _main_culprit(ctx.match, victims), max(0, EVIDENCE_CAP - len(rows)))
     # Mostly waited out in collectives the culprits never reached (a hang), rather than arrived late at.

@@ -26,7 +26,8 @@ class ExposedCommConfig:
     dp_min_exposed: float = setting(0.05, unit="fraction of step", low=0.0, high=1.0,
                                     doc="DP/default: exposed transfer share of the step from which a step counts")
     dp_max_overlap: float = setting(0.5, unit="fraction of transfer", low=0.0, high=1.0,
-                                    doc="DP/default: a step counts only if less than this share of the transfer overlaps compute")
+                                    doc="DP/default: a step counts only if less than this share of the transfer "
+                                        "overlaps compute")
     min_step_share: float = setting(0.5, unit="fraction of steps", low=0.0, high=1.0,
                                     doc="share of steps (on the median rank) that must count")
     tp_min_exposed: float = setting(0.15, unit="fraction of step", low=0.0, high=1.0,
@@ -160,7 +161,8 @@ def detect(ctx: JobContext, cfg: ExposedCommConfig) -> list[Finding]:
     return in_profile(ctx, findings)
 
 
-def _finding(ta: JobContext, g: str, sev: Severity, per_rank: pl.DataFrame, culprits: pl.DataFrame, med_x: float, med_o: float,
+def _finding(ta: JobContext, g: str, sev: Severity, per_rank: pl.DataFrame, culprits: pl.DataFrame, med_x: float,
+             med_o: float,
              n_steps: int, host_of: dict, table: pl.DataFrame) -> Finding:
     ranks = tuple(sorted(int(r) for r in culprits["rank"].to_list()))
     hosts = tuple(sorted({host_of[r] for r in ranks if host_of.get(r)}))
@@ -175,7 +177,8 @@ def _finding(ta: JobContext, g: str, sev: Severity, per_rank: pl.DataFrame, culp
         {"rank": int(r), "step": st, "collective": c, "bytes": b, "pg": pg, "stream": stream,
          "transfer_ms": ms(x), "exposed_ms": ms(e), "wait_ms": ms(w)}
         for r, st, c, b, pg, stream, x, e, w in top.select(
-            "rank", "step", "collective", "bytes", "pg_name", "stream", "transfer_ns", "structural_exposed_ns", "wait_ns"
+            "rank", "step", "collective", "bytes", "pg_name", "stream", "transfer_ns", "structural_exposed_ns",
+            "wait_ns"
         ).iter_rows()
     )
     by_design = g == "TP/EP/CP"

@@ -51,9 +51,11 @@ class GpuIdleConfig:
     cpu_busy: float = setting(0.8, unit="fraction of step", low=0.0, high=1.0,
                               doc="... and CPU ops covering at least this share of the step ...")
     host_bound: float = setting(0.5, unit="fraction of idle", low=0.0, high=1.0,
-                                doc="... or at least this share of the idle time host-bound (next kernel launched after the GPU went idle)")
+                                doc="... or at least this share of the idle time host-bound (next kernel launched "
+                                    "after the GPU went idle)")
     min_window_kernels: int = setting(5, unit="kernels", low=0,
-                                      doc="without profiler steps: a rank whose capture holds fewer compute or NCCL kernels "
+                                      doc="without profiler steps: a rank whose capture holds fewer compute or NCCL "
+                                          "kernels "
                                           "than this ran set-up or a one-off test, and its window is not judged")
 
 
@@ -91,7 +93,8 @@ def idle_gaps(ctx: JobContext, ranks: list[int], whole: bool = False) -> pl.Data
         .select("rank", "step", "g_start", pl.col("start_ns").alias("g_end"))
         .filter(pl.col("g_end") > pl.col("g_start"))
     )
-    return gaps.join(win.select("rank", "step", (pl.col("w_end") - pl.col("w_start")).alias("step_ns")), on=["rank", "step"])
+    return gaps.join(win.select("rank", "step", (pl.col("w_end") - pl.col("w_start")).alias("step_ns")),
+                     on=["rank", "step"])
 
 
 def _cover(gaps: pl.DataFrame, ops: pl.DataFrame, name: str) -> pl.DataFrame:
@@ -122,7 +125,8 @@ def _in_sync(gaps: pl.DataFrame, sync: pl.DataFrame, name: str = "in_sync") -> p
 def _after_d2h(ctx: JobContext, gaps: pl.DataFrame) -> pl.DataFrame:
     """Per gap: whether the GPU's last work before it was a device-to-host copy (``_d2h``)."""
     copies = ctx.frames["kernels"].filter(
-        (pl.col("class") == "memcpy") & pl.col("name").str.contains(D2H) & pl.col("rank").is_in(gaps["rank"].unique().implode())
+        (pl.col("class") == "memcpy") & pl.col("name").str.contains(D2H)
+        & pl.col("rank").is_in(gaps["rank"].unique().implode())
     ).select("rank", pl.col("end_ns").alias("g_start"), pl.lit(True).alias("_d2h")).unique(["rank", "g_start"])
     return gaps.join(copies, on=["rank", "g_start"], how="left").with_columns(pl.col("_d2h").fill_null(False))
 
@@ -156,7 +160,8 @@ def classify_gaps(ctx: JobContext, gaps: pl.DataFrame, launch_ranks: list[int], 
     cls = (
         pl.when(pl.col("_loader") >= cfg.input_cover * length).then(pl.lit("input"))
         .when(pl.col("in_sync")).then(pl.lit("sync"))
-        .when((length >= cfg.pause_share * pl.col("step_ns")) | (pl.col("_pause") >= cfg.input_cover * length)).then(pl.lit("pause"))
+        .when((length >= cfg.pause_share * pl.col("step_ns"))
+              | (pl.col("_pause") >= cfg.input_cover * length)).then(pl.lit("pause"))
         .when(pl.col("rank").is_in(launch_ranks)).then(pl.lit("launch"))
         .otherwise(pl.lit("other"))
     )
@@ -173,8 +178,10 @@ def launch_facts(ctx: JobContext, ranks: list[int]) -> pl.DataFrame:
     med = kern.group_by("rank").agg(((pl.col("end_ns") - pl.col("start_ns")).median() / 1e3).alias("median_kernel_us"))
     ops = ctx.frames["cpu_ops"].select("rank", "category", "start_ns", "end_ns").filter(
         pl.col("rank").is_in(ranks) & pl.col("category").cast(pl.String).is_in(CPU_CATEGORIES))
-    clipped = clip_to_windows(ops.select("rank", "start_ns", "end_ns").lazy(), win.select("rank", "step", "w_start", "w_end").lazy(), on=["rank"])
-    cpu = merge(clipped, ["rank"]).group_by("rank").agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("_cpu")).collect()
+    clipped = clip_to_windows(ops.select("rank", "start_ns", "end_ns").lazy(),
+                              win.select("rank", "step", "w_start", "w_end").lazy(), on=["rank"])
+    cpu = merge(clipped,
+                ["rank"]).group_by("rank").agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("_cpu")).collect()
     span = win.group_by("rank").agg((pl.col("w_end") - pl.col("w_start")).sum().alias("_span"))
     return (
         med.join(cpu, on="rank", how="left").join(span, on="rank", how="left")
@@ -241,7 +248,8 @@ DOC = DetectorDoc(
         "in the step window with no kernel, copy or NCCL kernel running); over a profiled window it is the "
         "window less the union of kernels, copies and memsets, the host's synchronization records (Nsight's "
         "CUPTI synchronization rows: time a host thread waited) left out. A rank is flagged when its idle time "
-        "over all its steps (or its window) is at least ``min_idle`` of it. Its idle gaps (between the union of its kernels, inside the step windows) are each put in"
+        "over all its steps (or its window) is at least ``min_idle`` of it. Its idle gaps (between the union of its "
+        "kernels, inside the step windows) are each put in"
         " one class, first match wins: ``input`` when data-loader ops (``enumerate(DataLoader)``, "
         "``DataLoader``, ``__next__``) cover at least ``input_cover`` of the gap; ``sync`` when the gap "
         "starts while the host is inside a synchronizing call (the host waited for the GPU to drain, then had"
@@ -278,12 +286,14 @@ def window_table(ctx: JobContext, cfg: GpuIdleConfig) -> pl.DataFrame:
     work = ctx.frames["kernels"].filter(pl.col("class").is_in(["compute", "comm"])).group_by("rank").len()
     enough = work.filter(pl.col("len") >= cfg.min_window_kernels)["rank"]
     if enough.len() == 0:
-        raise Skip(f"no profiler steps, and no rank ran {cfg.min_window_kernels} compute or NCCL kernels in its capture "
+        raise Skip(f"no profiler steps, and no rank ran {cfg.min_window_kernels} compute or NCCL kernels in its "
+                   f"capture "
                    "(set-up or a one-off test): no window to judge idle time in")
     win = ctx.step_windows.filter(pl.col("rank").is_in(enough.implode())).select(
         "rank", "host", (pl.col("w_end") - pl.col("w_start")).alias("step_ns"))
     ranks = [int(r) for r in win["rank"].to_list()]
-    idle = idle_gaps(ctx, ranks, whole=True).group_by("rank").agg((pl.col("g_end") - pl.col("g_start")).sum().alias("idle_ns"))
+    idle = idle_gaps(ctx, ranks,
+                     whole=True).group_by("rank").agg((pl.col("g_end") - pl.col("g_start")).sum().alias("idle_ns"))
     hb = ctx.steps.group_by("rank").agg(pl.col("host_bound_ns").sum())
     return (
         win.join(idle, on="rank", how="left").join(hb, on="rank", how="left")
@@ -367,7 +377,8 @@ _CAUSE_TEXT = {"d2h_copy": "device-to-host copies (.item(), .cpu(), .tolist(), c
 def _rows(t: pl.DataFrame, gpu_of: dict[int, str], cls: str) -> tuple[dict, ...]:
     causes = SYNC_CAUSES if cls == "sync" else ()
     return tuple(
-        {"rank": int(r["rank"]), "host": r["host"], "gpu": gpu_of.get(int(r["rank"])), "idle": round(float(r["idle"]), 4),
+        {"rank": int(r["rank"]), "host": r["host"], "gpu": gpu_of.get(int(r["rank"])),
+         "idle": round(float(r["idle"]), 4),
          "idle_ms_per_step": ms(r["idle_ns"] / r["steps"]),
          **{f"{c}_share": round(float(r[f"{c}_ns"] or 0) / float(r["idle_ns"]), 4) for c in CLASSES},
          **{f"{c}_syncs": int(r[f"{c}_n"] or 0) for c in causes},
@@ -395,7 +406,8 @@ def _unit_text(t: pl.DataFrame, whole: bool, per_step: float) -> tuple[str, str]
     if not whole:
         return "step", f"{ms(per_step)} ms per step"
     window = float(t["step_ns"].median())  # type: ignore[arg-type]
-    return "profiled window", (f"{ms(per_step)} ms of a {ms(window)} ms window; the trace has no profiler steps, so the "
+    return "profiled window", (f"{ms(per_step)} ms of a {ms(window)} ms window; the trace has no profiler steps, so "
+                               f"the "
                                "unit is the profiled window, from the rank's first to its last GPU activity")
 
 
@@ -416,15 +428,18 @@ def _finding(ctx: JobContext, t: pl.DataFrame, cls: str, cfg: GpuIdleConfig, who
         title=f"GPU idle {share:.0%} of the {unit} on {len(ranks)} rank(s), {_in_unit(_TITLE[cls], whole)}",
         summary=(
             f"Rank(s) {rank_list(ranks)} run no kernel on any stream for {share:.1%} of the {unit} (median; "
-            f"{unit_text}); {cls_share:.0%} of that idle time is classed {cls}: {_in_unit(_WHY[cls], whole)}.{cause_text}"
+            f"{unit_text}); {cls_share:.0%} of that idle time is classed {cls}: "
+            f"{_in_unit(_WHY[cls], whole)}.{cause_text}"
         ),
         remediation=_DO[cls],
         ranks=tuple(ranks),
         hosts=tuple(sorted({str(h) for h in t["host"].drop_nulls().to_list()})),
         gpus=tuple(sorted(set(gpu_of.values()))),
         metrics={"class": cls, "idle_share": round(share, 4), "class_share_of_idle": round(cls_share, 4),
-                 "idle_ms_per_step": ms(per_step), "ranks_flagged": len(ranks), "ranks_with_data": ctx.steps["rank"].n_unique(),
-                 "steps": 0 if whole else int(t["steps"].max()), "min_idle": cfg.min_idle, **extra},  # type: ignore[arg-type]
+                 "idle_ms_per_step": ms(per_step), "ranks_flagged": len(ranks),
+                 "ranks_with_data": ctx.steps["rank"].n_unique(),
+                 "steps": 0 if whole else int(t["steps"].max()), "min_idle": cfg.min_idle,  # type: ignore[arg-type]
+                 **extra},
         evidence=_rows(t, gpu_of, cls),
         gpu_seconds_lost=gpu_seconds(float(t["idle_ns"].sum())),
         fraction_of_step=round(share, 4),

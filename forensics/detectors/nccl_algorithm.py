@@ -41,7 +41,8 @@ class NcclAlgorithmConfig:
     min_forced_slowdown: float = setting(1.25, unit="ratio", low=1.0,
                                          doc="model time ratio (forced / default) from which a forced choice is slower")
     expected_busbw_gbps: float = setting(0.0, unit="GB/s", low=0.0,
-                                         doc="the hardware's expected nccl-tests bus bandwidth (0 = unknown, check off)")
+                                         doc="the hardware's expected nccl-tests bus bandwidth (0 = unknown, check "
+                                             "off)")
     min_busbw_fraction: float = setting(0.5, unit="fraction", low=0.0, high=1.0,
                                         doc="nccl-tests peak busbw below this share of expected_busbw_gbps is flagged")
 
@@ -89,7 +90,8 @@ def _measured(frames: JobFrames, tests: pl.DataFrame) -> list[tuple[str, int, fl
     """(collective, bytes, µs, measured by) from nccl-tests rows and traced NCCL kernels."""
     measured: list[tuple[str, int, float, str]] = []
     for r in tests.filter(pl.col("time_us").is_not_null()).iter_rows(named=True):
-        coll = r["collective"] or ("AllReduce" if (r["algbw_gbps"] or 0) and r["busbw_gbps"] > r["algbw_gbps"] else None)
+        coll = r["collective"] or ("AllReduce" if (r["algbw_gbps"] or 0) and r["busbw_gbps"] > r["algbw_gbps"]
+                                   else None)
         if coll:
             measured.append((coll, r["size_bytes"], r["time_us"], "nccl-tests"))
     if frames.has("kernels"):
@@ -168,7 +170,8 @@ class _Algo:
     def looked(self) -> bool:
         """Whether the logs hold anything to judge the choice from."""
         tp = self.table_pred
-        return self.env.height > 0 or self.pred.height > 0 or (tp is not None and tp.height > 0) or self.tests.height > 0
+        return self.env.height > 0 or self.pred.height > 0 or (tp is not None
+                                                               and tp.height > 0) or self.tests.height > 0
 
 
 def _forced_env(env: pl.DataFrame) -> pl.DataFrame:
@@ -176,7 +179,8 @@ def _forced_env(env: pl.DataFrame) -> pl.DataFrame:
     is_enable = pl.col("var").str.ends_with("_ENABLE")
     return env.filter(pl.col("origin") != "plugin").filter(
         pl.col("var").is_in(FORCING)
-        | (pl.col("var").is_in(DISABLES) & pl.when(is_enable).then(pl.col("value") == "0").otherwise(pl.col("value") != "0"))
+        | (pl.col("var").is_in(DISABLES)
+           & pl.when(is_enable).then(pl.col("value") == "0").otherwise(pl.col("value") != "0"))
     )
 
 
@@ -268,7 +272,8 @@ def check_forced(a: _Algo) -> list[Finding]:
         "Set by the user: " + ", ".join(f"{k}={v}" for k, v in settings.items()) + f"; {imp.detail}.",
         "Remove the override unless a benchmark on this cluster shows it is faster at the job's message "
         "sizes; NCCL's own choice is usually within a few percent of the best.",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="forced", kind=FORCED_ALGORITHM.name, metrics=metrics, confidence=imp.confidence,
+        ranks=ranks, hosts=hosts, gpus=gpus, key="forced", kind=FORCED_ALGORITHM.name, metrics=metrics,
+        confidence=imp.confidence,
         gpu_seconds_lost=imp.gpu_s, fraction_of_step=imp.frac,
         evidence=evidence(forced, ("host", "line", "var", "value", "origin")),
     )]
@@ -328,7 +333,8 @@ def check_busbw_cliff(a: _Algo) -> list[Finding]:
     if not tests.height:
         return []
     t = (tests.filter(pl.col("placement") == "out-of-place").sort("size_bytes")
-         .with_columns(pl.col("busbw_gbps").shift(1).alias("prev_busbw"), pl.col("size_bytes").shift(1).alias("prev_size")))
+         .with_columns(pl.col("busbw_gbps").shift(1).alias("prev_busbw"),
+                       pl.col("size_bytes").shift(1).alias("prev_size")))
     cliff = t.filter((pl.col("size_bytes") >= cfg.min_bytes_for_gap) & (pl.col("busbw_gbps") > 0)
                      & (pl.col("prev_busbw") / pl.col("busbw_gbps") >= cfg.min_busbw_cliff))
     if not cliff.height:
@@ -341,7 +347,8 @@ def check_busbw_cliff(a: _Algo) -> list[Finding]:
         "path onto a degraded link.",
         "Re-run with NCCL_DEBUG_SUBSYS=TUNING to see the choice at both sizes, and test each "
         "algorithm with NCCL_ALGO to locate the broken path.",
-        key="busbw_cliff", kind=SLOW_COLLECTIVES.name, confidence="medium", hosts=tuple(sorted(set(tests["host"].drop_nulls().to_list()))),
+        key="busbw_cliff", kind=SLOW_COLLECTIVES.name, confidence="medium",
+        hosts=tuple(sorted(set(tests["host"].drop_nulls().to_list()))),
         metrics={"from_gbps": c["prev_busbw"], "to_gbps": c["busbw_gbps"], "at_bytes": c["size_bytes"]},
         evidence=evidence(cliff, ("size_bytes", "prev_busbw", "busbw_gbps", "line")),
     )]
@@ -363,7 +370,8 @@ def check_busbw_peak(a: _Algo) -> list[Finding]:
         "Check the transport findings, NIC count and speed per GPU, PCIe generation/width and NUMA placement.",
         key="busbw_peak", kind=SLOW_COLLECTIVES.name, confidence="medium",
         metrics={"peak_busbw_gbps": peak, "expected_busbw_gbps": cfg.expected_busbw_gbps},
-        evidence=evidence(tests.sort("busbw_gbps", descending=True), ("size_bytes", "placement", "busbw_gbps", "line"), 3),
+        evidence=evidence(tests.sort("busbw_gbps", descending=True), ("size_bytes", "placement", "busbw_gbps", "line"),
+                          3),
     )]
 
 

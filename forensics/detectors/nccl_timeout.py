@@ -47,9 +47,11 @@ class NcclTimeoutConfig:
     """Thresholds of the timeout checks."""
 
     late_detection_ratio: float = setting(2.0, unit="ratio", low=1.0,
-                                          doc="ran-for / Timeout(ms) above this means the watchdog noticed the hang late")
+                                          doc="ran-for / Timeout(ms) above this means the watchdog noticed the hang "
+                                              "late")
     max_silent_fraction: float = setting(0.25, unit="fraction of communicator", low=0.0, high=1.0,
-                                         doc="silent ranks are named culprits only up to this share of the communicator")
+                                         doc="silent ranks are named culprits only up to this share of the "
+                                             "communicator")
 
 
 @dataclass
@@ -115,7 +117,8 @@ def _timeout(t: _Logs, cfg: NcclTimeoutConfig) -> _Timeout:
         ops=sorted(set(timeouts["op_type"].drop_nulls().to_list())),
         timeout_ns=timeouts["timeout_ns"].drop_nulls(), ran_ns=timeouts["ran_ns"].drop_nulls(), never=never,
         stuck=status.filter((pl.col("last_enqueued") >= pl.col("seq")) & (pl.col("last_completed") < pl.col("seq"))),
-        culprits=sorted(set(t.desync["lagging_rank"].drop_nulls().to_list()) | set(never["rank"].drop_nulls().to_list())),
+        culprits=sorted(set(t.desync["lagging_rank"].drop_nulls().to_list())
+                        | set(never["rank"].drop_nulls().to_list())),
     )
     if not out.culprits and status.height:
         # every rank printed its counters, none is below the SeqNum: the per-group vote (forensics.facts.hang)
@@ -147,7 +150,8 @@ def _timeout_text(t: _Logs, o: _Timeout, cfg: NcclTimeoutConfig) -> str:
         text += f" after Timeout(ms)={int(o.timeout_ns.max()) // 1_000_000}"  # type: ignore[arg-type]
     ratio = o.ratio
     if ratio is not None and ratio >= cfg.late_detection_ratio:
-        text += (f"; it ran {int(o.ran_ns.max()) // 1_000_000} ms = {ratio:.1f}x the timeout, i.e. the job hung "  # type: ignore[arg-type]
+        text += (f"; it ran {int(o.ran_ns.max()) // 1_000_000} ms = {ratio:.1f}x the timeout, i.e. the job "  # type: ignore[arg-type]
+                 f"hung "
                  f"about {o.ran_ns.max() / 3.6e12:.1f} h before the watchdog acted")  # type: ignore[operator]
     if o.never.height:
         text += f"; rank(s) {_ranks_text(o.never)} never issued it (last enqueued < SeqNum)"
@@ -184,12 +188,14 @@ def _timeout_finding(t: _Logs, o: _Timeout, cfg: NcclTimeoutConfig) -> Finding:
         key="timeout:" + ",".join(map(str, o.seqs[:4])),
         confidence="high" if (o.culprits and not o.silent) else "medium",
         metrics={"reporting_ranks": len(o.reporters), "culprit_ranks": ",".join(map(str, o.culprits)) or None,
-                 "timeout_ms": int(o.timeout_ns.max()) // 1_000_000 if o.timeout_ns.len() else None,  # type: ignore[arg-type]
+                 "timeout_ms": int(o.timeout_ns.max()) // 1_000_000  # type: ignore[arg-type]
+                 if o.timeout_ns.len() else None,
                  "ran_over_timeout": round(ratio, 2) if ratio is not None else None,
                  "seq": o.seqs[0] if o.seqs else None,
                  "ran_ms": ran_ms, "time_ns": died},
         evidence=evidence(pl.concat([t.timeouts, t.status], how="vertical"),
-                          ("rank", "kind", "pg", "seq", "op_type", "numel_in", "last_enqueued", "last_completed", "line")),
+                          ("rank", "kind", "pg", "seq", "op_type", "numel_in", "last_enqueued", "last_completed",
+                           "line")),
     )
 
 
@@ -269,7 +275,8 @@ def _desync_span(t: _Logs, rows: pl.DataFrame) -> When:
     """The desynchronised collective's lines (and desync reports): the same clock as the timeout's."""
     lines = pl.concat([rows["message"], t.desync["message"]]).drop_nulls().to_list()
     ran_ns = rows["ran_ns"].drop_nulls()
-    return _hang_span(earliest_glog_ns(lines, t.year), int(cast(int, ran_ns.max())) // 1_000_000 if ran_ns.len() else None)
+    return _hang_span(earliest_glog_ns(lines, t.year),
+                      int(cast(int, ran_ns.max())) // 1_000_000 if ran_ns.len() else None)
 
 
 def check_ras(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
@@ -308,7 +315,8 @@ def check_cuda(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
     )]
 
 
-CHECKS: tuple[Callable[[_Logs, NcclTimeoutConfig], list[Finding]], ...] = (check_timeout, check_desync, check_ras, check_cuda)
+CHECKS: tuple[Callable[[_Logs, NcclTimeoutConfig], list[Finding]], ...] = (check_timeout, check_desync, check_ras,
+                                                                           check_cuda)
 
 
 DOC = DetectorDoc(
@@ -332,7 +340,8 @@ DOC = DetectorDoc(
         "collective_timeouts (PyTorch lines) grouped by (process group, SeqNum); nccl_events for RAS and CUDA"
         " failures. Culprits: ranks named by a desync report; else ranks whose last enqueued work is below "
         "the timed-out SeqNum; else the per-group vote over the watchdog's last enqueued / last completed counters "
-        "(forensics.facts.hang: stuck on the device or on the host); else the few ranks of the world communicator (size from NCCL init lines) that "
+        "(forensics.facts.hang: stuck on the device or on the host); else the few ranks of the world communicator "
+        "(size from NCCL init lines) that "
         "report no timeout while the others do; else, for a desync, the ranks in the minority collective; "
         "otherwise the ranks that reported the timeout are listed as reporters, not culprits (confidence "
         "lowered)."

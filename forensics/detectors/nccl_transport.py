@@ -103,7 +103,8 @@ def check_sockets(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
     sock_net = t.netsel.filter(pl.col("name").str.to_lowercase() == "socket")
     ofi_tcp = net.filter((pl.col("kind") == "ofi_provider") & pl.col("name").str.contains(r"(?i)tcp|sockets"))
     ib_none = net.filter(pl.col("kind") == "ib_none")
-    implied = pl.concat([sock_net.select("host", "pid", "cuda_dev", "line"), ib_none.select("host", "pid", "cuda_dev", "line")])
+    implied = pl.concat([sock_net.select("host", "pid", "cuda_dev", "line"),
+                         ib_none.select("host", "pid", "cuda_dev", "line")])
     only_socket = t.netsel.filter(pl.col("name").str.to_lowercase() != "socket").height == 0
     if not (sock.height or ofi_tcp.height or (j.multi_node and implied.height and only_socket)):
         return []
@@ -291,7 +292,8 @@ def check_mixed_link(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
         "NCCL lists both IB and RoCE devices; 2.28+ refuses to connect such pairs and older versions mis-tune.",
         "Restrict NCCL_IB_HCA to one link layer.",
         ranks=ranks, hosts=hosts, gpus=gpus, key="mixed_link", kind=DEGRADED_TRANSPORT.name, confidence="high",
-        evidence=evidence(ib.unique(["host", "name"], keep="first", maintain_order=True), ("host", "name", "link_layer")),
+        evidence=evidence(ib.unique(["host", "name"], keep="first", maintain_order=True),
+                          ("host", "name", "link_layer")),
     )]
 
 
@@ -345,7 +347,8 @@ def check_fabric_failures(t: _Transport, cfg: NcclTransportConfig) -> list[Findi
         ranks, hosts, gpus = where(group, t.j.ident)
         title, sev, summary, fix = _FAILURES[str(kind)](group, hosts)
         out.append(Finding(
-            "nccl_transport", sev, title, summary, fix, ranks=ranks, hosts=hosts, gpus=gpus, key=f"fail_{kind}", kind=TRANSPORT_FAILURE.name,
+            "nccl_transport", sev, title, summary, fix, ranks=ranks, hosts=hosts, gpus=gpus, key=f"fail_{kind}",
+            kind=TRANSPORT_FAILURE.name,
             metrics={"events": group.height, "hosts": len(hosts)},
             evidence=evidence(group, ("host", "pid", "cuda_dev", "line", "file_line", "code", "message")),
             confidence="high",
@@ -365,7 +368,8 @@ TRANSPORT_ENV: dict[str, tuple[str, Callable[[str], bool], Callable[[str], str]]
     "NCCL_SHM_DISABLE": ("intra", lambda v: v != "0", lambda v: "no shared-memory transport within a node"),
     "NCCL_IB_DISABLE": ("socket", lambda v: v != "0", lambda v: "InfiniBand/RoCE off"),
     "NCCL_NET": ("socket", lambda v: v.strip('"').lower() == "socket", lambda v: "the Socket network forced"),
-    "NCCL_NET_GDR_LEVEL": ("no_gdr", lambda v: v.upper() not in _WIDEST, lambda v: "no GPUDirect RDMA" if v.upper() in _OFF
+    "NCCL_NET_GDR_LEVEL": ("no_gdr", lambda v: v.upper() not in _WIDEST,
+                           lambda v: "no GPUDirect RDMA" if v.upper() in _OFF
                            else f"GPUDirect RDMA only for NIC-GPU distance up to {v}"),
     "NCCL_NET_GDR_READ": ("no_gdr", lambda v: v == "0", lambda v: "no GPUDirect RDMA reads"),
 }

@@ -27,16 +27,20 @@ class PipelineBubbleConfig:
     chunks: int = setting(0, unit="chunks", low=0, doc="model chunks per stage v (interleaving); 0 = 1 unless inferred")
     schedule: str = setting("1f1b", choices=("1f1b", "zb-h1", "zb"),
                             doc="1f1b (also GPipe and interleaved), zb-h1, or zb (zero bubble: theory 0)")
-    excess_ratio: float = setting(1.5, unit="ratio", low=0.0, doc="excess bubble: measured f_B at least this times the theory ...")
-    excess_floor: float = setting(0.05, unit="fraction of step", low=0.0, high=1.0, doc="... and at least this share of the step")
-    imbalance: float = setting(0.10, unit="fraction", low=0.0, doc="stage imbalance max_s C_s / mean_s C_s - 1 that is flagged")
+    excess_ratio: float = setting(1.5, unit="ratio", low=0.0,
+                                  doc="excess bubble: measured f_B at least this times the theory ...")
+    excess_floor: float = setting(0.05, unit="fraction of step", low=0.0, high=1.0,
+                                  doc="... and at least this share of the step")
+    imbalance: float = setting(0.10, unit="fraction", low=0.0,
+                               doc="stage imbalance max_s C_s / mean_s C_s - 1 that is flagged")
     structural: float = setting(0.30, unit="fraction of step", low=0.0, high=1.0,
                                 doc="theoretical bubble share at which the configuration itself is reported (info)")
     structural_warning: float = setting(0.50, unit="fraction of step", low=0.0, high=1.0,
                                         doc="... and at which that report is a warning")
     theory_tolerance: float = setting(0.5, unit="fraction of theory", low=0.0,
                                       doc="theory above the measured bubble by more than this share of it (and by more "
-                                          "than excess_floor): the schedule is uncertain and only the measured bubble is reported")
+                                          "than excess_floor): the schedule is uncertain and only the measured bubble "
+                                          "is reported")
 
 
 def _num(x: object) -> float:
@@ -140,8 +144,10 @@ def microbatches_from_order(ta: JobContext, p2p: pl.DataFrame) -> int:
     frames = ta.frames
     launches = ta.launches.filter(pl.col("rank").is_in(ranks))
     comp = frames["kernels"].select("rank", "class", "correlation", "start_ns").filter(
-        pl.col("rank").is_in(ranks) & (pl.col("class") == "compute")).join(launches, on=["rank", "correlation"], how="left")
-    comp = assign_steps(comp.with_columns(pl.coalesce("launch_ns", "start_ns").alias("_t")), effective_steps(frames), "_t")
+        pl.col("rank").is_in(ranks) & (pl.col("class") == "compute")).join(launches, on=["rank", "correlation"],
+                                                                           how="left")
+    comp = assign_steps(comp.with_columns(pl.coalesce("launch_ns", "start_ns").alias("_t")), effective_steps(frames),
+                        "_t")
     items = pl.concat([
         comp.select("rank", "step", "_t", pl.col("start_ns").alias("_s"), pl.lit(False).alias("_p2p")),
         last.select("rank", "step", pl.coalesce("launch_ns", "start_ns").alias("_t"), pl.col("start_ns").alias("_s"),

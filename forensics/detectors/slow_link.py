@@ -99,8 +99,10 @@ def rank_nics(ctx: JobContext) -> pl.DataFrame:
     ch = ctx.frames["nccl_channels"].filter((pl.col("transport") == "NET") & pl.col("nic").is_not_null())
     if ch.height == 0:
         return pl.DataFrame(schema={"rank": pl.Int32(), "host": pl.String(), "nic": pl.String()})
-    ident = ctx.identity.select("host", "pid", "cuda_dev", pl.col("rank").alias("_irank")).unique(["host", "pid", "cuda_dev"])
-    ch = ch.join(ident, on=["host", "pid", "cuda_dev"], how="left").with_columns(pl.coalesce("rank", "_irank").alias("rank"))
+    ident = ctx.identity.select("host", "pid", "cuda_dev",
+                                pl.col("rank").alias("_irank")).unique(["host", "pid", "cuda_dev"])
+    ch = ch.join(ident, on=["host", "pid", "cuda_dev"],
+                 how="left").with_columns(pl.coalesce("rank", "_irank").alias("rank"))
     net = ctx.frames["nccl_net"].filter(pl.col("kind").is_in(["ib", "socket"]) & pl.col("index").is_not_null())
     names = net.select("host", "pid", pl.col("index").alias("nic"),
                        pl.when(pl.col("port").is_not_null())

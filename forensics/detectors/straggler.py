@@ -37,11 +37,14 @@ class StragglerConfig:
     min_last_share: float = setting(0.5, unit="fraction of instances", low=0.0, high=1.0,
                                     doc="arrival test: share of its instances a rank must arrive last at (and >= 3/n)")
     explain_share: float = setting(0.5, unit="fraction of lateness", low=0.0, high=1.0,
-                                   doc="compute or host-bound excess must cover this share of a late arriver's lateness")
+                                   doc="compute or host-bound excess must cover this share of a late arriver's "
+                                       "lateness")
     host_slack_ratio: float = setting(0.5, unit="ratio", low=0.0,
-                                      doc="a late arriver whose launch queue is at most this share of the job median is host-bound")
+                                      doc="a late arriver whose launch queue is at most this share of the job median "
+                                          "is host-bound")
     stage_imbalance: float = setting(0.10, unit="fraction", low=0.0,
-                                     doc="stage class: a stage's median compute at least this much above the mean of stages")
+                                     doc="stage class: a stage's median compute at least this much above the mean of "
+                                         "stages")
     min_impact: float = setting(0.03, unit="fraction of step", low=0.0, high=1.0,
                                 doc="findings saving less than this share of the step are info (ByteDance's S >= 1.03)")
     critical_impact: float = setting(0.15, unit="fraction of step", low=0.0, high=1.0,
@@ -323,7 +326,7 @@ def _rank_finding(h: str | None, c: str, rs: list[int], sc: _Scores, job: _Job, 
               for r in rs]
         wall_ns = max(ex)
     frac = wall_ns / job.step_med if job.step_med else 0.0
-    sev = Severity.CRITICAL if frac >= cfg.critical_impact else Severity.WARNING if frac >= cfg.min_impact else Severity.INFO
+    sev = Severity.CRITICAL if frac >= cfg.critical_impact else Severity.WARNING if frac >= cfg.min_impact else Severity.INFO  # noqa: E501
     node = len(rs) >= 2
     h = job.host_of.get(rs[0])
     label = {"compute": "slow GPU compute", "host": "host-bound (GPU starved by the CPU)",
@@ -410,7 +413,8 @@ _REMEDY = {
 def _stages(s: pl.DataFrame, cfg: StragglerConfig, step_med: float) -> list[Finding]:
     if s["pp_stage"].null_count() == s.height or s["pp_stage"].n_unique() < 2:
         return []
-    st = s.group_by("pp_stage").agg(pl.col("compute_ns").median().alias("c"), pl.col("rank").unique().sort().alias("ranks"))
+    st = s.group_by("pp_stage").agg(pl.col("compute_ns").median().alias("c"),
+                                    pl.col("rank").unique().sort().alias("ranks"))
     mean_c = _num(st["c"].mean())
     worst = st.sort("c", descending=True).row(0, named=True)
     sigma = worst["c"] / mean_c - 1 if mean_c else 0.0
@@ -428,7 +432,8 @@ def _stages(s: pl.DataFrame, cfg: StragglerConfig, step_med: float) -> list[Find
         remediation=_REMEDY["stage"],
         ranks=tuple(int(r) for r in worst["ranks"]),
         metrics={"class": "stage", "stage": int(worst["pp_stage"]), "stage_imbalance": round(sigma, 4)},
-        evidence=tuple({"stage": int(a), "compute_ms": ms(b)} for a, b, _ in st.sort("pp_stage").head(EVIDENCE_CAP).iter_rows()),
+        evidence=tuple({"stage": int(a), "compute_ms": ms(b)} for a, b,
+                       _ in st.sort("pp_stage").head(EVIDENCE_CAP).iter_rows()),
         gpu_seconds_lost=None,
         fraction_of_step=None,
         key=f"stage{worst['pp_stage']}",

@@ -191,7 +191,7 @@ def _labelled_intervals(kern: pl.DataFrame, match: CollectiveMatch, windows: pl.
     base = ["rank", "start_ns", "end_ns", "bit"]
     non_comm = kern.filter(pl.col("class") != "comm").select(
         "rank", "start_ns", "end_ns",
-        pl.when(pl.col("class") == "compute").then(pl.lit(COMPUTE)).otherwise(pl.lit(OTHER)).cast(pl.Int64).alias("bit"),
+        pl.when(pl.col("class") == "compute").then(pl.lit(COMPUTE)).otherwise(pl.lit(OTHER)).cast(pl.Int64).alias("bit"),  # noqa: E501
     )
     ck = match.kernels
     tx_bit = pl.col("pg_type").replace_strict(TX, return_dtype=pl.Int64)
@@ -215,11 +215,13 @@ def _labelled_intervals(kern: pl.DataFrame, match: CollectiveMatch, windows: pl.
     win = windows.select("rank", pl.col("w_start").alias("start_ns"), pl.col("w_end").alias("end_ns"),
                          pl.lit(WINDOW, dtype=pl.Int64).alias("bit"))
     # Short gaps between consecutive (merged) compute intervals: launch overhead, never counted as bubble.
-    cm = merge(non_comm.filter(pl.col("bit") == COMPUTE).select("rank", "start_ns", "end_ns"), ["rank"]).sort("rank", "start_ns")
+    cm = merge(non_comm.filter(pl.col("bit") == COMPUTE).select("rank", "start_ns", "end_ns"),
+               ["rank"]).sort("rank", "start_ns")
     short = (
         cm.select("rank", pl.col("end_ns").shift(1).over("rank").alias("_gs"), pl.col("start_ns").alias("_ge"))
         .filter((pl.col("_ge") - pl.col("_gs")) < LAUNCH_GAP_NS)
-        .select("rank", pl.col("_gs").alias("start_ns"), pl.col("_ge").alias("end_ns"), pl.lit(SHORT_GAP, dtype=pl.Int64).alias("bit"))
+        .select("rank", pl.col("_gs").alias("start_ns"), pl.col("_ge").alias("end_ns"),
+                pl.lit(SHORT_GAP, dtype=pl.Int64).alias("bit"))
         .collect()
     )
     return pl.concat([x.select(base) for x in (non_comm, comm_tx, comm_wait, host, win, short)], how="vertical")
@@ -237,7 +239,8 @@ def _bucket_aggs() -> list[pl.Expr]:
         L.filter(_none(COMPUTE | ALL_TX | ALL_WAIT) & _has(OTHER)).sum().alias("other_ns"),
         L.filter(no_kernel).sum().alias("idle_ns"),
         L.filter(no_kernel & _has(HOST)).sum().alias("host_bound_ns"),
-        L.filter(_none(COMPUTE | OTHER | NON_PP_COMM | SHORT_GAP) & _has(TX["PP"] | WAIT["PP"])).sum().alias("bubble_wait_ns"),
+        L.filter(_none(COMPUTE | OTHER | NON_PP_COMM | SHORT_GAP)
+                 & _has(TX["PP"] | WAIT["PP"])).sum().alias("bubble_wait_ns"),
         L.filter(no_kernel & _none(SHORT_GAP)).sum().alias("bubble_idle_ns"),
         L.filter(_none(COMPUTE | OTHER | ALL_TX) & _has(NON_PP_COMM & ALL_WAIT)).sum().alias("busy_wait_ns"),
     ]

@@ -177,13 +177,14 @@ def _comm_kernels(frames: JobFrames, launches: pl.DataFrame | None = None) -> tu
             pl.coalesce("pg_desc", "_desc").alias("pg_desc"),
             pl.coalesce("_rh", "_prh").alias("_rh"),
         ).drop("_desc", "_prh")
-        lists = pl.concat([lists, pg_info.select("pg_name", pl.col("_prh").alias("_rh"), pl.col("_pranks").alias("pg_ranks"))])
+        lists = pl.concat([lists,
+                           pg_info.select("pg_name", pl.col("_prh").alias("_rh"), pl.col("_pranks").alias("pg_ranks"))])
     k, lists = _with_pg_key(attach_steps(frames, k.drop("_row"), launches), lists)
     # userbuffers and symmetric-memory kernels carry no group: both are tensor-parallel features (TE's comm-GEMM
     # overlap, async TP)
     tp_overlap = pl.col("pg_desc").is_null() & pl.col("name").str.contains(TP_OVERLAP_KERNEL)
     return k.with_columns(
-        pl.when(tp_overlap).then(pl.lit("TP")).otherwise(pg_type_expr(pl.col("pg_desc").fill_null(""))).alias("pg_type"),
+        pl.when(tp_overlap).then(pl.lit("TP")).otherwise(pg_type_expr(pl.col("pg_desc").fill_null(""))).alias("pg_type"),  # noqa: E501
         (pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns"),
         _coalesced_p2p().fill_null(pl.lit("unknown")).alias("collective"),
     ), lists
@@ -194,7 +195,8 @@ def _coalesced_p2p() -> pl.Expr:
     PyTorch's coalescing manager: `nccl:coalesced`, Collective name "coalesced") read as ``sendrecv``: one
     kernel that carries sends and receives to its pipeline neighbours, a P2P exchange, not a collective."""
     sendrecv = pl.col("name").str.contains(r"(?i)(?:nccl|rccl)\w*Kernel_SendRecv")
-    return pl.when((pl.col("collective") == "coalesced") & sendrecv).then(pl.lit("sendrecv")).otherwise(pl.col("collective"))
+    return pl.when((pl.col("collective") == "coalesced")
+                   & sendrecv).then(pl.lit("sendrecv")).otherwise(pl.col("collective"))
 
 
 def _with_pg_key(k: pl.DataFrame, lists: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:

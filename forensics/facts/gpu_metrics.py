@@ -53,7 +53,8 @@ def sm_active_in_windows(frames: JobFrames, windows: pl.DataFrame, metric: str =
     """
     out_cols = [metric, f"{metric}_covered_ns"]
     if not has_metric(frames, metric) or windows.height == 0:
-        return windows.with_columns(pl.lit(None, pl.Float64()).alias(out_cols[0]), pl.lit(None, pl.Int64()).alias(out_cols[1]))
+        return windows.with_columns(pl.lit(None, pl.Float64()).alias(out_cols[0]),
+                                    pl.lit(None, pl.Int64()).alias(out_cols[1]))
     g = _integral(frames["gpu_metrics"], metric).with_columns(pl.col("device").cast(pl.Int32))
     w = windows.with_row_index("_w").with_columns(pl.col("device").cast(pl.Int32))
     bounds = g.group_by(_KEYS).agg(pl.col("t_first").first(), pl.col("t_last").first())
@@ -73,7 +74,7 @@ def sm_active_in_windows(frames: JobFrames, windows: pl.DataFrame, metric: str =
         w.join(at("_a", "_Fa").join(at("_b", "_Fb"), on="_w"), on="_w", how="left")
         .with_columns(covered.alias(out_cols[1]))
         .with_columns(
-            pl.when(pl.col(out_cols[1]) > 0).then((pl.col("_Fb") - pl.col("_Fa")) / pl.col(out_cols[1])).alias(out_cols[0])
+            pl.when(pl.col(out_cols[1]) > 0).then((pl.col("_Fb") - pl.col("_Fa")) / pl.col(out_cols[1])).alias(out_cols[0])  # noqa: E501
         )
     )
     return w.sort("_w").drop("_w", "t_first", "t_last", "_a", "_b", "_Fa", "_Fb")
@@ -96,4 +97,5 @@ def sm_active_fraction(
         pl.col("timestamp_ns").is_between(lo, hi).sum().alias("samples")
     ).with_columns(pl.lit(lo, pl.Int64()).alias("start_ns"), pl.lit(hi, pl.Int64()).alias("end_ns"))
     res = sm_active_in_windows(frames, gpus, metric)
-    return res.rename({f"{metric}_covered_ns": "covered_ns"}).select(list(schema)).sort("rank", "source", "device", nulls_last=True)
+    return res.rename({f"{metric}_covered_ns": "covered_ns"}).select(list(schema)).sort("rank", "source", "device",
+                                                                                        nulls_last=True)

@@ -69,10 +69,13 @@ def _decode(ev: pl.DataFrame) -> pl.DataFrame:
     kind = pl.col("kind").cast(pl.String)
     return ev.with_columns(
         _field("what").alias("what"), _field("state").str.to_uppercase().alias("state"), _field("ekind").alias("ekind"),
-        _field("count").cast(pl.Int64, strict=False).alias("count"), _field("mc").cast(pl.Int64, strict=False).alias("mc"),
-        _field("secs").cast(pl.Int64, strict=False).alias("secs"), _field("cpu").cast(pl.Int64, strict=False).alias("cpu"),
+        _field("count").cast(pl.Int64, strict=False).alias("count"),
+        _field("mc").cast(pl.Int64, strict=False).alias("mc"),
+        _field("secs").cast(pl.Int64, strict=False).alias("secs"),
+        _field("cpu").cast(pl.Int64, strict=False).alias("cpu"),
         _field("n").cast(pl.Int64, strict=False).alias("total_events"),
-        _field("anon_rss_kb").cast(pl.Int64, strict=False).alias("anon_rss_kb"), _field("constraint").alias("constraint"),
+        _field("anon_rss_kb").cast(pl.Int64, strict=False).alias("anon_rss_kb"),
+        _field("constraint").alias("constraint"),
         _field("fs").alias("fs"), _field("detail").alias("detail"), _field("server").alias("server"),
         pl.coalesce(
             pl.when(kind.is_in(["ib_port", "mlx5"]) & _field("ibdev").is_not_null())
@@ -136,7 +139,8 @@ def host_events(normalized: pl.DataFrame, ignore_interfaces: str) -> pl.DataFram
     if ev.height == 0:
         return ev.with_columns(pl.lit(None, pl.String).alias("category"))
     ev = _decode(ev).with_columns(_category().alias("category")).filter(pl.col("category").is_not_null())
-    ev = ev.filter(~((pl.col("category") == "nic_link") & pl.col("device").str.contains(ignore_interfaces).fill_null(False)))
+    ev = ev.filter(~((pl.col("category") == "nic_link")
+                     & pl.col("device").str.contains(ignore_interfaces).fill_null(False)))
     ev = _oom_victims(ev)
     return _flaps(ev.with_columns(_key().alias("key")))
 
@@ -166,17 +170,19 @@ def summarize(ev: pl.DataFrame, trainer: str, max_evidence: int) -> pl.DataFrame
         pl.col("host").first(), pl.col("category").first(), pl.col("key").first(), pl.col("clock").first(),
         pl.col("source").first(), pl.col("line").first().alias("first_line"), pl.len().alias("events"),
         pl.col("t").min().alias("first_t"), pl.col("t").max().alias("last_t"),
-        pl.col("count").filter(cat_edac == "CE").sum().alias("ce"), pl.col("count").filter(cat_edac == "UE").sum().alias("ue"),
+        pl.col("count").filter(cat_edac == "CE").sum().alias("ce"),
+        pl.col("count").filter(cat_edac == "UE").sum().alias("ue"),
         pl.col("mc").drop_nulls().first().alias("mc"),
         pl.col("process").filter(pl.col("kind") != "oom").drop_nulls().unique(maintain_order=True).alias("processes"),
         pl.col("pid").filter(pl.col("kind") != "oom").drop_nulls().unique(maintain_order=True).alias("pids"),
         name_matches("process", trainer).filter(pl.col("kind") != "oom").any().alias("trainer_blocked"),
         pl.col("secs").max().alias("max_secs"), pl.col("secs").min().alias("min_secs"),
-        pl.col("stack_module").drop_nulls().str.split(",").list.explode().unique(maintain_order=True).alias("stack_modules"),
+        pl.col("stack_module").drop_nulls().str.split(",").list.explode().unique(maintain_order=True).alias("stack_modules"),  # noqa: E501
         (pl.col("kind") == "soft_lockup").sum().alias("soft"), (pl.col("kind") == "hard_lockup").sum().alias("hard"),
         (pl.col("kind") == "rcu_stall").sum().alias("rcu"),
         pl.col("cpu").drop_nulls().unique().sort().alias("cpus"),
-        pl.col("victim_pid").drop_nulls().first(), pl.col("process").filter(oom_named).drop_nulls().first().alias("victim"),
+        pl.col("victim_pid").drop_nulls().first(),
+        pl.col("process").filter(oom_named).drop_nulls().first().alias("victim"),
         pl.col("process").filter(pl.col("what") == "invoked").drop_nulls().first().alias("invoker"),
         pl.col("anon_rss_kb").max(), pl.col("constraint").drop_nulls().first(),
         pl.col("fs").drop_nulls().first(), (pl.col("what") == "readonly").any().alias("readonly"),

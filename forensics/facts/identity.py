@@ -75,7 +75,8 @@ def log_identities(frames: JobFrames) -> pl.DataFrame:
 def _fill_gaps(out: pl.DataFrame) -> pl.DataFrame:
     """4. rank offset per process, else per host, when every known pair agrees; a bus id known for a (host,
     cuda_dev) from any process of that host."""
-    pairs = out.filter(pl.col("rank").is_not_null()).select("host", "pid", (pl.col("rank") - pl.col("cuda_dev")).alias("off"))
+    pairs = out.filter(pl.col("rank").is_not_null()).select("host", "pid",
+                                                            (pl.col("rank") - pl.col("cuda_dev")).alias("off"))
 
     def offsets(keys: list[str], name: str) -> pl.DataFrame:
         return (
@@ -97,7 +98,8 @@ def _fill_gaps(out: pl.DataFrame) -> pl.DataFrame:
             .alias("how"),
         )
     )
-    bus = out.filter(pl.col("bus_id").is_not_null()).group_by("host", "cuda_dev").agg(pl.col("bus_id").first().alias("_b"))
+    bus = out.filter(pl.col("bus_id").is_not_null()).group_by("host",
+                                                              "cuda_dev").agg(pl.col("bus_id").first().alias("_b"))
     out = out.join(bus, on=["host", "cuda_dev"], how="left").select(
         "host", "pid", "cuda_dev", "rank", pl.coalesce("bus_id", "_b").alias("bus_id"), "how")
     return _cast(out).sort("host", "pid", "cuda_dev", nulls_last=True)
@@ -107,7 +109,8 @@ def with_trace_ranks(ident: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
     """Add ``trace_rank`` (the Kineto ``ranks`` frame's rank) to log identities; fill missing ranks from it."""
     if ranks.height == 0:
         return ident.with_columns(pl.lit(None, pl.Int32()).alias("trace_rank"))
-    tr = ranks.select("host", "pid", pl.col("device").cast(pl.Int32()).alias("cuda_dev"), pl.col("rank").alias("trace_rank"))
+    tr = ranks.select("host", "pid", pl.col("device").cast(pl.Int32()).alias("cuda_dev"),
+                      pl.col("rank").alias("trace_rank"))
     by_pid = ident.join(tr, on=["host", "pid", "cuda_dev"], how="left")
     by_dev = tr.group_by("host", "cuda_dev").agg(pl.col("trace_rank").first().alias("_t"), pl.len().alias("_n"))
     by_dev = by_dev.filter(pl.col("_n") == 1).drop("_n")

@@ -296,7 +296,8 @@ def arch_from_gpu_name(name: str | None) -> str | None:
         return "blackwell"
     if any(k in n for k in ("H100", "H200", "H800", "H20", "GH200")):
         return "hopper"
-    if any(k in n for k in ("A100", "A800", "A10", "A30", "A40", "A6000", "A5000", "A4000", "A2000", "L4", "L40", "RTX 30", "RTX 40")):
+    if any(k in n for k in ("A100", "A800", "A10", "A30", "A40", "A6000", "A5000", "A4000", "A2000", "L4", "L40",
+                            "RTX 30", "RTX 40")):
         return "ampere"
     if any(k in n for k in ("T4", "RTX 20", "QUADRO RTX", "TITAN RTX")):
         return "turing"

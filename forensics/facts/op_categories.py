@@ -31,7 +31,9 @@ KERNEL_RULES: tuple[tuple[str, str], ...] = (
     ("normalization", r"layer_?norm|rms_?norm|batch_?norm|group_?norm|instance_?norm|\bbn_|cudnn::bn"),
     ("embedding", r"embedding|embag|indexselect|index_select"),
     ("optimizer", r"(^|[^h])adam|\bsgd|\blamb(stage|_)|adagrad|multi_tensor_apply|fused_optim|_foreach"),
-    ("gemm", r"gemm|gemv|cublas|cutlass(::gemm|::kernel|_)|xmma|nvjet|wgmma|matmul|cijk_|tensorop|convolve|convolution|conv[123]d|"
+    ("gemm",
+     r"gemm|gemv|cublas|cutlass(::gemm|::kernel|_)|xmma|nvjet|wgmma|matmul|cijk_|tensorop|convolve|convolution|conv[123"
+     r"]d|"
              r"_conv_|scudnn|dgrad|wgrad|winograd|\bbmm_|triton_tem_|[sh](884|1688|16816)"),
     ("elementwise", r"elementwise|reduce_kernel|softmax|gelu|relu|silu|swiglu|sigmoid|tanh|dropout|copy|"
                     r"catarray|fill|cast|transpose|quant|rotary|pool|nchwtonhwc|nhwctonchw|gather|scatter|"
@@ -206,8 +208,10 @@ def captured_launches(frames: JobFrames) -> pl.DataFrame:
     (position in the capture), ``_n`` (launches in the capture), ``_capture_op`` (the op that launched it)."""
     ops = frames["cpu_ops"].select("rank", "tid", "category", "name", "correlation", "is_launch", "start_ns", "end_ns")
     runtime = ops.filter(pl.col("category").is_in(["cuda_runtime", "cuda_driver"]))
-    begins = runtime.filter(pl.col("name").str.contains(CAPTURE_BEGIN)).select("rank", "tid", pl.col("start_ns").alias("_b"))
-    ends = runtime.filter(pl.col("name").str.contains(CAPTURE_END)).select("rank", "tid", pl.col("end_ns").alias("_cap_end"))
+    begins = runtime.filter(pl.col("name").str.contains(CAPTURE_BEGIN)).select("rank", "tid",
+                                                                               pl.col("start_ns").alias("_b"))
+    ends = runtime.filter(pl.col("name").str.contains(CAPTURE_END)).select("rank", "tid",
+                                                                           pl.col("end_ns").alias("_cap_end"))
     empty = pl.DataFrame(schema={"rank": pl.Int32, "_cap": pl.UInt32, "_cap_end": pl.Int64, "_node": pl.Int64,
                                  "_n": pl.UInt32, "_capture_op": pl.String})
     if begins.height == 0 or ends.height == 0:
@@ -230,7 +234,8 @@ def captured_launches(frames: JobFrames) -> pl.DataFrame:
                              on=["rank", "correlation"], how="left")
     return (
         launches.sort("rank", "_cap", "start_ns")
-        .with_columns(pl.int_range(pl.len()).over("rank", "_cap").alias("_node"), pl.len().over("rank", "_cap").alias("_n"))
+        .with_columns(pl.int_range(pl.len()).over("rank", "_cap").alias("_node"),
+                      pl.len().over("rank", "_cap").alias("_n"))
         .select("rank", "_cap", "_cap_end", "_node", "_n", pl.col("_launch_op").alias("_capture_op"))
         .cast(empty.schema)
     )
@@ -358,7 +363,8 @@ def _coverage_line(cov: dict[str, Any]) -> str:
     cats = ", ".join(f"{c} {s:.0%}" for c, s in cov["categories"].items() if s >= 0.005)
     parts = [f"{cov['attributed_to_ops']:.0%} attributed to ops"]
     if cov["graph_replayed"]:
-        parts.append(f"{cov['graph_replayed']:.0%} replayed from CUDA graphs ({cov['graph_mapped_to_ops']:.0%} mapped to "
+        parts.append(f"{cov['graph_replayed']:.0%} replayed from CUDA graphs ({cov['graph_mapped_to_ops']:.0%} mapped "
+                     f"to "
                      "the ops that captured them)")
     if cov["compiled_regions"]:
         parts.append(f"{cov['compiled_regions']:.0%} in torch.compile regions")

@@ -68,7 +68,8 @@ def header_lines(run: dict[str, Any], esc: Callable[[str], str] = _same) -> list
         line += f"; no data for rank(s) {', '.join(map(str, miss[:16]))}{' ...' if len(miss) > 16 else ''}"
     lines = [line]
     if run["gpus"]:
-        gp = [f"{esc(str(g['host']))} {esc(str(g['pci_bus_id']))}" + (f" (rank {g['rank']})" if g["rank"] is not None else "")
+        gp = [f"{esc(str(g['host']))} {esc(str(g['pci_bus_id']))}"
+              + (f" (rank {g['rank']})" if g["rank"] is not None else "")
               for g in run["gpus"][:32]]
         lines.append(f"{len(run['gpus'])} GPU(s): " + "; ".join(gp) + (" ..." if len(run["gpus"]) > 32 else ""))
     ign = run["sources_ignored"]

@@ -308,7 +308,8 @@ def run_triage(
     ``out_dir``; the caller commits :meth:`TriageRun.add_outputs` and calls :meth:`TriageRun.cleanup`.
     ``worker_memory``: MB of resident memory a local worker may hold (:func:`run_local`)."""
     if worker_memory is not None and engine == "ray":
-        raise UsageError("--worker-memory bounds the local engine's workers; Ray's own memory monitor bounds its workers")
+        raise UsageError("--worker-memory bounds the local engine's workers; Ray's own memory monitor bounds its "
+                         "workers")
     config = state_config(__version__, {d: dict(kv) for d, kv in (overrides or {}).items()})
     previous = load_state(None if rebuild else _read_state(out_dir), config)
     staging = out_dir / f".triage-staging.{os.getpid()}.{secrets.token_hex(4)}"

@@ -60,13 +60,15 @@ def _fatal_cost(root: Finding, to: Finding, facts: JobFacts) -> Cost:
     if isinstance(fault, int) and isinstance(died, int) and fault <= died:
         hang_s, how = (died - fault) / 1e9, "from the fault to the watchdog kill"
     elif ran_s is not None:
-        hang_s, how = ran_s, "the hung collective's run time until the watchdog killed the job ('ran for'; a lower bound)"
+        hang_s, how = ran_s, ("the hung collective's run time until the watchdog killed the job ('ran for'; a lower "
+                              "bound)")
     if hang_s == 0.0 and root is to:  # stopped from outside (a scheduler): no hang, only the work since the checkpoint
         return _stopped_cost(died, facts)
     if hang_s is None or not facts.gpus:
         missing = "the GPU count" if hang_s is not None else "the hang's duration"
         return Cost(None, f"fatal; not computed: the inputs lack {missing}", True, died)
-    start = fault if isinstance(fault, int) else (died - int(ran_s * 1e9) if died is not None and ran_s is not None else None)
+    start = fault if isinstance(fault,
+                                int) else (died - int(ran_s * 1e9) if died is not None and ran_s is not None else None)
     lost_s, lost_how = work_lost(start, facts, "the fault" if isinstance(fault, int) else "the hang's start")
     total = facts.gpus * (hang_s + lost_s)
     method = f"fatal: {facts.gpus} GPU(s) x {hang_s:.1f} s {how} = {facts.gpus * hang_s:.1f} GPU-s; {lost_how}"

@@ -35,7 +35,8 @@ LINKS: dict[str, str] = {
     "faulted_rank": "every rank of the consequence is one of the cause's ranks (or, for a cause naming a GPU but no "
                     "rank, every GPU of the consequence is the cause's): what happened on the faulted rank itself, "
                     "not on others that merely share a communicator",
-    "same_job": "always (one analysis is one job): the job's first failure or its cancellation explains what came after",
+    "same_job": "always (one analysis is one job): the job's first failure or its cancellation explains what came "
+                "after",
     "gpu_rank_or_host": "they name the same GPU, rank or host",
 }
 ORDERS: dict[str, str] = {
@@ -68,7 +69,8 @@ class Rule:
 RULES: tuple[Rule, ...] = (
     Rule("scheduler_stop_ends_job", ("scheduler_stop",),
          ("app_failure", "nccl_raised", "stuck_rank", "collective_mismatch", "timeout", "desync", "missing_rank",
-          "cuda_failure", "transport_failure", "gpu_fault", "host_fault", "platform_error", "nic_fault", "gpu_event", "spin_wait"),
+          "cuda_failure", "transport_failure", "gpu_fault", "host_fault", "platform_error", "nic_fault", "gpu_event",
+          "spin_wait"),
          "same_job", "cause_first", None, "high",
          "a job the scheduler cancelled (time limit, preemption) is torn down: what fails after that is not a fault"),
     Rule("first_failure_kills_job", ("app_failure",),
@@ -112,7 +114,8 @@ RULES: tuple[Rule, ...] = (
                                            "stuck_rank", "collective_mismatch"),
          ("timeout",), "communicator", "any", None, "high",
          "a rank that never joins (dead, desynchronised, unreachable) makes the others' collective time out"),
-    Rule("hang_stalls_peers", ("timeout", "desync", "missing_rank", "stuck_rank", "collective_mismatch"), ("spin_wait",),
+    Rule("hang_stalls_peers", ("timeout", "desync", "missing_rank", "stuck_rank", "collective_mismatch"),
+         ("spin_wait",),
          "waited_for", "any", None, "high",
          "ranks stuck in the hung collective spin inside NCCL kernels"),
     Rule("straggler_stalls_peers", ("slow_rank",), ("spin_wait", "exposed_communication"),
@@ -134,7 +137,8 @@ RULES: tuple[Rule, ...] = (
 
 def rules_markdown() -> str:
     """The rules table of docs/incidents.md, generated from :data:`RULES`."""
-    lines = ["| rule | cause | consequence | linking evidence | time order | unknown time | window | confidence | why |",
+    lines = ["| rule | cause | consequence | linking evidence | time order | unknown time | window | confidence | why "
+             "|",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in RULES:
         window = f"{r.window_s:.0f} s" if r.window_s else "-"

@@ -59,16 +59,18 @@ def verdict_line(members: list[Finding], cost: Cost, confidence: str, facts: Job
             return f"Stopped{' at ' + when if when else ''}: {root.title}. {cost_text(cost)}. Do: {_do(root)}. " \
                    f"(confidence {confidence})"
         if root is to:
-            what = f"{root.title}; rank(s) {', '.join(map(str, sorted(root.ranks))) or '?'} never arrived (no cause in the inputs)"
+            what = (f"{root.title}; rank(s) {', '.join(map(str, sorted(root.ranks))) or '?'} never arrived (no cause "
+                    f"in the inputs)")
         else:
             what = f"{root.title} {_scope(root)}".strip()
         text = f"{head}{what}; {_waiters(to)} waited{hang} in NCCL until the watchdog killed the job"
     else:
         # the CLI/report prefix already says the severity
-        lead = "Slowdown: " if cost.method.startswith("slowdown") else "Job died: " if root.metrics.get("job_died") is True else ""
+        lead = "Slowdown: " if cost.method.startswith("slowdown") else "Job died: " if root.metrics.get("job_died") is True else ""  # noqa: E501
         text = f"{lead}{root.title} {_scope(root)}".strip()
         if len(members) > 1:
-            text += f"; it explains {len(members) - 1} other finding(s) ({', '.join(sorted({f.detector for f in members[1:]}))})"
+            text += (f"; it explains {len(members) - 1} other finding(s) "
+                     f"({', '.join(sorted({f.detector for f in members[1:]}))})")
     return f"{text}. {cost_text(cost)}. Do: {_do(root)}. (confidence {confidence})"
 
 

@@ -65,7 +65,8 @@ def _check_scalars(ranks: int | None, steps: int | None, size_mb: float | None, 
         raise ScenarioError(f"nccl-version {nccl_version!r}: expected MAJOR.MINOR[.PATCH], e.g. 2.18.5")
 
 
-def build_job(scenario: str, ranks: int | None = None, steps: int | None = None, params: dict[str, str] | None = None) -> tuple[Scenario, Job]:
+def build_job(scenario: str, ranks: int | None = None, steps: int | None = None,
+              params: dict[str, str] | None = None) -> tuple[Scenario, Job]:
     if scenario not in SCENARIOS:
         raise KeyError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
     sc = SCENARIOS[scenario]
@@ -112,7 +113,8 @@ def _gemm_ns(prog: list[Op]) -> int:
 
 
 class _RankMetrics:
-    __slots__ = ("steps", "step_ns", "compute_ns", "comm_ns", "exposed_ns", "wait_ns", "last_arrivals", "kernel_busy_ns", "dp_comm_ns", "p2p_ns", "idle_by_step", "pp_wait_ns", "pp_wait_by_step",
+    __slots__ = ("steps", "step_ns", "compute_ns", "comm_ns", "exposed_ns", "wait_ns", "last_arrivals",
+                 "kernel_busy_ns", "dp_comm_ns", "p2p_ns", "idle_by_step", "pp_wait_ns", "pp_wait_by_step",
                  "gemm_ns", "gpu_first", "gpu_last")
 
     def __init__(self) -> None:
@@ -245,8 +247,10 @@ class _Recorder:
             self.arrivals.append([c.pg.name, c.seq, res.step, c.op, order[-1][0], order[-1][1] - order[-2][1]])
         self.all_steps.append(res.step)
         if self.job.tuning_lines:
-            self.coll_log += [{"rank0": c.pg.ranks[0], "step": res.step, "op": c.op, "nbytes": c.nbytes, "algo": c.algo, "proto": c.proto,
-                               "channels": c.channels, "t_us": c.t_tx / 1e3} for c in res.colls if c.op not in ("send", "recv")]
+            self.coll_log += [{"rank0": c.pg.ranks[0], "step": res.step, "op": c.op, "nbytes": c.nbytes, "algo": c.algo,
+                               "proto": c.proto,
+                               "channels": c.channels, "t_us": c.t_tx / 1e3} for c in res.colls if c.op not in ("send",
+                                                                                                                "recv")]
 
     def programs(self, res: StepResult) -> None:
         job = self.job
@@ -275,7 +279,8 @@ class _Recorder:
         job = self.job
         c = next(c for c in res.colls if c.timeout)
         launch = {r: op.launch for r, prog in res.programs.items() for op in prog if op.coll is c}
-        stop = {r: max((op.end or op.start) for op in prog) if prog else res.step_span[r][0] for r, prog in res.programs.items()}
+        stop = {r: max((op.end or op.start) for op in prog) if prog else res.step_span[r][0] for r,
+                prog in res.programs.items()}
         spec = self.engine.timeout_spec or {}
         info: dict[str, Any] = {"step": res.step, "coll": c, "arrive": dict(c.arrive), "launch": launch, "stop": stop,
                                 "timeout_ms": spec.get("timeout_ms", 600000.0)}
@@ -285,7 +290,8 @@ class _Recorder:
         self.timeout_info = info
 
 
-def _open_writers(out: Path, job: Job, engine: Engine, offsets: list[int], compresslevel: int, spool: Spool) -> list[TraceWriter]:
+def _open_writers(out: Path, job: Job, engine: Engine, offsets: list[int], compresslevel: int,
+                  spool: Spool) -> list[TraceWriter]:
     writers: list[TraceWriter] = []
     for st in engine.states:
         start_ms = (EPOCH_NS + offsets[st.node] + st.host_t) // 1_000_000
@@ -339,16 +345,20 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
     finally:
         spool.close()
 
-    truth = _truth(sc, job, engine, hosts, offsets, rec.writers, rec.metrics, rec.step_log, rec.timeout_info, seed, params or {},
+    truth = _truth(sc, job, engine, hosts, offsets, rec.writers, rec.metrics, rec.step_log, rec.timeout_info, seed,
+                   params or {},
                    rec.all_steps)
     for f in truth["faults"]:
         if f["kind"] == "slow_nic":
-            f["expected"].update(_slow_groups(job, engine, f["params"]["nodes"], rec.xfer_by_pg, f["params"].get("nic")))
-    truth["last_arrivals"] = {"columns": ["pg_name", "seq", "step", "op", "last_rank", "margin_ns"], "rows": rec.arrivals,
+            f["expected"].update(_slow_groups(job, engine, f["params"]["nodes"], rec.xfer_by_pg,
+                                              f["params"].get("nic")))
+    truth["last_arrivals"] = {"columns": ["pg_name", "seq", "step", "op", "last_rank", "margin_ns"],
+                              "rows": rec.arrivals,
                               "truncated": rec.arrivals_truncated}
     log_paths = logs.write_stdout_logs(out, job, engine, offsets, seed, rec.timeout_info, rec.step_log, rec.coll_log)
     end_ns = max(st.host_t for st in engine.states)
-    klog_paths, injected = logs.write_kernel_logs(out, job, engine, offsets, seed, sc.kernel_log, end_ns, rec.timeout_info)
+    klog_paths, injected = logs.write_kernel_logs(out, job, engine, offsets, seed, sc.kernel_log, end_ns,
+                                                  rec.timeout_info)
     for row in truth["ranks"]:
         row["log"] = log_paths[row["rank"]]
     for row in truth["hosts"]:
@@ -370,7 +380,8 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
 
 
 def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: list[int], writers: list[TraceWriter],
-           metrics: dict[int, _RankMetrics], step_log: dict[int, list[tuple[int, int, int]]], timeout_info: dict[str, Any] | None,
+           metrics: dict[int, _RankMetrics], step_log: dict[int, list[tuple[int, int, int]]],
+           timeout_info: dict[str, Any] | None,
            seed: int, params: dict[str, str], all_steps: list[int]) -> dict[str, Any]:
     topo = job.topo
     per_rank = [metrics[r].as_dict(r) for r in range(topo.world)]
@@ -392,7 +403,8 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
         stage_idle: dict[int, list[float]] = {}
         for d in per_rank:
             stage_idle.setdefault(topo.coords(d["rank"])[2], []).append(d["compute_idle_fraction"])
-        expected["compute_idle_fraction_by_stage"] = {str(s): round(sum(x) / len(x), 6) for s, x in sorted(stage_idle.items())}
+        expected["compute_idle_fraction_by_stage"] = {str(s): round(sum(x) / len(x), 6) for s,
+                                                      x in sorted(stage_idle.items())}
         # steady state: the first and last profiled steps hold the pipeline's fill and drain across step edges
         steady = [x for d in per_rank for x in d["compute_idle_fraction_by_step"][1:-1]]
         if steady:
@@ -422,19 +434,26 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
         "params": dict(sorted(params.items())),
         "job": {
             "world_size": topo.world, "tp": topo.tp, "pp": topo.pp, "dp": topo.dp, "nodes": topo.nodes,
-            "gpus_per_node": topo.gpus_per_node, "schedule": job.schedule if p > 1 else "none", "chunks": v, "microbatches": m,
-            "layers_per_stage": job.work.layers, "hidden": job.work.hidden, "seq": job.work.seq, "micro_batch": job.work.micro_batch,
+            "gpus_per_node": topo.gpus_per_node, "schedule": job.schedule if p > 1 else "none", "chunks": v,
+            "microbatches": m,
+            "layers_per_stage": job.work.layers, "hidden": job.work.hidden, "seq": job.work.seq,
+            "micro_batch": job.work.micro_batch,
             "steps": all_steps, "gpu": job.gpu.name, "num_sms": job.gpu.num_sms, "nccl_version": job.nccl_version,
-            "cuda_version": job.cuda_version, "kernel_naming": "ncclDevKernel" if job.new_kernel_names else "ncclKernel",
-            "seq_on_kernels": job.seq_on_kernels, "dp_overlap": job.overlap_dp, "noise_sigma": job.noise, "dp_mode": job.dp_mode,
+            "cuda_version": job.cuda_version,
+            "kernel_naming": "ncclDevKernel" if job.new_kernel_names else "ncclKernel",
+            "seq_on_kernels": job.seq_on_kernels, "dp_overlap": job.overlap_dp, "noise_sigma": job.noise,
+            "dp_mode": job.dp_mode,
             "window_skew": job.window_skew,
-            "p2p": ("coalesced " if job.p2p_coalesced else "") + ("batched" if job.p2p_batched else "single") if p > 1 else "none",
-            "nccl_env": {k: v for k, v in job.env}, "net": {"intra": job.net.intra, "inter": job.net.inter, "gdr": job.net.gdr},
+            "p2p": ("coalesced " if job.p2p_coalesced else "") + ("batched" if job.p2p_batched else "single") if p > 1
+            else "none",
+            "nccl_env": {k: v for k, v in job.env},
+            "net": {"intra": job.net.intra, "inter": job.net.inter, "gdr": job.net.gdr},
             "base_time_ns": EPOCH_NS - T0_NS,
         },
         "hosts": [{"host": h, "node": i, "clock_offset_ns": offsets[i],
                    "ranks": [r for r in range(topo.world) if topo.node_of(r) == i]} for i, h in enumerate(hosts)],
-        "process_groups": [{"pg_name": g.name, "pg_desc": g.desc, "kind": g.kind, "ranks": list(g.ranks)} for g in engine.groups],
+        "process_groups": [{"pg_name": g.name, "pg_desc": g.desc, "kind": g.kind,
+                            "ranks": list(g.ranks)} for g in engine.groups],
         "ranks": ranks,
         "faults": faults,
         "expected": expected,
@@ -496,7 +515,8 @@ def _slow_groups(job: Job, engine: Engine, nodes: list[int], xfer_by_pg: dict[st
 
 def _who(engine: Engine, ranks: tuple[int, ...]) -> dict[str, Any]:
     sts = [engine.states[r] for r in ranks]
-    return {"ranks": sorted(ranks), "hosts": sorted({s.host for s in sts}), "gpus": sorted({PCI_BUS_IDS[s.local] for s in sts})}
+    return {"ranks": sorted(ranks), "hosts": sorted({s.host for s in sts}),
+            "gpus": sorted({PCI_BUS_IDS[s.local] for s in sts})}
 
 
 def _upper_median(key: str, rows: list[dict[str, Any]]) -> float:
@@ -511,7 +531,8 @@ def _straggler_truth(f: dict[str, Any], per_rank: list[dict[str, Any]], others: 
     exp: dict[str, Any] = {}
     if f["kind"] == "compute_straggler":
         exp["compute_slowdown"] = f["slowdown"]
-        exp["compute_ratio_vs_median"] = round(per_rank[r]["compute_ns_mean"] / max(med("compute_ns_mean", others), 1), 6)
+        exp["compute_ratio_vs_median"] = round(per_rank[r]["compute_ns_mean"] / max(med("compute_ns_mean", others), 1),
+                                               6)
         exp["victims_wait_ns_median"] = med("collective_wait_ns_total", others)
         exp["culprit_wait_ns"] = per_rank[r]["collective_wait_ns_total"]
     else:
@@ -533,7 +554,8 @@ def _slow_kernel_truth(f: dict[str, Any], per_rank: list[dict[str, Any]]) -> dic
 
 
 def _input_bound_truth(f: dict[str, Any], per_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"stall_ms_per_step": f["stall_ms"], "gpu_idle_fraction_median": _upper_median("gpu_idle_fraction", per_rank)}
+    return {"stall_ms_per_step": f["stall_ms"],
+            "gpu_idle_fraction_median": _upper_median("gpu_idle_fraction", per_rank)}
 
 
 def _item_sync_truth(f: dict[str, Any], per_rank: list[dict[str, Any]]) -> dict[str, Any]:
@@ -575,9 +597,11 @@ def _gpu_init_who(f: dict[str, Any], engine: Engine) -> dict[str, Any]:
     return {"ranks": [], "hosts": [engine.hosts[f["node"]]], "gpus": [PCI_BUS_IDS[f["gpu"]]]}
 
 
-def _fault_truth(f: dict[str, Any], job: Job, engine: Engine, per_rank: list[dict[str, Any]], timeout_info: dict[str, Any] | None) -> dict[str, Any]:
+def _fault_truth(f: dict[str, Any], job: Job, engine: Engine, per_rank: list[dict[str, Any]],
+                 timeout_info: dict[str, Any] | None) -> dict[str, Any]:
     kind = f["kind"]
-    out: dict[str, Any] = {"kind": kind, "params": {k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(f.items()) if k != "kind"}}
+    out: dict[str, Any] = {"kind": kind, "params": {k: (list(v) if isinstance(v, tuple) else v) for k,
+                                                    v in sorted(f.items()) if k != "kind"}}
     topo = job.topo
     culprits = tuple(f.get("ranks", ()))
     out.update(_who(engine, culprits) if culprits else _gpu_init_who(f, engine))
@@ -611,8 +635,10 @@ def _fault_truth(f: dict[str, Any], job: Job, engine: Engine, per_rank: list[dic
     elif kind == "collective_timeout" and timeout_info is not None:
         c = timeout_info["coll"]
         exp.update({
-            "step": timeout_info["step"], "pg_name": c.pg.name, "pg_desc": c.pg.desc, "seq": c.seq, "op_type": COLL_OPTYPE[c.op],
-            "collective": c.op, "numel": timeout_info["numel_in"], "numel_out": timeout_info["numel_out"], "timeout_ms": f["timeout_ms"],
+            "step": timeout_info["step"], "pg_name": c.pg.name, "pg_desc": c.pg.desc, "seq": c.seq,
+            "op_type": COLL_OPTYPE[c.op],
+            "collective": c.op, "numel": timeout_info["numel_in"], "numel_out": timeout_info["numel_out"],
+            "timeout_ms": f["timeout_ms"],
             "missing_ranks": sorted(c.absent), "waiting_ranks": sorted(timeout_info["arrive"]),
         })
     elif kind in ("xid", "aer_fatal", "oom_kill", "gpu_init_failed"):

@@ -30,29 +30,55 @@ STREAM_RECV = 32
 LAUNCH_LATENCY_NS = 3_500
 KERNEL_GAP_NS = 1_200   # a kernel starts at least this long after what it waits for (stream order, events)
 
-GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_{t}_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel__5x_cublas"
+GEMM = ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_{t}_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel__"
+        "5x_cublas")
 FLASH_FWD = ("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t, "
-             "Flash_kernel_traits<128, 128, 64, 4, cutlass::bfloat16_t> >, false, true, false, false, true, true, false, false>(Flash_fwd_params)")
-FLASH_BWD = ("void flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2, false, false, "
-             "cutlass::bfloat16_t, Flash_kernel_traits<128, 64, 128, 8, cutlass::bfloat16_t> >, true, false, false, false, false, false>(Flash_bwd_params)")
-LAYER_NORM = "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>(int, float, c10::BFloat16 const*, c10::BFloat16 const*, c10::BFloat16 const*, float*, float*, c10::BFloat16*)"
-LAYER_NORM_BWD = "void at::native::(anonymous namespace)::layer_norm_grad_input_kernel_vectorized<c10::BFloat16, float>(c10::BFloat16 const*, c10::BFloat16 const*, float const*, float const*, c10::BFloat16 const*, c10::BFloat16*, int)"
-ADD = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, at::detail::Array<char*, 3>)"
-GELU = "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(c10::BFloat16)#1}, at::detail::Array<char*, 2> >(int, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(c10::BFloat16)#1}, at::detail::Array<char*, 2>)"
-GELU_BWD = "void at::native::vectorized_elementwise_kernel<4, at::native::GeluBackwardCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(c10::BFloat16, c10::BFloat16)#1}, at::detail::Array<char*, 3> >(int, at::native::GeluBackwardCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(c10::BFloat16, c10::BFloat16)#1}, at::detail::Array<char*, 3>)"
+             "Flash_kernel_traits<128, 128, 64, 4, cutlass::bfloat16_t> >, false, true, false, false, true, true, "
+             "false, false>(Flash_fwd_params)")
+FLASH_BWD = ("void flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2, "
+             "false, false, "
+             "cutlass::bfloat16_t, Flash_kernel_traits<128, 64, 128, 8, cutlass::bfloat16_t> >, true, false, false, "
+             "false, false, false>(Flash_bwd_params)")
+LAYER_NORM = ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>(int, float, "
+              "c10::BFloat16 const*, c10::BFloat16 const*, c10::BFloat16 const*, float*, float*, c10::BFloat16*)")
+LAYER_NORM_BWD = ("void at::native::(anonymous namespace)::layer_norm_grad_input_kernel_vectorized<c10::BFloat16, "
+                  "float>(c10::BFloat16 const*, c10::BFloat16 const*, float const*, float const*, c10::BFloat16 "
+                  "const*, c10::BFloat16*, int)")
+ADD = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, "
+       "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, at::detail::Array<char*, 3>)")
+GELU = ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, "
+        "at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() "
+        "const::{lambda(c10::BFloat16)#1}, at::detail::Array<char*, 2> >(int, "
+        "at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() "
+        "const::{lambda()#2}::operator()() const::{lambda(c10::BFloat16)#1}, at::detail::Array<char*, 2>)")
+GELU_BWD = ("void at::native::vectorized_elementwise_kernel<4, "
+            "at::native::GeluBackwardCUDAKernelImpl(at::TensorIteratorBase&, "
+            "at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() "
+            "const::{lambda(c10::BFloat16, c10::BFloat16)#1}, at::detail::Array<char*, 3> >(int, "
+            "at::native::GeluBackwardCUDAKernelImpl(at::TensorIteratorBase&, "
+            "at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() "
+            "const::{lambda(c10::BFloat16, c10::BFloat16)#1}, at::detail::Array<char*, 3>)")
 CE_FWD = "void cunn_SoftMaxForward<4, float, float, float, Epilogue>(float*, float const*, int)"
-ADAM = "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::TensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4, (at::native::ADAM_MODE)1, false>, float*, double, double, double, double, double, double, bool, float*, float*>(at::native::(anonymous namespace)::TensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4, (at::native::ADAM_MODE)1, false>, float*, double, double, double, double, double, double, bool, float*, float*)"
+ADAM = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous "
+        "namespace)::TensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4, "
+        "(at::native::ADAM_MODE)1, false>, float*, double, double, double, double, double, double, bool, float*, "
+        "float*>(at::native::(anonymous namespace)::TensorListMetadata<4>, at::native::(anonymous "
+        "namespace)::FusedAdamMathFunctor<float, 4, (at::native::ADAM_MODE)1, false>, float*, double, double, double, "
+        "double, double, double, bool, float*, float*)")
 
-COLL_OPTYPE = {"allreduce": "ALLREDUCE", "allgather": "_ALLGATHER_BASE", "reduce_scatter": "_REDUCE_SCATTER_BASE", "send": "SEND", "recv": "RECV", "broadcast": "BROADCAST"}
+COLL_OPTYPE = {"allreduce": "ALLREDUCE", "allgather": "_ALLGATHER_BASE", "reduce_scatter": "_REDUCE_SCATTER_BASE",
+               "send": "SEND", "recv": "RECV", "broadcast": "BROADCAST"}
 
 
 class Coll:
     """One collective instance across its members."""
 
-    __slots__ = ("key", "op", "pg", "seq", "members", "arrive", "t_tx", "end", "nbytes", "nelems", "algo", "proto", "channels", "timeout", "absent", "step",
+    __slots__ = ("key", "op", "pg", "seq", "members", "arrive", "t_tx", "end", "nbytes", "nelems", "algo", "proto",
+                 "channels", "timeout", "absent", "step",
                  "last_arrive")
 
-    def __init__(self, key: tuple, op: str, pg: ProcessGroup, seq: int, members: tuple[int, ...], nbytes: int, step: int) -> None:
+    def __init__(self, key: tuple, op: str, pg: ProcessGroup, seq: int, members: tuple[int, ...], nbytes: int,
+                 step: int) -> None:
         self.key, self.op, self.pg, self.seq, self.members = key, op, pg, seq, members
         self.arrive: dict[int, int] = {}
         self.t_tx = 0
@@ -205,7 +231,8 @@ class Engine:
 
     # ---------------------------------------------------------------- program building
     def _kernel(self, st: RankState, prog: list[Op], name: str, cpu: str, dur: int, tid: int, grid: int, block: int,
-                deps: tuple[Op, ...] = (), stream: int = STREAM_COMPUTE, dims: tuple[int, int, int] | None = None) -> Op:
+                deps: tuple[Op, ...] = (), stream: int = STREAM_COMPUTE,
+                dims: tuple[int, int, int] | None = None) -> Op:
         host = self._host_ns(st, self.job.host_op_us)
         op = Op(COMPUTE, stream, name, cpu, dur, host, tid, deps, meta=(grid, block))
         op.dims = dims
@@ -236,7 +263,8 @@ class Engine:
             if op_name == "allreduce" and c.algo == "Tree":
                 c.channels = min(c.channels, 8)
             self.colls[key] = c
-        cpu = {"allreduce": "c10d::allreduce_", "allgather": "c10d::_allgather_base_", "reduce_scatter": "c10d::_reduce_scatter_base_",
+        cpu = {"allreduce": "c10d::allreduce_", "allgather": "c10d::_allgather_base_",
+               "reduce_scatter": "c10d::_reduce_scatter_base_",
                "send": "c10d::send", "recv": "c10d::recv_", "broadcast": "c10d::broadcast_"}[op_name]
         op = Op(COLL, stream, op_name, cpu, 0, self._host_ns(st, 55.0), tid, deps, coll=c, meta=peer, cls="comm")
         op.jit = st.rng.randrange(0, 900)
@@ -250,17 +278,25 @@ class Engine:
         act = b * s * h * 2
         sms = self.job.gpu.num_sms
         tpg = group_of(self.groups, st.rank, "tp")
-        self._kernel(st, prog, LAYER_NORM, "aten::native_layer_norm", self._mem_ns(3 * act, st, scale), tid, b * s // 4, 256)
-        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * 3 * h / tp, st, scale), tid, sms, 384, dims=(b * s, h, 3 * h // tp))
-        self._kernel(st, prog, FLASH_FWD, "FlashAttnFunc", self._attn_ns(2 * b * s * s * h / tp, st, scale), tid, b * (s // 128) * max(1, 16 // tp), 128)
-        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * h / tp, st, scale), tid, sms, 384, dims=(b * s, h // tp, h))
+        self._kernel(st, prog, LAYER_NORM, "aten::native_layer_norm", self._mem_ns(3 * act, st, scale), tid, b * s // 4,
+                     256)
+        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * 3 * h / tp, st, scale),
+                     tid, sms, 384, dims=(b * s, h, 3 * h // tp))
+        self._kernel(st, prog, FLASH_FWD, "FlashAttnFunc", self._attn_ns(2 * b * s * s * h / tp, st, scale), tid,
+                     b * (s // 128) * max(1, 16 // tp), 128)
+        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * h / tp, st, scale), tid,
+                     sms, 384, dims=(b * s, h // tp, h))
         if tpg is not None:
             self._coll(st, prog, "allreduce", tpg, act, STREAM_COMPUTE, tid, step)
         self._kernel(st, prog, ADD, "aten::add", self._mem_ns(3 * act, st, scale), tid, b * s * h // 2048, 128)
-        self._kernel(st, prog, LAYER_NORM, "aten::native_layer_norm", self._mem_ns(3 * act, st, scale), tid, b * s // 4, 256)
-        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384, dims=(b * s, h, ff // tp))
-        self._kernel(st, prog, GELU, "aten::gelu", self._mem_ns(2 * act * w.ffn_mult / tp, st, scale), tid, b * s * ff // 2048 // tp, 128)
-        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384, dims=(b * s, ff // tp, h))
+        self._kernel(st, prog, LAYER_NORM, "aten::native_layer_norm", self._mem_ns(3 * act, st, scale), tid, b * s // 4,
+                     256)
+        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid,
+                     sms, 384, dims=(b * s, h, ff // tp))
+        self._kernel(st, prog, GELU, "aten::gelu", self._mem_ns(2 * act * w.ffn_mult / tp, st, scale), tid,
+                     b * s * ff // 2048 // tp, 128)
+        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid,
+                     sms, 384, dims=(b * s, ff // tp, h))
         if tpg is not None:
             self._coll(st, prog, "allreduce", tpg, act, STREAM_COMPUTE, tid, step)
         self._kernel(st, prog, ADD, "aten::add", self._mem_ns(3 * act, st, scale), tid, b * s * h // 2048, 128)
@@ -273,22 +309,34 @@ class Engine:
         sms = self.job.gpu.num_sms
         tpg = group_of(self.groups, st.rank, "tp")
         bw = "autograd::engine::evaluate_function: MmBackward0"
-        self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384, dims=(b * s, h, ff // tp))
-        self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384, dims=(h, b * s, ff // tp))
-        self._kernel(st, prog, GELU_BWD, "autograd::engine::evaluate_function: GeluBackward0", self._mem_ns(3 * act * w.ffn_mult / tp, st, scale), tid, b * s * ff // 2048 // tp, 128)
-        self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384, dims=(b * s, h, ff // tp))
-        self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384, dims=(h, b * s, ff // tp))
+        self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms,
+                     384, dims=(b * s, h, ff // tp))
+        self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms,
+                     384, dims=(h, b * s, ff // tp))
+        self._kernel(st, prog, GELU_BWD, "autograd::engine::evaluate_function: GeluBackward0",
+                     self._mem_ns(3 * act * w.ffn_mult / tp, st, scale), tid, b * s * ff // 2048 // tp, 128)
+        self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms,
+                     384, dims=(b * s, h, ff // tp))
+        self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms,
+                     384, dims=(h, b * s, ff // tp))
         if tpg is not None:
             self._coll(st, prog, "allreduce", tpg, act, STREAM_COMPUTE, tid, step)
-        self._kernel(st, prog, LAYER_NORM_BWD, "autograd::engine::evaluate_function: NativeLayerNormBackward0", self._mem_ns(4 * act, st, scale), tid, b * s // 4, 256)
-        self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * h / tp, st, scale), tid, sms, 384, dims=(b * s, h // tp, h))
-        self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * h / tp, st, scale), tid, sms, 384, dims=(h // tp, b * s, h))
-        self._kernel(st, prog, FLASH_BWD, "FlashAttnFuncBackward", self._attn_ns(5 * b * s * s * h / tp, st, scale), tid, b * (s // 128) * max(1, 16 // tp), 256)
-        self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * 3 * h / tp, st, scale), tid, sms, 384, dims=(b * s, h, 3 * h // tp))
+        self._kernel(st, prog, LAYER_NORM_BWD, "autograd::engine::evaluate_function: NativeLayerNormBackward0",
+                     self._mem_ns(4 * act, st, scale), tid, b * s // 4, 256)
+        self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * h / tp, st, scale), tid, sms, 384,
+                     dims=(b * s, h // tp, h))
+        self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * h / tp, st, scale), tid, sms, 384,
+                     dims=(h // tp, b * s, h))
+        self._kernel(st, prog, FLASH_BWD, "FlashAttnFuncBackward", self._attn_ns(5 * b * s * s * h / tp, st, scale),
+                     tid, b * (s // 128) * max(1, 16 // tp), 256)
+        self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * 3 * h / tp, st, scale), tid, sms,
+                     384, dims=(b * s, h, 3 * h // tp))
         if tpg is not None:
             self._coll(st, prog, "allreduce", tpg, act, STREAM_COMPUTE, tid, step)
-        last = self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * 3 * h / tp, st, scale), tid, sms, 384, dims=(h, b * s, 3 * h // tp))
-        self._kernel(st, prog, LAYER_NORM_BWD, "autograd::engine::evaluate_function: NativeLayerNormBackward0", self._mem_ns(4 * act, st, scale), tid, b * s // 4, 256)
+        last = self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * 3 * h / tp, st, scale),
+                            tid, sms, 384, dims=(h, b * s, 3 * h // tp))
+        self._kernel(st, prog, LAYER_NORM_BWD, "autograd::engine::evaluate_function: NativeLayerNormBackward0",
+                     self._mem_ns(4 * act, st, scale), tid, b * s // 4, 256)
         return last
 
     def _dp_buckets(self, st: RankState, prog: list[Op], grads_ready: list[Op], step: int, tid: int) -> list[Op]:
@@ -319,11 +367,13 @@ class Engine:
         deps = tuple(waits)
         chunks = 4
         for i in range(chunks):
-            self._kernel(st, prog, ADAM, "Optimizer.step#FusedAdam.step" if i == 0 else "aten::_fused_adam_", dur // chunks, tid, 320, 512, deps=deps if i == 0 else ())
+            self._kernel(st, prog, ADAM, "Optimizer.step#FusedAdam.step" if i == 0 else "aten::_fused_adam_",
+                         dur // chunks, tid, 320, 512, deps=deps if i == 0 else ())
 
     def _step_head(self, st: RankState, prog: list[Op], tid: int) -> None:
         host = int(180_000 * (0.8 + 0.4 * st.rng.random())) + st.stall_ns
-        prog.append(Op(HOST, 0, "", "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", 0, host, tid, meta=st.stall_ns))
+        prog.append(Op(HOST, 0, "", "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", 0, host, tid,
+                       meta=st.stall_ns))
         w = self.job.work
         nbytes = w.micro_batch * w.seq * 8 * max(1, w.microbatches)
         op = Op(MEMCPY, STREAM_COMPUTE, "Memcpy HtoD (Pinned -> Device)", "aten::to", int(nbytes / 25e9 * 1e9) + 2_000,
@@ -358,7 +408,8 @@ class Engine:
         for _ in range(self.job.item_syncs):
             for _ in range(self.job.work.layers):
                 self._layer_fwd(st, prog, st.compute_scale, st.pid, step)
-            prog.append(Op(MEMCPY, STREAM_COMPUTE, "Memcpy DtoH (Device -> Pageable)", "aten::_local_scalar_dense", 2_500,
+            prog.append(Op(MEMCPY, STREAM_COMPUTE, "Memcpy DtoH (Device -> Pageable)", "aten::_local_scalar_dense",
+                           2_500,
                            self._host_ns(st, 12.0), st.pid, meta=4, cls="memcpy"))
             prog.append(Op(SYNC, 0, "cudaStreamSynchronize", "aten::item", 0, self._host_ns(st, 8.0), st.pid))
             host = int(self.job.host_after_sync_us * 1e3 * (0.9 + 0.2 * st.rng.random()))
@@ -369,7 +420,8 @@ class Engine:
         scale = st.compute_scale
         for _ in range(w.layers):
             self._layer_fwd(st, prog, scale, st.pid, step)
-        self._kernel(st, prog, CE_FWD, "aten::_log_softmax", self._mem_ns(w.micro_batch * w.seq * 32000 * 4, st, scale), st.pid, w.micro_batch * w.seq // 4, 128)
+        self._kernel(st, prog, CE_FWD, "aten::_log_softmax", self._mem_ns(w.micro_batch * w.seq * 32000 * 4, st, scale),
+                     st.pid, w.micro_batch * w.seq // 4, 128)
         ready = [self._layer_bwd(st, prog, scale, st.bwd_tid, step) for _ in range(w.layers)]
         buckets = self._dp_buckets(st, prog, ready, step, st.bwd_tid)
         self._optimizer(st, prog, buckets, st.pid)
@@ -397,7 +449,8 @@ class Engine:
             if ag is not None:
                 prog[start].deps = (ag,)
             ag = nxt
-        self._kernel(st, prog, CE_FWD, "aten::_log_softmax", self._mem_ns(w.micro_batch * w.seq * 32000 * 4, st, scale), st.pid, w.micro_batch * w.seq // 4, 128)
+        self._kernel(st, prog, CE_FWD, "aten::_log_softmax", self._mem_ns(w.micro_batch * w.seq * 32000 * 4, st, scale),
+                     st.pid, w.micro_batch * w.seq // 4, 128)
         rs: list[Op] = []
         ag = gather(st.bwd_tid)
         for i in range(n):
@@ -514,16 +567,20 @@ class Engine:
         mb, vstage, last = where
         deps: tuple[Op, ...] = ()
         if recv_from is not None:
-            deps = (self._coll(st, prog, "recv", ppg, act, STREAM_RECV, st.pid, step, peer=recv_from, p2p_index=hash_idx("F", step, mb, vstage - 1)),)
+            deps = (self._coll(st, prog, "recv", ppg, act, STREAM_RECV, st.pid, step, peer=recv_from,
+                               p2p_index=hash_idx("F", step, mb, vstage - 1)),)
         start_len = len(prog)
         for _ in range(w.layers):
             self._layer_fwd(st, prog, scale, st.pid, step)
         if deps:
             prog[start_len].deps = deps
         if last and w.loss_kernel:
-            self._kernel(st, prog, CE_FWD, "aten::_log_softmax", self._mem_ns(w.micro_batch * w.seq * 32000 * 4 / self.topo.tp, st, scale), st.pid, w.micro_batch * w.seq // 4, 128)
+            self._kernel(st, prog, CE_FWD, "aten::_log_softmax",
+                         self._mem_ns(w.micro_batch * w.seq * 32000 * 4 / self.topo.tp, st, scale), st.pid,
+                         w.micro_batch * w.seq // 4, 128)
         if not last:
-            self._coll(st, prog, "send", ppg, act, STREAM_SEND, st.pid, step, deps=(prog[-1],), peer=send_to, p2p_index=hash_idx("F", step, mb, vstage))
+            self._coll(st, prog, "send", ppg, act, STREAM_SEND, st.pid, step, deps=(prog[-1],), peer=send_to,
+                       p2p_index=hash_idx("F", step, mb, vstage))
 
     def _pp_backward(self, st: RankState, prog: list[Op], step: int, ppg: ProcessGroup, act: int, scale: float,
                      where: tuple[int, int, bool], recv_from: int | None, send_to: int) -> Op:
@@ -533,14 +590,16 @@ class Engine:
         mb, vstage, first = where
         deps: tuple[Op, ...] = ()
         if recv_from is not None:
-            deps = (self._coll(st, prog, "recv", ppg, act, STREAM_RECV, st.pid, step, peer=recv_from, p2p_index=hash_idx("B", step, mb, vstage + 1)),)
+            deps = (self._coll(st, prog, "recv", ppg, act, STREAM_RECV, st.pid, step, peer=recv_from,
+                               p2p_index=hash_idx("B", step, mb, vstage + 1)),)
         start_len = len(prog)
         for _ in range(w.layers):
             lb = self._layer_bwd(st, prog, scale, st.pid, step)
         if deps:
             prog[start_len].deps = deps
         if not first:
-            self._coll(st, prog, "send", ppg, act, STREAM_SEND, st.pid, step, deps=(prog[-1],), peer=send_to, p2p_index=hash_idx("B", step, mb, vstage))
+            self._coll(st, prog, "send", ppg, act, STREAM_SEND, st.pid, step, deps=(prog[-1],), peer=send_to,
+                       p2p_index=hash_idx("B", step, mb, vstage))
         return lb
 
     # ---------------------------------------------------------------- resolution
@@ -694,8 +753,10 @@ class _Batched:
         peer = self.next if (name == "send") == (kind == "F") else self.prev
         src = self.s if name == "send" else self.s + (1 if kind == "B" else -1)
         deps = (self.prog[-1],) if name == "send" else ()
-        return self.eng._coll(self.st, self.prog, name, self.ppg, self.act, STREAM_SEND if name == "send" else STREAM_RECV,
-                              self.st.pid, self.step, deps=deps, peer=peer, p2p_index=hash_idx(kind, self.step, mb, src))
+        return self.eng._coll(self.st, self.prog, name, self.ppg, self.act,
+                              STREAM_SEND if name == "send" else STREAM_RECV,
+                              self.st.pid, self.step, deps=deps, peer=peer,
+                              p2p_index=hash_idx(kind, self.step, mb, src))
 
     def batched(self, send_kind: str, send_mb: int, recv_kind: str, recv_mb: int) -> Op:
         """One kernel for a send and a receive (batch_isend_irecv); labelled as the receive."""
@@ -716,7 +777,8 @@ class _Batched:
         if dep is not None:
             prog[start].deps = (dep,)
         if kind == "F" and self.s == eng.topo.pp - 1 and w.loss_kernel:
-            eng._kernel(st, prog, CE_FWD, "aten::_log_softmax", eng._mem_ns(w.micro_batch * w.seq * 32000 * 4 / eng.topo.tp, st, self.scale),
+            eng._kernel(st, prog, CE_FWD, "aten::_log_softmax",
+                        eng._mem_ns(w.micro_batch * w.seq * 32000 * 4 / eng.topo.tp, st, self.scale),
                         st.pid, w.micro_batch * w.seq // 4, 128)
 
 

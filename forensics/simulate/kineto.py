@@ -42,12 +42,14 @@ from forensics.simulate.model import Job, ProcessGroup, start_stride
 T0_NS = 86_400_000_000_000
 EPOCH_NS = 1_773_478_800_000_000_000  # 2026-03-14T09:00:00Z: the simulated job's profiler start
 
-OLD_COLL = {"allreduce": "AllReduce", "allgather": "AllGather", "reduce_scatter": "ReduceScatter", "broadcast": "Broadcast"}
+OLD_COLL = {"allreduce": "AllReduce", "allgather": "AllGather", "reduce_scatter": "ReduceScatter",
+            "broadcast": "Broadcast"}
 TORCH_COLL = {"allreduce": "allreduce", "allgather": "_allgather_base", "reduce_scatter": "_reduce_scatter_base",
               "send": "send", "recv": "recv", "broadcast": "broadcast"}
 FSDP2_COLL = {"allgather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor"}
 """FSDP2's collectives as ``record_param_comms`` and the ``nccl:`` annotation name them."""
-ANNOT = {"allreduce": "nccl:all_reduce", "allgather": "nccl:_all_gather_base", "reduce_scatter": "nccl:_reduce_scatter_base",
+ANNOT = {"allreduce": "nccl:all_reduce", "allgather": "nccl:_all_gather_base",
+         "reduce_scatter": "nccl:_reduce_scatter_base",
          "send": "nccl:send", "recv": "nccl:recv", "broadcast": "nccl:broadcast"}
 
 
@@ -59,7 +61,8 @@ TRITON_NAMES = {
 
 
 SYMM_ALL_REDUCE = ("void c10d::symmetric_memory::two_shot_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16**, "
-                   "unsigned long, c10::BFloat16*, unsigned long, unsigned long, unsigned int**, unsigned long, unsigned long)")
+                   "unsigned long, c10::BFloat16*, unsigned long, unsigned long, unsigned int**, unsigned long, "
+                   "unsigned long)")
 
 
 def nccl_kernel_name(op: str, algo: str, proto: str, new: bool) -> str:
@@ -85,9 +88,11 @@ def _cuda_int(version: str) -> int:
 def device_properties(job: Job) -> list[dict[str, Any]]:
     g = job.gpu
     return [
-        {"id": i, "name": g.name, "totalGlobalMem": g.mem_bytes, "computeMajor": g.compute_major, "computeMinor": g.compute_minor,
+        {"id": i, "name": g.name, "totalGlobalMem": g.mem_bytes, "computeMajor": g.compute_major,
+         "computeMinor": g.compute_minor,
          "maxThreadsPerBlock": 1024, "maxThreadsPerMultiprocessor": 2048, "regsPerBlock": 65536, "warpSize": 32,
-         "sharedMemPerBlock": 49152, "numSms": g.num_sms, "regsPerMultiprocessor": 65536, "sharedMemPerBlockOptin": 232448,
+         "sharedMemPerBlock": 49152, "numSms": g.num_sms, "regsPerMultiprocessor": 65536,
+         "sharedMemPerBlockOptin": 232448,
          "sharedMemPerMultiprocessor": 233472}
         for i in range(job.topo.gpus_per_node)
     ]
@@ -204,23 +209,31 @@ class TraceWriter:
         return self.ev_idx - 1
 
     def _x(self, cat: str, name: str, pid: int, tid: int, start: int, end: int, args: dict[str, Any]) -> None:
-        self._ev({"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": self.ts(start), "dur": _us(max(end - start, 0)), "args": args}, cat)
+        self._ev({"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": self.ts(start),
+                  "dur": _us(max(end - start, 0)), "args": args}, cat)
 
     # ------------------------------------------------------------------ structure
     def metadata(self, start_ns: int) -> None:
         st, ts = self.st, self.ts(start_ns)
-        self._ev({"name": "process_name", "ph": "M", "ts": ts, "pid": st.pid, "tid": 0, "args": {"name": "python3.11"}}, "metadata")
-        self._ev({"name": "process_labels", "ph": "M", "ts": ts, "pid": st.pid, "tid": 0, "args": {"labels": "CPU"}}, "metadata")
+        self._ev({"name": "process_name", "ph": "M", "ts": ts, "pid": st.pid, "tid": 0, "args": {"name": "python3.11"}},
+                 "metadata")
+        self._ev({"name": "process_labels", "ph": "M", "ts": ts, "pid": st.pid, "tid": 0, "args": {"labels": "CPU"}},
+                 "metadata")
         for tid, name in ((st.pid, "python3.11"), (st.bwd_tid, "pt_autograd_0")):
-            self._ev({"name": "thread_name", "ph": "M", "ts": ts, "pid": st.pid, "tid": tid, "args": {"name": f"thread {tid} ({name})"}}, "metadata")
-        self._ev({"name": "process_name", "ph": "M", "ts": ts, "pid": self.dev, "tid": 0, "args": {"name": f"GPU {self.dev}"}}, "metadata")
-        self._ev({"name": "process_labels", "ph": "M", "ts": ts, "pid": self.dev, "tid": 0, "args": {"labels": f"GPU {self.dev}"}}, "metadata")
+            self._ev({"name": "thread_name", "ph": "M", "ts": ts, "pid": st.pid, "tid": tid,
+                      "args": {"name": f"thread {tid} ({name})"}}, "metadata")
+        self._ev({"name": "process_name", "ph": "M", "ts": ts, "pid": self.dev, "tid": 0,
+                  "args": {"name": f"GPU {self.dev}"}}, "metadata")
+        self._ev({"name": "process_labels", "ph": "M", "ts": ts, "pid": self.dev, "tid": 0,
+                  "args": {"labels": f"GPU {self.dev}"}}, "metadata")
         for s in (STREAM_COMPUTE, STREAM_DP, STREAM_RS, STREAM_SEND, STREAM_RECV):
-            self._ev({"name": "thread_name", "ph": "M", "ts": ts, "pid": self.dev, "tid": s, "args": {"name": f"stream {s} "}}, "metadata")
+            self._ev({"name": "thread_name", "ph": "M", "ts": ts, "pid": self.dev, "tid": s,
+                      "args": {"name": f"stream {s} "}}, "metadata")
 
     def step(self, number: int, start: int, end: int) -> None:
         st = self.st
-        self._x("user_annotation", f"ProfilerStep#{number}", st.pid, st.pid, start, end, {"External id": self._next_ext(), "Record function id": 0, "Ev Idx": self._idx()})
+        self._x("user_annotation", f"ProfilerStep#{number}", st.pid, st.pid, start, end,
+                {"External id": self._next_ext(), "Record function id": 0, "Ev Idx": self._idx()})
         self.counts["steps"] = self.counts.get("steps", 0) + 1
 
     def op(self, op: Op) -> None:
@@ -233,8 +246,10 @@ class TraceWriter:
         if k == SYNC:
             assert op.end is not None
             ext = self._next_ext()
-            self._x("cpu_op", op.cpu, st.pid, op.tid, op.cpu_start, op.end + op.host_ns // 3, {"External id": ext, "Record function id": 0, "Ev Idx": self._idx()})
-            self._x("cuda_runtime", op.name, st.pid, op.tid, op.launch, op.end, {"External id": ext, "cbid": 165, "correlation": self._next_corr()})
+            self._x("cpu_op", op.cpu, st.pid, op.tid, op.cpu_start, op.end + op.host_ns // 3,
+                    {"External id": ext, "Record function id": 0, "Ev Idx": self._idx()})
+            self._x("cuda_runtime", op.name, st.pid, op.tid, op.launch, op.end,
+                    {"External id": ext, "cbid": 165, "correlation": self._next_corr()})
             return
         assert op.end is not None
         if k == COMPUTE:
@@ -242,11 +257,14 @@ class TraceWriter:
         elif k == MEMCPY:
             ext = self._next_ext()
             corr = self._next_corr()
-            self._x("cpu_op", op.cpu, st.pid, op.tid, op.cpu_start, op.cpu_start + op.host_ns - 500, {"External id": ext, "Record function id": 0, "Ev Idx": self._idx()})
-            self._x("cuda_runtime", "cudaMemcpyAsync", st.pid, op.tid, op.launch, op.launch + op.host_ns // 3, {"External id": ext, "cbid": 41, "correlation": corr})
+            self._x("cpu_op", op.cpu, st.pid, op.tid, op.cpu_start, op.cpu_start + op.host_ns - 500,
+                    {"External id": ext, "Record function id": 0, "Ev Idx": self._idx()})
+            self._x("cuda_runtime", "cudaMemcpyAsync", st.pid, op.tid, op.launch, op.launch + op.host_ns // 3,
+                    {"External id": ext, "cbid": 41, "correlation": corr})
             nbytes = int(op.meta)
             self._x("gpu_memcpy", op.name, self.dev, op.stream, op.start, op.end,
-                    {"External id": ext, "device": self.dev, "context": 1, "stream": op.stream, "correlation": corr, "bytes": nbytes,
+                    {"External id": ext, "device": self.dev, "context": 1, "stream": op.stream, "correlation": corr,
+                     "bytes": nbytes,
                      "memory bandwidth (GB/s)": round(nbytes / max(op.end - op.start, 1), 3)})
             self._flows(corr, op)
         elif k == COLL:
@@ -293,7 +311,8 @@ class TraceWriter:
         st = self.st
         name = "CompiledFunction" if ops[0].tid == st.pid else "CompiledFunctionBackward"
         end = max(max(op.cpu_start + op.host_ns - 500, op.launch + op.host_ns // 3) for op in ops)
-        self._x("cpu_op", name, st.pid, ops[0].tid, ops[0].cpu_start - 200, end + 200, {"External id": self._next_ext(), "Record function id": 0, "Ev Idx": self._idx()})
+        self._x("cpu_op", name, st.pid, ops[0].tid, ops[0].cpu_start - 200, end + 200,
+                {"External id": self._next_ext(), "Record function id": 0, "Ev Idx": self._idx()})
         for i, op in enumerate(ops):
             triton = "triton_tem_fused_mm" if op.dims is not None else TRITON_NAMES.get(op.name)
             if triton is None:
@@ -305,7 +324,8 @@ class TraceWriter:
                 m, k, n = op.dims
                 cpu_args.update({"Input Dims": [[m, k], [k, n], [m, n]], "Input type": ["c10::BFloat16"] * 3})
                 self.counts["triton_template_flops"] = self.counts.get("triton_template_flops", 0) + 2 * m * k * n
-                self.counts["triton_template_ns"] = self.counts.get("triton_template_ns", 0) + (op.end or op.start) - op.start
+                self.counts["triton_template_ns"] = self.counts.get("triton_template_ns",
+                                                                    0) + (op.end or op.start) - op.start
             self._launch(op, kname, "cuLaunchKernel", "cuda_driver", 307, kernel_name=kname, cpu_args=cpu_args)
             self.counts["triton_kernels"] = self.counts.get("triton_kernels", 0) + 1
             self.counts["triton_kernel_ns"] = self.counts.get("triton_kernel_ns", 0) + (op.end or op.start) - op.start
@@ -319,31 +339,42 @@ class TraceWriter:
         if capture:
             ext = self._next_ext()
             t0 = ops[0].cpu_start - 2_000
-            self._x("cuda_runtime", "cudaStreamBeginCapture", st.pid, tid, t0, t0 + 1_000, {"External id": ext, "cbid": 317, "correlation": self._next_corr()})
+            self._x("cuda_runtime", "cudaStreamBeginCapture", st.pid, tid, t0, t0 + 1_000,
+                    {"External id": ext, "cbid": 317, "correlation": self._next_corr()})
             for op in ops:
                 e = self._next_ext()
-                self._x("cpu_op", op.cpu, st.pid, tid, op.cpu_start, op.cpu_start + op.host_ns - 500, {"External id": e, "Record function id": 0, "Ev Idx": self._idx()})
-                self._x("cuda_runtime", "cudaLaunchKernel", st.pid, tid, op.launch, op.launch + op.host_ns // 3, {"External id": e, "cbid": 211, "correlation": self._next_corr()})
+                self._x("cpu_op", op.cpu, st.pid, tid, op.cpu_start, op.cpu_start + op.host_ns - 500,
+                        {"External id": e, "Record function id": 0, "Ev Idx": self._idx()})
+                self._x("cuda_runtime", "cudaLaunchKernel", st.pid, tid, op.launch, op.launch + op.host_ns // 3,
+                        {"External id": e, "cbid": 211, "correlation": self._next_corr()})
                 self.counts["captured_launches"] = self.counts.get("captured_launches", 0) + 1
             t_end = max(op.launch + op.host_ns // 3 for op in ops) + 1_000
-            self._x("cuda_runtime", "cudaStreamEndCapture", st.pid, tid, t_end, t_end + 2_000, {"External id": ext, "cbid": 318, "correlation": self._next_corr()})
-            self._x("cuda_runtime", "cudaGraphInstantiate", st.pid, tid, t_end + 3_000, t_end + 40_000, {"External id": ext, "cbid": 393, "correlation": self._next_corr()})
+            self._x("cuda_runtime", "cudaStreamEndCapture", st.pid, tid, t_end, t_end + 2_000,
+                    {"External id": ext, "cbid": 318, "correlation": self._next_corr()})
+            self._x("cuda_runtime", "cudaGraphInstantiate", st.pid, tid, t_end + 3_000, t_end + 40_000,
+                    {"External id": ext, "cbid": 393, "correlation": self._next_corr()})
             t_launch = t_end + 41_000
         ext, corr = self._next_ext(), self._next_corr()
-        self._x("cpu_op", "CUDAGraph::replay", st.pid, tid, t_launch - 2_000, t_launch + 9_000, {"External id": ext, "Record function id": 0, "Ev Idx": self._idx()})
-        self._x("cuda_runtime", "cudaGraphLaunch", st.pid, tid, t_launch, t_launch + 6_000, {"External id": ext, "cbid": 311, "correlation": corr})
+        self._x("cpu_op", "CUDAGraph::replay", st.pid, tid, t_launch - 2_000, t_launch + 9_000,
+                {"External id": ext, "Record function id": 0, "Ev Idx": self._idx()})
+        self._x("cuda_runtime", "cudaGraphLaunch", st.pid, tid, t_launch, t_launch + 6_000,
+                {"External id": ext, "cbid": 311, "correlation": corr})
         self.counts["graph_launches"] = self.counts.get("graph_launches", 0) + 1
-        self._ev({"ph": "s", "id": corr, "pid": st.pid, "tid": tid, "ts": self.ts(t_launch), "cat": "ac2g", "name": "ac2g"}, "ac2g")
+        self._ev({"ph": "s", "id": corr, "pid": st.pid, "tid": tid, "ts": self.ts(t_launch), "cat": "ac2g",
+                  "name": "ac2g"}, "ac2g")
         for op in ops:
             self._kernel_event(op, op.name, ext, corr)
-            self._ev({"ph": "f", "id": corr, "pid": self.dev, "tid": op.stream, "ts": self.ts(op.start), "cat": "ac2g", "name": "ac2g", "bp": "e"}, "ac2g")
+            self._ev({"ph": "f", "id": corr, "pid": self.dev, "tid": op.stream, "ts": self.ts(op.start), "cat": "ac2g",
+                      "name": "ac2g", "bp": "e"}, "ac2g")
             self.counts["graph_kernels"] = self.counts.get("graph_kernels", 0) + 1
             self.counts["graph_kernel_ns"] = self.counts.get("graph_kernel_ns", 0) + (op.end or op.start) - op.start
 
     def _flows(self, corr: int, op: Op) -> None:
         st = self.st
-        self._ev({"ph": "s", "id": corr, "pid": st.pid, "tid": op.tid, "ts": self.ts(op.launch), "cat": "ac2g", "name": "ac2g"}, "ac2g")
-        self._ev({"ph": "f", "id": corr, "pid": self.dev, "tid": op.stream, "ts": self.ts(op.start), "cat": "ac2g", "name": "ac2g", "bp": "e"}, "ac2g")
+        self._ev({"ph": "s", "id": corr, "pid": st.pid, "tid": op.tid, "ts": self.ts(op.launch), "cat": "ac2g",
+                  "name": "ac2g"}, "ac2g")
+        self._ev({"ph": "f", "id": corr, "pid": self.dev, "tid": op.stream, "ts": self.ts(op.start), "cat": "ac2g",
+                  "name": "ac2g", "bp": "e"}, "ac2g")
 
     def _launch(self, op: Op, cpu_name: str, api: str, api_cat: str, cbid: int, ext: int | None = None,
                 extra_args: dict[str, Any] | None = None, kernel_name: str | None = None,
@@ -354,7 +385,8 @@ class TraceWriter:
             self._x("cpu_op", cpu_name, st.pid, op.tid, op.cpu_start, op.cpu_start + op.host_ns - 500,
                     {"External id": ext, "Record function id": 0, "Ev Idx": self._idx(), **(cpu_args or {})})
         corr = self._next_corr()
-        self._x(api_cat, api, st.pid, op.tid, op.launch, op.launch + op.host_ns // 3, {"External id": ext, "cbid": cbid, "correlation": corr})
+        self._x(api_cat, api, st.pid, op.tid, op.launch, op.launch + op.host_ns // 3,
+                {"External id": ext, "cbid": cbid, "correlation": corr})
         self._kernel_event(op, kernel_name or op.name, ext, corr, extra_args)
         self._flows(corr, op)
 
@@ -363,9 +395,11 @@ class TraceWriter:
         sms = self.job.gpu.num_sms
         args: dict[str, Any] = {
             "External id": ext, "queued": 0, "device": self.dev, "context": 1, "stream": op.stream, "correlation": corr,
-            "registers per thread": 96 if op.coll is not None else 168, "shared memory": 87568 if op.coll is not None else 197632,
+            "registers per thread": 96 if op.coll is not None else 168,
+            "shared memory": 87568 if op.coll is not None else 197632,
             "blocks per SM": round(grid / sms, 6), "warps per SM": round(grid * block / 32 / sms, 6),
-            "grid": [grid, 1, 1], "block": [block, 1, 1], "est. achieved occupancy %": 0 if op.coll is not None else min(100, int(grid / sms * 100 // 8)),
+            "grid": [grid, 1, 1], "block": [block, 1, 1],
+            "est. achieved occupancy %": 0 if op.coll is not None else min(100, int(grid / sms * 100 // 8)),
         }
         if extra_args:
             args.update(extra_args)
@@ -405,7 +439,8 @@ class TraceWriter:
         e1, e2, e3 = self._next_ext(), self._next_ext(), self._next_ext()
         t0 = op.cpu_start
         t1 = t0 + op.host_ns - 400
-        self._x("cpu_op", op.cpu, st.pid, op.tid, t0, t1, {"External id": e1, "Record function id": 0, "Ev Idx": self._idx()})
+        self._x("cpu_op", op.cpu, st.pid, op.tid, t0, t1,
+                {"External id": e1, "Record function id": 0, "Ev Idx": self._idx()})
         rpc: dict[str, Any] = {"External id": e2, "Record function id": 0, "Ev Idx": self._idx(), "Rank": st.rank,
                                "Global rank start": first, "Global rank stride": stride, **coll_args}
         if kind == "send" and not coalesced:
@@ -417,7 +452,8 @@ class TraceWriter:
         self._x("user_annotation", "nccl:coalesced" if coalesced else annot, st.pid, op.tid, t0 + 3_000, t1 - 2_000,
                 {"External id": e3, "Record function id": 0, "Ev Idx": self._idx()})
         self.counts["comms"] = self.counts.get("comms", 0) + 1
-        api, api_cat, cbid = ("cuLaunchKernelEx", "cuda_driver", 652) if new else ("cudaLaunchKernel", "cuda_runtime", 211)
+        api, api_cat, cbid = ("cuLaunchKernelEx", "cuda_driver", 652) if new else ("cudaLaunchKernel", "cuda_runtime",
+                                                                                   211)
         op.meta = (c.channels, 512 if new else 640)
         self._launch(op, "", api, api_cat, cbid, ext=e2, extra_args=coll_args,
                      kernel_name=nccl_kernel_name(kind, c.algo, c.proto, new))
@@ -428,22 +464,27 @@ class TraceWriter:
         kernel, with no ``record_param_comms`` and no process-group args on the kernel."""
         assert op.end is not None
         op.meta = (op.coll.channels if op.coll is not None else 16, 512)
-        self._launch(op, "symm_mem::two_shot_all_reduce_", "cudaLaunchKernel", "cuda_runtime", 211, kernel_name=SYMM_ALL_REDUCE)
+        self._launch(op, "symm_mem::two_shot_all_reduce_", "cudaLaunchKernel", "cuda_runtime", 211,
+                     kernel_name=SYMM_ALL_REDUCE)
         self.counts["symm_kernels"] = self.counts.get("symm_kernels", 0) + 1
         self.counts["symm_kernel_ns"] = self.counts.get("symm_kernel_ns", 0) + op.end - op.start
 
     def close(self, start_ns: int, end_ns: int) -> None:
         """End the trace and write the file, compressed from the spool."""
-        self._ev({"ph": "X", "cat": "Trace", "ts": self.ts(start_ns), "dur": _us(end_ns - start_ns), "pid": "Spans", "tid": "PyTorch Profiler",
+        self._ev({"ph": "X", "cat": "Trace", "ts": self.ts(start_ns), "dur": _us(end_ns - start_ns), "pid": "Spans",
+                  "tid": "PyTorch Profiler",
                   "name": "PyTorch Profiler (0)", "args": {"Op count": 0}}, "Trace")
-        self._ev({"name": "Iteration Start: PyTorch Profiler", "ph": "i", "s": "g", "pid": "Traces", "tid": "Trace PyTorch Profiler", "ts": self.ts(start_ns)}, "instant")
-        self._ev({"name": "Record Window End", "ph": "i", "s": "g", "pid": "", "tid": "", "ts": self.ts(end_ns + 1_000)}, "instant")
+        self._ev({"name": "Iteration Start: PyTorch Profiler", "ph": "i", "s": "g", "pid": "Traces",
+                  "tid": "Trace PyTorch Profiler", "ts": self.ts(start_ns)}, "instant")
+        self._ev({"name": "Record Window End", "ph": "i", "s": "g", "pid": "", "tid": "",
+                  "ts": self.ts(end_ns + 1_000)}, "instant")
         self.flush()
         tail = (b'\n  ],\n  "traceName": "' + str(self.path.name).encode() + b'",\n  "displayTimeUnit": "ms",\n'
                 + b'  "baseTimeNanoseconds": ' + str(EPOCH_NS - T0_NS).encode() + b"\n}\n")
         self._write(tail)
         self.spill()
-        with open(self.path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=self._compresslevel) as gz:
+        with open(self.path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0,
+                                                         compresslevel=self._compresslevel) as gz:
             for where in self._chunks:
                 gz.write(self._spool.get(where))
         self._chunks.clear()

@@ -22,7 +22,8 @@ _ERRORS = {
          ("/job/model/attention.py", 88, "forward", "scores = torch.matmul(q, k.transpose(-1, -2))")],
         ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU {dev} has a total capacity of "
          "79.10 GiB of which 1.12 GiB is free. Including non-PyTorch memory, this process has 77.96 GiB memory in use. "
-         "Of the allocated memory 61.25 GiB is allocated by PyTorch, and 15.80 GiB is reserved by PyTorch but unallocated. "
+         "Of the allocated memory 61.25 GiB is allocated by PyTorch, and 15.80 GiB is reserved by PyTorch but "
+         "unallocated. "
          "If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to "
          "avoid fragmentation.  See documentation for Memory Management  "
          "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"]),
@@ -30,7 +31,8 @@ _ERRORS = {
         [("/job/train.py", 212, "train_step", "loss = model(batch).loss"),
          ("/job/kernels/fused_rope.py", 41, "apply_rope", "fused_rope_cuda.forward(q, k, cos, sin)")],
         ["torch.AcceleratorError: CUDA error: an illegal memory access was encountered",
-         "Search for `cudaErrorIllegalAddress' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html "
+         "Search for `cudaErrorIllegalAddress' in "
+         "https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html "
          "for more information.",
          "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be "
          "incorrect.", "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
@@ -58,9 +60,11 @@ def _traceback(r: int, death: str, dev: int) -> list[str]:
 def _torchrun_table(out: Path, host: str, r: int, st: Any, peers: list[Any], t_die: int) -> str:
     """The culprit node's torchrun log: SIGTERM to its local peers, then the failure table."""
     rel = f"launcher/torchrun-{host}.log"
-    lines = [f"W{_stamp(t_die, '%m%d %H:%M:%S')}.000000 {st.pid - 10} torch/distributed/elastic/multiprocessing/api.py:897] "
+    lines = [f"W{_stamp(t_die, '%m%d %H:%M:%S')}.000000 {st.pid - 10} "
+             f"torch/distributed/elastic/multiprocessing/api.py:897] "
              f"Sending process {p.pid} closing signal SIGTERM" for p in peers]
-    lines += [f"E{_stamp(t_die, '%m%d %H:%M:%S')}.000000 {st.pid - 10} torch/distributed/elastic/multiprocessing/api.py:869] "
+    lines += [f"E{_stamp(t_die, '%m%d %H:%M:%S')}.000000 {st.pid - 10} "
+              f"torch/distributed/elastic/multiprocessing/api.py:869] "
               f"failed (exitcode: 1) local_rank: {st.local} (pid: {st.pid}) of binary: /usr/bin/python3",
               "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
               "============================================================", "train.py FAILED",
@@ -70,7 +74,8 @@ def _torchrun_table(out: Path, host: str, r: int, st: Any, peers: list[Any], t_d
                   f"  rank      : {p.rank} (local_rank: {p.local})", f"  exitcode  : -15 (pid: {p.pid})",
                   "  error_file: <N/A>", f"  traceback : Signal 15 (SIGTERM) received by PID {p.pid}"]
     lines += ["------------------------------------------------------------", "Root Cause (first observed failure):",
-              "[0]:", f"  time      : {_stamp(t_die)}", f"  host      : {host}", f"  rank      : {r} (local_rank: {st.local})",
+              "[0]:", f"  time      : {_stamp(t_die)}", f"  host      : {host}",
+              f"  rank      : {r} (local_rank: {st.local})",
               f"  exitcode  : 1 (pid: {st.pid})", "  error_file: <N/A>",
               "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
               "============================================================"]
@@ -119,8 +124,10 @@ def _scheduler_stop(out: Path, engine: Any, f: dict[str, Any], step_log: dict[in
                                               f"{first[0]:8d} to /checkpoints/job in torch format")
     why, host = f["why"], engine.hosts[0]
     lines = ["srun: Job step aborted: Waiting up to 32 seconds for job step to finish.",
-             f"slurmstepd: error: *** STEP {SLURM_JOB}.0 ON {host} CANCELLED AT {_stamp(t, '%Y-%m-%dT%H:%M:%S')} DUE TO {why} ***",
-             f"slurmstepd: error: *** JOB {SLURM_JOB} ON {host} CANCELLED AT {_stamp(t, '%Y-%m-%dT%H:%M:%S')} DUE TO {why} ***"]
+             f"slurmstepd: error: *** STEP {SLURM_JOB}.0 ON {host} CANCELLED AT {_stamp(t, '%Y-%m-%dT%H:%M:%S')} DUE "
+             f"TO {why} ***",
+             f"slurmstepd: error: *** JOB {SLURM_JOB} ON {host} CANCELLED AT {_stamp(t, '%Y-%m-%dT%H:%M:%S')} DUE TO "
+             f"{why} ***"]
     lines += [f"W{_stamp(t, '%m%d %H:%M:%S')}.500000 {100 + n} torch/distributed/elastic/agent/server/api.py:704] "
               "Received Signals.SIGTERM death signal, shutting down workers" for n in range(len(engine.hosts))]
     rel = f"slurm-{SLURM_JOB}.out"
@@ -130,7 +137,8 @@ def _scheduler_stop(out: Path, engine: Any, f: dict[str, Any], step_log: dict[in
 
 
 def write_last_words(out: Path, job: Job, engine: Any, offsets: list[int], timeout: dict[str, Any] | None,
-                     step_log: dict[int, list[tuple[int, int, int]]], log_paths: dict[int, str]) -> dict[str, Any] | None:
+                     step_log: dict[int, list[tuple[int, int, int]]], log_paths: dict[int, str]) -> dict[str,
+                                                                                                         Any] | None:
     """The last words of the scenario's death (None for scenarios without one)."""
     f = next((f for f in job.faults if f["kind"] in ("app_death", "scheduler_stop")), None)
     if f is None:

@@ -71,13 +71,17 @@ def _nccl_init(lg: _RankLog, job: Job, grank: int, world: int, nodes: int, local
         if k in ("NCCL_ALGO", "NCCL_PROTO"):
             lg.info(f"{k} set by environment to {val}", init_tid)
     if v >= (2, 21):
-        lg.info(f"{fn} comm {ptr} rank {rank} nranks {world} cudaDev {local} nvmlDev {local} busId {bus} commId {comm_id} - Init START", init_tid)
-    lg.info(f"Setting affinity for GPU {local} to {'ffffffff,00000000' if local < 4 else '00000000,ffffffff'}", init_tid)
+        lg.info(f"{fn} comm {ptr} rank {rank} nranks {world} cudaDev {local} nvmlDev {local} busId {bus} commId "
+                f"{comm_id} - Init START", init_tid)
+    lg.info(f"Setting affinity for GPU {local} to {'ffffffff,00000000' if local < 4 else '00000000,ffffffff'}",
+            init_tid)
     if net.inter == "IB" and nodes > 1:
-        lg.info(f"NET/IB : GPU Direct RDMA {'Enabled' if net.gdr else 'Disabled'} for HCA {local} 'mlx5_{local}'", init_tid)
+        lg.info(f"NET/IB : GPU Direct RDMA {'Enabled' if net.gdr else 'Disabled'} for HCA {local} 'mlx5_{local}'",
+                init_tid)
     if v >= (2, 20):
         same = [r for r in ring if node_of(r) == node_of(grank)]
-        lg.info(f"comm {ptr} rank {rank} nRanks {world} nNodes {nodes} localRanks {len(same)} localRank {same.index(grank)} MNNVL 0", init_tid)
+        lg.info(f"comm {ptr} rank {rank} nRanks {world} nNodes {nodes} localRanks {len(same)} localRank "
+                f"{same.index(grank)} MNNVL 0", init_tid)
     nch = 16 if nodes == 1 else 8
     gdr = "/GDRDMA" if net.inter == "IB" and net.gdr else ""
     _nccl_channels(lg, job, v, grank, world, local, ring, node_of, nch, init_tid)
@@ -114,7 +118,8 @@ def _nccl_world_preamble(lg: _RankLog, job: Job, v: tuple[int, int], rank: int, 
 def _net_plugin_lines(lg: _RankLog, v: tuple[int, int]) -> None:
     """No external net plugin: the wording changed across NCCL versions."""
     if v <= (2, 18):
-        lg.info("NET/Plugin : Plugin load (libnccl-net.so) returned 2 : libnccl-net.so: cannot open shared object file: No such file or directory")
+        lg.info("NET/Plugin : Plugin load (libnccl-net.so) returned 2 : libnccl-net.so: cannot open shared object "
+                "file: No such file or directory")
         lg.info("NET/Plugin : No plugin found, using internal implementation")
     elif v <= (2, 21):
         lg.info("NET/Plugin: No plugin found (libnccl-net.so)")
@@ -149,11 +154,13 @@ def _nccl_channels(lg: _RankLog, job: Job, v: tuple[int, int], grank: int, world
                 lg.info(f"Channel {ch:02d}/0 : {rank}[{local}] -> {ring.index(nxt)}[{nxt % 8}] via {intra}", init_tid)
             else:
                 nic = local if netname == "IB" else 0
-                lg.info(f"Channel {ch:02d}/0 : {rank}[{local}] -> {ring.index(nxt)}[{nxt % 8}] [send] via NET/{netname}/{nic}{gdr}", init_tid)
+                lg.info(f"Channel {ch:02d}/0 : {rank}[{local}] -> {ring.index(nxt)}[{nxt % 8}] [send] via "
+                        f"NET/{netname}/{nic}{gdr}", init_tid)
         if node_of(prv) != node_of(grank):
             for ch in range(nch):
                 nic = local if netname == "IB" else 0
-                lg.info(f"Channel {ch:02d}/0 : {ring.index(prv)}[{prv % 8}] -> {rank}[{local}] [receive] via NET/{netname}/{nic}{gdr}", init_tid)
+                lg.info(f"Channel {ch:02d}/0 : {ring.index(prv)}[{prv % 8}] -> {rank}[{local}] [receive] via "
+                        f"NET/{netname}/{nic}{gdr}", init_tid)
 
 
 def _nccl_init_done(lg: _RankLog, v: tuple[int, int], fn: str, ptr: str, rank: int, world: int, local: int, bus: str,
@@ -166,22 +173,27 @@ def _nccl_init_done(lg: _RankLog, v: tuple[int, int], fn: str, ptr: str, rank: i
     lg.info("Connected all trees", init_tid)
     lg.info(f"threadThresholds 8/8/64 | {8 * world}/8/64 | 512 | 512", init_tid)
     if v >= (2, 20):
-        lg.info(f"{nch} coll channels, {nch} collnet channels, 0 nvls channels, {nch} p2p channels, 2 p2p channels per peer", init_tid)
+        lg.info(f"{nch} coll channels, {nch} collnet channels, 0 nvls channels, {nch} p2p channels, 2 p2p channels per "
+                f"peer", init_tid)
     else:
         lg.info(f"{nch} coll channels, 0 nvls channels, {nch} p2p channels, 2 p2p channels per peer", init_tid)
     if v >= (2, 24):
         lg.info("CC Off, workFifoBytes 1048576", init_tid)
-    lg.info(f"{fn} comm {ptr} rank {rank} nranks {world} cudaDev {local} nvmlDev {local} busId {bus} commId {comm_id} - Init COMPLETE", init_tid)
+    lg.info(f"{fn} comm {ptr} rank {rank} nranks {world} cudaDev {local} nvmlDev {local} busId {bus} commId {comm_id} "
+            f"- Init COMPLETE", init_tid)
     if v >= (2, 23):
         tot = 0.4 + rng.random() * 0.6
-        lg.info(f"Init timings - {fn}: rank {rank} nranks {world} total {tot:.2f} (kernels 0.15, alloc 0.02, bootstrap {tot * 0.2:.2f}, "
-                f"allgathers 0.01, topo {tot * 0.3:.2f}, graphs 0.01, connections {tot * 0.2:.2f}, rest 0.01)", init_tid)
+        lg.info(f"Init timings - {fn}: rank {rank} nranks {world} total {tot:.2f} (kernels 0.15, alloc 0.02, bootstrap "
+                f"{tot * 0.2:.2f}, "
+                f"allgathers 0.01, topo {tot * 0.3:.2f}, graphs 0.01, connections {tot * 0.2:.2f}, rest 0.01)",
+                init_tid)
 
 
 def _tuning_line(job: Job, coll: dict[str, Any]) -> str:
     major, minor, _ = _ver(job.nccl_version)
     v = (major, minor)
-    name = {"allreduce": "AllReduce", "allgather": "AllGather", "reduce_scatter": "ReduceScatter"}.get(coll["op"], "AllReduce")
+    name = {"allreduce": "AllReduce", "allgather": "AllGather", "reduce_scatter": "ReduceScatter"}.get(coll["op"],
+                                                                                                       "AllReduce")
     nbytes = coll["nbytes"]
     algo, proto = coll["algo"], coll["proto"]
     t = coll["t_us"]
@@ -198,7 +210,8 @@ def _pt_stamp(ns: int) -> str:
 
 
 def write_stdout_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed: int, timeout: dict[str, Any] | None,
-                      step_log: dict[int, list[tuple[int, int, int]]], coll_log: list[dict[str, Any]]) -> dict[int, str]:
+                      step_log: dict[int, list[tuple[int, int, int]]], coll_log: list[dict[str, Any]]) -> dict[int,
+                                                                                                               str]:
     """One stdout file per rank; returns rank -> relative path."""
     topo = job.topo
     (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -217,17 +230,20 @@ def write_stdout_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
             lg.raw(f"using world size: {topo.world}, data-parallel size: {topo.dp}, context-parallel size: 1, "
                    f"tensor-model-parallel size: {topo.tp}, pipeline-model-parallel size: {topo.pp}")
             lg.raw("> initializing torch distributed ...")
-        lg.raw(f"[rank{r}]: > setting device to cuda:{st.local} (local rank {st.local}, node {st.node}, host {st.host})")
+        lg.raw(f"[rank{r}]: > setting device to cuda:{st.local} (local rank {st.local}, node {st.node}, host "
+               f"{st.host})")
         for g in engine.groups:
             if r not in g.ranks or len(g.ranks) < 2:
                 continue
             _nccl_init(lg, job, r, len(g.ranks), len({topo.node_of(x) for x in g.ranks}), st.local,
                        ips[st.node], comm_ids[g.name], list(g.ranks), topo.node_of, g.kind == "world", g.desc, lrng)
         if r == 0:
-            lg.raw(f"[after model, optimizer, and learning rate scheduler are built] datetime: {time.strftime('%Y-%m-%d %H:%M:%S', _utc(start_ns + 60_000_000_000))}")
+            lg.raw(f"[after model, optimizer, and learning rate scheduler are built] datetime: "
+                   f"{time.strftime('%Y-%m-%d %H:%M:%S', _utc(start_ns + 60_000_000_000))}")
             lg.raw("training ...")
         # per-operation TUNING lines exist at INFO level from NCCL 2.20 (commented out before)
-        tunings = [c for c in coll_log if c["rank0"] == r] if job.tuning_lines and _ver(job.nccl_version)[:2] >= (2, 20) else []
+        tunings = [c for c in coll_log
+                   if c["rank0"] == r] if job.tuning_lines and _ver(job.nccl_version)[:2] >= (2, 20) else []
         ti = 0
         prints_loss = (r == 0) or (topo.pp > 1 and pp_r == topo.pp - 1 and tp_r == 0 and dp_r == 0)
         for step, s0, s1 in step_log[r]:
@@ -237,9 +253,12 @@ def write_stdout_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
             if prints_loss:
                 wall = EPOCH_NS + offsets[st.node] + s1
                 loss = 2.2 + 1.5 * (0.995 ** step) + lrng.uniform(-0.02, 0.02)
-                lg.raw(f" [{time.strftime('%Y-%m-%d %H:%M:%S', _utc(wall))}] iteration {step:8d}/  100000 | consumed samples: {step * 256:10d} | "
-                       f"elapsed time per iteration (ms): {(s1 - s0) / 1e6:.1f} | learning rate: 3.000000E-04 | global batch size: 256 | "
-                       f"lm loss: {loss:.6E} | loss scale: 1.0 | grad norm: {0.8 + lrng.random() * 0.4:.3f} | number of skipped iterations:   0 | number of nan iterations:   0 |")
+                lg.raw(f" [{time.strftime('%Y-%m-%d %H:%M:%S', _utc(wall))}] iteration {step:8d}/  100000 | consumed "
+                       f"samples: {step * 256:10d} | "
+                       f"elapsed time per iteration (ms): {(s1 - s0) / 1e6:.1f} | learning rate: 3.000000E-04 | global "
+                       f"batch size: 256 | "
+                       f"lm loss: {loss:.6E} | loss scale: 1.0 | grad norm: {0.8 + lrng.random() * 0.4:.3f} | number "
+                       f"of skipped iterations:   0 | number of nan iterations:   0 |")
                 _checkpoint_line(lg, r, timeout, step, wall)
         if timeout is not None and r in timeout["arrive"]:
             _watchdog_lines(lg, r, timeout, EPOCH_NS + offsets[st.node], lrng)
@@ -255,7 +274,8 @@ def _checkpoint_line(lg: _RankLog, r: int, timeout: dict[str, Any] | None, step:
     if r != 0 or timeout is None or "checkpoint_wall_ns" in timeout or step >= timeout["step"]:
         return
     t = wall // 1_000_000_000 * 1_000_000_000  # the stamp has whole seconds: never after the step it follows
-    lg.raw(f" [{time.strftime('%Y-%m-%d %H:%M:%S', _utc(t))}] saving checkpoint at iteration {step:8d} to /checkpoints/job in torch format")
+    lg.raw(f" [{time.strftime('%Y-%m-%d %H:%M:%S', _utc(t))}] saving checkpoint at iteration {step:8d} to "
+           f"/checkpoints/job in torch format")
     timeout["checkpoint_wall_ns"] = t
     timeout["checkpoint_iteration"] = step
 
@@ -269,17 +289,27 @@ def _watchdog_lines(lg: _RankLog, r: int, timeout: dict[str, Any], wall0: int, l
     t_fire = wall0 + timeout["launch"][r] + tmo_ms * 1_000_000 + lrng.randrange(5, 40) * 1_000_000
     ran = tmo_ms + lrng.randrange(0, 40)
     optype = {"allreduce": "ALLREDUCE", "allgather": "_ALLGATHER_BASE", "reduce_scatter": "_REDUCE_SCATTER_BASE"}[c.op]
-    work = (f"WorkNCCL(SeqNum={c.seq}, OpType={optype}, NumelIn={timeout['numel_in']}, NumelOut={timeout['numel_out']}, "
+    work = (f"WorkNCCL(SeqNum={c.seq}, OpType={optype}, NumelIn={timeout['numel_in']}, "
+            f"NumelOut={timeout['numel_out']}, "
             f"Timeout(ms)={tmo_ms})")
     pgtag = f"[PG ID {c.pg.name} PG GUID {c.pg.name}({c.pg.desc}) Rank {rel}]"
-    lg.raw(f"[rank{r}]:[E{_pt_stamp(t_fire)} ProcessGroupNCCL.cpp:632] [Rank {rel}] Watchdog caught collective operation timeout: {work} ran for {ran} milliseconds before timing out.")
+    lg.raw(f"[rank{r}]:[E{_pt_stamp(t_fire)} ProcessGroupNCCL.cpp:632] [Rank {rel}] Watchdog caught collective "
+           f"operation timeout: {work} ran for {ran} milliseconds before timing out.")
     t2 = t_fire + lrng.randrange(100_000, 2_000_000)
-    lg.raw(f"[rank{r}]:[E{_pt_stamp(t2)} ProcessGroupNCCL.cpp:1664] {pgtag} Exception (either an error or timeout) detected by watchdog at work: {c.seq}, last enqueued NCCL work: {c.seq}, last completed NCCL work: {c.seq - 1}.")
-    lg.raw(f"[rank{r}]:[E{_pt_stamp(t2 + 60_000)} ProcessGroupNCCL.cpp:1708] {pgtag} Timeout at NCCL work: {c.seq}, last enqueued NCCL work: {c.seq}, last completed NCCL work: {c.seq - 1}.")
-    lg.raw(f"[rank{r}]:[E{_pt_stamp(t2 + 90_000)} ProcessGroupNCCL.cpp:618] [Rank {rel}] Some NCCL operations have failed or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data.")
-    lg.raw(f"[rank{r}]:[E{_pt_stamp(t2 + 110_000)} ProcessGroupNCCL.cpp:624] [Rank {rel}] To avoid data inconsistency, we are taking the entire process down.")
-    lg.raw(f"[rank{r}]:[F{_pt_stamp(t2 + 200_000)} ProcessGroupNCCL.cpp:1484] [PG ID {c.pg.name} PG GUID {c.pg.name}({c.pg.desc}) Rank {rel}] "
-           f"[PG ID {c.pg.name} PG GUID {c.pg.name}({c.pg.desc}) Rank {rel}] Terminating the process after attempting to dump debug info, due to collective timeout or exception.")
+    lg.raw(f"[rank{r}]:[E{_pt_stamp(t2)} ProcessGroupNCCL.cpp:1664] {pgtag} Exception (either an error or timeout) "
+           f"detected by watchdog at work: {c.seq}, last enqueued NCCL work: {c.seq}, last completed NCCL work: "
+           f"{c.seq - 1}.")
+    lg.raw(f"[rank{r}]:[E{_pt_stamp(t2 + 60_000)} ProcessGroupNCCL.cpp:1708] {pgtag} Timeout at NCCL work: {c.seq}, "
+           f"last enqueued NCCL work: {c.seq}, last completed NCCL work: {c.seq - 1}.")
+    lg.raw(f"[rank{r}]:[E{_pt_stamp(t2 + 90_000)} ProcessGroupNCCL.cpp:618] [Rank {rel}] Some NCCL operations have "
+           f"failed or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run "
+           f"on corrupted/incomplete data.")
+    lg.raw(f"[rank{r}]:[E{_pt_stamp(t2 + 110_000)} ProcessGroupNCCL.cpp:624] [Rank {rel}] To avoid data inconsistency, "
+           f"we are taking the entire process down.")
+    lg.raw(f"[rank{r}]:[F{_pt_stamp(t2 + 200_000)} ProcessGroupNCCL.cpp:1484] [PG ID {c.pg.name} PG GUID "
+           f"{c.pg.name}({c.pg.desc}) Rank {rel}] "
+           f"[PG ID {c.pg.name} PG GUID {c.pg.name}({c.pg.desc}) Rank {rel}] Terminating the process after attempting "
+           f"to dump debug info, due to collective timeout or exception.")
     lg.raw("terminate called after throwing an instance of 'c10::DistBackendError'")
 
 
@@ -299,9 +329,11 @@ class _KLog:
             return f"[{mono:12.6f}] "
         tm = _utc(wall_ns)
         if self.style == "ctime":
-            return f"[{DAYS[tm.tm_wday]} {MONTHS[tm.tm_mon - 1]} {tm.tm_mday:2d} {tm.tm_hour:02d}:{tm.tm_min:02d}:{tm.tm_sec:02d} {tm.tm_year}] "
+            return (f"[{DAYS[tm.tm_wday]} {MONTHS[tm.tm_mon - 1]} {tm.tm_mday:2d} "
+                    f"{tm.tm_hour:02d}:{tm.tm_min:02d}:{tm.tm_sec:02d} {tm.tm_year}] ")
         if self.style == "syslog":
-            return f"{MONTHS[tm.tm_mon - 1]} {tm.tm_mday:2d} {tm.tm_hour:02d}:{tm.tm_min:02d}:{tm.tm_sec:02d} {self.host} kernel: [{mono:12.6f}] "
+            return (f"{MONTHS[tm.tm_mon - 1]} {tm.tm_mday:2d} {tm.tm_hour:02d}:{tm.tm_min:02d}:{tm.tm_sec:02d} "
+                    f"{self.host} kernel: [{mono:12.6f}] ")
         return f"{time.strftime('%Y-%m-%dT%H:%M:%S', tm)},{(wall_ns // 1000) % 1_000_000:06d}+00:00 "
 
     def add(self, wall_ns: int, msg: str) -> tuple[int, int]:
@@ -319,11 +351,15 @@ def _boot_noise(k: _KLog, rng: random.Random, gdr: bool, audio: str | None = Non
     """Boot lines; ``audio``: the HDMI audio function of a GPU, enumerated right after the GPU's own line."""
     t = k.boot_ns
     msgs = [
-        "Linux version 5.15.0-105-generic (buildd@lcy02-amd64-007) (gcc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0, GNU ld (GNU Binutils for Ubuntu) 2.38) #115-Ubuntu SMP Mon Apr 15 09:52:04 UTC 2024 (Ubuntu 5.15.0-105.115-generic 5.15.152)",
-        "Command line: BOOT_IMAGE=/boot/vmlinuz-5.15.0-105-generic root=UUID=4f1c2a9e-7d0b-4c4e-9a51-0e5d3c2b1a90 ro pci=realloc=off iommu=pt",
+        "Linux version 5.15.0-105-generic (buildd@lcy02-amd64-007) (gcc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0, GNU ld "
+        "(GNU Binutils for Ubuntu) 2.38) #115-Ubuntu SMP Mon Apr 15 09:52:04 UTC 2024 (Ubuntu 5.15.0-105.115-generic "
+        "5.15.152)",
+        "Command line: BOOT_IMAGE=/boot/vmlinuz-5.15.0-105-generic root=UUID=4f1c2a9e-7d0b-4c4e-9a51-0e5d3c2b1a90 ro "
+        "pci=realloc=off iommu=pt",
         "ACPI: RSDP 0x00000000000F05B0 000024 (v02 DELL  )",
         "smpboot: CPU0: Intel(R) Xeon(R) Platinum 8480+ (family: 0x6, model: 0x8f, stepping: 0x8)",
-        "Memory: 2113498212K/2147036084K available (16393K kernel code, 4397K rwdata, 10828K rodata, 3248K init, 6104K bss, 33537872K reserved, 0K cma-reserved)",
+        "Memory: 2113498212K/2147036084K available (16393K kernel code, 4397K rwdata, 10828K rodata, 3248K init, 6104K "
+        "bss, 33537872K reserved, 0K cma-reserved)",
     ]
     for b in PCI_BUS_IDS:
         msgs.append(f"pci {b}: [10de:2330] type 00 class 0x030200")
@@ -336,8 +372,10 @@ def _boot_noise(k: _KLog, rng: random.Random, gdr: bool, audio: str | None = Non
         "nvidia: module license 'NVIDIA' taints kernel.",
         "nvidia-nvlink: Nvlink Core is being initialized, major device number 508",
         "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024",
-        "nvidia-modeset: Loading NVIDIA Kernel Mode Setting Driver for UNIX platforms  550.54.15  Tue Mar  5 22:11:07 UTC 2024",
-        "nvidia_uvm: module uses symbols nvUvmInterfaceDisableAccessCntr from proprietary module nvidia, inheriting taint.",
+        "nvidia-modeset: Loading NVIDIA Kernel Mode Setting Driver for UNIX platforms  550.54.15  Tue Mar  5 22:11:07 "
+        "UTC 2024",
+        "nvidia_uvm: module uses symbols nvUvmInterfaceDisableAccessCntr from proprietary module nvidia, inheriting "
+        "taint.",
     ]
     if gdr:
         msgs.append("nvidia-peermem nv_peer_mem: module loaded (version 1.2)")  # absent when GDR is off
@@ -364,8 +402,10 @@ class _Injector:
         # would itself be sniffed as a kernel log by `forensics analyze`
         k = self.k
         m = re.search(r"Xid \(PCI:[0-9a-f:]+\): (\d+)", msg)
-        self.mine.append((k.add(t, msg), {"host": k.host, "file": f"kernel/{k.host}/{STYLE_FILE[k.style]}", "kind": kind,
-                                          "rank": rank, "gpu": gpu, "xid": int(m.group(1)) if m else None, "time_ns": t}))
+        self.mine.append((k.add(t, msg),
+                          {"host": k.host, "file": f"kernel/{k.host}/{STYLE_FILE[k.style]}", "kind": kind,
+                                          "rank": rank, "gpu": gpu, "xid": int(m.group(1)) if m else None,
+                                          "time_ns": t}))
 
 
 def write_kernel_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed: int, kernel_log: str,
@@ -374,7 +414,8 @@ def write_kernel_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
     (out / "kernel").mkdir(parents=True, exist_ok=True)
     paths: dict[str, str] = {}
     injected: list[dict[str, Any]] = []
-    culprit = next((f for f in job.faults if f["kind"] in ("xid", "aer_fatal", "compute_straggler", "host_straggler", "oom_kill",
+    culprit = next((f for f in job.faults if f["kind"] in ("xid", "aer_fatal", "compute_straggler", "host_straggler",
+                                                           "oom_kill",
                                                           "app_death")), None)
     for node, host in enumerate(engine.hosts):
         rng = random.Random(f"{seed}:klog:{node}")
@@ -383,16 +424,22 @@ def write_kernel_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
         k = _KLog(host, style, boot)
         st = engine.states[culprit["ranks"][0]] if culprit is not None else None
         here = st if st is not None and st.node == node else None  # the culprit rank's state on its own node
-        _boot_noise(k, rng, job.net.gdr, PCI_BUS_IDS[here.local][:-1] + "1" if here is not None and kernel_log == "aer_audio" else None)
+        _boot_noise(k, rng, job.net.gdr,
+                    PCI_BUS_IDS[here.local][:-1] + "1" if here is not None and kernel_log == "aer_audio" else None)
         wall0 = EPOCH_NS + offsets[node]
-        k.add(wall0 - int(JOB_START_S * 1e9) - 3_000_000_000, "perf: interrupt took too long (2503 > 2500), lowering kernel.perf_event_max_sample_rate to 79750")
+        k.add(wall0 - int(JOB_START_S * 1e9) - 3_000_000_000,
+              "perf: interrupt took too long (2503 > 2500), lowering kernel.perf_event_max_sample_rate to 79750")
         inject = _Injector(k)
         if here is not None:
             _inject_culprit(inject, kernel_log, here, wall0, end_ns, timeout, rng)
         _inject_node(inject, kernel_log, job, node, wall0)
         # benign runtime noise during the job
-        k.add(wall0 + end_ns // 4, f"pcieport 0000:{0x16 + node % 4:02x}:01.0: AER: Corrected error received: 0000:{0x16 + node % 4:02x}:01.0")
-        k.add(wall0 + end_ns // 4 + 20_000, f"pcieport 0000:{0x16 + node % 4:02x}:01.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)")
+        k.add(wall0 + end_ns // 4,
+              f"pcieport 0000:{0x16 + node % 4:02x}:01.0: AER: Corrected error received: "
+              f"0000:{0x16 + node % 4:02x}:01.0")
+        k.add(wall0 + end_ns // 4 + 20_000,
+              f"pcieport 0000:{0x16 + node % 4:02x}:01.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, "
+              f"(Receiver ID)")
         k.add(wall0 + end_ns // 2 + 7_000_000, "hrtimer: interrupt took 31477 ns")
         rel = f"kernel/{host}/{STYLE_FILE[style]}"
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -404,7 +451,8 @@ def write_kernel_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
     return paths, injected
 
 
-def _inject_culprit(inject: _Injector, kernel_log: str, st: Any, wall0: int, end_ns: int, timeout: dict[str, Any] | None,
+def _inject_culprit(inject: _Injector, kernel_log: str, st: Any, wall0: int, end_ns: int,
+                    timeout: dict[str, Any] | None,
                     rng: random.Random) -> None:
     """The lines of the scenario's fault on the culprit rank's node (``st``: the culprit rank's state)."""
     r = st.rank
@@ -418,7 +466,9 @@ def _inject_culprit(inject: _Injector, kernel_log: str, st: Any, wall0: int, end
     elif kernel_log == "throttle":
         t = wall0 + end_ns // 3
         for cpu in (12, 13, 44, 45):
-            inject(t + cpu * 1000, f"mce: CPU{cpu}: Package temperature above threshold, cpu clock throttled (total events = {rng.randrange(1000, 9000)})", "cpu_throttle", r)
+            inject(t + cpu * 1000,
+                   f"mce: CPU{cpu}: Package temperature above threshold, cpu clock throttled (total events = "
+                   f"{rng.randrange(1000, 9000)})", "cpu_throttle", r)
 
 
 def _inject_node(inject: _Injector, kernel_log: str, job: Job, node: int, wall0: int) -> None:
@@ -462,7 +512,8 @@ def _inject_rm_init(inject: _Injector, gpu: int, wall0: int) -> None:
     bus = PCI_BUS_IDS[gpu]
     for t in (inject.k.boot_ns + 45_000_000_000, wall0 - int(JOB_START_S * 1e9) - 2_000_000_000):
         inject(t, f"NVRM: GPU {bus}: RmInitAdapter failed! ({RM_INIT_STATUS})", "gpu_init_failed", None, bus)
-        inject(t + 30_000, f"NVRM: GPU {bus}: rm_init_adapter failed, device minor number {gpu}", "gpu_init_failed", None, bus)
+        inject(t + 30_000, f"NVRM: GPU {bus}: rm_init_adapter failed, device minor number {gpu}", "gpu_init_failed",
+               None, bus)
 
 
 def _inject_xid(inject: _Injector, kernel_log: str, r: int, st: Any, wall0: int, end_ns: int,
@@ -476,18 +527,28 @@ def _inject_xid(inject: _Injector, kernel_log: str, r: int, st: Any, wall0: int,
         t = wall0 + timeout["stop"][r] + 2_000_000
         port = f"0000:{int(bus[5:7], 16) - 2:02x}:01.0"
         inject(t - 900_000, f"pcieport {port}: AER: Uncorrected (Fatal) error received: {port}", "aer_fatal", r, bus)
-        inject(t - 880_000, f"pcieport {port}: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Receiver ID)", "aer_fatal", r, bus)
+        inject(t - 880_000,
+               f"pcieport {port}: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Receiver ID)",
+               "aer_fatal", r, bus)
         inject(t - 860_000, f"pcieport {port}:    [ 5] Surprise Down Error    (First)", "aer_fatal", r, bus)
-        inject(t, f"NVRM: Xid (PCI:{short}): 79, pid={st.pid}, name=python3, GPU has fallen off the bus.", "xid", r, bus)
+        inject(t, f"NVRM: Xid (PCI:{short}): 79, pid={st.pid}, name=python3, GPU has fallen off the bus.", "xid", r,
+               bus)
         inject(t + 40_000, f"NVRM: GPU {bus}: GPU has fallen off the bus.", "xid", r, bus)
-        inject(t + 60_000, "NVRM: A GPU crash dump has been created. If possible, please run", "xid_continuation", r, bus)
+        inject(t + 60_000, "NVRM: A GPU crash dump has been created. If possible, please run", "xid_continuation", r,
+               bus)
     elif kernel_log == "xid48":
         t = wall0 + end_ns // 2
-        inject(t, f"NVRM: Xid (PCI:{short}): 48, pid={st.pid}, name=python3, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at physAddr 0x3f4a1b000 partition 3, subpartition 1.", "xid", r, bus)
-        inject(t + 3_000_000, f"NVRM: Xid (PCI:{short}): 63, pid={st.pid}, name=python3, Row Remapper: New row (0x00000003f4a1b000) marked for remapping, reset gpu to activate.", "xid", r, bus)
+        inject(t,
+               f"NVRM: Xid (PCI:{short}): 48, pid={st.pid}, name=python3, An uncorrectable double bit error (DBE) has "
+               f"been detected on GPU in the framebuffer at physAddr 0x3f4a1b000 partition 3, subpartition 1.", "xid",
+               r, bus)
+        inject(t + 3_000_000,
+               f"NVRM: Xid (PCI:{short}): 63, pid={st.pid}, name=python3, Row Remapper: New row (0x00000003f4a1b000) "
+               f"marked for remapping, reset gpu to activate.", "xid", r, bus)
     elif kernel_log == "xid94":
         t = wall0 + end_ns // 2
-        inject(t, f"NVRM: Xid (PCI:{short}): 94, pid={st.pid}, name=python3, Contained: SM (0x1). RST: No, D-RST: No", "xid", r, bus)
+        inject(t, f"NVRM: Xid (PCI:{short}): 94, pid={st.pid}, name=python3, Contained: SM (0x1). RST: No, D-RST: No",
+               "xid", r, bus)
     elif kernel_log == "xid149":
         # NVLink5 (Blackwell): the link fault, then the driver tears down the GPU's channels because of it
         t = wall0 + end_ns // 2
@@ -501,11 +562,14 @@ def _inject_xid(inject: _Injector, kernel_log: str, r: int, st: Any, wall0: int,
         assert timeout is not None
         t = wall0 + timeout["stop"][r] + 500_000
         inject(t, f"NVRM: Xid (PCI:{short}): 31, pid={st.pid}, name=python3, Ch 00000008, intr 00000000. MMU Fault: "
-               "ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f3a_12345000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ",
+               "ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f3a_12345000. Fault is of type FAULT_PDE "
+               "ACCESS_TYPE_VIRT_READ",
                "xid", r, bus)
     elif kernel_log == "xid63":
         t = wall0 + end_ns // 2
-        inject(t, f"NVRM: Xid (PCI:{short}): 63, pid={st.pid}, name=python3, Row Remapper: New row (0x00000001a2b3c000) marked for remapping, reset gpu to activate.", "xid", r, bus)
+        inject(t,
+               f"NVRM: Xid (PCI:{short}): 63, pid={st.pid}, name=python3, Row Remapper: New row (0x00000001a2b3c000) "
+               f"marked for remapping, reset gpu to activate.", "xid", r, bus)
 
 
 OOM_ANON_RSS_KB = 251_658_240  # 240 GiB resident: the victim's anon-rss in the OOM kill line
@@ -515,12 +579,16 @@ def _inject_oom(inject: _Injector, r: int, pid: int, wall0: int, timeout: dict[s
     """The OOM killer kills rank ``r``'s process where it stopped (the all-reduce it never joins)."""
     assert timeout is not None
     t = wall0 + timeout["stop"][r] + 1_000_000
-    inject(t, "python3 invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_COMP), order=0, oom_score_adj=0", "oom", r)
+    inject(t,
+           "python3 invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_COMP), order=0, oom_score_adj=0",
+           "oom", r)
     inject(t + 350_000, "oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0-1,global_oom,"
            f"task_memcg=/system.slice/slurmstepd.scope/job_4242,task=python3,pid={pid},uid=1000", "oom", r)
-    inject(t + 360_000, f"Out of memory: Killed process {pid} (python3) total-vm:412345678kB, anon-rss:{OOM_ANON_RSS_KB}kB, "
+    inject(t + 360_000,
+           f"Out of memory: Killed process {pid} (python3) total-vm:412345678kB, anon-rss:{OOM_ANON_RSS_KB}kB, "
            "file-rss:1048576kB, shmem-rss:0kB, UID:1000 pgtables:493568kB oom_score_adj:0", "oom", r)
-    inject(t + 2_400_000_000, f"oom_reaper: reaped process {pid} (python3), now anon-rss:0kB, file-rss:0kB, shmem-rss:0kB", "oom", r)
+    inject(t + 2_400_000_000,
+           f"oom_reaper: reaped process {pid} (python3), now anon-rss:0kB, file-rss:0kB, shmem-rss:0kB", "oom", r)
 
 
 def _inject_link_flap(inject: _Injector, wall0: int, index: int = 0) -> None:
@@ -531,4 +599,6 @@ def _inject_link_flap(inject: _Injector, wall0: int, index: int = 0) -> None:
     inject(t, f"mlx5_core {nic} mlx5_{index}: Port: 1 Link DOWN", "nic_link", None, nic)
     inject(t + 1_200_000_000, f"mlx5_core {nic} mlx5_{index}: Port: 1 Link INIT", "nic_link", None, nic)
     inject(t + 2_600_000_000, f"mlx5_core {nic} mlx5_{index}: Port: 1 Link ACTIVE", "nic_link", None, nic)
-    inject(t + 2_700_000_000, f"mlx5_core {nic}: 63.008 Gb/s available PCIe bandwidth, limited by 2.5 GT/s PCIe x16 link at 0000:17:00.0 (capable of 252.048 Gb/s with 16.0 GT/s PCIe x16 link)", "pcie_degraded", None, nic)
+    inject(t + 2_700_000_000,
+           f"mlx5_core {nic}: 63.008 Gb/s available PCIe bandwidth, limited by 2.5 GT/s PCIe x16 link at 0000:17:00.0 "
+           f"(capable of 252.048 Gb/s with 16.0 GT/s PCIe x16 link)", "pcie_degraded", None, nic)

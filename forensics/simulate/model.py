@@ -91,7 +91,8 @@ def collective_time_ns(coll: str, nbytes: int, n: int, nodes: set[int], net: Net
     return int((ALGO_BASE_LAT[algo] + steps * hop + nbytes * factor / bw) * 1e3)
 
 
-def choose_algo(coll: str, nbytes: int, n: int, nodes: set[int], net: Net, algos: tuple[str, ...], protos: tuple[str, ...],
+def choose_algo(coll: str, nbytes: int, n: int, nodes: set[int], net: Net, algos: tuple[str, ...],
+                protos: tuple[str, ...],
                 rails: frozenset[tuple[int, int]] = frozenset()) -> tuple[str, str, int]:
     """NCCL picks the (algorithm, protocol) with the least predicted time among those allowed."""
     if coll not in ("allreduce",):
@@ -180,7 +181,8 @@ class ProcessGroup:
         return start_stride(self.ranks)
 
     def pg_config(self) -> dict[str, Any]:
-        return {"pg_name": self.name, "pg_desc": self.desc, "backend_config": "cuda:nccl", "pg_size": len(self.ranks), "ranks": list(self.ranks)}
+        return {"pg_name": self.name, "pg_desc": self.desc, "backend_config": "cuda:nccl", "pg_size": len(self.ranks),
+                "ranks": list(self.ranks)}
 
 
 def start_stride(ranks: tuple[int, ...]) -> tuple[int, int]:
@@ -224,7 +226,8 @@ def hsdp_groups(topo: Topology, shard: int) -> list[ProcessGroup]:
     if not shard or topo.tp != 1 or topo.pp != 1 or n <= shard:
         return []
     groups = [ProcessGroup("0", "default_pg", tuple(range(topo.world)), "world")]
-    groups += [ProcessGroup(str(1 + s), "dp_shard", tuple(range(s * shard, (s + 1) * shard)), "dp") for s in range(n // shard)]
+    groups += [ProcessGroup(str(1 + s), "dp_shard", tuple(range(s * shard, (s + 1) * shard)),
+                            "dp") for s in range(n // shard)]
     return groups + [ProcessGroup(str(1 + n // shard + i), "dp_replicate", tuple(range(i, n, shard)), "dp_rep")
                      for i in range(shard)]
 
@@ -281,7 +284,8 @@ class Job:
     faults: tuple[dict[str, Any], ...] = ()
     stage_scale: tuple[float, ...] = ()  # per pipeline stage compute multiplier (stage imbalance)
     profiler_steps: bool = True      # False: the traces hold no ProfilerStep# ranges (a bare profiler capture)
-    item_syncs: int = 0              # > 0: each step is this many (forward, .item(), host work) rounds instead of training
+    # > 0: each step is this many (forward, .item(), host work) rounds instead of training
+    item_syncs: int = 0
     host_after_sync_us: float = 0.0  # ... and the host's work after each .item(), while nothing is queued on the GPU
     cuda_graphs: str = ""            # "" eager; "replay": each step's compute kernels replay from one CUDA graph
                                      # (one cudaGraphLaunch under CUDAGraph::replay); "capture": the same, and the

@@ -19,7 +19,8 @@ class Scenario:
     name: str
     summary: str
     build: Callable[[int | None, int | None, Params], Job]
-    kernel_log: str = "benign"  # benign / xid79 / xid48 / xid94 / xid149 / xid63 / aer_audio / rm_init / throttle / link_flap / oom
+    # benign / xid79 / xid48 / xid94 / xid149 / xid63 / aer_audio / rm_init / throttle / link_flap / oom
+    kernel_log: str = "benign"
 
 
 class Params:
@@ -93,9 +94,11 @@ def _ddp(ranks: int | None, steps: int | None, params: Params, default: int = 8,
     if job["compiled"] and job["cuda_graphs"]:
         raise ScenarioError("--param compiled=1 with cuda_graphs: not simulated together (pick one)")
     layers = params.integer("layers", 12 if n <= 16 else 6, 1, 256)
-    work = Workload(layers=layers, hidden=params.integer("hidden", 1024, 8, 65536), seq=params.integer("seq", 4096, 1, 1 << 20),
+    work = Workload(layers=layers, hidden=params.integer("hidden", 1024, 8, 65536),
+                    seq=params.integer("seq", 4096, 1, 1 << 20),
                     micro_batch=params.integer("micro_batch", 8, 1, 4096))
-    return Job(topo=Topology(tp=1, pp=1, dp=n), work=work, steps=steps or 4, noise=params.number("noise", 0.02, 0.0, 1.0),
+    return Job(topo=Topology(tp=1, pp=1, dp=n), work=work, steps=steps or 4,
+               noise=params.number("noise", 0.02, 0.0, 1.0),
                seq_on_kernels=params.flag("seq_args", 1), window_skew=params.integer("window_skew", 0, 0, 1000), **job)
 
 
@@ -109,12 +112,15 @@ def _pp(ranks: int | None, steps: int | None, params: Params, m: int = 8, v: int
     v = params.integer("chunks", v, 1, 16)
     if v > 1 and m % pp:
         raise ScenarioError(f"interleaved schedule needs microbatches ({m}) divisible by pp ({pp})")
-    work = Workload(layers=params.integer("layers", 2 if v == 1 else 1, 1, 256), hidden=params.integer("hidden", 2048, 8, 65536),
-                    seq=params.integer("seq", 2048, 1, 1 << 20), micro_batch=params.integer("micro_batch", 2, 1, 4096), microbatches=m,
+    work = Workload(layers=params.integer("layers", 2 if v == 1 else 1, 1, 256),
+                    hidden=params.integer("hidden", 2048, 8, 65536),
+                    seq=params.integer("seq", 2048, 1, 1 << 20), micro_batch=params.integer("micro_batch", 2, 1, 4096),
+                    microbatches=m,
                     loss_kernel=params.flag("loss_kernel", 1), optimizer=params.flag("optimizer", 1))
     return Job(topo=Topology(tp=tp, pp=pp, dp=n // (pp * tp)), work=work, steps=steps or 3, chunks=v,
                noise=params.number("noise", 0.02, 0.0, 1.0), seq_on_kernels=params.flag("seq_args", 1),
-               window_skew=params.integer("window_skew", 0, 0, 1000), schedule="interleaved" if v > 1 else "1f1b", **job)
+               window_skew=params.integer("window_skew", 0, 0, 1000), schedule="interleaved" if v > 1 else "1f1b",
+               **job)
 
 
 def _multinode(ranks: int | None, default: int, what: str) -> None:
@@ -138,14 +144,16 @@ def fsdp_clean(ranks: int | None, steps: int | None, params: Params) -> Job:
 def ddp_straggler(ranks: int | None, steps: int | None, params: Params) -> Job:
     n = ranks or 8
     r = _culprit(params, n, 5 if n > 5 else n - 1)
-    return _ddp(ranks, steps, params, faults=({"kind": "compute_straggler", "ranks": (r,), "slowdown": params.number("slowdown", 0.15, 0.0, 10.0)},))
+    return _ddp(ranks, steps, params, faults=({"kind": "compute_straggler", "ranks": (r,),
+                                               "slowdown": params.number("slowdown", 0.15, 0.0, 10.0)},))
 
 
 def graph_straggler(ranks: int | None, steps: int | None, params: Params) -> Job:
     n = ranks or 16
     r = _culprit(params, n, 5 if n > 5 else n - 1)
     return _ddp(ranks, steps, params, default=16, cuda_graphs="replay",
-                faults=({"kind": "compute_straggler", "ranks": (r,), "slowdown": params.number("slowdown", 0.15, 0.0, 10.0)},))
+                faults=({"kind": "compute_straggler", "ranks": (r,),
+                         "slowdown": params.number("slowdown", 0.15, 0.0, 10.0)},))
 
 
 def graph_capture(ranks: int | None, steps: int | None, params: Params) -> Job:
@@ -163,7 +171,9 @@ def compiled(ranks: int | None, steps: int | None, params: Params) -> Job:
 def host_straggler(ranks: int | None, steps: int | None, params: Params) -> Job:
     n = ranks or 8
     r = _culprit(params, n, 2 if n > 2 else 0)
-    return _ddp(ranks, steps, params, faults=({"kind": "host_straggler", "ranks": (r,), "launch_factor": params.number("launch_factor", 20.0, 0.0, 1000.0, low_open=True),
+    return _ddp(ranks, steps, params,
+                faults=({"kind": "host_straggler", "ranks": (r,),
+                         "launch_factor": params.number("launch_factor", 20.0, 0.0, 1000.0, low_open=True),
                                                "stall_ms": params.number("stall_ms", 0.0, 0.0, 60000.0)},))
 
 
@@ -171,7 +181,8 @@ def late_rank(ranks: int | None, steps: int | None, params: Params) -> Job:
     n = ranks or 8
     r = _culprit(params, n, 6 if n > 6 else n - 1)
     return _ddp(ranks, steps, params, faults=({"kind": "host_straggler", "ranks": (r,), "launch_factor": 1.0,
-                                               "stall_ms": params.number("stall_ms", 40.0, 0.0, 60000.0), "busy_wait": True},))
+                                               "stall_ms": params.number("stall_ms", 40.0, 0.0, 60000.0),
+                                               "busy_wait": True},))
 
 
 def input_bound(ranks: int | None, steps: int | None, params: Params) -> Job:
@@ -201,7 +212,8 @@ def slow_gemm(ranks: int | None, steps: int | None, params: Params) -> Job:
     """Every rank's GEMM kernels run ``slowdown`` longer (default 0.3 = +30%), as after a library upgrade
     that picks slower GEMM kernels: a slower kernel class on the whole job, not a straggler."""
     slowdown = params.number("slowdown", 0.3, 0.0, 10.0)
-    return _ddp(ranks, steps, params, faults=({"kind": "slow_kernel_class", "kernel_class": "gemm", "slowdown": slowdown},))
+    return _ddp(ranks, steps, params,
+                faults=({"kind": "slow_kernel_class", "kernel_class": "gemm", "slowdown": slowdown},))
 
 
 def ddp_no_overlap(ranks: int | None, steps: int | None, params: Params) -> Job:
@@ -216,7 +228,8 @@ def slow_nic(ranks: int | None, steps: int | None, params: Params) -> Job:
     ``nic=K`` slows only the node's K-th NIC (the rail of its local GPU K) instead of all of them."""
     n = ranks or 32
     if n < 32 or n % 16:
-        raise ScenarioError(f"slow_nic needs --ranks a multiple of 16, at least 32 (TP=8 x PP=2 x DP>=2 over nodes of 8 GPUs); got {n}")
+        raise ScenarioError(f"slow_nic needs --ranks a multiple of 16, at least 32 (TP=8 x PP=2 x DP>=2 over nodes of "
+                            f"8 GPUs); got {n}")
     net, fault = _slow_nic_fault(params, n)
     params = params.with_defaults(pp="2", tp="8")
     if (params.raw["pp"], params.raw["tp"]) != ("2", "8"):
@@ -257,7 +270,8 @@ def hsdp_slow_nic(ranks: int | None, steps: int | None, params: Params) -> Job:
     node k+2): every communicator through the slow node is slow, and only that node is in all of them."""
     n = ranks or 32
     if n < 32 or n % 8:
-        raise ScenarioError(f"hsdp_slow_nic needs --ranks a multiple of 8, at least 32 (several nodes per shard group); got {n}")
+        raise ScenarioError(f"hsdp_slow_nic needs --ranks a multiple of 8, at least 32 (several nodes per shard "
+                            f"group); got {n}")
     net, fault = _slow_nic_fault(params, n)
     return _hsdp(n, steps, params, net=net, faults=(fault,))
 
@@ -274,7 +288,8 @@ def gdr_off(ranks: int | None, steps: int | None, params: Params) -> Job:
 
 
 def p2p_disabled(ranks: int | None, steps: int | None, params: Params) -> Job:
-    return _ddp(ranks, steps, params, net=Net(intra="SHM"), env=(("NCCL_P2P_DISABLE", "1"),), faults=({"kind": "p2p_disabled"},))
+    return _ddp(ranks, steps, params, net=Net(intra="SHM"), env=(("NCCL_P2P_DISABLE", "1"),),
+                faults=({"kind": "p2p_disabled"},))
 
 
 def algo_forced(ranks: int | None, steps: int | None, params: Params) -> Job:
@@ -296,8 +311,9 @@ def collective_timeout(ranks: int | None, steps: int | None, params: Params) -> 
     r = _culprit(params, n, 3 if n > 3 else n - 1)
     steps = steps or 3
     # here `seq` names the all-reduce that hangs, not the sequence length of the model
-    job = _ddp(ranks, steps, params.without("seq"), faults=({"kind": "collective_timeout", "ranks": (r,), "step": 100 + params.integer("step_index", steps - 1, 0, steps - 1),
-                                              "seq": params.integer("seq", 0, 0, 1 << 20), "timeout_ms": params.number("timeout_ms", 600000.0, 0.0, 1e9, low_open=True)},))
+    job = _ddp(ranks, steps, params.without("seq"), faults=({"kind": "collective_timeout", "ranks": (r,), "step": 100
+                                                             + params.integer("step_index", steps - 1, 0, steps - 1),
+                                              "seq": params.integer("seq", 0, 0, 1 << 20), "timeout_ms": params.number("timeout_ms", 600000.0, 0.0, 1e9, low_open=True)},))  # noqa: E501
     return job
 
 
@@ -310,7 +326,8 @@ def pp_clean(ranks: int | None, steps: int | None, params: Params) -> Job:
 
 
 def pp_small_m(ranks: int | None, steps: int | None, params: Params) -> Job:
-    return _pp(ranks, steps, params, m=params.integer("microbatches", 2, 1, 1024), faults=({"kind": "pipeline_bubbles_small_m"},))
+    return _pp(ranks, steps, params, m=params.integer("microbatches", 2, 1, 1024),
+               faults=({"kind": "pipeline_bubbles_small_m"},))
 
 
 def pp_imbalance(ranks: int | None, steps: int | None, params: Params) -> Job:
@@ -318,7 +335,8 @@ def pp_imbalance(ranks: int | None, steps: int | None, params: Params) -> Job:
     stage = params.integer("stage", pp - 1, 0, pp - 1)
     factor = params.number("factor", 1.5, 0.0, 100.0, low_open=True)
     scale = tuple(factor if s == stage else 1.0 for s in range(pp))
-    return _pp(ranks, steps, params, stage_scale=scale, faults=({"kind": "pipeline_stage_imbalance", "stage": stage, "factor": factor},))
+    return _pp(ranks, steps, params, stage_scale=scale,
+               faults=({"kind": "pipeline_stage_imbalance", "stage": stage, "factor": factor},))
 
 
 def pp_interleaved(ranks: int | None, steps: int | None, params: Params) -> Job:
@@ -415,7 +433,8 @@ def rm_init_failed(ranks: int | None, steps: int | None, params: Params) -> Job:
     n = ranks or 9
     used = n % GPUS_PER_NODE
     if used == 0:
-        raise ScenarioError(f"rm_init_failed needs a GPU the job leaves free on its last node: --ranks not a multiple of "
+        raise ScenarioError(f"rm_init_failed needs a GPU the job leaves free on its last node: --ranks not a multiple "
+                            f"of "
                             f"{GPUS_PER_NODE}; got {n}")
     gpu = params.integer("gpu", used, used, GPUS_PER_NODE - 1)
     return _ddp(n, steps, params, faults=({"kind": "gpu_init_failed", "node": (n - 1) // GPUS_PER_NODE, "gpu": gpu},))
@@ -456,7 +475,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("pp_imbalance_stage2", "pipeline stage imbalance: stage 2 computes 25% longer", pp_imbalance_stage2),
     Scenario("old_nccl", "healthy DDP job on NCCL 2.18 (old ncclKernel_* names, fp32 grads)", old_nccl),
     Scenario("ddp_straggler", "one rank's GPU compute is slower (compute straggler)", ddp_straggler),
-    Scenario("graph_straggler", "16-rank DDP job whose compute kernels replay from CUDA graphs (one cudaGraphLaunch per step, "
+    Scenario("graph_straggler",
+             "16-rank DDP job whose compute kernels replay from CUDA graphs (one cudaGraphLaunch per step, "
              "capture not profiled); one rank's GPU compute is slower", graph_straggler),
     Scenario("graph_capture", "healthy DDP job replaying its compute from CUDA graphs; the first profiled step also "
              "captures the graph", graph_capture),
@@ -466,16 +486,25 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "(two_shot_all_reduce kernels, no NCCL)", symm_tp),
     Scenario("compiled", "healthy DDP job compiled with torch.compile: Triton kernels (GEMMs as mm templates with "
              "recorded shapes) inside CompiledFunction / CompiledFunctionBackward regions", compiled),
-    Scenario("host_straggler", "one rank's host launches kernels slowly (launch-bound straggler; its node logs CPU thermal throttling)", host_straggler, kernel_log="throttle"),
+    Scenario("host_straggler",
+             "one rank's host launches kernels slowly (launch-bound straggler; its node logs CPU thermal throttling)",
+             host_straggler, kernel_log="throttle"),
     Scenario("late_rank", "one rank's data loader stalls every step; the others busy-wait in NCCL", late_rank),
-    Scenario("input_bound", "input-bound job: every rank's data loader stalls each step, the GPU idles ~40% of it", input_bound),
+    Scenario("input_bound", "input-bound job: every rank's data loader stalls each step, the GPU idles ~40% of it",
+             input_bound),
     Scenario("item_sync", "one process, no profiler steps: 4,097 .item() reads (device-to-host copy + stream sync), "
              "the GPU idle most of the capture while the host works after each", item_sync),
-    Scenario("slow_gemm", "every rank's GEMM kernels run 30% longer (a slower kernel class, e.g. after a library upgrade)", slow_gemm),
+    Scenario("slow_gemm",
+             "every rank's GEMM kernels run 30% longer (a slower kernel class, e.g. after a library upgrade)",
+             slow_gemm),
     Scenario("ddp_no_overlap", "DDP all-reduce runs after backward instead of overlapping it", ddp_no_overlap),
-    Scenario("slow_nic", "one node's NIC runs at a fraction of its bandwidth (TP=8 x PP=2 x DP; 32 ranks)", slow_nic, kernel_log="link_flap"),
-    Scenario("hsdp_clean", "healthy hybrid-sharded data parallel job (HSDP: shard groups of 16 ranks over 2 nodes, replicated)", hsdp_clean),
-    Scenario("hsdp_slow_nic", "one node's NIC slow in a 4-node HSDP job (shard 16 = 2 nodes, 2 replicas; 32 ranks)", hsdp_slow_nic,
+    Scenario("slow_nic", "one node's NIC runs at a fraction of its bandwidth (TP=8 x PP=2 x DP; 32 ranks)", slow_nic,
+             kernel_log="link_flap"),
+    Scenario("hsdp_clean",
+             "healthy hybrid-sharded data parallel job (HSDP: shard groups of 16 ranks over 2 nodes, replicated)",
+             hsdp_clean),
+    Scenario("hsdp_slow_nic", "one node's NIC slow in a 4-node HSDP job (shard 16 = 2 nodes, 2 replicas; 32 ranks)",
+             hsdp_slow_nic,
              kernel_log="link_flap"),
     Scenario("net_socket", "inter-node traffic over NET/Socket (TCP) instead of InfiniBand", net_socket),
     Scenario("gdr_off", "GPUDirect RDMA unavailable: inter-node traffic staged through host memory", gdr_off),
@@ -484,22 +513,27 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("proto_forced", "NCCL_PROTO forced to LL for large all-reduces", proto_forced),
     Scenario("pp_small_m", "pipeline bubbles from too few micro-batches (m=2, p=4)", pp_small_m),
     Scenario("pp_imbalance", "pipeline stage imbalance: the last stage is 1.5x slower", pp_imbalance),
-    Scenario("collective_timeout", "one rank never arrives at an all-reduce; the others time out in the watchdog", collective_timeout),
-    Scenario("xid79", "GPU falls off the bus (Xid 79); its rank never arrives; watchdog timeout", xid(79), kernel_log="xid79"),
+    Scenario("collective_timeout", "one rank never arrives at an all-reduce; the others time out in the watchdog",
+             collective_timeout),
+    Scenario("xid79", "GPU falls off the bus (Xid 79); its rank never arrives; watchdog timeout", xid(79),
+             kernel_log="xid79"),
     Scenario("xid48", "double-bit ECC error (Xid 48) on one GPU", xid(48), kernel_log="xid48"),
     Scenario("xid94", "contained ECC error (Xid 94) on one GPU", xid(94), kernel_log="xid94"),
     Scenario("xid63", "row-remapping event (Xid 63) on one GPU", xid(63), kernel_log="xid63"),
     Scenario("xid149", "NVLink5 link fault (Xid 149) on one GPU; the driver tears down its channels "
              "(Xid 45 caused by previous Xid 149)", xid(149), kernel_log="xid149"),
-    Scenario("aer_fatal_audio", "fatal PCIe AER reported by a GPU's audio function (.1): the GPU at .0 is lost; its rank "
+    Scenario("aer_fatal_audio",
+             "fatal PCIe AER reported by a GPU's audio function (.1): the GPU at .0 is lost; its rank "
              "never arrives; watchdog timeout", aer_fatal_audio, kernel_log="aer_audio"),
     Scenario("rm_init_failed", "a GPU the job leaves free on its last node fails to initialize (RmInitAdapter failed; "
              "9 ranks: the node's second GPU)", rm_init_failed, kernel_log="rm_init"),
-    Scenario("oom_kill", "the OOM killer kills one rank's process (host memory); its peers time out in the watchdog", oom_kill, kernel_log="oom"),
+    Scenario("oom_kill", "the OOM killer kills one rank's process (host memory); its peers time out in the watchdog",
+             oom_kill, kernel_log="oom"),
     Scenario("benign_kernel_log", "healthy job whose kernel logs hold only benign noise", ddp_clean),
     Scenario("cuda_oom", "CUDA out of memory on one rank (traceback, torchrun's failure table); the others, across "
              "nodes, time out in the watchdog", _death("cuda_oom", 11)),
-    Scenario("illegal_address", "illegal memory access in a custom kernel on one rank, with the driver's Xid 31 on its GPU; "
+    Scenario("illegal_address",
+             "illegal memory access in a custom kernel on one rank, with the driver's Xid 31 on its GPU; "
              "the others time out", _death("illegal_address", 11), kernel_log="xid31"),
     Scenario("time_limit", "SLURM cancels the job at its time limit after a checkpoint save", _scheduler("TIME LIMIT")),
     Scenario("preempted", "SLURM preempts the job after a checkpoint save", _scheduler("PREEMPTION")),

@@ -46,18 +46,21 @@ _M: list[tuple[str, str, re.Pattern[str]]] = [
         rf"NVRM: GPU (?:at (?:PCI:)?)?(?P<bdf>{BDF3}(?:\.[0-7])?)(?::| has) (?:GPU has )?fallen off the bus")),
     ("fallen_off_bus", "probe", re.compile(
         rf"NVRM: The NVIDIA GPU (?P<bdf>{BDF4})\b.*fallen off the bus")),
-    ("driver_load", "driver_load", re.compile(r"NVRM: loading NVIDIA .*?Kernel Module(?: for \w+)?\s+(?P<version>[\d.]+)")),
+    ("driver_load", "driver_load",
+     re.compile(r"NVRM: loading NVIDIA .*?Kernel Module(?: for \w+)?\s+(?P<version>[\d.]+)")),
     ("gsp", "rate_limit", re.compile(rf"NVRM: Rate limiting GSP RPC error prints for GPU at PCI:(?P<bdf>{BDF3})")),
     ("gsp", "heartbeat", re.compile(r"NVRM: GPU(?P<gpuidx>\d+) _kgspIsHeartbeatTimedOut: Heartbeat timed out")),
     ("gsp", "timeout_banner", re.compile(r"NVRM: GPU(?P<gpuidx>\d+) _kgspLogRpcTimeout: \*+ GSP Timeout")),
     ("gsp", "pmu_halt", re.compile(r"NVRM: GPU(?P<gpuidx>\d+) _kgspRpcGspEventPmuHalted: ")),
     ("gsp", "memsys_error", re.compile(
-        r"NVRM: GPU(?P<gpuidx>\d+) (?:kgmmuCheckMemSubsysError_IMPL: Memory Subsystem Error|_kgspCheckIfMemsysError:)")),
+        r"NVRM: GPU(?P<gpuidx>\d+) (?:kgmmuCheckMemSubsysError_IMPL: Memory Subsystem "
+        r"Error|_kgspCheckIfMemsysError:)")),
     ("gsp", "thread_timeout", re.compile(r"NVRM: GPU(?P<gpuidx>\d+) _threadNodeCheckTimeout: ")),
     ("gsp", "sysmembar_timeout", re.compile(r"NVRM: GPU(?P<gpuidx>\d+) kbusSendSysmembar\w*: - timeout")),
     ("gsp", "gsp_exception", re.compile(r"GSP kernel exception: (?P<what2>[^@]+?) \(cause:(?P<cause>0x[0-9a-f]+)\)")),
     ("nvlink", "postrx_failed", re.compile(
-        r"NVRM: knvlink\w+: (?:Getting peer(?P<peer>\d+)'s postRxDetLinkMask failed!|Failed to update Rx Detect Link mask!)")),
+        r"NVRM: knvlink\w+: (?:Getting peer(?P<peer>\d+)'s postRxDetLinkMask failed!|Failed to update Rx Detect Link "
+        r"mask!)")),
     ("nvlink", "nvlink", re.compile(r"NVRM: (?:GPU\d+ )?\w*[Nn][Vv][Ll]ink\w*: .*(?:fail|error|timeout|down)", re.I)),
     ("ecc", "sbe_interrupts_disabled", re.compile(r"Disabling ECC single-bit error interrupts")),
     ("ecc", "uncorrectable", re.compile(r"An uncorrectable ECC error detected")),
@@ -79,7 +82,8 @@ _M: list[tuple[str, str, re.Pattern[str]]] = [
     ("aer", "status", re.compile(
         rf"(?P<bdf>{BDF4}): (?:AER: )?\s*device \[(?P<vid>{HEX}{{4}}):(?P<did>{HEX}{{4}})\] "
         rf"error status/mask=(?P<status>{HEX}{{8}})/(?P<mask>{HEX}{{8}})")),
-    ("aer", "bit", re.compile(rf"(?P<bdf>{BDF4}): (?:AER: )?\s*\[\s*(?P<bit>\d+)\] (?P<name>.+?)\s*(?P<first>\(First\))?\s*$")),
+    ("aer", "bit",
+     re.compile(rf"(?P<bdf>{BDF4}): (?:AER: )?\s*\[\s*(?P<bit>\d+)\] (?P<name>.+?)\s*(?P<first>\(First\))?\s*$")),
     ("aer", "recovery", re.compile(
         rf"(?P<drv>[\w-]+) (?P<bdf>{BDF4}): (?P<what2>AER: can't recover \(no error_detected callback\)|"
         r"device has no AER-aware driver|AER: device recovery failed|AER: Root Port link has been reset|"
@@ -88,31 +92,39 @@ _M: list[tuple[str, str, re.Pattern[str]]] = [
     ("pcie_link", "limited", re.compile(
         rf"(?P<drv>[\w-]+) (?P<bdf>{BDF4}): (?P<gbps>[\d.]+) Gb/s available PCIe bandwidth, limited by "
         rf"(?P<speed>[\d.]+ GT/s(?: PCIe)?) x(?P<width>\d+) link at (?P<at>{BDF4})")),
-    ("pcie_link", "link_down", re.compile(rf"(?P<drv>[\w-]+) (?P<bdf>{BDF4}): (?:pciehp: )?(?:Slot\(\S+\): )?Link Down")),
+    ("pcie_link", "link_down",
+     re.compile(rf"(?P<drv>[\w-]+) (?P<bdf>{BDF4}): (?:pciehp: )?(?:Slot\(\S+\): )?Link Down")),
     ("ghes", "ghes", re.compile(r"\{(?P<rec>\d+)\}\[Hardware Error\]: (?P<msg>.*)")),
     # --- Mellanox / InfiniBand / links ---
     ("ib_port", "port_state", re.compile(
-        rf"mlx5_core (?P<bdf>{BDF4}) (?P<ibdev>mlx5_\w+): Port: (?P<port>\d+) Link (?P<state>DOWN|INIT|ARMED|ACTIVE_DEFER|ACTIVE)")),
+        rf"mlx5_core (?P<bdf>{BDF4}) (?P<ibdev>mlx5_\w+): Port: (?P<port>\d+) Link "
+        rf"(?P<state>DOWN|INIT|ARMED|ACTIVE_DEFER|ACTIVE)")),
     ("ib_port", "port_event", re.compile(
-        r"(?:mlx5_ib|ib_core|infiniband) .*?(?P<ibdev>mlx5_\w+).*?port (?P<port>\d+).*?(?P<state>ERR|DOWN|ACTIVE)\b", re.I)),
+        r"(?:mlx5_ib|ib_core|infiniband) .*?(?P<ibdev>mlx5_\w+).*?port (?P<port>\d+).*?(?P<state>ERR|DOWN|ACTIVE)\b",
+        re.I)),
     ("mlx5", "link", re.compile(rf"mlx5_core (?P<bdf>{BDF4}) (?P<netdev>\S+): Link (?P<state>up|down)\b")),
     ("mlx5", "module", re.compile(
         rf"(?:mlx5_core (?P<bdf>{BDF4}): )?(?:mlx5_port_module_event:\d+:\(pid \d+\): )?Port module "
         r"event(?:\[(?P<lvl>error|warning)\])?: module (?P<module>\d+), (?P<status>[^,]+)(?:, (?P<err>.+))?")),
     ("mlx5", "pcie_power", re.compile(
-        rf"mlx5_core (?P<bdf>{BDF4}): mlx5_pcie_event:\d+:\(pid \d+\): (?P<msg>Detected insufficient power|PCIe slot advertised sufficient power)")),
+        rf"mlx5_core (?P<bdf>{BDF4}): mlx5_pcie_event:\d+:\(pid \d+\): (?P<msg>Detected insufficient power|PCIe slot "
+        rf"advertised sufficient power)")),
     ("mlx5", "temperature", re.compile(r"High temperature on sensors with bit set")),
-    ("mlx5", "health", re.compile(rf"mlx5_core (?P<bdf>{BDF4}): .*(?:health compromised|fatal error|syndrome|firmware (?:fatal|error))", re.I)),
+    ("mlx5", "health",
+     re.compile(rf"mlx5_core (?P<bdf>{BDF4}): .*(?:health compromised|fatal error|syndrome|firmware (?:fatal|error))",
+                re.I)),
     ("netdev_carrier", "carrier", re.compile(r"(?P<netdev>\S+): (?P<state>(?i:lost|gained) carrier)")),
     # --- thermal / power ---
     ("cpu_thermal", "throttle", re.compile(
         r"CPU(?P<cpu>\d+): (?P<scope>Core|Package) temperature (?:is )?above threshold, cpu clock (?:is )?"
         r"throttled \(total events = (?P<n>\d+)\)")),
     ("cpu_thermal", "normal", re.compile(r"CPU(?P<cpu>\d+): (?P<scope>Core|Package) temperature/speed normal")),
-    ("cpu_thermal", "power_limit", re.compile(r"CPU(?P<cpu>\d+): (?P<scope>Core|Package) power limit notification \(total events = (?P<n>\d+)\)")),
+    ("cpu_thermal", "power_limit",
+     re.compile(r"CPU(?P<cpu>\d+): (?P<scope>Core|Package) power limit notification \(total events = (?P<n>\d+)\)")),
     # --- host memory ---
     ("edac", "error", re.compile(
-        r"EDAC (?:\w+ )?MC(?P<mc>\d+): (?P<count>\d+) (?P<ekind>CE|UE) (?P<what2>.*?)on (?P<dimm>\S+) \((?P<detail>.*)\)")),
+        r"EDAC (?:\w+ )?MC(?P<mc>\d+): (?P<count>\d+) (?P<ekind>CE|UE) (?P<what2>.*?)on (?P<dimm>\S+) "
+        r"\((?P<detail>.*)\)")),
     ("edac", "mce_handling", re.compile(r"EDAC (?:\w+ )?MC(?P<mc>\d+): HANDLING MCE MEMORY ERROR")),
     ("mce", "logged", re.compile(r"mce: \[Hardware Error\]: Machine check events logged")),
     ("mce", "hardware_error", re.compile(r"mce: \[Hardware Error\]: (?P<msg>.*)")),
@@ -121,10 +133,12 @@ _M: list[tuple[str, str, re.Pattern[str]]] = [
     ("oom", "killed", re.compile(
         r"(?:Memory cgroup )?[Oo]ut of memory(?: \([^)]*\))?: Kill(?:ed)? process (?P<pid>\d+) \((?P<comm>[^)]+)\)"
         r"(?:.*?anon-rss:(?P<anon_rss_kb>\d+)kB)?")),
-    ("oom", "context", re.compile(r"oom-kill:constraint=(?P<constraint>\w+),.*?task=(?P<comm>[^,]+),pid=(?P<pid>\d+),uid=(?P<uid>\d+)")),
+    ("oom", "context",
+     re.compile(r"oom-kill:constraint=(?P<constraint>\w+),.*?task=(?P<comm>[^,]+),pid=(?P<pid>\d+),uid=(?P<uid>\d+)")),
     ("oom", "reaped", re.compile(r"oom_reaper: reaped process (?P<pid>\d+) \((?P<comm>[^)]+)\)")),
     # --- hangs ---
-    ("hung_task", "hung_task", re.compile(r"INFO: task (?P<comm>.+?):(?P<pid>\d+) blocked for more than (?P<secs>\d+) seconds\.")),
+    ("hung_task", "hung_task",
+     re.compile(r"INFO: task (?P<comm>.+?):(?P<pid>\d+) blocked for more than (?P<secs>\d+) seconds\.")),
     ("soft_lockup", "soft_lockup", re.compile(
         r"BUG: soft lockup - CPU#(?P<cpu>\d+) stuck for (?P<secs>\d+)s! \[(?P<comm>.+?):(?P<pid>\d+)\]")),
     ("hard_lockup", "hard_lockup", re.compile(r"Watchdog detected hard LOCKUP on cpu (?P<cpu>\d+)")),
@@ -138,7 +152,8 @@ _M: list[tuple[str, str, re.Pattern[str]]] = [
         r"^(?:CPU: \d+ PID: \d+|Hardware name: |RIP: |RSP: |RAX: |RDX: |RBP: |R\d+: |FS: |CS: |CR2: |Code: |"
         r"WARNING: kernel stack|unwind stack|Modules linked in:|Tainted: )")),
     ("context", "oom_table", re.compile(r"^\[\s*(?:pid|\d+)\s*\]\s+")),
-    ("context", "rpc_history", re.compile(r"NVRM: (?:GPU\d+ (?:RPC (?:event )?history|GSP RPC buffer)|\s+(?:entry|-?\d+)\s+\d*)")),
+    ("context", "rpc_history",
+     re.compile(r"NVRM: (?:GPU\d+ (?:RPC (?:event )?history|GSP RPC buffer)|\s+(?:entry|-?\d+)\s+\d*)")),
     # --- known noise ---
     ("benign", "noise", re.compile(
         r"workqueue: .* hogged CPU|clocksource: |EXT4-fs |sched: RT throttling activated|"
@@ -160,7 +175,8 @@ _HOST_M4: list[tuple[str, str, re.Pattern[str], str | None]] = [
         r"(?:comm (?P<comm>[^:]+):.*)?$"), "(device "),
     ("fs_error", "fs_error", re.compile(
         r"(?P<fs>XFS) \((?P<dev>[^)]+)\): (?P<what2>.*(?:[Cc]orruption|I/O [Ee]rror|log error).*)"), "XFS ("),
-    ("fs_error", "fs_error", re.compile(r"(?P<fs>EXT4-fs|EXT3-fs) \((?P<dev>[^)]+)\): (?P<what2>.*I/O error.*)"), "I/O error"),
+    ("fs_error", "fs_error", re.compile(r"(?P<fs>EXT4-fs|EXT3-fs) \((?P<dev>[^)]+)\): (?P<what2>.*I/O error.*)"),
+     "I/O error"),
     ("fs_error", "io_error", re.compile(
         r"(?:blk_update_request|print_req_error)?:? ?(?P<what2>I/O error|critical medium error|critical target error), "
         r"dev (?P<dev>[\w-]+), sector (?P<sector>\d+)"), " error, dev "),
@@ -176,7 +192,8 @@ _HOST_M4: list[tuple[str, str, re.Pattern[str], str | None]] = [
     ("netdev_link", "link", re.compile(
         r"(?:(?P<drv>[\w-]+) (?P<bdf>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]) )?(?P<netdev>[\w.@-]+):? "
         r"(?:NIC )?Link is (?P<state>[Uu]p|[Dd]own)\b"), "Link is "),
-    ("rcu_stall", "rcu_stall", re.compile(r"rcu: INFO: (?P<flavor>\w+) (?:self-)?detected stalls? on CPUs?"), "rcu: INFO"),
+    ("rcu_stall", "rcu_stall", re.compile(r"rcu: INFO: (?P<flavor>\w+) (?:self-)?detected stalls? on CPUs?"),
+     "rcu: INFO"),
 ]
 
 # A literal every match of the pattern contains: `in` is far cheaper than a regex search, and most

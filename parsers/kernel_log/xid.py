@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 # Xid detail decoders (applied to the Xid's text).
-_X74 = re.compile(r"NVLink: fatal error detected on link (?P<link>\d+)\((?P<regs>0x[0-9a-fA-F]+(?:,\s*0x[0-9a-fA-F]+){6})\)")
+_X74 = re.compile(r"NVLink: fatal error detected on link "
+                  r"(?P<link>\d+)\((?P<regs>0x[0-9a-fA-F]+(?:,\s*0x[0-9a-fA-F]+){6})\)")
 # NVLink5 payload (Xid 144-150): "<UNIT> <Fatal|Nonfatal> XC<n> i<n> Link <n> (<intrinfo> <error status> ...)".
 # Newer drivers pad the columns ("NETIR_LINK_EVT  Fatal   XC0"), pre-R575 ones print "XC 1 i 2" and
 # "[0x...]"; the words after the link may be one, two, six, elided "(...)" or absent.
@@ -18,19 +19,23 @@ _NVL5 = re.compile(
     r"(?:\s*[(\[](?P<intrinfo>0x[0-9a-fA-F]+)(?:\s+(?P<errstatus>0x[0-9a-fA-F]+))?(?P<rest>[^)\]]*)[)\]])?"
 )
 _X9495 = re.compile(
-    r"(?P<containment>Contained|Uncontained): (?P<unit>[A-Za-z0-9 ]+?)(?: \((?P<loc>0x[0-9a-f]+(?:, ?0x[0-9a-f]+)?)\))?\."
+    r"(?P<containment>Contained|Uncontained): (?P<unit>[A-Za-z0-9 ]+?)(?: \((?P<loc>0x[0-9a-f]+(?:, "
+    r"?0x[0-9a-f]+)?)\))?\."
     r"(?: physAddr: (?P<phys>0x[0-9a-f]+))? RST: (?P<rst>Yes|No), D-RST: (?P<drst>Yes|No)"
 )
 _X154 = re.compile(
     r"GPU recovery action changed from (?P<from_code>0x[0-9a-f]+) \((?P<from_name>[^)]*)\) to "
     r"(?P<to_code>0x[0-9a-f]+) \((?P<to_name>[^)]*)\)"
 )
-_X48 = re.compile(r"double bit error \(DBE\) has been detected on GPU(?: in the framebuffer at physAddr (?P<phys>0x[0-9a-f]+))?")
+_X48 = re.compile(r"double bit error \(DBE\) has been detected on GPU(?: in the framebuffer at physAddr "
+                  r"(?P<phys>0x[0-9a-f]+))?")
 _XREMAP = re.compile(
-    r"Row Remapper(?: Error)?: (?:New row(?: \((?P<row>0x[0-9a-f]+)\))? marked for remapping|\((?P<row2>0x[0-9a-f]+)\) - (?P<why>[^.]+))"
+    r"Row Remapper(?: Error)?: (?:New row(?: \((?P<row>0x[0-9a-f]+)\))? marked for remapping|\((?P<row2>0x[0-9a-f]+)\) "
+    r"- (?P<why>[^.]+))"
 )
 _XGSP = re.compile(
-    r"Timeout (?:after (?P<secs>\d+)s of waiting for RPC response from GPU(?P<gpuidx>\d+) GSP|waiting for RPC from GSP)! "
+    r"Timeout (?:after (?P<secs>\d+)s of waiting for RPC response from GPU(?P<gpuidx>\d+) GSP|waiting for RPC from "
+    r"GSP)! "
     r"Expected function (?P<fn>\d+) \((?P<fn_name>\w+)\)"
 )
 _XSM = re.compile(r"\(GPC (?P<gpc>\d+), TPC (?P<tpc>\d+), SM (?P<sm>\d+)\)")
@@ -85,7 +90,8 @@ def _x_nvl5(text: str) -> dict[str, Any]:
     d = _NVL5.search(text)
     if not d:
         return {}
-    f: dict[str, Any] = dict(nvlink_unit=d.group("unit"), fatal=d.group("fatality") == "Fatal", link=int(d.group("link")),
+    f: dict[str, Any] = dict(nvlink_unit=d.group("unit"), fatal=d.group("fatality") == "Fatal",
+                             link=int(d.group("link")),
                              xc=f"XC{int(d.group('xc'))}", instance=f"i{int(d.group('inst'))}")
     if d.group("intrinfo"):
         intr = int(d.group("intrinfo"), 16)

@@ -64,10 +64,12 @@ _OOM_FIELDS = (
     ("oom_requested_bytes", re.compile(r"Tried to allocate (\S+ \w+?)[.;( ]")),
     ("oom_total_bytes", re.compile(r"total capac?ity of (\S+ \w+)|; (\S+ \w+) total capacity")),
     ("oom_free_bytes", re.compile(r"of which (\S+ \w+) is free|; (\S+ \w+) free")),
-    ("oom_process_bytes", re.compile(r"this process has (\S+ \w+) memory in use|Process \d+ has (\S+ \w+) memory in use")),
+    ("oom_process_bytes",
+     re.compile(r"this process has (\S+ \w+) memory in use|Process \d+ has (\S+ \w+) memory in use")),
     ("oom_allocated_bytes", re.compile(r"(\S+ \w+) is allocated by PyTorch|; (\S+ \w+) already allocated")),
     # 1.x's `cached` is the cache less what is allocated
-    ("oom_reserved_unallocated_bytes", re.compile(r"(\S+ \w+) is reserved by PyTorch but unallocated|; (\S+ \w+) cached\)")),
+    ("oom_reserved_unallocated_bytes",
+     re.compile(r"(\S+ \w+) is reserved by PyTorch but unallocated|; (\S+ \w+) cached\)")),
     ("oom_reserved_bytes", re.compile(r"(\S+ \w+) reserved in total by PyTorch")),
 )
 _GPU = re.compile(r"\(GPU (\d+);|GPU (\d+) has a total")
@@ -81,7 +83,7 @@ def oom_numbers(text: str) -> dict[str, int | None]:
         m = pattern.search(text)
         out[name] = size_bytes(next((g for g in m.groups() if g), None)) if m else None
     reserved = out.pop("oom_reserved_bytes")
-    if out["oom_reserved_unallocated_bytes"] is None and reserved is not None and out["oom_allocated_bytes"] is not None:
+    if out["oom_reserved_unallocated_bytes"] is None and reserved is not None and out["oom_allocated_bytes"] is not None:  # noqa: E501
         out["oom_reserved_unallocated_bytes"] = max(0, reserved - out["oom_allocated_bytes"])
     g = _GPU.search(text)
     out["gpu_index"] = int(next(x for x in g.groups() if x)) if g else None

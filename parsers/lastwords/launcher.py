@@ -38,21 +38,26 @@ def signal_of(code: int | None) -> str | None:
 _SINGLE: tuple[tuple[str, str, re.Pattern[str]], ...] = (
     ("launcher_failure", "exit", re.compile(
         r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local_rank>\d+) \(pid: (?P<pid>\d+)\)")),
-    ("launcher_failure", "exit", re.compile(r"\[launch\.py:\d+:sigkill_handler\].*?exits with return code = (?P<code>-?\d+)")),
+    ("launcher_failure", "exit",
+     re.compile(r"\[launch\.py:\d+:sigkill_handler\].*?exits with return code = (?P<code>-?\d+)")),
     ("launcher_signal", "sigterm", re.compile(r"Sending process (?P<pid>\d+) closing signal (?P<sig>SIG\w+)")),
     ("launcher_signal", "sigterm", re.compile(r"Killing subprocess (?P<pid>\d+)")),
     ("launcher_stopped", "stopped", re.compile(r"Main process received (?P<sig>SIG\w+), exiting|"
-                                               r"Received (?:Signals\.)?(?P<sig2>SIG\w+) death signal, shutting down workers")),
+                                               r"Received (?:Signals\.)?(?P<sig2>SIG\w+) death signal, shutting down "
+                                               r"workers")),
     ("restart", "restart", re.compile(r"Worker group FAILED\. (?P<attempts>\d+)/\d+ attempts left; will restart")),
-    ("restart", "membership", re.compile(r"Rendezvous complete for workers\. Result:|Detected \d+ new nodes from group")),
+    ("restart", "membership",
+     re.compile(r"Rendezvous complete for workers\. Result:|Detected \d+ new nodes from group")),
     ("scheduler", "slurm", re.compile(
-        r"\*\*\* (?P<job>(?:STEP|JOB) [\w.+]+)(?: ON (?P<host>\S+))? CANCELLED AT (?P<when>\S+)(?: DUE TO (?P<why>[A-Z ]+?))?"
+        r"\*\*\* (?P<job>(?:STEP|JOB) [\w.+]+)(?: ON (?P<host>\S+))? CANCELLED AT (?P<when>\S+)(?: DUE TO (?P<why>[A-Z "
+        r"]+?))?"
         r"(?:,.*?)? \*\*\*")),
     ("scheduler", "failed", re.compile(r"\*\*\* (?P<job>(?:STEP|JOB) [\w.+]+)(?: ON (?P<host>\S+))? FAILED \(")),
     ("task_exit", "task", re.compile(
         r"srun: error: (?P<host>[\w.-]+): tasks? (?P<tasks>[\d,\-\[\] ]+): (?P<why>Exited with exit code (?P<code>\d+)|"
         r"Terminated|Out Of Memory|Bus error|Killed|Segmentation fault|Aborted)")),
-    ("scheduler", "step_oom", re.compile(r"Detected (?P<n>\d+) oom[-_]kill events? in (?:step |StepId=)?(?P<job>[\w.]+)")),
+    ("scheduler", "step_oom",
+     re.compile(r"Detected (?P<n>\d+) oom[-_]kill events? in (?:step |StepId=)?(?P<job>[\w.]+)")),
     ("pod", "oom_killed", re.compile(r"\breason: OOMKilled\b|^\S+\s+\d+/\d+\s+OOMKilled\s")),
     ("pod", "evicted", re.compile(r"\breason: Evicted\b|^\S+\s+\d+/\d+\s+Evicted\s|The node was low on resource")),
     ("pod", "preempted", re.compile(r"PreemptionByScheduler|reason: DisruptionTarget")),
@@ -90,7 +95,8 @@ def _row(line: Line, base: Base, event: str, cls: str, g: dict[str, str]) -> dic
     if "job" in g:
         row["job"] = g["job"]
     if event == "scheduler" and cls == "slurm":
-        row["cls"] = _SLURM_WHY.get((g.get("why") or "").strip(), "cancelled" if not g.get("why") else "cancelled_other")
+        row["cls"] = _SLURM_WHY.get((g.get("why") or "").strip(),
+                                    "cancelled" if not g.get("why") else "cancelled_other")
         when = _SLURM_WHEN.match(g.get("when", ""))
         if when:
             row.update(time_ns=dated_ns(when["d"], when["t"], None), time_from="scheduler")
@@ -204,7 +210,8 @@ class FailureTable:
         when = _TORCHRUN_TIME.search(f.get("time", ""))
         exit_code = int(code["c"]) if code else None
         row.update(event="launcher_failure", cls="exit", first_observed=self.root, host=f.get("host") or row["host"],
-                   rank=int(rank["r"]) if rank else row["rank"], local_rank=int(rank["l"]) if rank and rank["l"] else None,
+                   rank=int(rank["r"]) if rank else row["rank"],
+                   local_rank=int(rank["l"]) if rank and rank["l"] else None,
                    exit_code=exit_code, pid=int(code["p"]) if code and code["p"] else None,
                    signal=sig["s"] if sig else signal_of(exit_code), job=self.script,
                    message=" ".join(f"{k}: {v}" for k, v in f.items())[:500], detail=f.get("traceback"))

@@ -25,7 +25,8 @@ INTERESTING = re.compile(
     r"Traceback|File \"|Error|Exception|error|Interrupt|Exit|Fault|Abort|Timeout|what\(\)|terminate called|CUDA|HIP|"
     r"Assertion|DataLoader|exitcode|exitCode|finishedAt|reason: |signal|Killing subprocess|Main process|Rendezvous|"
     r"Worker group|new nodes|return code|CANCELLED|FAILED|srun: |oom|OOM|Evicted|Preemption|DisruptionTarget|"
-    r"low on resource|<defunct>|Thread |most recent call|above exception|=== Rank|^Process \d+: |Fatal Python|Failures:|"
+    r"low on resource|<defunct>|Thread |most recent call|above exception|=== Rank|^Process \d+: |Fatal "
+    r"Python|Failures:|"
     r"Root Cause|^\s+(?:time|host|rank)\s+:")
 
 _TERMINATE = re.compile(r"terminate called after throwing an instance of '(?P<t>[^']+)'")
@@ -34,7 +35,8 @@ _RAISED_FROM = re.compile(r"^Exception raised from (?P<f>\S+) at (?P<at>\S+)")
 _CUDA_LINE = re.compile(r"(?P<m>(?:CUDA|HIP) error: .*)$")
 _ASSERT = re.compile(r"(?P<file>[\w/.\-]+\.(?:cu|cuh|cpp|h)):(?P<line>\d+): (?P<func>.*?): block: \[[\d,]+\], thread: "
                      r"\[[\d,]+\] Assertion `(?P<cond>.*)` failed\.")
-_DATALOADER = re.compile(r"DataLoader worker \(pids? ?\(?(?P<pid>\d+)[^)]*\)\)? (?:is killed by signal: (?P<sig>[\w ]+)|"
+_DATALOADER = re.compile(r"DataLoader worker \(pids? ?\(?(?P<pid>\d+)[^)]*\)\)? (?:is killed by signal: (?P<sig>[\w "
+                         r"]+)|"
                          r"exited unexpectedly)|Unexpected bus error encountered in worker|DataLoader timed out after")
 _PS_LINE = re.compile(r"^\s*\d+\s+\S")
 _FATAL = re.compile(r"^Fatal Python error: (?P<m>.+)$")

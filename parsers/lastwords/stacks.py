@@ -20,23 +20,29 @@ from forensics.parsers.lastwords.text import Line
 MAX_FRAMES = 256
 
 _PYSPY_PROCESS = re.compile(r"^Process (?P<pid>\d+): ")
-_PYSPY_THREAD = re.compile(r'^Thread (?P<tid>0x[0-9A-Fa-f]+|\d+) \((?P<status>idle|active|active\+gil|gil)\)(?:: "(?P<name>[^"]*)")?\s*$')
+_PYSPY_THREAD = re.compile(r'^Thread (?P<tid>0x[0-9A-Fa-f]+|\d+) \((?P<status>idle|active|active\+gil|gil)\)(?:: '
+                           r'"(?P<name>[^"]*)")?\s*$')
 _PYSPY_FRAME = re.compile(r"^\s{2,}(?P<func>\S.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)\s*$")
-_FAULT_THREAD = re.compile(r"^(?:Current thread|Thread) (?P<tid>0x[0-9a-fA-F]+)(?: \[(?P<name>[^\]]*)\])? \(most recent call first\):\s*$")
+_FAULT_THREAD = re.compile(r"^(?:Current thread|Thread) (?P<tid>0x[0-9a-fA-F]+)(?: \[(?P<name>[^\]]*)\])? \(most "
+                           r"recent call first\):\s*$")
 _FAULT_STACK = re.compile(r"^Stack \(most recent call first\):\s*$")
 _FAULT_FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.+?)\s*$')
 _RANK_HEADER = re.compile(r"^=== Rank (?P<rank>\d+) ===\s*$")
-_GDB_THREAD = re.compile(r'^Thread (?P<n>\d+) \(Thread (?P<tid>0x[0-9a-f]+) \(LWP (?P<lwp>\d+)\)(?: "(?P<name>[^"]*)")?\):\s*$')
-_GDB_FRAME = re.compile(r"^#\d+\s+(?:0x[0-9a-f]+ in )?(?P<func>[^\s(]+) \(.*?\)(?: (?:at|from) (?P<file>\S+?)(?::(?P<line>\d+))?)?\s*$")
+_GDB_THREAD = re.compile(r'^Thread (?P<n>\d+) \(Thread (?P<tid>0x[0-9a-f]+) \(LWP (?P<lwp>\d+)\)(?: '
+                         r'"(?P<name>[^"]*)")?\):\s*$')
+_GDB_FRAME = re.compile(r"^#\d+\s+(?:0x[0-9a-f]+ in )?(?P<func>[^\s(]+) \(.*?\)(?: (?:at|from) "
+                        r"(?P<file>\S+?)(?::(?P<line>\d+))?)?\s*$")
 _GDB_PY = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
 
 _WHERE: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("collective", re.compile(r"distributed_c10d\.py|\b(?:all_reduce|allreduce|broadcast|barrier|all_gather\w*|"
-                              r"reduce_scatter\w*|all_to_all\w*|isend|irecv|_recv|recv|send) \(.*(?:distributed|p2p|comm)|"
+                              r"reduce_scatter\w*|all_to_all\w*|isend|irecv|_recv|recv|send) "
+                              r"\(.*(?:distributed|p2p|comm)|"
                               r"ProcessGroupNCCL|nccl", re.IGNORECASE)),
     ("data_loader", re.compile(r"torch/utils/data/|dataloader|_next_data|_try_get_data|datasets?/|MPD|data_?pipe",
                                re.IGNORECASE)),
-    ("checkpoint_io", re.compile(r"serialization\.py|save_checkpoint|load_checkpoint|distributed/checkpoint|safetensors|"
+    ("checkpoint_io",
+     re.compile(r"serialization\.py|save_checkpoint|load_checkpoint|distributed/checkpoint|safetensors|"
                                  r"\bcheckpoint(?:ing)?/", re.IGNORECASE)),
 )
 _LOCK = re.compile(r"threading\.py|\block\b|acquire|Condition|futex|pthread_cond", re.IGNORECASE)
@@ -89,7 +95,8 @@ class Stacks:
             return True
         if not text.strip() and not self.frames:
             return True
-        if text.strip() in ("...", "<no Python frame>", "Garbage-collecting") or text.startswith("Traceback (most recent call first)"):
+        if text.strip() in ("...", "<no Python frame>",
+                            "Garbage-collecting") or text.startswith("Traceback (most recent call first)"):
             return True
         self._close()
         return False

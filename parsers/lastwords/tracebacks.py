@@ -29,13 +29,15 @@ _CHAIN = re.compile(r"^(?:During handling of the above exception|The above excep
 _REPEAT = re.compile(r"^\s*\[Previous line repeated (\d+) more times?\]")
 _LIBRARY = re.compile(r"site-packages|dist-packages|/lib/python\d|<frozen|^<string>|^/usr/lib/|/torch/|^<")
 # the launcher's own frames: its traceback is not a rank's failure
-_LAUNCHER = re.compile(r"torch/distributed/(?:run|launch)\.py|elastic/agent|launcher/api\.py|accelerate/commands/launch|"
+_LAUNCHER = re.compile(r"torch/distributed/(?:run|launch)\.py|elastic/agent|launcher/api\.py|accelerate/commands/launch"
+                       r"|"
                        r"deepspeed/launcher|/bin/(?:torchrun|accelerate|deepspeed)$")
 HEAD_FRAMES = 8
 TAIL_FRAMES = 40
 LIVE_LINES = 2  # a header within this many lines of the last frame interleaves instead of cutting
 CONTINUATION_LINES = 12
-_STOP = re.compile(r"^(?:terminate called|Exception raised from|frame #\d|Traceback|\[?[IWEF]\d{4} |\S+:\d+:\d+ \[\d+\]|"
+_STOP = re.compile(r"^(?:terminate called|Exception raised from|frame #\d|Traceback|\[?[IWEF]\d{4} |\S+:\d+:\d+ "
+                   r"\[\d+\]|"
                    r"Killing subprocess|Sending process|Main process|WARNING:|ERROR:|INFO:|DEBUG:|srun:|slurmstepd:|"
                    r"During handling|The above exception|\[\d{4}-\d\d-\d\d)")
 

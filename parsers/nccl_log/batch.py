@@ -214,7 +214,8 @@ def _other(acc: Acc, line: str, n: int) -> None:
         acc.counts["nccl_tests"] += 1
         return
     for cm in CMD_ENV.finditer(line):
-        acc.add("nccl_env", host=None, pid=None, cuda_dev=None, line=n, var=cm["var"], value=cm["val"], origin="command")
+        acc.add("nccl_env", host=None, pid=None, cuda_dev=None, line=n, var=cm["var"], value=cm["val"],
+                origin="command")
     pm = NT_PERF.search(line)
     if pm:
         acc.perf = acc.perf or COLL_NAMES[pm.group(1)]

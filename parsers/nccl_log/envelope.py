@@ -25,59 +25,98 @@ ENVELOPE_NOHOST = re.compile(
     r"NCCL (?P<level>INFO|WARN) (?P<msg>.*)$"
 )
 MPI_TAG = re.compile(r"\[\d+,(?P<rank>\d+)\]<std(?:out|err)>:")
-LAUNCHER_TAGS = re.compile(r"\[\d+(?:,\d+)?\](?:<std(?:out|err)>:)?|^\d{4}-\d\d-\d\dT[\d:.]+Z?:\s*|^\(\w+ pid=\d+[^)]*\)\s*")
+LAUNCHER_TAGS = re.compile(r"\[\d+(?:,\d+)?\](?:<std(?:out|err)>:)?|^\d{4}-\d\d-\d\dT[\d:.]+Z?:\s*|^\(\w+ "
+                           r"pid=\d+[^)]*\)\s*")
 VERSION = re.compile(r"NCCL version (?P<ver>\d+\.\d+\.\d+)(?P<suffix>[^+\s]*)\+cuda(?P<cuda>\d+\.\d+)")
 
 _I = {
     "bootstrap": r"^Bootstrap ?: ?Using ?(?P<ifaces>.+)$",
-    "net_ib_using": r"^NET/IB ?: ?Using(?P<devs>(?: \[\d+\][^\s:]+:\d+/[A-Za-z]+(?:/SHARP)?)*)\s*(?P<ro>\[RO\])?\s*; OOB (?P<oob>\S+)$",
+    "net_ib_using": r"^NET/IB ?: ?Using(?P<devs>(?: \[\d+\][^\s:]+:\d+/[A-Za-z]+(?:/SHARP)?)*)\s*(?P<ro>\[RO\])?\s*; "
+                    r"OOB (?P<oob>\S+)$",
     "net_ib_nodev": r"^NET/IB ?: ?No device found\.?$",
     "net_socket_using": r"^NET/Socket ?: ?Using(?P<devs>(?: \[\d+\][^\s:]+:\S*)+)$",
     "using_network": r"^Using network (?P<net>.+?)\s*$",
     "net_ofi_provider": r"^NET/OFI Selected [Pp]rovider is (?P<prov>[^\s,]+)",
     "net_ofi_gdr_off": r"^NET/OFI (?:.*disabling GDR.*|Need to force simple protocol: GDR not supported.*)$",
     "net_ofi_env": r"^NET/OFI Adding (?P<var>\w+)=(?P<val>\S+) to environment",
-    "gdr_hca": r"^NET/(?P<net>\S+) ?: ?GPU Direct RDMA (?P<state>Enabled|Disabled) for HCA (?P<hca>\d+) '(?P<name>[^']*)'(?P<extra>.*)$",
-    "gdr_gpu": r"^GPU Direct RDMA (?P<state>Enabled|Disabled) for GPU (?P<gpu>[0-9a-fx]+) / HCA (?P<hca>[0-9a-fx]+) \(distance (?P<dist>\d+) (?:<=|>) (?P<lvl>\d+)\)(?P<extra>.*)$",
+    "gdr_hca": r"^NET/(?P<net>\S+) ?: ?GPU Direct RDMA (?P<state>Enabled|Disabled) for HCA (?P<hca>\d+) "
+               r"'(?P<name>[^']*)'(?P<extra>.*)$",
+    "gdr_gpu": r"^GPU Direct RDMA (?P<state>Enabled|Disabled) for GPU (?P<gpu>[0-9a-fx]+) / HCA (?P<hca>[0-9a-fx]+) "
+               r"\(distance (?P<dist>\d+) (?:<=|>) (?P<lvl>\d+)\)(?P<extra>.*)$",
     "env": r"^(?P<var>NCCL_[A-Z0-9_]+) (?:set by environment to|set to) (?P<val>.*?)\.?\s*$",
     "ring_list": r"^Channel (?P<ch>\d+)/(?P<nch>\d+) :(?P<ranks>(?:\s+\d+)+)\s*(?:\.\.\.)?\s*$",
     "trees": r"^Trees(?P<trees>(?: \[\d+\] \S+)+)\s*$",
     "ring_graph": r"^Ring (?P<ch>\d+) : (?P<prev>\d+) -> (?P<me>\d+) -> (?P<next>\d+)\s*$",
     "tree_graph": r"^Tree (?P<ch>\d+) : (?P<up>-?\d+) -> (?P<me>\d+) -> (?P<down>-?\d+/-?\d+/-?\d+)\s*$",
     "nvls_trees": r"^NVLS Trees : .*$",
-    "transport": r"^(?P<kw>Channel|Ring) (?P<ch>\d+)(?:/(?P<conn>\d+))? : (?P<src>\d+)\[(?P<srcdev>[0-9a-f]+)\] -> (?P<dst>\d+)\[(?P<dstdev>[0-9a-f]+)\] (?:\[(?P<dir>send|receive)\] )?via (?P<via>.+?)\s*$",
-    "comm_init": r"^(?:\[Rank \d+\] )?(?:(?P<func>\w+) )?comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<cudaDev>\d+)(?: nvmlDev (?P<nvmlDev>\d+))?(?: busId (?P<busId>[0-9a-f]+))?(?: parent (?P<parent>\S+))?(?: splitCount \d+)?(?: color (?P<color>-?\d+) key (?P<key>-?\d+))?(?: commId (?P<commId>0x[0-9a-f]+))? ?- (?P<phase>Init START|Init COMPLETE|Destroy COMPLETE|Abort COMPLETE)\s*$",
-    "comm_layout": r"^comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nRanks (?P<nranks>\d+) nNodes (?P<nnodes>\d+) localRanks (?P<localRanks>\d+) localRank (?P<localRank>\d+)(?: MNNVL (?P<mnnvl>\d+))?",
-    "init_timings": r"^Init timings(?: - (?P<func>\w+))?: rank (?P<rank>\d+) nranks (?P<nranks>\d+) total (?P<total>[\d.]+) \((?P<parts>[^)]*)\)",
+    "transport": r"^(?P<kw>Channel|Ring) (?P<ch>\d+)(?:/(?P<conn>\d+))? : (?P<src>\d+)\[(?P<srcdev>[0-9a-f]+)\] -> "
+                 r"(?P<dst>\d+)\[(?P<dstdev>[0-9a-f]+)\] (?:\[(?P<dir>send|receive)\] )?via (?P<via>.+?)\s*$",
+    "comm_init": r"^(?:\[Rank \d+\] )?(?:(?P<func>\w+) )?comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nranks "
+                 r"(?P<nranks>\d+) cudaDev (?P<cudaDev>\d+)(?: nvmlDev (?P<nvmlDev>\d+))?(?: busId "
+                 r"(?P<busId>[0-9a-f]+))?(?: parent (?P<parent>\S+))?(?: splitCount \d+)?(?: color (?P<color>-?\d+) "
+                 r"key (?P<key>-?\d+))?(?: commId (?P<commId>0x[0-9a-f]+))? ?- (?P<phase>Init START|Init "
+                 r"COMPLETE|Destroy COMPLETE|Abort COMPLETE)\s*$",
+    "comm_layout": r"^comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nRanks (?P<nranks>\d+) nNodes (?P<nnodes>\d+) "
+                   r"localRanks (?P<localRanks>\d+) localRank (?P<localRank>\d+)(?: MNNVL (?P<mnnvl>\d+))?",
+    "init_timings": r"^Init timings(?: - (?P<func>\w+))?: rank (?P<rank>\d+) nranks (?P<nranks>\d+) total "
+                    r"(?P<total>[\d.]+) \((?P<parts>[^)]*)\)",
     "thread_thresholds": r"^threadThresholds (?P<vals>[\d/ |]+?)\s*$",
-    "channels_summary": r"^(?P<coll>\d+) coll channels, (?:(?P<collnet>\d+) collnet channels, )?(?:(?P<nvls>\d+) nvls channels, )?(?P<p2p>\d+) p2p channels, (?P<p2pPerPeer>\d+) p2p channels per peer\s*$",
-    "connected": r"^Connected (?P<what>all rings|all trees|NVLS tree|binomial trees|Collnet Chains|CollNet)(?:, use ring PXN (?P<pxn>\d+) GDR (?P<gdr>\d+))?.*$",
-    "nvls_support": r"^NVLS multicast support is (?P<neg>not )?available on dev (?P<dev>\d+)(?: \(NVLS_NCHANNELS (?P<n>\d+)\))?\s*$",
+    "channels_summary": r"^(?P<coll>\d+) coll channels, (?:(?P<collnet>\d+) collnet channels, )?(?:(?P<nvls>\d+) nvls "
+                        r"channels, )?(?P<p2p>\d+) p2p channels, (?P<p2pPerPeer>\d+) p2p channels per peer\s*$",
+    "connected": r"^Connected (?P<what>all rings|all trees|NVLS tree|binomial trees|Collnet Chains|CollNet)(?:, use "
+                 r"ring PXN (?P<pxn>\d+) GDR (?P<gdr>\d+))?.*$",
+    "nvls_support": r"^NVLS multicast support is (?P<neg>not )?available on dev (?P<dev>\d+)(?: \(NVLS_NCHANNELS "
+                    r"(?P<n>\d+)\))?\s*$",
     "nvls_comm": r"^NVLS comm 0x[0-9a-f]+ headRank .*$",
-    "collnet_conn": r"^CollNet (?P<ch>\d+)/(?P<conn>\d) : (?P<rank>\d+) \[(?P<dir>send|receive)\] via COLLNET/(?P<net>\S+)/(?P<dev>\d+)(?P<rest>.*)$",
+    "collnet_conn": r"^CollNet (?P<ch>\d+)/(?P<conn>\d) : (?P<rank>\d+) \[(?P<dir>send|receive)\] via "
+                    r"COLLNET/(?P<net>\S+)/(?P<dev>\d+)(?P<rest>.*)$",
     "p2p_chunk": r"^P2P Chunksize set to \d+\s*$",
     "topo_system": r"^=== System : maxBw (?P<maxBw>[\d.]+) totalBw (?P<totalBw>[\d.]+) ===\s*$",
-    "graph_pattern": r"^Pattern (?P<pattern>\d+), crossNic (?P<crossNic>\d+), nChannels (?P<nch>\d+), (?:bw|speed) (?P<bwIntra>[\d.]+)/(?P<bwInter>[\d.]+), type (?P<typeIntra>\w+)/(?P<typeInter>\w+), sameChannels (?P<same>\d+)\s*$",
+    "graph_pattern": r"^Pattern (?P<pattern>\d+), crossNic (?P<crossNic>\d+), nChannels (?P<nch>\d+), (?:bw|speed) "
+                     r"(?P<bwIntra>[\d.]+)/(?P<bwInter>[\d.]+), type (?P<typeIntra>\w+)/(?P<typeInter>\w+), "
+                     r"sameChannels (?P<same>\d+)\s*$",
     "tuning_hdr_old": r"^\s*Latency/AlgBw \|(?P<cols>.*)$",
     "tuning_hdr_new": r"^\s*(?P<which>Algorithm|Protocol)\s+\|(?P<cols>.*)$",
     "tuning_nthreads": r"^\s*Max NThreads \|(?P<vals>.*)$",
-    "tuning_row": r"^\s*(?P<coll>Broadcast|Reduce|AllGather|ReduceScatter|AllReduce|SendRecv|AlltoAll|Gather|Scatter) \|(?P<cells>(?:\s*[\d.]+/\s*[\d.]+ \|)+)\s*$",
-    "tuning_op": r"^(?:(?P<func>[A-Za-z]+)(?: \[(?P<variant>[^\]]+)\])?: )?(?P<bytes>\d+) Bytes -> (?:Algo (?P<algo>\w+) proto (?P<proto>\w+)(?: time (?P<time>[\d.]+))?(?: channel\{Lo\.\.Hi\}=\{(?P<lo>\d+)\.\.(?P<hi>\d+)\})?|Kernel (?P<kernel>\S+) nchannels (?P<nch>\d+) nthreads (?P<nt>\d+)(?: nWorks (?P<nw>\d+))?|(?P<other>.*))\s*$",
-    "coll_op": r"^(?P<op>AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|Send|Recv|AlltoAll|Gather|Scatter): opCount (?P<opCount>[0-9a-f]+) sendbuff (?P<sendbuff>\S+) recvbuff (?P<recvbuff>\S+) count (?P<count>\d+) datatype (?P<dtype>\d+) op (?P<redop>\d+) root (?P<root>-?\d+) comm (?P<comm>0x[0-9a-f]+) \[nranks=(?P<nranks>\d+)\] stream (?P<stream>\S+)\s*$",
+    "tuning_row": r"^\s*(?P<coll>Broadcast|Reduce|AllGather|ReduceScatter|AllReduce|SendRecv|AlltoAll|Gather|Scatter) "
+                  r"\|(?P<cells>(?:\s*[\d.]+/\s*[\d.]+ \|)+)\s*$",
+    "tuning_op": r"^(?:(?P<func>[A-Za-z]+)(?: \[(?P<variant>[^\]]+)\])?: )?(?P<bytes>\d+) Bytes -> (?:Algo "
+                 r"(?P<algo>\w+) proto (?P<proto>\w+)(?: time (?P<time>[\d.]+))?(?: "
+                 r"channel\{Lo\.\.Hi\}=\{(?P<lo>\d+)\.\.(?P<hi>\d+)\})?|Kernel (?P<kernel>\S+) nchannels (?P<nch>\d+) "
+                 r"nthreads (?P<nt>\d+)(?: nWorks (?P<nw>\d+))?|(?P<other>.*))\s*$",
+    "coll_op": r"^(?P<op>AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|Send|Recv|AlltoAll|Gather|Scatter): "
+               r"opCount (?P<opCount>[0-9a-f]+) sendbuff (?P<sendbuff>\S+) recvbuff (?P<recvbuff>\S+) count "
+               r"(?P<count>\d+) datatype (?P<dtype>\d+) op (?P<redop>\d+) root (?P<root>-?\d+) comm "
+               r"(?P<comm>0x[0-9a-f]+) \[nranks=(?P<nranks>\d+)\] stream (?P<stream>\S+)\s*$",
     "err_trace": r"^(?P<file>[\w/.]+\.(?:cc|cu|h|cpp)):(?P<line>\d+) -> (?P<ret>\d+)(?: \[(?P<thread>[^\]]+)\])?\s*$",
-    "net_plugin": r"^(?:NET/Plugin ?: ?.*|Plugin Path : .*|P2P plugin .+|Using non-device net plugin version \d+|(?:Initialized|Assigned) NET plugin .*|Successfully loaded external (?:network )?plugin .*|NET/OFI .*|SHARP .*|TUNER/Plugin: .*|PROFILER/Plugin: .*|NET/Plugin: .*)$",
+    "net_plugin": r"^(?:NET/Plugin ?: ?.*|Plugin Path : .*|P2P plugin .+|Using non-device net plugin version "
+                  r"\d+|(?:Initialized|Assigned) NET plugin .*|Successfully loaded external (?:network )?plugin "
+                  r".*|NET/OFI .*|SHARP .*|TUNER/Plugin: .*|PROFILER/Plugin: .*|NET/Plugin: .*)$",
     "version": r"^NCCL version .*$",
-    "misc": r"^(?:cudaDriverVersion \d+|Setting affinity for GPU \d+ to [0-9a-f,]+|Threads per block : .*|\[Proxy (?:Service|Service UDS|Progress)\] Device \d+ CPU core \d+|CC (?:On|Off).*workFifoBytes \d+|[\w/.]+:\d+ Cuda (?:Host )?Alloc Size \d+ pointer 0x[0-9a-f]+|Enabled NCCL Func/Proto/Algo Matrix:.*|comm 0x[0-9a-f]+ rank \d+ nRanks .*|Search \d+ : .*|RAS client listening socket .*|Comm config \w+ set to .*|DMA-BUF is (?:not )?available on GPU device \d+|Bootstrap timings total .*|NET/IB : Made virtual device .*|ncclTopoGetCpuAffinity: .*|NVLS comm .*|MNNVL .*|NET/IB : Using \[.*|NCCL_\w+ set by environment.*|Init (?:START|COMPLETE).*|Allocated .*|ncclCommInit.*)\s*$",
-    "check_p2p": r"^Check P2P Type (?:intraNodeP2pSupport (?P<p2p>\d+) directMode (?P<direct>\d+)|isAllDirectP2p (?P<alldirect>\d+) directMode (?P<direct2>\d+)(?: isAllCudaP2p (?P<allcuda>\d+))?)",
-    "topo_tree": r"^\s*(?:\+ (?P<link>[A-Z]+)\[(?P<bw>[\d.]+)\] - )?(?P<node>(?:CPU|PCI|GPU|NIC|NET|NVS)/[0-9A-Fa-fx-]+)(?P<attrs>.*)$",
+    "misc": r"^(?:cudaDriverVersion \d+|Setting affinity for GPU \d+ to [0-9a-f,]+|Threads per block : .*|\[Proxy "
+            r"(?:Service|Service UDS|Progress)\] Device \d+ CPU core \d+|CC (?:On|Off).*workFifoBytes \d+|[\w/.]+:\d+ "
+            r"Cuda (?:Host )?Alloc Size \d+ pointer 0x[0-9a-f]+|Enabled NCCL Func/Proto/Algo Matrix:.*|comm "
+            r"0x[0-9a-f]+ rank \d+ nRanks .*|Search \d+ : .*|RAS client listening socket .*|Comm config \w+ set to "
+            r".*|DMA-BUF is (?:not )?available on GPU device \d+|Bootstrap timings total .*|NET/IB : Made virtual "
+            r"device .*|ncclTopoGetCpuAffinity: .*|NVLS comm .*|MNNVL .*|NET/IB : Using \[.*|NCCL_\w+ set by "
+            r"environment.*|Init (?:START|COMPLETE).*|Allocated .*|ncclCommInit.*)\s*$",
+    "check_p2p": r"^Check P2P Type (?:intraNodeP2pSupport (?P<p2p>\d+) directMode (?P<direct>\d+)|isAllDirectP2p "
+                 r"(?P<alldirect>\d+) directMode (?P<direct2>\d+)(?: isAllCudaP2p (?P<allcuda>\d+))?)",
+    "topo_tree": r"^\s*(?:\+ (?P<link>[A-Z]+)\[(?P<bw>[\d.]+)\] - "
+                 r")?(?P<node>(?:CPU|PCI|GPU|NIC|NET|NVS)/[0-9A-Fa-fx-]+)(?P<attrs>.*)$",
     "graph_channel": r"^\s*(?P<ch>\d+) : (?P<path>(?:(?:GPU|NET|NVS)/\S+ ?)+)$",
 }
 INFO_RX = {k: re.compile(v) for k, v in _I.items()}
 
 _W = {
-    "ib_async": r"^NET/IB ?: (?:(?P<dev>\S+):(?P<port>\d+) )?(?:Got async event ?: ?|Got non-fatal async event: |async fatal event(?: on (?:CQ|QP|SRQ)[^:]*)?: )(?P<event>.+?)\s*$",
-    "ib_completion": r"^NET/IB ?: ?Got completion (?:from peer (?P<peer>\S+) )?with (?:error (?P<err>\d+)|status=(?P<status>\w+?)(?:\((?P<statusnum>\d+)\))?),? opcode[ =](?P<opcode>[\w()]+),? (?:len[ =](?P<len>\d+)|reqSize=(?P<reqSize>\d+)),? vendor[ _]err[ =]?(?P<verr>\d+)(?P<rest>.*)$",
-    "call_failed": r"^Call to (?P<fn>\S+)(?: from (?P<peer>\S+))? failed(?: with (?:error )?(?P<err>.+?))?(?: : (?P<err2>.+))?\s*$",
+    "ib_async": r"^NET/IB ?: (?:(?P<dev>\S+):(?P<port>\d+) )?(?:Got async event ?: ?|Got non-fatal async event: |async "
+                r"fatal event(?: on (?:CQ|QP|SRQ)[^:]*)?: )(?P<event>.+?)\s*$",
+    "ib_completion": r"^NET/IB ?: ?Got completion (?:from peer (?P<peer>\S+) )?with (?:error "
+                     r"(?P<err>\d+)|status=(?P<status>\w+?)(?:\((?P<statusnum>\d+)\))?),? opcode[ "
+                     r"=](?P<opcode>[\w()]+),? (?:len[ =](?P<len>\d+)|reqSize=(?P<reqSize>\d+)),? vendor[ _]err[ "
+                     r"=]?(?P<verr>\d+)(?P<rest>.*)$",
+    "call_failed": r"^Call to (?P<fn>\S+)(?: from (?P<peer>\S+))? failed(?: with (?:error )?(?P<err>.+?))?(?: : "
+                   r"(?P<err2>.+))?\s*$",
     "cuda_failure": r"^Cuda failure (?:(?P<code>\d+) )?'(?P<msg>[^']*)'",
     "socket_closed": r"^(?:socketProgress: )?(?:Net : )?Connection closed by remote peer (?P<peer>\S+)",
     "net_recv_failed": r"^Net : Call to recv from (?P<peer>\S+) failed : (?P<err>.+)$",
@@ -99,7 +138,8 @@ DTYPE_SIZE = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint6
 REDOPS = ["sum", "prod", "max", "min", "avg"]
 ALGO_IDS = ["Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT"]
 PROTO_IDS = ["LL", "LL128", "Simple"]
-NET_VIA = re.compile(r"^NET/(?P<net>.+?)/(?P<nic>\d+)(?:\((?P<proxy>\d+)\))?(?P<rest>(?:/GDRDMA|\(PCI\)|/Shared|/\S+)*)$")
+NET_VIA = re.compile(r"^NET/(?P<net>.+?)/(?P<nic>\d+)(?:\((?P<proxy>\d+)\))?(?P<rest>(?:/GDRDMA|\(PCI\)|/Shared|/\S+)*)"
+                     r"$")
 P2P_VIA = re.compile(r"^P2P/(?P<kind>IPC|CUMEM|MNNVL|direct pointer|common device|indirect)")
 SOCKET_DEV = re.compile(r"\[(?P<idx>\d+)\](?P<ifname>[^\s:]+):(?P<addr>\S*)")
 IB_DEV = re.compile(r"\[(?P<idx>\d+)\](?P<name>[^\s:]+):(?P<port>\d+)/(?P<link>IB|RoCE)(?P<sharp>/SHARP)?")
@@ -135,7 +175,8 @@ _InfoHandler = Callable[[Acc, dict[str, Any], dict[str, Any], str], "bool | None
 
 def _i_comm_init(acc: Acc, base: dict[str, Any], g: dict[str, Any], msg: str) -> None:
     acc.add(
-        "nccl_comms", **{**base, "cuda_dev": int(g["cudaDev"])}, origin="init", comm=g["comm"], comm_id=g["commId"], rank=int(g["rank"]),
+        "nccl_comms", **{**base, "cuda_dev": int(g["cudaDev"])}, origin="init", comm=g["comm"], comm_id=g["commId"],
+        rank=int(g["rank"]),
         nranks=int(g["nranks"]), nvml_dev=to_int(g["nvmlDev"]),
         bus_id=normalize_bus_id(g["busId"], bare="packed"), phase=g["phase"], func=g["func"],
     )
@@ -280,7 +321,8 @@ _INFO_HANDLERS: dict[str, _InfoHandler] = {
     "nvls_support": lambda acc, base, g, msg: acc.add("nccl_events", **base, level="INFO", kind="nvls_support",
                                                       code=0 if g["neg"] else 1, message=msg),
     "check_p2p": _i_check_p2p,
-    "net_ofi_gdr_off": lambda acc, base, g, msg: acc.add("nccl_net", **base, kind="gdr_hca", name="OFI", state="Disabled",
+    "net_ofi_gdr_off": lambda acc, base, g,
+    msg: acc.add("nccl_net", **base, kind="gdr_hca", name="OFI", state="Disabled",
                                                          detail="NET/OFI " + msg[8:]),
     # the plugin sets NCCL variables itself (e.g. NCCL_PROTO=simple on EFA without GDR)
     "net_ofi_env": lambda acc, base, g, msg: acc.add("nccl_env", **base, var=g["var"], value=g["val"], origin="plugin"),
@@ -293,7 +335,8 @@ _INFO_HANDLERS: dict[str, _InfoHandler] = {
     "graph_pattern": lambda acc, base, g, msg: acc.add("nccl_events", **base, level="INFO", kind="graph_pattern",
                                                        value=float(g["bwInter"]), code=int(g["nch"]), message=msg),
     "err_trace": lambda acc, base, g, msg: acc.add("nccl_events", **base, level="INFO", kind="error_trace",
-                                                   code=int(g["ret"]), file_line=f"{g['file']}:{g['line']}", message=msg),
+                                                   code=int(g["ret"]), file_line=f"{g['file']}:{g['line']}",
+                                                   message=msg),
     "version": _i_version,
 }
 

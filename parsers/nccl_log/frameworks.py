@@ -14,15 +14,18 @@ from forensics.parsers.nccl_log.rows import Acc
 # --- checkpoint saves -------------------------------------------------------------------------
 # Each pattern starts with a literal and has no nested or overlapping quantifiers (linear); they
 # only run on lines that passed the substring guard in checkpoint_line.
-CK_MEGATRON = re.compile(r"(?:saving|successfully saved) checkpoint (?:from |at )?iteration\s+(?P<it>\d+) to (?P<path>\S+)")
+CK_MEGATRON = re.compile(r"(?:saving|successfully saved) checkpoint (?:from |at )?iteration\s+(?P<it>\d+) to "
+                         r"(?P<path>\S+)")
 CK_DEEPSPEED = re.compile(r"Saving model checkpoint(?:: (?P<path>\S+))?")
 CK_LIGHTNING = re.compile(r"Epoch (?P<ep>\d+), global step (?P<step>\d+): ")
 CK_LIGHTNING_TO = re.compile(r"saving model to '?(?P<path>[^'\s]+)")
-CK_GENERIC = re.compile(r"(?i)\b(?:checkpoint saved|saved (?:the |a )?checkpoint|finished saving (?:the )?checkpoint)\b")
+CK_GENERIC = re.compile(r"(?i)\b(?:checkpoint saved|saved (?:the |a )?checkpoint|finished saving (?:the "
+                        r")?checkpoint)\b")
 CK_GEN_PATH = re.compile(r"(?i)\b(?:to|at|in|:) '?(?P<path>[/.~][^'\s,;]*)")
 CK_STEP = re.compile(r"(?i)(?:global_step|\bstep)[ =_:-]?(?P<step>\d+)")
 CK_FAIL = re.compile(r"(?i)fail|error|unable|could not|cannot|skip")
-CK_ISO = re.compile(r"(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)[ T](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:[.,](?P<f>\d{1,9}))?")
+CK_ISO = re.compile(r"(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)[ "
+                    r"T](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:[.,](?P<f>\d{1,9}))?")
 CK_GLOG = re.compile(r"\[[EWIF](?P<md>\d{4}) (?P<t>\d\d:\d\d:\d\d(?:\.\d{1,9})?)")
 
 
@@ -79,7 +82,8 @@ def _ck_fields(line: str) -> dict[str, Any] | None:
 
 def _iso_ns(m: re.Match[str]) -> int | None:
     try:
-        t = datetime(int(m["y"]), int(m["mo"]), int(m["d"]), int(m["h"]), int(m["mi"]), int(m["s"]), tzinfo=timezone.utc)
+        t = datetime(int(m["y"]), int(m["mo"]), int(m["d"]), int(m["h"]), int(m["mi"]), int(m["s"]),
+                     tzinfo=timezone.utc)
     except ValueError:
         return None
     return int(t.timestamp()) * 1_000_000_000 + int((m["f"] or "0").ljust(9, "0"))

@@ -11,17 +11,22 @@ from forensics.parsers.nccl_log.rows import Acc, to_float, to_int
 from forensics.base.bus_ids import normalize_bus_id
 
 NT_PARAMS = re.compile(r"^#?\s*nThread \d+ nGpus \d+ minBytes \d+ maxBytes \d+")
-NT_DEVICE = re.compile(r"^#?\s*Rank\s+(?P<rank>\d+)(?: Group\s+\d+)? Pid\s+(?P<pid>\d+) on\s+(?P<host>\S+) device\s+(?P<dev>\d+) \[(?P<bus>[^\]]+)\] (?P<name>.+?)\s*$")
+NT_DEVICE = re.compile(r"^#?\s*Rank\s+(?P<rank>\d+)(?: Group\s+\d+)? Pid\s+(?P<pid>\d+) on\s+(?P<host>\S+) "
+                       r"device\s+(?P<dev>\d+) \[(?P<bus>[^\]]+)\] (?P<name>.+?)\s*$")
 NT_ROW = re.compile(
-    r"^\s*(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>int8|uint8|int32|uint32|int64|uint64|half|float|double|bfloat16|f8e4m3|f8e5m2|char|int)"
-    r"(?:\s+(?P<redop>sum|prod|max|min|avg|mulsum|none))?(?:\s+(?P<root>-?\d+))?(?P<vals>(?:\s+(?:[\d.]+(?:e[+-]?\d+)?|N/A))+)\s*$"
+    r"^\s*(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>int8|uint8|int32|uint32|int64|uint64|half|float|double|bfloat16|f8e"
+    r"4m3|f8e5m2|char|int)"
+    r"(?:\s+(?P<redop>sum|prod|max|min|avg|mulsum|none))?(?:\s+(?P<root>-?\d+))?(?P<vals>(?:\s+(?:[\d.]+(?:e[+-]?\d+)?|"
+    r"N/A))+)\s*$"
 )
-NT_TAIL = re.compile(r"^\s*(?P<time>[\d.]+)\s+(?P<algbw>[\d.]+)\s+(?P<busbw>[\d.]+)\s+(?P<wrong>\d+|N/A|[\d.]+e[+-]\d+)(?P<more>(?:\s+(?:[\d.]+(?:e[+-]?\d+)?|N/A)){4})?\s*$")
+NT_TAIL = re.compile(r"^\s*(?P<time>[\d.]+)\s+(?P<algbw>[\d.]+)\s+(?P<busbw>[\d.]+)\s+(?P<wrong>\d+|N/A|[\d.]+e[+-]\d+)"
+                     r"(?P<more>(?:\s+(?:[\d.]+(?:e[+-]?\d+)?|N/A)){4})?\s*$")
 NT_HEADER = re.compile(r"^#?\s*(?:out-of-place\s+in-place|size\s+count\s+type|\(B\)\s+\(elements\)|Using devices|#|$)")
 NT_OOB = re.compile(r"^#?\s*Out of bounds values\s*:\s*(?P<n>\d+) (?P<ok>OK|FAILED)")
 NT_AVG = re.compile(r"^#?\s*Avg bus bandwidth\s*:\s*(?P<bw>[\d.]+)(?:\s+(?P<ok>OK|FAILED))?")
 NT_MISC = re.compile(r"^#|Test NCCL failure|Test failure|Collective test concluded|^\s*\.\. .* pid \d+: ")
-NT_PERF = re.compile(r"\b(all_reduce|all_gather|reduce_scatter|alltoall|broadcast|reduce|sendrecv|gather|scatter|hypercube)_perf\b")
+NT_PERF = re.compile(r"\b(all_reduce|all_gather|reduce_scatter|alltoall|broadcast|reduce|sendrecv|gather|scatter|hyperc"
+                     r"ube)_perf\b")
 CMD_ENV = re.compile(r"(?:^|[\s#])(?:-x\s+)?(?P<var>NCCL_[A-Z0-9_]+)=(?P<val>[^\s;]+)")
 
 
@@ -114,6 +119,7 @@ def _nt_misc(acc: Acc, text: str, n: int) -> bool:
         if perf:
             acc.perf = acc.perf or COLL_NAMES[perf.group(1)]
         for cm in CMD_ENV.finditer(text):
-            acc.add("nccl_env", host=None, pid=None, cuda_dev=None, line=n, var=cm["var"], value=cm["val"], origin="command")
+            acc.add("nccl_env", host=None, pid=None, cuda_dev=None, line=n, var=cm["var"], value=cm["val"],
+                    origin="command")
         return True
     return False

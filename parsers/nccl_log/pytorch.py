@@ -12,18 +12,22 @@ _WORK = (
     r"WorkNCCL\((?:SeqNum=(?P<seq>\d+), )?OpType=(?P<op>\w+)(?:, TensorShape=\[[^\]]*\])?"
     r"(?:, NumelIn=(?P<numelIn>-?\d+), NumelOut=(?P<numelOut>-?\d+))?, Timeout\(ms\)=(?P<timeout>\d+)\)"
 )
-PT_TIMEOUT = re.compile(r"\[Rank (?P<rank>\d+)\]\s+Watchdog caught collective operation timeout: " + _WORK + r" ran for (?P<ran>\d+) milliseconds")
+PT_TIMEOUT = re.compile(r"\[Rank (?P<rank>\d+)\]\s+Watchdog caught collective operation timeout: " + _WORK
+                        + r" ran for (?P<ran>\d+) milliseconds")
 PT_BLOCKING = re.compile(r"\[Rank (?P<rank>\d+)\] Work " + _WORK + r" timed out in blocking wait")
 PT_LAST = re.compile(
-    r"\[PG (?:ID )?(?P<pg>\d+)[^\]]*? Rank (?P<rank>\d+)\]\s+(?:Exception \(either an error or timeout\) detected by watchdog at work: "
+    r"\[PG (?:ID )?(?P<pg>\d+)[^\]]*? Rank (?P<rank>\d+)\]\s+(?:Exception \(either an error or timeout\) detected by "
+    r"watchdog at work: "
     r"(?P<seq>\d+), last enqueued NCCL work: (?P<enq>\d+), last completed NCCL work: (?P<comp>\d+)"
-    r"|Timeout at NCCL work: (?P<seq3>\d+), last enqueued NCCL work: (?P<enq3>\d+), last completed NCCL work: (?P<comp3>\d+)"
+    r"|Timeout at NCCL work: (?P<seq3>\d+), last enqueued NCCL work: (?P<enq3>\d+), last completed NCCL work: "
+    r"(?P<comp3>\d+)"
     r"|failure detected by watchdog at work "
     r"sequence id: (?P<seq2>\d+) PG status: last enqueued work: (?P<enq2>\d+), last completed work: (?P<comp2>\d+))"
 )
 PT_DESYNC = re.compile(r"\[(?P<lag>\d+)\] finished collective #(?P<fin>\d+), but didn't join collective #(?P<next>\d+)")
 PT_NCCL_ERR = re.compile(r"NCCL error in: (?P<file>\S+):(?P<line>\d+), (?P<what>[^,(]+)")
-PT_DUMP = re.compile(r"(?:Received a dump signal|flight recorder dump signal|[Dd]umping (?:the )?(?:flight recorder|debug info))"
+PT_DUMP = re.compile(r"(?:Received a dump signal|flight recorder dump signal|[Dd]umping (?:the )?(?:flight "
+                     r"recorder|debug info))"
                      r"(?:.*? from (?:this local )?rank (?P<from>\d+))?")
 PT_RANK = re.compile(r"\[rank(?P<r>\d+)\]:|\[Rank (?P<R>\d+)\]")
 PT_ANY = re.compile(r"ProcessGroupNCCL|WorkNCCL|TORCH_NCCL|c10d|Watchdog caught|FlightRecorder")
@@ -46,7 +50,8 @@ def pytorch_line(acc: Acc, line: str, n: int) -> None:
     m = PT_LAST.search(line)
     if m:
         acc.add(
-            "collective_timeouts", **base, kind="pg_status", pg=int(m["pg"]), seq=int(m["seq"] or m["seq2"] or m["seq3"]),
+            "collective_timeouts", **base, kind="pg_status", pg=int(m["pg"]),
+            seq=int(m["seq"] or m["seq2"] or m["seq3"]),
             last_enqueued=int(m["enq"] or m["enq2"] or m["enq3"]),
             last_completed=int(m["comp"] or m["comp2"] or m["comp3"]),
         )

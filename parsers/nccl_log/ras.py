@@ -9,10 +9,13 @@ from forensics.parsers.nccl_log.rows import Acc, to_int
 
 RAS_VERSION = re.compile(r"^NCCL version (?P<ver>[\d.]+) compiled with CUDA (?P<cuda>[\d.]+)")
 
-NCCL_MATRIX = re.compile(r"^\s*(?:Function|Broadcast|Reduce|AllGather|ReduceScatter|AllReduce|SendRecv|AlltoAll) \|(?:\s+(?:\d|LL|LL128|Simple))+\s+\|(?:\s+(?:\d+|\w+))+\s*$")
-RAS_GROUP = re.compile(r"^\s+(?P<grp>\d+)\s+(?P<comms>\d+)\s+(?P<nodes>\d+)\s+(?P<rpn>[\d-]+)\s+(?P<rpc>\d+)\s+(?P<rig>\d+)\s+(?P<status>[A-Z]+)\s+(?P<errors>[A-Z,]+)\s*$")
+NCCL_MATRIX = re.compile(r"^\s*(?:Function|Broadcast|Reduce|AllGather|ReduceScatter|AllReduce|SendRecv|AlltoAll) "
+                         r"\|(?:\s+(?:\d|LL|LL128|Simple))+\s+\|(?:\s+(?:\d+|\w+))+\s*$")
+RAS_GROUP = re.compile(r"^\s+(?P<grp>\d+)\s+(?P<comms>\d+)\s+(?P<nodes>\d+)\s+(?P<rpn>[\d-]+)\s+(?P<rpc>\d+)\s+(?P<rig>"
+                       r"\d+)\s+(?P<status>[A-Z]+)\s+(?P<errors>[A-Z,]+)\s*$")
 RAS_PROC = re.compile(r"^\s*Process (?P<pid>\d+) on node (?P<node>\S+) managing GPU (?P<gpu>\d+)")
-RAS_RANK = re.compile(r"^\s*Rank (?P<rank>\d+) -- GPU (?P<gpu>\d+) managed by process (?P<pid>\d+) on node (?P<node>\S+)")
+RAS_RANK = re.compile(r"^\s*Rank (?P<rank>\d+) -- GPU (?P<gpu>\d+) managed by process (?P<pid>\d+) on node "
+                      r"(?P<node>\S+)")
 RAS_OUTLIER = re.compile(r"^\s*Node (?P<node>\S+) running processes (?P<pids>[\d,]+)")
 RAS_DEAD = re.compile(r"^\s*(?P<n>\d+) job process(?:es)? (?:is|are) considered dead")
 RAS_PEER_DEAD = re.compile(r"PEER_DEAD: .*")

@@ -38,9 +38,11 @@ class Acc:
 
 VERSION_HINTS = {
     "tuning_op": lambda g: ("2.24", None) if g["lo"] is not None else (("2.23", "2.23") if g["func"] and g["time"]
-                                                                       else ("2.20", "2.22") if g["time"] else (None, None)),
+                                                                       else ("2.20", "2.22") if g["time"] else (None,
+                                                                                                                None)),
     "init_timings": lambda g: ("2.23", None) if g["func"] else ("2.22", "2.22"),
-    "channels_summary": lambda g: ("2.20", None) if g["collnet"] is not None else (("2.17", "2.19") if g["nvls"] is not None else ("2.7", "2.16")),
+    "channels_summary": lambda g: ("2.20", None) if g["collnet"] is not None
+    else (("2.17", "2.19") if g["nvls"] is not None else ("2.7", "2.16")),
     "check_p2p": lambda g: ("2.24", "2.26") if g["p2p"] is not None else ("2.27", None),
     "connected": lambda g: ("2.24", None) if g["gdr"] is not None else (None, None),
     "bootstrap": lambda g: (None, None),

@@ -74,7 +74,8 @@ def nccl_frames() -> dict[str, pl.DataFrame]:
     for r in range(WORLD):
         node, local = _nic(r)
         proc = dict(source=f"logs/rank{r}.out", host=f"node{node}", pid=1000 + r, cuda_dev=local, rank=r)
-        comms.append(dict(proc, line=1, origin="init", comm=f"0x{r:x}", nranks=WORLD, bus_id=f"0000:{0x18 + local:02x}:00.0",
+        comms.append(dict(proc, line=1, origin="init", comm=f"0x{r:x}", nranks=WORLD,
+                          bus_id=f"0000:{0x18 + local:02x}:00.0",
                           phase="Init COMPLETE"))
         for i in range(GPUS):
             net.append(dict(proc, line=2, kind="ib", index=i, name=f"mlx5_{i}", port=1, link_layer="IB"))

@@ -63,7 +63,8 @@ def test_victim_and_peer_chain_folds_into_one_incident_rooted_in_the_earliest_xi
 
 def test_xid45_caused_by_an_application_xid_stays_an_application_finding():
     text = _log([
-        ("n1", 1.0, _xid("0000:3b:00", 13, "Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Illegal Instruction Encoding", 7)),
+        ("n1", 1.0,
+         _xid("0000:3b:00", 13, "Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Illegal Instruction Encoding", 7)),
         ("n1", 1.2, _xid("0000:3b:00", 45, "Ch 00000009 caused by previous Xid 13", 7)),
     ])
     (x,) = detect({"kernel_events": _kernel(text)})
@@ -93,7 +94,8 @@ def test_nvlink5_payload_pre_r575_spacing_and_short_forms_are_decoded():
     g = _fields("NVRM: Xid (PCI:0000:00:1e): 148, NVLPW_CTRL Fatal XC0 i0 Link 05\n")
     assert (g["nvlink_unit"], g["fatal"], g["link"]) == ("NVLPW_CTRL", True, 5) and "intrinfo" not in g
     h = _fields("NVRM: Xid (PCI:0000:00:1e): 146, TLW_RX_PIPE1 Nonfatal XC0 i0 Link 03 (0x00000010 0x00000020)\n")
-    assert (h["nvlink_unit"], h["fatal"], h["intrinfo"], h["error_status"]) == ("TLW_RX_PIPE1", False, "0x00000010", "0x00000020")
+    assert (h["nvlink_unit"], h["fatal"], h["intrinfo"], h["error_status"]) == ("TLW_RX_PIPE1", False, "0x00000010",
+                                                                                "0x00000020")
 
 
 def test_nvlink5_fatal_link_event_with_padding_is_graded_from_its_payload():

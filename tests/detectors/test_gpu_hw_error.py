@@ -48,10 +48,13 @@ SMI_NODE02 = (
 
 def test_triggers_aer_fatal_then_xid79_is_one_incident_with_host_gpu_rank_and_window():
     text = _log([
-        ("node01", 5.0, "NVRM: Xid (PCI:0000:1b:00): 13, pid=4001, name=python, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Illegal Instruction Encoding"),
+        ("node01", 5.0,
+         "NVRM: Xid (PCI:0000:1b:00): 13, pid=4001, name=python, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): "
+         "Illegal Instruction Encoding"),
         ("node02", 30.0, "pcieport 0000:3a:01.0: AER: Corrected error received: 0000:3a:01.0"),
         ("node02", 99.900, "pcieport 0000:3a:01.0: AER: Uncorrected (Fatal) error received: 0000:3a:01.0"),
-        ("node02", 99.901, "pcieport 0000:3a:01.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Receiver ID)"),
+        ("node02", 99.901,
+         "pcieport 0000:3a:01.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Receiver ID)"),
         ("node02", 99.902, "pcieport 0000:3a:01.0:    [ 5] Surprise Down Error    (First)"),
         ("node02", 100.0, "NVRM: Xid (PCI:0000:3b:00): 79, pid=5002, name=python, GPU has fallen off the bus."),
         ("node02", 100.1, "NVRM: Xid (PCI:0000:3b:00): 45, pid=5002, name=python, Ch 00000010"),
@@ -83,20 +86,27 @@ def test_triggers_aer_fatal_then_xid79_is_one_incident_with_host_gpu_rank_and_wi
 
 def test_triggers_xid45_caused_by_nvlink5_on_several_gpus_is_one_node_incident():
     text = _log([
-        ("gb1", 1.0, "NVRM: Xid (PCI:0008:01:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 08 (0x004505c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"),
+        ("gb1", 1.0,
+         "NVRM: Xid (PCI:0008:01:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 08 (0x004505c6 0x00000000 0x00000000 "
+         "0x00000000 0x00000000 0x00000000)"),
         ("gb1", 1.2, "NVRM: Xid (PCI:0008:01:00): 45, pid=10, name=python, Ch 00000008 caused by previous Xid 149"),
         ("gb1", 1.3, "NVRM: Xid (PCI:0018:01:00): 45, pid=11, name=python, Ch 00000008 caused by previous Xid 149"),
         ("gb1", 1.4, "NVRM: Xid (PCI:0019:01:00): 45, pid=12, name=python, Ch 00000008 caused by previous Xid 149"),
     ])
-    (x,) = detect({"kernel_events": _kernel(text), "ranks": _ranks([(0, "gb1", 0, 10), (1, "gb1", 1, 11), (2, "gb1", 2, 12)])})
+    (x,) = detect({"kernel_events": _kernel(text),
+                   "ranks": _ranks([(0, "gb1", 0, 10), (1, "gb1", 1, 11), (2, "gb1", 2, 12)])})
     assert x.severity is Severity.CRITICAL and x.metrics["caused_by_xid"] == 149
     assert x.metrics["events"] == 4 and x.ranks == (0, 1, 2)  # ranks from the Xid pids
 
 
 def test_triggers_memory_incident_xid48_then_xid63_and_policy_switch():
     text = _log([
-        ("n1", 1.0, "NVRM: Xid (PCI:0000:3b:00): 48, pid=7, name=python, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at physAddr 0x1f3c partition 2, subpartition 1."),
-        ("n1", 1.5, "NVRM: Xid (PCI:0000:3b:00): 63, pid='<unknown>', name=<unknown>, Row Remapper: New row (0x00000000deadbeef) marked for remapping, reset gpu to activate."),
+        ("n1", 1.0,
+         "NVRM: Xid (PCI:0000:3b:00): 48, pid=7, name=python, An uncorrectable double bit error (DBE) has been "
+         "detected on GPU in the framebuffer at physAddr 0x1f3c partition 2, subpartition 1."),
+        ("n1", 1.5,
+         "NVRM: Xid (PCI:0000:3b:00): 63, pid='<unknown>', name=<unknown>, Row Remapper: New row (0x00000000deadbeef) "
+         "marked for remapping, reset gpu to activate."),
     ])
     (x,) = detect({"kernel_events": _kernel(text)})
     assert x.metrics["xids"] == "48,63" and x.metrics["root_xid"] == 48 and x.severity is Severity.CRITICAL
@@ -106,8 +116,10 @@ def test_triggers_memory_incident_xid48_then_xid63_and_policy_switch():
 def test_triggers_rank_from_nccl_init_bus_id(tmp_path):
     text = _log([("n7", 1.0, "NVRM: Xid (PCI:0000:5e:00): 94, pid=99, name=python, Ch 00000008")])
     nccl = frames_from(tmp_path, (
-        "n7:1:1 [0] NCCL INFO ncclCommInitRank comm 0x1 rank 12 nranks 16 cudaDev 0 busId 3b000 commId 0xa - Init COMPLETE\n"
-        "n7:2:2 [1] NCCL INFO ncclCommInitRank comm 0x2 rank 13 nranks 16 cudaDev 1 busId 5e000 commId 0xa - Init COMPLETE\n"
+        "n7:1:1 [0] NCCL INFO ncclCommInitRank comm 0x1 rank 12 nranks 16 cudaDev 0 busId 3b000 commId 0xa - Init "
+        "COMPLETE\n"
+        "n7:2:2 [1] NCCL INFO ncclCommInitRank comm 0x2 rank 13 nranks 16 cudaDev 1 busId 5e000 commId 0xa - Init "
+        "COMPLETE\n"
         # a sub-communicator's rank (1 of 2) is not a global rank
         "n7:2:2 [1] NCCL INFO ncclCommSplit comm 0x3 rank 1 nranks 2 cudaDev 1 busId 5e000 commId 0xb - Init COMPLETE\n"
     ))
@@ -131,10 +143,14 @@ def test_clean_benign_only_log_makes_no_finding():
         ("n1", 1.0, "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  570.158.01  Release Build"),
         ("n1", 2.0, "mlx5_core 0000:ab:00.0 mlx5_5: Port: 1 Link INIT"),
         ("n1", 3.0, "mlx5_core 0000:ab:00.0 mlx5_5: Port: 1 Link ACTIVE"),
-        ("n1", 4.0, "workqueue: ib_cache_event_task [ib_core] hogged CPU for >10000us 4 times, consider switching to WQ_UNBOUND"),
+        ("n1", 4.0,
+         "workqueue: ib_cache_event_task [ib_core] hogged CPU for >10000us 4 times, consider switching to WQ_UNBOUND"),
         ("n1", 5.0, "pcieport 0000:00:03.1: AER: Correctable error message received from 0000:00:00.0"),
-        ("n1", 5.0, "pcieport 0000:00:03.1: PCIe Bus Error: severity=Correctable, type=Data Link Layer, (Transmitter ID)"),
-        ("n1", 6.0, "NVRM: Xid (PCI:0018:01:00): 149, NETIR_BER_EVENT Nonfatal XC0 i0 Link 03 (0x00086226 0x00000001 0x00000000 0x00000000 0x00000000 0x00000000)"),
+        ("n1", 5.0,
+         "pcieport 0000:00:03.1: PCIe Bus Error: severity=Correctable, type=Data Link Layer, (Transmitter ID)"),
+        ("n1", 6.0,
+         "NVRM: Xid (PCI:0018:01:00): 149, NETIR_BER_EVENT Nonfatal XC0 i0 Link 03 (0x00086226 0x00000001 0x00000000 "
+         "0x00000000 0x00000000 0x00000000)"),
         ("n1", 7.0, "ls[4242]: segfault at 0 ip 00007f sp 00007ffc error 4 in libc.so.6[7f0000+1000]"),
         ("n1", 8.0, "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 11012, Non-fatal, Link 1 single-bit ECC (First)"),
     ])
@@ -215,7 +231,9 @@ def test_triggers_same_gsp_xid_on_three_hosts_is_flagged_as_a_fleet_pattern():
 
 def test_triggers_xid45_caused_by_previous_xid_joins_its_root_beyond_the_sympathetic_window():
     text = _log([
-        ("n1", 0.0, "NVRM: Xid (PCI:0000:3b:00): 48, pid=7, name=python, An uncorrectable double bit error (DBE) has been detected on GPU"),
+        ("n1", 0.0,
+         "NVRM: Xid (PCI:0000:3b:00): 48, pid=7, name=python, An uncorrectable double bit error (DBE) has been "
+         "detected on GPU"),
         ("n1", 60.0, "NVRM: Xid (PCI:0000:3b:00): 45, pid=8, name=python, Ch 00000009 caused by previous Xid 48"),
         ("n1", 200.0, "NVRM: Xid (PCI:0000:3b:00): 45, pid=9, name=python, Ch 0000000a"),  # solo: its own finding
     ])
@@ -227,9 +245,11 @@ def test_triggers_xid45_caused_by_previous_xid_joins_its_root_beyond_the_sympath
 
 
 def test_triggers_pcie_link_downtrained():
-    text = _log([("n1", 1.0, "mlx5_core 0000:1a:00.0: 63.008 Gb/s available PCIe bandwidth, limited by 2.5 GT/s PCIe x16 "
+    text = _log([("n1", 1.0,
+                  "mlx5_core 0000:1a:00.0: 63.008 Gb/s available PCIe bandwidth, limited by 2.5 GT/s PCIe x16 "
                              "link at 0000:17:00.0 (capable of 252.048 Gb/s with 16.0 GT/s PCIe x16 link)"),
-                 ("n1", 2.0, "mlx5_core 0000:1a:00.0: 252.048 Gb/s available PCIe bandwidth (16.0 GT/s PCIe x16 link)")])
+                 ("n1", 2.0,
+                  "mlx5_core 0000:1a:00.0: 252.048 Gb/s available PCIe bandwidth (16.0 GT/s PCIe x16 link)")])
     (x,) = detect({"kernel_events": _kernel(text)})
     assert x.severity is Severity.WARNING and x.metrics["device"] == "0000:1a:00.0" and "2.5 GT/s" in x.title
 
@@ -237,7 +257,8 @@ def test_triggers_pcie_link_downtrained():
 def test_triggers_monotonic_dmesg_placed_by_the_same_hosts_syslog_copy():
     xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=5, name=python, GPU has fallen off the bus."
     # rsyslog RFC 3339 with the kernel's own stamp embedded
-    syslog = "2025-03-01T10:00:00.000000+00:00 n1 kernel: [  500.000000] nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context\n"
+    syslog = ("2025-03-01T10:00:00.000000+00:00 n1 kernel: [  500.000000] nvidia-peermem nv_get_p2p_free_callback:127 "
+              "ERROR detected invalid context\n")
     dmesg = "[  500.000000] nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context\n" \
             f"[  560.250000] {xid}\n"
     ke = pl.concat([_kernel(syslog, "n1/kern.log"), _kernel(dmesg, "n1/dmesg.log")])

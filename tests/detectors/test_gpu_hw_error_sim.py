@@ -88,7 +88,8 @@ def _lines(run: Path, rel: str) -> list[str]:
 def _enumerated_gpus(lines: list[str]) -> list[str]:
     """The NVIDIA 3D controllers (class 0x0302) the kernel enumerated at boot, in bus order."""
     import re
-    return [m.group(1) for ln in lines if (m := re.search(r"\bpci (\S+): \[10de:[0-9a-f]{4}\] type 00 class 0x0302", ln))]
+    return [m.group(1) for ln in lines if (m := re.search(r"\bpci (\S+): \[10de:[0-9a-f]{4}\] type 00 class 0x0302",
+                                                          ln))]
 
 
 def test_fatal_aer_on_the_audio_function_is_one_critical_finding_on_the_gpu_at_function_0(tmp_path: Path):
@@ -108,7 +109,8 @@ def test_fatal_aer_on_the_audio_function_is_one_critical_finding_on_the_gpu_at_f
     injected = [i for i in truth["kernel_log"]["injected"] if i["kind"] == "aer_fatal"]
     text = [_lines(run, klog)[i["line"] - 1] for i in injected]
     assert all(i["host"] == host and i["gpu"] == gpu and i["rank"] == rank for i in injected)
-    assert re.search(rf"pcieport (0000:[0-9a-f]{{2}}:01\.0): AER: Uncorrected \(Fatal\) error received: {audio}$", text[0])
+    assert re.search(rf"pcieport (0000:[0-9a-f]{{2}}:01\.0): AER: Uncorrected \(Fatal\) error received: {audio}$",
+                     text[0])
     assert re.search(rf"snd_hda_intel {audio}: PCIe Bus Error: severity=Uncorrected \(Fatal\), type=Transaction Layer, "
                      r"\(Requester ID\)$", text[1])
     assert any(t.endswith(f"nvidia {gpu}: AER: can't recover (no error_detected callback)") for t in text)

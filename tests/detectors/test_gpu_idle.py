@@ -117,7 +117,7 @@ def test_without_profiler_steps_the_profiled_window_is_the_unit(run_detector):
     rows.kernel(0, 1_100 * MS, 1_101 * MS, "compute")
     # two kernels are set-up or a one-off test by default: not judged
     findings, skipped = run_detectors(JobContext(rows.frames(1, [])), only=["gpu_idle"])
-    assert findings == [] and "no profiler steps" in skipped[0].reason and "5 compute or NCCL kernels" in skipped[0].reason
+    assert findings == [] and "no profiler steps" in skipped[0].reason and "5 compute or NCCL kernels" in skipped[0].reason  # noqa: E501
     (f,) = _found(run_detector, rows.frames(1, []), min_window_kernels=2)
     assert f.metrics["unit"] == "profiled_window" and f.metrics["steps"] == 0
     assert f.metrics["class"] == "pause"
@@ -154,10 +154,12 @@ def test_sync_gaps_without_steps_name_what_the_host_waited_for(run_detector):
     assert f.metrics["idle_share"] == pytest.approx(4 * 4 * MS / window, abs=1e-4)
     assert "4 device-to-host copies" in f.summary
     # torch.cuda.synchronize() after a device-to-device copy: a device synchronize, not a copy to the host
-    (g,) = _found(run_detector, _no_steps_sync_job("Memcpy DtoD (Device -> Device)", [("cudaDeviceSynchronize", "cuda_runtime")]))
+    (g,) = _found(run_detector,
+                  _no_steps_sync_job("Memcpy DtoD (Device -> Device)", [("cudaDeviceSynchronize", "cuda_runtime")]))
     assert (g.metrics["device_sync_syncs"], g.metrics["d2h_copy_syncs"]) == (4, 0)
     # a plain stream synchronize
-    (h,) = _found(run_detector, _no_steps_sync_job("Memcpy DtoD (Device -> Device)", [("cudaStreamSynchronize", "cuda_runtime")]))
+    (h,) = _found(run_detector,
+                  _no_steps_sync_job("Memcpy DtoD (Device -> Device)", [("cudaStreamSynchronize", "cuda_runtime")]))
     assert (h.metrics["stream_sync_syncs"], h.metrics["d2h_copy_syncs"]) == (4, 0)
 
 

@@ -1,4 +1,5 @@
-"""hang: the Flight Recorder vote over per-group counters, on frames built here (simulated dumps: test_flight_recorder)."""
+"""hang: the Flight Recorder vote over per-group counters, on frames built here (simulated dumps:
+test_flight_recorder)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ DESC = {"0": "default_pg", "1": "TENSOR_MODEL_PARALLEL_GROUP", "2": "TENSOR_MODE
         "9": "PIPELINE_MODEL_PARALLEL_GROUP"}
 
 
-def _frames(counters: dict[int, dict[str, tuple[int, int]]], watchdog: list[tuple[int, int, int, int]] = ()) -> JobFrames:
+def _frames(counters: dict[int, dict[str, tuple[int, int]]],
+            watchdog: list[tuple[int, int, int, int]] = ()) -> JobFrames:
     rows = [{"rank": r, "pg_id": i, "pg_name": g, "pg_desc": DESC[g], "pg_ranks": MEMBERS[g], "last_enqueued": e,
              "last_completed": c, "last_started": -1, "origin": "pg_status", "source": f"fr/rank_{r}"}
             for r, groups in counters.items() for i, (g, (e, c)) in enumerate(sorted(groups.items()))]
@@ -69,7 +71,8 @@ def test_triggers_with_the_watchdog_counters_agreeing_or_not():
 
 
 def test_the_watchdog_lines_alone_vote_the_same_way():
-    lines = pl.DataFrame({"rank": [0, 1, 2, 3, 0, 1], "pg": [0, 0, 0, 0, 1, 1], "last_enqueued": [10, 9, 10, 10, 20, 19],
+    lines = pl.DataFrame({"rank": [0, 1, 2, 3, 0, 1], "pg": [0, 0, 0, 0, 1, 1],
+                          "last_enqueued": [10, 9, 10, 10, 20, 19],
                           "last_completed": [9, 9, 9, 9, 19, 19], "kind": ["pg_status"] * 6})
     v = hang.vote(hang.counters_from_watchdog(fr.conform("collective_timeouts", lines)))
     assert v.culprit_ranks("host") == [1] and v.culprit_ranks("device") == []

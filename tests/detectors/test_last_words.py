@@ -28,7 +28,7 @@ OOM_RANK3 = """\
 [rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU 3 has a total capacity of 79.10 GiB \
 of which 1.00 GiB is free. Including non-PyTorch memory, this process has 78.10 GiB memory in use. Of the allocated \
 memory 60.00 GiB is allocated by PyTorch, and 17.00 GiB is reserved by PyTorch but unallocated.
-"""
+"""  # noqa: E501
 
 
 def _write(tmp: Path, name: str, text: str | bytes) -> Path:
@@ -59,11 +59,13 @@ def test_triggers_stack_outlier_in_checkpoint_io(tmp_path):
     stacks = "".join(f"=== Rank {r} ===\nThread 0x1 (most recent call first):\n"
                      f'  File "/x/torch/distributed/distributed_c10d.py", line 2000 in all_reduce\n'
                      f'  File "/job/train.py", line 10 in <module>\n' for r in range(7))
-    stacks += ('=== Rank 7 ===\nThread 0x1 (most recent call first):\n  File "/x/torch/serialization.py", line 600 in save\n'
+    stacks += ('=== Rank 7 ===\nThread 0x1 (most recent call first):\n  File "/x/torch/serialization.py", line 600 in '
+               'save\n'
                '  File "/job/train.py", line 12 in <module>\n')
     _write(tmp_path, "stacks_1.txt", stacks)
     (f,) = _findings(tmp_path)
-    assert (f.key, f.ranks, f.metrics["where"], f.metrics["majority_where"]) == ("stacks", (7,), "checkpoint_io", "collective")
+    assert (f.key, f.ranks, f.metrics["where"], f.metrics["majority_where"]) == ("stacks", (7,), "checkpoint_io",
+                                                                                 "collective")
 
 
 def test_clean_a_launcher_that_only_restarted_and_stopped_its_workers_is_no_failure(tmp_path):
@@ -125,7 +127,8 @@ def test_an_application_xid_at_the_time_of_the_ranks_cuda_error_is_the_same_inci
 
 
 def test_nothing_after_a_time_limit_is_blamed_on_nccl_or_the_hardware():
-    stop = _f("last_words", "scheduler:time_limit", "scheduler_stop", T, cost=CostBasis(fatal=True, died_ns=T, hung_s=0.0))
+    stop = _f("last_words", "scheduler:time_limit", "scheduler_stop", T,
+              cost=CostBasis(fatal=True, died_ns=T, hung_s=0.0))
     timeout = _f("nccl_timeout", "timeout:0:5", "timeout", T + 60 * 10**9, ranks=(1,))
     xid79 = _f("gpu_hw_error", "xid:79", "gpu_fault", T + 5 * 10**9, hosts=("n1",))
     before = _f("gpu_hw_error", "xid:79b", "gpu_fault", T - 3600 * 10**9, hosts=("n2",))

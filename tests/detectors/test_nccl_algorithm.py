@@ -41,25 +41,30 @@ def test_skipped_without_nccl_inputs(run_detector):
 
 
 def test_skipped_when_logs_have_nothing_about_algorithms(run_detector, tmp_path):
-    findings, skipped = run_detector(frames_from(tmp_path, "h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM\n"))
+    findings, skipped = run_detector(frames_from(tmp_path,
+                                                 "h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM\n"))
     assert findings == []
 
 
 def test_forced_loss_is_quantified_when_sizes_and_gpus_are_known(run_detector, tmp_path):
     # 4 x H100 on one node, COLL lines give 64 KiB all-reduces, user forced Ring/Simple
     text = "".join(
-        f"n:1:1 [{d}] NCCL INFO comm 0x{d} rank {d} nranks 4 cudaDev {d} busId {d + 1}000 - Init COMPLETE\n" for d in range(4)
+        f"n:1:1 [{d}] NCCL INFO comm 0x{d} rank {d} nranks 4 cudaDev {d} busId {d + 1}000 - Init COMPLETE\n"
+        for d in range(4)
     ) + (
         "n:1:1 [0] NCCL INFO NCCL_PROTO set by environment to Simple\n"
-        "n:1:1 [0] NCCL INFO 16 coll channels, 0 collnet channels, 16 nvls channels, 16 p2p channels, 2 p2p channels per peer\n"
-        + "n:1:1 [0] NCCL INFO AllReduce: opCount 1 sendbuff 0x1 recvbuff 0x1 count 16384 datatype 7 op 0 root 0 comm 0x0 [nranks=4] stream 0x1\n"
+        "n:1:1 [0] NCCL INFO 16 coll channels, 0 collnet channels, 16 nvls channels, 16 p2p channels, 2 p2p channels "
+        "per peer\n"
+        + "n:1:1 [0] NCCL INFO AllReduce: opCount 1 sendbuff 0x1 recvbuff 0x1 count 16384 datatype 7 op 0 root 0 comm "
+          "0x0 [nranks=4] stream 0x1\n"
     )
     frames = frames_from(tmp_path, text)
     comms = frames["nccl_comms"].with_columns(pl.lit("NVIDIA H100 80GB HBM3").alias("gpu_name"))
     frames = JobFrames({n: frames[n] for n in frames.present} | {"nccl_comms": comms})
     (f,) = run_detector(frames)[0]
     c = nc.Comm(nranks=4, nnodes=1, ring=nc.Graph(16, 20.6, 12.0))
-    expect = nc.choose(nc.Comm(**{**c.__dict__, "protos": frozenset({"Simple"})}), "AllReduce", 65536)[2] - nc.choose(c, "AllReduce", 65536)[2]
+    expect = nc.choose(nc.Comm(**{**c.__dict__, "protos": frozenset({"Simple"})}), "AllReduce",
+                       65536)[2] - nc.choose(c, "AllReduce", 65536)[2]
     assert f.metrics["predicted_lost_us"] == round(expect, 1) and expect > 0
 
 
@@ -71,13 +76,14 @@ n:1:1 [0] NCCL INFO  Max NThreads |            512 |            640 |           
 n:1:1 [0] NCCL INFO     Broadcast |     0.0/   0.0 |     0.0/   0.0 |     0.0/   0.0 |     4.6/  16.0 |    14.0/  40.0 |    14.0/ 100.0 |     0.0/   0.0 |     0.0/   0.0 |     0.0/   0.0 |
 n:1:1 [0] NCCL INFO     AllReduce |    10.0/  10.0 |    20.0/  40.0 |    30.0/  60.0 |    12.0/  10.0 |    25.0/  50.0 |    40.0/ 100.0 |     0.0/   0.0 |     0.0/   0.0 |     0.0/   0.0 |
 n:1:1 [0] NCCL INFO AllReduce: 104857600 Bytes -> Algo Ring proto Simple channel{Lo..Hi}={0..15}
-"""
+"""  # noqa: E501
 
 
 def test_tuning_table_new_layout_is_parsed(tmp_path):
     t = frames_from(tmp_path, TABLE_2_24)["nccl_tuning"]
     assert t.height == 18
-    r = t.filter((pl.col("collective") == "AllReduce") & (pl.col("algo") == "Ring") & (pl.col("proto") == "Simple")).row(0, named=True)
+    r = t.filter((pl.col("collective") == "AllReduce") & (pl.col("algo") == "Ring")
+                 & (pl.col("proto") == "Simple")).row(0, named=True)
     assert (r["latency_us"], r["bw_gbps"], r["max_nthreads"]) == (40.0, 100.0, 512)
 
 
@@ -86,7 +92,8 @@ def test_triggers_on_nccl_tests_time_far_above_the_tuning_table(run_detector, tm
     # nccl-tests measured 10885.76 us -> 10x
     text = TABLE_2_24 + "n:1:1 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n" + (
         "./build/all_reduce_perf -b 100M -e 100M\n"
-        "   104857600      26214400     float     sum      -1  10885.76    9.63    9.63      0  10885.76    9.63    9.63      0\n"
+        "   104857600      26214400     float     sum      -1  10885.76    9.63    9.63      0  10885.76    9.63    "
+        "9.63      0\n"
     )
     findings, _ = run_detector(frames_from(tmp_path, text))
     (f,) = [x for x in findings if x.key == "model_gap"]
@@ -96,16 +103,20 @@ def test_triggers_on_nccl_tests_time_far_above_the_tuning_table(run_detector, tm
 def test_forced_loss_per_step_from_trace_sizes(run_detector, tmp_path):
     # same job, sizes from the trace: rank 0 issued four 64 KiB all-reduces over two profiled steps of 10 ms
     text = "".join(
-        f"n:1:1 [{d}] NCCL INFO comm 0x{d} rank {d} nranks 4 cudaDev {d} busId {d + 1}000 - Init COMPLETE\n" for d in range(4)
+        f"n:1:1 [{d}] NCCL INFO comm 0x{d} rank {d} nranks 4 cudaDev {d} busId {d + 1}000 - Init COMPLETE\n"
+        for d in range(4)
     ) + "n:1:1 [0] NCCL INFO NCCL_PROTO set by environment to Simple\n"
     frames = frames_from(tmp_path, text)
     comms = frames["nccl_comms"].with_columns(pl.lit("NVIDIA H100 80GB HBM3").alias("gpu_name"))
     trace_comms = pl.DataFrame({"rank": [0, 0, 0, 0, 1], "collective": ["allreduce"] * 5, "bytes": [65536] * 5})
-    steps = pl.DataFrame({"rank": [0, 0], "step": [1, 2], "start_ns": [0, 10_000_000], "end_ns": [10_000_000, 20_000_000]})
-    job = JobFrames({n: frames[n] for n in frames.present} | {"nccl_comms": comms, "comms": trace_comms, "steps": steps})
+    steps = pl.DataFrame({"rank": [0, 0], "step": [1, 2], "start_ns": [0, 10_000_000],
+                          "end_ns": [10_000_000, 20_000_000]})
+    job = JobFrames({n: frames[n] for n in frames.present} | {"nccl_comms": comms, "comms": trace_comms,
+                                                              "steps": steps})
     (f,) = run_detector(job)[0]
     c = nc.Comm(nranks=4, nnodes=1, ring=nc.Graph(2, 20.6, 12.0))
-    one = nc.choose(nc.Comm(**{**c.__dict__, "protos": frozenset({"Simple"})}), "AllReduce", 65536)[2] - nc.choose(c, "AllReduce", 65536)[2]
+    one = nc.choose(nc.Comm(**{**c.__dict__, "protos": frozenset({"Simple"})}), "AllReduce",
+                    65536)[2] - nc.choose(c, "AllReduce", 65536)[2]
     assert f.metrics["predicted_lost_us_per_step"] == round(2 * one, 1)
     assert abs(f.fraction_of_step - 2 * one / 10_000.0) < 1e-9
     assert abs(f.gpu_seconds_lost - 4 * one * 4 / 1e6) < 1e-12

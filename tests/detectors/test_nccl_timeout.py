@@ -9,7 +9,7 @@ TIMEOUT = """\
 [rank2]:[E101 10:00:00.000000000 ProcessGroupNCCL.cpp:632] [Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=41, OpType=ALLREDUCE, NumelIn=1024, NumelOut=1024, Timeout(ms)=600000) ran for 600100 milliseconds before timing out.
 [rank2]:[E101 10:00:00.000000000 ProcessGroupNCCL.cpp:2268] [PG ID 0 PG GUID 0(default_pg) Rank 2]  failure detected by watchdog at work sequence id: 41 PG status: last enqueued work: 41, last completed work: 40
 [rank3]:[E101 10:00:00.000000000 ProcessGroupNCCL.cpp:2268] [PG ID 0 PG GUID 0(default_pg) Rank 3]  failure detected by watchdog at work sequence id: 41 PG status: last enqueued work: 39, last completed work: 39
-"""
+"""  # noqa: E501
 
 
 def test_triggers_and_names_the_rank_that_never_issued_the_collective(run_detector, tmp_path):
@@ -34,7 +34,8 @@ def test_clean_healthy_nccl_log(run_detector, tmp_path):
 
 
 def test_clean_ras_all_ok(run_detector, tmp_path):
-    text = ("NCCL version 2.26.2 compiled with CUDA 12.4\n\nGroup     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors\n"
+    text = ("NCCL version 2.26.2 compiled with CUDA 12.4\n\nGroup     Comms     Nodes     Ranks     Ranks     Ranks    "
+            "Status  Errors\n"
             "    0         1         2         8        16        16   RUNNING      OK\n")
     findings, skipped = run_detector(frames_from(tmp_path, text))
     assert findings == [] and "no PyTorch watchdog" in skipped[0].reason
@@ -58,7 +59,8 @@ def test_timeout_and_desync_carry_the_watchdog_time(run_detector, tmp_path):
     """Both are placed from their own lines: the watchdog stamp (Jan 1 10:00:00) minus the 600100 ms run."""
     stamped = TIMEOUT.replace("[E101 ", "[E0101 ")  # glog: [EMMDD hh:mm:ss.frac ...]
     first = stamped.splitlines()[0]
-    text = stamped + first.replace("rank2", "rank5").replace("Rank 2", "Rank 5").replace("ALLREDUCE", "BROADCAST") + "\n"
+    text = stamped + first.replace("rank2", "rank5").replace("Rank 2", "Rank 5").replace("ALLREDUCE",
+                                                                                         "BROADCAST") + "\n"
     findings, _ = run_detector(_in_2026(frames_from(tmp_path, text)))
     fired = int(datetime(2026, 1, 1, 10, 0, tzinfo=timezone.utc).timestamp()) * 10**9
     by = {f.kind: f for f in findings}

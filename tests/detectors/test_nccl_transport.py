@@ -46,7 +46,8 @@ def test_skipped_without_nccl_logs(run_detector):
 
 
 def test_skipped_when_logs_have_no_transport_lines(run_detector, tmp_path):
-    text = "h:1:1 [0] NCCL INFO cudaDriverVersion 12040\nh:1:1 [0] NCCL INFO Init timings - ncclCommInitRank: rank 0 nranks 2 total 1.00 (kernels 0.1)\n"
+    text = ("h:1:1 [0] NCCL INFO cudaDriverVersion 12040\nh:1:1 [0] NCCL INFO Init timings - ncclCommInitRank: rank 0 "
+            "nranks 2 total 1.00 (kernels 0.1)\n")
     findings, skipped = run_detector(frames_from(tmp_path, text))
     assert findings == [] and "no transport" in skipped[0].reason
 
@@ -64,12 +65,14 @@ def test_clean_gdr0_on_a_socket_network_is_not_flagged_as_missing_gdr(run_detect
 
 def test_triggers_on_nvls_off_single_nic_mixed_links_and_docker_bridge(run_detector, tmp_path):
     text = "".join(
-        f"#  Rank {d} Group  0 Pid    100 on      gpu01 device  {d} [0x{0x18 + d:02x}] NVIDIA H100 80GB HBM3\n" for d in range(8)
+        f"#  Rank {d} Group  0 Pid    100 on      gpu01 device  {d} [0x{0x18 + d:02x}] NVIDIA H100 80GB HBM3\n"
+        for d in range(8)
     ) + (
         "gpu01:100:100 [0] NCCL INFO Bootstrap : Using docker0:172.17.0.1<0>\n"
         "gpu01:100:100 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/RoCE ; OOB docker0:172.17.0.1<0>\n"
         "gpu01:100:100 [0] NCCL INFO + NVL[480.0] - NVS/0\n"
-        "gpu01:100:101 [0] NCCL INFO 16 coll channels, 16 collnet channels, 0 nvls channels, 16 p2p channels, 2 p2p channels per peer\n"
+        "gpu01:100:101 [0] NCCL INFO 16 coll channels, 16 collnet channels, 0 nvls channels, 16 p2p channels, 2 p2p "
+        "channels per peer\n"
         "gpu02:200:200 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB eth0:10.0.0.2<0>\n"
     )
     frames = frames_from(tmp_path, text)
@@ -83,7 +86,8 @@ def test_triggers_on_nvls_off_single_nic_mixed_links_and_docker_bridge(run_detec
 
 def test_clean_nvls_off_is_not_flagged_without_an_nvswitch(run_detector, tmp_path):
     text = ("#  Rank 0 Group  0 Pid    100 on      gpu01 device  0 [0x18] NVIDIA H100 PCIe\n"
-            "gpu01:100:101 [0] NCCL INFO 2 coll channels, 2 collnet channels, 0 nvls channels, 2 p2p channels, 2 p2p channels per peer\n")
+            "gpu01:100:101 [0] NCCL INFO 2 coll channels, 2 collnet channels, 0 nvls channels, 2 p2p channels, 2 p2p "
+            "channels per peer\n")
     findings, skipped = run_detector(frames_from(tmp_path, text))
     assert findings == [] and skipped == []
 

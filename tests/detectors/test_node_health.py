@@ -86,7 +86,8 @@ def test_triggers_edac_ce_rate_info_below_and_warning_above_ue_critical():
     assert ce.severity is Severity.WARNING and ce.metrics["ce_count"] == 12 and ce.metrics["ce_per_hour"] == 12.0
     assert ce.metrics["dimm"] == "CPU_SrcID#0_MC#0_Chan#1_DIMM#0" and ce.metrics["ue_count"] == 0
     # "3 CE" every hour for 4 h (a 1 h gap keeps it one episode): 15 CEs / 4 h = 3.75/h
-    slow = [("n1", 3600.0 * h, "EDAC MC0: 3 CE memory read error on DIMM_A1 (channel:0 slot:0 page:0x2)") for h in range(5)]
+    slow = [("n1", 3600.0 * h,
+             "EDAC MC0: 3 CE memory read error on DIMM_A1 (channel:0 slot:0 page:0x2)") for h in range(5)]
     (x,) = _nh(_log(slow), incident_gap_s="3600")
     assert x.metrics["ce_count"] == 15 and x.metrics["ce_per_hour"] == 3.75 and x.severity is Severity.INFO
     assert _one(_nh(_log(slow), incident_gap_s="3600", ce_warning_per_hour="3.5"), "edac").severity is Severity.WARNING
@@ -97,16 +98,18 @@ def test_triggers_edac_ce_rate_info_below_and_warning_above_ue_critical():
 
 def test_triggers_oom_kill_of_a_rank_is_critical_and_names_the_rank():
     text = _log([
-        ("n2", 50.0, "python3 invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_COMP), order=0, oom_score_adj=0"),
+        ("n2", 50.0,
+         "python3 invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_COMP), order=0, oom_score_adj=0"),
         ("n2", 50.1, "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=job1,mems_allowed=0-1,"
-                     "oom_memcg=/slurm/uid_1000/job_1,task_memcg=/slurm/uid_1000/job_1/step_0,task=python3,pid=3001,uid=1000"),
+                     "oom_memcg=/slurm/uid_1000/job_1,task_memcg=/slurm/uid_1000/job_1/step_0,task=python3,pid=3001,uid"
+                     "=1000"),
         ("n2", 50.1, "Memory cgroup out of memory: Killed process 3001 (python3) total-vm:98765432kB, "
                      "anon-rss:41943040kB, file-rss:0kB, shmem-rss:0kB, UID:1000 pgtables:100kB oom_score_adj:0"),
         ("n2", 50.4, "oom_reaper: reaped process 3001 (python3), now anon-rss:0kB, file-rss:0kB, shmem-rss:0kB"),
     ])
     (x,) = _nh(text, _ranks([(0, "n1", 2000), (6, "n2", 3001), (7, "n2", 3002)]))
     assert x.severity is Severity.CRITICAL and x.ranks == (6,) and x.hosts == ("n2",)
-    assert x.metrics["pid"] == 3001 and x.metrics["anon_rss_gb"] == 40.0 and x.metrics["constraint"] == "CONSTRAINT_MEMCG"
+    assert x.metrics["pid"] == 3001 and x.metrics["anon_rss_gb"] == 40.0 and x.metrics["constraint"] == "CONSTRAINT_MEMCG"  # noqa: E501
     assert x.metrics["fault_wall_ns"] == T0 + 50 * S and x.metrics["events"] == 4
     assert x.metrics["ranks_on_host"] == "6,7" and "cgroup OOM" in x.remediation
     # a python3 victim with no rank known is still the trainer by its name
@@ -118,7 +121,8 @@ def test_triggers_oom_kill_of_a_rank_is_critical_and_names_the_rank():
 
 def test_triggers_filesystem_read_only_is_critical_io_errors_a_warning():
     text = _log([
-        ("n1", 1.0, "blk_update_request: I/O error, dev sdb, sector 2048 op 0x1:(WRITE) flags 0x800 phys_seg 1 prio class 0"),
+        ("n1", 1.0,
+         "blk_update_request: I/O error, dev sdb, sector 2048 op 0x1:(WRITE) flags 0x800 phys_seg 1 prio class 0"),
         ("n1", 1.5, "Buffer I/O error on dev sdb, logical block 256, lost async page write"),
         ("n1", 2.0, "EXT4-fs error (device sda1): ext4_journal_check_start:83: comm python3: Detected aborted journal"),
         ("n1", 2.1, "EXT4-fs (sda1): Remounting filesystem read-only"),
@@ -191,7 +195,8 @@ def test_clean_boot_noise_and_recoveries_make_no_finding():
         ("n1", 3.5, "ixgbe 0000:01:00.0 eth0: NIC Link is Up 10 Gbps, Flow Control: RX/TX"),
         ("n1", 4.0, "docker0: Gained carrier"),
         ("n1", 5.0, "CPU3: Package temperature/speed normal"),
-        ("n1", 6.0, "mlx5_core 0000:ab:00.0: mlx5_pcie_event:301:(pid 1): PCIe slot advertised sufficient power (27W)."),
+        ("n1", 6.0,
+         "mlx5_core 0000:ab:00.0: mlx5_pcie_event:301:(pid 1): PCIe slot advertised sufficient power (27W)."),
         ("n1", 7.0, "nfs: server filer01 OK"),
         ("n1", 8.0, "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python3, GPU has fallen off the bus."),
     ])

@@ -137,7 +137,8 @@ def _fatal_incident(book: Book, rec: AerRecord) -> Incident:
         for r in rec.rows:
             tgt.add(r, level, "INSPECT_PCIE")
     tgt.facts["root_cause"] = (f"PCIe link loss on port {rec.port}" if rec.sev == 3
-                               else f"PCIe uncorrected error on {rec.port}") + (f", reported by {errant}" if errant else "")
+                               else f"PCIe uncorrected error on {rec.port}") + (f", reported by {errant}" if errant
+                                                                                else "")
     tgt.facts["aer_port"] = rec.port
     if errant:
         tgt.facts["aer_device"] = errant

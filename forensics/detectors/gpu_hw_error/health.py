@@ -23,7 +23,8 @@ HW_CLOCK_REASONS = {"hw slowdown": "HIGH", "hw thermal slowdown": "HIGH", "hw po
 
 def _sram_text(r: Row) -> str:
     v, a = r["ecc_volatile_sram_ue"] or 0, r["ecc_aggregate_sram_ue"] or 0
-    return f"SRAM uncorrectable ECC: volatile {v}, aggregate {a}" + (" (more than 4 aggregate: usually RMA)" if a > 4 else "")
+    return f"SRAM uncorrectable ECC: volatile {v}, aggregate {a}" + (" (more than 4 aggregate: usually RMA)" if a > 4
+                                                                     else "")
 
 
 # (does the row show it, level, actions, what to say), in the order the finding lists them
@@ -101,7 +102,8 @@ def _throttle_incident(rows: list[Row], key: tuple, tg: list[int], idxs: list[in
                          f"Clocks event reason active: {reason} (SM clock {r['sm_clock_mhz']} MHz)")
     action = "CHECK_POWER" if "power" in reason else "CHECK_COOLING"
     inc = Incident("throttle", ev, ("node", host) if node else ("gpu", r["pci_bus_id"]), HW_CLOCK_REASONS[reason],
-                   action, f"GPU clocks throttled: {reason}" + (f" on {len(idxs)} of {n} GPUs (node-level cause)" if node else ""))
+                   action, f"GPU clocks throttled: {reason}"
+                   + (f" on {len(idxs)} of {n} GPUs (node-level cause)" if node else ""))
     inc.gpu = None if node else r["pci_bus_id"]
     inc.facts.update(reason=reason, gpus_affected=len(idxs), gpus_in_snapshot=n, node_level=node,
                      sm_clock_mhz=r["sm_clock_mhz"])

@@ -181,7 +181,8 @@ def on_benign(book: Book, r: Event) -> None:
 
 
 HANDLERS: dict[str, Handler] = {
-    "xid": xid.on_xid, "fallen_off_bus": on_fallen_off_bus, "gpu_init_failed": on_gpu_init_failed, "gsp": on_gsp, "aer": on_aer, "sxid": on_sxid,
+    "xid": xid.on_xid, "fallen_off_bus": on_fallen_off_bus, "gpu_init_failed": on_gpu_init_failed, "gsp": on_gsp,
+    "aer": on_aer, "sxid": on_sxid,
     "fabric_manager": on_fabric_manager, "nvlink": on_nvlink, "ecc": on_ecc, "device_other": on_device_other,
     "pcie_link": on_pcie_link, "mce": on_mce, "ghes": on_ghes, "segfault": on_segfault, "benign": on_benign,
 }

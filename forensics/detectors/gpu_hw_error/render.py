@@ -40,7 +40,8 @@ _HIDDEN_FACTS = ("xids", "gpus", "memory", "dev", "needs_rank", "seen_up", "chai
 
 
 def severity(level: str) -> Severity:
-    return Severity.CRITICAL if level in ("CRITICAL", "HIGH") else Severity.WARNING if level == "WARNING" else Severity.INFO
+    return Severity.CRITICAL if level in ("CRITICAL",
+                                          "HIGH") else Severity.WARNING if level == "WARNING" else Severity.INFO
 
 
 def to_finding(inc: Incident, cfg: GpuHwErrorConfig, place: Placement) -> Finding:
@@ -183,7 +184,8 @@ def _when(metrics: dict[str, Any], traced: bool) -> str:
     elif metrics["in_profiled_window"] is False:
         when = f" It happened outside the profiled window ({metrics['seconds_from_profile_end']:+.0f} s from its end)."
     elif not metrics["time_placed"]:
-        when = " The log gives no wall-clock time for it (monotonic or no stamp, boot time unknown), so it is not placed on the job timeline."
+        when = (" The log gives no wall-clock time for it (monotonic or no stamp, boot time unknown), so it is not "
+                "placed on the job timeline.")
     if traced and not when.startswith(" It happened inside"):
         when += " The rank on this GPU is in the traces."
     return when

@@ -139,14 +139,17 @@ def _first_failure(t: pl.DataFrame, cfg: LastWordsConfig) -> Finding | None:
     when = f" at {first['t_from']} time" if first.get("t_from") else " (no time in the inputs: first in file order)"
     return Finding(
         detector="last_words", severity=Severity.CRITICAL,
-        title=f"{words[:1].upper() + words[1:]}{'' if rank is not None or first.get('local_rank') is None else ' on ' + who}"
+        title=f"{words[:1].upper() + words[1:]}{'' if rank is not None or first.get('local_rank') is None else ' on ' + who}"  # noqa: E501
               f": {first_line(first)}",
         summary=(f"First failure: {words} on {who}{' of ' + host if host else ''}, {first['source']} line "
-                 f"{first['line']}{when}.{also}" + (f" The launcher then terminated {sigterms} worker(s)." if sigterms else "")),
+                 f"{first['line']}{when}.{also}"
+                 + (f" The launcher then terminated {sigterms} worker(s)." if sigterms else "")),
         remediation=remediation(cls, first, cfg.frag_fraction),
         ranks=(int(rank),) if rank is not None else (), hosts=(host,) if host else (),
-        metrics=metrics, key=f"first:{cls}", kind=APP_FAILURE.name, when=_when(first.get("t_ns"), first.get("t_from")), confidence="high" if first.get("t_ns") is not None or fails.height == 1 else "medium",
-        evidence=tuple([_evidence(first, "culprit")] + [_evidence(r, "same error") for r in same.head(EVIDENCE_CAP).iter_rows(named=True)]),
+        metrics=metrics, key=f"first:{cls}", kind=APP_FAILURE.name, when=_when(first.get("t_ns"), first.get("t_from")),
+        confidence="high" if first.get("t_ns") is not None or fails.height == 1 else "medium",
+        evidence=tuple([_evidence(first, "culprit")]
+                       + [_evidence(r, "same error") for r in same.head(EVIDENCE_CAP).iter_rows(named=True)]),
     )
 
 

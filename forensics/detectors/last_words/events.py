@@ -45,8 +45,10 @@ def timed(lw: pl.DataFrame, fallback_year: int | None = None) -> pl.DataFrame:
     t = [r if r is not None else _glog_ns(s, year) for r, s in zip(lw["time_ns"].to_list(), lw["stamp"].to_list())]
     out = lw.with_columns(pl.Series("t_ns", t, dtype=pl.Int64), pl.col("time_from").alias("t_from"),
                           pl.int_range(pl.len()).alias("order"))
-    launch = (out.filter((pl.col("event") == "launcher_failure") & pl.col("rank").is_not_null() & pl.col("t_ns").is_not_null())
-              .group_by("rank").agg(pl.col("t_ns").min().alias("_lt"), pl.col("host").drop_nulls().first().alias("_lh")))
+    launch = (out.filter((pl.col("event") == "launcher_failure") & pl.col("rank").is_not_null()
+                         & pl.col("t_ns").is_not_null())
+              .group_by("rank").agg(pl.col("t_ns").min().alias("_lt"),
+                                    pl.col("host").drop_nulls().first().alias("_lh")))
     if launch.height:
         out = out.join(launch, on="rank", how="left").with_columns(
             pl.when(pl.col("t_ns").is_null() & pl.col("_lt").is_not_null()).then(pl.lit("launcher"))
