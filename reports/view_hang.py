@@ -32,7 +32,7 @@ def hang_view(analysis: Analysis) -> View:
         view.empty_reason = "no Flight Recorder dumps in the inputs"
         return view
     culprits = {(f.key.partition(":")[2], r) for f in analysis.findings
-                if f.detector == "hang" and f.key.startswith("stuck") for r in f.ranks}
+                if f.kind == "stuck_rank" for r in f.ranks}
     sets = hang.dump_sets(frames["fr_dumps"])
     for folder, sources in sets:
         status, entries, dumps = (frames[n].filter(pl.col("source").is_in(sources))

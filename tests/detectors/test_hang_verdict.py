@@ -33,7 +33,7 @@ def _frames(counters: dict[int, dict[str, tuple[int, int]]], watchdog: list[tupl
 
 
 def _run(frames: JobFrames):
-    return run_detectors(JobContext(frames), only=["hang"])
+    return run_detectors(JobContext(frames), only=["hang_verdict"])
 
 
 def _blocked(stuck: dict[int, dict[str, tuple[int, int]]]) -> dict[int, dict[str, tuple[int, int]]]:
