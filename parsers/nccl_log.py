@@ -35,7 +35,8 @@ from forensics.identity import normalize_bus_id
 ENVELOPE = re.compile(
     r"(?P<host>[^\s:\[\]()]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] "
     r"(?:(?P<tsms>\d+\.\d+) )?"
-    r"(?:(?P<src>[\w./\-]+:\d+)(?: \((?P<func>[^)]*)\))? )?"
+    # the source is `file:line`, or (net plugins such as aws-ofi-nccl) a C++ signature `int f(T*, U):46`
+    r"(?:(?P<src>[\w./\-]+:\d+|[\w:<>~*& ]+\([^()]*\)(?: const)?:\d+)(?: \((?P<func>[^)]*)\))? )?"
     r"NCCL (?P<level>INFO|WARN|TRACE|ERROR) ?(?P<msg>.*)$"
 )
 # host part stripped by the user or a tool: `[3] NCCL INFO ...`
@@ -44,6 +45,11 @@ ENVELOPE_NOHOST = re.compile(
     r"NCCL (?P<level>INFO|WARN) (?P<msg>.*)$"
 )
 MPI_TAG = re.compile(r"\[\d+,(?P<rank>\d+)\]<std(?:out|err)>:")
+# wall-clock times a line can carry: a launcher's ISO prefix (`2019-06-02T16:13:44.884Z: `), the 2.26+ WARN prefix
+# and NCCL_DEBUG_TIMESTAMP_FORMAT's default `[2026-01-01 12:08:32] ` in front of the envelope (2.26+)
+LINE_ISO = re.compile(r"^\s*(?:(?P<d>\d{4}-\d\d-\d\d)T(?P<t>\d\d:\d\d:\d\d(?:\.\d{1,9})?)(?P<z>Z|[+-]\d\d:?\d\d)?:?"
+                      r"|\[(?P<d2>\d{4}-\d\d-\d\d) (?P<t2>\d\d:\d\d:\d\d(?:\.\d{1,9})?)\])\s")
+WARN_TS = re.compile(r"^\[(?P<d>\d{4}-\d\d-\d\d) (?P<t>\d\d:\d\d:\d\d)\] ")
 LAUNCHER_TAGS = re.compile(r"\[\d+(?:,\d+)?\](?:<std(?:out|err)>:)?|^\d{4}-\d\d-\d\dT[\d:.]+Z?:\s*|^\(\w+ pid=\d+[^)]*\)\s*")
 VERSION = re.compile(r"NCCL version (?P<ver>\d+\.\d+\.\d+)(?P<suffix>[^+\s]*)\+cuda(?P<cuda>\d+\.\d+)")
 RAS_VERSION = re.compile(r"^NCCL version (?P<ver>[\d.]+) compiled with CUDA (?P<cuda>[\d.]+)")
@@ -103,6 +109,14 @@ _W = {
     "net_recv_failed": r"^Net : Call to recv from (?P<peer>\S+) failed : (?P<err>.+)$",
     "proxy_error": r"^\[(?:Service thread|Proxy Service[^\]]*)\] (?P<msg>.*)$",
     "no_algo": r"^Error : no algorithm/protocol available.*$",
+    # provider errors of the AWS OFI plugin (EFA, libfabric): a request completed with an error, an address or
+    # endpoint that cannot be set up; `Peer host id` / `Peer EFA addr` name the other side
+    "ofi_error": r"^NET/OFI (?:.*?completed with error\. RC: (?P<rc>-?\d+)(?:\. Error: (?P<err>-?\d+) \((?P<what>[^)]*)\))?"
+                 r"(?:.*?Peer EFA addr: (?P<peeraddr>\S+))?(?:.*?Peer host id: (?P<peerhost>\S+))?"
+                 r"|(?P<cfg>Unable to insert remote address|Couldn't open AV|Creating new endpoint|Unable to|Couldn't|"
+                 r"OFI call \S+ failed|.*\bfailed\b).*)",
+    # an NCCL call returned ncclRemoteError / ncclSystemError / ncclInternalError with its reason in the WARN text
+    "remote_error": r"^.*(?:remote process exited or there was a network error|Remote process exited).*$",
     "no_libibverbs": r"^Failed to open libibverbs\.so.*$",
 }
 WARN_RX = {k: re.compile(v) for k, v in _W.items()}
@@ -146,6 +160,7 @@ NT_TAIL = re.compile(r"^\s*(?P<time>[\d.]+)\s+(?P<algbw>[\d.]+)\s+(?P<busbw>[\d.
 NT_HEADER = re.compile(r"^#?\s*(?:out-of-place\s+in-place|size\s+count\s+type|\(B\)\s+\(elements\)|Using devices|#|$)")
 NT_OOB = re.compile(r"^#?\s*Out of bounds values\s*:\s*(?P<n>\d+) (?P<ok>OK|FAILED)")
 NT_AVG = re.compile(r"^#?\s*Avg bus bandwidth\s*:\s*(?P<bw>[\d.]+)(?:\s+(?P<ok>OK|FAILED))?")
+NT_FAIL = re.compile(r"(?:(?P<host>[^\s:]+): )?Test NCCL failure (?P<src>\S+) '(?P<msg>[^']*)")
 NT_MISC = re.compile(r"^#|Test NCCL failure|Test failure|Collective test concluded|^\s*\.\. .* pid \d+: ")
 NT_PERF = re.compile(r"\b(all_reduce|all_gather|reduce_scatter|alltoall|broadcast|reduce|sendrecv|gather|scatter|hypercube)_perf\b")
 CMD_ENV = re.compile(r"(?:^|[\s#])(?:-x\s+)?(?P<var>NCCL_[A-Z0-9_]+)=(?P<val>[^\s;]+)")
@@ -344,6 +359,7 @@ def _line(acc: _Acc, line: str, n: int) -> None:
             "pid": int(m["pid"]) if host else None,
             "cuda_dev": int(m["dev"]) if m["dev"] is not None else None,
             "line": n,
+            "time_ns": _line_time(line),
         }
         msg = m["msg"].rstrip()
         tag = MPI_TAG.search(line, 0, m.start())
@@ -646,9 +662,11 @@ def _tuning(acc: _Acc, base: dict[str, Any], kind: str, g: dict[str, Any]) -> No
 
 
 def _warn(acc: _Acc, base: dict[str, Any], msg: str, src: str | None) -> bool:
-    if re.match(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] ", msg):
+    ts = WARN_TS.match(msg)
+    if ts:
         _hint(acc, lo="2.26")
-    msg = re.sub(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] ", "", msg)
+        base = {**base, "time_ns": base.get("time_ns") or _iso_utc_ns(ts["d"], ts["t"], None)}
+        msg = msg[ts.end():]
     row = dict(**base, level="WARN", file_line=src, message=msg)
     for kind, rx in WARN_RX.items():
         m = rx.match(msg)
@@ -667,6 +685,9 @@ def _warn(acc: _Acc, base: dict[str, Any], msg: str, src: str | None) -> bool:
             elif kind == "proxy_error":
                 rm = re.search(r"(?:res|retcode)[= ](\d+)", msg)
                 code = int(rm.group(1)) if rm else None
+            elif kind == "ofi_error":
+                code = _int(g["rc"])
+                peer = next((v.rstrip(").,") for v in (g["peerhost"], g["peeraddr"]) if v and not v.startswith("N/A")), None)
             acc.add("nccl_events", **row, kind=kind, code=code, peer=peer)
             return True
     acc.add("nccl_events", **row, kind="warn_other")
@@ -849,6 +870,10 @@ def _nt_misc(acc: _Acc, text: str, n: int) -> bool:
     if NT_PARAMS.match(text) or re.search(r"out-of-place|\(elements\)|Avg bus bandwidth", text):
         acc.nt_seen = True
     if NT_PARAMS.match(text) or NT_HEADER.match(text) or NT_MISC.search(text):
+        fail = NT_FAIL.search(text)
+        if fail:  # nccl-tests ends on an NCCL error: its text says which (`remote process exited ...`)
+            acc.add("nccl_events", host=fail["host"], pid=None, cuda_dev=None, line=n, level="WARN",
+                    kind="nccl_tests_failure", file_line=fail["src"], message=fail["msg"].strip(" /"))
         perf = NT_PERF.search(text)
         if perf:
             acc.perf = acc.perf or COLL_NAMES[perf.group(1)]
@@ -1028,6 +1053,26 @@ def _fill_ranks(out: dict[str, pl.DataFrame], ranks: pl.DataFrame) -> dict[str, 
                      maintain_order="left")
         out[name] = fr.conform(name, df.with_columns(pl.coalesce("rank", "_r").alias("rank")).drop("_r"))
     return out
+
+
+def _line_time(line: str) -> int | None:
+    """Epoch ns of a launcher's ISO timestamp at the start of ``line`` (no zone: read as UTC), else None."""
+    m = LINE_ISO.match(line)
+    if m is None:
+        return None
+    return _iso_utc_ns(m["d"], m["t"], m["z"]) if m["d"] else _iso_utc_ns(m["d2"], m["t2"], None)
+
+
+def _iso_utc_ns(day: str, clock: str, zone: str | None) -> int | None:
+    """Epoch ns of `YYYY-mm-dd` `HH:MM:SS[.f]` [`Z`/`+hh:mm`]; a time without a zone is read as UTC (the logs
+    of one job share a zone, so order and gaps hold)."""
+    z = "+00:00" if zone in (None, "Z") else (zone if ":" in zone else f"{zone[:3]}:{zone[3:]}")
+    whole, _, frac = clock.partition(".")
+    try:
+        t = datetime.fromisoformat(f"{day}T{whole}{z}")
+    except ValueError:
+        return None
+    return int(t.timestamp()) * 1_000_000_000 + int((frac + "000000000")[:9])
 
 
 def _int(v: str | None) -> int | None:
