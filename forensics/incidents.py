@@ -46,7 +46,7 @@ DEGRADED_TRANSPORT_KEYS = frozenset({"socket", "no_gdr", "intra_node", "nvls_off
 TIERS: dict[str, int] = {
     "gpu_fault": 0, "host_fault": 0, "nic_fault": 0, "degraded_transport": 0, "forced_algorithm": 0,
     "transport_failure": 1, "missing_rank": 1, "cuda_failure": 1,
-    "timeout": 2, "slow_rank": 2, "slow_link": 2,
+    "timeout": 2, "comm_failure": 2, "slow_rank": 2, "slow_link": 2,
     "busy_wait": 3, "exposed_comm": 3, "pipeline": 3, "other": 4,
 }
 
@@ -83,6 +83,8 @@ def kind_of(f: Finding) -> str:
         return "transport_failure" if key.startswith("fail_") else "other"
     if det == "nccl_algorithm":
         return "forced_algorithm" if key == "forced" else "other"
+    if det == "nccl_comm_failure":
+        return "comm_failure"
     simple = {"straggler": "slow_rank", "slow_link": "slow_link", "busy_wait": "busy_wait", "exposed_comm": "exposed_comm",
               "pipeline_bubble": "pipeline"}
     return simple.get(det, "other")
@@ -96,6 +98,8 @@ LINKS: dict[str, str] = {
                   "straggler victims), or name the same culprit rank",
     "host": "both name the same host (a host fault explains only findings on that host)",
     "communicator": "they share a rank or a host (one communicator), or the cause is job-wide",
+    "peer": "the cause is on the failure's peer (its host or rank), on the reporting host itself, or, when the "
+            "failure names a peer the logs cannot place, on another host of the job",
 }
 ORDERS: dict[str, str] = {
     "cause_first": "the cause happened before the consequence ended (a fault after the timeout is not its "
@@ -145,6 +149,11 @@ RULES: tuple[Rule, ...] = (
          "host", "cause_first", None, "high",
          "a NIC that flapped, fell back to a lower speed or logs errors on the host common to every slow "
          "communicator is why they are slow (a degraded link stays degraded: no time window)"),
+    Rule("fault_breaks_peer_connection", _k(_FAULT_SOURCES, "gpu_fault") + _k(_FAULT_SOURCES, "host_fault")
+         + _k(_FAULT_SOURCES, "nic_fault") + ("nccl_timeout:cuda_failure",),
+         ("nccl_comm_failure:comm_failure",), "peer", "cause_first", 3600.0, "medium",
+         "a GPU, host or NIC fault (or a CUDA error) on the peer's side kills its process or link; NCCL on the "
+         "other side then reports the closed connection or remote error within seconds"),
     Rule("missing_rank_times_out_others", ("nccl_timeout:missing_rank", "nccl_timeout:cuda_failure",
                                            "nccl_transport:transport_failure"),
          ("nccl_timeout:timeout",), "communicator", "any", None, "high",
@@ -214,9 +223,20 @@ def _link_communicator(cause: Finding, cons: Finding) -> str | None:
     return "host" if set(cause.hosts) & set(cons.hosts) else None
 
 
+def _link_peer(cause: Finding, cons: Finding) -> str | None:
+    peer_host, peer = cons.metrics.get("peer_host"), cons.metrics.get("peer")
+    if peer_host and peer_host in cause.hosts:
+        return "peer"
+    if set(cause.hosts) & {cons.metrics.get("reporting_host")}:
+        return "host"
+    if peer and not peer_host and cause.hosts and cons.metrics.get("reporting_host") not in cause.hosts:
+        return "peer_unplaced"
+    return None
+
+
 LINK_TESTS: dict[str, Callable[[Finding, Finding], str | None]] = {
     "gpu_or_rank": _link_gpu_or_rank, "waited_for": _link_waited_for, "host": _link_host,
-    "communicator": _link_communicator,
+    "communicator": _link_communicator, "peer": _link_peer,
 }
 
 # --- time ----------------------------------------------------------------------------------------
@@ -548,7 +568,8 @@ def kinds_markdown() -> str:
         f"- `nic_fault`: categories {', '.join(sorted(NIC_FAULT_CATEGORIES))}",
         f"- `degraded_transport`: `nccl_transport` findings {', '.join(sorted(DEGRADED_TRANSPORT_KEYS))}, and "
         "`transport_env` above info; "
-        "`transport_failure`: its `fail_*` findings",
+        "`transport_failure`: its `fail_*` findings; `comm_failure`: an `nccl_comm_failure` finding (NCCL's "
+        "immediate errors: closed connections, remote/system/internal errors, IB and OFI provider errors)",
         "- `forced_algorithm`: `nccl_algorithm` forced-by-environment finding",
         "- `timeout`: `nccl_timeout` watchdog/blocking-wait timeout; `missing_rank`: its RAS and desync findings; "
         "`cuda_failure`: a CUDA error that aborted NCCL",

@@ -76,6 +76,7 @@ DETECTOR_VIEWS: dict[str, str] = {
     "nccl_timeout": "hw-events",  # the hardware and host events view marks the NCCL timeout
     "nccl_algorithm": "nccl-config",
     "nccl_transport": "nccl-config",
+    "nccl_comm_failure": "hw-events",  # the first error and its peer sit with the fault events of the job
     "slow_link": "collectives",
     "node_health": "hw-events",
 }
