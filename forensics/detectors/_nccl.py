@@ -48,7 +48,9 @@ def job_nccl(ctx: JobContext) -> JobNccl:
     # a ring (`Channel 00/02 :    0   1`) lists every rank of its communicator
     ring = _max_int(frames["nccl_events"].filter(pl.col("kind") == "ring_order")["message"]
                     .str.split(" ").list.len())
-    sizes = [v for v in (ctx.world_size, tt, ring) if v is not None]
+    # nccl-tests lists every rank of the test (`#  Rank  7 Group  0 Pid ... on host device 7 [...] GPU`)
+    listed = comms.filter(pl.col("origin") == "nccl-tests")["rank"].drop_nulls().n_unique() or None
+    sizes = [v for v in (ctx.world_size, tt, ring, listed) if v is not None]
     names = set(comms["gpu_name"].drop_nulls().to_list())
     if frames.has("ranks"):
         names |= set(frames["ranks"]["gpu_name"].drop_nulls().to_list())
@@ -56,7 +58,10 @@ def job_nccl(ctx: JobContext) -> JobNccl:
     env_df = frames["nccl_env"].sort("line")
     env = {r["var"]: r["value"] for r in env_df.iter_rows(named=True)}
     nranks = int(max(sizes)) if sizes else None
-    single = layout == 1 if layout is not None else (nnodes is None and _one_host_holds_all(hosts, ident, nranks))
+    held = set(ident.filter(pl.col("rank").is_not_null())["rank"].to_list())
+    if frames.has("ranks"):
+        held |= set(frames["ranks"]["rank"].drop_nulls().to_list())
+    single = layout == 1 if layout is not None else (nnodes is None and _one_host_holds_all(hosts, held, nranks))
     return JobNccl(ident, sorted(hosts), int(nnodes) if nnodes else None, nranks, archs, env, single)
 
 
@@ -70,12 +75,9 @@ def _nodes_seen(hosts: set[str], ident: pl.DataFrame) -> int | None:
     return n if n > 1 else None
 
 
-def _one_host_holds_all(hosts: set[str], ident: pl.DataFrame, nranks: int | None) -> bool:
+def _one_host_holds_all(hosts: set[str], held: set[int], nranks: int | None) -> bool:
     """Whether the job is proven to run on one node: one host name, and its processes hold every rank."""
-    if len(hosts) != 1 or not nranks:
-        return False
-    held = ident.filter(pl.col("rank").is_not_null())["rank"].n_unique()
-    return held >= nranks
+    return len(hosts) == 1 and bool(nranks) and len(held) >= (nranks or 0)
 
 
 def _max_int(s: pl.Series) -> int | None:

@@ -426,10 +426,23 @@ def _inject_node(inject: _Injector, kernel_log: str, job: Job, node: int, wall0:
         slow = {n: f.get("nic", 0) for f in job.faults if f["kind"] == "slow_nic" for n in f["nodes"]}
         if node in slow:
             _inject_link_flap(inject, wall0, slow[node])
+    if kernel_log == "nic_replug":
+        _nic_replug(inject.k, wall0)
     if kernel_log == "rm_init":
         for f in job.faults:
             if f["kind"] == "gpu_init_failed" and f["node"] == node:
                 _inject_rm_init(inject, f["gpu"], wall0)
+
+
+def _nic_replug(k: _KLog, wall0: int) -> None:
+    """Benign NIC lines an hour before the job (#28): each port's module detected, slot power checked, the link
+    up again: the forms of real boot / re-plug logs (tests/field_excerpts.py), never a finding."""
+    t = wall0 - 3600 * 1_000_000_000
+    for i, b in enumerate(NIC_BUS_IDS):
+        k.add(t + i * 1_000_000, f"mlx5_core {b}: Port module event: module {i}, Cable plugged")
+        k.add(t + i * 1_000_000 + 1_000, f"mlx5_core {b}: mlx5_pcie_event:301:(pid 10): PCIe slot advertised "
+              "sufficient power (27W).")
+        k.add(t + 3_000_000_000 + i * 1_000_000, f"mlx5_core {b} mlx5_{i}: Port: 1 Link ACTIVE")
 
 
 def aer_port(bus: str) -> str:

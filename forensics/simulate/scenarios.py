@@ -19,7 +19,7 @@ class Scenario:
     name: str
     summary: str
     build: Callable[[int | None, int | None, Params], Job]
-    kernel_log: str = "benign"  # benign / xid79 / xid48 / xid94 / xid149 / xid63 / aer_audio / rm_init / throttle / link_flap / oom
+    kernel_log: str = "benign"  # benign / nic_replug / xid79 / xid48 / xid94 / xid149 / xid63 / aer_audio / rm_init / throttle / link_flap / oom
 
 
 class Params:
@@ -388,4 +388,6 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "9 ranks: the node's second GPU)", rm_init_failed, kernel_log="rm_init"),
     Scenario("oom_kill", "the OOM killer kills one rank's process (host memory); its peers time out in the watchdog", oom_kill, kernel_log="oom"),
     Scenario("benign_kernel_log", "healthy job whose kernel logs hold only benign noise", ddp_clean),
+    Scenario("nic_replug", "healthy job whose NIC ports were re-plugged an hour before (module plugged, slot power "
+             "sufficient, link up again): no finding", ddp_clean, kernel_log="nic_replug"),
 )}
