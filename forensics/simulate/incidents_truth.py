@@ -47,9 +47,11 @@ def expected_incidents(faults: list[dict[str, Any]], kernel_log: str = "benign")
         if f["kind"] == "collective_timeout" and set(f["ranks"]) <= xid_ranks:
             continue  # the Xid on that rank's GPU is the root cause; the timeout is its consequence
         root, must, may = ROOTS[f["kind"]]
-        if f["kind"] in _KILLERS and f["ranks"] and any(
-                g["kind"] == "collective_timeout" and set(g["ranks"]) & set(f["ranks"]) for g in faults):
+        ends = [g for g in faults if g["kind"] == "collective_timeout" and set(g["ranks"]) & set(f["ranks"] or [])]
+        if f["kind"] in _KILLERS and f["ranks"] and ends:
             must, may = ("nccl_timeout", "busy_wait"), ("straggler",)
+            if (ends[0].get("params") or ends[0]).get("ends") == "comm_error":  # the peers' NCCL errors out at once: no watchdog timeout
+                must, may = ("nccl_comm_failure",), ("busy_wait", "straggler")
         host_cause = {("host_straggler", "throttle"): ("cpu_thermal", "straggler"),
                       ("slow_nic", "link_flap"): ("nic_link", "slow_link")}
         if (f["kind"], kernel_log) in host_cause:
@@ -59,5 +61,6 @@ def expected_incidents(faults: list[dict[str, Any]], kernel_log: str = "benign")
             continue
         cat = {"category": CATEGORY[f["kind"]]} if f["kind"] in CATEGORY else {}
         out.append({"root": {"detector": root, "ranks": sorted(f.get("ranks") or []), **cat},
-                    "consequences": list(must), "may_include": list(may), "fatal": "nccl_timeout" in (root, *must)})
+                    "consequences": list(must), "may_include": list(may),
+                    "fatal": bool({"nccl_timeout", "nccl_comm_failure"} & {root, *must})})
     return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -325,6 +326,14 @@ def _hang_after(ranks: int | None, steps: int | None, params: Params, name: str,
         {**fault, "ranks": (r,)}))
 
 
+def peer_exit(ranks: int | None, steps: int | None, params: Params) -> Job:
+    """The OOM killer kills one rank's process; its peers' NCCL reports at once that the remote peer closed the
+    connection (ncclRemoteError), before any watchdog timeout (#28: a communication failure, not a timeout)."""
+    job = _hang_after(ranks, steps, params, "peer_exit", 5, {"kind": "oom_kill"})
+    faults = tuple({**f, "ends": "comm_error"} if f["kind"] == "collective_timeout" else f for f in job.faults)
+    return dataclasses.replace(job, faults=faults)
+
+
 def oom_kill(ranks: int | None, steps: int | None, params: Params) -> Job:
     """The host's OOM killer kills one rank's training process: it never reaches the next gradient
     all-reduce and the others time out in the watchdog (a host fault, not the GPU's)."""
@@ -387,6 +396,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("rm_init_failed", "a GPU the job leaves free on its last node fails to initialize (RmInitAdapter failed; "
              "9 ranks: the node's second GPU)", rm_init_failed, kernel_log="rm_init"),
     Scenario("oom_kill", "the OOM killer kills one rank's process (host memory); its peers time out in the watchdog", oom_kill, kernel_log="oom"),
+    Scenario("peer_exit", "the OOM killer kills one rank's process; its peers' NCCL reports the closed connection "
+             "at once (a communication failure, not a watchdog timeout)", peer_exit, kernel_log="oom"),
     Scenario("benign_kernel_log", "healthy job whose kernel logs hold only benign noise", ddp_clean),
     Scenario("nic_replug", "healthy job whose NIC ports were re-plugged an hour before (module plugged, slot power "
              "sufficient, link up again): no finding", ddp_clean, kernel_log="nic_replug"),

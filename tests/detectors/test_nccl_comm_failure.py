@@ -84,3 +84,17 @@ def test_clean_healthy_job_and_watchdog_timeouts_are_not_failures(tmp_path):
     assert [s.detector for s in skipped] == ["nccl_comm_failure"]
     a = _shared(tmp_path, "24_pytorch_blocking_wait_timeout_allreduce_h200.log")
     assert not [g for g in a.findings if g.detector == "nccl_comm_failure"]
+
+
+def test_simulated_peer_exit_is_a_comm_failure_under_the_oom_kill(tmp_path):
+    from forensics.simulate import simulate
+
+    truth = simulate("peer_exit", tmp_path / "job", ranks=8, params={"layers": "2"})
+    a = analyze(tmp_path / "job", workers=1)
+    (f,) = [f for f in a.findings if f.detector == "nccl_comm_failure"]
+    (oom,) = [f for f in a.findings if f.detector == "node_health"]
+    (fault,) = [x for x in truth["faults"] if x["kind"] == "oom_kill"]
+    assert not [g for g in a.findings if g.detector == "nccl_timeout"]  # no watchdog fired
+    assert f.metrics["first_kind"] == "socket_closed" and f.metrics["reporting_rank"] != fault["ranks"][0]
+    assert f.metrics["peer_host"] == fault["hosts"][0]  # the closed connection's address is the dead rank's node
+    assert f.caused_by == (oom.id,) and truth["incidents"][0]["consequences"] == ["nccl_comm_failure"]
