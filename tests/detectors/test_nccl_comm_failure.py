@@ -27,7 +27,7 @@ def _shared(tmp_path: Path, name: str):
     return analyze(run, workers=1)
 
 
-def test_ofi_unresponsive_receiver_on_real_text(tmp_path):
+def test_triggers_on_ofi_unresponsive_receiver_real_text(tmp_path):
     findings, _ = _run(frames_from(tmp_path, fx.OFI_UNRESPONSIVE))
     (f,) = findings
     m = f.metrics
@@ -41,7 +41,7 @@ def test_ofi_unresponsive_receiver_on_real_text(tmp_path):
     assert "security group" in f.remediation
 
 
-def test_socket_closed_and_proxy_connect_failure_on_shared_04(tmp_path):
+def test_triggers_on_socket_closed_and_proxy_connect_failure_shared_04(tmp_path):
     a = _shared(tmp_path, "04_v2.18_2node_16rank_no_ib_net_socket_connection_closed.log")
     (f,) = [f for f in a.findings if f.detector == "nccl_comm_failure"]
     m = f.metrics
@@ -79,9 +79,14 @@ def test_cuda_fault_on_the_other_node_is_the_root_shared_19(tmp_path):
     assert f.caused_by == (cuda.id,)  # the illegal memory access on A03-R28-I49-2-6000166 killed the peer
 
 
-def test_clean_healthy_job_and_watchdog_timeouts_are_not_failures(tmp_path):
-    _, skipped = _run(frames_from(tmp_path, HEALTHY))
-    assert [s.detector for s in skipped] == ["nccl_comm_failure"]
+def test_skipped_on_a_healthy_job(tmp_path):
+    text = HEALTHY + "nodeA:100:110 [0] NCCL INFO 2 coll channels, 0 nvls channels, 2 p2p channels, 2 p2p channels per peer\n"
+    findings, skipped = _run(frames_from(tmp_path, text))
+    assert findings == [] and [s.detector for s in skipped] == ["nccl_comm_failure"]
+    assert "no NCCL communication error" in skipped[0].reason
+
+
+def test_clean_watchdog_timeouts_are_not_failures(tmp_path):
     a = _shared(tmp_path, "24_pytorch_blocking_wait_timeout_allreduce_h200.log")
     assert not [g for g in a.findings if g.detector == "nccl_comm_failure"]
 
