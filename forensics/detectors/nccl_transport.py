@@ -257,7 +257,11 @@ def check_single_nic(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
     ib, j = t.nic_facts(t.ib, by_index=True), t.j
     if not ib.height:
         return []
-    even = (j.nranks // j.nnodes) if (j.nranks and j.nnodes and j.nnodes > 1) else 0
+    # a host whose ranks the logs do not show gets an even share of the ranks no host in the logs holds
+    held = j.ident.filter(pl.col("rank").is_not_null())
+    unplaced = set(j.hosts) - set(held["host"].drop_nulls().to_list())
+    rest = (j.nranks or 0) - held["rank"].n_unique()
+    even = rest // len(unplaced) if (j.multi_node and unplaced and rest > 0) else 0
     gpus_per_host = j.ident.group_by("host").agg(
         pl.max_horizontal(pl.col("cuda_dev").n_unique(), pl.lit(even)).alias("gpus"))
     nics = (ib.group_by("host", maintain_order=True)
