@@ -3,9 +3,9 @@
     python benchmarks/detect_bench.py [--ranks 64] [--steps 5] [--scenario ddp_straggler] [--workers N]
 
 Simulates the job into a temporary RUN_DIR (or uses --run-dir), then times, in this process:
-  parse     discovery + Kineto parsing of every rank's trace into frames (forensics.analyze.load)
-  match     collective matching across ranks (forensics.collectives)
-  breakdown per-rank/step interval algebra (forensics.breakdown)
+  parse     discovery + Kineto parsing of every rank's trace into frames (forensics.pipeline.load)
+  match     collective matching across ranks (forensics.facts.collectives)
+  breakdown per-rank/step interval algebra (forensics.facts.breakdown)
   detectors the four trace detectors end to end (straggler, exposed_comm, busy_wait, pipeline_bubble),
             on fresh frames so no cached analysis is reused
 and prints one table. Figures depend on the machine and its load; run it on an idle one.
@@ -21,12 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from forensics.analyze import load  # noqa: E402
-from forensics.breakdown import compute_breakdown  # noqa: E402
-from forensics.collectives import match_collectives  # noqa: E402
-from forensics.context import JobContext  # noqa: E402
+from forensics.base.frames import JobFrames  # noqa: E402
 from forensics.detectors import run_detectors  # noqa: E402
-from forensics.frames import JobFrames  # noqa: E402
+from forensics.facts.breakdown import compute_breakdown  # noqa: E402
+from forensics.facts.collectives import match_collectives  # noqa: E402
+from forensics.facts.context import JobContext  # noqa: E402
+from forensics.pipeline import load  # noqa: E402
 
 TRACE_DETECTORS = ["busy_wait", "exposed_comm", "pipeline_bubble", "straggler"]
 

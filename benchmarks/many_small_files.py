@@ -7,7 +7,7 @@ in <= 20 s and <= 1 GB on 2 cores.
     python benchmarks/many_small_files.py [N ...] [--cores C] [--parse-only]
 
 N defaults to 1000 and 10000. ``--cores`` (default 2) pins the run to that many CPUs and gives the
-CLI as many workers. ``--parse-only`` times discovery and parsing alone (``forensics.analyze.load``).
+CLI as many workers. ``--parse-only`` times discovery and parsing alone (``forensics.pipeline.load``).
 Wall time depends on what else runs on the machine: the load average is printed with the figures.
 """
 
@@ -27,7 +27,7 @@ TARGET_FILES, TARGET_S, TARGET_MB = 10_000, 20.0, 1024
 _LOAD = """
 import sys
 from pathlib import Path
-from forensics.analyze import load
+from forensics.pipeline import load
 
 if __name__ == "__main__":
     load(Path(sys.argv[1]), workers=int(sys.argv[2]))

@@ -51,12 +51,12 @@ CHILD = r"""
 import json, resource, sys, tempfile, time
 from pathlib import Path
 t0 = time.perf_counter()
-from forensics.analyze import Analysis, collect_frames
-from forensics.context import JobContext
+from forensics.pipeline import Analysis, collect_frames
+from forensics.facts.context import JobContext
 from forensics.detectors import run_detectors
-from forensics.findings import sort_findings
+from forensics.base.findings import sort_findings
 from forensics.incidents import correlate, job_facts
-from forensics.outputs import OutputSet
+from forensics.base.outputs import OutputSet
 from forensics.parsers.discovery import discover, discover_and_parse
 from forensics.reports import html, json_report, markdown
 run = Path(sys.argv[1]); out = []
@@ -153,7 +153,7 @@ def use_bytecode_cache(cache: Path, pythons: list[str]) -> None:
     per interpreter so that no measured run pays the compilation."""
     CHILD_ENV.pop("PYTHONDONTWRITEBYTECODE", None)
     CHILD_ENV["PYTHONPYCACHEPREFIX"] = str(cache / "pycache")
-    warm = ("import forensics.cli, forensics.analyze, forensics.reports.html, forensics.reports.markdown, "
+    warm = ("import forensics.cli, forensics.pipeline, forensics.reports.html, forensics.reports.markdown, "
             "forensics.reports.json_report, forensics.detectors, forensics.parsers.kineto, pyarrow.parquet; "
             "forensics.detectors.load_all()")
     for python in dict.fromkeys(pythons):

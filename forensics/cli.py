@@ -27,8 +27,9 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from forensics.errors import ForensicsError, UsageError
-from forensics.findings import Severity
+from forensics import __version__
+from forensics.base.errors import ForensicsError, UsageError
+from forensics.base.findings import Severity
 
 if TYPE_CHECKING:  # rich.progress is imported when a bar is shown: -q runs never pay for it
     from rich.progress import Progress
@@ -204,7 +205,7 @@ def _subject(frame: FrameType) -> str | None:
 
 def _write_crash(text: str) -> Path:
     """crash.txt in --out when it is known and writable, else a file in the temporary folder."""
-    from forensics.outputs import write_one
+    from forensics.base.outputs import write_one
 
     data = text.encode("utf-8", "replace")
     if _run.out_dir is not None:
@@ -221,7 +222,7 @@ def _write_crash(text: str) -> Path:
 
 def _internal_error(exc: BaseException) -> None:
     phase, what = _where(exc.__traceback__)
-    header = f"forensics {_version()}: internal error during {phase}" + (f" ({what})" if what else "")
+    header = f"forensics {__version__}: internal error during {phase}" + (f" ({what})" if what else "")
     body = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     where = _write_crash(f"{header}\ncommand: {' '.join(sys.argv)}\n\n{body}")
     detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
@@ -303,7 +304,7 @@ def _check_input(path: Path) -> None:
 
 
 def _check_out_dir(inputs: list[Path], out_dir: Path) -> None:
-    from forensics.outputs import check_out_dir
+    from forensics.base.outputs import check_out_dir
 
     for path in inputs:
         _check_input(path)
@@ -315,20 +316,9 @@ def _fail_threshold(fail_on: FailOn) -> int | None:
     return {"critical": 3, "warning": 2, "info": 1, "never": None}[fail_on.value]
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("trace-forensics")
-    except PackageNotFoundError:  # running from a source tree that is not installed
-        from forensics import __version__
-
-        return __version__
-
-
 def _print_version(value: bool) -> None:
     if value:
-        out.print(f"forensics {_version()}", markup=False, highlight=False)
+        out.print(f"forensics {__version__}", markup=False, highlight=False)
         raise typer.Exit(EXIT_OK)
 
 
@@ -354,7 +344,7 @@ class TriageEngine(str, Enum):
 
 def _analysis_outputs(analysis: Any, out_dir: Path, phases: _Phases | None = None,
                       timeline_steps: int | None = None) -> Any:
-    from forensics.outputs import OutputSet
+    from forensics.base.outputs import OutputSet
     from forensics.reports import html as html_report
     from forensics.reports import json_report, markdown, perfetto
     from forensics.reports.view_collectives import collectives_parquet_metadata, collectives_table
@@ -424,8 +414,8 @@ def analyze(
     if ray_address and engine is not TriageEngine.ray:
         raise UsageError("--ray-address needs --engine ray")
     _check_out_dir([run_dir], out_dir)
-    from forensics.analyze import analyze as run_analysis
     from forensics.detectors import parse_overrides
+    from forensics.pipeline import analyze as run_analysis
 
     overrides = parse_overrides(settings)
     _run.phase = "discover"
@@ -455,9 +445,9 @@ def frames(
 ) -> None:
     """Parse RUN_DIR and write every canonical frame as Parquet (for Polars or DuckDB)."""
     _check_out_dir([run_dir], out_dir)
-    from forensics.analyze import derived_tables, load
-    from forensics.frames import FRAME_SPECS
-    from forensics.outputs import OutputSet
+    from forensics.base.frames import FRAME_SPECS
+    from forensics.base.outputs import OutputSet
+    from forensics.pipeline import derived_tables, load
 
     _run.phase = "parse"
     with _progress("parsing", quiet) as update:
@@ -492,7 +482,7 @@ def _write_parquet(df: Any, path: Path, metadata: dict[str, str] | None = None) 
 
 
 def _triage_outputs(run: Any, out_dir: Path) -> Any:
-    from forensics.outputs import OutputSet
+    from forensics.base.outputs import OutputSet
     from forensics.reports import triage_html, triage_json, triage_md
 
     outs = OutputSet(out_dir)
@@ -505,7 +495,7 @@ def _triage_outputs(run: Any, out_dir: Path) -> Any:
 
 
 def _print_triage(run: Any, out_dir: Path) -> None:
-    from forensics.triage_data import job_ranking, recurring_culprits
+    from forensics.fleet.state import job_ranking, recurring_culprits
 
     out.print(f"{len(run.summaries)} job(s): {len(run.analysed)} analysed, {len(run.summaries) - len(run.analysed)} "
               f"unchanged since the last run. Report: {out_dir / 'triage.html'}", highlight=False, markup=False)
@@ -543,7 +533,7 @@ def triage(
     """Analyze many jobs; rank them by GPU-hours lost, name hosts and GPUs that keep being the root cause.
     A second run into the same --out analyses only new or changed jobs."""
     from forensics.detectors import parse_overrides
-    from forensics.triage import find_jobs, run_triage
+    from forensics.fleet.triage import find_jobs, run_triage
 
     overrides = parse_overrides(settings)
     if ray_address and engine is not TriageEngine.ray:
@@ -593,10 +583,10 @@ def diff(
 ) -> None:
     """Explain what changed between BASE and NEW: per-step delta by cause, NCCL configuration, kernels, findings."""
     _check_out_dir([base_dir, new_dir], out_dir)
-    from forensics.analyze import analyze as run_analysis
-    from forensics.analyze import analyze_frames, is_frames_output, load_frames_output
+    from forensics.base.outputs import OutputSet
     from forensics.diff import compare, profile
-    from forensics.outputs import OutputSet
+    from forensics.pipeline import analyze as run_analysis
+    from forensics.pipeline import analyze_frames, is_frames_output, load_frames_output
     from forensics.reports import diff_html, diff_report
 
     profiles = []
@@ -662,7 +652,7 @@ def _parse_params(params: list[str]) -> dict[str, str]:
 
 
 def _simulation_target(out_dir: Path | None) -> Path:
-    from forensics.outputs import check_out_dir
+    from forensics.base.outputs import check_out_dir
 
     if out_dir is None:
         raise UsageError("--out DIR is required")
@@ -677,7 +667,7 @@ def _simulate_into(out_dir: Path, truth_path: Path | None, run: Callable[[Path],
     simulation leaves no RUN_DIR that looks complete but is not."""
     import shutil
 
-    from forensics.outputs import OutputError, write_one
+    from forensics.base.outputs import OutputError, write_one
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.{os.getpid()}.tmp"

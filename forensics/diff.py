@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from forensics.collectives import PG_TYPES, WHOLE_TRACE
+from forensics.facts.collectives import PG_TYPES, WHOLE_TRACE
 
 if TYPE_CHECKING:
-    from forensics.analyze import Analysis
+    from forensics.pipeline import Analysis
 
 BUCKETS = ("compute", "comm_exposed", "comm_wait", "other", "idle")
 """The step breakdown's buckets (``<bucket>_ns``); they add up to ``step_ns``."""

@@ -1,1 +1,1 @@
-"""Parsers: files in, canonical frames out (see forensics/frames.py). Nothing here detects anything."""
+"""Parsers: files in, canonical frames out (see forensics/base/frames.py). Nothing here detects anything."""

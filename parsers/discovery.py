@@ -22,8 +22,9 @@ import polars as pl
 from forensics.parsers import registry, sniff
 from forensics.parsers.common import GZIP_MAGIC, ParseContext, Parser, ParseResult, read_head, read_tail
 
-from forensics import frames as fr
-from forensics.workers import run_pool
+from forensics.base import frames as fr
+from forensics.base.ray_engine import ray_map, ray_session
+from forensics.base.workers import run_pool
 
 HEAD_BYTES = 1 << 20
 TAIL_BYTES = 1 << 20
@@ -404,8 +405,6 @@ def _parse_on_ray(files: list[DiscoveredFile], root: Path, tick: Callable[[Parse
                   address: str | None) -> None:
     """The pool's units of work, parsed by the pool's function, as Ray tasks (one unit per CPU at a time
     and a few more queued, as many units as the pool makes for that many CPUs)."""
-    from forensics.ray_engine import ray_map, ray_session
-
     with ray_session(address) as cpus:
         ray_map(_parse_worker, [(unit, root) for unit in units(files, cpus)], _lost, _in_order(tick))
 

@@ -17,7 +17,6 @@ year of year-less syslog stamps (taken from the file's own absolute stamps, else
 
 from __future__ import annotations
 
-import calendar
 import datetime as dt
 import functools
 import re
@@ -31,13 +30,11 @@ from typing import Any
 import orjson
 import polars as pl
 from forensics.parsers.common import LongLines, ParseContext, ParseResult, open_bounded, read_capped
+from forensics.parsers.timestamps import DOW, MON, MONTHS, ctime_ns, epoch_ns, iso_ns
 
-from forensics import frames as fr
-from forensics.identity import normalize_bus_id
+from forensics.base import frames as fr
+from forensics.base.bus_ids import normalize_bus_id
 
-_MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
-MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
-DOW = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
 HEX = r"[0-9a-fA-F]"
 BDF3 = rf"{HEX}{{4}}:{HEX}{{2}}:{HEX}{{2}}"
 BDF4 = rf"{HEX}{{4,8}}:{HEX}{{2}}:{HEX}{{2}}\.[0-7]"
@@ -87,10 +84,6 @@ _P_HUMAN_ABS = re.compile(rf"^\[(?P<mon>{MON}) ?(?P<day>\d{{1,2}}) (?P<hm>\d{{2}
 _P_HUMAN_REL = re.compile(r"^\[\s*\+\s*(?P<delta>\d+\.\d+)\] ?")
 _P_MONO = re.compile(r"^\[\s*(?P<mono>\d+\.\d+)\](?:\[\s*(?P<caller>[TC]\d+)\])? ?")
 _P_AFTER_MONO_HOST = re.compile(r"^(?P<host>[A-Za-z0-9][\w.-]*) (?P<ident>kernel|[\w.@/-]+\[\d+\]): ")
-_CTIME_PARTS = re.compile(
-    rf"(?:(?P<dow>{DOW}) )?(?P<mon>{MON}) +(?P<day>\d{{1,2}}) (?P<hms>\d{{1,2}}:\d{{2}}:\d{{2}}) (?P<year>\d{{4}})$"
-)
-_CTIME_LOCALE = re.compile(r"(?P<mon>\d{1,2})\D+?(?P<day>\d{1,2})\D+?(?P<hms>\d{1,2}:\d{2}:\d{2}) (?P<year>\d{4})$")
 _CONTINUATION = re.compile(r"^(?:\s{2,}|\t)(?=\S)")
 _KMSG_DICT = re.compile(r"^ [A-Z_]+=")
 _STAMP_START = re.compile(r"^\s*(?:\[\s*[\d+]|\d{4}-\d{2}-\d{2}T|" + MON + r" )")
@@ -328,43 +321,6 @@ _XCH = re.compile(r"\b(?:Ch|channel) (?:0x)?(?P<ch>[0-9a-f]{8})\b")
 _XMMU = re.compile(r"MMU Fault: ENGINE (?P<engine>.+?) faulted @ (?P<addr>\S+)\. Fault is of type (?P<ftype>\S+)")
 
 
-def _epoch_ns(y: int, mo: int, d: int, hms: str, frac: str | None = None, offset_s: int = 0) -> int | None:
-    try:
-        h, mi, s = (int(x) for x in hms.split(":"))
-        t = calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0)) - offset_s
-    except (ValueError, OverflowError):
-        return None
-    ns = t * 1_000_000_000
-    if frac:
-        digits = frac.lstrip(".,")[:9]
-        ns += int(digits.ljust(9, "0")) if digits else 0
-    return ns
-
-
-def _iso_ns(text: str) -> int | None:
-    m = re.match(
-        r"(\d{4})-(\d{2})-(\d{2})T(\d{2}:\d{2}:\d{2})([.,]\d+)?(Z|[+-]\d{2}:?\d{2})?$", text.strip()
-    )
-    if not m:
-        return None
-    off = 0
-    if m.group(6) and m.group(6) != "Z":
-        z = m.group(6).replace(":", "")
-        off = (1 if z[0] == "+" else -1) * (int(z[1:3]) * 3600 + int(z[3:5]) * 60)
-    return _epoch_ns(int(m.group(1)), int(m.group(2)), int(m.group(3)), m.group(4), m.group(5), off)
-
-
-def _ctime_ns(text: str) -> int | None:
-    t = " ".join(text.split())
-    m = _CTIME_PARTS.search(t)
-    if m:
-        return _epoch_ns(int(m.group("year")), _MONTHS[m.group("mon")], int(m.group("day")), m.group("hms"))
-    m = _CTIME_LOCALE.search(t)  # localised month names: "四 3月 20 21:01:25 2025"
-    if m:
-        return _epoch_ns(int(m.group("year")), int(m.group("mon")), int(m.group("day")), m.group("hms"))
-    return None
-
-
 class _Rec:
     """The record being assembled; flushed into column lists."""
 
@@ -417,7 +373,7 @@ def _peel_talos(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
     rec.facility = "kernel" if m.group("facility") == "kern" else m.group("facility")
     rec.level = m.group("level")
     rec.time_text, rec.time_format = m.group("iso"), "talos"
-    rec.wall_ns, rec.wall_source = _iso_ns(m.group("iso")), "stamp"
+    rec.wall_ns, rec.wall_source = iso_ns(m.group("iso")), "stamp"
     return m.end()
 
 
@@ -464,7 +420,7 @@ def _peel_iso(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
     if not m:
         return None
     rec.time_text, rec.time_format = m.group("iso"), "iso"
-    rec.wall_ns, rec.wall_source = _iso_ns(m.group("iso")), "stamp"
+    rec.wall_ns, rec.wall_source = iso_ns(m.group("iso")), "stamp"
     if m.group("host"):
         rec.host = m.group("host")
     if m.group("ident"):
@@ -484,7 +440,7 @@ def _peel_short_full(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
         off = (1 if z[0] == "+" else -1) * (int(z[1:3]) * 3600 + int(z[3:5]) * 60)
     y, mo, d = (int(x) for x in m.group("date").split("-"))
     hms, _, frac = m.group("hms").partition(".")
-    rec.wall_ns, rec.wall_source = _epoch_ns(y, mo, d, hms, frac or None, off), "stamp"
+    rec.wall_ns, rec.wall_source = epoch_ns(y, mo, d, hms, frac or None, off), "stamp"
     if m.group("host"):
         rec.host = m.group("host")
     rec.facility = m.group("ident")
@@ -497,7 +453,7 @@ def _peel_syslog(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
         return None
     rec.time_text = f"{m.group('mon')} {m.group('day')} {m.group('hms')}{m.group('frac') or ''}"
     rec.time_format = "syslog"
-    rec.year_less = (_MONTHS[m.group("mon")], int(m.group("day")), m.group("hms"), m.group("frac"))
+    rec.year_less = (MONTHS[m.group("mon")], int(m.group("day")), m.group("hms"), m.group("frac"))
     if m.group("host"):
         rec.host = m.group("host")
     rec.facility = m.group("ident")
@@ -530,14 +486,14 @@ def _peel_fm(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
         return None
     rec.time_text, rec.time_format = m.group("fmts"), "fabricmanager"
     mon, day, year, hms = m.group("fmts").split()
-    rec.wall_ns, rec.wall_source = _epoch_ns(int(year), _MONTHS[mon], int(day), hms), "stamp"
+    rec.wall_ns, rec.wall_source = epoch_ns(int(year), MONTHS[mon], int(day), hms), "stamp"
     rec.facility, rec.level = "fabricmanager", m.group("level").lower()
     return m.end()
 
 
 def _peel_ctime(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
     m = _P_CTIME.match(rest)
-    if not m or (ns := _ctime_ns(m.group("ctime"))) is None:
+    if not m or (ns := ctime_ns(m.group("ctime"))) is None:
         return None
     rec.time_text, rec.time_format = m.group("ctime"), "ctime"
     rec.wall_ns, rec.wall_source = ns, "stamp"
@@ -550,7 +506,7 @@ def _peel_human_abs(rest: str, rec: _Rec, state: dict[str, Any]) -> int | None:
         return None
     rec.time_text, rec.time_format = m.group(0).strip(" []"), "human"
     hms = m.group("hm") + ":" + (m.group("s") or "00")
-    rec.year_less = (_MONTHS[m.group("mon")], int(m.group("day")), hms, None)
+    rec.year_less = (MONTHS[m.group("mon")], int(m.group("day")), hms, None)
     state["human_base"] = rec.year_less
     state["human_delta_ns"] = 0
     return m.end()
@@ -924,7 +880,7 @@ class _Collector:
             self.flush()
             ts = f"{m.group('mon')} {m.group('day')} {m.group('hms')}"
             self.state["wall_header"] = (m.group("host"),
-                                         (ts, (_MONTHS[m.group("mon")], int(m.group("day")), m.group("hms"), None)))
+                                         (ts, (MONTHS[m.group("mon")], int(m.group("day")), m.group("hms"), None)))
             return
         self.flush()
         cur = self.cur = _Rec()
@@ -942,10 +898,10 @@ class _Collector:
         if ref_year is None:
             return
         for row, (mo, d, hms, frac), delta in self.year_less:
-            ns = _epoch_ns(ref_year, mo, d, hms, frac)
+            ns = epoch_ns(ref_year, mo, d, hms, frac)
             # a log is written before its file's mtime: a later date means last year (Dec -> Jan)
             if ns is not None and not years and mtime_ns is not None and ns > mtime_ns + 86_400 * 10**9:
-                ns = _epoch_ns(ref_year - 1, mo, d, hms, frac)
+                ns = epoch_ns(ref_year - 1, mo, d, hms, frac)
             if ns is not None and self.cols["wall_ns"][row] is None:
                 self.cols["wall_ns"][row] = ns + delta
                 self.cols["wall_source"][row] = "stamp_year_from_file"

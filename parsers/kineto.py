@@ -29,8 +29,8 @@ from forensics.parsers.kineto_names import (
 )
 from forensics.parsers.kineto_stream import ReadOutcome, TraceReadError, read_trace
 
-from forensics import frames as fr
-from forensics.hosts import short_host
+from forensics.base import frames as fr
+from forensics.base.hosts import short_host
 
 _LAUNCH_PATTERN = r"(?i)launch|memcpy|memset"
 _STEP_PATTERN = r"^ProfilerStep\s*#\s*(\d+)$"

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import polars as pl
 
-from forensics.flops import SHAPED_OPS
+from forensics.base.flops import SHAPED_OPS
 
 NULL = -(1 << 63)  # integer-buffer stand-in for a missing value
 NAN = math.nan
@@ -114,7 +114,7 @@ class Extractor:
         self.comm_name_ids: set[int] = set()
         self.gpu_comm_args: list[tuple] = []  # (row, *GPU_ARG_KEYS values) for kernels carrying them
         self.comm_ops: list[tuple] = []  # (cpu row, *COMM_ARG_KEYS values)
-        # GEMM / attention ops (forensics.flops.SHAPED_OPS): (cpu row, Input Dims JSON, Input type JSON)
+        # GEMM / attention ops (forensics.base.flops.SHAPED_OPS): (cpu row, Input Dims JSON, Input type JSON)
         self.shape_name_ids: set[int] = set()
         self.shape_ops: list[tuple] = []
         self.skipped: Counter[tuple] = Counter()

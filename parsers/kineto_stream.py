@@ -50,7 +50,7 @@ def _limit_heap_retention() -> None:
         return
     _HEAP_TUNED = True
     try:
-        import ctypes
+        import ctypes  # only on the first streamed trace, on glibc
 
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-3, 256 * 1024)  # M_MMAP_THRESHOLD

@@ -27,8 +27,8 @@ from forensics.parsers.common import (
     read_lines,
 )
 
-from forensics import frames as fr
-from forensics.identity import normalize_bus_id
+from forensics.base import frames as fr
+from forensics.base.bus_ids import normalize_bus_id
 
 # --- envelope -------------------------------------------------------------------------------
 # search, not match: launchers put their own tags in front ([1,3]<stdout>:, [0] , Ray, timestamps).

@@ -29,8 +29,8 @@ from urllib.parse import quote
 import polars as pl
 from forensics.parsers.common import ParseContext, ParseResult
 
-from forensics import frames as fr
-from forensics.hosts import short_host
+from forensics.base import frames as fr
+from forensics.base.hosts import short_host
 
 BATCH_ROWS = 50_000
 PID_EXPR = "((({col}) >> 24) & 16777215)"

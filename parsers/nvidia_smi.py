@@ -20,10 +20,10 @@ from typing import Any
 
 import polars as pl
 from forensics.parsers.common import ParseContext, ParseResult, open_bounded
-from forensics.parsers.kernel_log import _ctime_ns
+from forensics.parsers.timestamps import ctime_ns
 
-from forensics import frames as fr
-from forensics.identity import normalize_bus_id
+from forensics.base import frames as fr
+from forensics.base.bus_ids import normalize_bus_id
 
 _GPU_HDR = re.compile(r"^GPU (?P<bdf>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
 _KV = re.compile(r"^(?P<indent> *)(?P<key>[^:]+?)\s*:\s?(?P<value>.*?)\s*$")
@@ -103,7 +103,7 @@ def _parse_smi_q(lines: list[str]) -> tuple[list[dict[str, Any]], int]:
             cur[path] = kv.group("value")
         else:
             stack.append((indent, key))
-    snapshot = _ctime_ns(header["timestamp"]) if "timestamp" in header else None
+    snapshot = ctime_ns(header["timestamp"]) if "timestamp" in header else None
     rows = [
         _gpu_row(i if bdf is not None else None, bdf, kv, snapshot, header.get("driver version"))
         for i, (bdf, kv) in enumerate(blocks)

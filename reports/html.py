@@ -23,10 +23,9 @@ from forensics.reports.views import View, build_views, view_for
 from markupsafe import Markup
 
 from forensics import __version__
-from forensics.analyze import Analysis
-from forensics.findings import Finding
+from forensics.base.findings import Finding
 from forensics.incidents import Incident, trace_window
-from forensics.runinfo import run_header
+from forensics.pipeline import Analysis, run_header
 
 MAX_TABLE_ROWS = 500
 """Rows shown per table; the rest is counted ("N more rows") and lives in findings.json / Parquet."""

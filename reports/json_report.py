@@ -7,8 +7,7 @@ from typing import Any
 import orjson
 
 from forensics import __version__
-from forensics.analyze import Analysis
-from forensics.runinfo import run_header
+from forensics.pipeline import Analysis, run_header
 
 
 def build(analysis: Analysis) -> dict[str, Any]:

@@ -12,10 +12,10 @@ import re
 
 import polars as pl
 
-from forensics.analyze import Analysis
-from forensics.findings import Finding
+from forensics.base.findings import Finding
+from forensics.facts.run_header import header_lines
 from forensics.incidents import verdict_text
-from forensics.runinfo import header_lines, run_header
+from forensics.pipeline import Analysis, run_header
 
 MAX_CHARS = 60_000
 """Hard limit on summary.md (GitHub issue bodies stop at 65,536 characters; Jira comments at 32,767 by

@@ -27,8 +27,8 @@ from forensics.reports.view_timeline import pick_steps
 from forensics import __version__
 
 if TYPE_CHECKING:
-    from forensics.analyze import Analysis
-    from forensics.context import JobContext
+    from forensics.facts.context import JobContext
+    from forensics.pipeline import Analysis
 
 MAX_EVENTS = 200_000
 MERGE_GAP_NS = 10_000

@@ -11,8 +11,8 @@ import re
 import textwrap
 from collections.abc import Iterable
 
+from forensics.base.settings import describe
 from forensics.detectors import DOC_SECTIONS, DetectorSpec
-from forensics.settings import describe
 
 _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # :mod:`forensics.x`, :func:`~a.b` (the ~ keeps the last part)
 _CODE = re.compile(r"``([^`]+)``|`([^`]+)`")

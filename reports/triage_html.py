@@ -17,8 +17,8 @@ from markupsafe import Markup
 from plotly.offline import get_plotlyjs
 
 from forensics import __version__
-from forensics.triage import TriageRun
-from forensics.triage_data import SEVERITIES, job_ranking, recurring_culprits
+from forensics.fleet.state import SEVERITIES, job_ranking, recurring_culprits
+from forensics.fleet.triage import TriageRun
 
 _COLOURS = {"critical": "#b00020", "warning": "#e09000", "info": "#0b61a4"}
 

@@ -10,9 +10,9 @@ from forensics.reports import html as html_report
 from forensics.reports import json_report, markdown
 
 from forensics import __version__
-from forensics.analyze import Analysis
-from forensics.triage import TriageRun
-from forensics.triage_data import job_ranking, recurring_culprits
+from forensics.fleet.state import job_ranking, recurring_culprits
+from forensics.fleet.triage import TriageRun
+from forensics.pipeline import Analysis
 
 
 def overview(run: TriageRun) -> dict[str, Any]:

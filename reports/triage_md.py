@@ -10,8 +10,8 @@ from urllib.parse import quote
 from forensics.reports.markdown import md_text
 from forensics.reports.triage_json import overview
 
-from forensics.triage import TriageRun
-from forensics.triage_data import job_ranking, recurring_culprits
+from forensics.fleet.state import job_ranking, recurring_culprits
+from forensics.fleet.triage import TriageRun
 
 MAX_ROWS = 100
 

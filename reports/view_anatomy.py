@@ -23,10 +23,10 @@ import polars as pl
 from forensics.reports.figures import Figure
 from forensics.reports.view_common import View, culprit_ranks, esc, gpu_labels, layout, rank_label
 
-from forensics.collectives import PG_TYPES
+from forensics.facts.collectives import PG_TYPES
 
 if TYPE_CHECKING:
-    from forensics.analyze import Analysis
+    from forensics.pipeline import Analysis
 
 MAX_RANK_BARS = 64
 MAX_OUTLIERS = 16

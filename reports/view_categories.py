@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 from forensics.reports.figures import Figure
-from forensics.reports.views import View
+from forensics.reports.view_common import View
 
-from forensics.op_categories import CATEGORIES
+from forensics.facts.op_categories import CATEGORIES
 
 if TYPE_CHECKING:
-    from forensics.analyze import Analysis
+    from forensics.pipeline import Analysis
 
 MAX_BARS = 64
 """Above this many ranks the bars are per host (mean over its ranks), so the figure stays readable and small."""

@@ -11,7 +11,7 @@ same matching the straggler and exposure detectors use) and ``JobContext.clock_o
 * bus bandwidth, nccl-tests' convention: ``algbw = bytes / transfer``, ``busbw = algbw x factor``
   (allreduce ``2(n-1)/n``; allgather, reduce_scatter, alltoall ``(n-1)/n``; others 1);
 * expected: NCCL's own predicted time for that size where a TUNING line printed one, else the cost model
-  (:mod:`forensics.nccl_cost`: NCCL's choice for ``n_ranks`` ranks on ``n_hosts`` nodes of the job's GPU
+  (:mod:`forensics.facts.nccl_cost`: NCCL's choice for ``n_ranks`` ranks on ``n_hosts`` nodes of the job's GPU
   generation, with the model's default channel graph); null when the GPU generation is unknown or the
   operation is not modelled.
 """
@@ -25,11 +25,11 @@ import polars as pl
 from forensics.reports.figures import Figure
 from forensics.reports.view_common import View, esc, layout
 
-from forensics import nccl_cost as nc
+from forensics.facts import nccl_cost as nc
 
 if TYPE_CHECKING:
-    from forensics.analyze import Analysis
-    from forensics.context import JobContext
+    from forensics.facts.context import JobContext
+    from forensics.pipeline import Analysis
 
 TOP_N = 50
 _COLL = {"allreduce": "AllReduce", "allgather": "AllGather", "reduce_scatter": "ReduceScatter",

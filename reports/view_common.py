@@ -15,8 +15,8 @@ import polars as pl
 from forensics.reports.figures import Figure
 
 if TYPE_CHECKING:
-    from forensics.analyze import Analysis
-    from forensics.context import JobContext
+    from forensics.facts.context import JobContext
+    from forensics.pipeline import Analysis
 
 
 

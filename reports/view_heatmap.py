@@ -15,7 +15,7 @@ from forensics.reports.figures import Figure, colorscale
 from forensics.reports.view_common import View, culprit_ranks, gpu_labels, layout, rank_label
 
 if TYPE_CHECKING:
-    from forensics.analyze import Analysis
+    from forensics.pipeline import Analysis
 
 CAPTION = ("A row that is hot in step time is a slow rank; a row that is cold in exposed communication while "
            "the others are hot is the rank they wait for (culprits are marked ▶).")

@@ -21,8 +21,8 @@ from forensics.reports.figures import Figure
 from forensics.reports.view_common import View, esc, layout
 
 if TYPE_CHECKING:
-    from forensics.analyze import Analysis
-    from forensics.context import JobContext
+    from forensics.facts.context import JobContext
+    from forensics.pipeline import Analysis
 
 HW_KINDS = ("xid", "sxid", "fabric_manager", "gsp", "fallen_off_bus", "ecc", "nvlink", "aer", "ghes", "pcie_link",
             "ib_port", "mlx5", "netdev_carrier", "cpu_thermal", "edac", "mce", "oom", "hung_task", "soft_lockup",

@@ -20,8 +20,8 @@ import polars as pl
 from forensics.reports.view_common import View
 
 if TYPE_CHECKING:
-    from forensics.analyze import Analysis
-    from forensics.context import JobContext
+    from forensics.facts.context import JobContext
+    from forensics.pipeline import Analysis
 
 PROC = ["host", "pid", "cuda_dev"]
 FACETS = ["version", "algo", "proto", "transport", "channels", "env"]

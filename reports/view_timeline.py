@@ -18,11 +18,11 @@ import polars as pl
 from forensics.reports.figures import Figure
 from forensics.reports.view_common import View, culprit_ranks, esc, gpu_labels, layout, rank_label
 
-from forensics.intervals import merge
+from forensics.base.intervals import merge
 
 if TYPE_CHECKING:
-    from forensics.analyze import Analysis
-    from forensics.context import JobContext
+    from forensics.facts.context import JobContext
+    from forensics.pipeline import Analysis
 
 RESOLUTION = 400
 TABLE_PARTS = ("step", "compute", "comm_wait", "idle")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from forensics.frames import JobFrames, conform
+from forensics.base.frames import JobFrames, conform
 
 US = 1_000
 MS = 1_000_000

@@ -8,10 +8,10 @@ import orjson
 import polars as pl
 from forensics.parsers.common import ParseResult
 
-from forensics.context import JobContext
+from forensics.base.findings import Finding
+from forensics.base.frames import JobFrames
 from forensics.detectors import run_detectors
-from forensics.findings import Finding
-from forensics.frames import JobFrames
+from forensics.facts.context import JobContext
 from tests.conftest import shared_path
 
 T0 = calendar.timegm((2025, 3, 1, 10, 0, 0, 0, 0, 0)) * 10**9  # 2025-03-01T10:00:00Z

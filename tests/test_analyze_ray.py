@@ -29,7 +29,7 @@ def test_ray_engine_gives_the_pool_s_frames_and_findings(ray_session, job: Path,
     from forensics.parsers.discovery import discover, discover_and_parse, units
     from forensics.reports import json_report
 
-    from forensics.analyze import analyze
+    from forensics.pipeline import analyze
 
     assert len(units(discover(job), 2)) > 2  # several tasks, so their order matters
     pool = discover_and_parse(job, workers=2)

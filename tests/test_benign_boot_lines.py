@@ -1,5 +1,5 @@
 """#28 item 4: NIC and PCIe lines that are normal at boot or on a cable event give no node_health finding; the
-documented list (forensics.host_events.BENIGN_NIC_LINES) is tried on real boot logs, and a fault still counts."""
+documented list (forensics.facts.host_events.BENIGN_NIC_LINES) is tried on real boot logs, and a fault still counts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from forensics.host_events import BENIGN_NIC_LINES
+from forensics.facts.host_events import BENIGN_NIC_LINES
 from tests import field_excerpts as fx
 from tests.conftest import ROOT, run_cli, shared_path
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from forensics.breakdown import comm_model, compute_breakdown
-from forensics.frames import JobFrames
+from forensics.base.frames import JobFrames
+from forensics.facts.breakdown import comm_model, compute_breakdown
 from tests.frame_builders import MS, US, dp_job, pp_job
 
 PARTS = ["compute_ns", "comm_exposed_ns", "comm_wait_ns", "other_ns", "idle_ns"]

@@ -10,7 +10,7 @@ import pytest
 from forensics.parsers.common import ParseContext
 from forensics.parsers.nccl_log import parse
 
-from forensics import frames as fr
+from forensics.base import frames as fr
 from forensics.incidents import JobFacts, correlate, job_facts
 from tests.test_incidents import WINDOW, timeout, xid79
 
@@ -119,7 +119,7 @@ def test_job_facts_place_glog_stamps_with_the_job_year():
 def test_xid79_sample_counts_the_work_since_its_checkpoint():
     import json
 
-    from forensics.analyze import analyze
+    from forensics.pipeline import analyze
 
     root = Path(__file__).resolve().parents[1] / "sample_traces"
     truth = json.loads((root / "xid79.truth.json").read_text())

@@ -101,7 +101,7 @@ def test_bad_out_is_exit_2_one_line_before_parsing(tmp_path: Path, make_out, exp
     out = make_out(tmp_path)
     touched = tmp_path / "parsing-started"
     # parsing would leave a mark: the check must refuse --out before it
-    patch = (f"import pathlib, forensics.analyze as an\nreal = an.load\n"
+    patch = (f"import pathlib, forensics.pipeline as an\nreal = an.load\n"
              f"def load(*a, **k):\n    pathlib.Path({str(touched)!r}).touch()\n    return real(*a, **k)\nan.load = load")
     res = run_patched(patch, "analyze", str(SAMPLE), "--out", str(out))
     assert res.returncode == 2, res.stderr
@@ -131,7 +131,7 @@ def test_version_help_and_workers(tmp_path: Path):
 def test_write_error_is_exit_2_and_keeps_previous_outputs(tmp_path: Path):
     out = tmp_path / "o"
     before = write_old_outputs(out)
-    patch = ("import errno, os, forensics.outputs as o\n"
+    patch = ("import errno, os, forensics.base.outputs as o\n"
              "def full(path): raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n"
              "o._fsync_file = full")
     res = run_patched(patch, "analyze", str(SAMPLE), "--out", str(out), "-q")
@@ -181,7 +181,7 @@ def test_signal_is_one_line_and_leaves_previous_outputs(tmp_path: Path, sig: int
              "real = d.run_detectors\n"
              f"def slow(*a, **k):\n    pathlib.Path({str(ready)!r}).touch()\n    time.sleep(60)\n"
              "d.run_detectors = slow\n"
-             "import forensics.analyze as an\nan.run_detectors = slow")
+             "import forensics.pipeline as an\nan.run_detectors = slow")
     proc = run_patched(patch, "analyze", str(SAMPLE), "--out", str(out), "-q", background=True)
     deadline = time.monotonic() + 60
     while not ready.exists():

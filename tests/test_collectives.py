@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from forensics.collectives import match_collectives, pg_type_expr
-from forensics.frames import JobFrames
+from forensics.base.frames import JobFrames
+from forensics.facts.collectives import match_collectives, pg_type_expr
 from tests.frame_builders import MS, dp_job
 
 

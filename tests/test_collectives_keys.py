@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from forensics.collectives import comm_kernels, match_collectives
-from forensics.frames import JobFrames
+from forensics.base.frames import JobFrames
+from forensics.facts.collectives import comm_kernels, match_collectives
 from tests.frame_builders import _link_groups, link_job
 
 STEPS = 3

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from forensics.context import JobContext
+from forensics.base.frames import JobFrames
 from forensics.detectors import DOC_SECTIONS, load_all, run_detectors
-from forensics.frames import JobFrames
+from forensics.facts.context import JobContext
 from tests.conftest import ROOT
 
 REGISTRY = load_all()

@@ -12,11 +12,11 @@ import json
 import polars as pl
 import pytest
 
-from forensics.analyze import load
-from forensics.context import JobContext
 from forensics.detectors import run_detectors
 from forensics.detectors.exposed_comm import exposure_table
 from forensics.detectors.pipeline_bubble import stage_table
+from forensics.facts.context import JobContext
+from forensics.pipeline import load
 
 OURS = {"straggler", "exposed_comm", "busy_wait", "pipeline_bubble", "slow_link"}
 
@@ -216,7 +216,7 @@ def test_texts_point_at_no_other_finding(run, scenario):
 
 
 def test_host_clock_offsets_recovered_from_collective_ends(run):
-    from forensics.collectives import match_collectives
+    from forensics.facts.collectives import match_collectives
 
     truth, frames, _, _ = run("ddp_no_overlap")
     true = {h["host"]: h["clock_offset_ns"] for h in truth["hosts"]}

@@ -13,8 +13,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from forensics.analyze import analyze
 from forensics.diff import RunDiff, RunProfile, align, compare, profile
+from forensics.pipeline import analyze
 from forensics.simulate import simulate
 from tests.browser import open_page  # noqa: F401  (a pytest fixture)
 from tests.conftest import run_cli

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from forensics.analyze import analyze
 from forensics.diff import RunProfile, compare, profile
+from forensics.pipeline import analyze
 from forensics.simulate import simulate
 
 # collective args PyTorch >= 2.1 puts on NCCL kernels and record_param_comms; older traces lack them
@@ -253,7 +253,7 @@ def test_one_kernel_named_by_both_tools_compares_and_maps_the_same(cls: str, kin
     import polars as pl
 
     from forensics.diff import short_key
-    from forensics.op_categories import category_expr
+    from forensics.facts.op_categories import category_expr
 
     df = pl.DataFrame({"name": [kineto, nsys], "class": [cls, cls], "collective": [None, None]},
                       schema={"name": pl.String, "class": pl.String, "collective": pl.String})

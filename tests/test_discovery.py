@@ -93,7 +93,7 @@ def _ranked(rank: int) -> bytes:
 
 
 def test_run_dir_may_be_a_single_file(tmp_path: Path):
-    from forensics.analyze import load
+    from forensics.pipeline import load
 
     path = _write(tmp_path / "job" / "rank3.pt.trace.json", _ranked(3))
     sources, frames = load(path)

@@ -33,7 +33,7 @@ EXPECTED_WAIT_RANK1_US = [7635 - 10, 1025 - 8, 169 - 7, 132 - 7, 307 - 86, 545 -
 
 @pytest.fixture(scope="module")
 def dlrm():
-    from forensics.analyze import load
+    from forensics.pipeline import load
 
     run_dir = shared_path("kineto", "param_dlrm_8rank")
     _, frames = load(run_dir, workers=1)
@@ -41,7 +41,7 @@ def dlrm():
 
 
 def test_last_arrival_per_collective_matches_the_raw_events(dlrm):
-    from forensics.collectives import match_collectives
+    from forensics.facts.collectives import match_collectives
 
     m = match_collectives(dlrm)
     inst = m.instances.sort("instance")
@@ -59,8 +59,8 @@ def test_last_arrival_per_collective_matches_the_raw_events(dlrm):
 
 
 def test_what_the_detectors_say_on_the_real_set(dlrm):
-    from forensics.context import JobContext
     from forensics.detectors import run_detectors
+    from forensics.facts.context import JobContext
 
     findings, skipped = run_detectors(JobContext(dlrm), only=["straggler", "exposed_comm", "busy_wait", "pipeline_bubble"])
     assert [s.detector for s in skipped] == ["pipeline_bubble"]  # no pipeline group in DLRM

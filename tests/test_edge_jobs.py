@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from forensics.reports import html, json_report, markdown
 
-from forensics.analyze import Analysis, analyze
 from forensics.detectors import load_all
+from forensics.pipeline import Analysis, analyze
 from tests.conftest import assert_valid_findings
 from tests.nsys_synth import make_export
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from forensics.reports import json_report
 
-from forensics.analyze import analyze
+from forensics.pipeline import analyze
 from tests.conftest import ROOT, SAMPLE_DATA, assert_valid_findings, shared_path
 
 SAMPLES = sorted(p for p in (ROOT / "sample_traces").iterdir() if p.is_dir())

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from forensics.base.errors import UsageError
 from forensics.cli import environment_problem
-from forensics.errors import UsageError
 from tests.conftest import ROOT, run_cli
 
 
@@ -45,7 +45,7 @@ class _AuthError(Exception):
 
 
 def test_a_cluster_that_refuses_the_token_is_a_usage_error():
-    from forensics import ray_engine
+    from forensics.base import ray_engine
 
     with socket.socket() as listener:  # reachable, so the check passes and ray.init is what refuses
         listener.bind(("127.0.0.1", 0))

@@ -13,10 +13,10 @@ import pytest
 from forensics.reports.figures import PLOTLY_WHITE, Figure, colorscale, figure_html, page_figure
 from forensics.reports.views import build_views
 
-from forensics.analyze import Analysis, analyze
-from forensics.context import JobContext
-from forensics.findings import Finding, Severity
-from forensics.frames import JobFrames
+from forensics.base.findings import Finding, Severity
+from forensics.base.frames import JobFrames
+from forensics.facts.context import JobContext
+from forensics.pipeline import Analysis, analyze
 from tests.conftest import ROOT, shared_path
 from tests.frame_builders import MS, dp_job
 

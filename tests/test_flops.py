@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from forensics.flops import device_key, dtype_key, op_flops, peak_tflops
+from forensics.base.flops import device_key, dtype_key, op_flops, peak_tflops
 
 
 @pytest.mark.parametrize("name,dims,expected", [
@@ -55,7 +55,7 @@ def _reference(folder, op: str, dims: list[list[int]]) -> tuple[int, int]:
     import gzip
     import json
 
-    from forensics.flops import SHAPED_OPS
+    from forensics.base.flops import SHAPED_OPS
 
     calls, ns = 0, 0
     for path in sorted(folder.glob("*.json.gz")):
@@ -82,7 +82,7 @@ def test_achieved_tflops_on_the_real_dlrm_traces():
     """param_dlrm_8rank records shapes: the fp32 [16,512] x [512,512] GEMM, checked against the raw JSON."""
     import polars as pl
 
-    from forensics.analyze import analyze
+    from forensics.pipeline import analyze
     from tests.conftest import shared_path
 
     folder = shared_path("kineto", "param_dlrm_8rank")

@@ -3,13 +3,13 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from forensics import frames as fr
+from forensics.base import frames as fr
 from tests.conftest import ROOT
 
 
 def test_docs_frames_md_is_generated_from_the_module():
     assert (ROOT / "docs" / "frames.md").read_text() == fr.render_markdown(), (
-        "docs/frames.md is stale: run `python -m forensics.frames > docs/frames.md`"
+        "docs/frames.md is stale: run `python -m forensics.base.frames > docs/frames.md`"
     )
 
 

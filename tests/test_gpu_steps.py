@@ -13,10 +13,10 @@ import statistics
 import polars as pl
 import pytest
 
-from forensics.confidence import evidence_confidence
-from forensics.context import JobContext
+from forensics.base.confidence import evidence_confidence
+from forensics.base.frames import JobFrames
 from forensics.detectors import run_detectors
-from forensics.frames import JobFrames
+from forensics.facts.context import JobContext
 from tests.conftest import shared_path
 from tests.frame_builders import MS, _Rows, dp_job
 from tests.gpu_steps_reference import read
@@ -122,7 +122,7 @@ def test_confidence_from_the_evidence():
 
 
 def _load_one(tmp_path, *parts):
-    from forensics.analyze import load
+    from forensics.pipeline import load
 
     src = shared_path(*parts)
     shutil.copy(src, tmp_path / src.name)

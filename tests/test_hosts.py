@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from forensics.hosts import short_host
+from forensics.base.hosts import short_host
 
 
 def test_domain_is_dropped_addresses_kept_and_empty_is_none():

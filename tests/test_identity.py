@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from forensics import identity
-from forensics.frames import JobFrames
+from forensics.base.bus_ids import normalize_bus_id
+from forensics.base.frames import JobFrames
+from forensics.facts import identity
 from tests.detectors.nccl_fixtures import HEALTHY, frames_from
 
 
@@ -47,7 +48,7 @@ def test_trace_ranks_are_joined_on_host_pid_device(tmp_path):
 
 def test_bus_id_spellings_of_every_writer_become_one():
     # kernel logs and nvidia-smi: colon forms, any domain width, function optional
-    norm = identity.normalize_bus_id
+    norm = normalize_bus_id
     assert norm("0000:3b:00") == "0000:3b:00.0"
     assert norm("00000000:3B:00.0") == "0000:3b:00.0"
     assert norm("0018:01:00") == "0018:01:00.0"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from forensics.findings import Finding, Severity
+from forensics.base.findings import Finding, Severity
 from forensics.incidents import RULES, JobFacts, correlate, kinds_markdown, rules_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -265,7 +265,7 @@ SIMULATED = [("collective_timeout", {}), ("ddp_straggler", {}), ("host_straggler
 @pytest.mark.parametrize("scenario,kw", SIMULATED, ids=[s + "".join(f"-{k}{v}" for k, v in kw.get("params", {}).items())
                                                        for s, kw in SIMULATED])
 def test_simulated_scenarios_give_the_incidents_of_their_truth(tmp_path, scenario, kw):
-    from forensics.analyze import analyze
+    from forensics.pipeline import analyze
     from forensics.simulate import simulate
 
     truth = simulate(scenario, tmp_path / "run", seed=0, **kw)
@@ -294,8 +294,8 @@ def test_real_nccl_logs_give_byte_identical_findings(tmp_path):
 
 
 def test_triage_ranks_jobs_by_their_top_incident():
-    from forensics.triage import JobTask, analyze_job
-    from forensics.triage_data import dataset, job_ranking
+    from forensics.fleet.state import dataset, job_ranking
+    from forensics.fleet.triage import JobTask, analyze_job
 
     def run(name: str):
         return analyze_job(JobTask(name, str(ROOT / "sample_traces" / name), "fp"))

@@ -7,7 +7,7 @@ import random
 import polars as pl
 import pytest
 
-from forensics.intervals import MANY_WINDOWS, clip_to_disjoint_windows, clip_to_windows, mask_lengths, merge
+from forensics.base.intervals import MANY_WINDOWS, clip_to_disjoint_windows, clip_to_windows, mask_lengths, merge
 
 
 def test_merge_joins_overlapping_and_touching_intervals_per_group():

@@ -15,7 +15,7 @@ import pytest
 from forensics.parsers import discovery, kernel_log
 from forensics.parsers.common import LongLines, ParseContext, ParseResult
 
-from forensics.analyze import load
+from forensics.pipeline import load
 from forensics.simulate import simulate
 from tests.conftest import shared_path
 

@@ -6,7 +6,7 @@ import calendar
 
 import polars as pl
 
-from forensics.findings import Severity
+from forensics.base.findings import Severity
 from tests.conftest import shared_path
 from tests.kernlog_helpers import detect, events, fields, host_findings, parse_sample, sample_findings
 

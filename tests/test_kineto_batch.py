@@ -13,7 +13,7 @@ import pytest
 from forensics.parsers import discovery, kineto
 from forensics.parsers.common import ParseContext
 
-from forensics import frames as fr
+from forensics.base import frames as fr
 from tests.conftest import shared_path
 
 # Real traces of several eras and shapes; the eight DLRM ranks share pids, thread ids and
@@ -74,7 +74,7 @@ def test_a_batch_gives_each_file_what_parsing_it_alone_gives(run_dir: Path):
 
 
 def test_every_file_keeps_its_source_row_and_duplicate_ranks_drop_their_rows(tmp_path: Path, run_dir: Path):
-    from forensics.analyze import collect_frames
+    from forensics.pipeline import collect_frames
 
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)

@@ -12,7 +12,7 @@ import pytest
 from forensics.parsers import discovery, nccl_log
 from forensics.parsers.common import ParseContext, ParseResult
 
-from forensics.analyze import load
+from forensics.pipeline import load
 from tests.conftest import shared_path
 
 

@@ -8,7 +8,7 @@ import pytest
 from forensics.parsers.common import ParseContext
 from forensics.parsers.nccl_log import parse
 
-from forensics import nccl_cost as nc
+from forensics.facts import nccl_cost as nc
 from tests.conftest import shared_path
 
 LOG = "11_v2.22.3_h100_3node_24rank_tuning_lines_busbw_collapse_above_32MB.log"

@@ -13,7 +13,7 @@ import pytest
 from forensics.parsers.common import ParseContext
 from forensics.parsers.nccl_log import parse
 
-from forensics import frames as fr
+from forensics.base import frames as fr
 from tests.conftest import shared_path
 
 # prefix: (wc -l, grep -cE 'host:pid:tid [d] .*NCCL (INFO|WARN)|^\[d\] NCCL' + bare `NCCL version x+cuda` banners,

@@ -12,9 +12,9 @@ import pytest
 from forensics.parsers.common import ParseContext
 from forensics.parsers.nccl_log import parse
 
-from forensics.context import JobContext
+from forensics.base.frames import JobFrames
 from forensics.detectors import run_detectors
-from forensics.frames import JobFrames
+from forensics.facts.context import JobContext
 from tests.conftest import shared_path
 
 NCCL = ["nccl_transport", "nccl_algorithm", "nccl_timeout"]

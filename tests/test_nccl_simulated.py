@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from forensics.parsers.discovery import discover_and_parse
 
-from forensics.analyze import collect_frames
-from forensics.context import JobContext
 from forensics.detectors import run_detectors
+from forensics.facts.context import JobContext
+from forensics.pipeline import collect_frames
 from forensics.simulate import simulate
 
 NCCL = ["nccl_transport", "nccl_algorithm", "nccl_timeout"]
@@ -72,7 +72,7 @@ def test_forced_algorithm_is_found_and_quantified(tmp_path_factory):
     assert f"NCCL_ALGO={algo}" in f.summary
     assert set(f.hosts) == _truth_hosts(truth)
     # log processes and trace ranks are the same ranks on the same GPUs
-    from forensics.identity import identities
+    from forensics.facts.identity import identities
 
     ids = identities(_LAST["frames"])
     assert ids.height == len(truth["ranks"])

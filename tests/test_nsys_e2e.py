@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from forensics.analyze import analyze
+from forensics.pipeline import analyze
 from tests.conftest import ROOT, assert_valid_findings, shared_path
 
 JOBS = {
@@ -108,7 +108,7 @@ def test_allreduce_matched_across_ranks(tmp_path, key, last_rank):
     transfer time is that shortest duration (read here from the raw exports with SQL)."""
     import sqlite3
 
-    from forensics.collectives import match_collectives
+    from forensics.facts.collectives import match_collectives
 
     run_dir = job_copy(tmp_path, key)
     durations = []

@@ -13,8 +13,8 @@ import pytest
 from forensics.parsers.common import ParseContext
 from forensics.parsers.nsys import classify_kernels, parse
 
-from forensics.frames import JobFrames
-from forensics.gpu_metrics import sm_active_fraction, sm_active_in_windows
+from forensics.base.frames import JobFrames
+from forensics.facts.gpu_metrics import sm_active_fraction, sm_active_in_windows
 from tests.conftest import shared_path
 from tests.nsys_synth import make_export
 
@@ -145,7 +145,7 @@ def test_damaged_sqlite_is_failed_not_raised(tmp_path):
 
 
 def test_discovery_reports_non_nsys_sqlite(tmp_path):
-    from forensics.analyze import load
+    from forensics.pipeline import load
 
     con = sqlite3.connect(tmp_path / "cache.db")
     con.execute("CREATE TABLE t (x)")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from forensics.parsers.nvidia_smi import parse_text
 
-from forensics.findings import Severity
+from forensics.base.findings import Severity
 from tests.conftest import shared_path
 from tests.kernlog_helpers import parse_sample, sample_findings
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from forensics.context import JobContext
-from forensics.op_categories import category_expr
+from forensics.facts.context import JobContext
+from forensics.facts.op_categories import category_expr
 from tests.frame_builders import MS, US, _Rows
 
 # Kernel names copied from the traces in ../shared/sample_data/kineto, labelled by hand.
@@ -148,7 +148,7 @@ def test_nsys_kernels_are_attributed_through_the_launching_thread(tmp_path: Path
     """nsys-ai mfu_2gpu_before: no External ids; GEMMs attributed to the aten op NVTX range around the launch."""
     import shutil
 
-    from forensics.analyze import analyze
+    from forensics.pipeline import analyze
     from tests.conftest import shared_path
 
     db = shared_path("nsys", "nsys-ai", "mfu_2gpu_before.sqlite")

@@ -1,4 +1,4 @@
-"""forensics.outputs: the --out checks and the all-or-nothing writing of a run's output set."""
+"""forensics.base.outputs: the --out checks and the all-or-nothing writing of a run's output set."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from forensics import outputs
-from forensics.outputs import OutputError, OutputSet, check_out_dir
+from forensics.base import outputs
+from forensics.base.outputs import OutputError, OutputSet, check_out_dir
 from tests.conftest import ROOT, folder_files, write_old_outputs
 
 
@@ -139,7 +139,7 @@ def test_dev_full_is_a_write_error(tmp_path: Path):
 _WRITER = """
 import sys
 from pathlib import Path
-from forensics.outputs import OutputSet
+from forensics.base.outputs import OutputSet
 folder, tag = Path(sys.argv[1]), sys.argv[2]
 for i in range(40):
     outs = OutputSet(folder)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from forensics.analyze import analyze
 from forensics.detectors import load_all
+from forensics.pipeline import analyze
 from tests.conftest import ROOT, run_cli
 
 SAMPLE = ROOT / "sample_traces" / "ddp_straggler"

@@ -15,8 +15,8 @@ import pytest
 from forensics.reports import html as html_report
 from forensics.reports.views import View, build_views
 
-from forensics.analyze import Analysis, analyze
-from forensics.findings import Finding, Severity
+from forensics.base.findings import Finding, Severity
+from forensics.pipeline import Analysis, analyze
 from tests.browser import VIEWPORT, open_page  # noqa: F401  (pytest fixture)
 from tests.conftest import ROOT
 

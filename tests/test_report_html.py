@@ -13,8 +13,8 @@ from forensics.reports import html as html_report
 from forensics.reports.views import View
 from plotly.offline import get_plotlyjs
 
-from forensics.analyze import Analysis, analyze
-from forensics.findings import Finding, Severity
+from forensics.base.findings import Finding, Severity
+from forensics.pipeline import Analysis, analyze
 from tests.conftest import ROOT
 
 SAMPLES = sorted(p.name for p in (ROOT / "sample_traces").iterdir() if p.is_dir())

@@ -11,10 +11,10 @@ import polars as pl
 from forensics.reports import html as html_report
 from forensics.reports import json_report, markdown
 
-from forensics import frames as fr
-from forensics.analyze import Analysis
-from forensics.context import JobContext
-from forensics.findings import Finding, Severity, Skipped, sort_findings
+from forensics.base import frames as fr
+from forensics.base.findings import Finding, Severity, Skipped, sort_findings
+from forensics.facts.context import JobContext
+from forensics.pipeline import Analysis
 from tests.conftest import assert_valid_findings
 
 

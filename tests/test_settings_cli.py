@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from forensics.base.settings import parse_value, specs
 from forensics.cli import app
 from forensics.detectors import build_settings, load_all
-from forensics.settings import parse_value, specs
 from tests.conftest import ROOT, run_cli
 
 REGISTRY = load_all()

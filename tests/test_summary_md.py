@@ -10,11 +10,11 @@ from pathlib import Path
 import polars as pl
 from forensics.reports import markdown
 
-from forensics import frames as fr
-from forensics.analyze import Analysis
-from forensics.context import JobContext
-from forensics.findings import Finding, Severity, Skipped, sort_findings
+from forensics.base import frames as fr
+from forensics.base.findings import Finding, Severity, Skipped, sort_findings
+from forensics.facts.context import JobContext
 from forensics.incidents import Incident, verdict_text
+from forensics.pipeline import Analysis
 
 HOSTILE = "k<script>alert(1)</script>|`x`[y](javascript:z)*a*_b_"
 ALLOWED_TAGS = {"h1", "h2", "h3", "p", "ul", "li", "table", "thead", "tbody", "tr", "th", "td", "em", "strong", "br"}

@@ -13,11 +13,11 @@ from forensics.reports import perfetto
 from forensics.reports.view_collectives import COLLECTIVES_SCHEMA
 from typer.testing import CliRunner
 
-from forensics.analyze import Analysis, analyze
+from forensics.base.findings import Finding, Severity
+from forensics.base.frames import JobFrames
 from forensics.cli import app
-from forensics.context import JobContext
-from forensics.findings import Finding, Severity
-from forensics.frames import JobFrames
+from forensics.facts.context import JobContext
+from forensics.pipeline import Analysis, analyze
 from tests.conftest import ROOT
 from tests.frame_builders import MS, dp_job
 

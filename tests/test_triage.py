@@ -16,9 +16,9 @@ from urllib.parse import unquote
 import pyarrow.parquet as pq
 import pytest
 
-from forensics.errors import UsageError
-from forensics.triage import JobTask, analyze_job, run_triage
-from forensics.triage_data import (
+from forensics.base.errors import UsageError
+from forensics.fleet.jobs import find_jobs, fingerprint
+from forensics.fleet.state import (
     JobSummary,
     dataset,
     dump_state,
@@ -27,7 +27,7 @@ from forensics.triage_data import (
     recurring_culprits,
     state_config,
 )
-from forensics.triage_jobs import find_jobs, fingerprint
+from forensics.fleet.triage import JobTask, analyze_job, run_triage
 from tests.conftest import ROOT
 
 SAMPLES = ROOT / "sample_traces"
@@ -185,12 +185,12 @@ def test_fingerprint_follows_paths_sizes_and_mtimes(tmp_path: Path):
 
 
 def test_a_job_whose_analysis_raises_is_a_failed_row_with_the_last_traceback_line(tmp_path: Path, monkeypatch):
-    import forensics.analyze
+    import forensics.pipeline
 
     def boom(*args, **kwargs):
         raise ZeroDivisionError("division by zero in a detector")
 
-    monkeypatch.setattr(forensics.analyze, "analyze", boom)
+    monkeypatch.setattr(forensics.pipeline, "analyze", boom)
     res = analyze_job(JobTask("j", str(_job(tmp_path / "j")), "fp"))
     assert res.status == "failed" and res.files == []
     assert res.reason is not None and res.reason.startswith("internal error (a bug, please report it): "
@@ -312,16 +312,16 @@ def test_second_run_analyses_only_new_or_changed_jobs(fleet: Path, tmp_path: Pat
 
 
 def test_in_process_run_keeps_a_crashing_job_as_a_failed_row(fleet: Path, tmp_path: Path, monkeypatch):
-    import forensics.analyze
+    import forensics.pipeline
 
-    real = forensics.analyze.analyze
+    real = forensics.pipeline.analyze
 
     def crash_one(path, *args, **kwargs):
         if path.name == "xid79":
             raise KeyError("culprit")
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(forensics.analyze, "analyze", crash_one)
+    monkeypatch.setattr(forensics.pipeline, "analyze", crash_one)
     run = run_triage(find_jobs([fleet]), tmp_path / "t", workers=1)
     by = {s.job_id: s for s in run.summaries}
     assert by["xid79"].status == "failed" and "KeyError: 'culprit'" in (by["xid79"].reason or "")
@@ -330,7 +330,7 @@ def test_in_process_run_keeps_a_crashing_job_as_a_failed_row(fleet: Path, tmp_pa
 
 
 def test_ray_engine_without_ray_installed_is_a_usage_error(monkeypatch):
-    from forensics.triage import run_ray
+    from forensics.fleet.triage import run_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(UsageError, match=r"pip install 'trace-forensics\[ray\]'"):
@@ -364,8 +364,8 @@ def test_interrupted_run_leaves_out_as_it_was(tmp_path: Path):
 def test_a_ctrl_c_that_surfaces_twice_still_removes_the_staging_folder(tmp_path: Path, monkeypatch):
     """pola-rs/polars#23988: a Ctrl-C that stops a Polars query raises KeyboardInterrupt once from Polars
     and once more at Python's next call, which can be the cleanup's own first line."""
-    import forensics.analyze
-    import forensics.triage as triage
+    import forensics.fleet.triage as triage
+    import forensics.pipeline
 
     jobs = tmp_path / "jobs"
     _job(jobs / "a")
@@ -381,7 +381,7 @@ def test_a_ctrl_c_that_surfaces_twice_still_removes_the_staging_folder(tmp_path:
             raise KeyboardInterrupt
         real(self)
 
-    monkeypatch.setattr(forensics.analyze, "analyze", interrupted)
+    monkeypatch.setattr(forensics.pipeline, "analyze", interrupted)
     monkeypatch.setattr(triage.TriageRun, "cleanup", second_surfacing_first)
     with pytest.raises(KeyboardInterrupt):
         run_triage(find_jobs([jobs]), tmp_path / "t", workers=1)

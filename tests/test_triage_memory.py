@@ -9,9 +9,9 @@ from pathlib import Path
 
 from forensics.reports import triage_json
 
-from forensics.analyze import Analysis
-from forensics.triage import default_worker_memory, machine_memory, run_triage
-from forensics.triage_jobs import find_jobs
+from forensics.fleet.jobs import find_jobs
+from forensics.fleet.triage import default_worker_memory, machine_memory, run_triage
+from forensics.pipeline import Analysis
 from tests.test_triage import _cli, _job
 
 MB = 2**20

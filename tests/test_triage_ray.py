@@ -20,7 +20,7 @@ def _triage(jobs: Path, out: Path, engine: str) -> pl.DataFrame:
     from forensics.reports import triage_json
 
     from forensics.cli import _triage_outputs
-    from forensics.triage import find_jobs, run_triage
+    from forensics.fleet.triage import find_jobs, run_triage
 
     run = run_triage(find_jobs([jobs]), out, engine=engine, workers=2, render=triage_json.job_files)
     try:

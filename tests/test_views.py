@@ -17,10 +17,10 @@ from forensics.reports.view_hwevents import hw_events_view, job_marks
 from forensics.reports.view_ncclconfig import nccl_config_view
 from forensics.reports.views import VIEWS, View, build_views
 
-from forensics.analyze import Analysis, analyze
-from forensics.context import JobContext
-from forensics.findings import Finding, Severity
-from forensics.frames import JobFrames, conform
+from forensics.base.findings import Finding, Severity
+from forensics.base.frames import JobFrames, conform
+from forensics.facts.context import JobContext
+from forensics.pipeline import Analysis, analyze
 from tests.conftest import ROOT, shared_path
 from tests.frame_builders import MS, dp_job
 
@@ -132,7 +132,7 @@ def test_collective_skew_last_rank_transfer_and_busbw_by_hand(dp):
 
 
 def test_collective_expectation_uses_the_cost_model_when_the_gpu_is_known():
-    from forensics import nccl_cost as nc
+    from forensics.facts import nccl_cost as nc
 
     frames, _ = dp_job(n_ranks=8, steps=2, seq=True)
     ranks = frames["ranks"].with_columns(pl.lit("NVIDIA H100 80GB HBM3").alias("gpu_name"))

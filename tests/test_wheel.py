@@ -39,9 +39,13 @@ def _py_files(folder: str) -> set[str]:
 
 
 def test_wheel_has_only_the_forensics_package(tmp_path: Path):
-    # name and version from [project] (a regex: tomllib is 3.11+ and the project supports 3.10)
+    # the name from [project] (a regex: tomllib is 3.11+ and the project supports 3.10); the version is declared
+    # once, in forensics/__init__.py, and read from there by setuptools
     text = (ROOT / "pyproject.toml").read_text()
-    project = {k: re.search(rf'^{k} = "([^"]+)"', text, re.M).group(1) for k in ("name", "version")}
+    assert re.search(r'^dynamic = \["version"\]$', text, re.M) and not re.search(r'^version = "', text, re.M)
+    init = (ROOT / "forensics" / "__init__.py").read_text()
+    project = {"name": re.search(r'^name = "([^"]+)"', text, re.M).group(1),
+               "version": re.search(r'^__version__ = "([^"]+)"$', init, re.M).group(1)}
     dist = project["name"].replace("-", "_")
     wheel = _build_wheel(tmp_path)
     assert wheel.name.startswith(f"{dist}-{project['version']}-")
@@ -56,6 +60,7 @@ def test_wheel_has_only_the_forensics_package(tmp_path: Path):
     inside = {n.removeprefix("forensics/") for n in names if n.startswith("forensics/") and n.endswith(".py")}
     assert _py_files("forensics") <= inside
     assert "forensics/cli.py" in names and "forensics/schema/findings.schema.json" in names
+    assert "forensics/base/data/xid_catalog.csv" in names
     # report.html's templates are package data
     templates = {p.name for p in (ROOT / "reports" / "templates").iterdir() if p.is_file()}
     assert templates and {n.removeprefix("forensics/reports/templates/") for n in names

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from forensics.workers import over_limit_reason, resident_bytes, run_pool
+from forensics.base.workers import over_limit_reason, resident_bytes, run_pool
 
 MB = 2**20
 LIMIT = 400 * MB

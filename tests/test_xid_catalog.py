@@ -6,7 +6,7 @@ import csv
 
 import pytest
 
-from forensics.xid_catalog import CATALOG_PATH, LEVELS, RECOVERY_ACTIONS, catalog_codes, lookup, nvlink5_severity
+from forensics.base.xid_catalog import CATALOG_PATH, LEVELS, RECOVERY_ACTIONS, catalog_codes, lookup, nvlink5_severity
 
 ACTIONS = {"RESTART_APP", "RESET_GPU", "REBOOT_NODE", "DRAIN_NODE", "RMA_CANDIDATE", "INSPECT_PCIE", "INSPECT_LINK",
            "CHECK_COOLING", "CHECK_POWER", "INVESTIGATE_SW", "INVESTIGATE_STORAGE", "NONE"}

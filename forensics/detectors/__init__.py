@@ -2,8 +2,8 @@
 
 A detector is one module in this package holding one function ``detect`` decorated with
 :func:`detector`: a pure function ``(JobContext, Settings) -> list[Finding]`` over the job's one
-:class:`forensics.context.JobContext`. Its settings are a frozen dataclass whose fields are declared
-with :func:`forensics.settings.setting` (type, default, unit, valid range or choices, one line of doc);
+:class:`forensics.facts.context.JobContext`. Its settings are a frozen dataclass whose fields are declared
+with :func:`forensics.base.settings.setting` (type, default, unit, valid range or choices, one line of doc);
 ``--set`` is validated against that declaration and ``forensics rules`` prints it. Modules are discovered automatically, so
 adding a detector is adding a module (plus its fixtures and tests).
 
@@ -23,11 +23,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from forensics.context import JobContext
-from forensics.errors import UsageError
-from forensics.findings import Finding, Skipped
-from forensics.frames import JobFrames
-from forensics.settings import build
+from forensics.base.errors import UsageError
+from forensics.base.findings import Finding, Skipped
+from forensics.base.frames import JobFrames
+from forensics.base.settings import build
+from forensics.facts.context import JobContext
 
 DOC_SECTIONS = ("What it detects", "Why it matters", "How it measures", "What to do")
 

@@ -10,13 +10,13 @@ Why it matters:
     SM-level activity and power stay low while utilization reads full.
 
 How it measures:
-    Per rank and step (interval algebra, :mod:`forensics.breakdown`): ``U_any`` = time any kernel runs /
+    Per rank and step (interval algebra, :mod:`forensics.facts.breakdown`): ``U_any`` = time any kernel runs /
     step (the nvidia-smi quantity), ``U_compute`` = time compute kernels run / step, ``U_SM`` = kernel
     time weighted by ``min(1, blocks / SMs)`` / step, and the wait fraction ``W`` = time when only
     non-pipeline NCCL kernels run and they are in their waiting part (duration minus the collective's
-    transfer time, :mod:`forensics.collectives`) / step. When the job was profiled with GPU metrics
+    transfer time, :mod:`forensics.facts.collectives`) / step. When the job was profiled with GPU metrics
     (Nsight Systems ``--gpu-metrics-device``), ``U_SM`` is instead the measured SM Active over each
-    step (:mod:`forensics.gpu_metrics`), and the finding says which one it used (``U_SM_source``:
+    step (:mod:`forensics.facts.gpu_metrics`), and the finding says which one it used (``U_SM_source``:
     ``sm_active`` or ``blocks_estimate``). Pipeline (PP) waiting is the bubble and is left
     to the pipeline_bubble detector. A rank is flagged when, over its steps' medians, ``U_any >=
     min_util_any`` and ``W >= min_wait``, or ``U_any - U_compute >= min_gap`` with ``W`` at least
@@ -29,12 +29,12 @@ How it measures:
     as such (evidence role ``no_data``), and then the finding is at most a warning. Partial inputs:
     the ranks the job has (world size from trace metadata or NCCL init lines, process-group members)
     against the ranks with data are in the metrics; confidence follows the evidence
-    (:mod:`forensics.confidence`): high with every rank, two steps or more and collective sizes known,
+    (:mod:`forensics.base.confidence`): high with every rank, two steps or more and collective sizes known,
     medium with at least half of the ranks, low below that, and at most medium without a culprit.
     Without size metadata the transfer of a matched collective is its shortest duration across ranks
     (the finding says so). A lone rank of a multi-rank job has no peer to split its collectives into
     wait and transfer with, so its finding is information only at low confidence; without sizes either,
-    its collectives are not split at all (:mod:`forensics.collectives`), so no wait is claimed.
+    its collectives are not split at all (:mod:`forensics.facts.collectives`), so no wait is claimed.
     Impact: this is a symptom; the lost GPU time belongs to the cause (the late rank, or the
     pipeline bubble), so ``gpu_seconds_lost`` is left empty here and the wait is in the metrics.
 
@@ -50,16 +50,16 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from forensics.collectives import CollectiveMatch, transfer_basis
-from forensics.confidence import sizes_known
-from forensics.context import JobContext
+from forensics.base.confidence import sizes_known
+from forensics.base.findings import Finding, Severity
+from forensics.base.frames import JobFrames
+from forensics.base.settings import setting
 from forensics.detectors import Skip, detector
-from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
-from forensics.detectors._coverage import Coverage, at_most, coverage, gpus_of, rank_list
-from forensics.findings import Finding, Severity
-from forensics.frames import JobFrames
-from forensics.gpu_metrics import has_metric, sm_active_in_windows
-from forensics.settings import setting
+from forensics.detectors._step_metrics import EVIDENCE_CAP, gpu_seconds, ms, require_steps
+from forensics.facts.collectives import CollectiveMatch, transfer_basis
+from forensics.facts.context import JobContext
+from forensics.facts.coverage import Coverage, at_most, coverage, gpus_of, rank_list
+from forensics.facts.gpu_metrics import has_metric, sm_active_in_windows
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ Why it matters:
     FSDP all-gathers that do not overlap cost their full transfer time every step.
 
 How it measures:
-    Each NCCL kernel is split into wait and transfer (:mod:`forensics.collectives`; transfer = the
+    Each NCCL kernel is split into wait and transfer (:mod:`forensics.facts.collectives`; transfer = the
     shortest duration of that collective across ranks, placed at the kernel's end; a collective only one
     rank's trace shows is estimated from the same-size kernels of the job, and without size metadata it is
     not split at all: all of it counts as transfer, and the finding says so, since a collective that never
@@ -24,7 +24,7 @@ How it measures:
     rank, ``X_g >= dp_min_exposed`` and ``O_g < dp_max_overlap`` in at least ``min_step_share`` of the
     steps; TP+EP+CP together when their ``X`` reaches ``tp_min_exposed``. PP transfer belongs to the
     pipeline_bubble detector. Impact: the exposed transfer itself (what overlap could save), summed over
-    ranks and steps. Confidence follows the evidence (:mod:`forensics.confidence`): ranks with data,
+    ranks and steps. Confidence follows the evidence (:mod:`forensics.base.confidence`): ranks with data,
     collective sizes known, steps measured.
 
 What to do:
@@ -40,14 +40,14 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from forensics.collectives import PG_TYPES, UNKNOWN_SPLIT, transfer_basis
-from forensics.confidence import sizes_known
-from forensics.context import JobContext
+from forensics.base.confidence import sizes_known
+from forensics.base.findings import Finding, Severity
+from forensics.base.settings import setting
 from forensics.detectors import Skip, detector
-from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
-from forensics.detectors._coverage import at_most, coverage
-from forensics.findings import Finding, Severity
-from forensics.settings import setting
+from forensics.detectors._step_metrics import EVIDENCE_CAP, gpu_seconds, ms, require_steps
+from forensics.facts.collectives import PG_TYPES, UNKNOWN_SPLIT, transfer_basis
+from forensics.facts.context import JobContext
+from forensics.facts.coverage import at_most, coverage
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ Why it matters:
 
 How it measures:
     Needs profiler steps (a capture without them is skipped: its one window spans start-up and
-    teardown). The idle time per rank and step is the breakdown's ``idle_ns`` (:mod:`forensics.breakdown`: time
+    teardown). The idle time per rank and step is the breakdown's ``idle_ns`` (:mod:`forensics.facts.breakdown`: time
     in the step window with no kernel, copy or NCCL kernel running); a rank is flagged when its idle
     time over all its steps is at least ``min_idle`` of its step time. Its idle gaps (between the union
     of its kernels, inside the step windows) are each put in one class, first match wins: ``input``
@@ -47,14 +47,14 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from forensics.collectives import WHOLE_TRACE
-from forensics.context import JobContext
+from forensics.base.findings import Finding, Severity
+from forensics.base.intervals import clip_to_windows, merge
+from forensics.base.settings import setting
 from forensics.detectors import Skip, detector
-from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
-from forensics.detectors._coverage import gpus_of, rank_list
-from forensics.findings import Finding, Severity
-from forensics.intervals import clip_to_windows, merge
-from forensics.settings import setting
+from forensics.detectors._step_metrics import EVIDENCE_CAP, gpu_seconds, ms, require_steps
+from forensics.facts.collectives import WHOLE_TRACE
+from forensics.facts.context import JobContext
+from forensics.facts.coverage import gpus_of, rank_list
 
 LOADER = r"(?i)dataloader|__next__"
 SYNC = r"^(?:cuda|hip)(?:Stream|Device|Event)Synchronize$|^aten::(?:item|_local_scalar_dense)$"

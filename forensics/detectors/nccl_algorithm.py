@@ -22,7 +22,7 @@ Why it matters:
 
 How it measures:
     nccl_env (ENV echo and NCCL_* assignments on command lines in the log), nccl_calls (TUNING choices
-    with predicted µs, COLL sizes), nccl_tests, and the cost model in forensics.nccl_cost (argmin of
+    with predicted µs, COLL sizes), nccl_tests, and the cost model in forensics.facts.nccl_cost (argmin of
     latency + bytes/bandwidth over Ring/Tree/NVLS/NVLSTree/PAT x LL/LL128/Simple). An algorithm is
     never inferred from a kernel name: trace kernels are only matched to sizes NCCL logged a choice for.
 
@@ -42,13 +42,13 @@ from typing import Any, cast
 
 import polars as pl
 
-from forensics import nccl_cost as nc
-from forensics.context import JobContext
+from forensics.base.findings import Finding, Severity
+from forensics.base.frames import JobFrames
+from forensics.base.settings import setting
 from forensics.detectors import Skip, detector
-from forensics.detectors._nccl import JobNccl, evidence, where
-from forensics.findings import Finding, Severity
-from forensics.frames import JobFrames
-from forensics.settings import setting
+from forensics.facts import nccl_cost as nc
+from forensics.facts.context import JobContext
+from forensics.facts.nccl_setup import JobNccl, evidence, where
 
 FORCING = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_MAX_NCHANNELS", "NCCL_MAX_CTAS", "NCCL_NTHREADS",
            "NCCL_LL_THRESHOLD", "NCCL_TREE_THRESHOLD", "NCCL_LL128_NTHREADS")

@@ -40,11 +40,11 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from forensics.context import JobContext
+from forensics.base.findings import Finding, Severity
+from forensics.base.settings import setting
 from forensics.detectors import Skip, detector
-from forensics.detectors._nccl import evidence, where
-from forensics.findings import Finding, Severity
-from forensics.settings import setting
+from forensics.facts.context import JobContext
+from forensics.facts.nccl_setup import evidence, where
 
 IB_STATUS = {
     4: "local protection error (IBV_WC_LOC_PROT_ERR): memory registration / GDR problem",

@@ -30,20 +30,19 @@ What to do:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import cast
 
 import polars as pl
 
-from forensics.context import JobContext
+from forensics.base.findings import Finding, Severity
+from forensics.base.settings import setting
 from forensics.detectors import Skip, detector
-from forensics.detectors._nccl import JobNccl, evidence, where
-from forensics.findings import Finding, Severity
-from forensics.frames import JobFrames
-from forensics.settings import setting
+from forensics.facts.context import JobContext
+from forensics.facts.job_year import job_year
+from forensics.facts.nccl_setup import JobNccl, evidence, where
+from forensics.parsers.timestamps import earliest_glog_ns
 
 
 @dataclass(frozen=True)
@@ -167,7 +166,7 @@ def check_timeout(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
                  "ran_over_timeout": round(ratio, 2) if ratio is not None else None,
                  "seq": o.seqs[0] if o.seqs else None,
                  "ran_ms": int(o.ran_ns.max()) // 1_000_000 if o.ran_ns.len() else None,  # type: ignore[arg-type]
-                 "time_ns": _watchdog_time(t.timeouts["message"].drop_nulls().to_list(), t.year)},
+                 "time_ns": earliest_glog_ns(t.timeouts["message"].drop_nulls().to_list(), t.year)},
         evidence=evidence(pl.concat([t.timeouts, t.status], how="vertical"),
                           ("rank", "kind", "pg", "seq", "op_type", "numel_in", "last_enqueued", "last_completed", "line")),
     )]
@@ -264,35 +263,5 @@ def detect(ctx: JobContext, cfg: NcclTimeoutConfig) -> list[Finding]:
     cuda = ev.filter(pl.col("kind") == "cuda_failure")
     if ct.height == 0 and ras.height == 0 and cuda.height == 0:
         raise Skip("no PyTorch watchdog/timeout lines, NCCL RAS errors or fatal NCCL errors in the logs")
-    t = _Logs(ctx.nccl, ct, ras, ras_ok, cuda, _job_year(frames))
+    t = _Logs(ctx.nccl, ct, ras, ras_ok, cuda, job_year(frames))
     return [f for check in CHECKS for f in check(t, cfg)]
-
-
-# glog prefix of PyTorch lines: `[E0314 09:10:00.205065660 ProcessGroupNCCL.cpp:632]` (month, day, time; no year)
-_GLOG = re.compile(r"\[[EWIF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")
-
-
-def _job_year(frames: JobFrames) -> int | None:
-    """The year of the job, for glog stamps that omit it: from trace steps, else placed kernel-log lines."""
-    for name, col in (("steps", "start_ns"), ("kernel_events", "wall_ns")):
-        t = frames[name][col].drop_nulls().min() if frames.has(name) and frames[name].height else None
-        if t is not None:
-            return datetime.fromtimestamp(int(t) / 1e9, tz=timezone.utc).year  # type: ignore[arg-type]
-    return None
-
-
-def _watchdog_time(messages: list[str], year: int | None) -> int | None:
-    """Earliest glog stamp of the timeout lines as Unix ns (read as UTC), when the job's year is known."""
-    if year is None:
-        return None
-    times = []
-    for msg in messages:
-        m = _GLOG.search(msg)
-        if m:
-            mo, d, hh, mi, ss, frac = m.groups()
-            try:
-                t = datetime(year, int(mo), int(d), int(hh), int(mi), int(ss), tzinfo=timezone.utc)
-            except ValueError:
-                continue
-            times.append(int(t.timestamp()) * 1_000_000_000 + int((frac or "0").ljust(9, "0")))
-    return min(times) if times else None

@@ -24,7 +24,7 @@ How it measures:
     rank) gets no network finding whatever NCCL printed about its NICs at init; NIC facts (GDR disabled for an
     HCA, one NIC, link layers) count on a host only for the NICs its logged NET channels use, and on hosts
     whose NET channels are not in the logs. Fabric and connection errors are nccl_comm_failure's.
-    Ranks and GPUs come from forensics.identity (init lines, channel lines, traces).
+    Ranks and GPUs come from forensics.facts.identity (init lines, channel lines, traces).
 
 What to do:
     Sockets: install/enable the IB or EFA stack (NCCL_IB_DISABLE unset, libibverbs present, the right
@@ -41,11 +41,11 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from forensics.context import JobContext
+from forensics.base.findings import Finding, Severity
+from forensics.base.settings import setting
 from forensics.detectors import Skip, detector
-from forensics.detectors._nccl import JobNccl, evidence, where
-from forensics.findings import Finding, Severity
-from forensics.settings import setting
+from forensics.facts.context import JobContext
+from forensics.facts.nccl_setup import JobNccl, evidence, where
 
 
 @dataclass(frozen=True)

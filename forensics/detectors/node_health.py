@@ -47,12 +47,12 @@ from typing import Any
 
 import polars as pl
 
-from forensics.context import JobContext
+from forensics.base.findings import Finding, Severity
+from forensics.base.settings import setting
 from forensics.detectors import detector
-from forensics.findings import Finding, Severity
-from forensics.gpufaults.placement import Placement, host_key
-from forensics.host_events import STORAGE_MODULES, episodes, host_events, name_matches, summarize
-from forensics.settings import setting
+from forensics.facts.context import JobContext
+from forensics.facts.host_events import STORAGE_MODULES, episodes, host_events, name_matches, summarize
+from forensics.facts.placement import Placement, host_key
 
 TRAINERS = r"^(?:python[\d.]*|torchrun|pt_main_thread|pt_autograd_\d+|pt_data_worker|deepspeed|accelerate|ray::.*)$"
 VIRTUAL_IFACES = r"^(?:veth|docker|br-|virbr|cali|flannel|cni|tun|tap|lo$|vnet|kube)"

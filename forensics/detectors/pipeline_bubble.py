@@ -13,7 +13,7 @@ Why it matters:
 
 How it measures:
     Stage = position of the rank in its pipeline process group (PG description naming the pipeline
-    group); p = group size. Per rank and step (:mod:`forensics.breakdown`): bubble = time with no compute
+    group); p = group size. Per rank and step (:mod:`forensics.facts.breakdown`): bubble = time with no compute
     kernel, no non-pipeline NCCL kernel and no copy: either only PP send/recv kernels run (they spin
     until the peer is ready) or nothing runs (the host-bound part is reported alongside, since a
     host blocked in the pipeline flush also launches late); gaps between compute kernels shorter than
@@ -48,13 +48,13 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from forensics.collectives import assign_steps, effective_steps
-from forensics.context import JobContext
+from forensics.base.findings import Finding, Severity
+from forensics.base.settings import setting
 from forensics.detectors import Skip, detector
-from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
-from forensics.detectors._coverage import rank_list
-from forensics.findings import Finding, Severity
-from forensics.settings import setting
+from forensics.detectors._step_metrics import EVIDENCE_CAP, gpu_seconds, ms, require_steps
+from forensics.facts.collectives import assign_steps, effective_steps
+from forensics.facts.context import JobContext
+from forensics.facts.coverage import rank_list
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ Why it matters:
 
 How it measures:
     Per communicator (the trace's process group) and per (collective, message size): the median
-    transfer time of its matched instances (:mod:`forensics.collectives`: the duration of the last
+    transfer time of its matched instances (:mod:`forensics.facts.collectives`: the duration of the last
     member to arrive, so waiting for late ranks is not counted), and for pipeline groups the bare
     send/recv transfer (their shortest kernel). Only communicators spanning two or more hosts are
     compared, each with the others of the same type, collective, size, member count and host count (at
@@ -44,11 +44,11 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from forensics.context import JobContext
+from forensics.base.findings import Finding, Severity
+from forensics.base.settings import setting
 from forensics.detectors import Skip, detector
-from forensics.detectors._common import gpu_seconds, ms
-from forensics.findings import Finding, Severity
-from forensics.settings import setting
+from forensics.detectors._step_metrics import gpu_seconds, ms
+from forensics.facts.context import JobContext
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ How it measures:
     peers) is at least ``min_z``. Host: the same test on host-bound idle time (GPU idle before a kernel
     whose launch began after the GPU went idle). A rank that waits at collectives more than the median
     member is a victim, never a culprit. Arrival: from the matched collectives
-    (:mod:`forensics.collectives`), the share of instances where the rank arrived last (least wait)
+    (:mod:`forensics.facts.collectives`), the share of instances where the rank arrived last (least wait)
     by a margin of at least ``min_margin_us``, tested against chance (one-sided binomial,
     ``max_p_value``). Stage: median compute per pipeline stage at least ``stage_imbalance`` above the
     mean of stages.
@@ -50,12 +50,12 @@ from dataclasses import dataclass, replace
 
 import polars as pl
 
-from forensics.context import JobContext
+from forensics.base.findings import Finding, Severity
+from forensics.base.settings import setting
 from forensics.detectors import Skip, detector
-from forensics.detectors._common import EVIDENCE_CAP, gpu_seconds, ms, require_steps
-from forensics.detectors._coverage import Coverage, at_most, coverage, gpus_of
-from forensics.findings import Finding, Severity
-from forensics.settings import setting
+from forensics.detectors._step_metrics import EVIDENCE_CAP, gpu_seconds, ms, require_steps
+from forensics.facts.context import JobContext
+from forensics.facts.coverage import Coverage, at_most, coverage, gpus_of
 
 
 @dataclass(frozen=True)
@@ -271,7 +271,7 @@ def detect(ctx: JobContext, cfg: StragglerConfig) -> list[Finding]:
     )
     findings = [_rank_finding(h, c, rs, sc, job, cfg) for h, c, rs in _by_node(classes, job.host_of)]
     extra = _stages(s, cfg, job.step_med)
-    # Confidence from the evidence (forensics.confidence): never above what the ranks and steps support.
+    # Confidence from the evidence (forensics.base.confidence): never above what the ranks and steps support.
     return findings + [replace(f, confidence=at_most(f.confidence, job.cov.confidence())) for f in extra]
 
 

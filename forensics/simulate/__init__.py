@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from forensics.simulate import logs
 from forensics.simulate.engine import (
     COLL,
     COLL_OPTYPE,
@@ -29,6 +30,7 @@ from forensics.simulate.engine import (
     StepResult,
     iter_steps,
 )
+from forensics.simulate.incidents_truth import expected_incidents
 from forensics.simulate.kineto import EPOCH_NS, T0_NS, Spool, TraceWriter
 from forensics.simulate.logs import OOM_ANON_RSS_KB, RM_INIT_STATUS, aer_port
 from forensics.simulate.model import PCI_BUS_IDS, Job
@@ -324,9 +326,6 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
             f["expected"].update(_slow_groups(job, engine, f["params"]["nodes"], rec.xfer_by_pg, f["params"].get("nic")))
     truth["last_arrivals"] = {"columns": ["pg_name", "seq", "step", "op", "last_rank", "margin_ns"], "rows": rec.arrivals,
                               "truncated": rec.arrivals_truncated}
-    from forensics.simulate import logs
-    from forensics.simulate.incidents_truth import expected_incidents
-
     log_paths = logs.write_stdout_logs(out, job, engine, offsets, seed, rec.timeout_info, rec.step_log, rec.coll_log)
     end_ns = max(st.host_t for st in engine.states)
     klog_paths, injected = logs.write_kernel_logs(out, job, engine, offsets, seed, sc.kernel_log, end_ns, rec.timeout_info)

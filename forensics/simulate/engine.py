@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forensics.simulate.model import Job, ProcessGroup, build_groups, choose_algo, group_of, hsdp_groups
+from forensics.simulate.scenarios import ScenarioError
 
 # op kinds
 COMPUTE, MEMCPY, COLL, HOST, SYNC = range(5)
@@ -616,8 +617,6 @@ class Engine:
         # the data-parallel collectives of that step (all-reduce for DDP, all-gather / reduce-scatter for FSDP)
         cands = [c for c in colls if c.op not in ("send", "recv") and c.pg.kind in ("dp", "dp_rep", "world")]
         if not cands:
-            from forensics.simulate.scenarios import ScenarioError
-
             raise ScenarioError(f"no data-parallel collective in step {step} to time out")
         target = next((c for c in cands if c.seq == spec["seq"]), cands[0])
         spec["seq"] = target.seq

@@ -16,7 +16,20 @@ from typing import IO, Any
 
 import orjson
 
-from forensics.simulate.engine import COLL, COMPUTE, HOST, MEMCPY, SYNC, Op, RankState
+from forensics.simulate.engine import (
+    COLL,
+    COMPUTE,
+    HOST,
+    MEMCPY,
+    STREAM_COMPUTE,
+    STREAM_DP,
+    STREAM_RECV,
+    STREAM_RS,
+    STREAM_SEND,
+    SYNC,
+    Op,
+    RankState,
+)
 from forensics.simulate.model import Job, ProcessGroup, start_stride
 
 # All trace clocks start here (1 day of "uptime"); baseTimeNanoseconds maps them to the epoch.
@@ -183,8 +196,6 @@ class TraceWriter:
             self._ev({"name": "thread_name", "ph": "M", "ts": ts, "pid": st.pid, "tid": tid, "args": {"name": f"thread {tid} ({name})"}}, "metadata")
         self._ev({"name": "process_name", "ph": "M", "ts": ts, "pid": self.dev, "tid": 0, "args": {"name": f"GPU {self.dev}"}}, "metadata")
         self._ev({"name": "process_labels", "ph": "M", "ts": ts, "pid": self.dev, "tid": 0, "args": {"labels": f"GPU {self.dev}"}}, "metadata")
-        from forensics.simulate.engine import STREAM_COMPUTE, STREAM_DP, STREAM_RECV, STREAM_RS, STREAM_SEND
-
         for s in (STREAM_COMPUTE, STREAM_DP, STREAM_RS, STREAM_SEND, STREAM_RECV):
             self._ev({"name": "thread_name", "ph": "M", "ts": ts, "pid": self.dev, "tid": s, "args": {"name": f"stream {s} "}}, "metadata")
 

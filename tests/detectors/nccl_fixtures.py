@@ -7,7 +7,7 @@ from pathlib import Path
 from forensics.parsers.common import ParseContext
 from forensics.parsers.nccl_log import parse
 
-from forensics.frames import JobFrames
+from forensics.base.frames import JobFrames
 
 
 def frames_from(tmp_path: Path, text: str, name: str = "rank.log") -> JobFrames:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import polars as pl
 
-from forensics.frames import JobFrames
+from forensics.base.frames import JobFrames
 
 PER_RANK = ("kernels", "cpu_ops", "steps")
 
@@ -28,7 +28,7 @@ def only_ranks(frames: JobFrames, keep: set[int]) -> JobFrames:
 
 def simulate_with_traces_of(tmp_path: Path, scenario: str, keep: set[int], **kw) -> tuple[dict, JobFrames]:
     """Simulate ``scenario``, delete every trace file but those of ranks ``keep``, parse what is left."""
-    from forensics.analyze import load
+    from forensics.pipeline import load
     from forensics.simulate import simulate
 
     run = tmp_path / "run"

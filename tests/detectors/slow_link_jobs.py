@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from forensics.frames import JobFrames, conform
+from forensics.base.frames import JobFrames, conform
 from tests.frame_builders import MS, US, _Rows
 
 NODES, GPUS = 4, 8

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import shutil
 
-from forensics.analyze import analyze
-from forensics.context import JobContext
 from forensics.detectors import run_detectors
 from forensics.detectors.nccl_algorithm import EXPECTED_BUSBW
+from forensics.facts.context import JobContext
+from forensics.pipeline import analyze
 from tests.conftest import ROOT, shared_path
 from tests.detectors.nccl_fixtures import frames_from
 

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from forensics.context import JobContext
+from forensics.base.frames import JobFrames
 from forensics.detectors import run_detectors
-from forensics.frames import JobFrames
+from forensics.facts.context import JobContext
 from tests.detectors.partial_inputs import only_ranks, simulate_with_traces_of
 from tests.frame_builders import MS, dp_job
 
@@ -91,7 +91,7 @@ def _with_sm_active(frames, pct_by_rank: dict[int, float], every_ns: int = MS):
     """The same job plus Nsight Systems GPU metrics: constant SM Active per rank over the whole run."""
     import polars as pl
 
-    from forensics.frames import conform
+    from forensics.base.frames import conform
 
     steps = frames["steps"]
     lo, hi = int(steps["start_ns"].min()) - every_ns, int(steps["end_ns"].max()) + 2 * every_ns

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from forensics.context import JobContext
-from forensics.detectors._coverage import Coverage, coverage, rank_list
+from forensics.facts.context import JobContext
+from forensics.facts.coverage import Coverage, coverage, rank_list
 from tests.detectors.partial_inputs import only_ranks
 from tests.frame_builders import dp_job
 

@@ -6,9 +6,9 @@ import statistics
 
 import pytest
 
-from forensics.context import JobContext
+from forensics.base.frames import JobFrames
 from forensics.detectors import run_detectors
-from forensics.frames import JobFrames
+from forensics.facts.context import JobContext
 from tests.frame_builders import MS, dp_job
 
 

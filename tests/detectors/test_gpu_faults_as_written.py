@@ -10,7 +10,7 @@ import polars as pl
 from forensics.parsers.kernel_log import parse_text
 from forensics.parsers.nvidia_smi import parse_text as smi_text
 
-from forensics.findings import Severity
+from forensics.base.findings import Severity
 from tests.detectors.test_gpu_hw_error import _kernel, _log
 from tests.kernlog_helpers import detect
 

@@ -11,12 +11,12 @@ import pytest
 from forensics.parsers.nvidia_smi import parse_text as smi_text
 from forensics.reports import json_report
 
-from forensics.analyze import analyze
-from forensics.context import JobContext
+from forensics.base.errors import UsageError
+from forensics.base.findings import Severity
+from forensics.base.frames import JobFrames
 from forensics.detectors import run_detectors
-from forensics.errors import UsageError
-from forensics.findings import Severity
-from forensics.frames import JobFrames
+from forensics.facts.context import JobContext
+from forensics.pipeline import analyze
 from tests.conftest import assert_valid_findings, shared_path
 from tests.detectors.nccl_fixtures import frames_from
 from tests.kernlog_helpers import T0, detect, kernel_frame

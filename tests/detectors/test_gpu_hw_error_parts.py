@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import polars as pl
 
-from forensics.frames import KERNEL_EVENT_KINDS, JobFrames
-from forensics.gpufaults.kernel import HANDLERS
-from forensics.gpufaults.placement import Placement
-from forensics.host_events import HOST_KINDS
-from forensics.identity import job_identities
+from forensics.base.frames import KERNEL_EVENT_KINDS, JobFrames
+from forensics.detectors.gpu_hw_error.kernel import HANDLERS
+from forensics.facts.host_events import HOST_KINDS
+from forensics.facts.identity import job_identities
+from forensics.facts.placement import Placement
 from tests.detectors.nccl_fixtures import frames_from
 
 # kinds that prove nothing about a fault on their own (identity, driver banners, boot, unparsed lines)

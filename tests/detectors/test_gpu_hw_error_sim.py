@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from forensics.analyze import analyze
-from forensics.findings import Severity
+from forensics.base.findings import Severity
+from forensics.pipeline import analyze
 from forensics.simulate import simulate
 
 CASES = [

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from forensics.analyze import load
-from forensics.context import JobContext
 from forensics.detectors import run_detectors
+from forensics.facts.context import JobContext
+from forensics.pipeline import load
 from tests.frame_builders import MS, US, _Rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,7 +102,7 @@ def test_triggers_launch_bound_many_short_kernels_launched_late():
 
 
 def test_skipped_without_kernels():
-    from forensics.frames import JobFrames
+    from forensics.base.frames import JobFrames
 
     findings, skipped = run_detectors(JobContext(JobFrames({})), only=["gpu_idle"])
     assert findings == []

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import polars as pl
 
-from forensics import nccl_cost as nc
-from forensics.context import JobContext
+from forensics.base.frames import JobFrames
 from forensics.detectors import run_detectors
-from forensics.frames import JobFrames
+from forensics.facts import nccl_cost as nc
+from forensics.facts.context import JobContext
 from tests.detectors.nccl_fixtures import HEALTHY, frames_from
 
 

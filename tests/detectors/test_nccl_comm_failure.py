@@ -7,9 +7,9 @@ import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
-from forensics.analyze import analyze
-from forensics.context import JobContext
 from forensics.detectors import run_detectors
+from forensics.facts.context import JobContext
+from forensics.pipeline import analyze
 from tests import field_excerpts as fx
 from tests.conftest import shared_path
 from tests.detectors.nccl_fixtures import HEALTHY, frames_from

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from forensics.context import JobContext
+from forensics.base.frames import JobFrames
 from forensics.detectors import run_detectors
-from forensics.frames import JobFrames
+from forensics.facts.context import JobContext
 from tests.detectors.nccl_fixtures import HEALTHY, frames_from
 
 TIMEOUT = """\

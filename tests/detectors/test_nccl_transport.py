@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import shutil
 
-from forensics.analyze import analyze
-from forensics.context import JobContext
+from forensics.base.frames import JobFrames
 from forensics.detectors import run_detectors
-from forensics.frames import JobFrames
+from forensics.facts.context import JobContext
+from forensics.pipeline import analyze
 from tests.conftest import shared_path
 from tests.detectors.nccl_fixtures import HEALTHY, frames_from
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from forensics.analyze import analyze
-from forensics.context import JobContext
 from forensics.detectors import run_detectors
+from forensics.facts.context import JobContext
+from forensics.pipeline import analyze
 from tests.conftest import shared_path
 from tests.detectors.nccl_fixtures import HEALTHY, frames_from
 

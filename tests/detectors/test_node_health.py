@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import polars as pl
 
-from forensics.context import JobContext
+from forensics.base.findings import Severity
+from forensics.base.frames import JobFrames
 from forensics.detectors import run_detectors
-from forensics.findings import Severity
-from forensics.frames import JobFrames
+from forensics.facts.context import JobContext
 from tests.kernlog_helpers import T0, detect, kernel_frame
 from tests.kernlog_helpers import journal as _log
 

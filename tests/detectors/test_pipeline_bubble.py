@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from forensics.context import JobContext
 from forensics.detectors import run_detectors
 from forensics.detectors.pipeline_bubble import stage_table
+from forensics.facts.context import JobContext
 from tests.frame_builders import dp_job, pp_job
 
 
@@ -91,7 +91,7 @@ def test_theory_agreeing_with_measured_is_not_uncertain():
 def _sim(tmp_path, scenario):
     import json
 
-    from forensics.analyze import load
+    from forensics.pipeline import load
     from forensics.simulate import simulate
 
     simulate(scenario, tmp_path, seed=0)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from forensics.context import JobContext
+from forensics.base.frames import JobFrames
 from forensics.detectors import run_detectors
-from forensics.frames import JobFrames
+from forensics.facts.context import JobContext
 from tests.detectors.slow_link_jobs import GPUS, hsdp_groups, hsdp_job
 from tests.frame_builders import dp_job, link_job
 
