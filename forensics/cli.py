@@ -638,6 +638,26 @@ def rules(
         typer.echo(rules_report.text(chosen), nl=False)
 
 
+@app.command()
+def docs(
+    check: bool = typer.Option(False, "--check", help="write nothing; exit 1 when a generated document is stale"),
+    root: Path = typer.Option(Path("."), "--root", help="the checkout whose docs/ to regenerate"),
+) -> None:
+    """Regenerate every generated document (docs/detectors.md, docs/incidents.md, docs/frames.md,
+    docs/collectives.md) from its source, or check that they are current."""
+    from forensics.reports import docs as generated
+
+    if check:
+        bad = generated.stale(root)
+        if bad:
+            typer.echo(f"stale: {', '.join(bad)} (run `forensics docs` to regenerate)", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"{len(generated.GENERATED)} generated documents are current")
+        return
+    changed = generated.write(root)
+    typer.echo(f"rewrote {', '.join(changed)}" if changed else "every generated document was current")
+
+
 # --- simulate ----------------------------------------------------------------------------------
 
 

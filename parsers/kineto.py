@@ -33,6 +33,8 @@ from forensics.base import frames as fr
 from forensics.base.hosts import short_host
 
 _LAUNCH_PATTERN = r"(?i)launch|memcpy|memset"
+GRAPH_LAUNCH_PATTERN = r"^(cudaGraphLaunch|cuGraphLaunch|hipGraphLaunch)(_v\d+|_ptsz)?$"
+"""Runtime / driver calls that replay a CUDA or HIP graph: every kernel of the replay carries their correlation id."""
 _STEP_PATTERN = r"^ProfilerStep\s*#\s*(\d+)$"
 UNRANKED = "rank unknown (no distributedInfo, none in the file name)"
 _HOST_KEYS = ("host_name", "hostname", "host", "hostName")
@@ -117,6 +119,7 @@ class KinetoBatch:
         _hosts(files, cpu)
         kernels = _kernels(gpu)
         cpu_ops = _cpu_ops(cpu, kernels, one_file=len(files) == 1)
+        kernels = _graph_replays(kernels, cpu_ops)
         comms = _comms(comm_raw, cpu_ops, kernels)
         kernels = _enrich_kernels(kernels, comms)
         steps = _steps(cpu_ops)
@@ -282,6 +285,25 @@ def _cpu_ops(cpu: pl.DataFrame | None, kernels: pl.DataFrame | None, one_file: b
     runtime = pl.col("category").is_in(["cuda_runtime", "cuda_driver"])
     launch = runtime & (on_gpu | pl.col("name").str.contains(_LAUNCH_PATTERN))
     return cpu.with_columns(launch.fill_null(False).alias("is_launch"))
+
+
+def _graph_replays(kernels: pl.DataFrame | None, cpu_ops: pl.DataFrame | None) -> pl.DataFrame | None:
+    """``graph_replay``: the kernel's correlation id is that of a graph launch call of its file (one launch,
+    hundreds of kernels), or the profiler recorded a graph id for it."""
+    if kernels is None:
+        return None
+    with_id = pl.col("graph_id").is_not_null()
+    if cpu_ops is None:
+        return kernels.with_columns(with_id.alias("graph_replay"))
+    graph = (
+        cpu_ops.filter(pl.col("category").is_in(["cuda_runtime", "cuda_driver"])
+                       & pl.col("name").str.contains(GRAPH_LAUNCH_PATTERN) & pl.col("correlation").is_not_null())
+        .select("_f", "correlation").unique().with_columns(pl.lit(True).alias("_graph"))
+    )
+    if graph.height == 0:
+        return kernels.with_columns(with_id.alias("graph_replay"))
+    k = kernels.join(graph, on=["_f", "correlation"], how="left", maintain_order="left")
+    return k.with_columns((with_id | pl.col("_graph").fill_null(False)).alias("graph_replay")).drop("_graph")
 
 
 def _comms(comm_raw: pl.DataFrame | None, cpu_ops: pl.DataFrame | None, kernels: pl.DataFrame | None) -> pl.DataFrame | None:

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import polars as pl
 
-from forensics.base.flops import SHAPED_OPS
+from forensics.base.flops import SHAPED_OPS, TRITON_TEMPLATE_PREFIX
 
 NULL = -(1 << 63)  # integer-buffer stand-in for a missing value
 NAN = math.nan
@@ -103,7 +103,7 @@ class Extractor:
     """Feeds on chunks of event dicts; between chunks it holds only typed arrays."""
 
     _G = ("kind", "name", "device", "stream", "ts", "dur", "correlation", "external_id",
-          "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "blocks_per_sm")
+          "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "blocks_per_sm", "graph_id", "graph_node_id")
     _C = ("category", "name", "pid", "tid", "ts", "dur", "correlation", "external_id")
     _FLOAT = {"ts", "dur", "blocks_per_sm"}
 
@@ -171,7 +171,7 @@ class Extractor:
             code = self.names[key] = len(self.names)
             if key.startswith(COMM_OP_PREFIXES):
                 self.comm_name_ids.add(code)
-            elif key in SHAPED_OPS:
+            elif key in SHAPED_OPS or key.startswith(TRITON_TEMPLATE_PREFIX):
                 self.shape_name_ids.add(code)
         return code
 
@@ -206,7 +206,8 @@ class Extractor:
     # Column order of the fast path's per-event tuples, with each column's array typecode.
     _GROW = (("kind", "b"), ("name", "q"), ("ts", "d"), ("dur", "d"), ("device", "q"), ("stream", "q"),
              ("correlation", "q"), ("external_id", "q"), ("grid_x", "q"), ("grid_y", "q"), ("grid_z", "q"),
-             ("block_x", "q"), ("block_y", "q"), ("block_z", "q"), ("blocks_per_sm", "d"))
+             ("block_x", "q"), ("block_y", "q"), ("block_z", "q"), ("blocks_per_sm", "d"), ("graph_id", "q"),
+             ("graph_node_id", "q"))
     _CROW = (("category", "b"), ("name", "q"), ("ts", "d"), ("dur", "d"), ("pid", "q"), ("tid", "q"),
              ("correlation", "q"), ("external_id", "q"))
 
@@ -243,7 +244,8 @@ class Extractor:
                       dev if dev is not None else e.get("pid", NULL),
                       st if st is not None else e.get("tid", NULL),
                       a.get("correlation", NULL), ext if ext is not None else a.get("external id", NULL),
-                      grid[0], grid[1], grid[2], block[0], block[1], block[2], a.get("blocks per SM", NAN)))
+                      grid[0], grid[1], grid[2], block[0], block[1], block[2], a.get("blocks per SM", NAN),
+                      a.get("graph id", NULL), a.get("graph node id", NULL)))
                 if "Collective name" in a or "In msg nelems" in a:
                     gargs.append((len(grows) - 1, a))
                 continue
@@ -300,7 +302,7 @@ class Extractor:
     def _row_gpu(self, e: dict, code: int) -> None:
         g = self.g
         n = len(g["ts"])
-        gk, gn, gdev, gst, gts, gdur, gcorr, gext, ggx, ggy, ggz, gbx, gby, gbz, gbps = self._gapp
+        gk, gn, gdev, gst, gts, gdur, gcorr, gext, ggx, ggy, ggz, gbx, gby, gbz, gbps, ggid, ggnode = self._gapp
         try:
             a = e.get("args") or _EMPTY
             nid = self._name_id(e["name"])
@@ -324,6 +326,8 @@ class Extractor:
             gby(v[1])
             gbz(v[2])
             gbps(a.get("blocks per SM", NAN))
+            ggid(a.get("graph id", NULL))
+            ggnode(a.get("graph node id", NULL))
         except _DATA_ERRORS:
             for arr in g.values():
                 del arr[n:]
@@ -387,6 +391,7 @@ class Extractor:
             "correlation": _to_int(a.get("correlation")),
             "external_id": _to_int(ext if ext is not None else a.get("external id")),
             "blocks_per_sm": _to_float(a.get("blocks per SM")),
+            "graph_id": _to_int(a.get("graph id")), "graph_node_id": _to_int(a.get("graph node id")),
         }
         for i, axis in enumerate("xyz"):
             values[f"grid_{axis}"] = _to_int(grid[i]) if i < len(grid) else NULL

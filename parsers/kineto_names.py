@@ -61,7 +61,12 @@ def normalise_collective(raw: str | None) -> str | None:
 # ncclDevKernel_AllReduce_Sum_f32_RING_LL, ncclSymDevKernel_..., ncclSymkDevKernel_...,
 # ncclDevKernel_Generic, rcclGenericKernel<...>, optionally preceded by `void `.
 # Communication kernels: NCCL/RCCL in every naming era, plus DeepEP's expert-parallel kernels.
-COMM_KERNEL_PATTERN = r"(?i)nccl|rccl|dpsk::ep::|deep_ep::"
+TP_OVERLAP_KERNEL = (r"(?i)userbuffers|symm_mem|symmetric_memory|multimem_(all_reduce|all_gather|one_shot|two_shot)|"
+                     r"(one|two)_shot_all_reduce")
+"""Tensor-parallel communication overlapped with GEMMs outside NCCL: TransformerEngine's userbuffers kernels
+(``userbuffers_fp16_sum_inplace_gpu_rr_rs``, ``kuserbuffers_pullsend``), PyTorch symmetric memory (async TP's
+``fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``, ``multimem_all_reduce``, ``two_shot_all_reduce``)."""
+COMM_KERNEL_PATTERN = r"(?i)nccl|rccl|dpsk::ep::|deep_ep::|" + TP_OVERLAP_KERNEL.removeprefix("(?i)")
 _KERNEL_COLL = re.compile(
     r"(?:nccl|rccl)\w*?Kernel_(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|Send|Recv|AllToAll|AlltoAll)(?=_|\(|<|$)",
     re.IGNORECASE,
@@ -70,8 +75,16 @@ _ALGO = re.compile(r"_(RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|COLLNET|NVLS_TREE|
 _PROTO = re.compile(r"_(LL128|LL|SIMPLE)(?=_|\(|<|$)")
 
 
+_TP_OVERLAP = re.compile(TP_OVERLAP_KERNEL)
+_TP_COLL = ((re.compile(r"(?i)reduce_scatter|_rs\b|_rs_|rr_rs|matmul_reduce_scatter"), "reduce_scatter"),
+            (re.compile(r"(?i)all_gather|_ag\b|_ag_|pullsend|pushrecv"), "allgather"),
+            (re.compile(r"(?i)all_reduce|sum_inplace"), "allreduce"))
+
+
 def kernel_name_hints(name: str) -> tuple[str | None, str | None, str | None]:
     """(collective, algorithm, protocol) as the NCCL kernel name states them: hints only."""
+    if _TP_OVERLAP.search(name) and not re.search(r"(?i)nccl|rccl", name):
+        return next((coll for pattern, coll in _TP_COLL if pattern.search(name)), None), None, None
     base = name.split("(", 1)[0]
     m = _KERNEL_COLL.search(base)
     coll = normalise_collective(m.group(1)) if m else None

@@ -28,6 +28,7 @@ from urllib.parse import quote
 
 import polars as pl
 from forensics.parsers.common import ParseContext, ParseResult
+from forensics.parsers.kineto_names import TP_OVERLAP_KERNEL
 
 from forensics.base import frames as fr
 from forensics.base.hosts import short_host
@@ -327,6 +328,7 @@ _GPU_OP_SCHEMA = {
     "correlation": pl.Int64(), "pid": pl.Int64(), "name": pl.String(), "short": pl.String(),
     "grid_x": pl.Int32(), "grid_y": pl.Int32(), "grid_z": pl.Int32(),
     "block_x": pl.Int32(), "block_y": pl.Int32(), "block_z": pl.Int32(), "bytes": pl.Int64(), "kind": pl.String(),
+    "graph_id": pl.Int64(), "graph_node_id": pl.Int64(),
 }
 
 
@@ -372,7 +374,8 @@ def _kernels(db: _Db, off: int) -> pl.DataFrame:
     sql = (
         f"SELECT t.start + {off}, t.end + {off}, t.deviceId, {g('contextId')}, {g('streamId')}, {g('correlationId')}, "
         f"{_opt(db, t, 'globalPid', PID_EXPR.format(col='t.globalPid'))}, {dem}, {short}, "
-        f"{g('gridX')}, {g('gridY')}, {g('gridZ')}, {g('blockX')}, {g('blockY')}, {g('blockZ')}, NULL, 'kernel' "
+        f"{g('gridX')}, {g('gridY')}, {g('gridZ')}, {g('blockX')}, {g('blockY')}, {g('blockZ')}, NULL, 'kernel', "
+        f"NULLIF({g('graphId')}, 0), {g('graphNodeId')} "
         f'FROM "{db.name(t)}" t'
     )
     schema = dict(_GPU_OP_SCHEMA)
@@ -402,7 +405,7 @@ def _copies(db: _Db, off: int, table: str, kind: str) -> pl.DataFrame:
     sql = (
         f"SELECT t.start + {off}, t.end + {off}, t.deviceId, {_opt(db, table, 'contextId')}, {_opt(db, table, 'streamId')}, "
         f"{_opt(db, table, 'correlationId')}, {_opt(db, table, 'globalPid', PID_EXPR.format(col='t.globalPid'))}, "
-        f"{name}, NULL, NULL, NULL, NULL, NULL, NULL, NULL, {_opt(db, table, 'bytes')}, '{kind}' "
+        f"{name}, NULL, NULL, NULL, NULL, NULL, NULL, NULL, {_opt(db, table, 'bytes')}, '{kind}', NULL, NULL "
         f'FROM "{db.name(table)}" t'
     )
     return db.frame(sql, _GPU_OP_SCHEMA)
@@ -420,7 +423,7 @@ def _syncs(db: _Db, off: int) -> pl.DataFrame:
     sql = (
         f"SELECT t.start + {off}, t.end + {off}, t.deviceId, {_opt(db, t, 'contextId')}, {_opt(db, t, 'streamId')}, "
         f"{_opt(db, t, 'correlationId')}, {_opt(db, t, 'globalPid', PID_EXPR.format(col='t.globalPid'))}, {name}, "
-        f"NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 'sync' FROM \"{db.name(t)}\" t"
+        f"NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 'sync', NULL, NULL FROM \"{db.name(t)}\" t"
     )
     return db.frame(sql, _GPU_OP_SCHEMA)
 
@@ -432,12 +435,16 @@ def classify_kernels(df: pl.DataFrame) -> pl.DataFrame:
     coll_token = base.str.extract(_NCCL_COLL, 1)
     return df.with_columns(
         pl.when(pl.col("kind") == "kernel")
-        .then(pl.when(is_nccl | pl.col("name").str.contains(DEEPEP_KERNEL)).then(pl.lit("comm")).otherwise(pl.lit("compute")))
+        .then(pl.when(is_nccl | pl.col("name").str.contains(DEEPEP_KERNEL) | base.str.contains(TP_OVERLAP_KERNEL))
+              .then(pl.lit("comm")).otherwise(pl.lit("compute")))
         .otherwise(pl.col("kind"))
         .alias("class"),
         pl.when(is_nccl).then(coll_token.replace_strict(COLLECTIVES, default=None, return_dtype=pl.String())).alias("collective"),
         pl.when(is_nccl).then(base.str.extract(_NAME_ALGO, 1)).alias("name_algo"),
         pl.when(is_nccl).then(base.str.extract(_NAME_PROTO, 1)).alias("name_proto"),
+        # CUPTI gives every kernel a graph replay ran a graph id (0 or NULL otherwise)
+        *([pl.when(pl.col("kind") != "sync").then(pl.col("graph_id").is_not_null()).alias("graph_replay")]
+          if "graph_id" in df.columns else []),
     )
 
 

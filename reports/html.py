@@ -171,6 +171,7 @@ def job_header(analysis: Analysis, run: dict[str, Any]) -> list[tuple[str, str]]
         ("GPUs", gpu_text),
         ("Steps", _steps_line(analysis)),
         ("Wall time", _wall_line(analysis)),
+        ("GPU time", analysis.context.coverage["line"]),
         ("Sources", f"{run['sources_used']} file(s) used, {len(ignored)} ignored or unreadable" + _few(ignored)),
         ("Tool", f"forensics {__version__}"),
     ]

@@ -19,6 +19,7 @@ def build(analysis: Analysis) -> dict[str, Any]:
         "run": {
             "path": str(analysis.run_dir),
             **run_header(analysis),
+            "coverage": analysis.context.coverage,
             "steps_analyzed": steps_analyzed,
             "sources": [
                 {k: row[k] for k in ("path", "kind", "rank", "host", "status", "message")}

@@ -80,6 +80,8 @@ def _head(analysis: Analysis) -> list[str]:
     steps = analysis.frames["steps"]
     n_steps = steps["step"].n_unique() if steps.height else 0
     lines += [f"{n_steps} profiled step(s)." if n_steps else "No profiled steps in the traces.", ""]
+    if analysis.context.coverage["gpu_time_ns"]:
+        lines += ["**Coverage:** " + md_text(clip(analysis.context.coverage["line"], 2000)), ""]
     return lines
 
 

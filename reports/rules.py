@@ -1,8 +1,9 @@
 """`forensics rules`: each detector's documentation and settings table, as terminal text or Markdown.
 
-Detector docstrings are written with a little reST (````literal````, ``:mod:`x```); neither output
-shows that markup: plain text drops it, Markdown turns it into code spans and escapes the rest.
-docs/detectors.md is ``forensics rules --format md`` (a test compares them).
+A detector's documentation is data (:class:`forensics.detectors.DetectorDoc`: summary, what it detects, why it
+matters, how it measures, what to do), written with a little reST (````literal````, ``:mod:`x```); neither
+output shows that markup: plain text drops it, Markdown turns it into code spans and escapes the rest.
+docs/detectors.md is ``forensics rules --format md`` (``forensics docs --check`` compares them).
 """
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ import textwrap
 from collections.abc import Iterable
 
 from forensics.base.settings import describe
-from forensics.detectors import DOC_SECTIONS, DetectorSpec
+from forensics.detectors import DetectorSpec
 
 _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # :mod:`forensics.x`, :func:`~a.b` (the ~ keeps the last part)
 _CODE = re.compile(r"``([^`]+)``|`([^`]+)`")
-_SECTION = re.compile(r"^(" + "|".join(map(re.escape, DOC_SECTIONS)) + r"):?\s*$")
 _MD_SPECIAL = re.compile(r"([\\*\[\]<>|]|(?<!\w)_|_(?!\w))")  # an intraword _ is never emphasis
 _MD_LINE_START = re.compile(r"^([#>+=-]|\d+\.)")
 COLUMNS = ("name", "type", "default", "unit", "allowed", "doc")
@@ -56,25 +56,17 @@ def md_inline(text: str) -> str:
     return _MD_LINE_START.sub(r"\\\1", "".join(out))
 
 
-def _sections(doc: str) -> tuple[str, list[tuple[str, str]]]:
-    """The docstring's summary (text before the first section) and its (section, dedented body) pairs."""
-    head: list[str] = []
-    parts: list[tuple[str, list[str]]] = []
-    for line in doc.splitlines():
-        m = _SECTION.match(line)
-        if m:
-            parts.append((m.group(1), []))
-        elif parts:
-            parts[-1][1].append(line)
-        else:
-            head.append(line)
-    summary = "\n".join(head).strip()
-    return summary, [(name, textwrap.dedent("\n".join(body)).strip()) for name, body in parts]
-
-
 def _paragraphs(text: str) -> list[str]:
     """Paragraphs of a docstring body, each joined onto one line."""
     return [" ".join(p.split()) for p in re.split(r"\n\s*\n", text) if p.strip()]
+
+
+def _wrapped(text: str, indent: str) -> list[str]:
+    """Plain text, each paragraph wrapped at 100 columns, paragraphs separated by a blank line."""
+    out: list[str] = []
+    for p in _paragraphs(text):
+        out += [*([""] if out else []), *textwrap.wrap(plain(p), 100, initial_indent=indent, subsequent_indent=indent)]
+    return out
 
 
 def _text_table(rows: list[dict[str, str]]) -> list[str]:
@@ -88,13 +80,15 @@ def _text_table(rows: list[dict[str, str]]) -> list[str]:
 
 
 def text(detectors: Iterable[DetectorSpec]) -> str:
-    """Plain terminal text: name, documentation and settings table of each detector."""
+    """Plain terminal text: name, documentation, kinds of finding and settings table of each detector."""
     blocks = []
     for det in detectors:
-        summary, sections = _sections(det.doc)
-        lines = [det.name, "=" * len(det.name), plain(summary), ""]
-        for name, body in sections:
-            lines += [f"{name}:", textwrap.indent(plain(body), "    "), ""]
+        lines = [det.name, "=" * len(det.name), *_wrapped(det.doc.summary, ""), ""]
+        for name, body in det.doc.sections():
+            lines += [f"{name}:", *_wrapped(body, "    "), ""]
+        lines.append("Finding kinds (role, stage: meaning):")
+        lines += [f"    {k.name} ({k.role.value}, stage {k.tier}): {k.meaning}" for k in det.kinds]
+        lines.append("")
         rows = describe(det.config)
         lines.append(f"Settings (--set {det.name}.SETTING=VALUE):")
         lines += ["    " + row for row in _text_table(rows)] if rows else ["    none"]
@@ -108,14 +102,22 @@ def _md_cell(value: str, code: bool = False) -> str:
     return md_inline(value)
 
 
+def _kinds_markdown(det: DetectorSpec) -> list[str]:
+    """The kinds of finding the detector declares (what incident rules match), as a table."""
+    out = ["### Finding kinds", "", "| kind | role | stage | meaning | default remediation |", "|---|---|---|---|---|"]
+    out += [f"| {_md_cell(k.name, True)} | {k.role.value} | {k.tier} | {_md_cell(k.meaning)} | {_md_cell(k.remediation)} |"
+            for k in det.kinds]
+    return [*out, ""]
+
+
 def markdown(detectors: Iterable[DetectorSpec], intro: bool = True) -> str:
-    """Markdown (docs/detectors.md): one section per detector with its settings table."""
+    """Markdown (docs/detectors.md): one section per detector with its kinds of finding and settings table."""
     out = [MD_INTRO] if intro else []
     for det in detectors:
-        summary, sections = _sections(det.doc)
-        out += [f"## {det.name}", "", *[md_inline(p) + "\n" for p in _paragraphs(summary)]]
-        for name, body in sections:
+        out += [f"## {det.name}", "", *[md_inline(p) + "\n" for p in _paragraphs(det.doc.summary)]]
+        for name, body in det.doc.sections():
             out += [f"### {name}", "", *[md_inline(p) + "\n" for p in _paragraphs(body)]]
+        out += _kinds_markdown(det)
         out += ["### Settings", ""]
         rows = describe(det.config)
         if not rows:

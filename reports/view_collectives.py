@@ -174,7 +174,19 @@ def schema_markdown() -> str:
              "",
              "| column | dtype | meaning (unit) |", "|---|---|---|"]
     lines += [f"| `{c}` | {t} | {doc} |" for c, (t, doc) in COLLECTIVES_SCHEMA.items()]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + TP_NOTE
+
+
+TP_NOTE = """
+## Tensor-parallel communication outside NCCL
+
+TransformerEngine's userbuffers kernels and PyTorch's symmetric-memory kernels (async TP) carry no process group:
+both are tensor-parallel features, so their process-group type is `TP`. They are never matched into instances
+(they run fused with, or beside, the GEMMs they feed, with no NCCL sequence to pair them by): the whole kernel counts
+as transfer (`transfer_how` = `unknown`), so the breakdown's `overlap_TP_ns` is what the overlap hides and
+`exposed_TP_ns` only the part no compute kernel covers.
+"""
+"""The hand-written part of docs/collectives.md, after the generated table."""
 
 
 def _display(df: pl.DataFrame) -> pl.DataFrame:

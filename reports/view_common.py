@@ -37,7 +37,7 @@ class View:
 
 
 MARGIN = dict(t=30, b=40, l=60, r=10)
-STRAGGLER_DETECTORS = ("straggler",)
+SLOW_RANK_KIND = "slow_rank"  # the declared kind of finding whose ranks made the others wait
 
 
 def esc(value: Any) -> str:
@@ -73,8 +73,8 @@ def gpu_labels(ctx: JobContext) -> pl.DataFrame:
 
 
 def culprit_ranks(analysis: Analysis) -> list[int]:
-    """Ranks the straggler findings name as culprits (the ranks that made the others wait), sorted."""
-    found = {int(r) for f in analysis.findings if f.detector in STRAGGLER_DETECTORS for r in f.ranks}
+    """Ranks the slow-rank findings (stragglers) name as culprits (the ranks that made the others wait), sorted."""
+    found = {int(r) for f in analysis.findings if f.kind == SLOW_RANK_KIND for r in f.ranks}
     return sorted(found)
 
 

@@ -77,12 +77,11 @@ def job_marks(analysis: Analysis) -> list[tuple[int, str]]:
     traced rank completed."""
     marks: list[tuple[int, str]] = []
     for f in analysis.findings:
-        t = f.metrics.get("time_ns")
-        if f.detector == "nccl_timeout" and isinstance(t, int):
-            marks.append((t, "NCCL timeout"))
-            ran = f.metrics.get("ran_ms")
-            if isinstance(ran, (int, float)) and ran > 0:
-                marks.append((t - int(ran * 1e6), "timed-out collective began"))
+        died = f.cost.died_ns
+        if f.cost.fatal and died is not None:
+            marks.append((died, "NCCL timeout"))
+            if f.when.start_ns is not None and f.when.start_ns < died:
+                marks.append((f.when.start_ns, "timed-out collective began"))
     steps = analysis.frames["steps"].filter(pl.col("rank").is_not_null())
     if steps.height:
         last = int(steps.group_by("rank").agg(pl.col("step").max())["step"].min())  # type: ignore[arg-type]

@@ -22,11 +22,13 @@ from forensics.reports.view_hwevents import hw_events_view
 from forensics.reports.view_ncclconfig import nccl_config_view
 from forensics.reports.view_timeline import timeline_view
 
+from forensics.detectors import load_all
+
 if TYPE_CHECKING:
     from forensics.facts.context import JobContext
     from forensics.pipeline import Analysis
 
-__all__ = ["DETECTOR_VIEWS", "VIEWS", "View", "ViewBuilder", "build_views", "view_for"]
+__all__ = ["VIEWS", "View", "ViewBuilder", "build_views", "view_for"]
 
 ViewBuilder = Callable[["Analysis"], View]
 
@@ -69,23 +71,7 @@ def build_views(analysis: Analysis) -> list[View]:
     return [build(analysis) for build in VIEWS]
 
 
-DETECTOR_VIEWS: dict[str, str] = {
-    "straggler": "rank-step-heatmap",
-    "busy_wait": "collectives",  # the per-collective table names who was waited for
-    "exposed_comm": "step-anatomy",
-    "gpu_idle": "step-anatomy",
-    "pipeline_bubble": "timeline",
-    "gpu_hw_error": "hw-events",
-    "nccl_timeout": "hw-events",  # the hardware and host events view marks the NCCL timeout
-    "nccl_algorithm": "nccl-config",
-    "nccl_transport": "nccl-config",
-    "nccl_comm_failure": "hw-events",  # the first error and its peer sit with the fault events of the job
-    "slow_link": "collectives",
-    "node_health": "hw-events",
-}
-"""The view (anchor) that shows a detector's evidence, for a finding's link."""
-
-
 def view_for(detector: str) -> str | None:
-    """Anchor of the view that shows ``detector``'s evidence; None when no view does."""
-    return DETECTOR_VIEWS.get(detector)
+    """Anchor of the view that shows ``detector``'s evidence, as the detector declares it; None when no view does."""
+    spec = load_all().get(detector)
+    return spec.view if spec else None

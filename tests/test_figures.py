@@ -52,7 +52,7 @@ def test_hardware_events_figures_with_marks_validate():
 def test_host_level_bars_and_culprits_validate():
     """Above 64 ranks the anatomy draws per host, outliers apart; a straggler finding marks its rank."""
     frames, _ = dp_job(n_ranks=80, steps=3, slow={5: 1.3}, clock_offset={1: 3 * MS}, seq=True)
-    straggler = Finding("straggler", Severity.WARNING, "Straggler", "s", "r", ranks=(5,))
+    straggler = Finding("straggler", Severity.WARNING, "Straggler", "s", "r", kind="slow_rank", ranks=(5,))
     analysis = Analysis(Path("job"), JobContext(JobFrames({n: frames[n] for n in frames.present})), [straggler])
     assert _assert_views_validate(analysis) >= 5
 

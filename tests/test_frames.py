@@ -4,13 +4,6 @@ import polars as pl
 import pytest
 
 from forensics.base import frames as fr
-from tests.conftest import ROOT
-
-
-def test_docs_frames_md_is_generated_from_the_module():
-    assert (ROOT / "docs" / "frames.md").read_text() == fr.render_markdown(), (
-        "docs/frames.md is stale: run `python -m forensics.base.frames > docs/frames.md`"
-    )
 
 
 def test_every_time_column_is_int64_ns():

@@ -35,12 +35,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # Folder -> import name (pyproject.toml's package-dir).
 FOLDERS = {"forensics": "forensics", "parsers": "forensics.parsers", "reports": "forensics.reports"}
 
-# The one cycle left to #25 item 2 (incidents split into model / rules / linking / cost / verdict): the
-# incidents rules call the verdict's summaries and the verdict reads the incidents' private `_timeout`.
-# Remove these entries when the split lands; the tests below fail while an entry is no longer needed.
-ALLOWED_CYCLES = {frozenset({"forensics.incidents", "forensics.incidents.verdict"})}
-ALLOWED_PRIVATE = {("forensics.incidents.verdict", "forensics.incidents", "_timeout")}
-ALLOWED_LAZY = {("forensics.incidents", "forensics.incidents.verdict"), ("forensics.incidents.verdict", "forensics.incidents")}
+# Nothing is allowed: the incidents <-> verdict cycle is gone (incidents split into model / rules / linking /
+# cost / verdict, #25 item 2). Kept as data so the tests below still say what an allowance would be.
+ALLOWED_CYCLES: set[frozenset[str]] = set()
+ALLOWED_PRIVATE: set[tuple[str, str, str]] = set()
+ALLOWED_LAZY: set[tuple[str, str]] = set()
 
 # The CLI imports what each command runs inside the command: `forensics --version` or `rules` never pays
 # for polars and the parsers. Nothing else imports forensics modules inside a function.

@@ -98,7 +98,7 @@ def test_kernels_are_attributed_to_their_launching_op():
     att = _job().op_attribution
     row = att.filter((pl.col("rank") == 0) & (pl.col("category") == "gemm")).to_dicts()
     assert row == [{"rank": 0, "category": "gemm", "op": "aten::mm", "kernels": 2, "time_ns": 20 * MS,
-                    "kernel_names": ["ampere_sgemm_128x64_nn"]}]
+                    "kernel_names": ["ampere_sgemm_128x64_nn"], "via": "launch", "region": None}]
     memcpy = att.filter((pl.col("rank") == 0) & (pl.col("category") == "memcpy"))
     assert memcpy["op"].to_list() == [None]  # no External id: no op, said as null
     assert att["time_ns"].to_list() == sorted(att["time_ns"].to_list(), reverse=True)

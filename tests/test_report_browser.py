@@ -90,7 +90,7 @@ def test_script_payloads_in_kernel_and_file_names_render_as_text(
     assert sorted(kernels) == sorted(KERNEL_PAYLOADS)  # the names come from the parsed trace
     # a finding that names them (title, summary, scope, evidence), as a detector's would
     analysis.findings.append(Finding("straggler", Severity.WARNING, f"slow kernel {kernels[0]}",
-                                     f"kernel {kernels[1]} is slow", f"look at {kernels[0]}", ranks=(0,),
+                                     f"kernel {kernels[1]} is slow", f"look at {kernels[0]}", kind="slow_rank", ranks=(0,),
                                      hosts=(kernels[1],), evidence=tuple({"kernel": k, "ms": 1.0} for k in kernels)))
     path = tmp_path / "report.html"
     path.write_text(html_report.render(analysis), encoding="utf-8")

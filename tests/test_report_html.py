@@ -74,7 +74,7 @@ def _fake_views(label: str) -> list[View]:
 def test_findings_link_to_their_view_only_when_it_shows_something(monkeypatch: pytest.MonkeyPatch):
     a = _sample("xid79")
     monkeypatch.setattr(html_report, "build_views", lambda analysis: _fake_views("x"))
-    straggler = Finding("straggler", Severity.WARNING, "slow", "s", "r", ranks=(1,))
+    straggler = Finding("straggler", Severity.WARNING, "slow", "s", "r", kind="slow_rank", ranks=(1,))
     a.findings.append(straggler)
     try:
         page = html_report.render(a)

@@ -37,7 +37,7 @@ def _analysis() -> Analysis:
     ranks = pl.DataFrame({"rank": [3], "world_size": [8], "host": ["n1"]})
     frames = fr.JobFrames({"sources": sources, "steps": steps, "ranks": ranks})
     findings = [
-        Finding("straggler", Severity.INFO, "minor", "s", "r", ranks=(1,)),
+        Finding("straggler", Severity.INFO, "minor", "s", "r", kind="slow_rank", ranks=(1,)),
         Finding(
             "gpu_hw_error", Severity.CRITICAL, "Xid 79 <GPU fell off the bus>", "GPU 0000:3b:00.0 on n1 fell off the bus",
             "drain the node", ranks=(3,), hosts=("n1",), gpus=("0000:3b:00.0",), metrics={"xid": 79, "nan": float("nan")},
@@ -152,7 +152,7 @@ def test_findings_with_hostile_names_render_as_text_in_markdown_and_html():
     a = _analysis()
     name = "ncclKernel<|`x`|>[0](javascript:alert(1))"
     a.findings.append(Finding("straggler", Severity.WARNING, f"slow kernel {name}", f"kernel {name} on host h[1]|<b>", "check",
-                              ranks=(2,), hosts=("h[1]|<b>",)))
+                              kind="slow_rank", ranks=(2,), hosts=("h[1]|<b>",)))
     md = markdown.render(a)
     rendered = _md_html(md)
     assert "<b>" not in rendered and "href" not in rendered and "<a " not in rendered

@@ -55,7 +55,7 @@ def _huge(n_ranks: int = 1024, n_findings: int = 3000, n_bad: int = 2000, n_inci
     evidence = tuple({"kernel": HOSTILE * 10, "rank": r, "ms": 1.5, **{f"c{i}": HOSTILE for i in range(12)}}
                      for r in range(200))
     findings = [Finding("straggler", Severity.WARNING if i % 2 else Severity.CRITICAL, f"slow {HOSTILE} {i}",
-                        f"summary {HOSTILE} " * 50, f"fix {HOSTILE} " * 30, ranks=tuple(range(i % 50)),
+                        f"summary {HOSTILE} " * 50, f"fix {HOSTILE} " * 30, kind="slow_rank", ranks=tuple(range(i % 50)),
                         hosts=(hosts[i % n_ranks],), evidence=evidence, key=str(i)) for i in range(n_findings)]
     incidents = [Incident(f"incident-{i}", f"incident {HOSTILE}", Severity.CRITICAL, findings[i].id,
                           (findings[i].id,), f"story {HOSTILE} " * 40, f"verdict {i} {HOSTILE} " * 20,

@@ -7,6 +7,9 @@ were not recorded gets no FLOP count, never a guess. A multiply-add counts as 2 
 - ``aten::bmm`` ([B,M,K] x [B,K,N]), ``aten::baddbmm`` (input, [B,M,K], [B,K,N]): 2·B·M·N·K
 - ``aten::matmul``: the leading dimensions of the first input are the batch: 2·batch·M·N·K
 - ``aten::linear`` (input [..., K], weight [N, K]): 2·rows·N·K, rows the product of the input's leading dimensions
+- Triton matmul templates of torch.compile (``triton_tem_fused_mm_0``, ``..._addmm_..``, ``..._bmm_..``; shapes
+  from the launcher's host op): 2·batch·M·N·K from the first operands A [.., M, K], B [.., K, N] whose output
+  [.., M, N] is among the arguments; other templates (flex attention, convolutions) get none
 - scaled-dot-product / flash / memory-efficient attention, forward (q, k, v as [B, H, L, D]; the kernels'
   own ``aten::_flash_attention_forward`` / ``aten::_efficient_attention_forward`` as [B, L, H, D]): 4·B·H·Lq·Lk·D (Q·Kᵀ and P·V), the dense count: a causal
   mask halves the work done, which the shapes do not tell; backward: 2.5 times the forward (five matmuls of
@@ -45,7 +48,11 @@ BLHD_FWD = ("aten::_flash_attention_forward", "aten::_efficient_attention_forwar
 BLHD_BWD = ("aten::_flash_attention_backward", "aten::_efficient_attention_backward")
 """The kernels' own entry points take q, k, v as [B, L, H, D]; the scaled-dot-product ops as [B, H, L, D]."""
 SHAPED_OPS = frozenset(GEMM_OPS + ATTENTION_FWD + ATTENTION_BWD + BLHD_FWD + BLHD_BWD)
-"""Ops whose shapes the Kineto parser keeps (only these: shapes of every op would cost memory)."""
+"""Ops whose shapes the Kineto parser keeps (only these: shapes of every op would cost memory), with the Triton
+templates (:data:`TRITON_TEMPLATE_PREFIX`)."""
+TRITON_TEMPLATE_PREFIX = "triton_tem_"
+"""torch.compile's template kernels (inductor names them ``triton_tem_fused_<ops>_<n>``); its launcher records a host
+op of the kernel's name around the launch, with the kernel's arguments as ``Input Dims`` when shapes are recorded."""
 
 
 def device_key(gpu_name: str | None) -> str | None:
@@ -98,8 +105,26 @@ def _attention(dims: Sequence[Sequence[int]], blhd: bool) -> float | None:
     return 4.0 * b * h * lq * lk * d
 
 
+def _triton_mm(dims: Sequence[Sequence[int]]) -> float | None:
+    """A Triton matmul template's FLOPs from its arguments' shapes: the first two consecutive tensors A [.., M, K]
+    and B [.., K, N] whose product's shape [.., M, N] is also among the arguments (the output buffer), so a bias or
+    an epilogue input is not taken for an operand. None when no such triple is there."""
+    shapes = [list(d) for d in dims if isinstance(d, (list, tuple))]
+    for i in range(len(shapes) - 1):
+        a, b = shapes[i], shapes[i + 1]
+        if len(a) < 2 or len(b) < 2 or a[-1] != b[-2]:
+            continue
+        out = a[:-1] + [b[-1]]
+        if out in shapes[i + 2:]:
+            batch = math.prod(a[:-2]) if len(a) > 2 else 1
+            return 2.0 * batch * a[-2] * a[-1] * b[-1]
+    return None
+
+
 def op_flops(name: str, dims: Sequence[Sequence[int]]) -> float | None:
     """FLOPs of one call of ``name`` with input shapes ``dims``; None when unknown (see module doc)."""
+    if name.startswith(TRITON_TEMPLATE_PREFIX):
+        return _triton_mm(dims) if "mm" in name else None
     if name in GEMM_OPS:
         return _gemm(name, dims)
     if name in ATTENTION_FWD or name in BLHD_FWD:

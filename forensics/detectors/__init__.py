@@ -24,12 +24,30 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from forensics.base.errors import UsageError
-from forensics.base.findings import Finding, Skipped
+from forensics.base.findings import Finding, FindingKind, Skipped
 from forensics.base.frames import JobFrames
 from forensics.base.settings import build
 from forensics.facts.context import JobContext
 
 DOC_SECTIONS = ("What it detects", "Why it matters", "How it measures", "What to do")
+
+
+@dataclass(frozen=True)
+class DetectorDoc:
+    """A detector's documentation as data (``forensics rules`` and docs/detectors.md print it).
+
+    Each field is plain text with a little reST inline markup (````literal````); paragraphs are separated by a
+    blank line."""
+
+    summary: str  # one paragraph: what the detector is about
+    detects: str  # What it detects
+    matters: str  # Why it matters
+    measures: str  # How it measures
+    todo: str  # What to do
+
+    def sections(self) -> list[tuple[str, str]]:
+        """(section title, text) in the order of :data:`DOC_SECTIONS`."""
+        return list(zip(DOC_SECTIONS, (self.detects, self.matters, self.measures, self.todo), strict=True))
 
 
 class Skip(Exception):
@@ -43,7 +61,17 @@ class DetectorSpec:
     requires: tuple[str, ...]
     requires_any: tuple[str, ...]
     config: type
-    doc: str
+    doc: DetectorDoc
+    kinds: tuple[FindingKind, ...] = ()
+    view: str | None = None
+
+    def kind(self, name: str) -> FindingKind:
+        """The declared kind ``name``; ValueError when this detector does not declare it."""
+        for k in self.kinds:
+            if k.name == name:
+                return k
+        raise ValueError(f"detector {self.name!r} emitted a finding of undeclared kind {name!r}; "
+                         f"declared: {', '.join(k.name for k in self.kinds)}")
 
 
 REGISTRY: dict[str, DetectorSpec] = {}
@@ -55,33 +83,76 @@ def detector(
     name: str,
     *,
     settings: type,
+    doc: DetectorDoc,
     requires: tuple[str, ...] = (),
     requires_any: tuple[str, ...] = (),
+    kinds: tuple[FindingKind, ...],
+    view: str | None = None,
 ) -> Callable[[F], F]:
-    """Register a detector. ``requires``: frames that must all have rows; ``requires_any``: at least one."""
+    """Register a detector. ``doc``: its documentation; ``requires``: frames that must all have rows;
+    ``requires_any``: at least one;
+    ``kinds``: every kind of finding it emits (each finding's ``kind`` names one); ``view``: the report view
+    (its anchor) that shows its evidence, if one does."""
 
     def register(func: F) -> F:
         if name in REGISTRY:
             raise ValueError(f"detector {name!r} registered twice")
-        module = importlib.import_module(func.__module__)
+        if not kinds:
+            raise ValueError(f"detector {name!r} declares no kind of finding")
+        _check_kinds(name, kinds)
+        if not all(text.strip() for _, text in [("summary", doc.summary), *doc.sections()]):
+            raise ValueError(f"detector {name!r}: every field of its DetectorDoc needs text")
         REGISTRY[name] = DetectorSpec(
             name=name,
             func=func,
             requires=requires,
             requires_any=requires_any,
             config=settings,
-            doc=(module.__doc__ or "").strip(),
+            doc=doc,
+            kinds=kinds,
+            view=view,
         )
         return func
 
     return register
 
 
+def _check_kinds(name: str, kinds: tuple[FindingKind, ...]) -> None:
+    """A kind declared by several detectors must play the same role at the same stage everywhere."""
+    seen = declared_kinds()
+    for k in kinds:
+        other = seen.get(k.name)
+        if other is not None and (other.role, other.tier) != (k.role, k.tier):
+            raise ValueError(f"detector {name!r} declares kind {k.name!r} as {k.role.value} at stage {k.tier}; "
+                             f"another detector declares it as {other.role.value} at stage {other.tier}")
+
+
+def declared_kinds() -> dict[str, FindingKind]:
+    """Every kind the detectors registered so far declare, by name (the first declaration's wording)."""
+    out: dict[str, FindingKind] = {}
+    for spec in REGISTRY.values():
+        for k in spec.kinds:
+            out.setdefault(k.name, k)
+    return out
+
+
+def kind_of(finding: Finding) -> FindingKind | None:
+    """The declared kind of ``finding``; None for a finding of no registered detector or kind."""
+    spec = load_all().get(finding.detector) if not _PACKAGE_LOADED else REGISTRY.get(finding.detector)
+    return next((k for k in spec.kinds if k.name == finding.kind), None) if spec else None
+
+
+_PACKAGE_LOADED: list[bool] = []
+
+
 def load_all() -> dict[str, DetectorSpec]:
-    """Import every detector module of this package (idempotent) and return the registry."""
-    for info in pkgutil.iter_modules(__path__):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
+    """Import every detector module of this package (once) and return the registry (with any detector
+    registered from elsewhere, e.g. a test)."""
+    if not _PACKAGE_LOADED:
+        for info in pkgutil.iter_modules(__path__):
+            if not info.name.startswith("_"):
+                importlib.import_module(f"{__name__}.{info.name}")
+        _PACKAGE_LOADED.append(True)
     return dict(sorted(REGISTRY.items()))
 
 
@@ -146,7 +217,11 @@ def run_detectors(
             skipped.append(Skipped(name, why))
             continue
         try:
-            findings.extend(spec.func(ctx, settings[name]))
+            found = spec.func(ctx, settings[name])
         except Skip as skip:
             skipped.append(Skipped(name, str(skip)))
+            continue
+        for f in found:
+            spec.kind(f.kind)  # a finding of an undeclared kind is a bug in its detector: fail loudly
+        findings.extend(found)
     return findings, skipped

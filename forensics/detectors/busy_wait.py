@@ -1,47 +1,6 @@
 """Busy-wait "utilization": GPUs that look busy because NCCL kernels spin waiting for a peer.
 
-What it detects:
-    Ranks whose GPU is almost always running some kernel (what nvidia-smi / DCGM GPU_UTIL report) while
-    a large share of that time is NCCL kernels spinning until another rank arrives, not computing.
-
-Why it matters:
-    "99% GPU utilization" is then a wrong reassurance: the GPU is waiting, and the time is lost to
-    whoever it waits for. A spinning NCCL kernel occupies only a few SMs (one block per channel), so
-    SM-level activity and power stay low while utilization reads full.
-
-How it measures:
-    Per rank and step (interval algebra, :mod:`forensics.facts.breakdown`): ``U_any`` = time any kernel runs /
-    step (the nvidia-smi quantity), ``U_compute`` = time compute kernels run / step, ``U_SM`` = kernel
-    time weighted by ``min(1, blocks / SMs)`` / step, and the wait fraction ``W`` = time when only
-    non-pipeline NCCL kernels run and they are in their waiting part (duration minus the collective's
-    transfer time, :mod:`forensics.facts.collectives`) / step. When the job was profiled with GPU metrics
-    (Nsight Systems ``--gpu-metrics-device``), ``U_SM`` is instead the measured SM Active over each
-    step (:mod:`forensics.facts.gpu_metrics`), and the finding says which one it used (``U_SM_source``:
-    ``sm_active`` or ``blocks_estimate``). Pipeline (PP) waiting is the bubble and is left
-    to the pipeline_bubble detector. A rank is flagged when, over its steps' medians, ``U_any >=
-    min_util_any`` and ``W >= min_wait``, or ``U_any - U_compute >= min_gap`` with ``W`` at least
-    ``min_wait_share_of_gap`` of that gap (and ``W >= min_wait_floor``). Who they waited for: each
-    wait is charged to the instance's last-arriving rank, or shared among the members that never
-    joined it (a hang). The finding's ``ranks`` are the culprits, not the waiting ranks: the ranks with
-    data that at least ``culprit_min_share`` (default 20%) of the flagged ranks' wait was for (at most 5), with
-    their host and GPU; the waiting ranks are in the metrics (``ranks_waiting``) and the evidence
-    (role ``victim``). A rank without data is never blamed: wait for ranks without a trace is reported
-    as such (evidence role ``no_data``), and then the finding is at most a warning. Partial inputs:
-    the ranks the job has (world size from trace metadata or NCCL init lines, process-group members)
-    against the ranks with data are in the metrics; confidence follows the evidence
-    (:mod:`forensics.base.confidence`): high with every rank, two steps or more and collective sizes known,
-    medium with at least half of the ranks, low below that, and at most medium without a culprit.
-    Without size metadata the transfer of a matched collective is its shortest duration across ranks
-    (the finding says so). A lone rank of a multi-rank job has no peer to split its collectives into
-    wait and transfer with, so its finding is information only at low confidence; without sizes either,
-    its collectives are not split at all (:mod:`forensics.facts.collectives`), so no wait is claimed.
-    Impact: this is a symptom; the lost GPU time belongs to the cause (the late rank, or the
-    pipeline bubble), so ``gpu_seconds_lost`` is left empty here and the wait is in the metrics.
-
-What to do:
-    Do not read GPU utilization as efficiency. Find out why the culprit rank arrives late (its GPU
-    speed, host stalls, data loading); for a hang-like 100% at idle power, look at the rank that never
-    joined (its GPU and host logs).
+Its documentation (what it detects, why it matters, how it measures, what to do) is data: ``DOC``.
 """
 
 from __future__ import annotations
@@ -51,11 +10,11 @@ from dataclasses import dataclass
 import polars as pl
 
 from forensics.base.confidence import sizes_known
-from forensics.base.findings import Finding, Severity
+from forensics.base.findings import Finding, FindingKind, Role, Severity
 from forensics.base.frames import JobFrames
 from forensics.base.settings import setting
-from forensics.detectors import Skip, detector
-from forensics.detectors._step_metrics import EVIDENCE_CAP, gpu_seconds, ms, require_steps
+from forensics.detectors import DetectorDoc, Skip, detector
+from forensics.detectors._step_metrics import EVIDENCE_CAP, gpu_seconds, ms, profiled_window, require_steps
 from forensics.facts.collectives import CollectiveMatch, transfer_basis
 from forensics.facts.context import JobContext
 from forensics.facts.coverage import Coverage, at_most, coverage, gpus_of, rank_list
@@ -287,7 +246,62 @@ def _texts(b: _Blame, cov: Coverage, min_share: float) -> tuple[str, str]:
     return who, do
 
 
-@detector("busy_wait", settings=BusyWaitConfig, requires=("kernels",))
+BUSY_WAIT = FindingKind(
+    "spin_wait", "ranks whose GPUs look busy only because NCCL kernels spin while waiting for a peer",
+    Role.SYMPTOM, "Treat GPU utilization as 'some kernel was running'; fix the ranks they waited for.")
+
+
+DOC = DetectorDoc(
+    summary=(
+        "Busy-wait \"utilization\": GPUs that look busy because NCCL kernels spin waiting for a peer."
+    ),
+    detects=(
+        "Ranks whose GPU is almost always running some kernel (what nvidia-smi / DCGM GPU_UTIL report) while "
+        "a large share of that time is NCCL kernels spinning until another rank arrives, not computing."
+    ),
+    matters=(
+        "\"99% GPU utilization\" is then a wrong reassurance: the GPU is waiting, and the time is lost to "
+        "whoever it waits for. A spinning NCCL kernel occupies only a few SMs (one block per channel), so "
+        "SM-level activity and power stay low while utilization reads full."
+    ),
+    measures=(
+        "Per rank and step (interval algebra, :mod:`forensics.facts.breakdown`): ``U_any`` = time any kernel "
+        "runs / step (the nvidia-smi quantity), ``U_compute`` = time compute kernels run / step, ``U_SM`` = "
+        "kernel time weighted by ``min(1, blocks / SMs)`` / step, and the wait fraction ``W`` = time when "
+        "only non-pipeline NCCL kernels run and they are in their waiting part (duration minus the "
+        "collective's transfer time, :mod:`forensics.facts.collectives`) / step. When the job was profiled "
+        "with GPU metrics (Nsight Systems ``--gpu-metrics-device``), ``U_SM`` is instead the measured SM "
+        "Active over each step (:mod:`forensics.facts.gpu_metrics`), and the finding says which one it used "
+        "(``U_SM_source``: ``sm_active`` or ``blocks_estimate``). Pipeline (PP) waiting is the bubble and is "
+        "left to the pipeline_bubble detector. A rank is flagged when, over its steps' medians, ``U_any >= "
+        "min_util_any`` and ``W >= min_wait``, or ``U_any - U_compute >= min_gap`` with ``W`` at least "
+        "``min_wait_share_of_gap`` of that gap (and ``W >= min_wait_floor``). Who they waited for: each wait "
+        "is charged to the instance's last-arriving rank, or shared among the members that never joined it (a"
+        " hang). The finding's ``ranks`` are the culprits, not the waiting ranks: the ranks with data that at"
+        " least ``culprit_min_share`` (default 20%) of the flagged ranks' wait was for (at most 5), with "
+        "their host and GPU; the waiting ranks are in the metrics (``ranks_waiting``) and the evidence (role "
+        "``victim``). A rank without data is never blamed: wait for ranks without a trace is reported as such"
+        " (evidence role ``no_data``), and then the finding is at most a warning. Partial inputs: the ranks "
+        "the job has (world size from trace metadata or NCCL init lines, process-group members) against the "
+        "ranks with data are in the metrics; confidence follows the evidence "
+        "(:mod:`forensics.base.confidence`): high with every rank, two steps or more and collective sizes "
+        "known, medium with at least half of the ranks, low below that, and at most medium without a culprit."
+        " Without size metadata the transfer of a matched collective is its shortest duration across ranks "
+        "(the finding says so). A lone rank of a multi-rank job has no peer to split its collectives into "
+        "wait and transfer with, so its finding is information only at low confidence; without sizes either, "
+        "its collectives are not split at all (:mod:`forensics.facts.collectives`), so no wait is claimed. "
+        "Impact: this is a symptom; the lost GPU time belongs to the cause (the late rank, or the pipeline "
+        "bubble), so ``gpu_seconds_lost`` is left empty here and the wait is in the metrics."
+    ),
+    todo=(
+        "Do not read GPU utilization as efficiency. Find out why the culprit rank arrives late (its GPU "
+        "speed, host stalls, data loading); for a hang-like 100% at idle power, look at the rank that never "
+        "joined (its GPU and host logs)."
+    ),
+)
+
+
+@detector("busy_wait", doc=DOC, settings=BusyWaitConfig, requires=("kernels",), kinds=(BUSY_WAIT,), view="collectives")
 def detect(ctx: JobContext, cfg: BusyWaitConfig) -> list[Finding]:
     require_steps(ctx)
     if ctx.match.kernels.height == 0:
@@ -331,7 +345,15 @@ def detect(ctx: JobContext, cfg: BusyWaitConfig) -> list[Finding]:
         fraction_of_step=round(med["w"], 4),
         key="busy_wait",
         confidence=at_most(cov.confidence(sized), "high" if b.culprits else "medium"),
+        kind=BUSY_WAIT.name, when=profiled_window(ctx), waited_for=_waited_for(b), victims=tuple(victims),
     )]
+
+
+def _waited_for(b: _Blame) -> tuple[int, ...]:
+    """The culprits, and the rank each waiting rank in the evidence waited for most."""
+    out = set(b.culprits)
+    out |= {r["waited_for"] for r in b.rows if r["role"] == "victim" and isinstance(r.get("waited_for"), int)}
+    return tuple(sorted(out))
 
 
 def _severity(w: float, b: _Blame, cov: Coverage, cfg: BusyWaitConfig) -> Severity:

@@ -1,37 +1,6 @@
 """Exposed communication: collective transfer time that compute does not hide, per process-group type.
 
-What it detects:
-    Process-group types (DP/FSDP, TP, PP, EP, CP, or 'default') whose collectives' *transfer* time runs
-    while no compute kernel runs, so the step waits for the network. DP/FSDP (and the default group)
-    traffic is meant to overlap backward/forward compute: exposure there is a warning. TP/EP/CP
-    collectives sit between dependent kernels and are exposed by design: reported for information.
-
-Why it matters:
-    Exposed transfer is step time spent only moving data. Gradient all-reduce / reduce-scatter and
-    FSDP all-gathers that do not overlap cost their full transfer time every step.
-
-How it measures:
-    Each NCCL kernel is split into wait and transfer (:mod:`forensics.facts.collectives`; transfer = the
-    shortest duration of that collective across ranks, placed at the kernel's end; a collective only one
-    rank's trace shows is estimated from the same-size kernels of the job, and without size metadata it is
-    not split at all: all of it counts as transfer, and the finding says so, since a collective that never
-    overlaps compute is exposed communication whether it moves data or waits for peers). Waiting is never
-    counted as exposure: a victim of a straggler waits, it does not transfer. Exposure of a kernel =
-    its transfer not under the rank's compute kernels, capped by the exposure of the same collective
-    on its last-arriving rank (which waited for nobody), so lateness elsewhere cannot make a victim's
-    transfer look exposed. Per rank and step, ``X_g = exposed transfer / step time`` and the overlap
-    ``O_g = transfer under compute / transfer``. A DP/default group is flagged when, on the median
-    rank, ``X_g >= dp_min_exposed`` and ``O_g < dp_max_overlap`` in at least ``min_step_share`` of the
-    steps; TP+EP+CP together when their ``X`` reaches ``tp_min_exposed``. PP transfer belongs to the
-    pipeline_bubble detector. Impact: the exposed transfer itself (what overlap could save), summed over
-    ranks and steps. Confidence follows the evidence (:mod:`forensics.base.confidence`): ranks with data,
-    collective sizes known, steps measured.
-
-What to do:
-    DDP: keep gradient bucketing on (``bucket_cap_mb``), avoid ``no_sync`` outside accumulation, make
-    sure nothing synchronizes the stream before backward ends. FSDP: enable ``forward_prefetch`` and
-    ``backward_prefetch``. Megatron: ``--overlap-grad-reduce`` / ``--overlap-param-gather``. TP/EP: TP
-    comm overlap, sequence parallelism, or a smaller TP degree across slower links.
+Its documentation (what it detects, why it matters, how it measures, what to do) is data: ``DOC``.
 """
 
 from __future__ import annotations
@@ -41,10 +10,10 @@ from dataclasses import dataclass
 import polars as pl
 
 from forensics.base.confidence import sizes_known
-from forensics.base.findings import Finding, Severity
+from forensics.base.findings import Finding, FindingKind, Role, Severity
 from forensics.base.settings import setting
-from forensics.detectors import Skip, detector
-from forensics.detectors._step_metrics import EVIDENCE_CAP, gpu_seconds, ms, require_steps
+from forensics.detectors import DetectorDoc, Skip, detector
+from forensics.detectors._step_metrics import EVIDENCE_CAP, gpu_seconds, in_profile, ms, require_steps
 from forensics.facts.collectives import PG_TYPES, UNKNOWN_SPLIT, transfer_basis
 from forensics.facts.context import JobContext
 from forensics.facts.coverage import at_most, coverage
@@ -88,7 +57,53 @@ def exposure_table(ta: JobContext) -> pl.DataFrame:
     )
 
 
-@detector("exposed_comm", settings=ExposedCommConfig, requires=("kernels",))
+EXPOSED_COMM = FindingKind(
+    "exposed_communication", "communication time not hidden behind compute: the step waits for its collectives",
+    Role.SYMPTOM, "Overlap communication with compute (bucket sizes, prefetch, async collectives) or make it faster.")
+
+
+DOC = DetectorDoc(
+    summary=(
+        "Exposed communication: collective transfer time that compute does not hide, per process-group type."
+    ),
+    detects=(
+        "Process-group types (DP/FSDP, TP, PP, EP, CP, or 'default') whose collectives' *transfer* time runs "
+        "while no compute kernel runs, so the step waits for the network. DP/FSDP (and the default group) "
+        "traffic is meant to overlap backward/forward compute: exposure there is a warning. TP/EP/CP "
+        "collectives sit between dependent kernels and are exposed by design: reported for information."
+    ),
+    matters=(
+        "Exposed transfer is step time spent only moving data. Gradient all-reduce / reduce-scatter and FSDP "
+        "all-gathers that do not overlap cost their full transfer time every step."
+    ),
+    measures=(
+        "Each NCCL kernel is split into wait and transfer (:mod:`forensics.facts.collectives`; transfer = the"
+        " shortest duration of that collective across ranks, placed at the kernel's end; a collective only "
+        "one rank's trace shows is estimated from the same-size kernels of the job, and without size metadata"
+        " it is not split at all: all of it counts as transfer, and the finding says so, since a collective "
+        "that never overlaps compute is exposed communication whether it moves data or waits for peers). "
+        "Waiting is never counted as exposure: a victim of a straggler waits, it does not transfer. Exposure "
+        "of a kernel = its transfer not under the rank's compute kernels, capped by the exposure of the same "
+        "collective on its last-arriving rank (which waited for nobody), so lateness elsewhere cannot make a "
+        "victim's transfer look exposed. Per rank and step, ``X_g = exposed transfer / step time`` and the "
+        "overlap ``O_g = transfer under compute / transfer``. A DP/default group is flagged when, on the "
+        "median rank, ``X_g >= dp_min_exposed`` and ``O_g < dp_max_overlap`` in at least ``min_step_share`` "
+        "of the steps; TP+EP+CP together when their ``X`` reaches ``tp_min_exposed``. PP transfer belongs to "
+        "the pipeline_bubble detector. Impact: the exposed transfer itself (what overlap could save), summed "
+        "over ranks and steps. Confidence follows the evidence (:mod:`forensics.base.confidence`): ranks with"
+        " data, collective sizes known, steps measured."
+    ),
+    todo=(
+        "DDP: keep gradient bucketing on (``bucket_cap_mb``), avoid ``no_sync`` outside accumulation, make "
+        "sure nothing synchronizes the stream before backward ends. FSDP: enable ``forward_prefetch`` and "
+        "``backward_prefetch``. Megatron: ``--overlap-grad-reduce`` / ``--overlap-param-gather``. TP/EP: TP "
+        "comm overlap, sequence parallelism, or a smaller TP degree across slower links."
+    ),
+)
+
+
+@detector("exposed_comm", doc=DOC, settings=ExposedCommConfig, requires=("kernels",), kinds=(EXPOSED_COMM,),
+          view="step-anatomy")
 def detect(ctx: JobContext, cfg: ExposedCommConfig) -> list[Finding]:
     ta = ctx
     require_steps(ta)
@@ -142,7 +157,7 @@ def detect(ctx: JobContext, cfg: ExposedCommConfig) -> list[Finding]:
             culprits = per_rank.filter(pl.col("share") >= cfg.min_step_share)
             findings.append(_finding(ta, "TP/EP/CP", Severity.INFO, per_rank, culprits, med_x,
                                      _num(per_rank["O"].median()), n_steps, host_of, design))
-    return findings
+    return in_profile(ctx, findings)
 
 
 def _finding(ta: JobContext, g: str, sev: Severity, per_rank: pl.DataFrame, culprits: pl.DataFrame, med_x: float, med_o: float,
@@ -192,6 +207,7 @@ def _finding(ta: JobContext, g: str, sev: Severity, per_rank: pl.DataFrame, culp
         fraction_of_step=round(med_x, 4),
         key=g,
         confidence=at_most(cov.confidence(sizes_known(kern)), "high" if not by_design else "medium"),
+        kind=EXPOSED_COMM.name,
     )
 
 

@@ -1,44 +1,6 @@
 """GPU idle: steps in which no kernel runs on any stream for a large share of the time, and why.
 
-What it detects:
-    Ranks whose GPU runs no kernel at all (compute, NCCL or copy, on any stream) for at least
-    ``min_idle`` of the step time, classified by what the host was doing meanwhile: ``input`` (the
-    host was in the data loader while the GPU waited: input bound), ``sync`` (the host had blocked in
-    ``cudaStreamSynchronize`` / ``cudaDeviceSynchronize`` / ``.item()``, so nothing was queued when the
-    GPU drained: sync bound), ``pause`` (one long gap: a checkpoint, an evaluation, a logging stall),
-    ``launch`` (many short kernels and a host busy for nearly the whole step: launch bound), or
-    ``other`` (idle the CPU-side evidence does not explain).
-
-Why it matters:
-    Idle GPU time is lost outright, and nvidia-smi utilization hides none of it only when it is read
-    per step. Each class has a different fix, so naming the class is most of the diagnosis.
-
-How it measures:
-    Needs profiler steps (a capture without them is skipped: its one window spans start-up and
-    teardown). The idle time per rank and step is the breakdown's ``idle_ns`` (:mod:`forensics.facts.breakdown`: time
-    in the step window with no kernel, copy or NCCL kernel running); a rank is flagged when its idle
-    time over all its steps is at least ``min_idle`` of its step time. Its idle gaps (between the union
-    of its kernels, inside the step windows) are each put in one class, first match wins: ``input``
-    when data-loader ops (``enumerate(DataLoader)``, ``DataLoader``, ``__next__``) cover at least
-    ``input_cover`` of the gap; ``sync`` when the gap starts while the host is inside a synchronizing
-    call (the host waited for the GPU to drain, then had nothing queued); ``pause`` when the gap alone
-    is at least ``pause_share`` of its step or checkpoint / evaluation ops (``checkpoint``,
-    ``torch.save``, ``eval``, ``validat``) cover ``input_cover`` of it; ``launch`` for the rest when
-    the rank's median kernel is shorter than ``short_kernel_us`` and either its CPU ops (cpu_op and CUDA
-    API calls, union over threads) cover at least ``cpu_busy`` of the step or at least ``host_bound`` of
-    its idle time is host-bound (the breakdown's ``host_bound_ns``: the next kernel's launch call began
-    only after the GPU had gone idle); ``other`` otherwise. A rank's
-    class is the one holding most of its idle time; one finding per class names its ranks, hosts and
-    GPUs. Impact: the idle time itself (``gpu_seconds_lost`` = summed idle of the ranks over the
-    profiled steps; ``fraction_of_step`` = their median idle share). Severity: info from ``min_idle``,
-    warning from ``warning_idle``, critical from ``critical_idle`` (median idle share of the ranks).
-
-What to do:
-    input: more data-loader workers (``num_workers``), ``pin_memory=True``, ``prefetch_factor``,
-    faster storage or pre-processed data. sync: remove ``.item()`` / ``.cpu()`` / ``print(loss)`` from
-    the hot loop, log asynchronously every N steps. pause: make checkpoints asynchronous (e.g.
-    ``torch.distributed.checkpoint`` async save) and evaluate less often. launch: CUDA graphs
-    (``torch.compile(mode="reduce-overhead")``), fused kernels, larger batches per step.
+Its documentation (what it detects, why it matters, how it measures, what to do) is data: ``DOC``.
 """
 
 from __future__ import annotations
@@ -47,11 +9,11 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from forensics.base.findings import Finding, Severity
+from forensics.base.findings import Finding, FindingKind, Role, Severity
 from forensics.base.intervals import clip_to_windows, merge
 from forensics.base.settings import setting
-from forensics.detectors import Skip, detector
-from forensics.detectors._step_metrics import EVIDENCE_CAP, gpu_seconds, ms, require_steps
+from forensics.detectors import DetectorDoc, Skip, detector
+from forensics.detectors._step_metrics import EVIDENCE_CAP, gpu_seconds, in_profile, ms, require_steps
 from forensics.facts.collectives import WHOLE_TRACE
 from forensics.facts.context import JobContext
 from forensics.facts.coverage import gpus_of, rank_list
@@ -99,7 +61,9 @@ def idle_table(steps: pl.DataFrame) -> pl.DataFrame:
 def idle_gaps(ctx: JobContext, ranks: list[int]) -> pl.DataFrame:
     """rank, step, g_start, g_end, step_ns: the intervals of each step window with no kernel running."""
     win = ctx.step_windows.filter(pl.col("rank").is_in(ranks)).select("rank", "step", "w_start", "w_end")
-    kern = ctx.frames["kernels"].select("rank", "start_ns", "end_ns").filter(pl.col("rank").is_in(ranks))
+    # a graph replay is one host call for hundreds of kernels: its kernels say nothing of launch overhead
+    kern = ctx.frames["kernels"].select("rank", "start_ns", "end_ns", "graph_replay").filter(
+        pl.col("rank").is_in(ranks) & ~pl.col("graph_replay").fill_null(False))
     busy = merge(clip_to_windows(kern.lazy(), win.lazy(), on=["rank"]), ["rank", "step"]).collect()
     # Sentinels of zero length at both window edges; a gap is then "start minus the previous end".
     edges = pl.concat([
@@ -162,7 +126,9 @@ def classify_gaps(ctx: JobContext, gaps: pl.DataFrame, launch_ranks: list[int], 
 def launch_facts(ctx: JobContext, ranks: list[int]) -> pl.DataFrame:
     """Per rank: median kernel duration (us) and the share of its step time covered by CPU ops."""
     win = ctx.step_windows.filter(pl.col("rank").is_in(ranks))
-    kern = ctx.frames["kernels"].select("rank", "start_ns", "end_ns").filter(pl.col("rank").is_in(ranks))
+    # a graph replay is one host call for hundreds of kernels: its kernels say nothing of launch overhead
+    kern = ctx.frames["kernels"].select("rank", "start_ns", "end_ns", "graph_replay").filter(
+        pl.col("rank").is_in(ranks) & ~pl.col("graph_replay").fill_null(False))
     med = kern.group_by("rank").agg(((pl.col("end_ns") - pl.col("start_ns")).median() / 1e3).alias("median_kernel_us"))
     ops = ctx.frames["cpu_ops"].select("rank", "category", "start_ns", "end_ns").filter(
         pl.col("rank").is_in(ranks) & pl.col("category").cast(pl.String).is_in(CPU_CATEGORIES))
@@ -196,7 +162,61 @@ def rank_classes(ctx: JobContext, flagged: pl.DataFrame, cfg: GpuIdleConfig) -> 
     )
 
 
-@detector("gpu_idle", settings=GpuIdleConfig, requires=("kernels",))
+IDLE_GPU = FindingKind(
+    "idle_gpu", "GPUs idle inside the step (no kernel running), classed by what the host was doing",
+    Role.SYMPTOM, "Remove the host-side stall the class names (data loading, synchronisation, launch overhead).",
+    stage=4)
+
+
+DOC = DetectorDoc(
+    summary=(
+        "GPU idle: steps in which no kernel runs on any stream for a large share of the time, and why."
+    ),
+    detects=(
+        "Ranks whose GPU runs no kernel at all (compute, NCCL or copy, on any stream) for at least "
+        "``min_idle`` of the step time, classified by what the host was doing meanwhile: ``input`` (the host "
+        "was in the data loader while the GPU waited: input bound), ``sync`` (the host had blocked in "
+        "``cudaStreamSynchronize`` / ``cudaDeviceSynchronize`` / ``.item()``, so nothing was queued when the "
+        "GPU drained: sync bound), ``pause`` (one long gap: a checkpoint, an evaluation, a logging stall), "
+        "``launch`` (many short kernels and a host busy for nearly the whole step: launch bound), or "
+        "``other`` (idle the CPU-side evidence does not explain)."
+    ),
+    matters=(
+        "Idle GPU time is lost outright, and nvidia-smi utilization hides none of it only when it is read per"
+        " step. Each class has a different fix, so naming the class is most of the diagnosis."
+    ),
+    measures=(
+        "Needs profiler steps (a capture without them is skipped: its one window spans start-up and "
+        "teardown). The idle time per rank and step is the breakdown's ``idle_ns`` "
+        "(:mod:`forensics.facts.breakdown`: time in the step window with no kernel, copy or NCCL kernel "
+        "running); a rank is flagged when its idle time over all its steps is at least ``min_idle`` of its "
+        "step time. Its idle gaps (between the union of its kernels, inside the step windows) are each put in"
+        " one class, first match wins: ``input`` when data-loader ops (``enumerate(DataLoader)``, "
+        "``DataLoader``, ``__next__``) cover at least ``input_cover`` of the gap; ``sync`` when the gap "
+        "starts while the host is inside a synchronizing call (the host waited for the GPU to drain, then had"
+        " nothing queued); ``pause`` when the gap alone is at least ``pause_share`` of its step or checkpoint"
+        " / evaluation ops (``checkpoint``, ``torch.save``, ``eval``, ``validat``) cover ``input_cover`` of "
+        "it; ``launch`` for the rest when the rank's median kernel is shorter than ``short_kernel_us`` and "
+        "either its CPU ops (cpu_op and CUDA API calls, union over threads) cover at least ``cpu_busy`` of "
+        "the step or at least ``host_bound`` of its idle time is host-bound (the breakdown's "
+        "``host_bound_ns``: the next kernel's launch call began only after the GPU had gone idle); ``other`` "
+        "otherwise. A rank's class is the one holding most of its idle time; one finding per class names its "
+        "ranks, hosts and GPUs. Impact: the idle time itself (``gpu_seconds_lost`` = summed idle of the ranks"
+        " over the profiled steps; ``fraction_of_step`` = their median idle share). Severity: info from "
+        "``min_idle``, warning from ``warning_idle``, critical from ``critical_idle`` (median idle share of "
+        "the ranks)."
+    ),
+    todo=(
+        "input: more data-loader workers (``num_workers``), ``pin_memory=True``, ``prefetch_factor``, faster "
+        "storage or pre-processed data. sync: remove ``.item()`` / ``.cpu()`` / ``print(loss)`` from the hot "
+        "loop, log asynchronously every N steps. pause: make checkpoints asynchronous (e.g. "
+        "``torch.distributed.checkpoint`` async save) and evaluate less often. launch: CUDA graphs "
+        "(``torch.compile(mode=\"reduce-overhead\")``), fused kernels, larger batches per step."
+    ),
+)
+
+
+@detector("gpu_idle", doc=DOC, settings=GpuIdleConfig, requires=("kernels",), kinds=(IDLE_GPU,), view="step-anatomy")
 def detect(ctx: JobContext, cfg: GpuIdleConfig) -> list[Finding]:
     require_steps(ctx)
     if (ctx.steps["step"] == WHOLE_TRACE).all():
@@ -207,7 +227,8 @@ def detect(ctx: JobContext, cfg: GpuIdleConfig) -> list[Finding]:
     if flagged.height == 0:
         return []
     table = rank_classes(ctx, flagged, cfg)
-    return [_finding(ctx, table.filter(pl.col("cls") == c), c, cfg) for c in CLASSES if (table["cls"] == c).any()]
+    return in_profile(ctx, [_finding(ctx, table.filter(pl.col("cls") == c), c, cfg)
+                            for c in CLASSES if (table["cls"] == c).any()])
 
 
 _TITLE = {
@@ -265,6 +286,7 @@ def _finding(ctx: JobContext, t: pl.DataFrame, cls: str, cfg: GpuIdleConfig) -> 
     per_step = float((t["idle_ns"] / t["steps"]).median())  # type: ignore[arg-type]
     return Finding(
         detector="gpu_idle",
+        kind=IDLE_GPU.name,
         severity=_severity(share, cfg),
         title=f"GPU idle {share:.0%} of the step on {len(ranks)} rank(s), {_TITLE[cls]}",
         summary=(

@@ -1,35 +1,6 @@
 """NCCL algorithm / protocol choices that cost time: user overrides, model-vs-measurement gaps.
 
-What it detects:
-    (1) NCCL_ALGO, NCCL_PROTO, channel/thread caps (NCCL_MAX_NCHANNELS, NCCL_MAX_CTAS, NCCL_NTHREADS),
-    pre-2.5 thresholds and the NVLS/PAT/cuMem switches set by the user (transport switches such as
-    NCCL_P2P_DISABLE or NCCL_IB_DISABLE are nccl_transport's); where the job's message sizes and
-    topology are known, the predicted time lost against NCCL's own default choice. (2) Measured
-    collective time far above NCCL's prediction for the algorithm it chose: nccl-tests rows against the
-    TUNING per-op predictions, and traced NCCL kernels (transfer time = the minimum duration across
-    ranks of one matched collective) against the same predictions. (3) A bus-bandwidth cliff between
-    adjacent nccl-tests sizes, and measured bus bandwidth (nccl-tests rows, traced collectives) below half
-    of what the GPUs allow (the cited EXPECTED_BUSBW table for one node, or the user's figure), with the
-    channels NCCL built and the environment settings that cap them (NCCL_TOPO_FILE, NCCL_P2P_LEVEL,
-    NCCL_P2P_DISABLE, NCCL_MIN/MAX_NCHANNELS, NCCL_NCHANNELS_PER_NET_PEER, NCCL_BUFFSIZE, ...) named. (4) nccl-tests validation failures (wrong results), the typical outcome
-    of forcing LL128 where it is unsupported. (5) Mixed GPU generations in one job (LL128 off,
-    oldest-GPU constants).
-
-Why it matters:
-    A forced algorithm or protocol silently applies to every size; NCCL's model is usually right, and an
-    override tuned on one cluster is often wrong on the next. A measured time many times NCCL's own
-    prediction means the path NCCL assumed (bandwidth per channel) is not what the hardware delivers.
-
-How it measures:
-    nccl_env (ENV echo and NCCL_* assignments on command lines in the log), nccl_calls (TUNING choices
-    with predicted µs, COLL sizes), nccl_tests, and the cost model in forensics.facts.nccl_cost (argmin of
-    latency + bytes/bandwidth over Ring/Tree/NVLS/NVLSTree/PAT x LL/LL128/Simple). An algorithm is
-    never inferred from a kernel name: trace kernels are only matched to sizes NCCL logged a choice for.
-
-What to do:
-    Remove NCCL_ALGO / NCCL_PROTO / channel caps unless a benchmark on this cluster proves them; for a
-    model-vs-measurement gap, look at the transport (nccl_transport findings, NIC health, PCIe/NUMA
-    placement) before tuning; never force LL128 on paths NCCL disables it for.
+Its documentation (what it detects, why it matters, how it measures, what to do) is data: ``DOC``.
 """
 
 from __future__ import annotations
@@ -42,10 +13,10 @@ from typing import Any, cast
 
 import polars as pl
 
-from forensics.base.findings import Finding, Severity
+from forensics.base.findings import Finding, FindingKind, Role, Severity
 from forensics.base.frames import JobFrames
 from forensics.base.settings import setting
-from forensics.detectors import Skip, detector
+from forensics.detectors import DetectorDoc, Skip, detector
 from forensics.facts import nccl_cost as nc
 from forensics.facts.context import JobContext
 from forensics.facts.nccl_setup import JobNccl, evidence, where
@@ -325,7 +296,7 @@ def check_forced(a: _Algo) -> list[Finding]:
         "Set by the user: " + ", ".join(f"{k}={v}" for k, v in settings.items()) + f"; {imp.detail}.",
         "Remove the override unless a benchmark on this cluster shows it is faster at the job's message "
         "sizes; NCCL's own choice is usually within a few percent of the best.",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="forced", metrics=metrics, confidence=imp.confidence,
+        ranks=ranks, hosts=hosts, gpus=gpus, key="forced", kind=FORCED_ALGORITHM.name, metrics=metrics, confidence=imp.confidence,
         gpu_seconds_lost=imp.gpu_s, fraction_of_step=imp.frac,
         evidence=evidence(forced, ("host", "line", "var", "value", "origin")),
     )]
@@ -369,7 +340,7 @@ def check_model_gap(a: _Algo) -> list[Finding]:
         "assumed bandwidth the fabric did not deliver: suspect the transport, not the choice.",
         "Check the nccl_transport findings, NIC/link health and PCIe placement on the slow path; run "
         "nccl-tests per node pair to find the slow link.",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="model_gap", confidence="high",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="model_gap", kind=SLOW_COLLECTIVES.name, confidence="high",
         metrics={"worst_ratio": round(top["ratio"], 2), "worst_bytes": top["size_bytes"],
                  "sizes_flagged": g.height,
                  # the bus bandwidth NCCL's model assumed for that AllReduce: 2(n-1)/n x bytes / time
@@ -398,7 +369,7 @@ def check_busbw_cliff(a: _Algo) -> list[Finding]:
         "path onto a degraded link.",
         "Re-run with NCCL_DEBUG_SUBSYS=TUNING to see the choice at both sizes, and test each "
         "algorithm with NCCL_ALGO to locate the broken path.",
-        key="busbw_cliff", confidence="medium", hosts=tuple(sorted(set(tests["host"].drop_nulls().to_list()))),
+        key="busbw_cliff", kind=SLOW_COLLECTIVES.name, confidence="medium", hosts=tuple(sorted(set(tests["host"].drop_nulls().to_list()))),
         metrics={"from_gbps": c["prev_busbw"], "to_gbps": c["busbw_gbps"], "at_bytes": c["size_bytes"]},
         evidence=evidence(cliff, ("size_bytes", "prev_busbw", "busbw_gbps", "line")),
     )]
@@ -482,7 +453,7 @@ def check_busbw_peak(a: _Algo) -> list[Finding]:
         ("Unset " + ", ".join(caps) + " and measure again; " if caps else "")
         + "check the transport findings, the NVLink/NIC count and speed per GPU, PCIe generation/width and NUMA "
           "placement.",
-        key="busbw_peak", confidence="high" if caps else "medium",
+        key="busbw_peak", kind=SLOW_COLLECTIVES.name, confidence="high" if caps else "medium",
         metrics={"peak_busbw_gbps": round(peak, 2), "expected_busbw_gbps": expected, "expected_source": source,
                  "coll_channels": built, "caps": ",".join(f"{k}={v}" for k, v in caps.items()) or None},
         evidence=evidence(m.sort("busbw_gbps", descending=True), ("size_bytes", "busbw_gbps", "measured_by", "line"), 3)
@@ -505,7 +476,7 @@ def check_wrong_results(a: _Algo) -> list[Finding]:
         + ".",
         "Remove NCCL_PROTO/NCCL_ALGO overrides and re-validate; if it persists, test GPUs and links "
         "individually (DCGM diag, nccl-tests per pair).",
-        key="wrong_results", confidence="high",
+        key="wrong_results", kind=WRONG_RESULTS.name, confidence="high",
         metrics={"wrong_rows": wrong.height, "forced_proto": proto},
         evidence=evidence(wrong, ("size_bytes", "placement", "wrong", "line")) + evidence(oob, ("line", "message")),
     )]
@@ -523,7 +494,7 @@ def check_mixed_gpus(a: _Algo) -> list[Finding]:
         f"GPUs {', '.join(sorted(j.archs))} ({', '.join(sorted(set(j.archs.values())))}) share communicators: NCCL "
         "disables LL128 and tunes for the oldest GPU, and the slowest GPU paces every collective.",
         "Run on homogeneous GPUs.",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="mixed_gpus", confidence="high",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="mixed_gpus", kind=MIXED_GPUS.name, confidence="high",
         evidence=evidence(comms, ("host", "rank", "gpu_name")),
     )]
 
@@ -533,10 +504,65 @@ CHECKS: tuple[Callable[[_Algo], list[Finding]], ...] = (
 )
 
 
+FORCED_ALGORITHM = FindingKind(
+    "forced_algorithm", "an NCCL algorithm, protocol, channel or transport choice forced by the environment",
+    Role.CONFIG, "Remove the override unless a benchmark on this cluster shows it is faster at the job's sizes.")
+SLOW_COLLECTIVES = FindingKind(
+    "slow_collectives", "collectives (or nccl-tests) far below NCCL's own prediction or the hardware's bandwidth",
+    Role.SLOWDOWN, "Benchmark the fabric with nccl-tests and compare with the hardware's figures.", stage=4)
+WRONG_RESULTS = FindingKind(
+    "wrong_results", "nccl-tests validation failed: a collective returned wrong results", Role.FAULT,
+    "Drain the hosts involved and run hardware diagnostics before any training.", stage=4)
+MIXED_GPUS = FindingKind(
+    "mixed_gpus", "GPUs of different generations in one job", Role.CONFIG,
+    "Schedule the job on one GPU generation.", stage=4)
+
+
+DOC = DetectorDoc(
+    summary=(
+        "NCCL algorithm / protocol choices that cost time: user overrides, model-vs-measurement gaps."
+    ),
+    detects=(
+        "(1) NCCL_ALGO, NCCL_PROTO, channel/thread caps (NCCL_MAX_NCHANNELS, NCCL_MAX_CTAS, NCCL_NTHREADS), "
+        "pre-2.5 thresholds and the NVLS/PAT/cuMem switches set by the user (transport switches such as "
+        "NCCL_P2P_DISABLE or NCCL_IB_DISABLE are nccl_transport's); where the job's message sizes and "
+        "topology are known, the predicted time lost against NCCL's own default choice. (2) Measured "
+        "collective time far above NCCL's prediction for the algorithm it chose: nccl-tests rows against the "
+        "TUNING per-op predictions, and traced NCCL kernels (transfer time = the minimum duration across "
+        "ranks of one matched collective) against the same predictions. (3) A bus-bandwidth cliff between "
+        "adjacent nccl-tests sizes, and measured bus bandwidth (nccl-tests rows, traced collectives) below half "
+        "of what the GPUs allow (the cited EXPECTED_BUSBW table for one node, or the user's figure), with the "
+        "channels NCCL built and the environment settings that cap them (NCCL_TOPO_FILE, NCCL_P2P_LEVEL, "
+        "NCCL_P2P_DISABLE, NCCL_MIN/MAX_NCHANNELS, NCCL_NCHANNELS_PER_NET_PEER, NCCL_BUFFSIZE, ...) named. (4) "
+        "nccl-tests validation failures (wrong results), the typical outcome "
+        "of forcing LL128 where it is unsupported. (5) Mixed GPU generations in one job (LL128 off, "
+        "oldest-GPU constants)."
+    ),
+    matters=(
+        "A forced algorithm or protocol silently applies to every size; NCCL's model is usually right, and an"
+        " override tuned on one cluster is often wrong on the next. A measured time many times NCCL's own "
+        "prediction means the path NCCL assumed (bandwidth per channel) is not what the hardware delivers."
+    ),
+    measures=(
+        "nccl_env (ENV echo and NCCL_* assignments on command lines in the log), nccl_calls (TUNING choices "
+        "with predicted µs, COLL sizes), nccl_tests, and the cost model in forensics.facts.nccl_cost (argmin "
+        "of latency + bytes/bandwidth over Ring/Tree/NVLS/NVLSTree/PAT x LL/LL128/Simple). An algorithm is "
+        "never inferred from a kernel name: trace kernels are only matched to sizes NCCL logged a choice for."
+    ),
+    todo=(
+        "Remove NCCL_ALGO / NCCL_PROTO / channel caps unless a benchmark on this cluster proves them; for a "
+        "model-vs-measurement gap, look at the transport (nccl_transport findings, NIC health, PCIe/NUMA "
+        "placement) before tuning; never force LL128 on paths NCCL disables it for."
+    ),
+)
+
+
 @detector(
-    "nccl_algorithm",
+    "nccl_algorithm", doc=DOC,
     settings=NcclAlgorithmConfig,
     requires_any=("nccl_env", "nccl_calls", "nccl_tuning", "nccl_tests", "nccl_comms"),
+    kinds=(FORCED_ALGORITHM, SLOW_COLLECTIVES, WRONG_RESULTS, MIXED_GPUS),
+    view="nccl-config",
 )
 def detect(ctx: JobContext, cfg: NcclAlgorithmConfig) -> list[Finding]:
     a = _Algo(ctx.frames, ctx.nccl, cfg)

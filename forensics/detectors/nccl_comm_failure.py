@@ -1,36 +1,6 @@
 """NCCL communication failures: the immediate errors that end a job within seconds (not a watchdog timeout).
 
-What it detects:
-    NCCL's own errors on a connection, as NCCL and PyTorch's C++ layer log them: a peer that closed or reset
-    the connection (`Connection closed by remote peer`, `Call to recv from ... failed : Connection reset by
-    peer`), `remote process exited or there was a network error` (ncclRemoteError), proxy connect/accept
-    failures (res 2 = ncclSystemError, 3 = ncclInternalError), AWS OFI / EFA provider errors (`Request ...
-    completed with error. RC: 103. Error: 4126 (Unresponsive receiver ...)`, an address vector or endpoint
-    that cannot be set up), InfiniBand completion errors (status 12 retry exceeded, 4 local protection, ...),
-    HCA async events (`local catastrophic error`) and failed verbs calls, nccl-tests stopping on an NCCL
-    error, and `NCCL error in: ... ProcessGroupNCCL.cpp` lines. One finding per job, anchored on the first
-    error in time across ranks (the earliest time any line carries, else the first line of the first file).
-
-Why it matters:
-    These are not hangs: NCCL returned an error and the job died. The first error names where to look (the
-    reporting rank, the peer it could not reach, the communicator and the operation); the errors after it on
-    other ranks are mostly consequences. A peer that closed the connection usually died of something else (a
-    GPU fault, an OOM kill, a scheduler kill), which the incident puts first.
-
-How it measures:
-    ``nccl_events`` rows of the failure kinds (with ``time_ns`` where the line carries a wall-clock time),
-    ``error_trace`` return codes (6 ncclRemoteError, 2 ncclSystemError, 3 ncclInternalError) and
-    ``collective_timeouts`` rows of kind ``nccl_error``. The peer comes from the line (address, host, EFA
-    address or instance id) and is placed on a host when an address or host name of the logs matches it.
-    The communicator is the failing process's (``nccl_comms``); the operation is what the line or the error
-    trail names (Connect, Send/Recv, communicator init) or the last collective the process logged.
-
-What to do:
-    Look at the first error and at the peer it names before blaming the network: a peer that exited points
-    to that rank's own failure (the incident's root); an unresponsive EFA receiver with a reachable address
-    points to security-group rules (inbound and outbound, self-referencing); IB status 12 on one host to its
-    cable, switch port or GID; status 4 to memory registration (nvidia-peermem / DMA-BUF); a catastrophic HCA
-    error to draining the host.
+Its documentation (what it detects, why it matters, how it measures, what to do) is data: ``DOC``.
 """
 
 from __future__ import annotations
@@ -40,9 +10,9 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from forensics.base.findings import Finding, Severity
+from forensics.base.findings import Finding, FindingKind, Role, Severity, When
 from forensics.base.settings import setting
-from forensics.detectors import Skip, detector
+from forensics.detectors import DetectorDoc, Skip, detector
 from forensics.facts.context import JobContext
 from forensics.facts.nccl_setup import evidence, where
 
@@ -165,7 +135,53 @@ def _comm_and_op(ctx: JobContext, first: dict, codes: list[str]) -> tuple[str | 
     return comm, None
 
 
-@detector("nccl_comm_failure", settings=NcclCommFailureConfig, requires_any=("nccl_events", "collective_timeouts"))
+COMM_FAILURE = FindingKind(
+    "comm_failure", "NCCL failed at once on a connection (closed or reset by the peer, remote/system/internal "
+    "error, IB or OFI provider error): not a watchdog timeout", Role.FAULT,
+    "Look at the first error and the peer it names: a peer that exited points to its own failure.", stage=2)
+DOC = DetectorDoc(
+    summary=(
+        "NCCL communication failures: the immediate errors that end a job within seconds (not a watchdog timeout)."
+    ),
+    detects=(
+        "NCCL's own errors on a connection, as NCCL and PyTorch's C++ layer log them: a peer that closed or "
+        "reset the connection (`Connection closed by remote peer`, `Call to recv from ... failed : Connection "
+        "reset by peer`), `remote process exited or there was a network error` (ncclRemoteError), proxy "
+        "connect/accept failures (res 2 = ncclSystemError, 3 = ncclInternalError), AWS OFI / EFA provider "
+        "errors (`Request ... completed with error. RC: 103. Error: 4126 (Unresponsive receiver ...)`, an "
+        "address vector or endpoint that cannot be set up), InfiniBand completion errors (status 12 retry "
+        "exceeded, 4 local protection, ...), HCA async events (`local catastrophic error`) and failed verbs "
+        "calls, nccl-tests stopping on an NCCL error, and `NCCL error in: ... ProcessGroupNCCL.cpp` lines. "
+        "One finding per job, anchored on the first error in time across ranks (the earliest time any line "
+        "carries, else the first line of the first file)."
+    ),
+    matters=(
+        "These are not hangs: NCCL returned an error and the job died. The first error names where to look "
+        "(the reporting rank, the peer it could not reach, the communicator and the operation); the errors "
+        "after it on other ranks are mostly consequences. A peer that closed the connection usually died of "
+        "something else (a GPU fault, an OOM kill, a scheduler kill), which the incident puts first."
+    ),
+    measures=(
+        "``nccl_events`` rows of the failure kinds (with ``time_ns`` where the line carries a wall-clock "
+        "time), ``error_trace`` return codes (6 ncclRemoteError, 2 ncclSystemError, 3 ncclInternalError) and "
+        "``collective_timeouts`` rows of kind ``nccl_error``. The peer comes from the line (address, host, "
+        "EFA address or instance id) and is placed on a host when an address or host name of the logs matches "
+        "it. The communicator is the failing process's (``nccl_comms``); the operation is what the line or "
+        "the error trail names (Connect, Send/Recv, communicator init) or the last collective the process "
+        "logged."
+    ),
+    todo=(
+        "Look at the first error and at the peer it names before blaming the network: a peer that exited "
+        "points to that rank's own failure (the incident's root); an unresponsive EFA receiver with a "
+        "reachable address points to security-group rules (inbound and outbound, self-referencing); IB status "
+        "12 on one host to its cable, switch port or GID; status 4 to memory registration (nvidia-peermem / "
+        "DMA-BUF); a catastrophic HCA error to draining the host."
+    ),
+)
+
+
+@detector("nccl_comm_failure", doc=DOC, settings=NcclCommFailureConfig, requires_any=("nccl_events", "collective_timeouts"),
+          kinds=(COMM_FAILURE,), view="hw-events")
 def detect(ctx: JobContext, cfg: NcclCommFailureConfig) -> list[Finding]:
     fails = _failures(ctx)
     if fails.height == 0:
@@ -198,7 +214,8 @@ def detect(ctx: JobContext, cfg: NcclCommFailureConfig) -> list[Finding]:
         "ranks are mostly its consequences.",
         _advice(str(first["kind"]), first.get("code"), str(first.get("message") or "")),
         ranks=ranks, hosts=tuple(sorted(set(hosts) | ({peer_host} if peer_host else set()))), gpus=gpus,
-        key="comm_failure", confidence="high" if primary.height else "medium",
+        key="comm_failure", kind=COMM_FAILURE.name, when=_when(first.get("time_ns")),
+        confidence="high" if primary.height else "medium",
         metrics={"events": fails.height, "error_class": str(first["error_class"]), "first_kind": str(first["kind"]),
                  "reporting_rank": f_ranks[0] if f_ranks else None, "reporting_host": f_hosts[0] if f_hosts else None,
                  "peer": peer, "peer_host": peer_host, "communicator": comm, "operation": op,
@@ -206,6 +223,12 @@ def detect(ctx: JobContext, cfg: NcclCommFailureConfig) -> list[Finding]:
         evidence=evidence(fails, ("host", "pid", "cuda_dev", "rank", "line", "time_ns", "kind", "code", "peer",
                                   "message"), cfg.max_evidence),
     )]
+
+
+def _when(t: object) -> When:
+    if isinstance(t, int):
+        return When.span(t, t, "the first error line's wall-clock stamp (read as UTC when it names no zone)")
+    return When.unknown("the NCCL error lines carry no wall-clock stamp")
 
 
 def _advice(kind: str, code: object, msg: str) -> str:

@@ -1,31 +1,6 @@
 """Collective timeouts, hangs and desyncs: PyTorch ProcessGroupNCCL watchdog, NCCL RAS, fatal NCCL errors.
 
-What it detects:
-    Watchdog and blocking-wait timeouts with the collective (OpType, SeqNum, NumelIn), the timeout and
-    how long it actually ran; desynchronisation (ranks at the same SeqNum in different collectives or
-    sizes, and `TORCH_NCCL_DESYNC_DEBUG` reports naming the rank that never joined); ranks that never
-    issued the collective (last enqueued < SeqNum) versus ranks stuck inside it; NCCL RAS reports of
-    missing / dead processes and mismatched op counts, with node, process and GPU; and the CUDA
-    failure that killed a communicator (`Cuda failure '...'` in NCCL).
-
-Why it matters:
-    A timeout costs the whole job: every rank waits for the slowest, then the job dies or restarts from
-    a checkpoint. The rank that timed out is usually not the culprit; the one that never arrived is.
-
-How it measures:
-    collective_timeouts (PyTorch lines) grouped by (process group, SeqNum); nccl_events for RAS and
-    CUDA failures. Culprits: ranks named by a desync report; else ranks whose last enqueued work is
-    below the timed-out SeqNum; else the few ranks of the world communicator (size from NCCL init
-    lines) that report no timeout while the others do; else, for a desync, the ranks in the minority
-    collective; otherwise the
-    ranks that reported the timeout are listed as reporters, not culprits (confidence lowered).
-
-What to do:
-    Desync: find the code path that issues a different collective on some ranks (data-dependent
-    branches, uneven batches, exceptions swallowed on one rank). Never-issued: that rank is stuck before
-    the collective (dataloader, host code, an earlier hang). Stuck inside: check that rank's GPU and
-    links (dmesg Xid, nccl_transport findings). Enable TORCH_NCCL_TRACE_BUFFER_SIZE (flight recorder)
-    and TORCH_NCCL_DESYNC_DEBUG=1 to get stack traces of the next hang.
+Its documentation (what it detects, why it matters, how it measures, what to do) is data: ``DOC``.
 """
 
 from __future__ import annotations
@@ -36,13 +11,34 @@ from typing import cast
 
 import polars as pl
 
-from forensics.base.findings import Finding, Severity
+from forensics.base.findings import CostBasis, Finding, FindingKind, Role, Severity, When
 from forensics.base.settings import setting
-from forensics.detectors import Skip, detector
+from forensics.detectors import DetectorDoc, Skip, detector
 from forensics.facts.context import JobContext
 from forensics.facts.job_year import job_year
 from forensics.facts.nccl_setup import JobNccl, evidence, where
 from forensics.parsers.timestamps import earliest_glog_ns
+
+TIMEOUT = FindingKind(
+    "timeout", "ranks report a collective that timed out (watchdog or blocking wait): the job hung and was killed",
+    Role.HANG,
+    "Find the rank that did not arrive (desync report, flight recorder dump, the rank with the lowest "
+    "last-enqueued work); check its host for GPU/NIC errors; enable TORCH_NCCL_TRACE_BUFFER_SIZE and "
+    "TORCH_NCCL_DESYNC_DEBUG=1.")
+DESYNC = FindingKind(
+    "desync", "ranks issued different collectives (or sizes) at the same SeqNum, or a desync report names the rank "
+    "that never joined", Role.HANG,
+    "Find the branch that makes some ranks issue a different collective (conditional logging/eval, uneven "
+    "data, an exception caught on one rank) and make every rank issue the same sequence.", stage=1)
+MISSING_RANK = FindingKind(
+    "missing_rank", "NCCL RAS reports ranks missing, dead or inconsistent in a communicator", Role.HANG,
+    "Inspect the named process/GPU on that node (is it alive? stuck in host code? GPU errors?); an outlier "
+    "node with a different process count points at a launcher/config mistake.", stage=1)
+CUDA_FAILURE = FindingKind(
+    "cuda_failure", "a CUDA error inside NCCL killed a communicator", Role.FAULT,
+    "Debug the CUDA fault on that GPU first (compute-sanitizer, CUDA_LAUNCH_BLOCKING=1, dmesg Xid); "
+    "network errors on other ranks are secondary.", stage=1)
+_UNSTAMPED = "NCCL lines carry no time stamp the parser reads"
 
 
 @dataclass(frozen=True)
@@ -92,6 +88,14 @@ class _Timeout:
     stuck: pl.DataFrame  # enqueued >= SeqNum > completed
     culprits: list[int]
     silent: list[int] = field(default_factory=list)
+    died_ns: int | None = None  # the earliest watchdog stamp (the job's year completes it)
+    pgs: list[int] = field(default_factory=list)  # process groups of the timeout and status lines
+    hosts: list[str] = field(default_factory=list)  # of the culprits (else the reporters)
+    gpus: list[str] = field(default_factory=list)
+
+    @property
+    def ran_ms(self) -> int | None:
+        return int(cast(int, self.ran_ns.max())) // 1_000_000 if self.ran_ns.len() else None
 
     @property
     def ratio(self) -> float | None:
@@ -117,6 +121,11 @@ def _timeout(t: _Logs, cfg: NcclTimeoutConfig) -> _Timeout:
         if not silent or len(silent) > cfg.max_silent_fraction * j.nranks:
             silent = []
         out.silent = out.culprits = silent
+    named = j.ident.filter(pl.col("rank").is_in(out.culprits or out.reporters))
+    out.hosts = sorted(set(named["host"].drop_nulls().to_list()))
+    out.gpus = sorted(set(named["bus_id"].drop_nulls().to_list()))
+    out.died_ns = earliest_glog_ns(timeouts["message"].drop_nulls().to_list(), t.year)
+    out.pgs = sorted(set(pl.concat([timeouts["pg"], status["pg"]]).drop_nulls().to_list()))
     return out
 
 
@@ -149,27 +158,38 @@ def check_timeout(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
     """Ranks that report a timed-out collective, and the ranks that did not arrive."""
     if not (t.timeouts.height or t.status.height):
         return []
-    o = _timeout(t, cfg)
-    named = t.j.ident.filter(pl.col("rank").is_in(o.culprits or o.reporters))
-    ratio = o.ratio
-    return [Finding(
+    return [_timeout_finding(t, _timeout(t, cfg), cfg)]
+
+
+def _timeout_finding(t: _Logs, o: _Timeout, cfg: NcclTimeoutConfig) -> Finding:
+    """The measured timeout in words, with its typed facts."""
+    ratio, died, ran_ms = o.ratio, o.died_ns, o.ran_ms
+    return Finding(
         "nccl_timeout", Severity.CRITICAL, "NCCL collective timed out", _timeout_text(t, o, cfg) + ".",
-        "Find the rank that did not arrive (desync report, flight recorder dump, the rank with the lowest "
-        "last-enqueued work); check its host for GPU/NIC errors; enable TORCH_NCCL_TRACE_BUFFER_SIZE and "
-        "TORCH_NCCL_DESYNC_DEBUG=1.",
-        ranks=tuple(o.culprits or o.reporters), hosts=tuple(sorted(set(named["host"].drop_nulls().to_list()))),
-        gpus=tuple(sorted(set(named["bus_id"].drop_nulls().to_list()))),
+        TIMEOUT.remediation, kind=TIMEOUT.name, when=_hang_span(died, ran_ms),
+        cost=CostBasis(fatal=True, died_ns=died, hung_s=None if ran_ms is None else ran_ms / 1e3,
+                       waiting_ranks=len(o.reporters)),
+        process_group=",".join(map(str, o.pgs)) or None,
+        ranks=tuple(o.culprits or o.reporters), hosts=tuple(o.hosts), gpus=tuple(o.gpus),
         key="timeout:" + ",".join(map(str, o.seqs[:4])),
         confidence="high" if (o.culprits and not o.silent) else "medium",
         metrics={"reporting_ranks": len(o.reporters), "culprit_ranks": ",".join(map(str, o.culprits)) or None,
                  "timeout_ms": int(o.timeout_ns.max()) // 1_000_000 if o.timeout_ns.len() else None,  # type: ignore[arg-type]
                  "ran_over_timeout": round(ratio, 2) if ratio is not None else None,
                  "seq": o.seqs[0] if o.seqs else None,
-                 "ran_ms": int(o.ran_ns.max()) // 1_000_000 if o.ran_ns.len() else None,  # type: ignore[arg-type]
-                 "time_ns": earliest_glog_ns(t.timeouts["message"].drop_nulls().to_list(), t.year)},
+                 "ran_ms": ran_ms, "time_ns": died},
         evidence=evidence(pl.concat([t.timeouts, t.status], how="vertical"),
                           ("rank", "kind", "pg", "seq", "op_type", "numel_in", "last_enqueued", "last_completed", "line")),
-    )]
+    )
+
+
+def _hang_span(logged: int | None, ran_ms: int | None) -> When:
+    """From the hung collective's start (the watchdog's stamp minus how long it ran) to the watchdog's stamp."""
+    if logged is None:
+        return When.unknown("the watchdog lines' stamps carry no year and the job's year is unknown")
+    if ran_ms is None:
+        return When.span(logged, logged, "the watchdog line's stamp (how long the collective ran is not logged)")
+    return When.span(logged - ran_ms * 1_000_000, logged, "the watchdog line's stamp minus the collective's run time")
 
 
 def _minority(groups: pl.DataFrame) -> list[int]:
@@ -182,34 +202,64 @@ def _minority(groups: pl.DataFrame) -> list[int]:
     return minority
 
 
-def check_desync(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
-    """One SeqNum, different collectives or sizes on different ranks."""
+@dataclass(frozen=True)
+class _Desync:
+    """What a desynchronised collective measured: per SeqNum the (op, size) groups and their ranks, the ranks
+    named as not joining (desync reports, else the minority group), the timeout lines involved, its time."""
+
+    groups: pl.DataFrame  # seq, op_type, numel_in, rank (list)
+    named: list[int]
+    rows: pl.DataFrame  # the timeout lines of the split SeqNums
+    reports: pl.DataFrame  # desync report lines
+    when: When
+
+
+def _desync(t: _Logs) -> _Desync | None:
+    """One SeqNum, different collectives or sizes on different ranks (or a desync report); None when neither."""
     timeouts, desync = t.timeouts, t.desync
     if not (timeouts.height or t.status.height):
-        return []
+        return None
     per_seq = (timeouts.group_by("seq", maintain_order=True)
                .agg(pl.col("op_type").unique().sort(), pl.col("numel_in").unique().drop_nulls().sort(),
                     pl.col("rank").unique().drop_nulls().sort()))
     split = per_seq.filter((pl.col("op_type").list.len() > 1) | (pl.col("numel_in").list.len() > 1))
     if not (split.height or desync.height):
-        return []
+        return None
     rows = timeouts.join(split.select("seq"), on="seq") if split.height else timeouts.head(0)
     groups = (rows.group_by("seq", "op_type", "numel_in").agg(pl.col("rank").unique().sort())
               .sort("seq", "op_type", "numel_in", nulls_last=True))
-    names = sorted(set(desync["lagging_rank"].drop_nulls().to_list())) or sorted(_minority(groups))
+    named = sorted(set(desync["lagging_rank"].drop_nulls().to_list())) or sorted(_minority(groups))
+    return _Desync(groups, named, rows, desync, _desync_span(t, rows))
+
+
+def _desync_finding(d: _Desync) -> Finding:
+    """The measured desync in words, with its typed facts."""
     desc = "; ".join(f"SeqNum {r['seq']}: rank(s) {', '.join(map(str, r['rank']))} in {r['op_type']} "
-                     f"(NumelIn {r['numel_in']})" for r in groups.sort("seq", "op_type").iter_rows(named=True))
-    return [Finding(
+                     f"(NumelIn {r['numel_in']})" for r in d.groups.sort("seq", "op_type").iter_rows(named=True))
+    return Finding(
         "nccl_timeout", Severity.CRITICAL, "Ranks desynchronised: different collectives at the same SeqNum",
         (desc or "a desync report names the rank that did not join") + ". The ranks issued different "
         "collectives (code-path divergence), so they wait on each other forever; this is not a network fault.",
-        "Find the branch that makes some ranks issue a different collective (conditional logging/eval, uneven "
-        "data, an exception caught on one rank) and make every rank issue the same sequence.",
-        ranks=tuple(names or sorted(set(rows["rank"].drop_nulls().to_list()))), key="desync",
-        confidence="high" if names else "medium",
-        evidence=evidence(groups.with_columns(pl.col("rank").cast(pl.List(pl.String)).list.join(",")),
-                          ("seq", "op_type", "numel_in", "rank")) + evidence(desync, ("rank", "lagging_rank", "seq", "line")),
-    )]
+        DESYNC.remediation, kind=DESYNC.name, when=d.when,
+        ranks=tuple(d.named or sorted(set(d.rows["rank"].drop_nulls().to_list()))), key="desync",
+        confidence="high" if d.named else "medium",
+        evidence=evidence(d.groups.with_columns(pl.col("rank").cast(pl.List(pl.String)).list.join(",")),
+                          ("seq", "op_type", "numel_in", "rank"))
+        + evidence(d.reports, ("rank", "lagging_rank", "seq", "line")),
+    )
+
+
+def check_desync(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
+    """One SeqNum, different collectives or sizes on different ranks."""
+    d = _desync(t)
+    return [] if d is None else [_desync_finding(d)]
+
+
+def _desync_span(t: _Logs, rows: pl.DataFrame) -> When:
+    """The desynchronised collective's lines (and desync reports): the same clock as the timeout's."""
+    lines = pl.concat([rows["message"], t.desync["message"]]).drop_nulls().to_list()
+    ran_ns = rows["ran_ns"].drop_nulls()
+    return _hang_span(earliest_glog_ns(lines, t.year), int(cast(int, ran_ns.max())) // 1_000_000 if ran_ns.len() else None)
 
 
 def check_ras(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
@@ -225,8 +275,7 @@ def check_ras(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
         f"RAS: {'; '.join(groups) or 'errors'}"
         + (f"; {', '.join(errors)} on node(s) {', '.join(nodes)}" if nodes else "")
         + ". A rank that stops reporting is dead, hung before the collective, or unreachable.",
-        "Inspect the named process/GPU on that node (is it alive? stuck in host code? GPU errors?); an outlier "
-        "node with a different process count points at a launcher/config mistake.",
+        MISSING_RANK.remediation, kind=MISSING_RANK.name, when=When.unknown(_UNSTAMPED),
         ranks=tuple(sorted(set(ras["rank"].drop_nulls().to_list()))), hosts=tuple(nodes), key="ras", confidence="high",
         metrics={"ras_error_lines": ras.height},
         evidence=evidence(ras, ("line", "kind", "peer", "code", "message")),
@@ -243,8 +292,7 @@ def check_cuda(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
         "nccl_timeout", Severity.CRITICAL, "A CUDA error aborted NCCL",
         f"NCCL hit `{cuda['message'][0]}` on {', '.join(hosts) or 'a rank'}: the communicator is dead and peers "
         "see resets or timeouts as a consequence.",
-        "Debug the CUDA fault on that GPU first (compute-sanitizer, CUDA_LAUNCH_BLOCKING=1, dmesg Xid); "
-        "network errors on other ranks are secondary.",
+        CUDA_FAILURE.remediation, kind=CUDA_FAILURE.name, when=When.unknown(_UNSTAMPED),
         ranks=ranks, hosts=hosts, gpus=gpus, key="cuda_failure", confidence="high",
         evidence=evidence(cuda, ("host", "pid", "cuda_dev", "line", "file_line", "message")),
     )]
@@ -253,7 +301,43 @@ def check_cuda(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
 CHECKS: tuple[Callable[[_Logs, NcclTimeoutConfig], list[Finding]], ...] = (check_timeout, check_desync, check_ras, check_cuda)
 
 
-@detector("nccl_timeout", settings=NcclTimeoutConfig, requires_any=("collective_timeouts", "nccl_events"))
+DOC = DetectorDoc(
+    summary=(
+        "Collective timeouts, hangs and desyncs: PyTorch ProcessGroupNCCL watchdog, NCCL RAS, fatal NCCL "
+        "errors."
+    ),
+    detects=(
+        "Watchdog and blocking-wait timeouts with the collective (OpType, SeqNum, NumelIn), the timeout and "
+        "how long it actually ran; desynchronisation (ranks at the same SeqNum in different collectives or "
+        "sizes, and `TORCH_NCCL_DESYNC_DEBUG` reports naming the rank that never joined); ranks that never "
+        "issued the collective (last enqueued < SeqNum) versus ranks stuck inside it; NCCL RAS reports of "
+        "missing / dead processes and mismatched op counts, with node, process and GPU; and the CUDA failure "
+        "that killed a communicator (`Cuda failure '...'` in NCCL)."
+    ),
+    matters=(
+        "A timeout costs the whole job: every rank waits for the slowest, then the job dies or restarts from "
+        "a checkpoint. The rank that timed out is usually not the culprit; the one that never arrived is."
+    ),
+    measures=(
+        "collective_timeouts (PyTorch lines) grouped by (process group, SeqNum); nccl_events for RAS and CUDA"
+        " failures. Culprits: ranks named by a desync report; else ranks whose last enqueued work is below "
+        "the timed-out SeqNum; else the few ranks of the world communicator (size from NCCL init lines) that "
+        "report no timeout while the others do; else, for a desync, the ranks in the minority collective; "
+        "otherwise the ranks that reported the timeout are listed as reporters, not culprits (confidence "
+        "lowered)."
+    ),
+    todo=(
+        "Desync: find the code path that issues a different collective on some ranks (data-dependent "
+        "branches, uneven batches, exceptions swallowed on one rank). Never-issued: that rank is stuck before"
+        " the collective (dataloader, host code, an earlier hang). Stuck inside: check that rank's GPU and "
+        "links (dmesg Xid, nccl_transport findings). Enable TORCH_NCCL_TRACE_BUFFER_SIZE (flight recorder) "
+        "and TORCH_NCCL_DESYNC_DEBUG=1 to get stack traces of the next hang."
+    ),
+)
+
+
+@detector("nccl_timeout", doc=DOC, settings=NcclTimeoutConfig, requires_any=("collective_timeouts", "nccl_events"),
+          kinds=(TIMEOUT, DESYNC, MISSING_RANK, CUDA_FAILURE), view="hw-events")
 def detect(ctx: JobContext, cfg: NcclTimeoutConfig) -> list[Finding]:
     frames = ctx.frames
     ct, ev = frames["collective_timeouts"], frames["nccl_events"]

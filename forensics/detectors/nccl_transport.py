@@ -1,37 +1,6 @@
 """NCCL transport problems read from NCCL_DEBUG=INFO logs.
 
-What it detects:
-    Inter-node traffic over TCP sockets (`NET/Socket`, or an OFI provider over TCP); IB/RoCE connections
-    without GPUDirect RDMA (no `/GDRDMA`, `GPU Direct RDMA Disabled for HCA`, `use ring ... GDR 0`);
-    intra-node pairs over SHM or the network instead of P2P/NVLink (and `intraNodeP2pSupport 0`); NVLS off
-    on Hopper+ NVSwitch systems; one NIC shared by all GPUs of a node; bootstrap/socket interfaces that
-    are virtual (docker, virbr, veth, tunnels, lo) or differ between nodes; mixed IB and RoCE link
-    layers; and transport switches in the environment (NCCL_P2P_DISABLE, NCCL_P2P_LEVEL, NCCL_SHM_DISABLE,
-    NCCL_IB_DISABLE, NCCL_NET=Socket, NCCL_NET_GDR_LEVEL, NCCL_NET_GDR_READ=0): named as the cause in the
-    finding of their effect, else on their own (warning when they cost this job, info when the logs show
-    no effect).
-
-Why it matters:
-    The transport bounds every collective: sockets run at a few GB/s instead of 25-50 GB/s per NIC,
-    missing GDR stages every message through host memory, SHM instead of NVLink costs an order of
-    magnitude intra-node, and a sick HCA or link hangs or kills the job.
-
-How it measures:
-    From `nccl_channels` (the `via` of every connection), `nccl_net` (NET/IB, NET/Socket, Bootstrap,
-    GDR lines), `nccl_events` (WARNs, NVLS/P2P/topology facts) and `nccl_env`. A NET connection is
-    treated as intra-node only when both ranks belong to one process or the job is single-node. Judged on
-    what carried traffic: a job proven to run on one node (the 2.20+ layout line, or one host holding every
-    rank) gets no network finding whatever NCCL printed about its NICs at init; NIC facts (GDR disabled for an
-    HCA, one NIC, link layers) count on a host only for the NICs its logged NET channels use, and on hosts
-    whose NET channels are not in the logs. Fabric and connection errors are nccl_comm_failure's.
-    Ranks and GPUs come from forensics.facts.identity (init lines, channel lines, traces).
-
-What to do:
-    Sockets: install/enable the IB or EFA stack (NCCL_IB_DISABLE unset, libibverbs present, the right
-    net plugin). No GDR: load nvidia-peermem / use DMA-BUF, check NCCL_NET_GDR_LEVEL and PCIe topology.
-    SHM/NET intra-node: unset NCCL_P2P_DISABLE / NCCL_SHM_DISABLE / NCCL_P2P_LEVEL, give containers IPC
-    and --shm-size, check ACS/IOMMU. NVLS: NCCL_NVLS_ENABLE, fabric manager and IMEX. One NIC: expose
-    every rail (SR-IOV VFs per GPU, NCCL_IB_HCA). Interfaces: set NCCL_SOCKET_IFNAME.
+Its documentation (what it detects, why it matters, how it measures, what to do) is data: ``DOC``.
 """
 
 from __future__ import annotations
@@ -41,9 +10,9 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from forensics.base.findings import Finding, Severity
+from forensics.base.findings import Finding, FindingKind, Role, Severity
 from forensics.base.settings import setting
-from forensics.detectors import Skip, detector
+from forensics.detectors import DetectorDoc, Skip, detector
 from forensics.facts.context import JobContext
 from forensics.facts.nccl_setup import JobNccl, evidence, where
 
@@ -159,7 +128,7 @@ def check_sockets(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
         why + ". Sockets give a few GB/s per node where IB/RoCE/EFA give 25-50 GB/s per NIC.",
         "Enable the RDMA path: unset NCCL_IB_DISABLE, install libibverbs / the net plugin (aws-ofi-nccl, "
         "HPC-X), check `ibv_devinfo` inside the container, pin NCCL_NET if needed.",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="socket",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="socket", kind=DEGRADED_TRANSPORT.name,
         metrics={"socket_connections": sock.height, "ib_present_or_disabled": has_ib},
         evidence=_link_rows(sock, ofi_tcp, "name"),
         confidence="high" if sock.height else "medium",
@@ -195,7 +164,7 @@ def check_no_gdr(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
         f"{why}: every message is staged through host memory" + _then(_set_by_user(t, "no_gdr")) + ".",
         "Load nvidia-peermem (or use DMA-BUF with a recent driver), check NCCL_NET_GDR_LEVEL and that each "
         "GPU has a NIC under the same PCIe switch.",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="no_gdr",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="no_gdr", kind=DEGRADED_TRANSPORT.name,
         metrics={"connections_without_gdr": nogdr.height, "hca_gdr_disabled": hca_off.height},
         evidence=_link_rows(nogdr, hca_off, "detail"),
         confidence="high",
@@ -224,7 +193,7 @@ def check_intra_node(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
         why + _then(forced) + ".",
         "Unset NCCL_P2P_DISABLE / NCCL_SHM_DISABLE / NCCL_P2P_LEVEL, run containers with --ipc=host, "
         "check that ACS/IOMMU do not block peer access (`nvidia-smi topo -p2p r`).",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="intra_node",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="intra_node", kind=DEGRADED_TRANSPORT.name,
         metrics={"shm_connections": shm.height, "intra_node_net_connections": intra_net.height},
         evidence=_link_rows(shm, intra_net, "via"),
         confidence="high" if (forced or p2p_elsewhere or nop2p.height) else "medium",
@@ -247,7 +216,7 @@ def check_nvls_off(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
         "nccl_transport", Severity.WARNING, "NVLink SHARP (NVLS) is off on an NVSwitch system",
         "The topology shows an NVSwitch and the GPUs support NVLS, but NCCL set up 0 NVLS channels.",
         "Check NCCL_NVLS_ENABLE, the fabric manager / IMEX service and that the CUDA driver exposes multicast.",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="nvls_off", confidence="medium",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="nvls_off", kind=DEGRADED_TRANSPORT.name, confidence="medium",
         evidence=evidence(nvls_off, ("host", "line")),
     )]
 
@@ -278,7 +247,7 @@ def check_single_nic(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
         "; ".join(f"{r['host']}: {r['gpus']} GPUs seen, one NIC ({r['nic']})" for r in shared.iter_rows(named=True))
         + ". Inter-node bandwidth per GPU is one NIC divided by the GPUs of the node.",
         "Expose one NIC (or VF) per GPU/rail to the job (NCCL_IB_HCA, SR-IOV, device plugin settings).",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="single_nic", confidence="medium",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="single_nic", kind=DEGRADED_TRANSPORT.name, confidence="medium",
         metrics={"max_gpus_per_nic": int(shared["gpus"].max())},  # type: ignore[arg-type]
         evidence=evidence(shared, ("host", "nic", "gpus")),
     )]
@@ -304,7 +273,7 @@ def check_interfaces(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
         + ("; " if names and inconsistent else "")
         + (f"interface sets differ between hosts: {differ}" if inconsistent else "") + ".",
         "Set NCCL_SOCKET_IFNAME to the data interface (e.g. `=eth0` or `^docker,lo,virbr,veth`).",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="iface", confidence="high",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="iface", kind=DEGRADED_TRANSPORT.name, confidence="high",
         metrics={"bad_interfaces": ",".join(names) or None, "inconsistent_across_hosts": inconsistent},
         evidence=evidence(bad if bad.height else ifs, ("host", "kind", "name", "address", "line")),
     )]
@@ -320,7 +289,7 @@ def check_no_libibverbs(t: _Transport, cfg: NcclTransportConfig) -> list[Finding
         "libibverbs missing: NCCL cannot use InfiniBand/RoCE",
         "NCCL failed to open libibverbs.so, so only TCP sockets are available between nodes.",
         "Install rdma-core / libibverbs in the image if the nodes have RDMA NICs.",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="no_libibverbs", confidence="high",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="no_libibverbs", kind=DEGRADED_TRANSPORT.name, confidence="high",
         evidence=evidence(nolib, ("host", "line", "file_line", "message")),
     )]
 
@@ -335,7 +304,7 @@ def check_mixed_link(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
         "nccl_transport", Severity.WARNING, "Mixed InfiniBand and RoCE NICs",
         "NCCL lists both IB and RoCE devices; 2.28+ refuses to connect such pairs and older versions mis-tune.",
         "Restrict NCCL_IB_HCA to one link layer.",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="mixed_link", confidence="high",
+        ranks=ranks, hosts=hosts, gpus=gpus, key="mixed_link", kind=DEGRADED_TRANSPORT.name, confidence="high",
         evidence=evidence(ib.unique(["host", "name"], keep="first", maintain_order=True), ("host", "name", "link_layer")),
     )]
 
@@ -416,6 +385,8 @@ def check_transport_env(t: _Transport, cfg: NcclTransportConfig) -> list[Finding
         "Unset the switch unless it works around a known fault on this cluster; NCCL picks the fastest "
         "transport it can use.",
         ranks=ranks, hosts=hosts, gpus=gpus, key="transport_env", metrics=dict(left),
+        # a switch is a cause only where it cost the job: at info the logs showed no effect of it
+        kind=(DEGRADED_TRANSPORT if costly else TRANSPORT_SETTING).name,
         evidence=evidence(rows, ("host", "line", "var", "value", "origin")),
         confidence="high" if costly else "medium",
     )]
@@ -428,10 +399,61 @@ CHECKS: tuple[Callable[[_Transport, NcclTransportConfig], list[Finding]], ...] =
 )
 
 
+DEGRADED_TRANSPORT = FindingKind(
+    "degraded_transport", "NCCL uses a slower path than the hardware offers (sockets instead of IB, GDR off, "
+    "SHM/P2P off, NVLS off, one NIC for all GPUs, virtual interfaces, mixed link layers)", Role.CONFIG,
+    "Let NCCL use the fastest transport the hardware has: unset the switches, fix the NIC/driver setup.")
+TRANSPORT_SETTING = FindingKind(
+    "transport_setting", "a transport switch in the environment whose effect the logs do not show",
+    Role.CONFIG, "Unset the switch unless it works around a known fault on this cluster.", stage=4)
+
+
+DOC = DetectorDoc(
+    summary=(
+        "NCCL transport problems read from NCCL_DEBUG=INFO logs."
+    ),
+    detects=(
+        "Inter-node traffic over TCP sockets (`NET/Socket`, or an OFI provider over TCP); IB/RoCE connections"
+        " without GPUDirect RDMA (no `/GDRDMA`, `GPU Direct RDMA Disabled for HCA`, `use ring ... GDR 0`); "
+        "intra-node pairs over SHM or the network instead of P2P/NVLink (and `intraNodeP2pSupport 0`); NVLS "
+        "off on Hopper+ NVSwitch systems; one NIC shared by all GPUs of a node; bootstrap/socket interfaces "
+        "that are virtual (docker, virbr, veth, tunnels, lo) or differ between nodes; mixed IB and RoCE link "
+        "layers; and transport switches in the environment (NCCL_P2P_DISABLE, NCCL_P2P_LEVEL, NCCL_SHM_DISABLE, NCCL_IB_DISABLE, "
+        "NCCL_NET=Socket, NCCL_NET_GDR_LEVEL, NCCL_NET_GDR_READ=0): named as the cause in the finding of "
+        "their effect, else on their own (warning when they cost this job, info when the logs show no "
+        "effect)."
+    ),
+    matters=(
+        "The transport bounds every collective: sockets run at a few GB/s instead of 25-50 GB/s per NIC, "
+        "missing GDR stages every message through host memory, SHM instead of NVLink costs an order of "
+        "magnitude intra-node, and a sick HCA or link hangs or kills the job."
+    ),
+    measures=(
+        "From `nccl_channels` (the `via` of every connection), `nccl_net` (NET/IB, NET/Socket, Bootstrap, GDR"
+        " lines), `nccl_events` (WARNs, NVLS/P2P/topology facts) and `nccl_env`. A NET connection is treated "
+        "as intra-node only when both ranks belong to one process or the job is single-node. Judged on what "
+        "carried traffic: a job proven to run on one node (the 2.20+ layout line, or one host holding every "
+        "rank) gets no network finding whatever NCCL printed about its NICs at init; NIC facts (GDR disabled for "
+        "an HCA, one NIC, link layers) count on a host only for the NICs its logged NET channels use, and on "
+        "hosts whose NET channels are not in the logs. Fabric and connection errors are nccl_comm_failure's. "
+        "Ranks and GPUs come from forensics.facts.identity (init lines, channel lines, traces)."
+    ),
+    todo=(
+        "Sockets: install/enable the IB or EFA stack (NCCL_IB_DISABLE unset, libibverbs present, the right "
+        "net plugin). No GDR: load nvidia-peermem / use DMA-BUF, check NCCL_NET_GDR_LEVEL and PCIe topology. "
+        "SHM/NET intra-node: unset NCCL_P2P_DISABLE / NCCL_SHM_DISABLE / NCCL_P2P_LEVEL, give containers IPC "
+        "and --shm-size, check ACS/IOMMU. NVLS: NCCL_NVLS_ENABLE, fabric manager and IMEX. One NIC: expose "
+        "every rail (SR-IOV VFs per GPU, NCCL_IB_HCA). Interfaces: set NCCL_SOCKET_IFNAME."
+    ),
+)
+
+
 @detector(
-    "nccl_transport",
+    "nccl_transport", doc=DOC,
     settings=NcclTransportConfig,
     requires_any=("nccl_channels", "nccl_net", "nccl_events"),
+    kinds=(DEGRADED_TRANSPORT, TRANSPORT_SETTING),
+    view="nccl-config",
 )
 def detect(ctx: JobContext, cfg: NcclTransportConfig) -> list[Finding]:
     t = _facts(ctx)

@@ -1,42 +1,6 @@
 """Node health: what the host's kernel log says went wrong that is not the GPU's fault.
 
-What it detects:
-    Host DRAM errors (EDAC correctable / uncorrectable, per DIMM), tasks hung in D state (and whether
-    they are blocked in a storage client: NFS, Lustre, GPFS, BeeGFS, WekaFS, CephFS, FUSE), soft / hard
-    lockups and RCU stalls, OOM kills (and whether the victim is the training process), filesystem and
-    block-device errors (EXT4 / XFS / BTRFS errors, read-only remounts, I/O errors), network-storage
-    servers not responding, NIC link flaps (mlx5 / InfiniBand ports, Ethernet links, lost carrier) and
-    mlx5 NIC hardware events, and CPU thermal throttling. GPU faults are gpu_hw_error's.
-
-Why it matters:
-    A job that hangs or dies is often blamed on the GPUs or NCCL when the host under them failed: the
-    OOM killer took a rank, the rank blocked on a storage server, a CPU locked up, a NIC port flapped.
-    The peers then time out in NCCL on healthy GPUs. Naming the host fault first saves draining good GPUs.
-
-How it measures:
-    Kernel-log lines (``kernel_events``) are placed on the job's hosts (the identity frame's host names,
-    the log's own host, the host its path names) and clocks (wall clock when the log gives it, else
-    monotonic per file and boot). Events of one host, category and key (DIMM, device, server, OOM
-    victim) closer than ``incident_gap_s`` form one episode and one finding, with its first and last
-    time and where it falls relative to the profiled window. Severity by consequence: an uncorrectable
-    DRAM error, a lockup, a read-only remount / filesystem shutdown, a NIC link left down, or an OOM kill
-    of the training process (its process name matches ``trainer_processes`` or its pid is a rank's) is
-    critical; correctable DRAM errors are a warning from ``ce_warning_per_hour`` errors per hour (over
-    the episode, at least one hour) and info below; a task blocked in a storage client or a training
-    process for ``hung_critical_s`` or more (the longest reported block, or the time from the first
-    report to the last plus the first report's block) is critical, shorter or other hung tasks a warning;
-    link flaps (a port or interface going down after it had been up; INIT -> ACTIVE at boot is not one)
-    of ``link_flap_min`` or more are a warning; CPU thermal throttling, filesystem / I/O errors,
-    storage servers not responding, mlx5 hardware events, other OOM kills and RCU stalls are warnings.
-    Interfaces matching ``ignore_interfaces`` (containers, bridges) are not NICs.
-
-What to do:
-    Follow the finding: drain the node and replace the DIMM (UE, or a CE rate that keeps rising);
-    reboot a node with lockups and check BIOS/firmware; for an OOM kill of a rank reduce host memory
-    use (data-loader workers, pinned memory, dataset caching) or raise the job's memory limit; for
-    hung tasks and storage errors check the storage servers, the client and the network to them
-    before restarting; reseat or replace the cable/transceiver of a flapping NIC port; check cooling
-    for CPU throttling.
+Its documentation (what it detects, why it matters, how it measures, what to do) is data: ``DOC``.
 """
 
 from __future__ import annotations
@@ -47,9 +11,10 @@ from typing import Any
 
 import polars as pl
 
-from forensics.base.findings import Finding, Severity
+from forensics.base.findings import Finding, FindingKind, Role, Severity, When
 from forensics.base.settings import setting
-from forensics.detectors import detector
+from forensics.detectors import DetectorDoc, detector
+from forensics.detectors._fault_kinds import HOST_FAULT, NIC_FAULT, fault_kind
 from forensics.facts.context import JobContext
 from forensics.facts.host_events import STORAGE_MODULES, episodes, host_events, name_matches, summarize
 from forensics.facts.placement import Placement, host_key
@@ -93,7 +58,59 @@ class Grade:
     confidence: str = "medium"
 
 
-@detector("node_health", settings=NodeHealthConfig, requires=("kernel_events",))
+HOST_EVENT = FindingKind(
+    "host_event", "a host event below the level that explains anything (e.g. correctable DRAM errors below the "
+    "rate): a fact to watch, not a cause", Role.SYMPTOM, "Watch the rate; act when it grows.", stage=4)
+
+
+DOC = DetectorDoc(
+    summary=(
+        "Node health: what the host's kernel log says went wrong that is not the GPU's fault."
+    ),
+    detects=(
+        "Host DRAM errors (EDAC correctable / uncorrectable, per DIMM), tasks hung in D state (and whether "
+        "they are blocked in a storage client: NFS, Lustre, GPFS, BeeGFS, WekaFS, CephFS, FUSE), soft / hard "
+        "lockups and RCU stalls, OOM kills (and whether the victim is the training process), filesystem and "
+        "block-device errors (EXT4 / XFS / BTRFS errors, read-only remounts, I/O errors), network-storage "
+        "servers not responding, NIC link flaps (mlx5 / InfiniBand ports, Ethernet links, lost carrier) and "
+        "mlx5 NIC hardware events, and CPU thermal throttling. GPU faults are gpu_hw_error's."
+    ),
+    matters=(
+        "A job that hangs or dies is often blamed on the GPUs or NCCL when the host under them failed: the "
+        "OOM killer took a rank, the rank blocked on a storage server, a CPU locked up, a NIC port flapped. "
+        "The peers then time out in NCCL on healthy GPUs. Naming the host fault first saves draining good "
+        "GPUs."
+    ),
+    measures=(
+        "Kernel-log lines (``kernel_events``) are placed on the job's hosts (the identity frame's host names,"
+        " the log's own host, the host its path names) and clocks (wall clock when the log gives it, else "
+        "monotonic per file and boot). Events of one host, category and key (DIMM, device, server, OOM "
+        "victim) closer than ``incident_gap_s`` form one episode and one finding, with its first and last "
+        "time and where it falls relative to the profiled window. Severity by consequence: an uncorrectable "
+        "DRAM error, a lockup, a read-only remount / filesystem shutdown, a NIC link left down, or an OOM "
+        "kill of the training process (its process name matches ``trainer_processes`` or its pid is a rank's)"
+        " is critical; correctable DRAM errors are a warning from ``ce_warning_per_hour`` errors per hour "
+        "(over the episode, at least one hour) and info below; a task blocked in a storage client or a "
+        "training process for ``hung_critical_s`` or more (the longest reported block, or the time from the "
+        "first report to the last plus the first report's block) is critical, shorter or other hung tasks a "
+        "warning; link flaps (a port or interface going down after it had been up; INIT -> ACTIVE at boot is "
+        "not one) of ``link_flap_min`` or more are a warning; CPU thermal throttling, filesystem / I/O "
+        "errors, storage servers not responding, mlx5 hardware events, other OOM kills and RCU stalls are "
+        "warnings. Interfaces matching ``ignore_interfaces`` (containers, bridges) are not NICs."
+    ),
+    todo=(
+        "Follow the finding: drain the node and replace the DIMM (UE, or a CE rate that keeps rising); reboot"
+        " a node with lockups and check BIOS/firmware; for an OOM kill of a rank reduce host memory use "
+        "(data-loader workers, pinned memory, dataset caching) or raise the job's memory limit; for hung "
+        "tasks and storage errors check the storage servers, the client and the network to them before "
+        "restarting; reseat or replace the cable/transceiver of a flapping NIC port; check cooling for CPU "
+        "throttling."
+    ),
+)
+
+
+@detector("node_health", doc=DOC, settings=NodeHealthConfig, requires=("kernel_events",),
+          kinds=(HOST_FAULT, NIC_FAULT, HOST_EVENT), view="hw-events")
 def detect(ctx: JobContext, cfg: NodeHealthConfig) -> list[Finding]:
     place = ctx.placement
     ev = host_events(ctx.kernel_events, cfg.ignore_interfaces)
@@ -304,4 +321,14 @@ def _finding(row: dict[str, Any], g: Grade, place: Placement) -> Finding:
         remediation=g.todo[0].upper() + g.todo[1:] + ".", ranks=tuple(sorted(g.ranks)),
         hosts=(host,) if host else (), metrics=m, evidence=tuple(row["evidence"]),
         key=f"{row['category']}|{row['key']}|{row['source']}|{row['first_line']}", confidence=g.confidence,
+        kind=(HOST_EVENT if g.level == "info" else fault_kind(row["category"], None, HOST_EVENT)).name,
+        when=_placed(row),
     )
+
+
+def _placed(row: dict[str, Any]) -> When:
+    if row["clock"] != "wall" or row["first_t"] is None:
+        return When.unknown("the log gives no wall-clock time for the episode")
+    first = int(row["first_t"])
+    return When.span(first, max(first, int(row["last_t"] if row["last_t"] is not None else first)),
+                     "the episode's first and last wall-clock stamps")

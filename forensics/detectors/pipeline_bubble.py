@@ -1,45 +1,6 @@
 """Pipeline bubbles: per PP stage, time with no compute against the schedule's theory; stage imbalance.
 
-What it detects:
-    (1) excess bubble: a pipeline stage idles (or only waits on pipeline send/recv) much more than the
-    schedule's theoretical bubble for the inferred p (stages), m (micro-batches) and v (chunks per
-    stage); (2) stage imbalance: one stage computes clearly more than the others and the whole pipeline
-    runs at its pace, naming the slow stage; (3) a structural bubble: the configuration itself (small m
-    for p) wastes a large share of every step.
-
-Why it matters:
-    Every stage waits ``(p-1)`` micro-batch slots per step in 1F1B: ``(p-1)/(v*m+p-1)`` of the step. An
-    unbalanced stage adds its extra time to every micro-batch of every other stage.
-
-How it measures:
-    Stage = position of the rank in its pipeline process group (PG description naming the pipeline
-    group); p = group size. Per rank and step (:mod:`forensics.facts.breakdown`): bubble = time with no compute
-    kernel, no non-pipeline NCCL kernel and no copy: either only PP send/recv kernels run (they spin
-    until the peer is ready) or nothing runs (the host-bound part is reported alongside, since a
-    host blocked in the pipeline flush also launches late); gaps between compute kernels shorter than
-    10 µs are launch overhead and never bubble. Per stage ``f_B = bubble / step time``
-    summed over its ranks and steps; the job's measured bubble is the mean over stages (P2P latency
-    moves bubble from one stage to another; the mean is what the schedule theory predicts). Theory
-    ``f_B* = (p-1)/(v*m+p-1)`` for 1F1B / GPipe / interleaved, ``(p-1)/(3m+p-1)`` for ZB-H1, 0 for
-    zero-bubble schedules. m and v come from the config when set; else they are inferred from the
-    pipeline send/recv kernels per step: ``4mv - 2m`` on the first stage, ``4mv`` on a middle stage
-    (one kernel per send or receive); when sends and receives share kernels (batched exchanges, as
-    Megatron's batch_isend_irecv launches one SendRecv kernel per exchange) m comes from their order
-    instead: the runs of compute kernels between two send/recv kernels on the last stage (see
-    :func:`infer_schedule`). When the theory exceeds the measured bubble by more than
-    ``theory_tolerance`` of itself (and by more than ``excess_floor``), the trace does not support the
-    schedule: the only finding is then an info one with the measured bubble, saying the schedule
-    inference is uncertain (no structural claim). Flags: excess when a
-    stage's ``f_B >= max(excess_floor, excess_ratio * f_B*)``; imbalance when
-    ``max_s C_s / mean_s C_s - 1 >= imbalance`` (C_s = median compute per step of stage s); structural
-    when ``f_B* >= structural`` (info) and the measured bubble agrees. Impact: imbalance ``(max C - mean C)(m+p-1)/m`` per step, excess
-    ``(f_B - f_B*) * step`` per step, structural ``f_B* * step``, times the ranks and the steps.
-
-What to do:
-    Excess: look for a slow rank or slow P2P link in the pipeline. Imbalance: move layers
-    off the slow stage (Megatron ``--decoder-first/last-pipeline-num-layers``), account for embedding
-    and loss on the first/last stage. Structural: raise the number of micro-batches (m >= 4p), use
-    interleaving (``--num-layers-per-virtual-pipeline-stage``) or a zero-bubble schedule.
+Its documentation (what it detects, why it matters, how it measures, what to do) is data: ``DOC``.
 """
 
 from __future__ import annotations
@@ -48,10 +9,10 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from forensics.base.findings import Finding, Severity
+from forensics.base.findings import Finding, FindingKind, Role, Severity
 from forensics.base.settings import setting
-from forensics.detectors import Skip, detector
-from forensics.detectors._step_metrics import EVIDENCE_CAP, gpu_seconds, ms, require_steps
+from forensics.detectors import DetectorDoc, Skip, detector
+from forensics.detectors._step_metrics import EVIDENCE_CAP, gpu_seconds, in_profile, ms, require_steps
 from forensics.facts.collectives import assign_steps, effective_steps
 from forensics.facts.context import JobContext
 from forensics.facts.coverage import rank_list
@@ -244,7 +205,61 @@ def _pipeline(ctx: JobContext, cfg: PipelineBubbleConfig) -> _Pipeline:
     )
 
 
-@detector("pipeline_bubble", settings=PipelineBubbleConfig, requires=("kernels",))
+PIPELINE = FindingKind(
+    "pipeline", "pipeline-parallel stages idle waiting for each other (bubble, imbalance) beyond the schedule's own",
+    Role.SYMPTOM, "Balance the stages and raise the number of micro-batches (or interleave) to shrink the bubble.")
+
+
+DOC = DetectorDoc(
+    summary=(
+        "Pipeline bubbles: per PP stage, time with no compute against the schedule's theory; stage imbalance."
+    ),
+    detects=(
+        "(1) excess bubble: a pipeline stage idles (or only waits on pipeline send/recv) much more than the "
+        "schedule's theoretical bubble for the inferred p (stages), m (micro-batches) and v (chunks per "
+        "stage); (2) stage imbalance: one stage computes clearly more than the others and the whole pipeline "
+        "runs at its pace, naming the slow stage; (3) a structural bubble: the configuration itself (small m "
+        "for p) wastes a large share of every step."
+    ),
+    matters=(
+        "Every stage waits ``(p-1)`` micro-batch slots per step in 1F1B: ``(p-1)/(v*m+p-1)`` of the step. An "
+        "unbalanced stage adds its extra time to every micro-batch of every other stage."
+    ),
+    measures=(
+        "Stage = position of the rank in its pipeline process group (PG description naming the pipeline "
+        "group); p = group size. Per rank and step (:mod:`forensics.facts.breakdown`): bubble = time with no "
+        "compute kernel, no non-pipeline NCCL kernel and no copy: either only PP send/recv kernels run (they "
+        "spin until the peer is ready) or nothing runs (the host-bound part is reported alongside, since a "
+        "host blocked in the pipeline flush also launches late); gaps between compute kernels shorter than 10"
+        " µs are launch overhead and never bubble. Per stage ``f_B = bubble / step time`` summed over its "
+        "ranks and steps; the job's measured bubble is the mean over stages (P2P latency moves bubble from "
+        "one stage to another; the mean is what the schedule theory predicts). Theory ``f_B* = "
+        "(p-1)/(v*m+p-1)`` for 1F1B / GPipe / interleaved, ``(p-1)/(3m+p-1)`` for ZB-H1, 0 for zero-bubble "
+        "schedules. m and v come from the config when set; else they are inferred from the pipeline send/recv"
+        " kernels per step: ``4mv - 2m`` on the first stage, ``4mv`` on a middle stage (one kernel per send "
+        "or receive); when sends and receives share kernels (batched exchanges, as Megatron's "
+        "batch_isend_irecv launches one SendRecv kernel per exchange) m comes from their order instead: the "
+        "runs of compute kernels between two send/recv kernels on the last stage (see "
+        ":func:`infer_schedule`). When the theory exceeds the measured bubble by more than "
+        "``theory_tolerance`` of itself (and by more than ``excess_floor``), the trace does not support the "
+        "schedule: the only finding is then an info one with the measured bubble, saying the schedule "
+        "inference is uncertain (no structural claim). Flags: excess when a stage's ``f_B >= "
+        "max(excess_floor, excess_ratio * f_B*)``; imbalance when ``max_s C_s / mean_s C_s - 1 >= imbalance``"
+        " (C_s = median compute per step of stage s); structural when ``f_B* >= structural`` (info) and the "
+        "measured bubble agrees. Impact: imbalance ``(max C - mean C)(m+p-1)/m`` per step, excess ``(f_B - "
+        "f_B*) * step`` per step, structural ``f_B* * step``, times the ranks and the steps."
+    ),
+    todo=(
+        "Excess: look for a slow rank or slow P2P link in the pipeline. Imbalance: move layers off the slow "
+        "stage (Megatron ``--decoder-first/last-pipeline-num-layers``), account for embedding and loss on the"
+        " first/last stage. Structural: raise the number of micro-batches (m >= 4p), use interleaving "
+        "(``--num-layers-per-virtual-pipeline-stage``) or a zero-bubble schedule."
+    ),
+)
+
+
+@detector("pipeline_bubble", doc=DOC, settings=PipelineBubbleConfig, requires=("kernels",), kinds=(PIPELINE,),
+          view="timeline")
 def detect(ctx: JobContext, cfg: PipelineBubbleConfig) -> list[Finding]:
     require_steps(ctx)
     pl_ = _pipeline(ctx, cfg)
@@ -258,13 +273,14 @@ def detect(ctx: JobContext, cfg: PipelineBubbleConfig) -> list[Finding]:
         findings.append(_uncertain(pl_, measured))
     elif pl_.f_star >= cfg.structural:
         findings.append(_structural(pl_, cfg))
-    return findings
+    return in_profile(ctx, findings)
 
 
 def _uncertain(pp: _Pipeline, measured: float) -> Finding:
     """The schedule's theory claims far more bubble than the trace shows: report what was measured only."""
     return Finding(
         detector="pipeline_bubble",
+        kind=PIPELINE.name,
         severity=Severity.INFO,
         title=f"Pipeline bubble measured at {measured:.0%} of the step; the schedule inference is uncertain",
         summary=(
@@ -290,6 +306,7 @@ def _imbalance(pp: _Pipeline) -> Finding:
     delta = (worst["compute_ns"] - pp.mean_c) * (m + p - 1) / m
     return Finding(
         detector="pipeline_bubble",
+        kind=PIPELINE.name,
         severity=Severity.WARNING,
         title=f"Pipeline stage {worst['pp_stage']} is {pp.sigma:.0%} slower than the mean stage",
         summary=(
@@ -321,6 +338,7 @@ def _excess(pp: _Pipeline, cfg: PipelineBubbleConfig) -> list[Finding]:
     ranks = tuple(sorted(int(r) for rs in bad["ranks"].to_list() for r in rs))
     return [Finding(
         detector="pipeline_bubble",
+        kind=PIPELINE.name,
         severity=Severity.WARNING,
         title=f"Pipeline bubble {_num(bad['f_b'].max()):.0%} of the step, theory {f_star:.0%}",
         summary=(
@@ -345,6 +363,7 @@ def _structural(pp: _Pipeline, cfg: PipelineBubbleConfig) -> Finding:
     f_star = pp.f_star
     return Finding(
         detector="pipeline_bubble",
+        kind=PIPELINE.name,
         severity=Severity.WARNING if f_star >= cfg.structural_warning else Severity.INFO,
         title=f"Pipeline schedule wastes {f_star:.0%} of each step by construction (p={pp.p}, m={pp.m}, v={pp.v})",
         summary=(

@@ -1,41 +1,6 @@
 """Slow network links, localised by intersection: the host (and NIC) common to every slow communicator.
 
-What it detects:
-    A NIC, cable or switch port that moves data slower than its peers. Every communicator (process
-    group) whose traffic goes through it is slow, and the others of the same shape are not: the host
-    (with its ranks and, when the NCCL init lines give it, its NIC such as ``mlx5_3:1``) common to all
-    slow communicators is named in one finding, with each slow communicator as evidence. Hosts that are
-    only in some of the slow communicators are their innocent partners and are not named.
-
-Why it matters:
-    One slow NIC slows every collective that crosses it, so every rank of every group through that node
-    waits; the job runs at the pace of its slowest link. The symptom (slow collectives everywhere) points
-    at no one; the intersection of the slow groups does.
-
-How it measures:
-    Per communicator (the trace's process group) and per (collective, message size): the median
-    transfer time of its matched instances (:mod:`forensics.facts.collectives`: the duration of the last
-    member to arrive, so waiting for late ranks is not counted), and for pipeline groups the bare
-    send/recv transfer (their shortest kernel). Only communicators spanning two or more hosts are
-    compared, each with the others of the same type, collective, size, member count and host count (at
-    least two of them); the reference is their lower quartile. A communicator is slow when its transfers
-    (summed over its collectives and sizes) take at least ``slow_ratio`` times the reference and at least
-    ``min_excess_us`` longer per call. The members of the slow ones are intersected: ranks -> hosts.
-    When exactly one host is in every slow communicator it is the suspect; when the slow communicators
-    also share ranks on it, those ranks (their GPUs' NIC rail) are the suspect, and their NICs are read
-    from the NCCL logs (``via NET/IB/i`` connection lines, ``NET/IB : Using [i]mlx5_i:1`` device
-    lists). The suspect is named only if at most ``max_normal_share`` of the communicators through it
-    are normal (a slow link slows every group through it). Slow communicators without a single common
-    host are reported at info, naming no host. Impact: the extra transfer time of the slow synchronizing
-    collectives over the reference (per step the largest, as they run in sequence on each rank), times
-    their members for the GPU time. A localised slow link is a warning, critical above
-    ``critical_impact`` of the step.
-
-What to do:
-    Test the named NIC / node: ``ibstat`` and port counters (symbol errors, link downs, speed and width),
-    the NIC's PCIe link (``lspci -vv``), cables and transceivers, NIC firmware; run nccl-tests between it
-    and a healthy node, and drain the node if its bandwidth stays low. Without a named host, compare the
-    listed communicators' placement (switch, rack) for a shared link.
+Its documentation (what it detects, why it matters, how it measures, what to do) is data: ``DOC``.
 """
 
 from __future__ import annotations
@@ -44,10 +9,10 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from forensics.base.findings import Finding, Severity
+from forensics.base.findings import Finding, FindingKind, Role, Severity
 from forensics.base.settings import setting
-from forensics.detectors import Skip, detector
-from forensics.detectors._step_metrics import gpu_seconds, ms
+from forensics.detectors import DetectorDoc, Skip, detector
+from forensics.detectors._step_metrics import gpu_seconds, in_profile, ms
 from forensics.facts.context import JobContext
 
 
@@ -222,7 +187,57 @@ def _step_ns(ctx: JobContext) -> float:
     return float(med) if med is not None else 0.0  # type: ignore[arg-type]
 
 
-@detector("slow_link", settings=SlowLinkConfig, requires=("kernels",))
+SLOW_LINK = FindingKind(
+    "slow_transfers", "communicators whose transfers run far below their peers' bandwidth, localised to a link, "
+    "host or NIC where the evidence allows", Role.SLOWDOWN,
+    "Inspect the link, NIC or host common to the slow communicators (cables, NIC errors, PCIe width).")
+
+
+DOC = DetectorDoc(
+    summary=(
+        "Slow network links, localised by intersection: the host (and NIC) common to every slow communicator."
+    ),
+    detects=(
+        "A NIC, cable or switch port that moves data slower than its peers. Every communicator (process "
+        "group) whose traffic goes through it is slow, and the others of the same shape are not: the host "
+        "(with its ranks and, when the NCCL init lines give it, its NIC such as ``mlx5_3:1``) common to all "
+        "slow communicators is named in one finding, with each slow communicator as evidence. Hosts that are "
+        "only in some of the slow communicators are their innocent partners and are not named."
+    ),
+    matters=(
+        "One slow NIC slows every collective that crosses it, so every rank of every group through that node "
+        "waits; the job runs at the pace of its slowest link. The symptom (slow collectives everywhere) "
+        "points at no one; the intersection of the slow groups does."
+    ),
+    measures=(
+        "Per communicator (the trace's process group) and per (collective, message size): the median transfer"
+        " time of its matched instances (:mod:`forensics.facts.collectives`: the duration of the last member "
+        "to arrive, so waiting for late ranks is not counted), and for pipeline groups the bare send/recv "
+        "transfer (their shortest kernel). Only communicators spanning two or more hosts are compared, each "
+        "with the others of the same type, collective, size, member count and host count (at least two of "
+        "them); the reference is their lower quartile. A communicator is slow when its transfers (summed over"
+        " its collectives and sizes) take at least ``slow_ratio`` times the reference and at least "
+        "``min_excess_us`` longer per call. The members of the slow ones are intersected: ranks -> hosts. "
+        "When exactly one host is in every slow communicator it is the suspect; when the slow communicators "
+        "also share ranks on it, those ranks (their GPUs' NIC rail) are the suspect, and their NICs are read "
+        "from the NCCL logs (``via NET/IB/i`` connection lines, ``NET/IB : Using [i]mlx5_i:1`` device lists)."
+        " The suspect is named only if at most ``max_normal_share`` of the communicators through it are "
+        "normal (a slow link slows every group through it). Slow communicators without a single common host "
+        "are reported at info, naming no host. Impact: the extra transfer time of the slow synchronizing "
+        "collectives over the reference (per step the largest, as they run in sequence on each rank), times "
+        "their members for the GPU time. A localised slow link is a warning, critical above "
+        "``critical_impact`` of the step."
+    ),
+    todo=(
+        "Test the named NIC / node: ``ibstat`` and port counters (symbol errors, link downs, speed and "
+        "width), the NIC's PCIe link (``lspci -vv``), cables and transceivers, NIC firmware; run nccl-tests "
+        "between it and a healthy node, and drain the node if its bandwidth stays low. Without a named host, "
+        "compare the listed communicators' placement (switch, rack) for a shared link."
+    ),
+)
+
+
+@detector("slow_link", doc=DOC, settings=SlowLinkConfig, requires=("kernels",), kinds=(SLOW_LINK,), view="collectives")
 def detect(ctx: JobContext, cfg: SlowLinkConfig) -> list[Finding]:
     members = _members(ctx)
     if members.height == 0:
@@ -246,8 +261,8 @@ def detect(ctx: JobContext, cfg: SlowLinkConfig) -> list[Finding]:
     common = dict(evidence=_evidence(slow, members), gpu_seconds_lost=gpu_seconds(gpu_ns),
                   fraction_of_step=round(frac, 4))
     if suspect is None:
-        return [_unlocalised(slow, metrics, common)]
-    return [_localised(suspect, slow, judged.height - slow.height, frac, cfg, metrics, common)]
+        return in_profile(ctx, [_unlocalised(slow, metrics, common)])
+    return in_profile(ctx, [_localised(suspect, slow, judged.height - slow.height, frac, cfg, metrics, common)])
 
 
 def _localised(s: _Suspect, slow: pl.DataFrame, n_normal: int, frac: float, cfg: SlowLinkConfig,
@@ -257,6 +272,7 @@ def _localised(s: _Suspect, slow: pl.DataFrame, n_normal: int, frac: float, cfg:
     ratio = float(slow["ratio"].max())  # type: ignore[arg-type]
     return Finding(
         detector="slow_link",
+        kind=SLOW_LINK.name,
         severity=Severity.CRITICAL if frac >= cfg.critical_impact else Severity.WARNING,
         title=f"Slow network on {where}: every slow communicator goes through it",
         summary=(
@@ -280,6 +296,7 @@ def _unlocalised(slow: pl.DataFrame, metrics: dict, common: dict) -> Finding:
     ratio = float(slow["ratio"].max())  # type: ignore[arg-type]
     return Finding(
         detector="slow_link",
+        kind=SLOW_LINK.name,
         severity=Severity.INFO,
         title=f"{slow.height} slow communicator(s) with no host in common",
         summary=(

@@ -1,46 +1,6 @@
 """Straggler ranks and nodes: the ranks that make the others wait.
 
-What it detects:
-    Ranks (and nodes, when two or more of a node's ranks are implicated) whose lateness makes the rest
-    of the job wait at collectives, classed as ``compute`` (its GPU kernels run slower than its
-    peers'), ``host`` (its GPU sat idle waiting for the CPU to launch work) or ``stage`` (a whole
-    pipeline stage does more compute than the others). The ranks that waited are the victims: they are
-    listed in the evidence, never as culprits. Slow network links are the ``slow_link`` detector's.
-
-Why it matters:
-    A synchronous job runs at the pace of its slowest rank. One GPU 10% slow among 512 costs the
-    other 511 GPUs 10% of their time, and every one of them looks "100% utilized" while it waits.
-
-How it measures:
-    Compute score per rank and step, nvidia-resiliency-ext style, on compute kernels only (NCCL
-    kernels are mostly waiting and are never scored): ``rho = median(peers' compute) / own compute``,
-    peers = ranks of the same pipeline stage. A rank is a compute straggler when ``rho <=
-    compute_rho`` in at least ``min_step_share`` of the steps and its robust z-score (median/MAD over
-    peers) is at least ``min_z``. Host: the same test on host-bound idle time (GPU idle before a kernel
-    whose launch began after the GPU went idle). A rank that waits at collectives more than the median
-    member is a victim, never a culprit. Arrival: from the matched collectives
-    (:mod:`forensics.facts.collectives`), the share of instances where the rank arrived last (least wait)
-    by a margin of at least ``min_margin_us``, tested against chance (one-sided binomial,
-    ``max_p_value``). Stage: median compute per pipeline stage at least ``stage_imbalance`` above the
-    mean of stages.
-    A late arriver that passes neither test on its own is classed by whichever excess (compute or
-    host-bound idle) explains at least ``explain_share`` of its lateness margin, or as host when its
-    launch queue (NCCL kernel start minus its launch call) is at most ``host_slack_ratio`` of the job's
-    median: its CPU barely keeps ahead of its GPU, so its collectives are issued late.
-    Impact (GPU-seconds lost): had the culprits arrived with the latest other member, every other
-    member would have waited that much less; per step the largest such saving (waits at successive
-    collectives overlap in time), times the other members, summed over steps. Findings below
-    ``min_impact`` of a step are reported as ``info``. A rank finding names the culprits' hosts and
-    GPUs (PCI bus id through the NCCL init lines, when the job has them). Only ranks with data can be
-    culprits; the ranks the job has without data are in the metrics, and confidence (high for the
-    compute and host classes, low for an unclassified late arrival) drops to medium with at least half
-    of the ranks or a single step, low below that.
-
-What to do:
-    Compute: check the GPU (clocks, power, temperature, Xid/ECC lines in the kernel log; run a
-    burn-in), and drain the node if it persists. Host: look for data-loader stalls, garbage
-    collection, CPU contention or a slow file system on that host (py-spy, the CPU side of the trace).
-    Stage: rebalance layers across pipeline stages.
+Its documentation (what it detects, why it matters, how it measures, what to do) is data: ``DOC``.
 """
 
 from __future__ import annotations
@@ -50,10 +10,10 @@ from dataclasses import dataclass, replace
 
 import polars as pl
 
-from forensics.base.findings import Finding, Severity
+from forensics.base.findings import Finding, FindingKind, Role, Severity
 from forensics.base.settings import setting
-from forensics.detectors import Skip, detector
-from forensics.detectors._step_metrics import EVIDENCE_CAP, gpu_seconds, ms, require_steps
+from forensics.detectors import DetectorDoc, Skip, detector
+from forensics.detectors._step_metrics import EVIDENCE_CAP, gpu_seconds, in_profile, ms, require_steps
 from forensics.facts.context import JobContext
 from forensics.facts.coverage import Coverage, at_most, coverage, gpus_of
 
@@ -252,7 +212,60 @@ class _Job:
     gpu_of: dict[int, str]
 
 
-@detector("straggler", settings=StragglerConfig, requires=("kernels",))
+SLOW_RANK = FindingKind(
+    "slow_rank", "a rank (or a node's ranks, or a pipeline stage) that makes its peers wait at collectives",
+    Role.SLOWDOWN, "Find why that rank is slow (its GPU, its host, its input pipeline) and fix or drain it.")
+
+
+DOC = DetectorDoc(
+    summary=(
+        "Straggler ranks and nodes: the ranks that make the others wait."
+    ),
+    detects=(
+        "Ranks (and nodes, when two or more of a node's ranks are implicated) whose lateness makes the rest "
+        "of the job wait at collectives, classed as ``compute`` (its GPU kernels run slower than its peers'),"
+        " ``host`` (its GPU sat idle waiting for the CPU to launch work) or ``stage`` (a whole pipeline stage"
+        " does more compute than the others). The ranks that waited are the victims: they are listed in the "
+        "evidence, never as culprits. Slow network links are the ``slow_link`` detector's."
+    ),
+    matters=(
+        "A synchronous job runs at the pace of its slowest rank. One GPU 10% slow among 512 costs the other "
+        "511 GPUs 10% of their time, and every one of them looks \"100% utilized\" while it waits."
+    ),
+    measures=(
+        "Compute score per rank and step, nvidia-resiliency-ext style, on compute kernels only (NCCL kernels "
+        "are mostly waiting and are never scored): ``rho = median(peers' compute) / own compute``, peers = "
+        "ranks of the same pipeline stage. A rank is a compute straggler when ``rho <= compute_rho`` in at "
+        "least ``min_step_share`` of the steps and its robust z-score (median/MAD over peers) is at least "
+        "``min_z``. Host: the same test on host-bound idle time (GPU idle before a kernel whose launch began "
+        "after the GPU went idle). A rank that waits at collectives more than the median member is a victim, "
+        "never a culprit. Arrival: from the matched collectives (:mod:`forensics.facts.collectives`), the "
+        "share of instances where the rank arrived last (least wait) by a margin of at least "
+        "``min_margin_us``, tested against chance (one-sided binomial, ``max_p_value``). Stage: median "
+        "compute per pipeline stage at least ``stage_imbalance`` above the mean of stages. A late arriver "
+        "that passes neither test on its own is classed by whichever excess (compute or host-bound idle) "
+        "explains at least ``explain_share`` of its lateness margin, or as host when its launch queue (NCCL "
+        "kernel start minus its launch call) is at most ``host_slack_ratio`` of the job's median: its CPU "
+        "barely keeps ahead of its GPU, so its collectives are issued late. Impact (GPU-seconds lost): had "
+        "the culprits arrived with the latest other member, every other member would have waited that much "
+        "less; per step the largest such saving (waits at successive collectives overlap in time), times the "
+        "other members, summed over steps. Findings below ``min_impact`` of a step are reported as ``info``. "
+        "A rank finding names the culprits' hosts and GPUs (PCI bus id through the NCCL init lines, when the "
+        "job has them). Only ranks with data can be culprits; the ranks the job has without data are in the "
+        "metrics, and confidence (high for the compute and host classes, low for an unclassified late "
+        "arrival) drops to medium with at least half of the ranks or a single step, low below that."
+    ),
+    todo=(
+        "Compute: check the GPU (clocks, power, temperature, Xid/ECC lines in the kernel log; run a burn-in),"
+        " and drain the node if it persists. Host: look for data-loader stalls, garbage collection, CPU "
+        "contention or a slow file system on that host (py-spy, the CPU side of the trace). Stage: rebalance "
+        "layers across pipeline stages."
+    ),
+)
+
+
+@detector("straggler", doc=DOC, settings=StragglerConfig, requires=("kernels",), kinds=(SLOW_RANK,),
+          view="rank-step-heatmap")
 def detect(ctx: JobContext, cfg: StragglerConfig) -> list[Finding]:
     steps = require_steps(ctx)
     ranks = steps["rank"].unique()
@@ -272,7 +285,8 @@ def detect(ctx: JobContext, cfg: StragglerConfig) -> list[Finding]:
     findings = [_rank_finding(h, c, rs, sc, job, cfg) for h, c, rs in _by_node(classes, job.host_of)]
     extra = _stages(s, cfg, job.step_med)
     # Confidence from the evidence (forensics.base.confidence): never above what the ranks and steps support.
-    return findings + [replace(f, confidence=at_most(f.confidence, job.cov.confidence())) for f in extra]
+    return in_profile(ctx, findings + [replace(f, confidence=at_most(f.confidence, job.cov.confidence()))
+                                       for f in extra])
 
 
 def _rows(df: pl.DataFrame) -> dict[int, dict]:
@@ -346,6 +360,7 @@ def _rank_finding(h: str | None, c: str, rs: list[int], sc: _Scores, job: _Job, 
         key=c,
         # A late arrival without its cause classified is weak evidence; any class weakens with missing ranks.
         confidence=at_most(job.cov.confidence(), "high" if c in ("compute", "host") else "low"),
+        kind=SLOW_RANK.name, waited_for=tuple(rs), victims=tuple(int(r) for r in vic["rank"].to_list()),
     )
 
 
@@ -418,4 +433,5 @@ def _stages(s: pl.DataFrame, cfg: StragglerConfig, step_med: float) -> list[Find
         fraction_of_step=None,
         key=f"stage{worst['pp_stage']}",
         confidence="medium",
+        kind=SLOW_RANK.name,
     )]

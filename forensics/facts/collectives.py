@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import polars as pl
+from forensics.parsers.kineto_names import TP_OVERLAP_KERNEL
 
 from forensics.base.frames import JobFrames
 
@@ -178,8 +179,11 @@ def _comm_kernels(frames: JobFrames, launches: pl.DataFrame | None = None) -> tu
         ).drop("_desc", "_prh")
         lists = pl.concat([lists, pg_info.select("pg_name", pl.col("_prh").alias("_rh"), pl.col("_pranks").alias("pg_ranks"))])
     k, lists = _with_pg_key(attach_steps(frames, k.drop("_row"), launches), lists)
+    # userbuffers and symmetric-memory kernels carry no group: both are tensor-parallel features (TE's comm-GEMM
+    # overlap, async TP)
+    tp_overlap = pl.col("pg_desc").is_null() & pl.col("name").str.contains(TP_OVERLAP_KERNEL)
     return k.with_columns(
-        pg_type_expr(pl.col("pg_desc").fill_null("")).alias("pg_type"),
+        pl.when(tp_overlap).then(pl.lit("TP")).otherwise(pg_type_expr(pl.col("pg_desc").fill_null(""))).alias("pg_type"),
         (pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns"),
         pl.col("collective").fill_null(pl.lit("unknown")).alias("collective"),
     ), lists
@@ -209,8 +213,8 @@ def match_collectives(frames: JobFrames, launches: pl.DataFrame | None = None) -
     k, lists = _comm_kernels(frames, launches)
     k = k.filter(pl.col("rank").is_not_null())
     is_p2p = pl.col("collective").is_in(P2P_OPS) & (pl.col("pg_type") == "PP")
-    k = k.with_columns(is_p2p.alias("is_p2p"))
-    sync = _with_instance_keys(k.filter(~pl.col("is_p2p")))
+    k = k.with_columns(is_p2p.alias("is_p2p"), pl.col("name").str.contains(TP_OVERLAP_KERNEL).alias("_fused"))
+    sync = _with_instance_keys(k.filter(~pl.col("is_p2p") & ~pl.col("_fused")))
     inst = _instance_table(sync)
     unmatched = {
         "incomplete_instances": int(inst.filter(~pl.col("complete")).height),
@@ -319,8 +323,8 @@ def _split_wait_transfer(k: pl.DataFrame, sync: pl.DataFrame, instances: pl.Data
         pl.col("dur_ns").min().alias("_class_min")
     )
     cols = ["rank", "host", "step", "pg_key", "pg_type", "pg_name", "collective", "bytes", "stream", "launch_ns",
-            "start_ns", "end_ns", "dur_ns", "is_p2p", "_pgid"]
-    p2p = k.filter(pl.col("is_p2p")).select(cols).with_columns(
+            "start_ns", "end_ns", "dur_ns", "is_p2p", "_pgid", "_fused"]
+    p2p = k.filter(pl.col("is_p2p") | pl.col("_fused")).select(cols).with_columns(
         pl.lit(None, dtype=pl.String).alias("instance_key"),
         pl.lit(None, dtype=pl.Int64).alias("instance"),
         pl.lit(None, dtype=pl.Int64).alias("_x"),
@@ -344,7 +348,7 @@ def _split_wait_transfer(k: pl.DataFrame, sync: pl.DataFrame, instances: pl.Data
     ).with_columns(
         (pl.col("dur_ns") - pl.col("transfer_ns")).alias("wait_ns"),
         (pl.col("matched") & (pl.col("rank") == pl.col("last_rank"))).alias("is_last"),
-    ).drop("_x", "_class_min", "_n_present")
+    ).drop("_x", "_class_min", "_n_present", "_fused")
 
 
 UNKNOWN_SPLIT = "unknown"
@@ -362,7 +366,9 @@ def _transfer_how() -> pl.Expr:
     shortest kernel of the same (group, op, size); without a size, a kernel no other rank's trace shows
     cannot be split at all (the job-wide shortest of all sizes would call almost everything waiting)."""
     return (
-        pl.when(pl.col("instance").is_not_null()).then(pl.lit("min_across_ranks"))
+        # comm fused with or beside GEMMs (userbuffers, symmetric memory): no peer instance to split it by
+        pl.when(pl.col("_fused")).then(pl.lit(UNKNOWN_SPLIT))
+        .when(pl.col("instance").is_not_null()).then(pl.lit("min_across_ranks"))
         .when(pl.col("bytes").is_not_null()).then(pl.lit("same_size_min"))
         .when(~pl.col("is_p2p") & (pl.col("_n_present") == 1)).then(pl.lit(UNKNOWN_SPLIT))
         .otherwise(pl.lit("job_min"))

@@ -22,7 +22,7 @@ from forensics.facts.collectives import CollectiveMatch, launch_times, match_col
 from forensics.facts.identity import identities, job_identities
 from forensics.facts.kernel_events import normalize_events
 from forensics.facts.nccl_setup import JobNccl, job_nccl
-from forensics.facts.op_categories import categorized_kernels, category_breakdown, op_attribution
+from forensics.facts.op_categories import categorized_kernels, category_breakdown, gpu_time_coverage, op_attribution
 from forensics.facts.op_throughput import op_throughput
 from forensics.facts.placement import Placement
 from forensics.facts.run_header import run_facts
@@ -211,6 +211,12 @@ class JobContext:
         dense peak (:func:`forensics.facts.op_throughput.op_throughput`); empty when the trace recorded no shapes."""
         f = self.frames
         return op_throughput(f["op_shapes"], f["kernels"], f["cpu_ops"], f["ranks"])
+
+    @cached_property
+    def coverage(self) -> dict[str, Any]:
+        """How much of the GPU time is attributed to ops, replayed from CUDA graphs, in each category, with a
+        FLOP model, and what is not explained, in words (:func:`forensics.facts.op_categories.gpu_time_coverage`)."""
+        return gpu_time_coverage(self.op_attribution, self.op_throughput)
 
     @cached_property
     def clock_offsets(self) -> ClockOffsets:

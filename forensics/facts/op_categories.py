@@ -104,41 +104,168 @@ def category_breakdown(kernels: pl.DataFrame, windows: pl.DataFrame, steps: pl.D
     ).drop("_o")
 
 
+GRAPH_REPLAY_OP = "replayed from a CUDA graph"
+"""The op of a graph-replayed kernel whose capture is not in the trace: the replay is one host call for
+every kernel of the graph, so no op launched it (the op around the graph launch follows in brackets)."""
+
+COMPILED_REGION = r"^(CompiledFunction|CompiledFunctionBackward|Torch-Compiled Region.*|## Call CompiledFxGraph .*)$"
+"""torch.compile's regions on the host: AOTAutograd's forward / backward functions, dynamo's compiled frames,
+inductor's call of its compiled graph."""
+
+CAPTURE_BEGIN = r"^(cuda|hip)StreamBeginCapture"
+CAPTURE_END = r"^(cuda|hip)StreamEndCapture"
+
+
 def op_attribution(kernels: pl.DataFrame, frames: JobFrames) -> pl.DataFrame:
-    """Per rank, category and launching CPU op: kernels, total kernel time (ns) and the distinct kernel names
-    (up to 3); op is null where the trace links kernels to no op. Largest time first."""
+    """Per rank, category, launching CPU op, how it was launched (``via``) and compiled region: kernels,
+    total kernel time (ns) and the distinct kernel names (up to 3); op is null where the trace links kernels
+    to no op. ``via``: ``launch`` (one host call, one kernel), ``graph capture`` (replayed from a CUDA graph
+    whose capture is in the trace: the op that captured it), ``graph replay`` (replayed, capture not seen).
+    Largest time first."""
+    k = attributed_kernels(kernels, frames)
+    return (
+        k.group_by("rank", "category", "op", "via", "region")
+        .agg(
+            pl.len().cast(pl.UInt32).alias("kernels"),
+            (pl.col("end_ns") - pl.col("start_ns")).sum().alias("time_ns"),
+            pl.col("name").unique(maintain_order=True).head(3).alias("kernel_names"),
+        )
+        .select("rank", "category", "op", "kernels", "time_ns", "kernel_names", "via", "region")
+        .sort(["time_ns", "rank", "category", "op"], descending=[True, False, False, False], nulls_last=True)
+    )
+
+
+def attributed_kernels(kernels: pl.DataFrame, frames: JobFrames) -> pl.DataFrame:
+    """The categorized kernels (rank, category, correlation, name, start_ns, end_ns) with ``op``, ``via`` and
+    ``region`` (see :func:`op_attribution`)."""
     ops = (
         frames["cpu_ops"].select("rank", "category", "external_id", "name")
         .filter((pl.col("category") == "cpu_op") & pl.col("external_id").is_not_null())
         .group_by("rank", "external_id")
         .agg(pl.col("name").first().alias("_ext_op"))
     )
+    graph = pl.col("graph_replay").fill_null(False)
     # only the columns used: every join copies each column it carries (millions of kernel rows on big jobs)
-    k = kernels.select("rank", "category", "external_id", "correlation", "name", "start_ns", "end_ns").join(
-        ops, on=["rank", "external_id"], how="left")
-    # the launch-time lookup only for the kernels no External id links (none, in most Kineto traces)
-    unlinked = k.filter(pl.col("_ext_op").is_null()).select("rank", "correlation").unique()
+    k = kernels.select("rank", "category", "external_id", "correlation", "name", "start_ns", "end_ns",
+                       graph.alias("_graph"), "graph_node_id").join(ops, on=["rank", "external_id"], how="left")
+    # the launch-time lookup only for the kernels no External id links (none, in most eager Kineto traces)
+    unlinked = k.filter(pl.col("_ext_op").is_null() | pl.col("_graph")).select("rank", "correlation").unique()
     k = k.join(launch_ops(frames, unlinked), on=["rank", "correlation"], how="left")
-    k = k.with_columns(pl.coalesce("_ext_op", "_launch_op").alias("op"))
+    launched = pl.coalesce("_ext_op", "_launch_op")
+    k = _with_capture_ops(k, frames)
+    k = k.join(launch_ops(frames, k.select("rank", "correlation").unique(), COMPILED_REGION, "_region"),
+               on=["rank", "correlation"], how="left")
+    replay_op = pl.lit(GRAPH_REPLAY_OP) + pl.when(launched.is_not_null()).then(
+        pl.lit(" (launched in ") + launched + pl.lit(")")).otherwise(pl.lit(""))
+    return k.with_columns(
+        pl.when(~pl.col("_graph")).then(launched).when(pl.col("_capture_op").is_not_null())
+        .then(pl.col("_capture_op")).otherwise(replay_op).alias("op"),
+        pl.when(~pl.col("_graph")).then(pl.lit("launch")).when(pl.col("_capture_op").is_not_null())
+        .then(pl.lit("graph capture")).otherwise(pl.lit("graph replay")).alias("via"),
+        pl.col("_region").str.strip_prefix("## Call ").str.strip_suffix(" ##").alias("region"),
+    ).drop("_ext_op", "_launch_op", "_capture_op", "_region")
+
+
+def _with_capture_ops(k: pl.DataFrame, frames: JobFrames) -> pl.DataFrame:
+    """``_capture_op``: for a graph-replayed kernel whose graph was captured inside the trace, the op that
+    launched it during the capture. The launches inside a capture (``cudaStreamBeginCapture`` ..
+    ``cudaStreamEndCapture`` on one thread) run nothing, so no GPU activity carries their correlation
+    ids; the i-th of them is the graph's i-th node. A replay takes the latest capture before it, on its
+    rank, with as many launches as the replay ran kernels; its kernels are put in node order (the graph node
+    id where recorded, else start time). Without such a capture: null."""
+    none = k.with_columns(pl.lit(None, dtype=pl.String).alias("_capture_op"))
+    if not k["_graph"].any():
+        return none
+    captured = captured_launches(frames)
+    if captured.height == 0:
+        return none
+    replays = (
+        k.filter(pl.col("_graph")).select("rank", "correlation", "graph_node_id", "start_ns")
+        .sort("rank", "correlation", "graph_node_id", "start_ns", nulls_last=True)
+        .with_columns(pl.int_range(pl.len()).over("rank", "correlation").alias("_node"),
+                      pl.len().over("rank", "correlation").alias("_n"))
+    )
+    launch_t = launch_times_of(frames, replays.select("rank", "correlation").unique())
+    per_replay = replays.select("rank", "correlation", "_n").unique().join(launch_t, on=["rank", "correlation"])
+    caps = captured.select("rank", "_cap", "_cap_end", "_n").unique()
+    pick = (
+        per_replay.join(caps, on=["rank", "_n"], how="inner").filter(pl.col("_cap_end") <= pl.col("_t"))
+        .sort("_cap_end").group_by("rank", "correlation").agg(pl.col("_cap").last())
+    )
+    node_ops = (
+        replays.join(pick, on=["rank", "correlation"], how="inner")
+        .join(captured.select("rank", "_cap", "_node", "_capture_op"), on=["rank", "_cap", "_node"], how="inner")
+        .select("rank", "correlation", "start_ns", "graph_node_id", "_capture_op")
+    )
+    return k.join(node_ops.unique(["rank", "correlation", "start_ns", "graph_node_id"], keep="first"),
+                  on=["rank", "correlation", "start_ns", "graph_node_id"], how="left", nulls_equal=True)
+
+
+def captured_launches(frames: JobFrames) -> pl.DataFrame:
+    """The launch calls made inside a stream capture: rank, ``_cap`` (capture id), ``_cap_end``, ``_node``
+    (position in the capture), ``_n`` (launches in the capture), ``_capture_op`` (the op that launched it)."""
+    ops = frames["cpu_ops"].select("rank", "tid", "category", "name", "correlation", "is_launch", "start_ns", "end_ns")
+    runtime = ops.filter(pl.col("category").is_in(["cuda_runtime", "cuda_driver"]))
+    begins = runtime.filter(pl.col("name").str.contains(CAPTURE_BEGIN)).select("rank", "tid", pl.col("start_ns").alias("_b"))
+    ends = runtime.filter(pl.col("name").str.contains(CAPTURE_END)).select("rank", "tid", pl.col("end_ns").alias("_cap_end"))
+    empty = pl.DataFrame(schema={"rank": pl.Int32, "_cap": pl.UInt32, "_cap_end": pl.Int64, "_node": pl.Int64,
+                                 "_n": pl.UInt32, "_capture_op": pl.String})
+    if begins.height == 0 or ends.height == 0:
+        return empty
+    windows = (
+        begins.drop_nulls().sort("_b").join_asof(ends.drop_nulls().sort("_cap_end"), left_on="_b", right_on="_cap_end",
+                                                  by=["rank", "tid"], strategy="forward", check_sortedness=False)
+        .drop_nulls("_cap_end").with_row_index("_cap")
+    )
+    gpu = frames["kernels"].select("rank", "correlation").drop_nulls().unique()
+    launches = (
+        ops.filter(pl.col("is_launch") & pl.col("correlation").is_not_null())
+        .join(gpu, on=["rank", "correlation"], how="anti")  # captured: nothing ran under that id
+        .join(windows, on=["rank", "tid"], how="inner")
+        .filter((pl.col("start_ns") >= pl.col("_b")) & (pl.col("start_ns") <= pl.col("_cap_end")))
+    )
+    if launches.height == 0:
+        return empty
+    launches = launches.join(launch_ops(frames, launches.select("rank", "correlation").unique()),
+                             on=["rank", "correlation"], how="left")
     return (
-        k.group_by("rank", "category", "op")
-        .agg(
-            pl.len().cast(pl.UInt32).alias("kernels"),
-            (pl.col("end_ns") - pl.col("start_ns")).sum().alias("time_ns"),
-            pl.col("name").unique(maintain_order=True).head(3).alias("kernel_names"),
-        )
-        .sort(["time_ns", "rank", "category", "op"], descending=[True, False, False, False], nulls_last=True)
+        launches.sort("rank", "_cap", "start_ns")
+        .with_columns(pl.int_range(pl.len()).over("rank", "_cap").alias("_node"), pl.len().over("rank", "_cap").alias("_n"))
+        .select("rank", "_cap", "_cap_end", "_node", "_n", pl.col("_launch_op").alias("_capture_op"))
+        .cast(empty.schema)
+    )
+
+
+def launch_times_of(frames: JobFrames, only: pl.DataFrame) -> pl.DataFrame:
+    """``_t``: the CPU start of the launch call of each (rank, correlation) in ``only``."""
+    return (
+        frames["cpu_ops"].filter(pl.col("is_launch") & pl.col("correlation").is_not_null())
+        .join(only, on=["rank", "correlation"], how="semi")
+        .group_by("rank", "correlation").agg(pl.col("start_ns").min().alias("_t"))
     )
 
 
 _NVTX_SUFFIX = r",\s*(op_id|seq|sizes|stream)\s*=.*$"
 
 
-def launch_ops(frames: JobFrames, only: pl.DataFrame | None = None) -> pl.DataFrame:
+def launch_ops(frames: JobFrames, only: pl.DataFrame | None = None, ranges_named: str | None = None,
+               out: str = "_launch_op") -> pl.DataFrame:
     """Per (rank, correlation) of a launch call (of those in ``only``, when given): the innermost op or annotation
     range open on the launching thread when the launch began (the NVTX ranges PyTorch writes under Nsight Systems,
-    ``aten::mm, op_id = N``, with the op id dropped). Traces that link by External id do not need it."""
+    ``aten::mm, op_id = N``, with the op id dropped). Traces that link by External id do not need it.
+    ``ranges_named``: only the ranges whose name matches this pattern (their innermost one), in column ``out``."""
     ops = frames["cpu_ops"].select("rank", "tid", "category", "is_launch", "correlation", "name", "start_ns", "end_ns")
+    none = pl.DataFrame(schema={"rank": pl.Int32, "correlation": pl.Int64, out: pl.String})
+    kinds = pl.col("category").is_in(["cpu_op", "user_annotation"])
+    ranges = (
+        ops.filter(kinds if ranges_named is None else kinds & pl.col("name").str.contains(ranges_named))
+        .select("rank", "tid", pl.col("start_ns").alias("_rs"), pl.col("end_ns").alias("_re"),
+                pl.col("name").str.replace(_NVTX_SUFFIX, "").alias("_launch_op"))
+        .drop_nulls(["rank", "tid"])
+        .sort("_rs")
+    )
+    if ranges.height == 0:
+        return none
     launches = ops.filter(pl.col("is_launch") & pl.col("correlation").is_not_null())
     if only is not None:
         launches = launches.join(only.select("rank", "correlation"), on=["rank", "correlation"], how="semi")
@@ -148,20 +275,94 @@ def launch_ops(frames: JobFrames, only: pl.DataFrame | None = None) -> pl.DataFr
         .sort("_t")
     )
     if launches.height == 0:
-        return pl.DataFrame(schema={"rank": pl.Int32, "correlation": pl.Int64, "_launch_op": pl.String})
-    ranges = (
-        ops.filter(pl.col("category").is_in(["cpu_op", "user_annotation"]))
-        .select("rank", "tid", pl.col("start_ns").alias("_rs"), pl.col("end_ns").alias("_re"),
-                pl.col("name").str.replace(_NVTX_SUFFIX, "").alias("_launch_op"))
-        .drop_nulls(["rank", "tid"])
-        .sort("_rs")
-    )
-    if ranges.height == 0:
-        return pl.DataFrame(schema={"rank": pl.Int32, "correlation": pl.Int64, "_launch_op": pl.String})
+        return none
     j = launches.join_asof(ranges, left_on="_t", right_on="_rs", by=["rank", "tid"], strategy="backward",
                            check_sortedness=False)  # both sorted above; the check cannot run with by
     return (
         j.filter(pl.col("_re") >= pl.col("_t"))
         .group_by("rank", "correlation")
-        .agg(pl.col("_launch_op").first())
+        .agg(pl.col("_launch_op").first().alias(out))
     )
+
+
+NOTE_SHARE = 0.10
+"""A part of the GPU time this large or larger that the analysis cannot tie to an op, a category or a FLOP
+model is said in words in the coverage line, never left as a silent ``other``."""
+
+
+def gpu_time_coverage(attribution: pl.DataFrame, throughput: pl.DataFrame) -> dict[str, Any]:
+    """How much of the GPU time (kernel, copy and NCCL time summed over streams and ranks) the analysis
+    explains: shares attributed to ops, replayed from CUDA graphs (and of those, mapped to the capturing
+    ops), in compiled regions, with a FLOP model, per category (``other`` included), the parts left
+    unexplained, and a sentence for each of those holding at least :data:`NOTE_SHARE` of the time.
+    ``attribution`` is :func:`op_attribution`; ``throughput`` :func:`forensics.facts.op_throughput.op_throughput`."""
+    total = int(attribution["time_ns"].sum() or 0)
+    if total <= 0:
+        return {"gpu_time_ns": 0, "line": "No GPU kernel time in the traces: nothing to attribute.", "notes": [],
+                "unexplained": [], "categories": {}}
+
+    def share(where: pl.Expr) -> float:
+        return round(int(attribution.filter(where)["time_ns"].sum() or 0) / total, 4)
+
+    via = pl.col("via")
+    flops = round(min(1.0, int(throughput["kernel_ns"].sum() or 0) / total), 4) if throughput.height else 0.0
+    cats = attribution.group_by("category").agg(pl.col("time_ns").sum()).sort("time_ns", descending=True)
+    out: dict[str, Any] = {
+        "gpu_time_ns": total,
+        "ranks": int(attribution["rank"].n_unique()),
+        "attributed_to_ops": share(pl.col("op").is_not_null() & (via != "graph replay")),
+        "graph_replayed": share(via != "launch"),
+        "graph_mapped_to_ops": share(via == "graph capture"),
+        "compiled_regions": share(pl.col("region").is_not_null()),
+        "with_flop_model": flops,
+        "categories": {c: round(t / total, 4) for c, t in cats.iter_rows()},
+    }
+    out["unexplained"] = _unexplained(attribution, out, total)
+    out["notes"] = [u["note"] for u in out["unexplained"] if u["share"] >= NOTE_SHARE]
+    out["line"] = _coverage_line(out)
+    return out
+
+
+def _top_names(attribution: pl.DataFrame, where: pl.Expr) -> str:
+    rows = attribution.filter(where).sort("time_ns", descending=True).head(3)
+    names = [n for ns in rows["kernel_names"].to_list() for n in (ns or [])][:3]
+    return ", ".join(n if len(n) <= 60 else n[:57] + "..." for n in names)
+
+
+def _unexplained(attribution: pl.DataFrame, cov: dict[str, Any], total: int) -> list[dict[str, Any]]:
+    """The parts of the GPU time the analysis cannot tie to an op, a category or a FLOP model, largest first."""
+    def part(what: str, where: pl.Expr, note: str) -> dict[str, Any]:
+        ns = int(attribution.filter(where)["time_ns"].sum() or 0)
+        return {"what": what, "gpu_time_ns": ns, "share": round(ns / total, 4), "note": note.format(pct=ns / total)}
+
+    other = pl.col("category") == "other"
+    parts = [
+        part("graph replay, capture not in the trace", pl.col("via") == "graph replay",
+             "{pct:.1%} of GPU time is replayed from CUDA graphs whose capture is not in the trace: it is tied to "
+             "the graph launch, not to the ops that make it up (profile the step that captures the graph to map it)"),
+        part("no op", pl.col("op").is_null(),
+             "{pct:.1%} of GPU time is linked to no op (no External id and no op open at its launch)"),
+        part("category other", other,
+             "{pct:.1%} of GPU time is in category other, kernels no category rule names (largest: "
+             + _top_names(attribution, other).replace("{", "{{").replace("}", "}}") + ")"),
+    ]
+    no_model = round(1.0 - cov["with_flop_model"], 4)
+    parts.append({"what": "no FLOP model", "gpu_time_ns": int(total * no_model), "share": no_model,
+                  "note": f"{no_model:.1%} of GPU time has no FLOP model (only GEMM and attention ops with recorded "
+                          "shapes, and Triton matmul templates with recorded shapes, have one): no achieved TFLOP/s "
+                          "for it"})
+    return sorted([p for p in parts if p["gpu_time_ns"] > 0], key=lambda p: -p["share"])
+
+
+def _coverage_line(cov: dict[str, Any]) -> str:
+    cats = ", ".join(f"{c} {s:.0%}" for c, s in cov["categories"].items() if s >= 0.005)
+    parts = [f"{cov['attributed_to_ops']:.0%} attributed to ops"]
+    if cov["graph_replayed"]:
+        parts.append(f"{cov['graph_replayed']:.0%} replayed from CUDA graphs ({cov['graph_mapped_to_ops']:.0%} mapped to "
+                     "the ops that captured them)")
+    if cov["compiled_regions"]:
+        parts.append(f"{cov['compiled_regions']:.0%} in torch.compile regions")
+    parts.append(f"{cov['with_flop_model']:.0%} with a FLOP model")
+    line = (f"GPU time {cov['gpu_time_ns'] / 1e6:,.1f} ms over {cov['ranks']} rank(s): {', '.join(parts)}; "
+            f"by category: {cats}.")
+    return " ".join([line, *(n.rstrip(".") + "." for n in cov["notes"])])

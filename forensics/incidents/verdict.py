@@ -5,12 +5,9 @@ Plain text only; the reports escape it for HTML/Markdown and the CLI prints it w
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from forensics.base.findings import Finding
-
-if TYPE_CHECKING:
-    from forensics.incidents import Cost, Edge, JobFacts
+from forensics.incidents.cost import Cost, timeout_of
+from forensics.incidents.model import Edge, Incident, JobFacts, fmt_time
 
 
 def _scope(f: Finding) -> str:
@@ -46,16 +43,14 @@ def _do(f: Finding) -> str:
 
 
 def _waiters(to: Finding) -> str:
-    n = to.metrics.get("reporting_ranks")
-    return f"the other {n} rank(s)" if isinstance(n, int) else "the other ranks"
+    n = to.cost.waiting_ranks
+    return f"the other {n} rank(s)" if n is not None else "the other ranks"
 
 
 def verdict_line(members: list[Finding], cost: Cost, confidence: str, facts: JobFacts) -> str:
     """One line: what happened, what it cost, what to do, how sure we are."""
-    from forensics.incidents import _timeout, fmt_time
-
     root = members[0]
-    to = _timeout(members)
+    to = timeout_of(members)
     if cost.fatal and to is not None:
         when = fmt_time(cost.died_at_ns)
         head = f"Job died{' at ' + when if when else ''}: "
@@ -81,8 +76,14 @@ def incident_summary(members: list[Finding], links: tuple[Edge, ...], cost: Cost
     by_id = {f.id: f for f in members}
     for e in links:
         f = by_id[e.consequence]
+        basis = f"; {e.basis}" if e.basis else ""
         parts.append(f"Then: {f.title} ({f.detector}), explained by {by_id[e.cause].detector} [rule {e.rule}, "
-                     f"{e.confidence} confidence].")
+                     f"{e.confidence} confidence{basis}].")
     parts.append(f"{cost_text(cost)}: {cost.method}.")
     parts.append(f"Do: {_do(root)}.")
     return " ".join(parts)
+
+
+def verdict_text(inc: Incident) -> str:
+    """The line the CLI prints and the reports open with: severity, then the verdict."""
+    return f"{inc.severity.value.upper()}: {inc.verdict}"

@@ -246,8 +246,7 @@ class _Recorder:
                 w.step(res.step, span[0], span[1])
                 self.metrics[r].add(span, prog)
                 self.step_log[r].append((res.step, span[0], span[1]))
-            for op in prog:
-                w.op(op)
+            w.ops(prog, res.step)
             w.spill()  # one rank's step text at a time in memory, whatever the world size
 
     def halt(self, res: StepResult) -> None:
@@ -388,6 +387,7 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
         steady_w = [x for d in per_rank for x in d["pipeline_wait_fraction_by_step"][1:-1]]
         if steady_w:
             expected["bubble_fraction_measured_steady"] = round(sum(steady_w) / len(steady_w), 6)
+    expected.update(_trace_shape_truth(job, ranks, writers))
     faults = [_fault_truth(f, job, engine, per_rank, timeout_info) for f in job.faults]
     return {
         "schema": TRUTH_SCHEMA,
@@ -415,6 +415,30 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
         "expected": expected,
         "metrics": per_rank,
     }
+
+
+def _trace_shape_truth(job: Job, ranks: list[dict[str, Any]], writers: list[TraceWriter]) -> dict[str, Any]:
+    """What the writer did differently from an eager trace (CUDA graphs, symmetric memory, torch.compile)."""
+    out: dict[str, Any] = {}
+    if job.cuda_graphs:
+        out["cuda_graphs"] = _graph_truth(job, ranks)
+    if job.symm_tp:
+        out["symm_tp"] = {k: sum(w.counts.get(k, 0) for w in writers) for k in ("symm_kernels", "symm_kernel_ns")}
+    if job.compiled:
+        out["compiled"] = {k: sum(w.counts.get(k, 0) for w in writers) for k in (
+            "triton_kernels", "triton_kernel_ns", "triton_template_flops", "triton_template_ns")}
+    return out
+
+
+def _graph_truth(job: Job, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the trace writer replayed from CUDA graphs: the share of every rank's kernel time (the compute
+    kernels; NCCL and copies stay eager), and which step captured the graph (null: no capture profiled)."""
+    graph = sum(r["counts"].get("graph_kernel_ns", 0) for r in ranks)
+    total = sum(r["counts"].get("kernel_ns", 0) for r in ranks)
+    return {"mode": job.cuda_graphs, "capture_step": job.first_step if job.cuda_graphs == "capture" else None,
+            "graph_launches": sum(r["counts"].get("graph_launches", 0) for r in ranks),
+            "graph_kernels": sum(r["counts"].get("graph_kernels", 0) for r in ranks),
+            "graph_kernel_ns": graph, "kernel_ns": total, "graph_share": round(graph / total, 6) if total else 0.0}
 
 
 def _slow_groups(job: Job, engine: Engine, nodes: list[int], xfer_by_pg: dict[str, list[int]],

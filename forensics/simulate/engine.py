@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from forensics.simulate.model import Job, ProcessGroup, build_groups, choose_algo, group_of, hsdp_groups
+from forensics.simulate.model import Job, ProcessGroup, build_groups, choose_algo, fsdp2_groups, group_of, hsdp_groups
 from forensics.simulate.scenarios import ScenarioError
 
 # op kinds
@@ -74,7 +74,7 @@ class Coll:
 
 class Op:
     __slots__ = ("kind", "stream", "name", "cpu", "dur", "host_ns", "deps", "coll", "tid", "meta", "jit",
-                 "launch", "start", "end", "cpu_start", "cls", "send")
+                 "launch", "start", "end", "cpu_start", "cls", "send", "dims")
 
     def __init__(self, kind: int, stream: int, name: str, cpu: str, dur: int, host_ns: int, tid: int,
                  deps: tuple[Op, ...] = (), coll: Coll | None = None, meta: Any = None, cls: str = "compute") -> None:
@@ -84,6 +84,7 @@ class Op:
         self.launch = self.start = self.cpu_start = 0
         self.end: int | None = None
         self.send: Coll | None = None  # a batched exchange: the send this (receive) kernel also carries
+        self.dims: tuple[int, int, int] | None = None  # a GEMM's (M, K, N): what a compiled trace records as shapes
 
 
 @dataclass
@@ -153,7 +154,8 @@ class Engine:
         self.job = job
         self.seed = seed
         self.topo = job.topo
-        self.groups = hsdp_groups(job.topo, job.shard) or build_groups(job.topo)
+        self.groups = (hsdp_groups(job.topo, job.shard) or (fsdp2_groups(job.topo) if job.fsdp2 else [])
+                       or build_groups(job.topo))
         self.hosts = hosts
         self.colls: dict[tuple, Coll] = {}
         self.states: list[RankState] = []
@@ -203,9 +205,10 @@ class Engine:
 
     # ---------------------------------------------------------------- program building
     def _kernel(self, st: RankState, prog: list[Op], name: str, cpu: str, dur: int, tid: int, grid: int, block: int,
-                deps: tuple[Op, ...] = (), stream: int = STREAM_COMPUTE) -> Op:
+                deps: tuple[Op, ...] = (), stream: int = STREAM_COMPUTE, dims: tuple[int, int, int] | None = None) -> Op:
         host = self._host_ns(st, self.job.host_op_us)
         op = Op(COMPUTE, stream, name, cpu, dur, host, tid, deps, meta=(grid, block))
+        op.dims = dims
         prog.append(op)
         return op
 
@@ -248,16 +251,16 @@ class Engine:
         sms = self.job.gpu.num_sms
         tpg = group_of(self.groups, st.rank, "tp")
         self._kernel(st, prog, LAYER_NORM, "aten::native_layer_norm", self._mem_ns(3 * act, st, scale), tid, b * s // 4, 256)
-        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * 3 * h / tp, st, scale), tid, sms, 384)
+        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * 3 * h / tp, st, scale), tid, sms, 384, dims=(b * s, h, 3 * h // tp))
         self._kernel(st, prog, FLASH_FWD, "FlashAttnFunc", self._attn_ns(2 * b * s * s * h / tp, st, scale), tid, b * (s // 128) * max(1, 16 // tp), 128)
-        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * h / tp, st, scale), tid, sms, 384)
+        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * h / tp, st, scale), tid, sms, 384, dims=(b * s, h // tp, h))
         if tpg is not None:
             self._coll(st, prog, "allreduce", tpg, act, STREAM_COMPUTE, tid, step)
         self._kernel(st, prog, ADD, "aten::add", self._mem_ns(3 * act, st, scale), tid, b * s * h // 2048, 128)
         self._kernel(st, prog, LAYER_NORM, "aten::native_layer_norm", self._mem_ns(3 * act, st, scale), tid, b * s // 4, 256)
-        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384)
+        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384, dims=(b * s, h, ff // tp))
         self._kernel(st, prog, GELU, "aten::gelu", self._mem_ns(2 * act * w.ffn_mult / tp, st, scale), tid, b * s * ff // 2048 // tp, 128)
-        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384)
+        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384, dims=(b * s, ff // tp, h))
         if tpg is not None:
             self._coll(st, prog, "allreduce", tpg, act, STREAM_COMPUTE, tid, step)
         self._kernel(st, prog, ADD, "aten::add", self._mem_ns(3 * act, st, scale), tid, b * s * h // 2048, 128)
@@ -270,21 +273,21 @@ class Engine:
         sms = self.job.gpu.num_sms
         tpg = group_of(self.groups, st.rank, "tp")
         bw = "autograd::engine::evaluate_function: MmBackward0"
-        self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384)
-        self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384)
+        self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384, dims=(b * s, h, ff // tp))
+        self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384, dims=(h, b * s, ff // tp))
         self._kernel(st, prog, GELU_BWD, "autograd::engine::evaluate_function: GeluBackward0", self._mem_ns(3 * act * w.ffn_mult / tp, st, scale), tid, b * s * ff // 2048 // tp, 128)
-        self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384)
-        self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384)
+        self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384, dims=(b * s, h, ff // tp))
+        self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms, 384, dims=(h, b * s, ff // tp))
         if tpg is not None:
             self._coll(st, prog, "allreduce", tpg, act, STREAM_COMPUTE, tid, step)
         self._kernel(st, prog, LAYER_NORM_BWD, "autograd::engine::evaluate_function: NativeLayerNormBackward0", self._mem_ns(4 * act, st, scale), tid, b * s // 4, 256)
-        self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * h / tp, st, scale), tid, sms, 384)
-        self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * h / tp, st, scale), tid, sms, 384)
+        self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * h / tp, st, scale), tid, sms, 384, dims=(b * s, h // tp, h))
+        self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * h / tp, st, scale), tid, sms, 384, dims=(h // tp, b * s, h))
         self._kernel(st, prog, FLASH_BWD, "FlashAttnFuncBackward", self._attn_ns(5 * b * s * s * h / tp, st, scale), tid, b * (s // 128) * max(1, 16 // tp), 256)
-        self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * 3 * h / tp, st, scale), tid, sms, 384)
+        self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * 3 * h / tp, st, scale), tid, sms, 384, dims=(b * s, h, 3 * h // tp))
         if tpg is not None:
             self._coll(st, prog, "allreduce", tpg, act, STREAM_COMPUTE, tid, step)
-        last = self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * 3 * h / tp, st, scale), tid, sms, 384)
+        last = self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * 3 * h / tp, st, scale), tid, sms, 384, dims=(h, b * s, 3 * h // tp))
         self._kernel(st, prog, LAYER_NORM_BWD, "autograd::engine::evaluate_function: NativeLayerNormBackward0", self._mem_ns(4 * act, st, scale), tid, b * s // 4, 256)
         return last
 

@@ -17,9 +17,15 @@ from typing import IO, Any
 import orjson
 
 from forensics.simulate.engine import (
+    ADAM,
+    ADD,
     COLL,
     COMPUTE,
+    GELU,
+    GELU_BWD,
     HOST,
+    LAYER_NORM,
+    LAYER_NORM_BWD,
     MEMCPY,
     STREAM_COMPUTE,
     STREAM_DP,
@@ -39,8 +45,21 @@ EPOCH_NS = 1_773_478_800_000_000_000  # 2026-03-14T09:00:00Z: the simulated job'
 OLD_COLL = {"allreduce": "AllReduce", "allgather": "AllGather", "reduce_scatter": "ReduceScatter", "broadcast": "Broadcast"}
 TORCH_COLL = {"allreduce": "allreduce", "allgather": "_allgather_base", "reduce_scatter": "_reduce_scatter_base",
               "send": "send", "recv": "recv", "broadcast": "broadcast"}
+FSDP2_COLL = {"allgather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor"}
+"""FSDP2's collectives as ``record_param_comms`` and the ``nccl:`` annotation name them."""
 ANNOT = {"allreduce": "nccl:all_reduce", "allgather": "nccl:_all_gather_base", "reduce_scatter": "nccl:_reduce_scatter_base",
          "send": "nccl:send", "recv": "nccl:recv", "broadcast": "nccl:broadcast"}
+
+
+TRITON_NAMES = {
+    LAYER_NORM: "triton_per_fused_native_layer_norm", LAYER_NORM_BWD: "triton_red_fused_native_layer_norm_backward",
+    ADD: "triton_poi_fused_add", GELU: "triton_poi_fused_gelu", GELU_BWD: "triton_poi_fused_gelu_backward",
+}
+"""Inductor's kernel families for the eager kernels a compiled layer fuses (GEMMs become mm templates)."""
+
+
+SYMM_ALL_REDUCE = ("void c10d::symmetric_memory::two_shot_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16**, "
+                   "unsigned long, c10::BFloat16*, unsigned long, unsigned long, unsigned int**, unsigned long, unsigned long)")
 
 
 def nccl_kernel_name(op: str, algo: str, proto: str, new: bool) -> str:
@@ -233,19 +252,113 @@ class TraceWriter:
         elif k == COLL:
             self._collective(op)
 
+    def ops(self, prog: list[Op], step: int) -> None:
+        """One step's ops: eager, compiled (``job.compiled``), or (``job.cuda_graphs``) with its compute kernels
+        replayed from a CUDA graph."""
+        if self.job.compiled:
+            self._compiled(prog)
+            return
+        if not self.job.cuda_graphs:
+            for op in prog:
+                self.op(op)
+            return
+        graphed = [op for op in prog if op.kind == COMPUTE and op.end is not None]
+        for op in prog:
+            if not (op.kind == COMPUTE and op.end is not None):
+                self.op(op)
+        if graphed:
+            capture = self.job.cuda_graphs == "capture" and step == self.job.first_step
+            self._graph(graphed, capture)
+
+    def _compiled(self, prog: list[Op]) -> None:
+        """torch.compile: each run of compute ops on a thread (up to its next other op) is one compiled region,
+        ``CompiledFunction`` on the main thread, ``CompiledFunctionBackward`` on the autograd thread; inside it
+        the kernels are Triton kernels launched by ``cuLaunchKernel`` under a host op of their own name (as
+        inductor's launcher records them), GEMMs as ``triton_tem_fused_mm_N`` with their input shapes. Flash
+        attention stays an aten kernel, the fused optimizer stays outside the regions."""
+        runs: dict[int, list[Op]] = {}
+        for op in prog:
+            compiled = op.kind == COMPUTE and op.end is not None and op.name != ADAM
+            if not compiled:
+                self._region(runs.pop(op.tid, []))
+                self.op(op)
+                continue
+            runs.setdefault(op.tid, []).append(op)
+        for run in runs.values():
+            self._region(run)
+
+    def _region(self, ops: list[Op]) -> None:
+        if not ops:
+            return
+        st = self.st
+        name = "CompiledFunction" if ops[0].tid == st.pid else "CompiledFunctionBackward"
+        end = max(max(op.cpu_start + op.host_ns - 500, op.launch + op.host_ns // 3) for op in ops)
+        self._x("cpu_op", name, st.pid, ops[0].tid, ops[0].cpu_start - 200, end + 200, {"External id": self._next_ext(), "Record function id": 0, "Ev Idx": self._idx()})
+        for i, op in enumerate(ops):
+            triton = "triton_tem_fused_mm" if op.dims is not None else TRITON_NAMES.get(op.name)
+            if triton is None:
+                self._launch(op, op.cpu, "cudaLaunchKernel", "cuda_runtime", 211)
+                continue
+            kname = f"{triton}_{i}"
+            cpu_args: dict[str, Any] = {"kernel_backend": "triton", "kernel_name": kname}
+            if op.dims is not None:
+                m, k, n = op.dims
+                cpu_args.update({"Input Dims": [[m, k], [k, n], [m, n]], "Input type": ["c10::BFloat16"] * 3})
+                self.counts["triton_template_flops"] = self.counts.get("triton_template_flops", 0) + 2 * m * k * n
+                self.counts["triton_template_ns"] = self.counts.get("triton_template_ns", 0) + (op.end or op.start) - op.start
+            self._launch(op, kname, "cuLaunchKernel", "cuda_driver", 307, kernel_name=kname, cpu_args=cpu_args)
+            self.counts["triton_kernels"] = self.counts.get("triton_kernels", 0) + 1
+            self.counts["triton_kernel_ns"] = self.counts.get("triton_kernel_ns", 0) + (op.end or op.start) - op.start
+
+    def _graph(self, ops: list[Op], capture: bool) -> None:
+        """The compute kernels of one step as one graph replay: ``CUDAGraph::replay`` > ``cudaGraphLaunch``, every
+        kernel carrying its correlation id. With ``capture``, first the capture on the main thread: each op and
+        its launch call between ``cudaStreamBeginCapture`` and ``cudaStreamEndCapture``, no kernel run by them."""
+        st, tid = self.st, self.st.pid
+        t_launch = ops[0].launch
+        if capture:
+            ext = self._next_ext()
+            t0 = ops[0].cpu_start - 2_000
+            self._x("cuda_runtime", "cudaStreamBeginCapture", st.pid, tid, t0, t0 + 1_000, {"External id": ext, "cbid": 317, "correlation": self._next_corr()})
+            for op in ops:
+                e = self._next_ext()
+                self._x("cpu_op", op.cpu, st.pid, tid, op.cpu_start, op.cpu_start + op.host_ns - 500, {"External id": e, "Record function id": 0, "Ev Idx": self._idx()})
+                self._x("cuda_runtime", "cudaLaunchKernel", st.pid, tid, op.launch, op.launch + op.host_ns // 3, {"External id": e, "cbid": 211, "correlation": self._next_corr()})
+                self.counts["captured_launches"] = self.counts.get("captured_launches", 0) + 1
+            t_end = max(op.launch + op.host_ns // 3 for op in ops) + 1_000
+            self._x("cuda_runtime", "cudaStreamEndCapture", st.pid, tid, t_end, t_end + 2_000, {"External id": ext, "cbid": 318, "correlation": self._next_corr()})
+            self._x("cuda_runtime", "cudaGraphInstantiate", st.pid, tid, t_end + 3_000, t_end + 40_000, {"External id": ext, "cbid": 393, "correlation": self._next_corr()})
+            t_launch = t_end + 41_000
+        ext, corr = self._next_ext(), self._next_corr()
+        self._x("cpu_op", "CUDAGraph::replay", st.pid, tid, t_launch - 2_000, t_launch + 9_000, {"External id": ext, "Record function id": 0, "Ev Idx": self._idx()})
+        self._x("cuda_runtime", "cudaGraphLaunch", st.pid, tid, t_launch, t_launch + 6_000, {"External id": ext, "cbid": 311, "correlation": corr})
+        self.counts["graph_launches"] = self.counts.get("graph_launches", 0) + 1
+        self._ev({"ph": "s", "id": corr, "pid": st.pid, "tid": tid, "ts": self.ts(t_launch), "cat": "ac2g", "name": "ac2g"}, "ac2g")
+        for op in ops:
+            self._kernel_event(op, op.name, ext, corr)
+            self._ev({"ph": "f", "id": corr, "pid": self.dev, "tid": op.stream, "ts": self.ts(op.start), "cat": "ac2g", "name": "ac2g", "bp": "e"}, "ac2g")
+            self.counts["graph_kernels"] = self.counts.get("graph_kernels", 0) + 1
+            self.counts["graph_kernel_ns"] = self.counts.get("graph_kernel_ns", 0) + (op.end or op.start) - op.start
+
     def _flows(self, corr: int, op: Op) -> None:
         st = self.st
         self._ev({"ph": "s", "id": corr, "pid": st.pid, "tid": op.tid, "ts": self.ts(op.launch), "cat": "ac2g", "name": "ac2g"}, "ac2g")
         self._ev({"ph": "f", "id": corr, "pid": self.dev, "tid": op.stream, "ts": self.ts(op.start), "cat": "ac2g", "name": "ac2g", "bp": "e"}, "ac2g")
 
     def _launch(self, op: Op, cpu_name: str, api: str, api_cat: str, cbid: int, ext: int | None = None,
-                extra_args: dict[str, Any] | None = None, kernel_name: str | None = None) -> None:
+                extra_args: dict[str, Any] | None = None, kernel_name: str | None = None,
+                cpu_args: dict[str, Any] | None = None) -> None:
         st = self.st
         if ext is None:
             ext = self._next_ext()
-            self._x("cpu_op", cpu_name, st.pid, op.tid, op.cpu_start, op.cpu_start + op.host_ns - 500, {"External id": ext, "Record function id": 0, "Ev Idx": self._idx()})
+            self._x("cpu_op", cpu_name, st.pid, op.tid, op.cpu_start, op.cpu_start + op.host_ns - 500,
+                    {"External id": ext, "Record function id": 0, "Ev Idx": self._idx(), **(cpu_args or {})})
         corr = self._next_corr()
         self._x(api_cat, api, st.pid, op.tid, op.launch, op.launch + op.host_ns // 3, {"External id": ext, "cbid": cbid, "correlation": corr})
+        self._kernel_event(op, kernel_name or op.name, ext, corr, extra_args)
+        self._flows(corr, op)
+
+    def _kernel_event(self, op: Op, name: str, ext: int, corr: int, extra_args: dict[str, Any] | None = None) -> None:
         grid, block = op.meta if isinstance(op.meta, tuple) else (8, 640)
         sms = self.job.gpu.num_sms
         args: dict[str, Any] = {
@@ -257,13 +370,17 @@ class TraceWriter:
         if extra_args:
             args.update(extra_args)
         assert op.end is not None
-        self._x("kernel", kernel_name or op.name, self.dev, op.stream, op.start, op.end, args)
-        self._flows(corr, op)
+        self._x("kernel", name, self.dev, op.stream, op.start, op.end, args)
+        if self.job.cuda_graphs:  # the truth of the graph scenarios: every kernel's time, to share the graphs' out
+            self.counts["kernel_ns"] = self.counts.get("kernel_ns", 0) + op.end - op.start
 
     def _collective(self, op: Op) -> None:
         st, job = self.st, self.job
         c = op.coll
         assert c is not None
+        if job.symm_tp and c.pg.kind == "tp" and op.name == "allreduce":
+            self._symm_all_reduce(op)
+            return
         new = job.new_kernel_names
         dtype = "BFloat16" if new else "Float"
         kind = op.name  # send and recv share one Coll; the op says which side this is
@@ -275,8 +392,9 @@ class TraceWriter:
             out_n = nelems // len(c.members)
         pg = c.pg
         first, stride = start_stride(c.members) if kind in ("send", "recv") else pg.start_stride
+        torch_name = FSDP2_COLL.get(kind, TORCH_COLL[kind]) if job.fsdp2 else TORCH_COLL[kind]
         coll_args: dict[str, Any] = {
-            "Collective name": TORCH_COLL[kind], "In msg nelems": in_n, "Out msg nelems": out_n,
+            "Collective name": torch_name, "In msg nelems": in_n, "Out msg nelems": out_n,
             "Group size": len(pg.ranks), "dtype": dtype, "In split size": "[]", "Out split size": "[]",
             "Process Group Name": pg.name, "Process Group Description": pg.desc,
             "Process Group Ranks": pg.ranks_text,
@@ -294,13 +412,23 @@ class TraceWriter:
         elif kind == "recv":
             rpc["Src Rank"] = c.members[0]
         self._x("cpu_op", "record_param_comms", st.pid, op.tid, t0 + 1_500, t1 - 1_000, rpc)
-        self._x("user_annotation", ANNOT[kind], st.pid, op.tid, t0 + 3_000, t1 - 2_000, {"External id": e3, "Record function id": 0, "Ev Idx": self._idx()})
+        annot = f"nccl:{torch_name}" if job.fsdp2 and kind in FSDP2_COLL else ANNOT[kind]
+        self._x("user_annotation", annot, st.pid, op.tid, t0 + 3_000, t1 - 2_000, {"External id": e3, "Record function id": 0, "Ev Idx": self._idx()})
         self.counts["comms"] = self.counts.get("comms", 0) + 1
         api, api_cat, cbid = ("cuLaunchKernelEx", "cuda_driver", 652) if new else ("cudaLaunchKernel", "cuda_runtime", 211)
         op.meta = (c.channels, 512 if new else 640)
         self._launch(op, "", api, api_cat, cbid, ext=e2, extra_args=coll_args,
                      kernel_name=nccl_kernel_name(kind, c.algo, c.proto, new))
         self.counts["nccl_kernels"] = self.counts.get("nccl_kernels", 0) + 1
+
+    def _symm_all_reduce(self, op: Op) -> None:
+        """A TP all-reduce through symmetric memory: ``symm_mem::two_shot_all_reduce_`` launching PyTorch's own
+        kernel, with no ``record_param_comms`` and no process-group args on the kernel."""
+        assert op.end is not None
+        op.meta = (op.coll.channels if op.coll is not None else 16, 512)
+        self._launch(op, "symm_mem::two_shot_all_reduce_", "cudaLaunchKernel", "cuda_runtime", 211, kernel_name=SYMM_ALL_REDUCE)
+        self.counts["symm_kernels"] = self.counts.get("symm_kernels", 0) + 1
+        self.counts["symm_kernel_ns"] = self.counts.get("symm_kernel_ns", 0) + op.end - op.start
 
     def close(self, start_ns: int, end_ns: int) -> None:
         """End the trace and write the file, compressed from the spool."""

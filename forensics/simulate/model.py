@@ -229,6 +229,14 @@ def hsdp_groups(topo: Topology, shard: int) -> list[ProcessGroup]:
                      for i in range(shard)]
 
 
+def fsdp2_groups(topo: Topology) -> list[ProcessGroup]:
+    """FSDP2 over a 1-D device mesh: the world, then the mesh's shard group (all ranks, its own communicator)."""
+    if topo.tp != 1 or topo.pp != 1 or topo.dp < 2:
+        return []
+    return [ProcessGroup("0", "default_pg", tuple(range(topo.world)), "world"),
+            ProcessGroup("1", "mesh_dp_shard", tuple(range(topo.world)), "dp")]
+
+
 def group_of(groups: list[ProcessGroup], rank: int, kind: str) -> ProcessGroup | None:
     """The rank's group of that kind; the DP group is the world group for pure data parallelism."""
     for g in groups:
@@ -270,6 +278,15 @@ class Job:
     tuning_lines: bool = False
     faults: tuple[dict[str, Any], ...] = ()
     stage_scale: tuple[float, ...] = ()  # per pipeline stage compute multiplier (stage imbalance)
+    cuda_graphs: str = ""            # "" eager; "replay": each step's compute kernels replay from one CUDA graph
+                                     # (one cudaGraphLaunch under CUDAGraph::replay); "capture": the same, and the
+                                     # first profiled step also captures the graph (its launches run nothing)
+    fsdp2: bool = False              # dp_mode=fsdp written as FSDP2 over a device mesh: all_gather_into_tensor /
+                                     # reduce_scatter_tensor on its own "mesh_dp_shard" group
+    symm_tp: bool = False            # TP all-reduces through PyTorch symmetric memory (symm_mem::two_shot_all_reduce_,
+                                     # no NCCL), as vLLM and async-TP jobs run them
+    compiled: bool = False           # torch.compile: Triton kernels (GEMMs as mm templates with their shapes) launched
+                                     # inside CompiledFunction / CompiledFunctionBackward regions
     label: str = ""
 
     def with_(self, **kw: Any) -> Job:

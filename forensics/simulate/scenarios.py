@@ -85,6 +85,14 @@ def _ddp(ranks: int | None, steps: int | None, params: Params, default: int = 8,
     n = ranks or default
     mode = params.choice("dp_mode", job.pop("dp_mode", "ddp"), ("ddp", "fsdp"))
     job["dp_mode"] = mode
+    graphs = params.choice("cuda_graphs", job.pop("cuda_graphs", "off"), ("off", "replay", "capture"))
+    job["cuda_graphs"] = "" if graphs == "off" else graphs
+    job["compiled"] = params.flag("compiled", int(job.pop("compiled", False)))
+    job["fsdp2"] = params.flag("fsdp2", int(job.pop("fsdp2", False)))
+    if job["fsdp2"] and mode != "fsdp":
+        raise ScenarioError("--param fsdp2=1 needs dp_mode=fsdp")
+    if job["compiled"] and job["cuda_graphs"]:
+        raise ScenarioError("--param compiled=1 with cuda_graphs: not simulated together (pick one)")
     layers = params.integer("layers", 12 if n <= 16 else 6, 1, 256)
     work = Workload(layers=layers, hidden=params.integer("hidden", 1024, 8, 65536), seq=params.integer("seq", 4096, 1, 1 << 20),
                     micro_batch=params.integer("micro_batch", 8, 1, 4096))
@@ -132,6 +140,25 @@ def ddp_straggler(ranks: int | None, steps: int | None, params: Params) -> Job:
     n = ranks or 8
     r = _culprit(params, n, 5 if n > 5 else n - 1)
     return _ddp(ranks, steps, params, faults=({"kind": "compute_straggler", "ranks": (r,), "slowdown": params.number("slowdown", 0.15, 0.0, 10.0)},))
+
+
+def graph_straggler(ranks: int | None, steps: int | None, params: Params) -> Job:
+    n = ranks or 16
+    r = _culprit(params, n, 5 if n > 5 else n - 1)
+    return _ddp(ranks, steps, params, default=16, cuda_graphs="replay",
+                faults=({"kind": "compute_straggler", "ranks": (r,), "slowdown": params.number("slowdown", 0.15, 0.0, 10.0)},))
+
+
+def graph_capture(ranks: int | None, steps: int | None, params: Params) -> Job:
+    return _ddp(ranks, steps, params, cuda_graphs="capture", label="clean")
+
+
+def fsdp2_prefetch(ranks: int | None, steps: int | None, params: Params) -> Job:
+    return _ddp(ranks, steps, params, dp_mode="fsdp", fsdp2=True, label="clean")
+
+
+def compiled(ranks: int | None, steps: int | None, params: Params) -> Job:
+    return _ddp(ranks, steps, params, compiled=True, label="clean")
 
 
 def host_straggler(ranks: int | None, steps: int | None, params: Params) -> Job:
@@ -260,6 +287,10 @@ def collective_timeout(ranks: int | None, steps: int | None, params: Params) -> 
     return job
 
 
+def symm_tp(ranks: int | None, steps: int | None, params: Params) -> Job:
+    return _pp(ranks, steps, params.with_defaults(tp="2", pp="2"), symm_tp=True, label="clean")
+
+
 def pp_clean(ranks: int | None, steps: int | None, params: Params) -> Job:
     return _pp(ranks, steps, params, label="clean")
 
@@ -368,6 +399,16 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("pp_imbalance_stage2", "pipeline stage imbalance: stage 2 computes 25% longer", pp_imbalance_stage2),
     Scenario("old_nccl", "healthy DDP job on NCCL 2.18 (old ncclKernel_* names, fp32 grads)", old_nccl),
     Scenario("ddp_straggler", "one rank's GPU compute is slower (compute straggler)", ddp_straggler),
+    Scenario("graph_straggler", "16-rank DDP job whose compute kernels replay from CUDA graphs (one cudaGraphLaunch per step, "
+             "capture not profiled); one rank's GPU compute is slower", graph_straggler),
+    Scenario("graph_capture", "healthy DDP job replaying its compute from CUDA graphs; the first profiled step also "
+             "captures the graph", graph_capture),
+    Scenario("fsdp2_prefetch", "healthy FSDP2 job on a device mesh: all_gather_into_tensor prefetched a layer ahead, "
+             "reduce_scatter_tensor of gradients, both on the mesh's dp_shard group", fsdp2_prefetch),
+    Scenario("symm_tp", "healthy TP=2 x PP=2 job whose TP all-reduces run through PyTorch symmetric memory "
+             "(two_shot_all_reduce kernels, no NCCL)", symm_tp),
+    Scenario("compiled", "healthy DDP job compiled with torch.compile: Triton kernels (GEMMs as mm templates with "
+             "recorded shapes) inside CompiledFunction / CompiledFunctionBackward regions", compiled),
     Scenario("host_straggler", "one rank's host launches kernels slowly (launch-bound straggler; its node logs CPU thermal throttling)", host_straggler, kernel_log="throttle"),
     Scenario("late_rank", "one rank's data loader stalls every step; the others busy-wait in NCCL", late_rank),
     Scenario("input_bound", "input-bound job: every rank's data loader stalls each step, the GPU idles ~40% of it", input_bound),

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from forensics.base.frames import JobFrames
 from forensics.detectors import run_detectors
 from forensics.facts.context import JobContext
@@ -47,3 +49,33 @@ def test_clean_ras_all_ok(tmp_path):
 def test_skipped_without_any_log():
     findings, skipped = _run(JobFrames({}))
     assert findings == [] and "collective_timeouts" in skipped[0].reason
+
+
+def _in_2026(frames: JobFrames) -> JobFrames:
+    """The frames with one profiled step in January 2026: the job's year for the year-less glog stamps."""
+    import polars as pl
+
+    t = int(datetime(2026, 1, 1, 9, 0, tzinfo=timezone.utc).timestamp()) * 10**9
+    steps = pl.DataFrame({"rank": [0], "step": [1], "start_ns": [t], "end_ns": [t + 10**9]})
+    return JobFrames({**{n: frames[n] for n in frames.present}, "steps": steps})
+
+
+def test_timeout_and_desync_carry_the_watchdog_time(tmp_path):
+    """Both are placed from their own lines: the watchdog stamp (Jan 1 10:00:00) minus the 600100 ms run."""
+    stamped = TIMEOUT.replace("[E101 ", "[E0101 ")  # glog: [EMMDD hh:mm:ss.frac ...]
+    first = stamped.splitlines()[0]
+    text = stamped + first.replace("rank2", "rank5").replace("Rank 2", "Rank 5").replace("ALLREDUCE", "BROADCAST") + "\n"
+    findings, _ = _run(_in_2026(frames_from(tmp_path, text)))
+    fired = int(datetime(2026, 1, 1, 10, 0, tzinfo=timezone.utc).timestamp()) * 10**9
+    by = {f.kind: f for f in findings}
+    assert set(by) == {"timeout", "desync"}
+    for f in by.values():
+        assert (f.when.start_ns, f.when.end_ns) == (fired - 600_100 * 10**6, fired), f.when
+    assert by["timeout"].cost.fatal and by["timeout"].cost.died_ns == fired and by["timeout"].cost.hung_s == 600.1
+    assert by["timeout"].cost.waiting_ranks == 3 and by["timeout"].process_group == "0"
+
+
+def test_without_the_job_year_the_time_is_unknown_and_says_why(tmp_path):
+    findings, _ = _run(frames_from(tmp_path, TIMEOUT.replace("[E101 ", "[E0101 ")))
+    (f,) = findings
+    assert not f.when.known and "year" in f.when.basis and f.cost.died_ns is None

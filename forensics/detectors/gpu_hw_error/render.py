@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from forensics.base.findings import Finding, Severity
+from forensics.base.findings import Finding, FindingKind, Role, Severity, When
 from forensics.base.xid_catalog import LEVELS, lookup
+from forensics.detectors._fault_kinds import fault_kind
 from forensics.detectors.gpu_hw_error.incident import Incident
 from forensics.detectors.gpu_hw_error.xid import SYMPATHETIC_XIDS
 from forensics.facts.placement import Placement, host_key
@@ -29,6 +30,11 @@ ACTION_TEXT = {
     "INVESTIGATE_STORAGE": "investigate the storage client/filesystem",
     "NONE": "no action needed",
 }
+GPU_EVENT = FindingKind(
+    "gpu_event", "a GPU event that does not make the GPU unusable: an application-level or recoverable Xid, "
+    "corrected errors, throttling, a crashed process", Role.SYMPTOM,
+    "Follow the finding's actions; fix the application first for an application-level Xid.", stage=4)
+
 # facts that stay internal (sets of GPUs are the finding's ``gpus``; the rest is bookkeeping)
 _HIDDEN_FACTS = ("xids", "gpus", "memory", "dev", "needs_rank", "seen_up", "chain_roots", "unseen_root")
 
@@ -77,7 +83,18 @@ def to_finding(inc: Incident, cfg: GpuHwErrorConfig, place: Placement) -> Findin
         evidence=_evidence(inc, cfg.max_evidence),
         key=f"{inc.kind}|{first['source']}|{first['line']}",
         confidence="high" if inc.kind in ("xid", "nvlink5", "fallen_off_bus", "nvidia_smi") else "medium",
+        kind=fault_kind(inc.kind, metrics.get("root_xid"), GPU_EVENT).name,
+        when=_placed(metrics),
     )
+
+
+def _placed(metrics: dict[str, Any]) -> When:
+    """The moment of the fault (the root event), else of the incident's first line, on the wall clock."""
+    for key, what in (("fault_wall_ns", "the root event's"), ("first_wall_ns", "the incident's first line's")):
+        t = metrics.get(key)
+        if isinstance(t, int):
+            return When.span(t, t, f"{what} wall-clock stamp")
+    return When.unknown("the log gives no wall-clock time (monotonic or no stamp, boot time unknown)")
 
 
 def _name_chain_root(inc: Incident, xids: list[int], cfg: GpuHwErrorConfig) -> None:
