@@ -63,6 +63,9 @@ def collect_frames(parsed: list[ParsedSource]) -> tuple[pl.DataFrame, JobFrames]
             if id(item.shared) not in seen:
                 seen.add(id(item.shared))
                 _add_shared(parts, item.shared, usable)
+            if item.file.rel_path in usable:  # a second scanner's frames of this file (registry.ALSO_READ)
+                for name, df in item.result.frames.items():
+                    parts[name].append(df)
         elif item.file.rel_path in usable:
             for name, df in item.result.frames.items():
                 parts[name].append(df)

@@ -173,6 +173,8 @@ def _classify_binary(path: Path, rel_path: str, head: bytes) -> tuple[str, str |
         return "nsys", None
     if head.startswith(GZIP_MAGIC):
         return "unknown", "compressed twice (gzip inside gzip): gunzip it once to analyze it"
+    if sniff.score_flight_recorder_pickle(head):
+        return "flight_recorder", None
     if not sniff.is_binary(head):
         return None
     if not head.strip(b"\x00") and not read_tail(path, TAIL_BYTES).strip(b"\x00"):
@@ -267,7 +269,31 @@ def parse_unit(files: list[DiscoveredFile], run_dir: Path) -> list[ParsedSource]
             pending.append(item)
     for batch, pending in batches.values():
         _finish_batch(batch, pending, run_dir)
+    for item in out:
+        if item.file.kind in registry.ALSO_READ and item.result.status in ("ok", "partial"):
+            _also_read(item, run_dir)
     return out
+
+
+def _also_read(item: ParsedSource, run_dir: Path) -> None:
+    """The second scanner of a kind (``registry.ALSO_READ``) over a parsed file: its frames join the file's
+    own (``result.frames``, also when the file's other rows sit in a batch's shared frames)."""
+    module, _, name = registry.ALSO_READ[item.file.kind].partition(":")
+    scan: Any = getattr(importlib.import_module(module), name)
+    ctx = ParseContext(run_dir=run_dir, rel_path=item.file.rel_path)
+    res = item.result
+    start = time.perf_counter_ns()
+    try:
+        frames, note, damaged = scan(item.file.path, ctx, res.rank, res.host)
+    except (OSError, MemoryError, RecursionError, ValueError) as exc:  # the file's own parse stands
+        frames, note, damaged = {}, f"not read for last words: {type(exc).__name__}: {exc}", True
+    item.parse_ns += time.perf_counter_ns() - start
+    if not note:
+        return
+    res.frames = {**res.frames, **frames}
+    res.message = f"{res.message}; {note}" if res.message else note
+    if damaged and res.status == "ok":
+        res.status = "partial"
 
 
 def _load_batch(spec: str) -> BatchParser:

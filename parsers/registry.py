@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from forensics.parsers import sniff
 from forensics.parsers.common import Parser
+from forensics.parsers.lastwords import score_job_log
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,16 @@ KINDS: tuple[SourceKind, ...] = (
     SourceKind("nvidia_smi", sniff.score_nvidia_smi, "forensics.parsers.nvidia_smi:parse", text=True),
     SourceKind("nccl_log", sniff.score_nccl_log, "forensics.parsers.nccl_log:parse", text=True),
     SourceKind("dmesg", sniff.score_dmesg, "forensics.parsers.kernel_log:parse", text=True),
+    SourceKind("flight_recorder", sniff.score_flight_recorder_json, "forensics.parsers.flight_recorder:parse", text=False),
+    # scores below every other text kind: a file another sniffer claims is read for last words beside (ALSO_READ)
+    SourceKind("job_log", score_job_log, "forensics.parsers.lastwords:parse", text=True),
 )
+
+#: Kinds whose files are also read by a second scanner after their own parser ("module:function", called as
+#: ``scan(path, ctx, rank, host) -> (frames, note, damaged)``): a rank's stdout is an NCCL log and holds the
+#: job's last words too. The file keeps one row in ``run.sources`` (its kind, its parser's status); the scan's
+#: frames join the file's, its note is added to the row's message, and damage it found makes an ok row partial.
+ALSO_READ: dict[str, str] = {"nccl_log": "forensics.parsers.lastwords:scan"}
 
 BY_KIND = {k.kind: k for k in KINDS}
 

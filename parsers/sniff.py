@@ -132,3 +132,30 @@ def score_nvidia_smi(text: bytes) -> int:
         return 100 + min(sections, 20)
     lower = text.lower()
     return 110 if _DCGM_WORD.search(lower) or _DCGM_LINE.search(lower) else 0
+
+
+# PyTorch Flight Recorder dumps: a pickle (torch's protocol 2; 4/5 when re-pickled by Python) whose first key is
+# `version`, or JSON with the dump's keys. Told by content only; the parser checks every field.
+_FR_KEYS = (b"pg_status", b"entries", b"pg_config", b"nccl_version", b"comm_lib_version")
+_FR_JSON = re.compile(rb'"(?:pg_status|pg_config|nccl_version|comm_lib_version)"\s*:')
+_FR_ENTRY_JSON = re.compile(rb'"(?:collective_seq_id|profiling_name|record_id)"\s*:')
+
+
+def score_flight_recorder_pickle(head: bytes) -> int:
+    """A Flight Recorder pickle: PROTO 2-5, a dict whose `version` key comes first, and one of the dump's keys."""
+    if not (head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05")):
+        return 0
+    if b"version" not in head[:64] or not any(k in head for k in _FR_KEYS):
+        return 0
+    return 150
+
+
+def score_flight_recorder_json(head: bytes) -> int:
+    """A Flight Recorder JSON dump: an object with `version` and the dump's keys (`pg_status`, `pg_config`, the
+    library version), or `entries` holding Flight Recorder entries."""
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if text[:1] != b"{" or b'"version"' not in head:
+        return 0
+    if _FR_JSON.search(head) or (b'"entries"' in head and _FR_ENTRY_JSON.search(head)):
+        return 150
+    return 0

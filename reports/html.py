@@ -19,6 +19,7 @@ import jinja2
 import polars as pl
 from forensics.reports.figures import PLOTLY_JS_SLOT, plotly_js, plotly_js_bytes
 from forensics.reports.figures import figure_html as figure_html  # re-exported: diff_html imports it from here
+from forensics.reports.lastwords import summary as last_words_summary
 from forensics.reports.views import View, build_views, view_for
 from markupsafe import Markup
 
@@ -258,6 +259,21 @@ def _skipped_table(analysis: Analysis) -> Table:
     return table("detectors that could not run on these inputs, and why", df)
 
 
+def _last_words(analysis: Analysis) -> dict[str, Any] | None:
+    """The "Last words" section: the tracebacks per failing rank (collapsed), the launcher's failure table, the
+    scheduler's messages, the stack groups."""
+    lw = last_words_summary(analysis)
+    if lw is None:
+        return None
+    first = lw["first"]
+    return {"first": None if first is None else {"title": first.title, "summary": first.summary, "id": first.id},
+            "ranks": lw["ranks"], "scheduler": lw["scheduler"], "sigterms": lw["sigterms"],
+            "launcher": table("torchrun / launcher failure records (Root Cause = first_observed)", lw["launcher"])
+            if lw["launcher"].height else None,
+            "stacks": table("main-thread stacks grouped across processes (innermost 6 frames)", lw["stacks"])
+            if lw["stacks"].height else None}
+
+
 def context(analysis: Analysis) -> dict[str, Any]:
     """Everything the template shows, as plain data."""
     run = run_header(analysis)
@@ -267,6 +283,7 @@ def context(analysis: Analysis) -> dict[str, Any]:
         "name": analysis.run_dir.name,
         "path": str(analysis.run_dir),
         "incidents": [_incident_data(i) for i in analysis.incidents],
+        "last_words": _last_words(analysis),
         "header": job_header(analysis, run),
         "findings": [_finding_data(f, by_id) for f in analysis.findings],
         "views": views,

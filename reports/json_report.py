@@ -21,15 +21,24 @@ def build(analysis: Analysis) -> dict[str, Any]:
             **run_header(analysis),
             "coverage": analysis.context.coverage,
             "steps_analyzed": steps_analyzed,
-            "sources": [
-                {k: row[k] for k in ("path", "kind", "rank", "host", "status", "message")}
-                for row in analysis.sources.iter_rows(named=True)
-            ],
+            "sources": [_source(row) for row in analysis.sources.iter_rows(named=True)],
         },
         "findings": [f.to_json() for f in analysis.findings],
         "skipped": [s.to_json() for s in analysis.skipped],
         "incidents": [i.to_json() for i in analysis.incidents],
     }
+
+
+# Source kinds the findings.json contract (../shared/findings.schema.json) enumerates; a newer kind is written as
+# `unknown` with its real name in `format` (the contract allows extra keys on a source) until the contract lists it.
+CONTRACT_KINDS = frozenset({"kineto", "nsys", "nccl_log", "dmesg", "nvidia_smi", "unknown"})
+
+
+def _source(row: dict[str, Any]) -> dict[str, Any]:
+    out = {k: row[k] for k in ("path", "kind", "rank", "host", "status", "message")}
+    if out["kind"] not in CONTRACT_KINDS:
+        out["format"], out["kind"] = out["kind"], "unknown"
+    return out
 
 
 def render(analysis: Analysis) -> bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 import polars as pl
+from forensics.reports.lastwords import summary as last_words_summary
 
 from forensics.base.findings import Finding
 from forensics.facts.run_header import header_lines
@@ -97,6 +98,27 @@ def _incidents_md(analysis: Analysis) -> list[str]:
     return [f"## Incidents ({len(analysis.incidents)})", "", *markdown_table(df, max_rows=MAX_INCIDENTS)]
 
 
+def _last_words_md(analysis: Analysis) -> list[str]:
+    """The first failure and its first lines, the scheduler's message, the stack suspects."""
+    lw = last_words_summary(analysis)
+    if lw is None:
+        return []
+    lines = ["## Last words", ""]
+    first = lw["first"]
+    if first is not None:
+        lines += [f"**{md_text(clip(first.title, 300))}**", "", md_text(clip(first.summary, 1000)), ""]
+    for r in lw["ranks"][:4]:
+        lines += [f"- {md_text(r['who'])}{' on ' + md_text(r['host']) if r['host'] else ''}, {md_text(r['time'])}, "
+                  f"{md_text(r['where'])}: {md_text(clip(r['first_line'], 300))}"]
+        lines += [f"  - {md_text(clip(t, 200))}" for t in r["traceback"].splitlines()[-6:]]
+    if len(lw["ranks"]) > 4:
+        lines.append(f"- ... {len(lw['ranks']) - 4} more failing process(es) in report.html")
+    lines += [f"- scheduler / launcher: {md_text(clip(line, 300))}" for line in lw["scheduler"][:3]]
+    if lw["stacks"].height:
+        lines += ["", "Stack groups:", "", *markdown_table(lw["stacks"].select("where", "count", "members"), max_rows=8)]
+    return [*lines, ""]
+
+
 def _evidence_md(f: Finding) -> list[str]:
     if not f.evidence:
         return []
@@ -162,7 +184,7 @@ def _bounded(lines: list[str], limit: int) -> str:
 
 def render(analysis: Analysis, top: int = TOP_FINDINGS) -> str:
     limit = MAX_CHARS - 1000  # headroom for the line ends and the cut note
-    head, tail = _head(analysis) + _incidents_md(analysis), _inputs_md(analysis)
+    head, tail = _head(analysis) + _incidents_md(analysis) + _last_words_md(analysis), _inputs_md(analysis)
     fixed = sum(len(line) + 1 for line in head + tail)
     # the findings get what the bounded sections leave; _bounded is the last guard
     return _bounded(head + _findings_md(analysis, top, limit - fixed - 200) + tail, limit)

@@ -6,7 +6,9 @@ from ``otherData.t0_ns`` (the earliest event). One process per rank (``pid`` = r
 ``host/rank N/GPU`` by a ``process_name`` metadata event, sorted by rank); its threads are the profiler
 steps, one per CUDA stream (compute, memcpy, memset) and one per communicator (NCCL kernels of a
 process group: ``NCCL <type> pg <name>``). Findings are instant events on the track ``findings`` of each
-culprit rank (on a job-wide ``findings`` process when a finding names no rank).
+culprit rank (on a job-wide ``findings`` process when a finding names no rank). With Flight Recorder dumps,
+each rank's last completed collective is an instant event on its ``flight recorder`` track (the only events
+when the job left dumps and no traces).
 
 Window: the worst step (largest median step time over ranks) with ``steps`` steps either side (default 1).
 Size bound: at most ``max_events`` kernel slices. Over it, the kernels of each stream are merged into busy
@@ -36,6 +38,7 @@ NAME_CHARS = 160
 STEPS_TID = 0
 FINDINGS_TID = 1
 FINDINGS_PID = -1
+FR_TID = 2
 KERNEL_SCHEMA = {"rank": pl.Int32, "track": pl.String, "name": pl.String, "cat": pl.String, "start_ns": pl.Int64,
                  "end_ns": pl.Int64, "n": pl.UInt32}
 
@@ -136,6 +139,10 @@ def trace_events(analysis: Analysis, around: int = 1, max_events: int = MAX_EVEN
     other: dict[str, Any] = {"tool": "forensics", "version": __version__, "steps": steps,
                              "clock": "common clock: each rank's times minus its estimated offset; ts in us from t0_ns"}
     if not steps:
+        fr = _fr_events(ctx, None)
+        if fr:
+            other.update(t0_ns=fr[0], events=len(fr[1]), flight_recorder="each rank's last completed collective")
+            return {"traceEvents": fr[1], "displayTimeUnit": "ms", "otherData": other}
         other["empty"] = "no GPU kernels with a known rank"
         return {"traceEvents": [], "displayTimeUnit": "ms", "otherData": other}
     win = ctx.step_windows.filter(pl.col("step").is_in(steps)).group_by("rank").agg(
@@ -157,10 +164,46 @@ def trace_events(analysis: Analysis, around: int = 1, max_events: int = MAX_EVEN
     worst = st.filter(pl.col("step") == pick_steps(ctx)[0][0])["start_ns"].min()
     at_us = round((int(worst) - t0) / 1e3, 3) if worst is not None else 0.0  # type: ignore[arg-type]
     events += _finding_events(analysis, set(k["rank"].unique().to_list()), at_us)
+    fr = _fr_events(ctx, t0)
+    events += fr[1] if fr else []
     if any(e["pid"] == FINDINGS_PID for e in events):
         events.append(_meta(FINDINGS_PID, None, "process_name", "findings (no rank named)"))
     other.update(note, t0_ns=t0, events=len(events), ranks=k["rank"].n_unique())
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
+
+
+def _fr_marks(ctx: JobContext) -> pl.DataFrame:
+    """Per rank: its last completed collective (the latest over its groups, from the Flight Recorder counters) and
+    when: the entry's completion time when the dump holds it, else the enqueue time of the first pending entry
+    (dumps written with onlyActive keep no completed entries). rank, pg_name, pg_desc, seq, at_ns, how."""
+    st = ctx.frames["fr_pg_status"].filter(pl.col("last_completed") >= 0)
+    e = ctx.frames["fr_entries"]
+    done = e.filter(pl.col("completed_ns").is_not_null()).select(
+        "rank", "pg_id", pl.col("collective_seq").alias("last_completed"), pl.col("completed_ns").alias("_done"))
+    nxt = e.select("rank", "pg_id", (pl.col("collective_seq") - 1).alias("last_completed"),
+                   pl.col("created_ns").alias("_next"))
+    keys = ["rank", "pg_id", "last_completed"]
+    m = st.join(done.unique(keys), on=keys, how="left").join(nxt.unique(keys), on=keys, how="left").with_columns(
+        pl.coalesce("_done", "_next").alias("at_ns"),
+        pl.when(pl.col("_done").is_not_null()).then(pl.lit("completed")).otherwise(pl.lit("next enqueued")).alias("how"))
+    return m.drop_nulls("at_ns").sort("at_ns").group_by("rank").agg(pl.all().last()).select(
+        pl.col("rank").cast(pl.Int32), "pg_name", "pg_desc", pl.col("last_completed").alias("seq"), "at_ns", "how")
+
+
+def _fr_events(ctx: JobContext, t0: int | None) -> tuple[int, list[dict[str, Any]]] | None:
+    """Instant events ``FR last completed`` on each rank's ``flight recorder`` track; None without dumps."""
+    marks = _fr_marks(ctx) if ctx.frames.has("fr_pg_status") else pl.DataFrame()
+    if marks.height == 0:
+        return None
+    base = t0 if t0 is not None else int(marks["at_ns"].min())  # type: ignore[arg-type]
+    events: list[dict[str, Any]] = []
+    for r in marks.iter_rows(named=True):
+        events += [_meta(r["rank"], FR_TID, "thread_name", "flight recorder"),
+                   {"ph": "i", "s": "t", "name": f"FR last completed: {r['pg_desc'] or 'PG ' + str(r['pg_name'])} "
+                    f"#{r['seq']}", "cat": "flight_recorder", "ts": round((r["at_ns"] - base) / 1e3, 3),
+                    "pid": r["rank"], "tid": FR_TID, "args": {"pg_name": r["pg_name"], "seq": r["seq"],
+                                                               "time": r["how"]}}]
+    return base, events
 
 
 def _process_meta(ctx: JobContext, k: pl.DataFrame) -> list[dict[str, Any]]:

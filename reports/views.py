@@ -17,6 +17,7 @@ from forensics.reports.view_anatomy import step_anatomy_view
 from forensics.reports.view_categories import op_categories_view
 from forensics.reports.view_collectives import collectives_view
 from forensics.reports.view_common import View
+from forensics.reports.view_hang import hang_view
 from forensics.reports.view_heatmap import rank_step_heatmap_view
 from forensics.reports.view_hwevents import hw_events_view
 from forensics.reports.view_ncclconfig import nccl_config_view
@@ -61,7 +62,7 @@ def kernel_classes_view(analysis: Analysis) -> View:
 
 VIEWS: list[ViewBuilder] = [
     step_anatomy_view, op_categories_view, rank_step_heatmap_view, timeline_view, collectives_view, hw_events_view,
-    nccl_config_view, kernel_classes_view,
+    nccl_config_view, kernel_classes_view, hang_view,
 ]
 """In page order. Each builder returns its view, possibly with ``empty_reason`` set; never raises for a
 job that lacks its inputs."""

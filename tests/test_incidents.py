@@ -318,7 +318,9 @@ SIMULATED = [("collective_timeout", {}), ("ddp_straggler", {}), ("host_straggler
              ("xid48", {}), ("net_socket", {}), ("input_bound", {}), ("ddp_no_overlap", {}), ("slow_nic", {}),
              ("slow_nic", {"params": {"nic": "3"}}), ("hsdp_slow_nic", {"steps": 2}),
              ("pp_imbalance", {}), ("pp_imbalance_stage2", {}), ("oom_kill", {}), ("xid149", {}),
-             ("aer_fatal_audio", {}), ("rm_init_failed", {})]
+             ("aer_fatal_audio", {}), ("rm_init_failed", {}),
+             ("cuda_oom", {}), ("illegal_address", {}), ("time_limit", {}), ("preempted", {}), ("dataloader_hang", {}),
+             ("pp_exception", {})]
 
 
 @pytest.mark.parametrize("scenario,kw", SIMULATED, ids=[s + "".join(f"-{k}{v}" for k, v in kw.get("params", {}).items())

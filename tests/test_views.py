@@ -25,7 +25,8 @@ from tests.conftest import ROOT, shared_path
 from tests.frame_builders import MS, dp_job
 
 SAMPLES = sorted(p for p in (ROOT / "sample_traces").iterdir() if p.is_dir())
-IDS = ["step-anatomy", "op-categories", "rank-step-heatmap", "timeline", "collectives", "hw-events", "nccl-config", "kernel-classes"]
+IDS = ["step-anatomy", "op-categories", "rank-step-heatmap", "timeline", "collectives", "hw-events", "nccl-config", "kernel-classes",
+       "who-is-stuck-where"]
 
 
 def _straggler(*ranks: int) -> Finding:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import polars as pl
 
 KERNEL_CLASSES = ["compute", "comm", "memcpy", "memset", "sync"]
-SOURCE_KINDS = ["kineto", "nsys", "nccl_log", "dmesg", "nvidia_smi", "unknown"]
+SOURCE_KINDS = ["kineto", "nsys", "nccl_log", "dmesg", "nvidia_smi", "flight_recorder", "job_log", "unknown"]
 SOURCE_STATUSES = ["ok", "partial", "failed", "ignored"]
 CPU_OP_CATEGORIES = [
     "cpu_op",
@@ -665,6 +665,177 @@ PROFILER_OVERHEAD = FrameSpec(
 )
 
 _register(GPU_METRICS, PROFILER_OVERHEAD)
+
+
+# --- the job's own last words (forensics.parsers.lastwords) ---------------------------------------
+
+LAST_WORDS = FrameSpec(
+    "last_words",
+    "What the job itself said as it died: Python tracebacks, CUDA / NCCL errors raised to Python, C++ "
+    "`terminate called` / `what():`, device-side assertions, data-loader deaths, the launcher's failure table "
+    "and signals (torchrun / torch.distributed.elastic, torch.distributed.launch, DeepSpeed), SLURM and "
+    "Kubernetes messages. One row per event; read from rank stdout/stderr, launcher and scheduler output "
+    "wherever they sit (a rank's stdout that is also an NCCL log is read for both).",
+    (
+        _SOURCE,
+        _HOST,
+        _c("rank", pl.Int32(), "global rank: `[rankN]:` prefix, the failure table's `rank`, `rank<N>` in the file name; "
+           "null when unknown"),
+        _c("local_rank", pl.Int32(), "local rank: torchrun's `[default3]:` prefix, the failure table, `local_rank: N`"),
+        _c("pid", pl.Int64(), "process id where printed (failure table, launcher lines, data-loader worker)"),
+        _c("line", pl.Int64(), "1-based line number where the event starts (a traceback: its exception line)"),
+        _c("time_ns", pl.Int64(), "Unix ns, read as UTC, when known (see `time_from`)"),
+        _c("stamp", pl.String(), "year-less glog stamp `MMDD HH:MM:SS[.frac]` when that is the only time (placed "
+           "with the job's year by the detector)"),
+        _c("time_from", pl.String(), "line (a stamp on the event's own line) / before (the nearest timestamped line "
+           "before it in the file) / launcher (torchrun's failure record: its local time, no zone) / scheduler "
+           "(SLURM's CANCELLED AT, a pod's finishedAt) / null"),
+        _c("event", pl.String(), "exception (a Python traceback's last line, or such a line alone) / error_line "
+           "(CUDA error, C++ what(), assertion, data-loader or fatal line) / launcher_failure / launcher_signal "
+           "(the launcher terminating a worker) / launcher_stopped / restart / scheduler / task_exit (srun) / pod / "
+           "worker_exited (a `<defunct>` worker in a process listing)"),
+        _c("cls", pl.String(), "class: cuda_oom, cuda_context_oom, illegal_address, device_assert, launch_failure, ecc, "
+           "cuda_unknown, cuda_error, nccl_remote/system/internal/cuda/usage (NCCL errors raised to Python), "
+           "dataloader, nan, fatal_signal, exception, truncated (a traceback cut off), launcher; launcher: exit, "
+           "sigterm, stopped, restart, membership; SLURM: time_limit, preempted, node_fail, requeue, task_failure, "
+           "cancelled (no reason: scancel), failed, step_oom, task_exit; pods: oom_killed, evicted, preempted, "
+           "node_oom, error, gpu_unhealthy; defunct"),
+        _c("exc_type", pl.String(), "exception type as printed (`torch.OutOfMemoryError`, `c10::CUDAError`)"),
+        _c("message", pl.String(), "first line of the message (500 characters at most), or the line itself"),
+        _c("detail", pl.String(), "the message's continuation lines (NCCL `Last error:` ...), C++ `raised from`"),
+        _c("user_frame", pl.String(), "innermost frame outside libraries (`file:line in func`); a device assertion's kernel"),
+        _c("innermost", pl.String(), "innermost frame of the traceback (`file:line in func`)"),
+        _c("frames", pl.Int32(), "frames in the traceback (all of them, also those not kept)"),
+        _c("traceback", pl.String(), "the traceback as text: first 8 and last 40 frames with their code lines"),
+        _c("exit_code", pl.Int32(), "exit code (negative: killed by that signal, torchrun's convention)"),
+        _c("signal", pl.String(), "signal name (SIGKILL, SIGTERM, SIGABRT ...) from the exit code or the text"),
+        _c("first_observed", pl.Boolean(), "torchrun's `Root Cause (first observed failure)` entry"),
+        _c("role", pl.String(), "rank (the rank's own failure) / chained (raised while handling an earlier one) / "
+           "launcher (the launcher's own traceback)"),
+        _c("job", pl.String(), "SLURM `STEP id` / `JOB id`, the failure table's script"),
+        _c("tasks", pl.String(), "srun task list (`0-3`)"),
+        _c("repeats", pl.Int32(), "identical consecutive error lines folded into this row (null: 1)"),
+        _c("oom_requested_bytes", pl.Int64(), "CUDA OOM: `Tried to allocate`, bytes"),
+        _c("oom_total_bytes", pl.Int64(), "CUDA OOM: GPU total capacity, bytes"),
+        _c("oom_free_bytes", pl.Int64(), "CUDA OOM: free on the GPU, bytes"),
+        _c("oom_process_bytes", pl.Int64(), "CUDA OOM: memory in use by this process (or the one process listed), bytes"),
+        _c("oom_allocated_bytes", pl.Int64(), "CUDA OOM: allocated by PyTorch, bytes"),
+        _c("oom_reserved_unallocated_bytes", pl.Int64(), "CUDA OOM: reserved by PyTorch but unallocated, bytes "
+           "(1.4-2.0: reserved minus allocated)"),
+        _c("gpu_index", pl.Int32(), "CUDA OOM: `GPU n` of the message (the process's device index)"),
+    ),
+)
+
+STACKS = FrameSpec(
+    "stacks",
+    "Stack dumps of a hung job (py-spy dump, faulthandler, torch.distributed debug-server `stacks_*.txt`, gdb): "
+    "one row per thread.",
+    (
+        _SOURCE,
+        _HOST,
+        _c("rank", pl.Int32(), "global rank (`=== Rank N ===`, `[rankN]:`, `rank<N>` in the file name); null when unknown"),
+        _c("process", pl.String(), "process id (py-spy `Process N:`), else the thread id"),
+        _c("tid", pl.String(), "thread id as printed (OS tid, hex id, gdb LWP)"),
+        _c("thread", pl.String(), "thread name (`MainThread`), null when not printed"),
+        _c("status", pl.String(), "py-spy status: idle / active / active+gil"),
+        _c("main", pl.Boolean(), "the process's main thread (named MainThread, or its stack reaches `<module>`)"),
+        _c("line", pl.Int64(), "1-based line of the thread's header"),
+        _c("dump", pl.String(), "py-spy / faulthandler / gdb"),
+        _c("frames", pl.List(pl.String()), "frames innermost first, `func (file:line)` (256 at most)"),
+        _c("depth", pl.Int32(), "frames in the dump (also those not kept)"),
+        _c("innermost", pl.String(), "innermost frame"),
+        _c("where", pl.String(), "collective / data_loader / checkpoint_io / lock / compute (forensics.parsers."
+           "lastwords.stacks.where)"),
+    ),
+)
+
+_register(LAST_WORDS, STACKS)
+# --- PyTorch Flight Recorder dumps (parsers/flight_recorder.py) ------------------------------
+
+FR_STATES = ["scheduled", "started", "completed"]
+_FR_PG = (
+    _c("pg_id", pl.Int32(), "ProcessGroupNCCL uid of the group on this rank (`pg_id`; keys `pg_status`; the watchdog's "
+       "`[PG ID n]`)"),
+    _c("pg_name", pl.String(), "process group name (`process_group[0]`, the `pg_config` key; the same on every member)"),
+    _c("pg_desc", pl.String(), "process group description (`default_pg`, Megatron group names); joins NCCL logs and traces"),
+)
+
+FR_DUMPS = FrameSpec(
+    "fr_dumps",
+    "One row per Flight Recorder dump (a rank's dump, pickle or JSON): what it holds. A dump with no entries is "
+    "evidence too: every collective that rank issued had completed (or was dropped by `onlyActive`).",
+    (
+        _RANK,
+        _HOST,
+        _SOURCE,
+        _c("format", pl.String(), "`pickle` (torch C++ pickler, protocol 2; nvidia-resiliency-ext's `_dump_N`) or `json`"),
+        _c("version", pl.String(), "dump format version (`version`: 1.0 ... 2.10)"),
+        _c("comm_lib_version", pl.String(), "NCCL version (`nccl_version`, `comm_lib_version` from 2.10)"),
+        _c("entries", pl.Int64(), "entries in the dump (0: all work completed, or none recorded)"),
+        _c("pg_count", pl.Int32(), "process groups in `pg_config` (null when the dump has none)"),
+        _c("has_status", pl.Boolean(), "the dump has `pg_status` (per-group last enqueued / started / completed)"),
+        _c("has_stacks", pl.Boolean(), "entries carry stack `frames`"),
+        _c("latest_ns", pl.Int64(), "latest time the dump records (created / started / completed), epoch ns: the dump "
+           "was written after it"),
+    ),
+)
+
+FR_ENTRIES = FrameSpec(
+    "fr_entries",
+    "One row per Flight Recorder entry: a collective or point-to-point op a rank enqueued, with its state.",
+    (
+        _RANK,
+        _HOST,
+        _SOURCE,
+        *_FR_PG,
+        _c("record_id", pl.Int64(), "position in the rank's ring buffer (monotonic; gaps when `onlyActive` dropped "
+           "completed entries)"),
+        _c("collective_seq", pl.Int64(), "per-group collective sequence number (`collective_seq_id`, `seq_id` before "
+           "2.0): the same on every member for the same collective; the watchdog's work sequence id"),
+        _c("p2p_seq", pl.Int64(), "per-group point-to-point sequence number (`p2p_seq_id`)"),
+        _c("op_id", pl.Int64(), "logical op number (`op_id`)"),
+        _c("op", pl.String(), "operation, backend prefix dropped (`all_reduce`, `_all_gather_base`, `send 3->0` with "
+           "group-local peers, `coalesced`)"),
+        _c("is_p2p", pl.Boolean(), "point-to-point op"),
+        _c("in_sizes", pl.List(pl.List(pl.Int64())), "input tensor shapes"),
+        _c("out_sizes", pl.List(pl.List(pl.Int64())), "output tensor shapes"),
+        _c("in_dtypes", pl.List(pl.String()), "input dtypes (`BFloat16`, `Float`)"),
+        _c("out_dtypes", pl.List(pl.String()), "output dtypes"),
+        _c("in_numel", pl.Int64(), "input elements, all tensors"),
+        _c("out_numel", pl.Int64(), "output elements, all tensors"),
+        _c("state", pl.Enum(FR_STATES), "scheduled (enqueued, not started) / started / completed"),
+        _c("created_ns", pl.Int64(), "when the op was enqueued (`time_created_ns`), epoch ns"),
+        _c("started_ns", pl.Int64(), "when the watchdog saw it start (`time_discovered_started_ns`), epoch ns; null "
+           "when not seen (JSON writes 0)"),
+        _c("completed_ns", pl.Int64(), "when the watchdog saw it complete, epoch ns; null when not seen"),
+        _c("duration_ns", pl.Int64(), "GPU duration (`duration_ms`, with TORCH_NCCL_ENABLE_TIMING), ns"),
+        _c("timeout_ns", pl.Int64(), "the op's watchdog timeout (`timeout_ms`), ns"),
+        _c("retired", pl.Boolean(), "the watchdog retired the work"),
+        _c("thread_name", pl.String(), "thread that enqueued it (`thread_name`, 2.9+)"),
+        _c("thread_id", pl.String(), "that thread's id"),
+        _c("stack", pl.List(pl.String()), "stack frames when dumped with stacks (`frames`), innermost first, "
+           "`name (file:line)`"),
+    ),
+)
+
+FR_PG_STATUS = FrameSpec(
+    "fr_pg_status",
+    "Per rank and process group: the last collective enqueued, started and completed (`pg_status`; from the entries "
+    "when a dump predates it). The watchdog's `last enqueued / last completed work` counters.",
+    (
+        _RANK,
+        _HOST,
+        _SOURCE,
+        *_FR_PG,
+        _c("pg_ranks", pl.List(pl.Int32()), "global ranks of the group (`pg_config`); null when the dump has none"),
+        _c("last_enqueued", pl.Int64(), "last enqueued collective sequence number"),
+        _c("last_started", pl.Int64(), "last started (-1: never, or timing off)"),
+        _c("last_completed", pl.Int64(), "last completed"),
+        _c("origin", pl.String(), "`pg_status`, or `entries` (derived from the entries: no `pg_status` in the dump)"),
+    ),
+)
+
+_register(FR_DUMPS, FR_ENTRIES, FR_PG_STATUS)
 
 
 # --------------------------------------------------------------------------------------------

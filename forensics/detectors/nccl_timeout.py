@@ -14,6 +14,7 @@ import polars as pl
 from forensics.base.findings import CostBasis, Finding, FindingKind, Role, Severity, When
 from forensics.base.settings import setting
 from forensics.detectors import DetectorDoc, Skip, detector
+from forensics.facts import hang
 from forensics.facts.context import JobContext
 from forensics.facts.job_year import job_year
 from forensics.facts.nccl_setup import JobNccl, evidence, where
@@ -92,6 +93,7 @@ class _Timeout:
     pgs: list[int] = field(default_factory=list)  # process groups of the timeout and status lines
     hosts: list[str] = field(default_factory=list)  # of the culprits (else the reporters)
     gpus: list[str] = field(default_factory=list)
+    voted: dict[str, list[int]] = field(default_factory=dict)  # class -> ranks, from the counters' vote
 
     @property
     def ran_ms(self) -> int | None:
@@ -115,6 +117,11 @@ def _timeout(t: _Logs, cfg: NcclTimeoutConfig) -> _Timeout:
         stuck=status.filter((pl.col("last_enqueued") >= pl.col("seq")) & (pl.col("last_completed") < pl.col("seq"))),
         culprits=sorted(set(t.desync["lagging_rank"].drop_nulls().to_list()) | set(never["rank"].drop_nulls().to_list())),
     )
+    if not out.culprits and status.height:
+        # every rank printed its counters, none is below the SeqNum: the per-group vote (forensics.facts.hang)
+        verdict = hang.vote(hang.counters_from_watchdog(t.ct))
+        out.voted = {c: verdict.culprit_ranks(c) for c in ("device", "host") if verdict.culprit_ranks(c)}
+        out.culprits = verdict.culprit_ranks()
     # ranks of the world communicator that reported nothing while the others timed out
     if j.nranks and out.reporters and not out.culprits:
         silent = sorted(set(range(j.nranks)) - set(out.reporters))
@@ -146,6 +153,9 @@ def _timeout_text(t: _Logs, o: _Timeout, cfg: NcclTimeoutConfig) -> str:
         text += f"; rank(s) {_ranks_text(o.never)} never issued it (last enqueued < SeqNum)"
     if o.stuck.height:
         text += f"; rank(s) {_ranks_text(o.stuck)} issued it and are stuck inside (enqueued >= SeqNum > completed)"
+    for cls, ranks in o.voted.items():
+        text += (f"; the watchdog counters' vote names rank(s) {', '.join(map(str, ranks))} stuck on the {cls} "
+                 f"({'enqueued work not completing' if cls == 'device' else 'stopped enqueuing'})")
     if o.silent:
         text += (f"; rank(s) {', '.join(map(str, o.silent))} of the {t.j.nranks}-rank communicator reported no "
                  "timeout: they never reached the collective (or their logs are missing)")
@@ -321,7 +331,8 @@ DOC = DetectorDoc(
     measures=(
         "collective_timeouts (PyTorch lines) grouped by (process group, SeqNum); nccl_events for RAS and CUDA"
         " failures. Culprits: ranks named by a desync report; else ranks whose last enqueued work is below "
-        "the timed-out SeqNum; else the few ranks of the world communicator (size from NCCL init lines) that "
+        "the timed-out SeqNum; else the per-group vote over the watchdog's last enqueued / last completed counters "
+        "(forensics.facts.hang: stuck on the device or on the host); else the few ranks of the world communicator (size from NCCL init lines) that "
         "report no timeout while the others do; else, for a desync, the ranks in the minority collective; "
         "otherwise the ranks that reported the timeout are listed as reporters, not culprits (confidence "
         "lowered)."

@@ -61,6 +61,8 @@ def _fatal_cost(root: Finding, to: Finding, facts: JobFacts) -> Cost:
         hang_s, how = (died - fault) / 1e9, "from the fault to the watchdog kill"
     elif ran_s is not None:
         hang_s, how = ran_s, "the hung collective's run time until the watchdog killed the job ('ran for'; a lower bound)"
+    if hang_s == 0.0 and root is to:  # stopped from outside (a scheduler): no hang, only the work since the checkpoint
+        return _stopped_cost(died, facts)
     if hang_s is None or not facts.gpus:
         missing = "the GPU count" if hang_s is not None else "the hang's duration"
         return Cost(None, f"fatal; not computed: the inputs lack {missing}", True, died)
@@ -71,6 +73,16 @@ def _fatal_cost(root: Finding, to: Finding, facts: JobFacts) -> Cost:
     if lost_s:
         method += f"; total {total:.1f} GPU-s"
     return Cost(total, method, True, died, hang_s)
+
+
+def _stopped_cost(died: int | None, facts: JobFacts) -> Cost:
+    lost_s, how = work_lost(died, facts, "the stop")
+    if not lost_s:
+        return Cost(None, f"not computed: stopped from outside, not a fault; {how}", True, died, 0.0)
+    if not facts.gpus:
+        return Cost(None, f"not computed: the inputs lack the GPU count ({lost_s:.1f} s of work since the last "
+                    "checkpoint lost)", True, died, 0.0)
+    return Cost(facts.gpus * lost_s, f"stopped from outside (not a fault): {how}", True, died, 0.0)
 
 
 def work_lost(fault_ns: int | None, facts: JobFacts, what: str) -> tuple[float, str]:

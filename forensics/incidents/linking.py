@@ -47,9 +47,21 @@ def _link_communicator(cause: Finding, cons: Finding) -> str | None:
     return "host" if set(cause.hosts) & set(cons.hosts) else None
 
 
+def _link_same_job(cause: Finding, cons: Finding) -> str | None:
+    return "job"
+
+
+def _link_gpu_rank_or_host(cause: Finding, cons: Finding) -> str | None:
+    if set(cause.gpus) & set(cons.gpus):
+        return "gpu"
+    if set(cause.ranks) & set(cons.ranks):
+        return "rank"
+    return _link_host(cause, cons)
+
+
 LINK_TESTS: dict[str, Callable[[Finding, Finding], str | None]] = {
     "gpu_or_rank": _link_gpu_or_rank, "waited_for": _link_waited_for, "host": _link_host,
-    "communicator": _link_communicator,
+    "communicator": _link_communicator, "same_job": _link_same_job, "gpu_rank_or_host": _link_gpu_rank_or_host,
 }
 
 # --- time ----------------------------------------------------------------------------------------
@@ -67,6 +79,8 @@ def _time_ok(rule: Rule, ct: tuple[int, int] | None, qt: tuple[int, int] | None)
         return True
     if ct is None or qt is None:
         return None
+    if rule.order == "near":
+        return abs(qt[0] - ct[0]) <= (rule.window_s or 0.0) * 1e9
     if ct[0] > qt[1]:  # a cause is never later than its consequence
         return False
     return rule.window_s is None or qt[0] - ct[0] <= rule.window_s * 1e9

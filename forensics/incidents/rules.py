@@ -32,11 +32,14 @@ LINKS: dict[str, str] = {
                   "or name the same culprit rank",
     "host": "both name the same host (a host fault explains only findings on that host)",
     "communicator": "they share a rank or a host (one communicator), or the cause is job-wide",
+    "same_job": "always (one analysis is one job): the job's first failure or its cancellation explains what came after",
+    "gpu_rank_or_host": "they name the same GPU, rank or host",
 }
 ORDERS: dict[str, str] = {
     "cause_first": "the cause happened before the consequence ended (a fault after the timeout is not its "
                    "cause); refused when either finding's time is unknown, unless the rule links by place only",
     "any": "no time order required (the two describe the same period)",
+    "near": "the two happened within the window of each other (either first)",
 }
 UNKNOWN_TIME: dict[str, str] = {
     "refuse": "a finding whose time is unknown is not linked",
@@ -60,7 +63,24 @@ class Rule:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("gpu_fault_kills_rank", ("gpu_fault",), ("timeout", "desync", "missing_rank", "cuda_failure"),
+    Rule("scheduler_stop_ends_job", ("scheduler_stop",),
+         ("app_failure", "nccl_raised", "stuck_rank", "collective_mismatch", "timeout", "desync", "missing_rank",
+          "cuda_failure", "transport_failure", "gpu_fault", "host_fault", "platform_error", "nic_fault", "gpu_event", "spin_wait"),
+         "same_job", "cause_first", None, "high",
+         "a job the scheduler cancelled (time limit, preemption) is torn down: what fails after that is not a fault"),
+    Rule("first_failure_kills_job", ("app_failure",),
+         ("timeout", "desync", "missing_rank", "cuda_failure", "transport_failure", "nccl_raised", "spin_wait",
+          "stuck_rank", "collective_mismatch"),
+         "same_job", "cause_first", None, "high",
+         "the first rank to fail stops taking part: the others raise NCCL errors or time out in their next "
+         "collective and spin until the watchdog", "place_only"),
+    Rule("app_error_is_the_xid", ("app_failure",), ("gpu_event",), "gpu_rank_or_host", "near", 120.0, "high",
+         "a GPU event (an application Xid 13, 31, 43, 45) on the rank's GPU or host at the time of its CUDA error is "
+         "that error, seen by the driver: the code is at fault, not the GPU"),
+    Rule("stuck_rank_hangs_job", ("stuck_rank",), ("timeout", "spin_wait", "nccl_raised"), "same_job", "any", None,
+         "medium", "the rank whose stack is elsewhere (data loader, I/O, a lock) never reaches the collective the "
+         "others wait in"),
+    Rule("gpu_fault_kills_rank", ("gpu_fault",), ("timeout", "desync", "missing_rank", "cuda_failure", "stuck_rank"),
          "gpu_or_rank", "cause_first", None, "high",
          "a GPU that fell off the bus or hit a fatal Xid stops its rank; its peers hang in NCCL until the watchdog",
          "place_only"),
@@ -68,11 +88,12 @@ RULES: tuple[Rule, ...] = (
          "waited_for", "cause_first", None, "medium",
          "peers of a failing GPU's rank spin in NCCL waiting for it"),
     Rule("host_fault_slows_or_kills", ("host_fault", "platform_error", "nic_fault"),
-         ("slow_rank", "timeout", "desync", "missing_rank", "transport_failure"),
+         ("slow_rank", "timeout", "desync", "missing_rank", "transport_failure", "stuck_rank"),
          "host", "cause_first", 3600.0, "medium",
          "a storage hang, host memory error, OOM kill or NIC fault stalls or kills the ranks on that host",
          "place_only"),
-    Rule("host_fault_kills_rank", ("host_fault",), ("timeout", "desync", "missing_rank", "cuda_failure", "spin_wait"),
+    Rule("host_fault_kills_rank", ("host_fault",),
+         ("timeout", "desync", "missing_rank", "cuda_failure", "spin_wait", "stuck_rank"),
          "gpu_or_rank", "cause_first", None, "high",
          "the OOM killer or a hang stopped a rank's process; its peers wait for it in NCCL until the watchdog",
          "place_only"),
@@ -85,10 +106,11 @@ RULES: tuple[Rule, ...] = (
          "a GPU, host or NIC fault (or a CUDA error) on the peer's side (the failure names the peer's host when an "
          "address of the logs places it) or on the reporting host kills a process or link; NCCL on the other side "
          "reports the closed connection or remote error within seconds", "place_only"),
-    Rule("missing_rank_times_out_others", ("desync", "missing_rank", "cuda_failure", "transport_failure"),
+    Rule("missing_rank_times_out_others", ("desync", "missing_rank", "cuda_failure", "transport_failure",
+                                           "stuck_rank", "collective_mismatch"),
          ("timeout",), "communicator", "any", None, "high",
          "a rank that never joins (dead, desynchronised, unreachable) makes the others' collective time out"),
-    Rule("hang_stalls_peers", ("timeout", "desync", "missing_rank"), ("spin_wait",),
+    Rule("hang_stalls_peers", ("timeout", "desync", "missing_rank", "stuck_rank", "collective_mismatch"), ("spin_wait",),
          "waited_for", "any", None, "high",
          "ranks stuck in the hung collective spin inside NCCL kernels"),
     Rule("straggler_stalls_peers", ("slow_rank",), ("spin_wait", "exposed_communication"),

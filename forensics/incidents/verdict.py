@@ -55,6 +55,9 @@ def verdict_line(members: list[Finding], cost: Cost, confidence: str, facts: Job
         when = fmt_time(cost.died_at_ns)
         head = f"Job died{' at ' + when if when else ''}: "
         hang = f" {cost.hang_s:.0f} s" if cost.hang_s is not None else ""
+        if root is to and cost.hang_s == 0.0:  # stopped from outside (the scheduler): no hang, nobody waited
+            return f"Stopped{' at ' + when if when else ''}: {root.title}. {cost_text(cost)}. Do: {_do(root)}. " \
+                   f"(confidence {confidence})"
         if root is to:
             what = f"{root.title}; rank(s) {', '.join(map(str, sorted(root.ranks))) or '?'} never arrived (no cause in the inputs)"
         else:
@@ -62,7 +65,7 @@ def verdict_line(members: list[Finding], cost: Cost, confidence: str, facts: Job
         text = f"{head}{what}; {_waiters(to)} waited{hang} in NCCL until the watchdog killed the job"
     else:
         # the CLI/report prefix already says the severity
-        lead = "Slowdown: " if cost.method.startswith("slowdown") else ""
+        lead = "Slowdown: " if cost.method.startswith("slowdown") else "Job died: " if root.metrics.get("job_died") is True else ""
         text = f"{lead}{root.title} {_scope(root)}".strip()
         if len(members) > 1:
             text += f"; it explains {len(members) - 1} other finding(s) ({', '.join(sorted({f.detector for f in members[1:]}))})"

@@ -32,6 +32,7 @@ from forensics.simulate.engine import (
 )
 from forensics.simulate.incidents_truth import expected_incidents
 from forensics.simulate.kineto import EPOCH_NS, T0_NS, Spool, TraceWriter
+from forensics.simulate.lastwords import write_last_words
 from forensics.simulate.logs import OOM_ANON_RSS_KB, RM_INIT_STATUS, aer_port
 from forensics.simulate.model import PCI_BUS_IDS, Job
 from forensics.simulate.scenarios import SCENARIOS, Params, Scenario, ScenarioError
@@ -335,6 +336,9 @@ def simulate(scenario: str, out: Path, *, ranks: int | None = None, steps: int |
         row["kernel_log_style"] = logs.STYLES[row["node"] % len(logs.STYLES)]
     truth["kernel_log"] = {"scenario": sc.kernel_log, "injected": injected}
     truth["incidents"] = expected_incidents(truth["faults"], sc.kernel_log)
+    words = write_last_words(out, job, rec.engine, offsets, rec.timeout_info, rec.step_log, log_paths)
+    if words is not None:
+        truth["last_words"] = words
     ck = rec.timeout_info or {}
     if "checkpoint_wall_ns" in ck:  # the last save before the fault: a fatal incident's lost work starts here
         truth["checkpoints"] = [{"rank": 0, "log": log_paths[0], "wall_ns": ck["checkpoint_wall_ns"],

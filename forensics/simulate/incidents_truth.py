@@ -28,9 +28,11 @@ ROOTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "aer_fatal": ("gpu_hw_error", (), ("busy_wait", "straggler")),
     "gpu_init_failed": ("gpu_hw_error", (), ()),
     "oom_kill": ("node_health", (), ("busy_wait", "straggler")),
+    "app_death": ("last_words", (), ("busy_wait", "straggler")),
+    "scheduler_stop": ("last_words", (), ()),
 }
 # faults that stop their rank: a collective timeout on that rank is their consequence, not an incident of its own
-_KILLERS = ("xid", "aer_fatal", "oom_kill")
+_KILLERS = ("xid", "aer_fatal", "oom_kill", "app_death")
 # the root finding's category where the fault kind fixes it
 CATEGORY = {"aer_fatal": "aer", "gpu_init_failed": "gpu_init_failed"}
 
@@ -52,6 +54,8 @@ def expected_incidents(faults: list[dict[str, Any]], kernel_log: str = "benign")
             must, may = ("nccl_timeout", "busy_wait"), ("straggler",)
             if (ends[0].get("params") or ends[0]).get("ends") == "comm_error":  # the peers' NCCL errors out at once: no watchdog timeout
                 must, may = ("nccl_comm_failure",), ("busy_wait", "straggler")
+        if f["kind"] == "app_death" and kernel_log == "xid31":
+            must = (*must, "gpu_hw_error")  # the application's Xid is the same incident
         host_cause = {("host_straggler", "throttle"): ("cpu_thermal", "straggler"),
                       ("slow_nic", "link_flap"): ("nic_link", "slow_link")}
         if (f["kind"], kernel_log) in host_cause:

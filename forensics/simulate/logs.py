@@ -404,7 +404,8 @@ def write_kernel_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
     (out / "kernel").mkdir(parents=True, exist_ok=True)
     paths: dict[str, str] = {}
     injected: list[dict[str, Any]] = []
-    culprit = next((f for f in job.faults if f["kind"] in ("xid", "aer_fatal", "compute_straggler", "host_straggler", "oom_kill")), None)
+    culprit = next((f for f in job.faults if f["kind"] in ("xid", "aer_fatal", "compute_straggler", "host_straggler", "oom_kill",
+                                                          "app_death")), None)
     for node, host in enumerate(engine.hosts):
         rng = random.Random(f"{seed}:klog:{node}")
         style = STYLES[node % len(STYLES)]
@@ -538,6 +539,13 @@ def _inject_xid(inject: _Injector, kernel_log: str, r: int, st: Any, wall0: int,
         for i, ch in enumerate(("00000001", "00000002")):
             inject(t + 280_000_000 + i * 1_000_000, f"NVRM: Xid (PCI:{short}): 45, pid={st.pid}, name=python3, "
                    f"Ch {ch} caused by previous Xid 149", "xid", r, bus)
+    elif kernel_log == "xid31":
+        # the application's MMU fault, seen by the driver as the rank's kernel faults (its CUDA error follows)
+        assert timeout is not None
+        t = wall0 + timeout["stop"][r] + 500_000
+        inject(t, f"NVRM: Xid (PCI:{short}): 31, pid={st.pid}, name=python3, Ch 00000008, intr 00000000. MMU Fault: "
+               "ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f3a_12345000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ",
+               "xid", r, bus)
     elif kernel_log == "xid63":
         t = wall0 + end_ns // 2
         inject(t, f"NVRM: Xid (PCI:{short}): 63, pid={st.pid}, name=python3, Row Remapper: New row (0x00000001a2b3c000) marked for remapping, reset gpu to activate.", "xid", r, bus)

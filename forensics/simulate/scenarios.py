@@ -390,6 +390,28 @@ def rm_init_failed(ranks: int | None, steps: int | None, params: Params) -> Job:
     return _ddp(n, steps, params, faults=({"kind": "gpu_init_failed", "node": (n - 1) // GPUS_PER_NODE, "gpu": gpu},))
 
 
+def _death(death: str, default_rank: int) -> Callable[[int | None, int | None, Params], Job]:
+    """One rank dies of its own error (``death``) and never reaches the last step's all-reduce: the others time
+    out in the watchdog; 16 ranks on 2 nodes by default, so the timeouts cross nodes."""
+    def build(ranks: int | None, steps: int | None, params: Params) -> Job:
+        return _hang_after(ranks or 16, steps, params, death, default_rank, {"kind": "app_death", "death": death})
+    return build
+
+
+def pp_exception(ranks: int | None, steps: int | None, params: Params) -> Job:
+    """One rank of the last pipeline stage raises a Python exception in its loss after the last step."""
+    job = _pp(ranks, steps, params, label="clean")
+    r = _culprit(params, job.topo.world, job.topo.world - 1)
+    return job.with_(faults=({"kind": "app_death", "death": "exception", "ranks": (r,)},))
+
+
+def _scheduler(why: str) -> Callable[[int | None, int | None, Params], Job]:
+    def build(ranks: int | None, steps: int | None, params: Params) -> Job:
+        job = _ddp(ranks, steps, params, label="clean")
+        return job.with_(faults=({"kind": "scheduler_stop", "why": why, "ranks": ()},))
+    return build
+
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("ddp_clean", "healthy data-parallel job (DDP, overlapped bucketed all-reduce)", ddp_clean),
     Scenario("fsdp_clean", "healthy FSDP job (per-layer all-gather prefetch, reduce-scatter of gradients)", fsdp_clean),
@@ -442,4 +464,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("benign_kernel_log", "healthy job whose kernel logs hold only benign noise", ddp_clean),
     Scenario("nic_replug", "healthy job whose NIC ports were re-plugged an hour before (module plugged, slot power "
              "sufficient, link up again): no finding", ddp_clean, kernel_log="nic_replug"),
+    Scenario("cuda_oom", "CUDA out of memory on one rank (traceback, torchrun's failure table); the others, across "
+             "nodes, time out in the watchdog", _death("cuda_oom", 11)),
+    Scenario("illegal_address", "illegal memory access in a custom kernel on one rank, with the driver's Xid 31 on its GPU; "
+             "the others time out", _death("illegal_address", 11), kernel_log="xid31"),
+    Scenario("time_limit", "SLURM cancels the job at its time limit after a checkpoint save", _scheduler("TIME LIMIT")),
+    Scenario("preempted", "SLURM preempts the job after a checkpoint save", _scheduler("PREEMPTION")),
+    Scenario("dataloader_hang", "a hang: one rank sits in its data loader (stack dumps of every rank), the others in "
+             "the all-reduce until the watchdog", _death("dataloader_hang", 6)),
+    Scenario("pp_exception", "a Python exception on one rank of the last pipeline stage", pp_exception),
 )}

@@ -79,3 +79,15 @@ def test_without_the_job_year_the_time_is_unknown_and_says_why(tmp_path):
     findings, _ = _run(frames_from(tmp_path, TIMEOUT.replace("[E101 ", "[E0101 ")))
     (f,) = findings
     assert not f.when.known and "year" in f.when.basis and f.cost.died_ns is None
+
+
+def test_triggers_and_names_the_rank_stuck_on_the_device_by_the_counters_vote(tmp_path):
+    # every rank reached SeqNum 41 (nobody "never issued" it); rank 3's own work stopped completing at 37
+    line = ("[rank{r}]:[E101 10:00:00.000000000 ProcessGroupNCCL.cpp:2268] [PG ID 0 PG GUID 0(default_pg) Rank {r}]  "
+            "failure detected by watchdog at work sequence id: {s} PG status: last enqueued work: 41, "
+            "last completed work: {c}\n")
+    text = "".join(line.format(r=r, s=38 if r == 3 else 41, c=37 if r == 3 else 40) for r in range(4))
+    findings, _ = _run(frames_from(tmp_path, text))
+    (f,) = findings
+    assert f.ranks == (3,) and "vote names rank(s) 3 stuck on the device" in f.summary
+    assert f.metrics["culprit_ranks"] == "3"

@@ -1,0 +1,323 @@
+"""PyTorch NCCL Flight Recorder dumps -> ``fr_dumps``, ``fr_entries``, ``fr_pg_status``.
+
+One file per rank, found by content under any name: ``nccl_trace_rank_<N>`` (TORCH_NCCL_DEBUG_INFO_TEMP_FILE),
+``comm_lib_trace_rank_<N>`` (TORCH_FR_DUMP_TEMP_FILE), nvidia-resiliency-ext's ``_dump_<N>[.json]``, torchcomms'
+``torchcomm_fr_trace_<N>``, the debug server's ``rank_<N>``. Two encodings: the torch C++ pickler (protocol 2; read
+by :mod:`forensics.parsers.fr_pickle`, which never executes anything) and JSON (``dump_json``: strings for the
+``pg_status`` counters and ``pg_config`` ranks, 0 for unseen times, ``process_group`` a list, no ``entries`` key when
+there are none). Format versions 1.x to 2.10: ``seq_id`` before ``collective_seq_id``; ``pg_config`` from 1.2,
+``pg_status`` from 2.x (derived from the entries when absent), ``nccl_version`` 2.6-2.9 and ``comm_lib_version``
+from 2.10, ``thread_name`` from 2.9, ``frames`` only with stack traces, ``duration_ms`` only with timing on.
+
+Every field's type is checked (Polars builds each column strictly); a dump failing any check is a ``failed``
+source whose message names the field. The rank comes from the file name's trailing digits and is checked against
+the content (the one rank every group in ``pg_config`` contains); a host from the file name when it carries one
+(``nccl_trace_rank_<host>_<N>``).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections import Counter
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import orjson
+import polars as pl
+import pyarrow as pa
+from forensics.parsers import fr_pickle
+from forensics.parsers.common import ParseContext, ParseResult, open_bounded
+
+from forensics.base import frames as fr
+from forensics.base.hosts import short_host
+
+_NAME = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d{1,7})(?:\.(?:json|pkl|pickle|bin|txt|gz))*$", re.IGNORECASE)
+_KNOWN_PREFIXES = ("nccl_trace_rank_", "comm_lib_trace_rank_", "hccl_trace_rank_", "torchcomm_fr_trace_",
+                   "torchcomms_fr_trace_", "fr_trace_rank_", "_dump_", "rank_", "rank")
+_DIGITS = re.compile(r"-?\d+")
+_MAX_RANKS_TEXT = 1 << 22
+
+
+class BadDump(ValueError):
+    """A field of the dump has the wrong type or shape; the message names it."""
+
+
+# The entry keys read, with their Arrow types: Arrow's converter builds every column in one C++ pass over the
+# dicts and refuses a value of another type (no coercion); Polars builds nested lists element by element in Python.
+_I64, _STR = pa.int64(), pa.string()
+_ENTRY_SCHEMA = pa.schema([
+    ("record_id", _I64), ("pg_id", _I64), ("process_group", pa.list_(_STR)), ("collective_seq_id", _I64),
+    ("seq_id", _I64), ("p2p_seq_id", _I64), ("op_id", _I64), ("profiling_name", _STR), ("time_created_ns", _I64),
+    ("duration_ms", pa.float64()), ("input_sizes", pa.list_(pa.list_(_I64))), ("input_dtypes", pa.list_(_STR)),
+    ("output_sizes", pa.list_(pa.list_(_I64))), ("output_dtypes", pa.list_(_STR)), ("state", _STR),
+    ("time_discovered_started_ns", _I64), ("time_discovered_completed_ns", _I64), ("retired", pa.bool_()),
+    ("timeout_ms", _I64), ("is_p2p", pa.bool_()), ("thread_name", _STR), ("thread_id", _STR),
+    ("frames", pa.list_(pa.struct([("name", _STR), ("filename", _STR), ("line", _I64)]))),
+])
+_RENAME = {"p2p_seq_id": "p2p_seq", "profiling_name": "op", "time_created_ns": "created_ns",
+           "time_discovered_started_ns": "started_ns", "time_discovered_completed_ns": "completed_ns",
+           "input_sizes": "in_sizes", "output_sizes": "out_sizes", "input_dtypes": "in_dtypes",
+           "output_dtypes": "out_dtypes"}
+
+
+def parse(path: Path, ctx: ParseContext) -> ParseResult:
+    try:
+        with open_bounded(path, min(ctx.max_decompressed_bytes, fr_pickle.MAX_DUMP_BYTES + 1)) as fh:
+            data = fh.read(fr_pickle.MAX_DUMP_BYTES + 1)
+    except (OSError, EOFError, zlib.error) as exc:
+        return ParseResult.failed(f"{ctx.rel_path}: unreadable: {exc}")
+    try:
+        doc, fmt = _decode(data)
+        return _result(doc, fmt, ctx.rel_path)
+    except fr_pickle.UnsafeDump as exc:
+        return ParseResult.failed(f"{ctx.rel_path}: Flight Recorder pickle refused, not loaded: {exc}")
+    except BadDump as exc:
+        return ParseResult.failed(f"{ctx.rel_path}: not a valid Flight Recorder dump: {exc}")
+
+
+def _decode(data: bytes) -> tuple[Any, str]:
+    if len(data) > fr_pickle.MAX_DUMP_BYTES:
+        raise fr_pickle.UnsafeDump(f"larger than the {fr_pickle.MAX_DUMP_BYTES}-byte cap")
+    if data[:1] == b"\x80":
+        return fr_pickle.loads(data), "pickle"
+    try:
+        return orjson.loads(data), "json"
+    except orjson.JSONDecodeError as exc:
+        raise BadDump(f"JSON does not decode: {exc}") from None
+
+
+def _result(doc: Any, fmt: str, source: str) -> ParseResult:
+    dump = _check_top(doc)
+    name_rank, host = rank_host_from_name(source)
+    content_rank = _content_rank(dump.get("pg_config"))
+    rank = content_rank if content_rank is not None else name_rank
+    note = ""
+    if name_rank is not None and content_rank is not None and name_rank != content_rank:
+        note = f"; the file name says rank {name_rank}, its process groups say {content_rank}: {content_rank} used"
+    if rank is None:
+        raise BadDump("no rank: the file name ends in no digits and pg_config names no single rank")
+    entries = _entries(dump.get("entries") or [])
+    tag = {"rank": rank, "host": host, "source": source}
+    status = _status(dump, entries)
+    frames = {
+        "fr_entries": fr.conform("fr_entries", entries.with_columns(*_lits(tag))) if entries.height else
+        fr.empty("fr_entries"),
+        "fr_pg_status": fr.conform("fr_pg_status", status.with_columns(*_lits(tag))) if status.height else
+        fr.empty("fr_pg_status"),
+        "fr_dumps": _dump_row(dump, entries, fmt, tag),
+    }
+    message = (f"Flight Recorder {fmt} dump, format {dump.get('version')}: {entries.height} entries, "
+               f"{status.height} process group(s){note}")
+    return ParseResult(frames=frames, message=message, rank=rank, host=host)
+
+
+def _lits(tag: dict[str, Any]) -> list[pl.Expr]:
+    return [pl.lit(tag["rank"], pl.Int32).alias("rank"), pl.lit(tag["host"], pl.String).alias("host"),
+            pl.lit(tag["source"], pl.String).alias("source")]
+
+
+def _check_top(doc: Any) -> dict[str, Any]:
+    if not isinstance(doc, dict):
+        raise BadDump(f"the top level is a {type(doc).__name__}, not a dict")
+    if not isinstance(doc.get("version"), str):
+        raise BadDump("no `version` string")
+    for key, kind in (("entries", list), ("pg_config", dict), ("pg_status", dict)):
+        if doc.get(key) is not None and not isinstance(doc[key], kind):
+            raise BadDump(f"`{key}` is a {type(doc[key]).__name__}, not a {kind.__name__}")
+    for key in ("nccl_version", "comm_lib_version"):
+        if doc.get(key) is not None and not isinstance(doc[key], str):
+            raise BadDump(f"`{key}` is not a string")
+    return doc
+
+
+def rank_host_from_name(rel_path: str) -> tuple[int | None, str | None]:
+    """(rank, host) the file name says: trailing digits; a host between a known prefix and the rank."""
+    m = _NAME.match(rel_path.rsplit("/", 1)[-1])
+    if not m:
+        return None, None
+    prefix = m["prefix"]
+    for known in _KNOWN_PREFIXES:
+        if prefix.lower().startswith(known) and len(prefix) > len(known):
+            rest = prefix[len(known):].rstrip("_-.")
+            return int(m["rank"]), short_host(rest) if rest and not rest.isdigit() else None
+    return int(m["rank"]), None
+
+
+def _ranks_of(value: Any, where: str) -> list[int]:
+    """``pg_config`` ranks: the string ``"[0, 1, 2]"`` (pickle and JSON) or a list."""
+    if isinstance(value, list) and all(isinstance(r, int) for r in value):
+        return value
+    if isinstance(value, str) and len(value) < _MAX_RANKS_TEXT:
+        return [int(x) for x in _DIGITS.findall(value)]
+    raise BadDump(f"{where}: ranks is neither a list of ints nor its text")
+
+
+def _pg_config(cfg: Any) -> dict[str, tuple[str | None, list[int]]]:
+    """pg_name -> (desc, ranks)."""
+    out: dict[str, tuple[str | None, list[int]]] = {}
+    for name, pg in (cfg or {}).items():
+        if not isinstance(name, str) or not isinstance(pg, dict):
+            raise BadDump("pg_config: an entry is not a dict keyed by name")
+        desc = pg.get("desc")
+        if desc is not None and not isinstance(desc, str):
+            raise BadDump(f"pg_config[{name}].desc is not a string")
+        out[name] = (desc, _ranks_of(pg.get("ranks", []), f"pg_config[{name}]"))
+    return out
+
+
+def _content_rank(cfg: Any) -> int | None:
+    """The one rank every group of ``pg_config`` contains (pg_config lists the groups this rank is in)."""
+    try:
+        groups = [set(ranks) for _, ranks in _pg_config(cfg).values() if ranks]
+    except BadDump:
+        return None
+    common = set.intersection(*groups) if groups else set()
+    return next(iter(common)) if len(common) == 1 else None
+
+
+# --- entries ---------------------------------------------------------------------------------------
+
+
+def _entries(entries: list[Any]) -> pl.DataFrame:
+    if not entries:
+        return pl.DataFrame()
+    if not all(type(e) is dict for e in entries):
+        raise BadDump("entries: an entry is not a dict")
+    try:
+        table = pa.Table.from_pylist(entries, schema=_ENTRY_SCHEMA)
+    except (TypeError, OverflowError, pa.ArrowException) as exc:
+        raise BadDump(f"entries: {_bad_field(entries)} has a value of the wrong type "
+                      f"({str(exc).splitlines()[0][:160]})") from None
+    _refuse_truncated_floats(entries)
+    df = pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    if df.select((pl.col("process_group").list.len() != 2).any()).item():
+        raise BadDump("entries: `process_group` is not a (name, description) pair")
+    return _normalise(df.rename(_RENAME))
+
+
+def _bad_field(entries: list[dict[str, Any]]) -> str:
+    """The first field Arrow refuses (only on the error path: one conversion per field)."""
+    for f in _ENTRY_SCHEMA:
+        try:
+            pa.array([e.get(f.name) for e in entries], type=f.type)
+        except (TypeError, OverflowError, pa.ArrowException):
+            return f"`{f.name}`"
+    return "a field"
+
+
+def _refuse_truncated_floats(entries: list[dict[str, Any]]) -> None:
+    """Arrow truncates a float given for an integer field (1.5 -> 1): refuse floats outside `duration_ms` (the
+    one float field). Value types are counted in one C-level pass; fields are only looked at on a mismatch."""
+    floats = Counter(map(type, chain.from_iterable(map(dict.values, entries))))[float]
+    if not floats or floats == sum(type(e.get("duration_ms")) is float for e in entries):
+        return
+    for f in _ENTRY_SCHEMA:
+        if f.name != "duration_ms" and any(type(e.get(f.name)) is float for e in entries):
+            raise BadDump(f"entries: `{f.name}` holds a float where an integer belongs")
+
+
+def _normalise(df: pl.DataFrame) -> pl.DataFrame:
+    unknown = df.filter(pl.col("state").is_not_null() & ~pl.col("state").is_in(fr.FR_STATES))
+    if unknown.height:
+        raise BadDump(f"entries: unknown state {unknown['state'][0]!r}")
+    zero_null = [pl.when(pl.col(c) > 0).then(pl.col(c)).alias(c) for c in ("started_ns", "completed_ns")]
+    frame = pl.element().struct
+    return df.with_columns(
+        *zero_null,
+        pl.col("collective_seq_id").fill_null(pl.col("seq_id")).alias("collective_seq"),
+        pl.col("process_group").list.get(0, null_on_oob=True).alias("pg_name"),
+        pl.col("process_group").list.get(1, null_on_oob=True).alias("pg_desc"),
+        pl.col("frames").list.eval(pl.format("{} ({}:{})", frame.field("name"), frame.field("filename"),
+                                             frame.field("line"))).alias("stack"),
+        pl.col("op").str.replace(r"^[A-Za-z0-9_]+:", ""),
+        (pl.col("duration_ms") * 1e6).round().cast(pl.Int64).alias("duration_ns"),
+        (pl.col("timeout_ms") * 1_000_000).alias("timeout_ns"),
+        _numel("in_sizes").alias("in_numel"),
+        _numel("out_sizes").alias("out_numel"),
+    ).drop("duration_ms", "timeout_ms", "collective_seq_id", "seq_id", "process_group", "frames")
+
+
+def _numel(col: str) -> pl.Expr:
+    """Elements of all tensors: the sum over tensors of the product of their dimensions."""
+    return pl.col(col).list.eval(pl.element().list.eval(pl.element().product()).list.first()).list.sum()
+
+
+# --- per-group status ----------------------------------------------------------------------------
+
+
+def _status(dump: dict[str, Any], entries: pl.DataFrame) -> pl.DataFrame:
+    cfg = _pg_config(dump.get("pg_config"))
+    names = _names_by_id(dump.get("pg_status") or {}, cfg, entries)
+    if dump.get("pg_status"):
+        rows = [_status_row(key, value, names, cfg) for key, value in dump["pg_status"].items()]
+        return pl.DataFrame(rows, schema=_STATUS_SCHEMA, orient="row")
+    if not entries.height:
+        return pl.DataFrame()
+    derived = entries.group_by("pg_id", "pg_name", "pg_desc").agg(
+        pl.col("collective_seq").max().alias("last_enqueued"),
+        pl.col("collective_seq").filter(pl.col("state") != "scheduled").max().fill_null(-1).alias("last_started"),
+        pl.col("collective_seq").filter(pl.col("state") == "completed").max()
+        .fill_null(pl.col("collective_seq").min() - 1).alias("last_completed"),
+    )
+    ranks = pl.Series("pg_ranks", [cfg.get(n, (None, None))[1] for n in derived["pg_name"].to_list()],
+                      dtype=pl.List(pl.Int32))
+    return derived.with_columns(ranks, pl.lit("entries").alias("origin"))
+
+
+_STATUS_SCHEMA: dict[str, pl.DataType] = {
+    "pg_id": pl.Int32(), "pg_name": pl.String(), "pg_desc": pl.String(), "pg_ranks": pl.List(pl.Int32()),
+    "last_enqueued": pl.Int64(), "last_started": pl.Int64(), "last_completed": pl.Int64(), "origin": pl.String()}
+_STATUS_KEYS = ("last_enqueued_collective", "last_started_collective", "last_completed_collective")
+
+
+def _names_by_id(status: dict[str, Any], cfg: dict[str, tuple[str | None, list[int]]],
+                 entries: pl.DataFrame) -> dict[int, str]:
+    """pg_id -> pg_name: from the entries (they carry both); the rest by creation order, both keys sorted
+    numerically (ids and names are handed out in the same order), when the counts agree."""
+    known: dict[int, str] = {}
+    if entries.height:
+        pairs = entries.select("pg_id", "pg_name").drop_nulls().unique()
+        known = dict(zip(pairs["pg_id"].to_list(), pairs["pg_name"].to_list()))
+    ids = sorted((_int(k, "pg_status key") for k in status), key=int)
+    names = sorted(cfg, key=lambda n: (0, int(n), n) if n.isdigit() else (1, 0, n))
+    if len(ids) == len(names) and all(known.get(i, n) == n for i, n in zip(ids, names)):
+        return {**dict(zip(ids, names)), **known}
+    return known
+
+
+def _int(v: Any, where: str) -> int:
+    """An int, or its decimal text (JSON dumps write the counters as strings)."""
+    if isinstance(v, bool):
+        raise BadDump(f"{where} is a bool, not an int")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str) and _DIGITS.fullmatch(v.strip()):
+        return int(v)
+    raise BadDump(f"{where} is not an int")
+
+
+def _status_row(key: Any, value: Any, names: dict[int, str],
+                cfg: dict[str, tuple[str | None, list[int]]]) -> tuple[Any, ...]:
+    pg_id = _int(key, "pg_status key")
+    if not isinstance(value, dict):
+        raise BadDump(f"pg_status[{key}] is not a dict")
+    counters = [_int(value.get(k, -1), f"pg_status[{key}].{k}") for k in _STATUS_KEYS]
+    name = names.get(pg_id)
+    desc, ranks = cfg.get(name, (None, None)) if name is not None else (None, None)
+    return (pg_id, name, desc, ranks, *counters, "pg_status")
+
+
+def _dump_row(dump: dict[str, Any], entries: pl.DataFrame, fmt: str, tag: dict[str, Any]) -> pl.DataFrame:
+    latest = None
+    if entries.height:
+        latest = entries.select(pl.max_horizontal(pl.col("created_ns").max(), pl.col("started_ns").max(),
+                                                  pl.col("completed_ns").max())).item()
+    row = {**tag, "format": fmt, "version": dump.get("version"),
+           "comm_lib_version": dump.get("comm_lib_version") or dump.get("nccl_version"),
+           "entries": entries.height, "pg_count": len(dump["pg_config"]) if dump.get("pg_config") else None,
+           "has_status": bool(dump.get("pg_status")),
+           "has_stacks": bool(entries.height and entries["stack"].is_not_null().any()), "latest_ns": latest}
+    return fr.conform("fr_dumps", pl.DataFrame([row], schema=fr.schema("fr_dumps")))

@@ -1,0 +1,154 @@
+"""Reading a Flight Recorder pickle without ever executing it.
+
+PyTorch writes the dump with its C++ pickler (``torch::jit::Pickler``, protocol 2): only builtin
+containers and scalars. A pickle can name any importable callable (GLOBAL, STACK_GLOBAL, INST, OBJ)
+and call it (REDUCE, BUILD, NEWOBJ), so a dump is only loaded after two checks:
+
+1. every opcode is on an allowlist of data-only opcodes (:data:`ALLOWED`), with a cap on the nesting
+   of containers and on every length field (strings, bytes, LONG1). The scan reads runs of
+   fixed-width opcodes with one compiled pattern and steps through the rest (strings, marks) itself:
+   ``pickletools.genops`` costs ~1 us an opcode, which is minutes for a 4,096-rank job;
+2. the load runs an unpickler whose ``find_class`` and ``persistent_load`` refuse everything, so even
+   an opcode the scan missed could not reach a callable.
+
+Any refusal is :class:`UnsafeDump` with a one-line reason naming the opcode and its byte offset.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import pickle
+import re
+from typing import Any
+
+MAX_DUMP_BYTES = 64 << 20
+MAX_STRING_BYTES = 1 << 20
+MAX_DEPTH = 12
+# The pattern for the deepest levels grows with the depth it reads; deeper structures are stepped through.
+MAX_DEPTH_FAST = 6
+
+# Opcodes of fixed width, read by the pattern: containers without a mark, scalars, memo access.
+# (name, pattern); the pattern includes the opcode byte.
+_FIXED: tuple[tuple[str, bytes], ...] = (
+    ("EMPTY_DICT", rb"\}"), ("EMPTY_LIST", rb"\]"), ("EMPTY_TUPLE", rb"\)"), ("NONE", rb"N"),
+    ("NEWTRUE", rb"\x88"), ("NEWFALSE", rb"\x89"), ("TUPLE1", rb"\x85"), ("TUPLE2", rb"\x86"), ("TUPLE3", rb"\x87"),
+    ("BININT1", rb"K."), ("BININT2", rb"M.."), ("BININT", rb"J...."), ("BINFLOAT", rb"G.{8}"),
+    ("BINPUT", rb"q."), ("BINGET", rb"h."), ("LONG_BINPUT", rb"r...."), ("LONG_BINGET", rb"j...."),
+    ("MEMOIZE", rb"\x94"), ("FRAME", rb"\x95.{8}"), ("APPEND", rb"a"), ("SETITEM", rb"s"),
+    ("LONG1", rb"\x8a(?:\x00|\x01.|\x02..|\x03...|\x04....|\x05.{5}|\x06.{6}|\x07.{7}|\x08.{8}|\x09.{9})"),
+)
+# Short strings (BINUNICODE under 64 bytes, most keys and values) are read by the pattern too.
+_SHORT_TEXT = b"X(?:" + b"|".join(re.escape(bytes([n, 0, 0, 0])) + b".{%d}" % n for n in range(64)) + b")"
+_ATOM = b"(?:" + b"|".join(p for _, p in _FIXED) + b"|" + _SHORT_TEXT + b")"
+_CLOSERS = rb"[uetld\x90]"
+
+
+def _level(depth: int) -> re.Pattern[bytes]:
+    """Atoms and MARK ... closer structures nested at most ``depth`` deep (``re`` has no recursion: the
+    pattern is unrolled). It stops at anything else: a long string, STOP, a refused opcode, a deeper MARK."""
+    pattern = _ATOM + b"*"
+    for _ in range(depth):
+        pattern = b"(?:" + _ATOM + rb"|\(" + pattern + _CLOSERS + b")*"
+    return re.compile(pattern, re.DOTALL)
+
+
+# _LEVELS[k]: what may follow at k levels below the nesting cap
+_LEVELS = tuple(_level(k) for k in range(MAX_DEPTH_FAST + 1))
+# Opcodes stepped through one by one: strings (length field), marks and what closes them.
+_STRINGS = {ord("X"): ("BINUNICODE", 4), ord("\x8c"): ("SHORT_BINUNICODE", 1), ord("C"): ("SHORT_BINBYTES", 1),
+            ord("B"): ("BINBYTES", 4)}
+_OPEN = ord("(")
+_CLOSE = {ord("u"): "SETITEMS", ord("e"): "APPENDS", ord("t"): "TUPLE", ord("l"): "LIST", ord("d"): "DICT",
+          ord("\x90"): "ADDITEMS"}
+_STOP = ord(".")
+ALLOWED = frozenset({"PROTO", "STOP", "MARK", *(n for n, _ in _FIXED), *(n for n, _ in _STRINGS.values()),
+                     *_CLOSE.values()})
+_NAMES = {0x63: "GLOBAL", 0x93: "STACK_GLOBAL", 0x52: "REDUCE", 0x62: "BUILD", 0x69: "INST", 0x6F: "OBJ",
+          0x81: "NEWOBJ", 0x92: "NEWOBJ_EX", 0x82: "EXT1", 0x83: "EXT2", 0x84: "EXT4", 0x50: "PERSID",
+          0x51: "BINPERSID", 0x8B: "LONG4", 0x8D: "BINUNICODE8", 0x8E: "BINBYTES8", 0x96: "BYTEARRAY8",
+          0x97: "NEXT_BUFFER", 0x98: "READONLY_BUFFER", 0x49: "INT", 0x4C: "LONG", 0x53: "STRING", 0x56: "UNICODE",
+          0x46: "FLOAT", 0x54: "BINSTRING", 0x55: "SHORT_BINSTRING", 0x67: "GET", 0x70: "PUT", 0x30: "POP",
+          0x31: "POP_MARK", 0x32: "DUP", 0x61: "APPEND", 0x73: "SETITEM", 0x8F: "EMPTY_SET", 0x91: "FROZENSET"}
+
+
+class UnsafeDump(ValueError):
+    """The pickle uses an opcode outside the allowlist, or exceeds a cap; the message says which and where."""
+
+
+def _op_name(code: int) -> str:
+    return _NAMES.get(code, f"opcode 0x{code:02x}")
+
+
+def scan(data: bytes) -> None:
+    """Raise :class:`UnsafeDump` unless ``data`` is a data-only pickle within the caps."""
+    if len(data) > MAX_DUMP_BYTES:
+        raise UnsafeDump(f"{len(data)} bytes, above the {MAX_DUMP_BYTES}-byte cap")
+    if len(data) < 3 or data[0] != 0x80 or data[1] not in (2, 3, 4, 5):
+        raise UnsafeDump("not a pickle of protocol 2 to 5 (no PROTO opcode at offset 0)")
+    pos, depth, n = 2, 0, len(data)
+    while True:
+        pos = _LEVELS[min(MAX_DEPTH_FAST, MAX_DEPTH - depth)].match(data, pos).end()  # type: ignore[union-attr]
+        if pos >= n:
+            raise UnsafeDump(f"truncated: no STOP opcode before the end ({n} bytes)")
+        code = data[pos]
+        if code == _STOP:
+            if pos != n - 1:
+                raise UnsafeDump(f"{n - pos - 1} bytes after STOP at offset {pos}")
+            return
+        pos, depth = _step(data, pos, code, depth)
+
+
+def _step(data: bytes, pos: int, code: int, depth: int) -> tuple[int, int]:
+    """One opcode the pattern stopped at: a long string, a MARK or its closer; anything else is refused."""
+    if code in _STRINGS:
+        return _skip_string(data, pos), depth
+    if code == _OPEN:
+        if depth + 1 > MAX_DEPTH:
+            raise UnsafeDump(f"containers nested deeper than {MAX_DEPTH} at offset {pos}")
+        return pos + 1, depth + 1
+    if code in _CLOSE:
+        if depth == 0:
+            raise UnsafeDump(f"{_CLOSE[code]} without MARK at offset {pos}")
+        return pos + 1, depth - 1
+    raise UnsafeDump(f"{_op_name(code)} opcode at offset {pos} is not allowed (data-only pickles are read)")
+
+
+def _skip_string(data: bytes, pos: int) -> int:
+    name, width = _STRINGS[data[pos]]
+    length = int.from_bytes(data[pos + 1:pos + 1 + width], "little")
+    if length > MAX_STRING_BYTES:
+        raise UnsafeDump(f"{name} of {length} bytes at offset {pos}, above the {MAX_STRING_BYTES}-byte cap")
+    end = pos + 1 + width + length
+    if end > len(data):
+        raise UnsafeDump(f"{name} at offset {pos} runs past the end of the file")
+    return end
+
+
+class _NoClasses(pickle.Unpickler):
+    """Refuses every class and persistent id: the second lock behind :func:`scan`."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise UnsafeDump(f"refused to load class {module}.{name}")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise UnsafeDump("refused a persistent id")
+
+
+def loads(data: bytes) -> Any:
+    """The object a data-only pickle holds; :class:`UnsafeDump` when it is anything else."""
+    scan(data)
+    # A buffered reader lets the C unpickler read ahead (on a bare BytesIO it asks for every opcode's bytes);
+    # the cyclic collector is paused while thousands of acyclic containers are made (it would run every 700).
+    reader = io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _NoClasses(reader).load()
+    except UnsafeDump:
+        raise
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise UnsafeDump(f"not a valid pickle: {type(exc).__name__}: {exc}") from None
+    finally:
+        if paused:
+            gc.enable()
