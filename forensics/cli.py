@@ -722,15 +722,21 @@ def simulate(
 ) -> None:
     """Write a simulated RUN_DIR (traces, NCCL logs, kernel logs) with a known, injected fault, plus truth.json."""
     from forensics.simulate import SCENARIOS, check_run_args
+    from forensics.simulate import flight_recorder as fr_sim
     from forensics.simulate import simulate as run_simulation
     from forensics.simulate.scenarios import ScenarioError
 
     if list_ or scenario == "list":
         for sc in SCENARIOS.values():
             out.print(f"{sc.name:20s} {sc.summary}", highlight=False, markup=False)
+        for name in fr_sim.SCENARIOS:
+            out.print(f"{'fr_' + name:20s} {fr_sim.SUMMARIES[name]}", highlight=False, markup=False)
         raise typer.Exit(EXIT_OK)
     if scenario is None:
         raise UsageError("name a scenario (forensics simulate --list shows them)")
+    if scenario.removeprefix("fr_") in fr_sim.SCENARIOS and scenario.startswith("fr_"):
+        _simulate_fr(scenario, _simulation_target(out_dir), ranks, _parse_params(params), truth_path)
+        return
     if scenario not in SCENARIOS:
         raise UsageError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
     out_dir = _simulation_target(out_dir)
@@ -748,6 +754,26 @@ def simulate(
         f"culprit rank(s): {culprits or 'none'}. Wrote {out_dir}; ground truth in {truth_path or out_dir / 'truth.json'}",
         highlight=False, markup=False,
     )
+
+
+def _simulate_fr(scenario: str, out_dir: Path, ranks: int | None, kv: dict[str, str], truth_path: Path | None) -> None:
+    """A Flight Recorder hang scenario (forensics.simulate.flight_recorder): one dump per rank and truth.json."""
+    from forensics.simulate import flight_recorder as fr_sim
+
+    unknown = sorted(set(kv) - {"format", "version", "stacks", "host_names"})
+    world = ranks or 16
+    if unknown or kv.get("format", "pickle") not in ("pickle", "json") or kv.get("version", "2.9") not in fr_sim.VERSIONS \
+            or world % 4 or world < 8:
+        raise UsageError(f"{scenario}: --ranks a multiple of 4 (at least 8); -p format=pickle|json, "
+                         f"version={'|'.join(fr_sim.VERSIONS)}, stacks=0|1, host_names=0|1")
+    _run.phase = "simulate"
+    truth = _simulate_into(out_dir, truth_path, lambda tmp: fr_sim.write(
+        scenario.removeprefix("fr_"), tmp, world=world, fmt=kv.get("format", "pickle"),
+        version=kv.get("version", "2.9"), stacks=kv.get("stacks") == "1", host_names=kv.get("host_names") == "1"))
+    exp = truth["expected"]
+    out.print(f"{scenario}: {world} Flight Recorder dumps; device-stuck {exp['device'] or 'none'}, host-stuck "
+              f"{exp['host'] or 'none'}, missing dumps {exp['missing_dumps'] or 'none'}. Wrote {out_dir}",
+              highlight=False, markup=False)
 
 
 JEMALLOC_CONF = "_RJEM_MALLOC_CONF"

@@ -331,3 +331,15 @@ def test_the_dumps_of_two_cases_side_by_side_are_judged_apart():
             if f.detector == "hang" and f.key.endswith(f":{case}"):
                 found.setdefault(f.key.split(":")[0].removeprefix("stuck_"), set()).update(f.ranks)
         assert found == _injected(_case(case)), case
+
+
+def test_the_cli_simulates_the_flight_recorder_scenarios(tmp_path):
+    from conftest import run_cli
+
+    res = run_cli("simulate", "fr_host_stuck", "--out", str(tmp_path / "run"), "-p", "format=json", "-p", "version=2.10")
+    assert res.returncode == 0, res.stderr
+    truth = orjson.loads((tmp_path / "run" / "truth.json").read_bytes())
+    assert truth["scenario"] == "fr_host_stuck" and len(list((tmp_path / "run" / "fr").iterdir())) == 16
+    assert _culprits(analyze(tmp_path / "run").findings) == {"host": set(truth["expected"]["host"])}
+    bad = run_cli("simulate", "fr_gpu_error", "--out", str(tmp_path / "bad"), "-p", "bogus=1")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr

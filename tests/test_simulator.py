@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from forensics.simulate import SCENARIOS, simulate
+from forensics.simulate.flight_recorder import SCENARIOS as FR_SCENARIOS
 from tests.conftest import ROOT
 
 SMALL = {"layers": "1"}
@@ -324,7 +325,7 @@ def test_cli_simulate_and_usage_errors(tmp_path: Path):
     res = cli("ddp_straggler", "--out", str(tmp_path / "r"), "--ranks", "2", "--steps", "1", "-p", "layers=1", "-p", "rank=1")
     assert res.returncode == 0, res.stderr
     assert "culprit rank(s): [1]" in res.stdout and (tmp_path / "r" / "truth.json").exists()
-    assert cli("--list", "x").stdout.count("\n") == len(SCENARIOS)
+    assert cli("--list", "x").stdout.count("\n") == len(SCENARIOS) + len(FR_SCENARIOS)
     for bad in (["nope", "--out", str(tmp_path / "x")], ["ddp_clean", "--out", str(tmp_path / "r")],
                 ["pp_clean", "--ranks", "6", "--out", str(tmp_path / "y")], ["ddp_clean", "-p", "layers=x", "--out", str(tmp_path / "z")]):
         res = cli(*bad)

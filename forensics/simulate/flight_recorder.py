@@ -30,6 +30,14 @@ from forensics.simulate.fr_pickle import dumps
 
 SCENARIOS = ("gpu_error", "host_stuck", "two_groups", "size_mismatch", "pipeline_behind", "missing_dump")
 VERSIONS = ("1.1", "2.2", "2.9", "2.10")
+SUMMARIES = {
+    "gpu_error": "Flight Recorder dumps of a hang: one rank's GPU stops completing work (device-stuck)",
+    "host_stuck": "Flight Recorder dumps of a hang: one rank stops issuing collectives (host-stuck)",
+    "two_groups": "Flight Recorder dumps: a device-stuck rank in one TP group, a host-stuck one in another",
+    "size_mismatch": "Flight Recorder dumps: one rank's data-parallel all-reduce has another size",
+    "pipeline_behind": "Flight Recorder dumps, no hang: pipeline stages merely behind each other (no blame)",
+    "missing_dump": "Flight Recorder dumps of a host-stuck hang with the culprit's dump missing (undecided)",
+}
 EPOCH_NS = 1_760_000_000_000_000_000
 TIMEOUT_MS = 600_000
 _BASE = {"default": 50, "TP": 4000, "PP": 900, "DP": 300}
