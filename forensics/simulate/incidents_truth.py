@@ -49,10 +49,14 @@ def expected_incidents(faults: list[dict[str, Any]], kernel_log: str = "benign")
         if f["kind"] == "collective_timeout" and set(f["ranks"]) <= xid_ranks:
             continue  # the Xid on that rank's GPU is the root cause; the timeout is its consequence
         root, must, may = ROOTS[f["kind"]]
-        ends = [g for g in faults if g["kind"] == "collective_timeout" and set(g["ranks"]) & set(f["ranks"] or [])]
-        if f["kind"] in _KILLERS and f["ranks"] and ends:
+        hangs = [g for g in faults if g["kind"] == "collective_timeout" and set(g["ranks"]) & set(f.get("ranks") or ())]
+        if f["kind"] in _KILLERS and f["ranks"] and hangs:
             must, may = ("nccl_timeout", "busy_wait"), ("straggler",)
-            if (ends[0].get("params") or ends[0]).get("ends") == "comm_error":  # the peers' NCCL errors out at once: no watchdog timeout
+            if any(g.get("params", g).get("host_hang_ms") for g in hangs):
+                # the faulted rank's host blocked on its lost GPU: that GPU's idle is the fault's, not a slowdown
+                must += ("gpu_idle",)
+            if any(g.get("params", g).get("ends") == "comm_error" for g in hangs):
+                # the peers' NCCL errors out at once: a communication failure, no watchdog timeout
                 must, may = ("nccl_comm_failure",), ("busy_wait", "straggler")
         if f["kind"] == "app_death" and kernel_log == "xid31":
             must = (*must, "gpu_hw_error")  # the application's Xid is the same incident
