@@ -30,9 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import polars as pl
-from forensics.parsers.kineto_names import TP_OVERLAP_KERNEL
 
 from forensics.base.frames import JobFrames
+from forensics.parsers.kineto_names import TP_OVERLAP_KERNEL
 
 PG_TYPES = ["DP", "TP", "PP", "EP", "CP", "default"]
 P2P_OPS = ["send", "recv", "sendrecv"]

@@ -12,9 +12,6 @@ from forensics.base.frames import JobFrames
 from forensics.facts import identity
 from forensics.facts.nccl_cost import arch_from_gpu_name
 
-NCCL_FRAMES = ("nccl_comms", "nccl_net", "nccl_channels", "nccl_calls", "nccl_tuning", "nccl_env",
-               "nccl_events", "nccl_tests")
-
 
 @dataclass
 class JobNccl:

@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "sample_data"
 
 
-def _run(frames, **overrides):
-    over = {"gpu_idle": {k: str(v) for k, v in overrides.items()}} if overrides else None
-    findings, skipped = run_detectors(JobContext(frames), overrides=over, only=["gpu_idle"])
+def _found(run_detector, frames, **settings):
+    """The findings of a detector that must have run (not skipped)."""
+    findings, skipped = run_detector(frames, **settings)
     assert not skipped, skipped
     return findings
 
@@ -44,7 +44,7 @@ def _op(rows, name: str, start: int, end: int, category: str = "cpu_op") -> None
                          end_ns=end, is_launch=False))
 
 
-def test_triggers_sync_bound_gap_after_a_synchronization():
+def test_triggers_sync_bound_gap_after_a_synchronization(run_detector):
     # GPU busy 0-6 ms; the host blocks in cudaStreamSynchronize 2 ms .. 6.01 ms, then does 3 ms of Python
     # before the next launch: the GPU idles 6-9 ms = 30% of every step.
     def layout(rows, t0):
@@ -52,7 +52,7 @@ def test_triggers_sync_bound_gap_after_a_synchronization():
         _op(rows, "cudaStreamSynchronize", t0 + 2 * MS, t0 + 6 * MS + 10 * US, "cuda_runtime")
         rows.kernel(0, t0 + 9 * MS, t0 + 10 * MS, "compute", launch=t0 + 9 * MS - 5 * US)
 
-    (f,) = _run(_one_rank(layout))
+    (f,) = _found(run_detector, _one_rank(layout))
     assert f.metrics["class"] == "sync"
     assert f.ranks == (0,)
     assert f.metrics["idle_share"] == pytest.approx(0.3, abs=1e-6)
@@ -60,33 +60,33 @@ def test_triggers_sync_bound_gap_after_a_synchronization():
     assert f.severity.value == "warning"
 
 
-def test_triggers_input_bound_gap_while_the_host_is_in_the_data_loader():
+def test_triggers_input_bound_gap_while_the_host_is_in_the_data_loader(run_detector):
     # The loader runs 0-4 ms of each step; the first kernel is launched after it: idle 0-4 ms = 40%.
     def layout(rows, t0):
         _op(rows, "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", t0, t0 + 4 * MS, "user_annotation")
         rows.kernel(0, t0 + 4 * MS + 10 * US, t0 + 10 * MS, "compute", launch=t0 + 4 * MS)
 
-    (f,) = _run(_one_rank(layout))
+    (f,) = _found(run_detector, _one_rank(layout))
     assert f.metrics["class"] == "input"
     assert f.metrics["idle_share"] == pytest.approx(0.401, abs=1e-6)
     assert "num_workers" in f.remediation
 
 
-def test_triggers_pause_one_long_gap():
+def test_triggers_pause_one_long_gap(run_detector):
     # One 6 ms gap (60% of the step) with nothing on the host side that explains it.
     def layout(rows, t0):
         rows.kernel(0, t0, t0 + 4 * MS, "compute", launch=t0)
         rows.kernel(0, t0 + 9_990 * US, t0 + 10 * MS, "compute", launch=t0 + 3 * MS)
 
-    (f,) = _run(_one_rank(layout))
+    (f,) = _found(run_detector, _one_rank(layout))
     assert f.metrics["class"] == "pause"
     assert f.metrics["idle_share"] == pytest.approx(0.599, abs=1e-6)
     assert f.severity.value == "warning"  # 0.599 < critical_idle 0.6
-    (g,) = _run(_one_rank(layout), critical_idle=0.5)
+    (g,) = _found(run_detector, _one_rank(layout), critical_idle=0.5)
     assert g.severity.value == "critical"
 
 
-def test_triggers_launch_bound_many_short_kernels_launched_late():
+def test_triggers_launch_bound_many_short_kernels_launched_late(run_detector):
     # 500 kernels of 5 us, each launched 15 us after the previous one ended: GPU idle 75% of the step,
     # every gap host-bound, median kernel 5 us.
     def layout(rows, t0):
@@ -95,7 +95,7 @@ def test_triggers_launch_bound_many_short_kernels_launched_late():
             rows.kernel(0, t + 15 * US, t + 20 * US, "compute", launch=t + 10 * US)
             t += 20 * US
 
-    (f,) = _run(_one_rank(layout))
+    (f,) = _found(run_detector, _one_rank(layout))
     assert f.metrics["class"] == "launch"
     assert f.metrics["idle_share"] == pytest.approx(0.75, abs=1e-6)
     assert "CUDA graphs" in f.remediation
@@ -173,12 +173,12 @@ def test_host_sync_records_are_not_gpu_work_without_steps():
     assert f.metrics["idle_share"] == pytest.approx(23 / 29, abs=1e-4)
 
 
-def test_below_threshold_is_silent_and_threshold_is_a_setting():
+def test_below_threshold_is_silent_and_threshold_is_a_setting(run_detector):
     def layout(rows, t0):  # 8% idle
         rows.kernel(0, t0 + 800 * US, t0 + 10 * MS, "compute", launch=t0 + 790 * US)
 
-    assert _run(_one_rank(layout)) == []
-    (f,) = _run(_one_rank(layout), min_idle=0.05)
+    assert _found(run_detector, _one_rank(layout)) == []
+    (f,) = _found(run_detector, _one_rank(layout), min_idle=0.05)
     assert f.severity.value == "info"
 
 
@@ -197,15 +197,15 @@ def _simulate(tmp_path_factory, scenario: str, **kw):
 
 
 @pytest.mark.parametrize("scenario", CLEAN)
-def test_clean_scenarios_are_silent(tmp_path_factory, scenario):
+def test_clean_scenarios_are_silent(run_detector, tmp_path_factory, scenario):
     _, frames = _simulate(tmp_path_factory, scenario)
-    assert _run(frames) == []
+    assert _found(run_detector, frames) == []
 
 
-def test_input_bound_scenario_against_truth(tmp_path_factory):
+def test_input_bound_scenario_against_truth(run_detector, tmp_path_factory):
     truth, frames = _simulate(tmp_path_factory, "input_bound")
     (fault,) = truth["faults"]
-    (f,) = _run(frames)
+    (f,) = _found(run_detector, frames)
     assert f.metrics["class"] == "input"
     assert sorted(f.ranks) == sorted(fault["ranks"])
     assert sorted(f.hosts) == sorted(set(fault["hosts"]))
@@ -215,12 +215,12 @@ def test_input_bound_scenario_against_truth(tmp_path_factory):
     assert f.metrics["class_share_of_idle"] >= 0.9
 
 
-def test_bundled_samples_are_silent():
+def test_bundled_samples_are_silent(run_detector):
     samples = sorted(p for p in (ROOT / "sample_traces").iterdir() if p.is_dir())
     assert samples
     for s in samples:
         _, frames = load(s, workers=1)
-        assert [f.title for f in _run(frames)] == [], s.name
+        assert [f.title for f in _found(run_detector, frames)] == [], s.name
 
 
 # --- real DLRM 8-rank set ---------------------------------------------------------------------------
@@ -234,11 +234,11 @@ DLRM_WINDOW_US = [14455, 18584, 13017, 18711, 17979, 17797, 13091, 12509]
 DLRM_IDLE_US = [7865, 6459, 8713, 8179, 10277, 10526, 8732, 9850]
 
 
-def test_dlrm_real_is_launch_bound():
+def test_dlrm_real_is_launch_bound(run_detector):
     run_dir = SHARED / "kineto" / "param_dlrm_8rank"
     assert run_dir.is_dir(), f"shared sample data missing: {run_dir} (../shared/sample_data is required)"
     _, frames = load(run_dir, workers=1)
-    (f,) = _run(frames)
+    (f,) = _found(run_detector, frames)
     assert f.metrics["class"] == "launch"
     assert f.ranks == tuple(range(8))
     shares = sorted(i / w for i, w in zip(DLRM_IDLE_US, DLRM_WINDOW_US))
