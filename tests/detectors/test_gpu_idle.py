@@ -109,7 +109,7 @@ def test_skipped_without_kernels():
     assert [s.detector for s in skipped] == ["gpu_idle"] and "kernels" in skipped[0].reason
 
 
-def test_without_profiler_steps_the_profiled_window_is_the_unit():
+def test_without_profiler_steps_the_profiled_window_is_the_unit(run_detector):
     # A capture without steps: one window per rank from its first to its last GPU activity (1,000 .. 1,101 ms);
     # the GPU runs 2 of its 101 ms, and the one 99 ms gap is most of the window: a pause, said of the window.
     rows = _Rows()
@@ -118,7 +118,7 @@ def test_without_profiler_steps_the_profiled_window_is_the_unit():
     # two kernels are set-up or a one-off test by default: not judged
     findings, skipped = run_detectors(JobContext(rows.frames(1, [])), only=["gpu_idle"])
     assert findings == [] and "no profiler steps" in skipped[0].reason and "5 compute or NCCL kernels" in skipped[0].reason
-    (f,) = _run(rows.frames(1, []), min_window_kernels=2)
+    (f,) = _found(run_detector, rows.frames(1, []), min_window_kernels=2)
     assert f.metrics["unit"] == "profiled_window" and f.metrics["steps"] == 0
     assert f.metrics["class"] == "pause"
     assert f.metrics["idle_share"] == pytest.approx(99 / 101, abs=1e-4)
@@ -141,12 +141,12 @@ def _no_steps_sync_job(copy_name: str, host_calls: list[tuple[str, str]], rounds
     return rows.frames(1, [])
 
 
-def test_sync_gaps_without_steps_name_what_the_host_waited_for():
+def test_sync_gaps_without_steps_name_what_the_host_waited_for(run_detector):
     # .item(): a device-to-host copy, then the host blocks in cudaStreamSynchronize inside aten::item. Every
     # round but the last leaves a 4 ms gap (the last gap lies after the window): 4 gaps of 4 ms.
     item = _no_steps_sync_job("Memcpy DtoH (Device -> Pageable)", [("aten::item", "cpu_op"),
                                                                    ("cudaStreamSynchronize", "cuda_runtime")])
-    (f,) = _run(item)
+    (f,) = _found(run_detector, item)
     assert f.metrics["class"] == "sync" and f.metrics["unit"] == "profiled_window"
     assert (f.metrics["sync_gaps"], f.metrics["d2h_copy_syncs"], f.metrics["stream_sync_syncs"]) == (4, 4, 0)
     assert f.metrics["d2h_copy_share_of_idle"] == pytest.approx(1.0)
@@ -154,14 +154,14 @@ def test_sync_gaps_without_steps_name_what_the_host_waited_for():
     assert f.metrics["idle_share"] == pytest.approx(4 * 4 * MS / window, abs=1e-4)
     assert "4 device-to-host copies" in f.summary
     # torch.cuda.synchronize() after a device-to-device copy: a device synchronize, not a copy to the host
-    (g,) = _run(_no_steps_sync_job("Memcpy DtoD (Device -> Device)", [("cudaDeviceSynchronize", "cuda_runtime")]))
+    (g,) = _found(run_detector, _no_steps_sync_job("Memcpy DtoD (Device -> Device)", [("cudaDeviceSynchronize", "cuda_runtime")]))
     assert (g.metrics["device_sync_syncs"], g.metrics["d2h_copy_syncs"]) == (4, 0)
     # a plain stream synchronize
-    (h,) = _run(_no_steps_sync_job("Memcpy DtoD (Device -> Device)", [("cudaStreamSynchronize", "cuda_runtime")]))
+    (h,) = _found(run_detector, _no_steps_sync_job("Memcpy DtoD (Device -> Device)", [("cudaStreamSynchronize", "cuda_runtime")]))
     assert (h.metrics["stream_sync_syncs"], h.metrics["d2h_copy_syncs"]) == (4, 0)
 
 
-def test_host_sync_records_are_not_gpu_work_without_steps():
+def test_host_sync_records_are_not_gpu_work_without_steps(run_detector):
     # Nsight lists the host's waits as CUPTI synchronization records (class sync) on the device: they must not
     # fill the idle gaps they cause. Window 1,000 .. 1,029 ms (the last record ends it), kernels 3 x 2 ms.
     rows = _Rows()
@@ -169,7 +169,7 @@ def test_host_sync_records_are_not_gpu_work_without_steps():
         t = 1_000 * MS + k * 10 * MS
         rows.kernel(0, t, t + 2 * MS, "compute", launch=t - 5 * US)
         rows.kernel(0, t, t + 9 * MS, "sync", name="[CUDA sync Stream sync]", launch=t)
-    (f,) = _run(rows.frames(1, []), min_window_kernels=3)
+    (f,) = _found(run_detector, rows.frames(1, []), min_window_kernels=3)
     assert f.metrics["idle_share"] == pytest.approx(23 / 29, abs=1e-4)
 
 
@@ -254,7 +254,7 @@ def test_dlrm_real_is_launch_bound(run_detector):
 # --- captures without profiler steps ---------------------------------------------------------------
 
 
-def test_item_sync_scenario_without_steps_against_truth(tmp_path_factory):
+def test_item_sync_scenario_without_steps_against_truth(run_detector, tmp_path_factory):
     # One process, no ProfilerStep: 4,097 rounds of (forward layer, .item(), 400 us of host work). The engine's
     # own timeline gives the idle share of the profiled window; every round but the last leaves its gap
     # inside the window (the last one's host work follows the last GPU op).
@@ -262,7 +262,7 @@ def test_item_sync_scenario_without_steps_against_truth(tmp_path_factory):
     (fault,) = truth["faults"]
     exp = fault["expected"]
     assert exp["d2h_syncs_per_rank"] == 4097 and 0.92 <= exp["gpu_idle_fraction_window_median"] <= 0.95
-    (f,) = _run(frames)
+    (f,) = _found(run_detector, frames)
     assert f.metrics["class"] == "sync" and f.metrics["unit"] == "profiled_window"
     assert f.ranks == (0,) and list(f.hosts) == fault["hosts"]  # no NCCL log names its GPU
     assert f.metrics["idle_share"] == pytest.approx(exp["gpu_idle_fraction_window_median"], abs=0.002)
@@ -279,12 +279,12 @@ SAXPY_WINDOW_NS, SAXPY_IDLE_NS = 1_097_327_843, 724_054_763
 SAXPY_D2H_GAPS_NS = [196_245_801, 178_326_307, 172_295_404, 176_723_671]
 
 
-def test_real_nsys_without_steps_is_sync_bound_on_device_to_host_copies():
+def test_real_nsys_without_steps_is_sync_bound_on_device_to_host_copies(run_detector):
     from tests.conftest import shared_path
 
     path = shared_path("nsys", "pipit", "saxpy-mpi-cuda_nsys_perlmutter0.sqlite")
     _, frames = load(path, workers=1)
-    (f,) = _run(frames)
+    (f,) = _found(run_detector, frames)
     assert f.metrics["class"] == "sync" and f.metrics["unit"] == "profiled_window"
     assert f.metrics["idle_share"] == pytest.approx(SAXPY_IDLE_NS / SAXPY_WINDOW_NS, abs=1e-4)
     assert f.gpu_seconds_lost == pytest.approx(SAXPY_IDLE_NS / 1e9, abs=1e-6)
@@ -298,11 +298,11 @@ def test_real_nsys_without_steps_is_sync_bound_on_device_to_host_copies():
 EAGER_IDLE_SHARE = 0.86274
 
 
-def test_real_kineto_without_steps_measures_the_profiled_window():
+def test_real_kineto_without_steps_measures_the_profiled_window(run_detector):
     from tests.conftest import shared_path
 
     _, frames = load(shared_path("kineto", "tracelens", "eager_trace.json.gz"), workers=1)
-    (f,) = _run(frames)
+    (f,) = _found(run_detector, frames)
     assert f.metrics["unit"] == "profiled_window"
     assert f.metrics["idle_share"] == pytest.approx(EAGER_IDLE_SHARE, abs=1e-4)
     assert f.metrics["class"] == "launch"  # tiny eager kernels, each launched after the GPU ran dry
