@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
@@ -65,8 +65,12 @@ class _RunState:
     """What the running command is doing, for the one line an interrupt or a bug ends with."""
 
     phase: str = "start"
+    item: str | None = None  # what the phase was handling ("file x", "detector y"), when the pipeline said
     out_dir: Path | None = None  # set once --out passed its checks: crash.txt may go there
     committed: bool = False
+
+    def at(self, phase: str, item: str | None = None) -> None:
+        self.phase, self.item = phase, item
 
 
 _run = _RunState()
@@ -163,7 +167,8 @@ class _Phases:
     def __call__(self, phase: str, item: str, done: int, total: int) -> None:
         if phase != self.phase:
             self._close()
-            self.phase, self.started, _run.phase = phase, time.monotonic(), phase
+            self.phase, self.started = phase, time.monotonic()
+        _run.at(phase, f"{_ITEM_STARTED[phase]} {item}" if item and phase in _ITEM_STARTED else None)
         self.total = max(total, done)
         if self.bar is not None:
             self.bar.update(self.task, description=phase, completed=done, total=total or None, item=item[-60:])
@@ -171,36 +176,9 @@ class _Phases:
 
 # --- interrupts and internal errors ------------------------------------------------------------
 
-# Pipeline functions that tell which phase a traceback went through (the innermost one wins).
-_PHASE_OF_FUNCTION = {
-    "walk": "discover", "classify": "discover",
-    "load": "parse", "discover_and_parse": "parse", "parse_one": "parse", "collect_frames": "parse",
-    "run_detectors": "detect",
-}
-
-
-def _where(tb: TracebackType | None) -> tuple[str, str | None]:
-    """(phase, the file or detector being handled) from the pipeline frames a traceback went through."""
-    phase, what = _run.phase, None
-    while tb is not None:
-        frame = tb.tb_frame
-        name = frame.f_code.co_name
-        if name in _PHASE_OF_FUNCTION and frame.f_globals.get("__name__", "").startswith("forensics"):
-            phase, what = _PHASE_OF_FUNCTION[name], _subject(frame)
-        tb = tb.tb_next
-    return phase, what
-
-
-def _subject(frame: FrameType) -> str | None:
-    local = frame.f_locals
-    if isinstance(local.get("rel_path"), str):
-        return f"file {local['rel_path']}"
-    rel = getattr(local.get("file"), "rel_path", None)
-    if isinstance(rel, str):
-        return f"file {rel}"
-    if frame.f_code.co_name == "run_detectors" and isinstance(local.get("name"), str):
-        return f"detector {local['name']}"
-    return None
+# The phases whose progress reports name the item before handling it (forensics.pipeline.PhaseFn), and what
+# that item is; parse reports each file once parsed, so a crash there names the phase only.
+_ITEM_STARTED = {"discover": "file", "detect": "detector"}
 
 
 def _write_crash(text: str) -> Path:
@@ -221,13 +199,42 @@ def _write_crash(text: str) -> Path:
 
 
 def _internal_error(exc: BaseException) -> None:
-    phase, what = _where(exc.__traceback__)
+    phase, what = _run.phase, _run.item
     header = f"forensics {__version__}: internal error during {phase}" + (f" ({what})" if what else "")
     body = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     where = _write_crash(f"{header}\ncommand: {' '.join(sys.argv)}\n\n{body}")
     detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
     subject = f" of {what}" if what else ""
     _error(f"internal error during {phase}{subject}: {detail} (a bug, please report it; traceback in {where})")
+
+
+#: optional modules -> the extra that installs them (a missing one is the user's to install, not a bug)
+OPTIONAL_EXTRAS = {"ray": "ray", "holistictraceanalysis": "bench", "hta": "bench", "psutil": "bench"}
+_NO_SPACE = (28, 122)  # ENOSPC, EDQUOT
+
+
+def environment_problem(exc: BaseException) -> str | None:
+    """One line saying what to do when ``exc`` is the machine's state, not a bug: a full disk or quota, a missing
+    optional extra; None otherwise."""
+    for e in (exc, exc.__cause__, exc.__context__):
+        if isinstance(e, OSError) and (e.errno in _NO_SPACE or "os error 28" in str(e)
+                                       or "No space left on device" in str(e)):
+            where = f" writing {e.filename}" if getattr(e, "filename", None) else ""
+            return f"no space left on the device{where}: free some space or write --out to another disk"
+        if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] in OPTIONAL_EXTRAS:
+            mod = (e.name or "").split(".")[0]
+            return f"this needs the optional module {mod}: pip install 'trace-forensics[{OPTIONAL_EXTRAS[mod]}]'"
+    return None
+
+
+def _unexpected(exc: Exception) -> int:
+    """The exit code and one line for an exception no command expected: 2 for the machine's state, else 3 (a bug)."""
+    problem = environment_problem(exc)
+    if problem:
+        _error(problem)
+        return EXIT_ERROR
+    _internal_error(exc)
+    return EXIT_INTERNAL
 
 
 def _interrupted(exc: KeyboardInterrupt) -> int:
@@ -238,7 +245,7 @@ def _interrupted(exc: KeyboardInterrupt) -> int:
         left = f"no new output written; anything already in {_run.out_dir} is as it was"
     else:
         left = "no output written"
-    _line(err, label, "yellow", f"during {_where(exc.__traceback__)[0]}; {left}")
+    _line(err, label, "yellow", f"during {_run.phase}; {left}")
     return code
 
 
@@ -247,7 +254,8 @@ def _command(func: F) -> F:
 
     @functools.wraps(func)
     def guarded(*args: Any, **kwargs: Any) -> Any:
-        _run.phase, _run.out_dir, _run.committed = "start", None, False
+        _run.at("start")
+        _run.out_dir, _run.committed = None, False
         try:
             return func(*args, **kwargs)
         except typer.Exit:
@@ -258,8 +266,7 @@ def _command(func: F) -> F:
         except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM as Terminated
             raise typer.Exit(_interrupted(exc)) from None
         except Exception as exc:
-            _internal_error(exc)
-            raise typer.Exit(EXIT_INTERNAL) from None
+            raise typer.Exit(_unexpected(exc)) from None
 
     return guarded  # type: ignore[return-value]
 
@@ -340,7 +347,7 @@ def _analysis_outputs(analysis: Any, out_dir: Path, phases: _Phases | None = Non
 
 
 def _commit(outs: Any, phases: _Phases | None = None, count: int = 0) -> None:
-    _run.phase = "write"
+    _run.at("write")
     if phases is not None:
         phases("write", "", 0, count)
     outs.commit()
@@ -390,11 +397,11 @@ def analyze(
     from forensics.pipeline import analyze as run_analysis
 
     overrides = parse_overrides(settings)
-    _run.phase = "discover"
+    _run.at("discover")
     with _Phases(quiet) as phases:
         analysis = run_analysis(run_dir, overrides=overrides, only=only or None, progress=phases, workers=workers,
                                 engine=engine.value, ray_address=ray_address)
-        _run.phase = "render"
+        _run.at("render")
         outs = _analysis_outputs(analysis, out_dir, phases, timeline_steps if timeline else None)
         _commit(outs, phases, count=len(outs.names))
     _print_analysis(analysis, out_dir)
@@ -421,10 +428,10 @@ def frames(
     from forensics.base.outputs import OutputSet
     from forensics.pipeline import derived_tables, load
 
-    _run.phase = "parse"
+    _run.at("parse")
     with _progress("parsing", quiet) as update:
         sources, job = load(run_dir, progress=update, workers=workers)  # type: ignore[arg-type]
-    _run.phase = "render"
+    _run.at("render")
     outs = OutputSet(out_dir)
     for name in sorted(job.present):
         outs.add(f"{name}.parquet", functools.partial(_write_parquet, job[name]))
@@ -511,17 +518,17 @@ def triage(
     if ray_address and engine is not TriageEngine.ray:
         raise UsageError("--ray-address needs --engine ray")
     _check_out_dir(job_dirs, out_dir)
-    _run.phase = "discover"
+    _run.at("discover")
     found = find_jobs(job_dirs, job_depth)
     from forensics.reports import triage_json
 
-    _run.phase = "parse"
+    _run.at("parse")
     with _progress("jobs", quiet) as update:
         run = run_triage(found, out_dir, overrides=overrides, engine=engine.value, workers=workers,
                          ray_address=ray_address, rebuild=rebuild, progress=update,  # type: ignore[arg-type]
                          render=triage_json.job_files, worker_memory=worker_memory)
     try:
-        _run.phase = "render"
+        _run.at("render")
         _commit(_triage_outputs(run, out_dir))
     except BaseException:
         try:
@@ -563,7 +570,7 @@ def diff(
 
     profiles = []
     for label, path in (("BASE", base_dir), ("NEW", new_dir)):
-        _run.phase = "parse"
+        _run.at("parse")
         if is_frames_output(path):  # an earlier `forensics frames --out` folder: no parsing again
             analysis = analyze_frames(path, load_frames_output(path))
         else:
@@ -573,7 +580,7 @@ def diff(
             _error(f"{label}: no readable trace or log under {path}")
             raise typer.Exit(EXIT_ERROR)
         profiles.append(profile(analysis, path.resolve().name))
-    _run.phase = "render"
+    _run.at("render")
     d = compare(profiles[0], profiles[1], warmup=warmup)
     outs = OutputSet(out_dir)
     outs.add_bytes("diff.json", diff_report.render_json(d, str(base_dir), str(new_dir)))
@@ -665,7 +672,7 @@ def _simulate_into(out_dir: Path, truth_path: Path | None, run: Callable[[Path],
     tmp = out_dir.parent / f".{out_dir.name}.{os.getpid()}.tmp"
     try:
         truth = run(tmp)
-        _run.phase = "write"
+        _run.at("write")
         if truth_path is not None:
             write_one(truth_path, (tmp / "truth.json").read_bytes())
             (tmp / "truth.json").unlink()
@@ -717,7 +724,7 @@ def simulate(
         check_run_args(scenario, ranks=ranks, steps=steps, size_mb=size, params=kv, nccl_version=nccl_version)
     except ScenarioError as exc:
         raise UsageError(str(exc)) from None
-    _run.phase = "simulate"
+    _run.at("simulate")
     truth = _simulate_into(out_dir, truth_path, lambda tmp: run_simulation(
         scenario, tmp, ranks=ranks, steps=steps, seed=seed, size_mb=size, params=kv, nccl_version=nccl_version))
     culprits = sorted({r for f in truth["faults"] for r in f["ranks"]})
@@ -777,8 +784,7 @@ def main() -> None:
     except KeyboardInterrupt as exc:
         sys.exit(_interrupted(exc))
     except Exception as exc:
-        _internal_error(exc)
-        sys.exit(EXIT_INTERNAL)
+        sys.exit(_unexpected(exc))
 
 
 if __name__ == "__main__":

@@ -20,13 +20,15 @@ from forensics.base.frames import JobFrames
 from forensics.detectors import run_detectors
 from forensics.facts.context import JobContext
 from forensics.incidents import Incident, correlate, job_facts
-from forensics.parsers.discovery import ParsedSource, SharedFrames, discover_and_parse, sources_frame
+from forensics.parsers.discovery import FoundFn, ParsedSource, SharedFrames, discover_and_parse, sources_frame
 
 ProgressFn = Callable[[str, int, int], None]
 """(item, done, total): one parsed file."""
 PhaseFn = Callable[[str, str, int, int], None]
 """(phase, item, done, total) for every phase of an analysis: discover (files found), parse (files),
-match (NCCL collectives matched across ranks), detect (detectors run). The CLI adds render and write."""
+match (NCCL collectives matched across ranks), detect (detectors run). The CLI adds render and write.
+discover and detect report each item before they handle it (a file about to be classified, a detector about
+to run: what a crash or an interrupt at that moment was handling); parse reports each file once parsed."""
 
 
 @dataclass
@@ -86,11 +88,13 @@ def _add_shared(parts: dict[str, list[pl.DataFrame]], shared: SharedFrames, usab
 
 
 def load(run_dir: Path, progress: ProgressFn | None = None, workers: int | None = None,
-         engine: str = "local", ray_address: str | None = None) -> tuple[pl.DataFrame, JobFrames]:
-    """Parse ``run_dir`` (``engine``: see :func:`forensics.parsers.discovery.discover_and_parse`)."""
+         engine: str = "local", ray_address: str | None = None,
+         found: FoundFn | None = None) -> tuple[pl.DataFrame, JobFrames]:
+    """Parse ``run_dir`` (``engine``, ``found``: see :func:`forensics.parsers.discovery.discover_and_parse`)."""
     if not (run_dir.is_dir() or run_dir.is_file()):
         raise UsageError(f"{run_dir}: no such directory or file")
-    parsed = discover_and_parse(run_dir, progress=progress, workers=workers, engine=engine, ray_address=ray_address)
+    parsed = discover_and_parse(run_dir, progress=progress, workers=workers, engine=engine, ray_address=ray_address,
+                                found=found)
     return collect_frames(parsed)
 
 
@@ -110,7 +114,11 @@ def _load_with_phases(run_dir: Path, report: PhaseFn, workers: int | None, engin
             report("discover", "", total, total)
         report("parse", item, done, total)
 
-    _, frames = load(run_dir, progress=parsed, workers=workers, engine=engine, ray_address=ray_address)
+    def classifying(item: str, before: int) -> None:
+        report("discover", item, before, 0)
+
+    _, frames = load(run_dir, progress=parsed, workers=workers, engine=engine, ray_address=ray_address,
+                     found=classifying)
     if found[0] < 0:  # nothing to parse
         report("discover", "", 0, 0)
     return frames

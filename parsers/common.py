@@ -113,13 +113,6 @@ def open_bounded(path: Path, limit: int = DEFAULT_MAX_DECOMPRESSED) -> io.Buffer
     return io.BufferedReader(BoundedReader(path, limit), buffer_size=1 << 20)  # type: ignore[arg-type]
 
 
-def iter_chunks(path: Path, chunk_size: int = 8 << 20, limit: int = DEFAULT_MAX_DECOMPRESSED) -> Iterator[bytes]:
-    """Decompressed content in chunks; raises gzip/zlib/EOFError on corrupt or truncated gzip."""
-    with open_bounded(path, limit) as fh:
-        while chunk := fh.read(chunk_size):
-            yield chunk
-
-
 class LongLines:
     """Lines longer than ``cap`` bytes that ``read_lines`` skipped: how many and where, and how
     many lines it read in all (skipped ones included)."""

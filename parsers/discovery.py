@@ -90,6 +90,7 @@ class ParsedSource:
 
 
 ProgressFn = Callable[[str, int, int], None]
+FoundFn = Callable[[str, int], None]  # (relative path, files found before it)
 
 
 def walk(run_dir: Path) -> list[tuple[Path, str, str | None]]:
@@ -347,10 +348,13 @@ def _parse_worker(args: tuple[list[DiscoveredFile], Path]) -> list[ParsedSource]
     return parse_unit(*args)
 
 
-def discover(run_dir: Path) -> list[DiscoveredFile]:
-    """Every file below ``run_dir`` (or ``run_dir`` itself, a file), classified; duplicates marked."""
+def discover(run_dir: Path, found: FoundFn | None = None) -> list[DiscoveredFile]:
+    """Every file below ``run_dir`` (or ``run_dir`` itself, a file), classified; duplicates marked.
+    ``found(rel_path, n_before)`` before each file is classified."""
     files: list[DiscoveredFile] = []
     for path, rel, reason in walk(run_dir):
+        if found:
+            found(rel, len(files))
         if reason:
             files.append(DiscoveredFile(path, rel, "unknown", _lsize(path), "ignored", reason))
             continue
@@ -377,8 +381,11 @@ def discover_and_parse(
     workers: int | None = None,
     engine: str = "local",
     ray_address: str | None = None,
+    found: FoundFn | None = None,
 ) -> list[ParsedSource]:
     """Classify and parse every file below ``run_dir`` (or the one file ``run_dir``); results in path order.
+    ``found``: told each file before it is classified (:func:`discover`); ``progress``: once when parsing
+    starts (done 0), then each file once parsed.
 
     ``engine`` "local": this process, or a pool of worker processes when there is enough to parse;
     "ray": the same units of files as Ray tasks (``ray_address``: an existing cluster, whose nodes
@@ -386,7 +393,9 @@ def discover_and_parse(
     handler's) propagate as soon as the worker processes are gone: pending files are cancelled and
     running workers terminated.
     """
-    files = discover(run_dir)
+    files = discover(run_dir, found)
+    if progress:  # discovery is over: parsing starts
+        progress("", 0, len(files))
     root = run_dir if run_dir.is_dir() else run_dir.parent
     to_parse = [f for f in files if f.status is None]
     total_bytes = sum(f.size_bytes for f in to_parse)

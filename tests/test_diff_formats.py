@@ -57,7 +57,9 @@ def _load(trace: Path) -> dict:
 def _strip_collective_metadata(run: Path, out: Path) -> None:
     """The run as PyTorch before 2.1 traced it: no record_param_comms, no collective args on NCCL kernels."""
     shutil.copytree(run, out)
-    for trace in _traces(out):
+    traces = _traces(out)
+    assert len(traces) == len(_traces(run)) > 0
+    for trace in traces:
         d = _load(trace)
         events = [e for e in d["traceEvents"] if e.get("name") != "record_param_comms"]
         for e in events:

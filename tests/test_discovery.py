@@ -156,23 +156,20 @@ def test_unranked_trace_is_rank_0_alone_and_ignored_beside_ranked_ones(tmp_path:
     assert not got["trace.json"].frames
 
 
-def test_classifying_long_lines_takes_bounded_time(tmp_path: Path):
-    """The sniffers are linear: a 1 MB one-line JSON document and other long lines classify in < 1 s
-    (the old NCCL-line regex took 8.6 s on 100 KB of compact JSON)."""
-    import time
+# Long lines the sniffers once took seconds on (the old NCCL-line regex: 8.6 s on 100 KB of compact JSON).
+# benchmarks/sniff_bench.py times them; the test holds what they are classified as.
+LONG_LINES = {
+    "metrics.json": b'{"m":[' + b'"a:1:2 [0",' * 95_000 + b'"x"]}',
+    "long.log": b"x" * (1 << 20),
+    "tags.log": b"a] NCCL INFO" * 90_000,
+    "equals.txt": b"=" * (1 << 20),
+    "sram.txt": b"SRAM Correctable" + b" " * (1 << 20),
+}
 
-    inputs = {
-        "metrics.json": b'{"m":[' + b'"a:1:2 [0",' * 95_000 + b'"x"]}',
-        "long.log": b"x" * (1 << 20),
-        "tags.log": b"a] NCCL INFO" * 90_000,
-        "equals.txt": b"=" * (1 << 20),
-        "sram.txt": b"SRAM Correctable" + b" " * (1 << 20),
-    }
-    for name, data in inputs.items():
-        path = _write(tmp_path / name, data)
-        start = time.process_time()  # CPU time: the CI machine may be shared
-        classify(path, name)
-        assert time.process_time() - start < 1.0, name
+
+def test_long_lines_are_classified_as_what_they_are(tmp_path: Path):
+    kinds = {name: classify(_write(tmp_path / name, data), name).kind for name, data in LONG_LINES.items()}
+    assert kinds == {name: "unknown" for name in LONG_LINES}
 
 
 _DRIVER = """
@@ -185,6 +182,7 @@ from forensics.parsers.discovery import discover_and_parse
 # and parsing lasts well past the signal however fast the machine (small traces are batched).
 _add = kineto.KinetoBatch.add
 def _slow_add(self, path, ctx):
+    Path(sys.argv[2]).touch()  # a worker is parsing: the test signals now
     time.sleep(0.05)
     return _add(self, path, ctx)
 kineto.KinetoBatch.add = _slow_add
@@ -232,19 +230,18 @@ def test_interrupt_mid_parse_ends_every_worker(tmp_path: Path, sig: str, code: i
         _write(run / f"rank{rank}.json", _ranked(rank))
     script = tmp_path / "driver.py"
     script.write_text(_DRIVER)
-    proc = subprocess.Popen([sys.executable, str(script), str(run)])
-    deadline = time.monotonic() + 60
+    parsing = tmp_path / "parsing"
+    proc = subprocess.Popen([sys.executable, str(script), str(run), str(parsing)])
+    deadline = time.monotonic() + 120  # hang guards, not measurements
     workers: list[int] = []
-    while time.monotonic() < deadline and len(workers) < 2 and proc.poll() is None:
-        time.sleep(0.2)
+    while time.monotonic() < deadline and (len(workers) < 2 or not parsing.exists()) and proc.poll() is None:
+        time.sleep(0.05)
         workers = [p for p in _children(proc.pid) if _alive(p)]
-    assert proc.poll() is None and len(workers) >= 2, "the pool never started"
-    time.sleep(1.0)  # mid-parse
-    sent = time.monotonic()
+    assert proc.poll() is None and len(workers) >= 2 and parsing.exists(), "the pool never started parsing"
+    # mid-parse: a worker has started on the 400 traces of 50 ms each, so parsing lasts well past the signal
     proc.send_signal(getattr(signal, sig))
-    assert proc.wait(timeout=10) == code
-    assert time.monotonic() - sent < 5.0
-    end = time.monotonic() + 3
+    assert proc.wait(timeout=60) == code
+    end = time.monotonic() + 60
     while any(_alive(p) for p in workers) and time.monotonic() < end:
         time.sleep(0.1)
     assert not [p for p in workers if _alive(p)], "worker processes left behind"

@@ -12,7 +12,6 @@ import gzip
 import json
 import os
 import random
-import resource
 import sqlite3
 import subprocess
 import sys
@@ -41,9 +40,22 @@ def _dump(doc: dict) -> bytes:
     return json.dumps(doc).encode()
 
 
-def _run(run_dir: Path, out: Path, env: dict | None = None) -> tuple[subprocess.CompletedProcess, dict | None]:
+# Runs a command as the only child of a fresh Python process and writes the peak RSS (kB) of that child and its
+# workers (RUSAGE_CHILDREN of the fresh process: nothing else it ever reaped) to argv[1].
+_MEASURED = (
+    "import resource, subprocess, sys\n"
+    "code = subprocess.run(sys.argv[2:]).returncode\n"
+    "open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))\n"
+    "sys.exit(code)\n"
+)
+
+
+def _run(run_dir: Path, out: Path, env: dict | None = None,
+         peak_kb: Path | None = None) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """The CLI on ``run_dir``; with ``peak_kb``, run in a fresh process that writes the CLI's peak RSS there."""
+    cmd = [str(FORENSICS), "analyze", str(run_dir), "--out", str(out), "-q", "--fail-on", "never"]
     proc = subprocess.run(
-        [str(FORENSICS), "analyze", str(run_dir), "--out", str(out), "-q", "--fail-on", "never"],
+        [sys.executable, "-c", _MEASURED, str(peak_kb), *cmd] if peak_kb else cmd,
         capture_output=True, text=True, timeout=170, env={**os.environ, "FORENSICS_MAX_RECORD_BYTES": str(CAP), **(env or {})},
     )
     doc = json.loads((out / "findings.json").read_text()) if (out / "findings.json").exists() else None
@@ -138,7 +150,7 @@ def test_hostile_run_folder(tmp_path: Path):
     run.mkdir()
     outside.mkdir()
     expect = _build_hostile_run(run, outside)
-    proc, doc = _run(run, tmp_path / "out")
+    proc, doc = _run(run, tmp_path / "out", peak_kb=tmp_path / "peak_kb")
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
     assert proc.returncode == 0, proc.stderr
     assert doc is not None
@@ -149,7 +161,7 @@ def test_hostile_run_folder(tmp_path: Path):
         assert row["status"] in statuses, (path, row)
         assert words in (row.get("message") or ""), (path, row)
         assert "\n" not in (row.get("message") or ""), (path, row)
-    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < RSS_LIMIT_KB
+    assert int((tmp_path / "peak_kb").read_text()) < RSS_LIMIT_KB
 
 
 @pytest.mark.parametrize(

@@ -87,6 +87,13 @@ def slow_link(host: str = "node07", ranks: tuple[int, ...] = tuple(range(8, 16))
     return F("slow_link", "link", Severity.WARNING, ranks=ranks, hosts=(host,), metrics={"level": "host"})
 
 
+def idle(ranks: tuple[int, ...] = (4,), gpu: str | None = "0000:9a:00.0", gap: tuple[int, int] = (T0 + 2 * S, T0 + 32 * S),
+         cls: str = "sync") -> Finding:
+    """gpu_idle on ``ranks``, placed at their longest idle gap ``gap`` (trace clock, epoch ns), as the detector does."""
+    return F("gpu_idle", f"class-{cls}", ranks=ranks, hosts=("node07",), gpus=(gpu,) if gpu and 4 in ranks else (),
+             kind="idle_gpu", when=When.span(*gap, "longest idle gaps"), metrics={"class": cls}, gpu_seconds_lost=30.0)
+
+
 
 
 # --- each rule: links / must not link ---------------------------------------------------------------
@@ -97,6 +104,13 @@ CASES = [
      [xid79(t=T0 + 700 * S), timeout(t=T0 + 601 * S)]),                    # the fault after the timeout
     ("gpu_fault_kills_rank", [xid79(), timeout()],                           # times unknown: GPU matches
      [xid79(rank=2, gpu="0000:18:00.0"), timeout()]),                        # another GPU and rank
+    # the faulted rank's own idle (its host blocked on the lost GPU) is the fault's consequence ...
+    ("fault_idles_its_rank", [xid79(t=T0 + 1 * S), idle()],
+     [xid79(t=T0 + 1 * S), idle(ranks=tuple(range(8)), cls="input")]),      # ... not the whole job's idle
+    ("fault_idles_its_rank", [xid79(), idle()],                             # fault time unknown: its GPU, place only
+     [xid79(t=T0 + 60 * S), idle()]),                                       # its idle ended before the fault
+    ("fault_idles_its_rank", [oom_of_rank(t=T0 + 1 * S), idle(gpu=None)],    # the killed rank, by rank
+     [oom_of_rank(rank=2, t=T0 + 1 * S), idle(gpu=None)]),                  # another rank was killed
     ("gpu_fault_stalls_peers", [xid79(t=T0 + 2 * S), busy_wait("4")],
      [xid79(t=T0 + 2 * S), busy_wait("6")]),                                 # the peers waited for rank 6
     ("gpu_fault_stalls_peers", [xid79(t=T0 + 2 * S), busy_wait("4")],
@@ -318,7 +332,7 @@ SIMULATED = [("collective_timeout", {}), ("ddp_straggler", {}), ("host_straggler
              ("xid48", {}), ("net_socket", {}), ("input_bound", {}), ("ddp_no_overlap", {}), ("slow_nic", {}),
              ("slow_nic", {"params": {"nic": "3"}}), ("hsdp_slow_nic", {"steps": 2}),
              ("pp_imbalance", {}), ("pp_imbalance_stage2", {}), ("oom_kill", {}), ("xid149", {}),
-             ("aer_fatal_audio", {}), ("rm_init_failed", {}),
+             ("aer_fatal_audio", {}), ("rm_init_failed", {}), ("xid79", {}),
              ("cuda_oom", {}), ("illegal_address", {}), ("time_limit", {}), ("preempted", {}), ("dataloader_hang", {}),
              ("pp_exception", {})]
 

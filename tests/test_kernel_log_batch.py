@@ -14,6 +14,7 @@ import polars as pl
 import pytest
 from forensics.parsers import discovery, kernel_log
 from forensics.parsers.common import LongLines, ParseContext, ParseResult
+from forensics.parsers.kernel_log import batch, prefixes
 
 from forensics.pipeline import load
 from forensics.simulate import simulate
@@ -67,7 +68,7 @@ def _write(folder: Path) -> list[str]:
 
 @pytest.fixture
 def _small_record_cap(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kernel_log, "LongLines", functools.partial(LongLines, 200))
+    monkeypatch.setattr(batch, "LongLines", functools.partial(LongLines, 200))
 
 
 def _alone(folder: Path, names: list[str]) -> list[ParseResult]:
@@ -136,8 +137,8 @@ def test_a_run_folder_of_kernel_logs_is_parsed_as_one_batch_with_the_same_frames
     names = [n for n in names if found[n].kind == "dmesg" and found[n].status is None]
     assert "empty.log" not in names and len(names) == len(STYLES) + len(SAME_HOST) + 2  # an empty file is ignored
     builds: list[int] = []
-    real = kernel_log._frame
-    monkeypatch.setattr(kernel_log, "_frame", lambda files: builds.append(len(files)) or real(files))
+    real = batch._frame
+    monkeypatch.setattr(batch, "_frame", lambda files: builds.append(len(files)) or real(files))
     sources, frames = load(tmp_path, workers=1)
     assert builds == [len(names) - 1]  # one frame build for all but the broken file
     alone = _alone(tmp_path, names)
@@ -153,8 +154,8 @@ def test_a_failed_batch_build_costs_nothing_but_a_parse_one_by_one(tmp_path: Pat
         shutil.copyfile(shared_path("dmesg", "01_xid79_after_pcie_aer_surprise_down_tesla.log"), tmp_path / name)
     (tmp_path / "b.log").write_text((tmp_path / "b.log").read_text() + "[ 99.0] " + XID + "\n")
     alone = _alone(tmp_path, ["a.log", "b.log"])
-    real = kernel_log._frame
-    monkeypatch.setattr(kernel_log, "_frame", lambda files: real(files) if len(files) == 1 else 1 / 0)
+    real = batch._frame
+    monkeypatch.setattr(batch, "_frame", lambda files: real(files) if len(files) == 1 else 1 / 0)
     sources, frames = load(tmp_path, workers=1)
     assert sources["status"].to_list() == [r.status for r in alone] == ["ok", "ok"]
     assert frames["kernel_events"].equals(pl.concat([r.frames["kernel_events"] for r in alone]))
@@ -166,7 +167,7 @@ def test_kernel_logs_have_a_batch_parser():
 
 def test_the_first_character_table_never_hides_a_peeler_that_would_match(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch):
-    # A line is offered only to the peelers its first character allows (kernel_log._PEELER_STARTS, kept by hand
+    # A line is offered only to the peelers its first character allows (kernel_log.prefixes._PEELER_STARTS, kept by hand
     # beside the patterns): on every style and every real sample, the records must be those that
     # offering each line to all 17 peelers gives.
     names = _write(tmp_path)
@@ -179,6 +180,6 @@ def test_the_first_character_table_never_hides_a_peeler_that_would_match(tmp_pat
         return [kernel_log.parse_text(text, name).frames["kernel_events"] for name, text in texts]
 
     filtered = frames()
-    monkeypatch.setattr(kernel_log, "_peelers_for", lambda c: kernel_log._PEELERS)
+    monkeypatch.setattr(prefixes, "_peelers_for", lambda c: prefixes._PEELERS)
     for (name, _), got, want in zip(texts, filtered, frames()):
         assert got.equals(want), name

@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 from forensics.parsers import discovery, nccl_log
 from forensics.parsers.common import ParseContext, ParseResult
+from forensics.parsers.nccl_log import batch
 
 from forensics.pipeline import load
 from tests.conftest import shared_path
@@ -92,8 +93,8 @@ def test_a_run_folder_of_logs_is_parsed_as_one_batch_with_the_same_frames(tmp_pa
     for n in names:
         shutil.copy(folder / n, run / n)
     builds = []
-    real = nccl_log._frames
-    monkeypatch.setattr(nccl_log, "_frames", lambda files: builds.append(len(files)) or real(files))
+    real = batch._frames
+    monkeypatch.setattr(batch, "_frames", lambda files: builds.append(len(files)) or real(files))
     sources, frames = load(run, workers=1)
     assert builds == [len(names)]  # one frame build for the six files
     alone = _alone(run, names)

@@ -19,8 +19,12 @@ def test_analyze_reports_each_phase_in_order_through_the_callback_and_prints_not
     assert phases == ["discover", "parse", "match", "detect"]
     files = sorted(p for p in SAMPLE.rglob("*") if p.is_file())
     assert ("discover", "", len(files), len(files)) in calls
+    # discovery names each file before classifying it (what a crash at that moment was handling)
+    found = [c for c in calls if c[0] == "discover" and c[1]]
+    assert [c[1] for c in found] == sorted(p.relative_to(SAMPLE).as_posix() for p in files)
+    assert [c[2] for c in found] == list(range(len(files)))
     parsed = [c for c in calls if c[0] == "parse"]
-    assert [c[2] for c in parsed] == list(range(1, len(files) + 1)) and {c[3] for c in parsed} == {len(files)}
+    assert [c[2] for c in parsed] == list(range(len(files) + 1)) and {c[3] for c in parsed} == {len(files)}
     assert ("match", "", analysis.context.match.instances.height, analysis.context.match.instances.height) in calls
     assert [c[1] for c in calls if c[0] == "detect" and c[1]] == list(load_all())
     assert capsys.readouterr() == ("", "")

@@ -44,7 +44,9 @@ def _one_stream(text: bytes, level: int = 6) -> bytes:
 @pytest.mark.parametrize("level", [1, 6])
 def test_each_trace_is_one_gzip_stream_of_its_text(tmp_path: Path, level: int):
     sim.simulate("pp_small_m", tmp_path / "r", ranks=8, steps=2, compresslevel=level)
-    for p in (tmp_path / "r" / "profiler").iterdir():
+    traces = sorted((tmp_path / "r" / "profiler").iterdir())
+    assert len(traces) == 8
+    for p in traces:
         data = p.read_bytes()
         assert data == _one_stream(gzip.decompress(data), level), p.name
 

@@ -126,7 +126,9 @@ def test_header_is_what_hta_greps_for(multinode: Path):
 
 def test_fsdp_gathers_before_each_layer_and_reduce_scatters_after(tmp_path: Path):
     simulate("ddp_straggler", tmp_path / "r", ranks=4, steps=1, params={"layers": "3", "dp_mode": "fsdp", "rank": "0"})
-    for _r, d in load_traces(tmp_path / "r").items():
+    traces = load_traces(tmp_path / "r")
+    assert sorted(traces) == [0, 1, 2, 3]
+    for _r, d in traces.items():
         ks = nccl_kernels(d)
         ag = [k for k in ks if k["args"]["Collective name"] == "_allgather_base"]
         rs = [k for k in ks if k["args"]["Collective name"] == "_reduce_scatter_base"]
@@ -209,7 +211,9 @@ def test_pipeline_bubble_matches_theory(tmp_path: Path, scenario: str, m: int, v
     simulate(scenario, tmp_path / "r", ranks=4, steps=3, params=params)
     p = 4
     theory = (p - 1) / (v * m + p - 1)
-    for r, d in load_traces(tmp_path / "r").items():
+    traces = load_traces(tmp_path / "r")
+    assert sorted(traces) == [0, 1, 2, 3]
+    for r, d in traces.items():
         comp = [(e["ts"], e["ts"] + e["dur"]) for e in compute_kernels(d)]
         _, s0, s1 = steps_of(d)[1]  # the middle, steady-state step
         busy = union_us([(max(a, s0), min(b, s1)) for a, b in comp if b > s0 and a < s1])
@@ -350,7 +354,9 @@ def test_host_straggler_is_launch_bound_and_late_rank_makes_busy_waiters(tmp_pat
         idle[r] = 1 - union_us(gpu) / sum(s1 - s0 for _, s0, s1 in steps_of(d))
     assert idle[2] > 0.1 and max(idle[r] for r in (0, 1, 3)) < 0.05
     simulate("late_rank", tmp_path / "l", ranks=4, steps=2, params={"layers": "2", "rank": "3", "stall_ms": "30"})
-    for r, d in load_traces(tmp_path / "l").items():
+    traces = load_traces(tmp_path / "l")
+    assert sorted(traces) == [0, 1, 2, 3]
+    for r, d in traces.items():
         for _, s0, s1 in steps_of(d):
             longest = max(k["dur"] for k in nccl_kernels(d) if s0 <= k["ts"] < s1)
             if r == 3:

@@ -5,11 +5,11 @@ Its documentation (what it detects, why it matters, how it measures, what to do)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import polars as pl
 
-from forensics.base.findings import Finding, FindingKind, Role, Severity
+from forensics.base.findings import Finding, FindingKind, Role, Severity, When
 from forensics.base.intervals import clip_to_windows, merge
 from forensics.base.settings import setting
 from forensics.detectors import DetectorDoc, Skip, detector
@@ -19,7 +19,14 @@ from forensics.facts.context import JobContext
 from forensics.facts.coverage import gpus_of, rank_list
 
 LOADER = r"(?i)dataloader|__next__"
-SYNC = r"^(?:cuda|hip)(?:Stream|Device|Event)Synchronize$|^aten::(?:item|_local_scalar_dense)$"
+SYNC = r"^(?:cuda|hip)(?:Stream|Device|Event)Synchronize$|^aten::(?:item|_local_scalar_dense)$|^(?:cuda|hip)Memcpy$"
+ITEM = r"^aten::(?:item|_local_scalar_dense)$"
+DEVICE_SYNC = r"^(?:cuda|hip)DeviceSynchronize$"
+SYNC_COPY = r"^(?:cuda|hip)Memcpy$"
+D2H = r"(?i)DtoH|Device-to-Host|Device -> (?:Pageable|Pinned)"
+SYNC_CAUSES = ("d2h_copy", "sync_copy", "device_sync", "stream_sync")
+"""What the host waited for in a sync gap: a device-to-host copy (``.item()``, ``.cpu()``), another
+synchronous ``cudaMemcpy``, a device-wide synchronize, or a stream / event synchronize."""
 PAUSE = r"(?i)checkpoint|torch\.save|(?:^|[^a-z])eval(?:uation)?(?:[^a-z]|$)|validat"
 CPU_CATEGORIES = ("cpu_op", "cuda_runtime", "cuda_driver")
 CLASSES = ("input", "sync", "pause", "launch", "other")
@@ -45,6 +52,9 @@ class GpuIdleConfig:
                               doc="... and CPU ops covering at least this share of the step ...")
     host_bound: float = setting(0.5, unit="fraction of idle", low=0.0, high=1.0,
                                 doc="... or at least this share of the idle time host-bound (next kernel launched after the GPU went idle)")
+    min_window_kernels: int = setting(5, unit="kernels", low=0,
+                                      doc="without profiler steps: a rank whose capture holds fewer compute or NCCL kernels "
+                                          "than this ran set-up or a one-off test, and its window is not judged")
 
 
 def idle_table(steps: pl.DataFrame) -> pl.DataFrame:
@@ -58,12 +68,16 @@ def idle_table(steps: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def idle_gaps(ctx: JobContext, ranks: list[int]) -> pl.DataFrame:
-    """rank, step, g_start, g_end, step_ns: the intervals of each step window with no kernel running."""
+def idle_gaps(ctx: JobContext, ranks: list[int], whole: bool = False) -> pl.DataFrame:
+    """rank, step, g_start, g_end, step_ns: the intervals of each step window with no kernel running. ``whole``
+    (the profiled window as the unit): the host's synchronization records (class ``sync``: the time a host
+    thread waited, as Nsight's CUPTI export lists it) are not GPU work and leave the GPU idle."""
     win = ctx.step_windows.filter(pl.col("rank").is_in(ranks)).select("rank", "step", "w_start", "w_end")
     # a graph replay is one host call for hundreds of kernels: its kernels say nothing of launch overhead
-    kern = ctx.frames["kernels"].select("rank", "start_ns", "end_ns", "graph_replay").filter(
-        pl.col("rank").is_in(ranks) & ~pl.col("graph_replay").fill_null(False))
+    kern = ctx.frames["kernels"].filter(pl.col("rank").is_in(ranks) & ~pl.col("graph_replay").fill_null(False))
+    if whole:
+        kern = kern.filter(pl.col("class") != "sync")
+    kern = kern.select("rank", "start_ns", "end_ns")
     busy = merge(clip_to_windows(kern.lazy(), win.lazy(), on=["rank"]), ["rank", "step"]).collect()
     # Sentinels of zero length at both window edges; a gap is then "start minus the previous end".
     edges = pl.concat([
@@ -93,16 +107,42 @@ def _cover(gaps: pl.DataFrame, ops: pl.DataFrame, name: str) -> pl.DataFrame:
     return keyed.join(cov, on="_gid", how="left").with_columns(pl.col(name).fill_null(0)).drop("_gid")
 
 
-def _in_sync(gaps: pl.DataFrame, sync: pl.DataFrame) -> pl.DataFrame:
-    """Per gap: whether it starts while the host is inside a synchronizing call (``in_sync``)."""
+def _in_sync(gaps: pl.DataFrame, sync: pl.DataFrame, name: str = "in_sync") -> pl.DataFrame:
+    """Per gap: whether it starts while the host is inside one of the calls ``sync`` (column ``name``)."""
     if sync.height == 0:
-        return gaps.with_columns(pl.lit(False).alias("in_sync"))
+        return gaps.with_columns(pl.lit(False).alias(name))
     calls = merge(sync.select("rank", "start_ns", "end_ns"), ["rank"]).collect().sort("start_ns")
     j = gaps.with_row_index("_gid").sort("g_start").join_asof(
         calls, left_on="g_start", right_on="start_ns", by="rank", strategy="backward", check_sortedness=False,
     )
-    return j.with_columns((pl.col("end_ns").is_not_null() & (pl.col("end_ns") >= pl.col("g_start"))).alias("in_sync")).sort(
+    return j.with_columns((pl.col("end_ns").is_not_null() & (pl.col("end_ns") >= pl.col("g_start"))).alias(name)).sort(
         "_gid").drop("_gid", "start_ns", "end_ns")
+
+
+def _after_d2h(ctx: JobContext, gaps: pl.DataFrame) -> pl.DataFrame:
+    """Per gap: whether the GPU's last work before it was a device-to-host copy (``_d2h``)."""
+    copies = ctx.frames["kernels"].filter(
+        (pl.col("class") == "memcpy") & pl.col("name").str.contains(D2H) & pl.col("rank").is_in(gaps["rank"].unique().implode())
+    ).select("rank", pl.col("end_ns").alias("g_start"), pl.lit(True).alias("_d2h")).unique(["rank", "g_start"])
+    return gaps.join(copies, on=["rank", "g_start"], how="left").with_columns(pl.col("_d2h").fill_null(False))
+
+
+def sync_causes(ctx: JobContext, gaps: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+    """``gaps`` (classified) with ``cause``: for a sync gap, what the host waited for (one of
+    :data:`SYNC_CAUSES`: a device-to-host copy when the GPU's last work was one or the host is in
+    ``.item()``, else a device synchronize, else a stream or event synchronize); null for other gaps."""
+    g = _after_d2h(ctx, gaps)
+    g = _in_sync(g, ops.filter(pl.col("name").str.contains(ITEM)), "_item")
+    g = _in_sync(g, ops.filter(pl.col("name").str.contains(DEVICE_SYNC)), "_dev")
+    g = _in_sync(g, ops.filter(pl.col("name").str.contains(SYNC_COPY)), "_copy")
+    cause = (
+        pl.when(pl.col("cls") != "sync").then(pl.lit(None, pl.String))
+        .when(pl.col("_d2h") | pl.col("_item")).then(pl.lit("d2h_copy"))
+        .when(pl.col("_copy")).then(pl.lit("sync_copy"))
+        .when(pl.col("_dev")).then(pl.lit("device_sync"))
+        .otherwise(pl.lit("stream_sync"))
+    )
+    return g.with_columns(cause.alias("cause")).drop("_d2h", "_item", "_dev", "_copy")
 
 
 def classify_gaps(ctx: JobContext, gaps: pl.DataFrame, launch_ranks: list[int], cfg: GpuIdleConfig) -> pl.DataFrame:
@@ -120,7 +160,8 @@ def classify_gaps(ctx: JobContext, gaps: pl.DataFrame, launch_ranks: list[int], 
         .when(pl.col("rank").is_in(launch_ranks)).then(pl.lit("launch"))
         .otherwise(pl.lit("other"))
     )
-    return g.with_columns(cls.alias("cls"), length.cast(pl.Int64).alias("gap_ns")).drop("_loader", "_pause", "in_sync")
+    g = g.with_columns(cls.alias("cls"), length.cast(pl.Int64).alias("gap_ns")).drop("_loader", "_pause", "in_sync")
+    return sync_causes(ctx, g, ops)
 
 
 def launch_facts(ctx: JobContext, ranks: list[int]) -> pl.DataFrame:
@@ -141,19 +182,24 @@ def launch_facts(ctx: JobContext, ranks: list[int]) -> pl.DataFrame:
     )
 
 
-def rank_classes(ctx: JobContext, flagged: pl.DataFrame, cfg: GpuIdleConfig) -> pl.DataFrame:
-    """``flagged`` (from :func:`idle_table`) with the idle ns of each class, the longest gap, the launch
-    facts and ``cls`` (the class holding most of the rank's idle time)."""
+def rank_classes(ctx: JobContext, flagged: pl.DataFrame, cfg: GpuIdleConfig, whole: bool = False) -> pl.DataFrame:
+    """``flagged`` (from :func:`idle_table` or :func:`window_table`) with the idle ns of each class, the
+    longest gap, the launch facts, the sync gaps by cause (``<cause>_n``, ``<cause>_ns``) and ``cls`` (the
+    class holding most of the rank's idle time)."""
     ranks = [int(r) for r in flagged["rank"].to_list()]
     facts = launch_facts(ctx, ranks)
     facts = facts.join(flagged.select("rank", (pl.col("host_bound_ns") / pl.col("idle_ns")).alias("_hb")), on="rank")
     busy_host = (pl.col("cpu_busy") >= cfg.cpu_busy) | (pl.col("_hb") >= cfg.host_bound)
     launch = facts.filter((pl.col("median_kernel_us") < cfg.short_kernel_us) & busy_host)
     facts = facts.drop("_hb")
-    gaps = classify_gaps(ctx, idle_gaps(ctx, ranks), [int(r) for r in launch["rank"].to_list()], cfg)
+    gaps = classify_gaps(ctx, idle_gaps(ctx, ranks, whole), [int(r) for r in launch["rank"].to_list()], cfg)
     per = gaps.group_by("rank").agg(
         *[pl.col("gap_ns").filter(pl.col("cls") == c).sum().alias(f"{c}_ns") for c in CLASSES],
+        *[pl.col("gap_ns").filter(pl.col("cause") == c).sum().alias(f"{c}_ns") for c in SYNC_CAUSES],
+        *[(pl.col("cause") == c).sum().alias(f"{c}_n") for c in SYNC_CAUSES],
         pl.col("gap_ns").max().alias("longest_gap_ns"), pl.len().alias("gaps"),
+        pl.col("g_start").sort_by("gap_ns").last().alias("longest_gap_from_ns"),
+        pl.col("g_end").sort_by("gap_ns").last().alias("longest_gap_to_ns"),
     )
     top = pl.concat_list([pl.col(f"{c}_ns") for c in CLASSES]).list.arg_max()
     return (
@@ -186,15 +232,23 @@ DOC = DetectorDoc(
         " step. Each class has a different fix, so naming the class is most of the diagnosis."
     ),
     measures=(
-        "Needs profiler steps (a capture without them is skipped: its one window spans start-up and "
-        "teardown). The idle time per rank and step is the breakdown's ``idle_ns`` "
-        "(:mod:`forensics.facts.breakdown`: time in the step window with no kernel, copy or NCCL kernel "
-        "running); a rank is flagged when its idle time over all its steps is at least ``min_idle`` of its "
-        "step time. Its idle gaps (between the union of its kernels, inside the step windows) are each put in"
+        "The unit is the profiler step; a capture without steps (no ``ProfilerStep#``, an Nsight export "
+        "without NVTX step ranges) is measured over its profiled window instead, from the rank's first to its "
+        "last GPU activity, and the finding says so (``unit`` = ``profiled_window``; the window may hold "
+        "start-up or phases the trace does not name, so confidence is medium at most; a rank with fewer than "
+        "``min_window_kernels`` compute or NCCL kernels ran set-up or a one-off test and is not judged). The "
+        "idle time per rank and step is the breakdown's ``idle_ns`` (:mod:`forensics.facts.breakdown`: time "
+        "in the step window with no kernel, copy or NCCL kernel running); over a profiled window it is the "
+        "window less the union of kernels, copies and memsets, the host's synchronization records (Nsight's "
+        "CUPTI synchronization rows: time a host thread waited) left out. A rank is flagged when its idle time "
+        "over all its steps (or its window) is at least ``min_idle`` of it. Its idle gaps (between the union of its kernels, inside the step windows) are each put in"
         " one class, first match wins: ``input`` when data-loader ops (``enumerate(DataLoader)``, "
         "``DataLoader``, ``__next__``) cover at least ``input_cover`` of the gap; ``sync`` when the gap "
         "starts while the host is inside a synchronizing call (the host waited for the GPU to drain, then had"
-        " nothing queued); ``pause`` when the gap alone is at least ``pause_share`` of its step or checkpoint"
+        " nothing queued; the cause is named per gap: ``d2h_copy`` when the GPU's last work was a "
+        "device-to-host copy or the host is in ``.item()``, ``sync_copy`` for another synchronous "
+        "``cudaMemcpy``, ``device_sync``, else ``stream_sync``, with the count of gaps and their share of the "
+        "idle time for each); ``pause`` when the gap alone is at least ``pause_share`` of its step or checkpoint"
         " / evaluation ops (``checkpoint``, ``torch.save``, ``eval``, ``validat``) cover ``input_cover`` of "
         "it; ``launch`` for the rest when the rank's median kernel is shorter than ``short_kernel_us`` and "
         "either its CPU ops (cpu_op and CUDA API calls, union over threads) cover at least ``cpu_busy`` of "
@@ -216,19 +270,57 @@ DOC = DetectorDoc(
 )
 
 
+def window_table(ctx: JobContext, cfg: GpuIdleConfig) -> pl.DataFrame:
+    """Per rank of a capture without profiler steps, :func:`idle_table`'s columns over its one profiled window
+    (first to last GPU activity): idle = the window less the union of kernels, copies and memsets (the
+    host's synchronization records left out), host-bound idle as the breakdown measured it, at most that.
+    Only ranks that ran at least ``min_window_kernels`` compute or NCCL kernels; Skip when none did."""
+    work = ctx.frames["kernels"].filter(pl.col("class").is_in(["compute", "comm"])).group_by("rank").len()
+    enough = work.filter(pl.col("len") >= cfg.min_window_kernels)["rank"]
+    if enough.len() == 0:
+        raise Skip(f"no profiler steps, and no rank ran {cfg.min_window_kernels} compute or NCCL kernels in its capture "
+                   "(set-up or a one-off test): no window to judge idle time in")
+    win = ctx.step_windows.filter(pl.col("rank").is_in(enough.implode())).select(
+        "rank", "host", (pl.col("w_end") - pl.col("w_start")).alias("step_ns"))
+    ranks = [int(r) for r in win["rank"].to_list()]
+    idle = idle_gaps(ctx, ranks, whole=True).group_by("rank").agg((pl.col("g_end") - pl.col("g_start")).sum().alias("idle_ns"))
+    hb = ctx.steps.group_by("rank").agg(pl.col("host_bound_ns").sum())
+    return (
+        win.join(idle, on="rank", how="left").join(hb, on="rank", how="left")
+        .with_columns(pl.col("idle_ns").fill_null(0), pl.lit(1, pl.UInt32).alias("steps"))
+        .with_columns(pl.min_horizontal(pl.col("host_bound_ns").fill_null(0), "idle_ns").alias("host_bound_ns"))
+        .with_columns((pl.col("idle_ns") / pl.col("step_ns")).alias("idle"))
+        .filter(pl.col("step_ns") > 0)
+        .select("rank", "host", "steps", "step_ns", "idle_ns", "host_bound_ns", "idle")
+        .sort("rank")
+    )
+
+
 @detector("gpu_idle", doc=DOC, settings=GpuIdleConfig, requires=("kernels",), kinds=(IDLE_GPU,), view="step-anatomy")
 def detect(ctx: JobContext, cfg: GpuIdleConfig) -> list[Finding]:
     require_steps(ctx)
-    if (ctx.steps["step"] == WHOLE_TRACE).all():
-        # The window is then the whole capture (start-up, teardown, pauses between benchmark runs):
-        # its idle share says nothing about a training step.
-        raise Skip("no profiler steps (ProfilerStep# / NVTX step ranges) to measure idle time per step against")
-    flagged = idle_table(ctx.steps.filter(pl.col("step") != WHOLE_TRACE)).filter(pl.col("idle") >= cfg.min_idle)
+    # Without profiler steps the unit is the profiled window (first to last GPU activity of the rank): it
+    # may hold start-up or pauses between phases, which the pause class and the finding's wording name.
+    whole = bool((ctx.steps["step"] == WHOLE_TRACE).all())
+    table = window_table(ctx, cfg) if whole else idle_table(ctx.steps.filter(pl.col("step") != WHOLE_TRACE))
+    flagged = table.filter(pl.col("idle") >= cfg.min_idle)
     if flagged.height == 0:
         return []
-    table = rank_classes(ctx, flagged, cfg)
-    return in_profile(ctx, [_finding(ctx, table.filter(pl.col("cls") == c), c, cfg)
-                            for c in CLASSES if (table["cls"] == c).any()])
+    table = rank_classes(ctx, flagged, cfg, whole)
+    found = in_profile(ctx, [_finding(ctx, table.filter(pl.col("cls") == c), c, cfg, whole)
+                             for c in CLASSES if (table["cls"] == c).any()])
+    return [_at_longest_gaps(f) for f in found]
+
+
+def _at_longest_gaps(f: Finding) -> Finding:
+    """Place the finding at its ranks' longest idle gaps (trace clock, epoch ns): what a fault that stopped the
+    rank explains is the gap that began at or after it, not the whole profiled window."""
+    spans = [(e["longest_gap_from_ns"], e["longest_gap_to_ns"]) for e in f.evidence
+             if isinstance(e.get("longest_gap_from_ns"), int) and isinstance(e.get("longest_gap_to_ns"), int)]
+    if not spans:
+        return f
+    return replace(f, when=When.span(min(a for a, _ in spans), max(b for _, b in spans),
+                                     "the flagged ranks' longest idle gaps on the trace clock"))
 
 
 _TITLE = {
@@ -266,32 +358,65 @@ def _severity(share: float, cfg: GpuIdleConfig) -> Severity:
     return Severity.WARNING if share >= cfg.warning_idle else Severity.INFO
 
 
-def _rows(t: pl.DataFrame, gpu_of: dict[int, str]) -> tuple[dict, ...]:
+_CAUSE_TEXT = {"d2h_copy": "device-to-host copies (.item(), .cpu(), .tolist(), cudaMemcpy to the host)",
+               "sync_copy": "other synchronous copies (cudaMemcpy host-to-device or device-to-device)",
+               "device_sync": "device synchronizes (torch.cuda.synchronize(), cudaDeviceSynchronize)",
+               "stream_sync": "stream or event synchronizes (cudaStreamSynchronize, cudaEventSynchronize)"}
+
+
+def _rows(t: pl.DataFrame, gpu_of: dict[int, str], cls: str) -> tuple[dict, ...]:
+    causes = SYNC_CAUSES if cls == "sync" else ()
     return tuple(
         {"rank": int(r["rank"]), "host": r["host"], "gpu": gpu_of.get(int(r["rank"])), "idle": round(float(r["idle"]), 4),
          "idle_ms_per_step": ms(r["idle_ns"] / r["steps"]),
          **{f"{c}_share": round(float(r[f"{c}_ns"] or 0) / float(r["idle_ns"]), 4) for c in CLASSES},
+         **{f"{c}_syncs": int(r[f"{c}_n"] or 0) for c in causes},
          "host_bound_share": round(float(r["host_bound_ns"]) / float(r["idle_ns"]), 4),
-         "longest_gap_ms": ms(r["longest_gap_ns"]), "median_kernel_us": round(float(r["median_kernel_us"] or 0), 2),
+         "longest_gap_ms": ms(r["longest_gap_ns"]), "longest_gap_from_ns": r["longest_gap_from_ns"],
+         "longest_gap_to_ns": r["longest_gap_to_ns"], "median_kernel_us": round(float(r["median_kernel_us"] or 0), 2),
          "cpu_busy": round(float(r["cpu_busy"] or 0), 4), "gpu_seconds_lost": gpu_seconds(r["idle_ns"])}
         for r in t.sort("idle", descending=True).head(EVIDENCE_CAP).iter_rows(named=True)
     )
 
 
-def _finding(ctx: JobContext, t: pl.DataFrame, cls: str, cfg: GpuIdleConfig) -> Finding:
+def _sync_facts(t: pl.DataFrame) -> tuple[dict, str]:
+    """Metrics and a sentence on what the host waited for in the sync gaps of ``t``'s ranks, by cause."""
+    idle = float(t["idle_ns"].sum())
+    n = {c: int(t[f"{c}_n"].sum()) for c in SYNC_CAUSES}
+    share = {c: float(t[f"{c}_ns"].sum()) / idle for c in SYNC_CAUSES}
+    metrics = {"sync_gaps": sum(n.values()), **{f"{c}_syncs": n[c] for c in SYNC_CAUSES},
+               **{f"{c}_share_of_idle": round(share[c], 4) for c in SYNC_CAUSES}}
+    parts = [f"{n[c]:,} {_CAUSE_TEXT[c]} ({share[c]:.0%} of the idle time)" for c in SYNC_CAUSES if n[c]]
+    return metrics, f" {sum(n.values()):,} idle gap(s) follow a host synchronization: {'; '.join(parts)}."
+
+
+def _unit_text(t: pl.DataFrame, whole: bool, per_step: float) -> tuple[str, str]:
+    """The unit the idle share is of (step or profiled window) and the sentence that says what it is."""
+    if not whole:
+        return "step", f"{ms(per_step)} ms per step"
+    window = float(t["step_ns"].median())  # type: ignore[arg-type]
+    return "profiled window", (f"{ms(per_step)} ms of a {ms(window)} ms window; the trace has no profiler steps, so the "
+                               "unit is the profiled window, from the rank's first to its last GPU activity")
+
+
+def _finding(ctx: JobContext, t: pl.DataFrame, cls: str, cfg: GpuIdleConfig, whole: bool = False) -> Finding:
     ranks = [int(r) for r in t["rank"].to_list()]
     gpu_of = gpus_of(ctx, ranks)
     share = float(t["idle"].median())  # type: ignore[arg-type]
     cls_share = float(t[f"{cls}_ns"].sum()) / float(t["idle_ns"].sum())
     per_step = float((t["idle_ns"] / t["steps"]).median())  # type: ignore[arg-type]
+    unit, unit_text = _unit_text(t, whole, per_step)
+    extra, cause_text = _sync_facts(t) if cls == "sync" else ({}, "")
+    if whole:
+        extra["unit"] = "profiled_window"
     return Finding(
         detector="gpu_idle",
         kind=IDLE_GPU.name,
         severity=_severity(share, cfg),
-        title=f"GPU idle {share:.0%} of the step on {len(ranks)} rank(s), {_TITLE[cls]}",
+        title=f"GPU idle {share:.0%} of the {unit} on {len(ranks)} rank(s), {_in_unit(_TITLE[cls], whole)}",
         summary=(
-            f"Rank(s) {rank_list(ranks)} run no kernel on any stream for {share:.1%} of the step (median; "
-            f"{ms(per_step)} ms per step); {cls_share:.0%} of that idle time is classed {cls}: {_WHY[cls]}."
+            f"Rank(s) {rank_list(ranks)} run no kernel on any stream for {share:.1%} of the {unit} (median; "
+            f"{unit_text}); {cls_share:.0%} of that idle time is classed {cls}: {_in_unit(_WHY[cls], whole)}.{cause_text}"
         ),
         remediation=_DO[cls],
         ranks=tuple(ranks),
@@ -299,10 +424,23 @@ def _finding(ctx: JobContext, t: pl.DataFrame, cls: str, cfg: GpuIdleConfig) -> 
         gpus=tuple(sorted(set(gpu_of.values()))),
         metrics={"class": cls, "idle_share": round(share, 4), "class_share_of_idle": round(cls_share, 4),
                  "idle_ms_per_step": ms(per_step), "ranks_flagged": len(ranks), "ranks_with_data": ctx.steps["rank"].n_unique(),
-                 "steps": int(t["steps"].max()), "min_idle": cfg.min_idle},  # type: ignore[arg-type]
-        evidence=_rows(t, gpu_of),
+                 "steps": 0 if whole else int(t["steps"].max()), "min_idle": cfg.min_idle, **extra},  # type: ignore[arg-type]
+        evidence=_rows(t, gpu_of, cls),
         gpu_seconds_lost=gpu_seconds(float(t["idle_ns"].sum())),
         fraction_of_step=round(share, 4),
         key=f"class-{cls}",
-        confidence="high" if int(t["steps"].max()) >= 2 and cls_share >= 0.7 else "medium",  # type: ignore[arg-type]
+        confidence=_confidence(t, cls_share, whole),
     )
+
+
+def _in_unit(text: str, whole: bool) -> str:
+    """A class's wording, said of the profiled window when there are no steps."""
+    return text.replace("per step", "in the window").replace("whole step", "whole window") if whole else text
+
+
+def _confidence(t: pl.DataFrame, cls_share: float, whole: bool) -> str:
+    """High with two steps or more and one class holding most of the idle time; a profiled window without
+    steps may hold start-up or phases the trace does not name: medium at most."""
+    if cls_share < 0.7:
+        return "medium"
+    return "medium" if whole or int(t["steps"].max()) < 2 else "high"  # type: ignore[arg-type]

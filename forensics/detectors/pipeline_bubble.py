@@ -102,13 +102,21 @@ def infer_schedule(ta: JobContext) -> tuple[int, int]:
         return 0, 0
     m_c, v_c = max(1, int(round(first / 2))), 1
     middle = [counts[s] for s in range(1, p - 1) if s in counts]
+    consistent = True
     if middle:
         mid = sorted(middle)[len(middle) // 2]
         m_mid = int(round((mid - first) / 2))
         if m_mid >= 1:
             m_c, v_c = m_mid, max(1, int(round(mid / (4 * m_mid))))
-    m_o = microbatches_from_order(ta, k) if v_c == 1 and _batched(k) else 0
-    return (m_o or m_c), v_c
+        # one kernel per transfer gives exactly 4mv on a middle stage and as many on the last stage as on the first
+        consistent = m_mid >= 1 and 4 * m_c * v_c == mid and counts.get(p - 1, first) == first
+    if not _batched(k):
+        return m_c, v_c
+    if consistent and middle:
+        return m_c, v_c  # labelled as coalesced or sendrecv, but still one transfer per kernel
+    m_o = microbatches_from_order(ta, k) if v_c == 1 else 0
+    # several transfers per kernel and no order to read m from (an interleaved batched schedule): unknown
+    return (m_o, 1) if m_o else (0, 0)
 
 
 def _batched(p2p: pl.DataFrame) -> bool:
@@ -182,10 +190,9 @@ def _pipeline(ctx: JobContext, cfg: PipelineBubbleConfig) -> _Pipeline:
     m_inf, v_inf = infer_schedule(ctx)
     m = cfg.microbatches or m_inf
     v = cfg.chunks or (v_inf if not cfg.microbatches else 1) or 1
-    m_src = "config" if cfg.microbatches else "inferred from send/recv counts"
-    if m <= 0:
-        raise Skip("cannot tell the number of micro-batches (no PP send/recv kernels in steps); set pipeline_bubble.microbatches")
-    f_star = theory(p, m, v, cfg.schedule)
+    m_src = "config" if cfg.microbatches else ("inferred from send/recv counts" if m > 0 else "unknown")
+    # without m the stages' compute is still compared (imbalance); the schedule's theory is not
+    f_star = theory(p, m, v, cfg.schedule) if m > 0 else 0.0
     mean_c = _num(table["compute_ns"].mean())
     worst = table.sort("compute_ns", descending=True).row(0, named=True)
     sigma = worst["compute_ns"] / mean_c - 1 if mean_c else 0.0
@@ -238,9 +245,13 @@ DOC = DetectorDoc(
         "schedules. m and v come from the config when set; else they are inferred from the pipeline send/recv"
         " kernels per step: ``4mv - 2m`` on the first stage, ``4mv`` on a middle stage (one kernel per send "
         "or receive); when sends and receives share kernels (batched exchanges, as Megatron's "
-        "batch_isend_irecv launches one SendRecv kernel per exchange) m comes from their order instead: the "
+        "batch_isend_irecv launches one SendRecv kernel per exchange, labelled ``coalesced`` under PyTorch's "
+        "coalescing manager) the counts hold only when they are consistent (exactly 4mv on a middle stage, as "
+        "many on the last stage as on the first); otherwise m comes from their order instead: the "
         "runs of compute kernels between two send/recv kernels on the last stage (see "
-        ":func:`infer_schedule`). When the theory exceeds the measured bubble by more than "
+        ":func:`infer_schedule`). When m cannot be told (no P2P kernels in steps, or several transfers per "
+        "kernel in an interleaved schedule) only the stage imbalance is checked, with its saving as a lower "
+        "bound ``max C - mean C`` per step. When the theory exceeds the measured bubble by more than "
         "``theory_tolerance`` of itself (and by more than ``excess_floor``), the trace does not support the "
         "schedule: the only finding is then an info one with the measured bubble, saying the schedule "
         "inference is uncertain (no structural claim). Flags: excess when a stage's ``f_B >= "
@@ -263,6 +274,11 @@ DOC = DetectorDoc(
 def detect(ctx: JobContext, cfg: PipelineBubbleConfig) -> list[Finding]:
     require_steps(ctx)
     pl_ = _pipeline(ctx, cfg)
+    if pl_.m <= 0:
+        if pl_.sigma >= cfg.imbalance:
+            return in_profile(ctx, [_imbalance(pl_)])
+        raise Skip("cannot tell the number of micro-batches (no PP send/recv kernels in steps, or several transfers "
+                   "per kernel in an interleaved schedule); set pipeline_bubble.microbatches")
     findings: list[Finding] = []
     if pl_.sigma >= cfg.imbalance:
         findings.append(_imbalance(pl_))
@@ -303,7 +319,10 @@ def _uncertain(pp: _Pipeline, measured: float) -> Finding:
 def _imbalance(pp: _Pipeline) -> Finding:
     """The slowest stage sets the pace: every other stage waits its extra compute per micro-batch."""
     worst, p, m, v, f_star = pp.worst, pp.p, pp.m, pp.v, pp.f_star
-    delta = (worst["compute_ns"] - pp.mean_c) * (m + p - 1) / m
+    # with m unknown, (m+p-1)/m >= 1: the stage's extra compute per step is a lower bound of the saving
+    delta = (worst["compute_ns"] - pp.mean_c) * ((m + p - 1) / m if m > 0 else 1.0)
+    theory_text = (f"vs {f_star:.1%} in theory for p={p}, m={m}, v={v}" if m > 0 else
+                   f"p={p}; the number of micro-batches could not be told, so no theory is compared")
     return Finding(
         detector="pipeline_bubble",
         kind=PIPELINE.name,
@@ -313,7 +332,7 @@ def _imbalance(pp: _Pipeline) -> Finding:
             f"Stage {worst['pp_stage']} (rank(s) {rank_list(int(r) for r in worst['ranks'])}) computes "
             f"{ms(worst['compute_ns'])} ms per step against a stage mean of "
             f"{ms(pp.mean_c)} ms; every other stage waits for it (measured bubble {pp.common['f_B_measured']:.1%} of "
-            f"the step vs {f_star:.1%} in theory for p={p}, m={m}, v={v}). Balancing would save about "
+            f"the step {theory_text}). Balancing would save {'about' if m > 0 else 'at least'} "
             f"{ms(delta)} ms per step."
         ),
         remediation=_REMEDY_IMB,

@@ -30,9 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import polars as pl
-from forensics.parsers.kineto_names import TP_OVERLAP_KERNEL
 
 from forensics.base.frames import JobFrames
+from forensics.parsers.kineto_names import TP_OVERLAP_KERNEL
 
 PG_TYPES = ["DP", "TP", "PP", "EP", "CP", "default"]
 P2P_OPS = ["send", "recv", "sendrecv"]
@@ -185,8 +185,16 @@ def _comm_kernels(frames: JobFrames, launches: pl.DataFrame | None = None) -> tu
     return k.with_columns(
         pl.when(tp_overlap).then(pl.lit("TP")).otherwise(pg_type_expr(pl.col("pg_desc").fill_null(""))).alias("pg_type"),
         (pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns"),
-        pl.col("collective").fill_null(pl.lit("unknown")).alias("collective"),
+        _coalesced_p2p().fill_null(pl.lit("unknown")).alias("collective"),
     ), lists
+
+
+def _coalesced_p2p() -> pl.Expr:
+    """The collective, with a coalesced group that runs as a SendRecv kernel (batch_isend_irecv under
+    PyTorch's coalescing manager: `nccl:coalesced`, Collective name "coalesced") read as ``sendrecv``: one
+    kernel that carries sends and receives to its pipeline neighbours, a P2P exchange, not a collective."""
+    sendrecv = pl.col("name").str.contains(r"(?i)(?:nccl|rccl)\w*Kernel_SendRecv")
+    return pl.when((pl.col("collective") == "coalesced") & sendrecv).then(pl.lit("sendrecv")).otherwise(pl.col("collective"))
 
 
 def _with_pg_key(k: pl.DataFrame, lists: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:

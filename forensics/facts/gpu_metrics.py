@@ -18,7 +18,6 @@ import polars as pl
 
 from forensics.base.frames import JobFrames
 
-METRICS = ("gr_active", "sm_active", "sm_issue", "tensor_active")
 _KEYS = ("source", "device")
 
 

@@ -21,9 +21,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forensics.parsers.discovery import classify, walk
-
 from forensics.base.errors import UsageError
+from forensics.parsers.discovery import classify, walk
 
 
 @dataclass(frozen=True)

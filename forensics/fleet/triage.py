@@ -55,7 +55,6 @@ JobRenderer = Callable[["Analysis"], dict[str, bytes]]
 """Renders one analysed job into its report files (file name -> content); runs in the worker, so it
 must be a module-level function (picklable). The CLI passes one from forensics.reports."""
 ProgressFn = Callable[[str, int, int], None]
-ENGINES = ("local", "ray")
 _EPOCH_2000_NS = 946_684_800 * 10**9  # earlier "times" are offsets from an unknown origin, not dates
 MIN_WORKER_MEMORY = 512 * 2**20
 

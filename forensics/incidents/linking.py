@@ -47,6 +47,16 @@ def _link_communicator(cause: Finding, cons: Finding) -> str | None:
     return "host" if set(cause.hosts) & set(cons.hosts) else None
 
 
+def _link_faulted_rank(cause: Finding, cons: Finding) -> str | None:
+    """The consequence lies on the faulted rank itself: all its ranks are the cause's, or (a cause that names a GPU
+    but no rank) all its GPUs are the cause's and it names no more ranks than GPUs."""
+    if cons.ranks and set(cons.ranks) <= set(cause.ranks):
+        return "gpu" if set(cons.gpus) & set(cause.gpus) else "rank"
+    if cons.gpus and set(cons.gpus) <= set(cause.gpus) and len(cons.ranks) <= len(cons.gpus):
+        return "gpu"
+    return None
+
+
 def _link_same_job(cause: Finding, cons: Finding) -> str | None:
     return "job"
 
@@ -61,7 +71,8 @@ def _link_gpu_rank_or_host(cause: Finding, cons: Finding) -> str | None:
 
 LINK_TESTS: dict[str, Callable[[Finding, Finding], str | None]] = {
     "gpu_or_rank": _link_gpu_or_rank, "waited_for": _link_waited_for, "host": _link_host,
-    "communicator": _link_communicator, "same_job": _link_same_job, "gpu_rank_or_host": _link_gpu_rank_or_host,
+    "communicator": _link_communicator, "faulted_rank": _link_faulted_rank, "same_job": _link_same_job,
+    "gpu_rank_or_host": _link_gpu_rank_or_host,
 }
 
 # --- time ----------------------------------------------------------------------------------------

@@ -32,6 +32,9 @@ LINKS: dict[str, str] = {
                   "or name the same culprit rank",
     "host": "both name the same host (a host fault explains only findings on that host)",
     "communicator": "they share a rank or a host (one communicator), or the cause is job-wide",
+    "faulted_rank": "every rank of the consequence is one of the cause's ranks (or, for a cause naming a GPU but no "
+                    "rank, every GPU of the consequence is the cause's): what happened on the faulted rank itself, "
+                    "not on others that merely share a communicator",
     "same_job": "always (one analysis is one job): the job's first failure or its cancellation explains what came after",
     "gpu_rank_or_host": "they name the same GPU, rank or host",
 }
@@ -84,6 +87,10 @@ RULES: tuple[Rule, ...] = (
          "gpu_or_rank", "cause_first", None, "high",
          "a GPU that fell off the bus or hit a fatal Xid stops its rank; its peers hang in NCCL until the watchdog",
          "place_only"),
+    Rule("fault_idles_its_rank", ("gpu_fault", "host_fault", "timeout", "desync", "missing_rank", "cuda_failure"),
+         ("idle_gpu",), "faulted_rank", "cause_first", None, "high",
+         "the faulted rank's host waits on a GPU that never answers (a synchronize or .item() on the lost device), "
+         "so its GPU idles from the fault on: a consequence of the fault, not a slowdown of its own", "place_only"),
     Rule("gpu_fault_stalls_peers", ("gpu_fault",), ("spin_wait", "slow_rank"),
          "waited_for", "cause_first", None, "medium",
          "peers of a failing GPU's rank spin in NCCL waiting for it"),
@@ -101,6 +108,11 @@ RULES: tuple[Rule, ...] = (
          "host", "cause_first", None, "high",
          "a NIC that flapped, fell back to a lower speed or logs errors on the host common to every slow "
          "communicator is why they are slow (a degraded link stays degraded: no time window)", "place_only"),
+    Rule("fault_breaks_peer_connection", ("gpu_fault", "host_fault", "nic_fault", "cuda_failure"), ("comm_failure",),
+         "host", "cause_first", 3600.0, "medium",
+         "a GPU, host or NIC fault (or a CUDA error) on the peer's side (the failure names the peer's host when an "
+         "address of the logs places it) or on the reporting host kills a process or link; NCCL on the other side "
+         "reports the closed connection or remote error within seconds", "place_only"),
     Rule("missing_rank_times_out_others", ("desync", "missing_rank", "cuda_failure", "transport_failure",
                                            "stuck_rank", "collective_mismatch"),
          ("timeout",), "communicator", "any", None, "high",

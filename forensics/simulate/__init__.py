@@ -113,7 +113,7 @@ def _gemm_ns(prog: list[Op]) -> int:
 
 class _RankMetrics:
     __slots__ = ("steps", "step_ns", "compute_ns", "comm_ns", "exposed_ns", "wait_ns", "last_arrivals", "kernel_busy_ns", "dp_comm_ns", "p2p_ns", "idle_by_step", "pp_wait_ns", "pp_wait_by_step",
-                 "gemm_ns")
+                 "gemm_ns", "gpu_first", "gpu_last")
 
     def __init__(self) -> None:
         self.steps = 0
@@ -123,6 +123,8 @@ class _RankMetrics:
         self.pp_wait_ns = 0
         self.pp_wait_by_step: list[float] = []
         self.gemm_ns = 0  # GEMM kernel time as the engine drew it (slow_gemm's injected size comes from it)
+        self.gpu_first: int | None = None  # the first GPU op's start and the last one's end (the profiled GPU window)
+        self.gpu_last = 0
 
     def add(self, span: tuple[int, int], prog: list[Op]) -> None:
         comp: list[tuple[int, int]] = []
@@ -167,9 +169,17 @@ class _RankMetrics:
         self.comm_ns += _length(mu)
         self.exposed_ns += _length(mu) - _overlap(cu, mu)
         self.kernel_busy_ns += _length(_merge(allk))
+        self._window(allk)
         self.idle_by_step.append(round(1 - _length(cu) / max(span[1] - span[0], 1), 6))
         self.pp_wait_ns += pp_wait
         self.pp_wait_by_step.append(round(pp_wait / max(span[1] - span[0], 1), 6))
+
+    def _window(self, ops: list[tuple[int, int]]) -> None:
+        """Widen the profiled GPU window (first GPU op start, last end) to ``ops``."""
+        if ops:
+            first = min(a for a, _ in ops)
+            self.gpu_first = first if self.gpu_first is None else min(self.gpu_first, first)
+            self.gpu_last = max(self.gpu_last, max(b for _, b in ops))
 
     def as_dict(self, rank: int) -> dict[str, Any]:
         n = max(self.steps, 1)
@@ -188,6 +198,9 @@ class _RankMetrics:
             "compute_idle_fraction": round(1 - self.compute_ns / n / step, 6) if step else 0.0,
             "compute_idle_fraction_by_step": self.idle_by_step,
             "gpu_idle_fraction": round(1 - self.kernel_busy_ns / n / step, 6) if step else 0.0,
+            # over the whole profiled GPU window (first GPU op to last), the unit of a capture without steps
+            "gpu_idle_fraction_window": round(1 - self.kernel_busy_ns / (self.gpu_last - self.gpu_first), 6)
+            if self.gpu_first is not None and self.gpu_last > self.gpu_first else 0.0,
             "collective_wait_ns_total": self.wait_ns,
             "pipeline_wait_ns_total": self.pp_wait_ns,
             "pipeline_wait_fraction_by_step": self.pp_wait_by_step,
@@ -243,12 +256,19 @@ class _Recorder:
             if r % 2 and res.step < job.first_step + job.window_skew:
                 self.first_host[r] = span[1]  # this rank's profiler window opens later: nothing of this step is traced
                 continue
-            if not self.engine.halted:
-                w.step(res.step, span[0], span[1])
+            if not self.engine.halted or r in self._hung_hosts():
+                # a host that hung in a call raising an error closes its step range and exports the trace on exit
+                if job.profiler_steps:
+                    w.step(res.step, span[0], span[1])
                 self.metrics[r].add(span, prog)
                 self.step_log[r].append((res.step, span[0], span[1]))
             w.ops(prog, res.step)
             w.spill()  # one rank's step text at a time in memory, whatever the world size
+
+    def _hung_hosts(self) -> tuple[int, ...]:
+        """The culprits whose host blocked in a call on their lost GPU (``host_hang_ms``) when the job halted."""
+        spec = self.engine.timeout_spec or {}
+        return tuple(spec.get("ranks", ())) if spec.get("host_hang_ms") else ()
 
     def halt(self, res: StepResult) -> None:
         """The step in which a collective timed out: what the logs and the truth say about it."""
@@ -258,7 +278,7 @@ class _Recorder:
         stop = {r: max((op.end or op.start) for op in prog) if prog else res.step_span[r][0] for r, prog in res.programs.items()}
         spec = self.engine.timeout_spec or {}
         info: dict[str, Any] = {"step": res.step, "coll": c, "arrive": dict(c.arrive), "launch": launch, "stop": stop,
-                                "timeout_ms": spec.get("timeout_ms", 600000.0)}
+                                "timeout_ms": spec.get("timeout_ms", 600000.0), "ends": spec.get("ends", "watchdog")}
         full = c.nbytes // (2 if job.new_kernel_names else 4)
         info["numel_in"] = full // len(c.members) if c.op == "allgather" else full
         info["numel_out"] = full // len(c.members) if c.op == "reduce_scatter" else full
@@ -408,6 +428,7 @@ def _truth(sc: Scenario, job: Job, engine: Engine, hosts: list[str], offsets: li
             "cuda_version": job.cuda_version, "kernel_naming": "ncclDevKernel" if job.new_kernel_names else "ncclKernel",
             "seq_on_kernels": job.seq_on_kernels, "dp_overlap": job.overlap_dp, "noise_sigma": job.noise, "dp_mode": job.dp_mode,
             "window_skew": job.window_skew,
+            "p2p": ("coalesced " if job.p2p_coalesced else "") + ("batched" if job.p2p_batched else "single") if p > 1 else "none",
             "nccl_env": {k: v for k, v in job.env}, "net": {"intra": job.net.intra, "inter": job.net.inter, "gdr": job.net.gdr},
             "base_time_ns": EPOCH_NS - T0_NS,
         },
@@ -515,7 +536,13 @@ def _input_bound_truth(f: dict[str, Any], per_rank: list[dict[str, Any]]) -> dic
     return {"stall_ms_per_step": f["stall_ms"], "gpu_idle_fraction_median": _upper_median("gpu_idle_fraction", per_rank)}
 
 
-_JOB_WIDE_TRUTH = {"input_bound": _input_bound_truth, "slow_kernel_class": _slow_kernel_truth}
+def _item_sync_truth(f: dict[str, Any], per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"d2h_syncs_per_rank": f["syncs"], "host_after_sync_us": f["host_us"],
+            "gpu_idle_fraction_window_median": _upper_median("gpu_idle_fraction_window", per_rank)}
+
+
+_JOB_WIDE_TRUTH = {"input_bound": _input_bound_truth, "slow_kernel_class": _slow_kernel_truth,
+                   "host_sync_idle": _item_sync_truth}
 """Faults on every rank alike: their expected figures from the per-rank metrics."""
 
 

@@ -336,6 +336,9 @@ class Engine:
     def build_step(self, st: RankState, step: int) -> list[Op]:
         prog: list[Op] = []
         tid = st.pid
+        if self.job.item_syncs:
+            self._sync_loop_step(st, prog, step)
+            return prog
         self._step_head(st, prog, tid)
         if self.topo.pp == 1 and self.job.dp_mode == "fsdp":
             self._fsdp_step(st, prog, step)
@@ -347,6 +350,19 @@ class Engine:
             self._pipeline_step(st, prog, step)
         self._step_tail(st, prog, tid)
         return prog
+
+    def _sync_loop_step(self, st: RankState, prog: list[Op], step: int) -> None:
+        """``item_syncs`` rounds of: the forward layers, ``.item()`` on its result (a 4-byte device-to-host copy
+        and a stream synchronize: the host waits until the GPU has drained), then host work of
+        ``host_after_sync_us`` with nothing queued on the GPU (e.g. a Python decode loop reading each token)."""
+        for _ in range(self.job.item_syncs):
+            for _ in range(self.job.work.layers):
+                self._layer_fwd(st, prog, st.compute_scale, st.pid, step)
+            prog.append(Op(MEMCPY, STREAM_COMPUTE, "Memcpy DtoH (Device -> Pageable)", "aten::_local_scalar_dense", 2_500,
+                           self._host_ns(st, 12.0), st.pid, meta=4, cls="memcpy"))
+            prog.append(Op(SYNC, 0, "cudaStreamSynchronize", "aten::item", 0, self._host_ns(st, 8.0), st.pid))
+            host = int(self.job.host_after_sync_us * 1e3 * (0.9 + 0.2 * st.rng.random()))
+            prog.append(Op(HOST, 0, "", "postprocess", 0, host, st.pid))
 
     def _ddp_step(self, st: RankState, prog: list[Op], step: int) -> None:
         w = self.job.work
@@ -573,7 +589,8 @@ class Engine:
         op.cpu_start = st.host_t
         op.launch = st.host_t + op.host_ns // 3
         op.start = op.launch
-        op.end = max([op.launch + 2_000, *[e + 1_500 for e in ends]])
+        hang = op.meta if isinstance(op.meta, int) else 0  # a device that never answers (lost GPU)
+        op.end = max([op.launch + 2_000, *[e + 1_500 for e in ends]]) + hang
         st.host_t = op.end + op.host_ns // 2
         return True
 
@@ -634,6 +651,11 @@ class Engine:
                 while cut > 0 and prog[cut - 1].kind != COMPUTE:
                     cut -= 1
                 del prog[cut:]
+                hang = spec.get("host_hang_ms", 0.0)
+                if hang:
+                    # its host reads a scalar from the lost GPU (.item()) and blocks until the driver gives up
+                    prog.append(Op(SYNC, 0, "cudaStreamSynchronize", "aten::item", 0, 20_000, self.states[r].pid,
+                                   meta=int(hang * 1e6)))
             else:
                 # the process aborts after the watchdog fires; nothing after the collective runs
                 del prog[idx + 1:]

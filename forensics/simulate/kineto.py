@@ -392,9 +392,10 @@ class TraceWriter:
             out_n = nelems // len(c.members)
         pg = c.pg
         first, stride = start_stride(c.members) if kind in ("send", "recv") else pg.start_stride
+        coalesced = job.p2p_coalesced and kind in ("send", "recv")
         torch_name = FSDP2_COLL.get(kind, TORCH_COLL[kind]) if job.fsdp2 else TORCH_COLL[kind]
         coll_args: dict[str, Any] = {
-            "Collective name": torch_name, "In msg nelems": in_n, "Out msg nelems": out_n,
+            "Collective name": "coalesced" if coalesced else torch_name, "In msg nelems": in_n, "Out msg nelems": out_n,
             "Group size": len(pg.ranks), "dtype": dtype, "In split size": "[]", "Out split size": "[]",
             "Process Group Name": pg.name, "Process Group Description": pg.desc,
             "Process Group Ranks": pg.ranks_text,
@@ -407,13 +408,14 @@ class TraceWriter:
         self._x("cpu_op", op.cpu, st.pid, op.tid, t0, t1, {"External id": e1, "Record function id": 0, "Ev Idx": self._idx()})
         rpc: dict[str, Any] = {"External id": e2, "Record function id": 0, "Ev Idx": self._idx(), "Rank": st.rank,
                                "Global rank start": first, "Global rank stride": stride, **coll_args}
-        if kind == "send":
+        if kind == "send" and not coalesced:
             rpc["Dst Rank"] = c.members[1]
-        elif kind == "recv":
+        elif kind == "recv" and not coalesced:
             rpc["Src Rank"] = c.members[0]
         self._x("cpu_op", "record_param_comms", st.pid, op.tid, t0 + 1_500, t1 - 1_000, rpc)
         annot = f"nccl:{torch_name}" if job.fsdp2 and kind in FSDP2_COLL else ANNOT[kind]
-        self._x("user_annotation", annot, st.pid, op.tid, t0 + 3_000, t1 - 2_000, {"External id": e3, "Record function id": 0, "Ev Idx": self._idx()})
+        self._x("user_annotation", "nccl:coalesced" if coalesced else annot, st.pid, op.tid, t0 + 3_000, t1 - 2_000,
+                {"External id": e3, "Record function id": 0, "Ev Idx": self._idx()})
         self.counts["comms"] = self.counts.get("comms", 0) + 1
         api, api_cat, cbid = ("cuLaunchKernelEx", "cuda_driver", 652) if new else ("cudaLaunchKernel", "cuda_runtime", 211)
         op.meta = (c.channels, 512 if new else 640)

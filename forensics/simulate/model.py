@@ -260,6 +260,8 @@ class Job:
     schedule: str = "1f1b"          # 1f1b or interleaved (pipeline only)
     chunks: int = 1                 # v, model chunks per stage (interleaved)
     p2p_batched: bool = False       # Megatron batch_isend_irecv: one SendRecv kernel per send+recv exchange (1F1B, v=1)
+    p2p_coalesced: bool = False     # every PP transfer kernel labelled as PyTorch's coalescing manager does
+                                    # (`nccl:coalesced`, Collective name "coalesced", no Src/Dst Rank)
     steps: int = 4
     first_step: int = 100           # ProfilerStep# of the first profiled step
     noise: float = 0.02             # lognormal sigma of compute kernel durations
@@ -278,6 +280,9 @@ class Job:
     tuning_lines: bool = False
     faults: tuple[dict[str, Any], ...] = ()
     stage_scale: tuple[float, ...] = ()  # per pipeline stage compute multiplier (stage imbalance)
+    profiler_steps: bool = True      # False: the traces hold no ProfilerStep# ranges (a bare profiler capture)
+    item_syncs: int = 0              # > 0: each step is this many (forward, .item(), host work) rounds instead of training
+    host_after_sync_us: float = 0.0  # ... and the host's work after each .item(), while nothing is queued on the GPU
     cuda_graphs: str = ""            # "" eager; "replay": each step's compute kernels replay from one CUDA graph
                                      # (one cudaGraphLaunch under CUDAGraph::replay); "capture": the same, and the
                                      # first profiled step also captures the graph (its launches run nothing)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ class Scenario:
     name: str
     summary: str
     build: Callable[[int | None, int | None, Params], Job]
-    kernel_log: str = "benign"  # benign / xid79 / xid48 / xid94 / xid149 / xid63 / aer_audio / rm_init / throttle / link_flap / oom
+    kernel_log: str = "benign"  # benign / nic_replug / xid79 / xid48 / xid94 / xid149 / xid63 / aer_audio / rm_init / throttle / link_flap / oom
 
 
 class Params:
@@ -182,6 +183,21 @@ def input_bound(ranks: int | None, steps: int | None, params: Params) -> Job:
     return _ddp(ranks, steps, params, faults=({"kind": "input_bound", "ranks": tuple(range(n)), "stall_ms": stall},))
 
 
+def item_sync(ranks: int | None, steps: int | None, params: Params) -> Job:
+    """A single process traced without ProfilerStep ranges (a bare ``torch.profiler`` capture): each round runs
+    ``layers`` forward layers (1), reads a scalar with ``.item()`` (device-to-host copy + stream synchronize) and then
+    spends ``host_us`` (default 400 us) on the host with nothing queued, ``syncs`` rounds in all (default
+    4,097): the GPU idles most of the capture, and the cause is the host's synchronizations."""
+    n = ranks or 1
+    syncs = params.integer("syncs", 4097, 1, 1 << 20)
+    host_us = params.number("host_us", 400.0, 0.0, 1e7)
+    work = Workload(layers=params.integer("layers", 1, 1, 256), hidden=params.integer("hidden", 1024, 8, 65536),
+                    seq=params.integer("seq", 128, 1, 1 << 20), micro_batch=params.integer("micro_batch", 1, 1, 4096))
+    return Job(topo=Topology(tp=1, pp=1, dp=n), work=work, steps=1, noise=params.number("noise", 0.02, 0.0, 1.0),
+               profiler_steps=False, item_syncs=syncs, host_after_sync_us=host_us,
+               faults=({"kind": "host_sync_idle", "ranks": tuple(range(n)), "syncs": syncs, "host_us": host_us},))
+
+
 def slow_gemm(ranks: int | None, steps: int | None, params: Params) -> Job:
     """Every rank's GEMM kernels run ``slowdown`` longer (default 0.3 = +30%), as after a library upgrade
     that picks slower GEMM kernels: a slower kernel class on the whole job, not a straggler."""
@@ -318,6 +334,27 @@ def pp_megatron(ranks: int | None, steps: int | None, params: Params) -> Job:
     return job
 
 
+def pp_megatron_imbalance(ranks: int | None, steps: int | None, params: Params) -> Job:
+    """Megatron-style 1F1B (p=4, m=32, DP=2) with batch_isend_irecv under PyTorch's coalescing manager (every
+    PP kernel is an `nccl:coalesced` SendRecv; steady-state kernels carry a send and a receive) and one slow
+    stage: ``stage`` (default 1) computes ``factor`` (default 1.35) times longer."""
+    pp = params.integer("pp", 4, 1, ranks or 8)
+    stage = params.integer("stage", 1, 0, pp - 1)
+    factor = params.number("factor", 1.35, 0.0, 100.0, low_open=True)
+    scale = tuple(factor if s == stage else 1.0 for s in range(pp))
+    job = _pp(ranks, steps, params, m=32, p2p_batched=True, p2p_coalesced=True, stage_scale=scale,
+              faults=({"kind": "pipeline_stage_imbalance", "stage": stage, "factor": factor},))
+    if job.chunks != 1:
+        raise ScenarioError("pp_megatron_imbalance models the non-interleaved 1F1B schedule: chunks must be 1")
+    return job
+
+
+def pp_interleaved_coalesced(ranks: int | None, steps: int | None, params: Params) -> Job:
+    """Interleaved 1F1B (p=4, v=2, m=8, DP=2) whose PP transfers run under PyTorch's coalescing manager:
+    every PP kernel an `nccl:coalesced` SendRecv without Src/Dst Rank (one transfer per kernel)."""
+    return _pp(ranks, steps, params, v=params.integer("chunks", 2, 1, 16), p2p_coalesced=True, label="clean")
+
+
 def pp_imbalance_stage2(ranks: int | None, steps: int | None, params: Params) -> Job:
     return pp_imbalance(ranks, steps, params.with_defaults(stage="2", factor="1.25"))
 
@@ -333,10 +370,14 @@ def xid(code: int) -> Callable[[int | None, int | None, Params], Job]:
         if code == 79:
             if n < 2:
                 raise ScenarioError("xid79 hangs a collective: it needs at least 2 ranks")
-            # the GPU falls off the bus: its rank never reaches the next gradient all-reduce
+            # the GPU falls off the bus: its rank never reaches the next gradient all-reduce; its host blocks in
+            # .item() on the lost GPU for ``hang_ms`` until the driver reports the error, and its profiler exports
+            # the failing step as the exception unwinds
             steps = steps or 3
+            hang = params.number("hang_ms", 30000.0, 0.0, 1e9)
             return _ddp(ranks, steps, params, faults=(
-                {"kind": "collective_timeout", "ranks": (r,), "step": 100 + steps - 1, "seq": 0, "timeout_ms": 600000.0},
+                {"kind": "collective_timeout", "ranks": (r,), "step": 100 + steps - 1, "seq": 0, "timeout_ms": 600000.0,
+                 "host_hang_ms": hang},
                 {"kind": "xid", "code": 79, "ranks": (r,)}))
         return _ddp(ranks, steps, params, faults=({"kind": "xid", "code": code, "ranks": (r,)},))
     return build
@@ -354,6 +395,14 @@ def _hang_after(ranks: int | None, steps: int | None, params: Params, name: str,
     return _ddp(ranks, steps, params, faults=(
         {"kind": "collective_timeout", "ranks": (r,), "step": 100 + steps - 1, "seq": 0, "timeout_ms": 600000.0},
         {**fault, "ranks": (r,)}))
+
+
+def peer_exit(ranks: int | None, steps: int | None, params: Params) -> Job:
+    """The OOM killer kills one rank's process; its peers' NCCL reports at once that the remote peer closed the
+    connection (ncclRemoteError), before any watchdog timeout (#28: a communication failure, not a timeout)."""
+    job = _hang_after(ranks, steps, params, "peer_exit", 5, {"kind": "oom_kill"})
+    faults = tuple({**f, "ends": "comm_error"} if f["kind"] == "collective_timeout" else f for f in job.faults)
+    return dataclasses.replace(job, faults=faults)
 
 
 def oom_kill(ranks: int | None, steps: int | None, params: Params) -> Job:
@@ -409,6 +458,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("pp_clean", "healthy pipeline + data parallel job (PP=4, 1F1B, m=8)", pp_clean),
     Scenario("pp_interleaved", "healthy interleaved pipeline (PP=4, v=2 chunks, m=8)", pp_interleaved),
     Scenario("pp_megatron", "healthy Megatron-style 1F1B pipeline (PP=4, m=32) with batched send/recv", pp_megatron),
+    Scenario("pp_megatron_imbalance", "Megatron-style 1F1B (PP=4, m=32, DP=2), coalesced batch_isend_irecv, stage 1 "
+             "computes 35% longer", pp_megatron_imbalance),
+    Scenario("pp_interleaved_coalesced", "healthy interleaved pipeline (PP=4, v=2, m=8, DP=2) with every PP transfer "
+             "under nccl:coalesced", pp_interleaved_coalesced),
     Scenario("pp_imbalance_stage2", "pipeline stage imbalance: stage 2 computes 25% longer", pp_imbalance_stage2),
     Scenario("old_nccl", "healthy DDP job on NCCL 2.18 (old ncclKernel_* names, fp32 grads)", old_nccl),
     Scenario("ddp_straggler", "one rank's GPU compute is slower (compute straggler)", ddp_straggler),
@@ -425,6 +478,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("host_straggler", "one rank's host launches kernels slowly (launch-bound straggler; its node logs CPU thermal throttling)", host_straggler, kernel_log="throttle"),
     Scenario("late_rank", "one rank's data loader stalls every step; the others busy-wait in NCCL", late_rank),
     Scenario("input_bound", "input-bound job: every rank's data loader stalls each step, the GPU idles ~40% of it", input_bound),
+    Scenario("item_sync", "one process, no profiler steps: 4,097 .item() reads (device-to-host copy + stream sync), "
+             "the GPU idle most of the capture while the host works after each", item_sync),
     Scenario("slow_gemm", "every rank's GEMM kernels run 30% longer (a slower kernel class, e.g. after a library upgrade)", slow_gemm),
     Scenario("ddp_no_overlap", "DDP all-reduce runs after backward instead of overlapping it", ddp_no_overlap),
     Scenario("slow_nic", "one node's NIC runs at a fraction of its bandwidth (TP=8 x PP=2 x DP; 32 ranks)", slow_nic, kernel_log="link_flap"),
@@ -450,7 +505,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("rm_init_failed", "a GPU the job leaves free on its last node fails to initialize (RmInitAdapter failed; "
              "9 ranks: the node's second GPU)", rm_init_failed, kernel_log="rm_init"),
     Scenario("oom_kill", "the OOM killer kills one rank's process (host memory); its peers time out in the watchdog", oom_kill, kernel_log="oom"),
+    Scenario("peer_exit", "the OOM killer kills one rank's process; its peers' NCCL reports the closed connection "
+             "at once (a communication failure, not a watchdog timeout)", peer_exit, kernel_log="oom"),
     Scenario("benign_kernel_log", "healthy job whose kernel logs hold only benign noise", ddp_clean),
+    Scenario("nic_replug", "healthy job whose NIC ports were re-plugged an hour before (module plugged, slot power "
+             "sufficient, link up again): no finding", ddp_clean, kernel_log="nic_replug"),
     Scenario("cuda_oom", "CUDA out of memory on one rank (traceback, torchrun's failure table); the others, across "
              "nodes, time out in the watchdog", _death("cuda_oom", 11)),
     Scenario("illegal_address", "illegal memory access in a custom kernel on one rank, with the driver's Xid 31 on its GPU; "

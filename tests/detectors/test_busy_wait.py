@@ -7,14 +7,8 @@ import re
 import pytest
 
 from forensics.base.frames import JobFrames
-from forensics.detectors import run_detectors
-from forensics.facts.context import JobContext
 from tests.detectors.partial_inputs import only_ranks, simulate_with_traces_of
 from tests.frame_builders import MS, dp_job
-
-
-def _run(frames):
-    return run_detectors(JobContext(frames), only=["busy_wait"])
 
 
 def _ranks_in(text: str) -> set[int]:
@@ -31,9 +25,9 @@ def _culprits_in_text(f) -> set[int]:
     return _ranks_in(m.group(1)) if m else set()
 
 
-def test_triggers_on_victims_of_a_late_rank_and_names_it():
+def test_triggers_on_victims_of_a_late_rank_and_names_it(run_detector):
     frames, truth = dp_job(n_ranks=8, steps=5, compute_ns=20 * MS, tx_ns=2 * MS, host_delay={3: 10 * MS})
-    found, _ = _run(frames)
+    found, _ = run_detector(frames)
     (f,) = found
     # Culprits, not victims: the rank waited for is named; the 7 that waited are evidence and metrics.
     assert f.ranks == (3,) and f.hosts == ("node0",)
@@ -55,35 +49,35 @@ def test_triggers_on_victims_of_a_late_rank_and_names_it():
     assert f.confidence == "high" and f.metrics["ranks_without_data"] == ""
 
 
-def test_two_late_ranks_are_both_named_and_only_them():
+def test_two_late_ranks_are_both_named_and_only_them(run_detector):
     frames, _ = dp_job(n_ranks=8, steps=6, compute_ns=20 * MS, tx_ns=2 * MS, noise=0.01,
                        host_delay={2: 12 * MS, 6: 12 * MS}, seed=1)
-    (f,) = _run(frames)[0]
+    (f,) = run_detector(frames)[0]
     # Both stall by the same amount: whichever is later arrives last; each carries a share of the wait.
     assert set(f.ranks) == {2, 6} == _culprits_in_text(f)
     assert {e["rank"] for e in f.evidence if e["role"] == "culprit"} == {2, 6}
 
 
-def test_clean_without_late_ranks():
+def test_clean_without_late_ranks(run_detector):
     frames, _ = dp_job(n_ranks=8, steps=5, noise=0.02)
-    assert _run(frames) == ([], [])
+    assert run_detector(frames) == ([], [])
 
 
-def test_clean_when_the_wait_is_hidden_under_compute():
+def test_clean_when_the_wait_is_hidden_under_compute(run_detector):
     frames, _ = dp_job(n_ranks=8, steps=5, overlap=True, host_delay={3: 3 * MS})
-    assert _run(frames) == ([], [])
+    assert run_detector(frames) == ([], [])
 
 
-def test_clean_with_half_the_traces_of_a_clean_job():
+def test_clean_with_half_the_traces_of_a_clean_job(run_detector):
     frames, _ = dp_job(n_ranks=8, steps=5, noise=0.02)
-    assert _run(only_ranks(frames, {0, 1, 2, 3})) == ([], [])
+    assert run_detector(only_ranks(frames, {0, 1, 2, 3})) == ([], [])
 
 
-def test_skipped_without_nccl_kernels():
+def test_skipped_without_nccl_kernels(run_detector):
     frames, _ = dp_job(n_ranks=2, steps=2)
     compute_only = JobFrames({"kernels": frames["kernels"].filter(frames["kernels"]["class"] == "compute"),
                               "steps": frames["steps"]})
-    _, skipped = _run(compute_only)
+    _, skipped = run_detector(compute_only)
     assert [s.detector for s in skipped] == ["busy_wait"] and "no NCCL" in skipped[0].reason
 
 
@@ -101,9 +95,9 @@ def _with_sm_active(frames, pct_by_rank: dict[int, float], every_ns: int = MS):
     return JobFrames({**{name: frames[name] for name in frames.present}, "gpu_metrics": gm})
 
 
-def test_triggers_with_measured_sm_active_and_says_so():
+def test_triggers_with_measured_sm_active_and_says_so(run_detector):
     frames, _ = dp_job(n_ranks=8, steps=5, compute_ns=20 * MS, tx_ns=2 * MS, host_delay={3: 10 * MS})
-    found, _ = _run(_with_sm_active(frames, {r: 37.0 for r in range(8)}))
+    found, _ = run_detector(_with_sm_active(frames, {r: 37.0 for r in range(8)}))
     (f,) = found
     assert f.metrics["U_SM_source"] == "sm_active"
     assert f.metrics["U_SM"] == pytest.approx(0.37)
@@ -111,9 +105,9 @@ def test_triggers_with_measured_sm_active_and_says_so():
     assert all(e["U_SM_source"] == "sm_active" for e in f.evidence if e["role"] == "victim")
 
 
-def test_triggers_without_gpu_metrics_uses_the_blocks_estimate():
+def test_triggers_without_gpu_metrics_uses_the_blocks_estimate(run_detector):
     frames, _ = dp_job(n_ranks=8, steps=5, compute_ns=20 * MS, tx_ns=2 * MS, host_delay={3: 10 * MS})
-    (f,) = _run(frames)[0]
+    (f,) = run_detector(frames)[0]
     assert f.metrics["U_SM_source"] == "blocks_estimate"
     assert "SM-weighted estimate" in f.summary
 
@@ -121,13 +115,13 @@ def test_triggers_without_gpu_metrics_uses_the_blocks_estimate():
 HANG = dict(ranks=4, steps=2, params={"rank": "2"})  # collective_timeout: rank 2 never reaches an all-reduce
 
 
-def test_triggers_on_a_hang_and_names_the_rank_that_never_arrived(tmp_path):
+def test_triggers_on_a_hang_and_names_the_rank_that_never_arrived(run_detector, tmp_path):
     """The simulator's collective_timeout: rank 2 never launches the hung all-reduce, the others spin in it
     until the watchdog. Their wait is for rank 2 although no matched instance has rank 2 arriving last."""
     truth, frames = simulate_with_traces_of(tmp_path, "collective_timeout", {0, 1, 2, 3}, **HANG)
     (fault,) = truth["faults"]
     assert fault["ranks"] == [2]
-    found, _ = _run(frames)
+    found, _ = run_detector(frames)
     (f,) = found
     assert f.ranks == tuple(fault["ranks"]) and list(f.hosts) == fault["hosts"] and list(f.gpus) == fault["gpus"]
     # Every rank has data, but the trace holds one step (the hung one): medium, not high.
@@ -136,12 +130,12 @@ def test_triggers_on_a_hang_and_names_the_rank_that_never_arrived(tmp_path):
     assert f.metrics["waited_for"] == "2" and "never reached" in f.summary
 
 
-def test_a_lone_rank_of_a_multi_rank_job_is_never_critical_and_blames_no_absent_rank(tmp_path):
+def test_a_lone_rank_of_a_multi_rank_job_is_never_critical_and_blames_no_absent_rank(run_detector, tmp_path):
     # The same hang with rank 0's trace only: it spun for the watchdog's timeout, but nothing can be
     # placed on ranks 1-3, which have no data, and one rank cannot split its collectives into wait and
     # transfer.
     _, frames = simulate_with_traces_of(tmp_path, "collective_timeout", {0}, **HANG)
-    (f,) = _run(frames)[0]
+    (f,) = run_detector(frames)[0]
     assert f.severity.value == "info" and f.confidence == "low"
     assert f.ranks == () and f.hosts == () and f.gpus == ()
     assert f.metrics["ranks_without_data"] == "1-3" and f.metrics["ranks_expected"] == 4
@@ -149,10 +143,10 @@ def test_a_lone_rank_of_a_multi_rank_job_is_never_critical_and_blames_no_absent_
     assert "Rank(s) 1-3 (3 of 4) have no trace" in f.summary
 
 
-def test_the_culprit_without_a_trace_is_not_blamed_and_not_critical(tmp_path):
+def test_the_culprit_without_a_trace_is_not_blamed_and_not_critical(run_detector, tmp_path):
     # Every trace but the hung rank's: the others still spin, the wait is for rank 2, which has no data.
     _, frames = simulate_with_traces_of(tmp_path, "collective_timeout", {0, 1, 3}, **HANG)
-    (f,) = _run(frames)[0]
+    (f,) = run_detector(frames)[0]
     assert f.ranks == () and f.severity.value == "warning" and f.confidence == "medium"
     assert f.metrics["waited_for_without_data"] == "2" and f.metrics["ranks_without_data"] == "2"
     assert _culprits_in_text(f) == set()

@@ -7,18 +7,12 @@ import statistics
 import pytest
 
 from forensics.base.frames import JobFrames
-from forensics.detectors import run_detectors
-from forensics.facts.context import JobContext
 from tests.frame_builders import MS, dp_job
 
 
-def _run(frames):
-    return run_detectors(JobContext(frames), only=["exposed_comm"])
-
-
-def test_triggers_on_unoverlapped_dp_allreduce_with_the_true_fraction():
+def test_triggers_on_unoverlapped_dp_allreduce_with_the_true_fraction(run_detector):
     frames, truth = dp_job(n_ranks=8, steps=5, tx_ns=4 * MS, noise=0.01)
-    found, _ = _run(frames)
+    found, _ = run_detector(frames)
     assert [f.metrics["pg_type"] for f in found] == ["DP"]
     f = found[0]
     assert f.ranks == tuple(range(8))
@@ -26,46 +20,46 @@ def test_triggers_on_unoverlapped_dp_allreduce_with_the_true_fraction():
     assert f.metrics["exposed_fraction"] == pytest.approx(statistics.median(per_rank), abs=0.01)
 
 
-def test_triggers_with_a_straggler_but_counts_transfer_not_wait():
+def test_triggers_with_a_straggler_but_counts_transfer_not_wait(run_detector):
     frames, truth = dp_job(n_ranks=8, steps=5, tx_ns=4 * MS, slow={2: 1.5})
-    found, _ = _run(frames)
+    found, _ = run_detector(frames)
     (f,) = found
     # Exposed = the 4 ms transfer only; the ~10 ms waited for rank 2 is not exposure.
     assert f.metrics["exposed_ms_per_step"] == pytest.approx(4.0, abs=0.01)
 
 
-def test_clean_when_the_allreduce_overlaps_backward():
+def test_clean_when_the_allreduce_overlaps_backward(run_detector):
     frames, _ = dp_job(n_ranks=8, steps=5, tx_ns=4 * MS, overlap=True, noise=0.01)
-    assert _run(frames) == ([], [])
+    assert run_detector(frames) == ([], [])
 
 
-def test_clean_a_straggler_does_not_make_its_victims_exposed():
+def test_clean_a_straggler_does_not_make_its_victims_exposed(run_detector):
     # Overlapped job with a late rank: victims' all-reduce ends after their compute, but only because they
     # waited; the last arriver's transfer is hidden, so nothing is exposed.
     frames, _ = dp_job(n_ranks=8, steps=5, tx_ns=4 * MS, overlap=True, slow={5: 1.3}, noise=0.01)
-    assert _run(frames) == ([], [])
+    assert run_detector(frames) == ([], [])
 
 
-def test_skipped_without_nccl_kernels_or_kernels():
+def test_skipped_without_nccl_kernels_or_kernels(run_detector):
     frames, _ = dp_job(n_ranks=2, steps=2)
     compute_only = JobFrames({"kernels": frames["kernels"].filter(frames["kernels"]["class"] == "compute"),
                               "steps": frames["steps"]})
-    _, skipped = _run(compute_only)
+    _, skipped = run_detector(compute_only)
     assert "no NCCL" in skipped[0].reason
-    _, skipped = _run(JobFrames({}))
+    _, skipped = run_detector(JobFrames({}))
     assert "kernels" in skipped[0].reason
 
 
-def test_a_lone_rank_is_never_critical_and_names_the_ranks_without_data(tmp_path):
+def test_a_lone_rank_is_never_critical_and_names_the_ranks_without_data(run_detector, tmp_path):
     from tests.detectors.partial_inputs import simulate_with_traces_of
 
     # late_rank: rank 5's data loader stalls, the others wait for it in the all-reduce. With every
     # trace the wait is told apart from the transfer and nothing is exposed ...
     _, full = simulate_with_traces_of(tmp_path / "all", "late_rank", set(range(6)), ranks=6, steps=4)
-    assert _run(full) == ([], [])
+    assert run_detector(full) == ([], [])
     # ... with rank 0's alone, its wait looks like transfer: reported, but never critical nor confident.
     _, lone = simulate_with_traces_of(tmp_path / "one", "late_rank", {0}, ranks=6, steps=4)
-    (f,) = _run(lone)[0]
+    (f,) = run_detector(lone)[0]
     assert f.ranks == (0,)
     assert f.severity.value == "warning" and f.confidence == "low"
     assert f.metrics["ranks_without_data"] == "1-5" and f.metrics["ranks_expected"] == 6

@@ -3,24 +3,18 @@ from __future__ import annotations
 import polars as pl
 
 from forensics.base.frames import JobFrames
-from forensics.detectors import run_detectors
 from forensics.facts import nccl_cost as nc
-from forensics.facts.context import JobContext
 from tests.detectors.nccl_fixtures import HEALTHY, frames_from
 
 
-def _run(frames):
-    return run_detectors(JobContext(frames), only=["nccl_algorithm"])
-
-
-def test_triggers_on_forced_algorithm(tmp_path):
+def test_triggers_on_forced_algorithm(run_detector, tmp_path):
     text = HEALTHY + "nodeA:100:110 [0] NCCL INFO NCCL_ALGO set by environment to Ring\n"
-    findings, _ = _run(frames_from(tmp_path, text))
+    findings, _ = run_detector(frames_from(tmp_path, text))
     (f,) = findings
     assert f.key == "forced" and "NCCL_ALGO=Ring" in f.summary and f.ranks == (0,) and f.gpus == ("0000:18:00.0",)
 
 
-def test_triggers_on_measured_time_far_above_prediction_in_a_trace(tmp_path):
+def test_triggers_on_measured_time_far_above_prediction_in_a_trace(run_detector, tmp_path):
     # NCCL predicted 1000 us for 64 MiB (Ring/Simple); the fastest rank's kernel took 5000 us
     text = HEALTHY + "nodeA:100:100 [0] NCCL INFO AllReduce: 67108864 Bytes -> Algo 1 proto 2 time 1000.000000\n"
     frames = frames_from(tmp_path, text)
@@ -30,28 +24,28 @@ def test_triggers_on_measured_time_far_above_prediction_in_a_trace(tmp_path):
         "end_ns": [9_000_000, 5_000_000, 6_000_000, 7_000_000], "name": ["ncclDevKernel_AllReduce_Sum_f32_RING_LL"] * 4,
     })
     all_frames = {n: frames[n] for n in frames.present} | {"kernels": kernels}
-    findings, _ = _run(JobFrames(all_frames))
+    findings, _ = run_detector(JobFrames(all_frames))
     (f,) = [x for x in findings if x.key == "model_gap"]
     assert f.metrics["worst_ratio"] == 5.0 and "trace" in f.summary
 
 
-def test_clean_default_choices_matching_measurements(tmp_path):
+def test_clean_default_choices_matching_measurements(run_detector, tmp_path):
     text = HEALTHY + "nodeA:100:100 [0] NCCL INFO AllReduce: 67108864 Bytes -> Algo 1 proto 2 time 1000.000000\n"
-    findings, skipped = _run(frames_from(tmp_path, text))
+    findings, skipped = run_detector(frames_from(tmp_path, text))
     assert findings == [] and skipped == []
 
 
-def test_skipped_without_nccl_inputs():
-    findings, skipped = _run(JobFrames({}))
+def test_skipped_without_nccl_inputs(run_detector):
+    findings, skipped = run_detector(JobFrames({}))
     assert findings == [] and "nccl_env" in skipped[0].reason
 
 
-def test_skipped_when_logs_have_nothing_about_algorithms(tmp_path):
-    findings, skipped = _run(frames_from(tmp_path, "h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM\n"))
+def test_skipped_when_logs_have_nothing_about_algorithms(run_detector, tmp_path):
+    findings, skipped = run_detector(frames_from(tmp_path, "h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM\n"))
     assert findings == []
 
 
-def test_forced_loss_is_quantified_when_sizes_and_gpus_are_known(tmp_path):
+def test_forced_loss_is_quantified_when_sizes_and_gpus_are_known(run_detector, tmp_path):
     # 4 x H100 on one node, COLL lines give 64 KiB all-reduces, user forced Ring/Simple
     text = "".join(
         f"n:1:1 [{d}] NCCL INFO comm 0x{d} rank {d} nranks 4 cudaDev {d} busId {d + 1}000 - Init COMPLETE\n" for d in range(4)
@@ -63,7 +57,7 @@ def test_forced_loss_is_quantified_when_sizes_and_gpus_are_known(tmp_path):
     frames = frames_from(tmp_path, text)
     comms = frames["nccl_comms"].with_columns(pl.lit("NVIDIA H100 80GB HBM3").alias("gpu_name"))
     frames = JobFrames({n: frames[n] for n in frames.present} | {"nccl_comms": comms})
-    (f,) = _run(frames)[0]
+    (f,) = run_detector(frames)[0]
     c = nc.Comm(nranks=4, nnodes=1, ring=nc.Graph(16, 20.6, 12.0))
     expect = nc.choose(nc.Comm(**{**c.__dict__, "protos": frozenset({"Simple"})}), "AllReduce", 65536)[2] - nc.choose(c, "AllReduce", 65536)[2]
     assert f.metrics["predicted_lost_us"] == round(expect, 1) and expect > 0
@@ -87,19 +81,19 @@ def test_tuning_table_new_layout_is_parsed(tmp_path):
     assert (r["latency_us"], r["bw_gbps"], r["max_nthreads"]) == (40.0, 100.0, 512)
 
 
-def test_triggers_on_nccl_tests_time_far_above_the_tuning_table(tmp_path):
+def test_triggers_on_nccl_tests_time_far_above_the_tuning_table(run_detector, tmp_path):
     # 100 MiB AllReduce on Ring/Simple: table says 40 us + 104857600 B / (1000 * 100 GB/s) = 1088.576 us;
     # nccl-tests measured 10885.76 us -> 10x
     text = TABLE_2_24 + "n:1:1 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n" + (
         "./build/all_reduce_perf -b 100M -e 100M\n"
         "   104857600      26214400     float     sum      -1  10885.76    9.63    9.63      0  10885.76    9.63    9.63      0\n"
     )
-    findings, _ = _run(frames_from(tmp_path, text))
+    findings, _ = run_detector(frames_from(tmp_path, text))
     (f,) = [x for x in findings if x.key == "model_gap"]
     assert abs(f.metrics["worst_ratio"] - 10.0) < 0.01 and f.metrics["worst_bytes"] == 104857600
 
 
-def test_forced_loss_per_step_from_trace_sizes(tmp_path):
+def test_forced_loss_per_step_from_trace_sizes(run_detector, tmp_path):
     # same job, sizes from the trace: rank 0 issued four 64 KiB all-reduces over two profiled steps of 10 ms
     text = "".join(
         f"n:1:1 [{d}] NCCL INFO comm 0x{d} rank {d} nranks 4 cudaDev {d} busId {d + 1}000 - Init COMPLETE\n" for d in range(4)
@@ -109,7 +103,7 @@ def test_forced_loss_per_step_from_trace_sizes(tmp_path):
     trace_comms = pl.DataFrame({"rank": [0, 0, 0, 0, 1], "collective": ["allreduce"] * 5, "bytes": [65536] * 5})
     steps = pl.DataFrame({"rank": [0, 0], "step": [1, 2], "start_ns": [0, 10_000_000], "end_ns": [10_000_000, 20_000_000]})
     job = JobFrames({n: frames[n] for n in frames.present} | {"nccl_comms": comms, "comms": trace_comms, "steps": steps})
-    (f,) = _run(job)[0]
+    (f,) = run_detector(job)[0]
     c = nc.Comm(nranks=4, nnodes=1, ring=nc.Graph(2, 20.6, 12.0))
     one = nc.choose(nc.Comm(**{**c.__dict__, "protos": frozenset({"Simple"})}), "AllReduce", 65536)[2] - nc.choose(c, "AllReduce", 65536)[2]
     assert f.metrics["predicted_lost_us_per_step"] == round(2 * one, 1)
@@ -117,16 +111,16 @@ def test_forced_loss_per_step_from_trace_sizes(tmp_path):
     assert abs(f.gpu_seconds_lost - 4 * one * 4 / 1e6) < 1e-12
 
 
-def test_enable_switches_count_only_when_turned_off(tmp_path):
+def test_enable_switches_count_only_when_turned_off(run_detector, tmp_path):
     on = HEALTHY + "nodeA:100:110 [0] NCCL INFO NCCL_NVLS_ENABLE set by environment to 1.\n"
-    assert _run(frames_from(tmp_path, on))[0] == []
+    assert run_detector(frames_from(tmp_path, on))[0] == []
     off = HEALTHY + "nodeA:100:110 [0] NCCL INFO NCCL_NVLS_ENABLE set by environment to 0.\n"
-    (f,) = _run(frames_from(tmp_path, off, "off.log"))[0]
+    (f,) = run_detector(frames_from(tmp_path, off, "off.log"))[0]
     assert "NCCL_NVLS_ENABLE=0" in f.summary
 
 
-def test_clean_protocol_set_by_the_net_plugin_is_not_a_user_override(tmp_path):
+def test_clean_protocol_set_by_the_net_plugin_is_not_a_user_override(run_detector, tmp_path):
     from tests.test_nccl_log import EFA_227
 
-    findings, _ = _run(frames_from(tmp_path, EFA_227))
+    findings, _ = run_detector(frames_from(tmp_path, EFA_227))
     assert [f for f in findings if f.key == "forced"] == []

@@ -3,8 +3,6 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from forensics.base.frames import JobFrames
-from forensics.detectors import run_detectors
-from forensics.facts.context import JobContext
 from tests.detectors.nccl_fixtures import HEALTHY, frames_from
 
 TIMEOUT = """\
@@ -14,40 +12,36 @@ TIMEOUT = """\
 """
 
 
-def _run(frames):
-    return run_detectors(JobContext(frames), only=["nccl_timeout"])
-
-
-def test_triggers_and_names_the_rank_that_never_issued_the_collective(tmp_path):
-    findings, _ = _run(frames_from(tmp_path, TIMEOUT))
+def test_triggers_and_names_the_rank_that_never_issued_the_collective(run_detector, tmp_path):
+    findings, _ = run_detector(frames_from(tmp_path, TIMEOUT))
     (f,) = findings
     assert f.ranks == (3,) and f.metrics["seq"] == 41 and f.metrics["timeout_ms"] == 600000
     assert "never issued" in f.summary and "stuck inside" in f.summary
 
 
-def test_triggers_on_desync(tmp_path):
+def test_triggers_on_desync(run_detector, tmp_path):
     first = TIMEOUT.splitlines()[0]
     text = (TIMEOUT + first.replace("rank2", "rank6").replace("Rank 2", "Rank 6") + "\n"
             + first.replace("rank2", "rank5").replace("Rank 2", "Rank 5").replace("ALLREDUCE", "BROADCAST") + "\n")
-    findings, _ = _run(frames_from(tmp_path, text))
+    findings, _ = run_detector(frames_from(tmp_path, text))
     d = [f for f in findings if f.key == "desync"][0]
     assert d.ranks == (5,)  # the minority collective at SeqNum 41
 
 
-def test_clean_healthy_nccl_log(tmp_path):
-    findings, skipped = _run(frames_from(tmp_path, HEALTHY))
+def test_clean_healthy_nccl_log(run_detector, tmp_path):
+    findings, skipped = run_detector(frames_from(tmp_path, HEALTHY))
     assert findings == [] and "collective_timeouts" in skipped[0].reason
 
 
-def test_clean_ras_all_ok(tmp_path):
+def test_clean_ras_all_ok(run_detector, tmp_path):
     text = ("NCCL version 2.26.2 compiled with CUDA 12.4\n\nGroup     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors\n"
             "    0         1         2         8        16        16   RUNNING      OK\n")
-    findings, skipped = _run(frames_from(tmp_path, text))
+    findings, skipped = run_detector(frames_from(tmp_path, text))
     assert findings == [] and "no PyTorch watchdog" in skipped[0].reason
 
 
-def test_skipped_without_any_log():
-    findings, skipped = _run(JobFrames({}))
+def test_skipped_without_any_log(run_detector):
+    findings, skipped = run_detector(JobFrames({}))
     assert findings == [] and "collective_timeouts" in skipped[0].reason
 
 
@@ -60,12 +54,12 @@ def _in_2026(frames: JobFrames) -> JobFrames:
     return JobFrames({**{n: frames[n] for n in frames.present}, "steps": steps})
 
 
-def test_timeout_and_desync_carry_the_watchdog_time(tmp_path):
+def test_timeout_and_desync_carry_the_watchdog_time(run_detector, tmp_path):
     """Both are placed from their own lines: the watchdog stamp (Jan 1 10:00:00) minus the 600100 ms run."""
     stamped = TIMEOUT.replace("[E101 ", "[E0101 ")  # glog: [EMMDD hh:mm:ss.frac ...]
     first = stamped.splitlines()[0]
     text = stamped + first.replace("rank2", "rank5").replace("Rank 2", "Rank 5").replace("ALLREDUCE", "BROADCAST") + "\n"
-    findings, _ = _run(_in_2026(frames_from(tmp_path, text)))
+    findings, _ = run_detector(_in_2026(frames_from(tmp_path, text)))
     fired = int(datetime(2026, 1, 1, 10, 0, tzinfo=timezone.utc).timestamp()) * 10**9
     by = {f.kind: f for f in findings}
     assert set(by) == {"timeout", "desync"}
@@ -75,19 +69,19 @@ def test_timeout_and_desync_carry_the_watchdog_time(tmp_path):
     assert by["timeout"].cost.waiting_ranks == 3 and by["timeout"].process_group == "0"
 
 
-def test_without_the_job_year_the_time_is_unknown_and_says_why(tmp_path):
-    findings, _ = _run(frames_from(tmp_path, TIMEOUT.replace("[E101 ", "[E0101 ")))
+def test_without_the_job_year_the_time_is_unknown_and_says_why(run_detector, tmp_path):
+    findings, _ = run_detector(frames_from(tmp_path, TIMEOUT.replace("[E101 ", "[E0101 ")))
     (f,) = findings
     assert not f.when.known and "year" in f.when.basis and f.cost.died_ns is None
 
 
-def test_triggers_and_names_the_rank_stuck_on_the_device_by_the_counters_vote(tmp_path):
+def test_triggers_and_names_the_rank_stuck_on_the_device_by_the_counters_vote(run_detector, tmp_path):
     # every rank reached SeqNum 41 (nobody "never issued" it); rank 3's own work stopped completing at 37
     line = ("[rank{r}]:[E101 10:00:00.000000000 ProcessGroupNCCL.cpp:2268] [PG ID 0 PG GUID 0(default_pg) Rank {r}]  "
             "failure detected by watchdog at work sequence id: {s} PG status: last enqueued work: 41, "
             "last completed work: {c}\n")
     text = "".join(line.format(r=r, s=38 if r == 3 else 41, c=37 if r == 3 else 40) for r in range(4))
-    findings, _ = _run(frames_from(tmp_path, text))
+    findings, _ = run_detector(frames_from(tmp_path, text))
     (f,) = findings
     assert f.ranks == (3,) and "vote names rank(s) 3 stuck on the device" in f.summary
     assert f.metrics["culprit_ranks"] == "3"
