@@ -87,7 +87,7 @@ def make(out: Path, ranks: int, entries: int) -> int:
 def run(run_dir: Path, workers: int) -> tuple[float, int, dict]:
     out = Path(tempfile.mkdtemp(prefix="fr_bench_out_"))
     cmd = [sys.executable, "-m", "forensics.cli", "analyze", str(run_dir), "--out", str(out / "o"), "-q",
-           "--workers", str(workers), "--only", "hang"]
+           "--workers", str(workers), "--only", "hang_verdict"]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     peak = 0
@@ -115,7 +115,7 @@ def main() -> None:
         size = make(run_dir, args.ranks, args.entries)
         print(f"wrote {args.ranks} dumps, {size / 2**20:.0f} MiB, in {time.perf_counter() - t0:.1f} s")
     wall, peak, doc = run(run_dir, args.workers)
-    stuck = [f for f in doc["findings"] if f["detector"] == "hang" and f["metrics"].get("class") == "device"]
+    stuck = [f for f in doc["findings"] if f["detector"] == "hang_verdict" and f["metrics"].get("class") == "device"]
     named = stuck[0]["ranks"] if stuck else []
     ok_time, ok_mem, ok_verdict = wall <= TIME_LIMIT_S, peak <= MEMORY_LIMIT, named == [CULPRIT % args.ranks]
     print(f"{args.ranks} ranks x {args.entries} entries, {args.workers} worker(s): {wall:.1f} s wall "

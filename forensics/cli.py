@@ -209,6 +209,35 @@ def _internal_error(exc: BaseException) -> None:
     _error(f"internal error during {phase}{subject}: {detail} (a bug, please report it; traceback in {where})")
 
 
+#: optional modules -> the extra that installs them (a missing one is the user's to install, not a bug)
+OPTIONAL_EXTRAS = {"ray": "ray", "holistictraceanalysis": "bench", "hta": "bench", "psutil": "bench"}
+_NO_SPACE = (28, 122)  # ENOSPC, EDQUOT
+
+
+def environment_problem(exc: BaseException) -> str | None:
+    """One line saying what to do when ``exc`` is the machine's state, not a bug: a full disk or quota, a missing
+    optional extra; None otherwise."""
+    for e in (exc, exc.__cause__, exc.__context__):
+        if isinstance(e, OSError) and (e.errno in _NO_SPACE or "os error 28" in str(e)
+                                       or "No space left on device" in str(e)):
+            where = f" writing {e.filename}" if getattr(e, "filename", None) else ""
+            return f"no space left on the device{where}: free some space or write --out to another disk"
+        if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] in OPTIONAL_EXTRAS:
+            mod = (e.name or "").split(".")[0]
+            return f"this needs the optional module {mod}: pip install 'trace-forensics[{OPTIONAL_EXTRAS[mod]}]'"
+    return None
+
+
+def _unexpected(exc: Exception) -> int:
+    """The exit code and one line for an exception no command expected: 2 for the machine's state, else 3 (a bug)."""
+    problem = environment_problem(exc)
+    if problem:
+        _error(problem)
+        return EXIT_ERROR
+    _internal_error(exc)
+    return EXIT_INTERNAL
+
+
 def _interrupted(exc: KeyboardInterrupt) -> int:
     label, code = ("terminated", EXIT_SIGTERM) if isinstance(exc, Terminated) else ("interrupted", EXIT_SIGINT)
     if _run.committed:
@@ -238,8 +267,7 @@ def _command(func: F) -> F:
         except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM as Terminated
             raise typer.Exit(_interrupted(exc)) from None
         except Exception as exc:
-            _internal_error(exc)
-            raise typer.Exit(EXIT_INTERNAL) from None
+            raise typer.Exit(_unexpected(exc)) from None
 
     return guarded  # type: ignore[return-value]
 
@@ -802,8 +830,7 @@ def main() -> None:
     except KeyboardInterrupt as exc:
         sys.exit(_interrupted(exc))
     except Exception as exc:
-        _internal_error(exc)
-        sys.exit(EXIT_INTERNAL)
+        sys.exit(_unexpected(exc))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import polars as pl
 from forensics.reports.view_common import View
 
 from forensics.detectors import kind_of as declared_kind
-from forensics.detectors.hang import STUCK_RANK
+from forensics.detectors.hang_verdict import STUCK_RANK
 from forensics.facts import hang
 
 if TYPE_CHECKING:

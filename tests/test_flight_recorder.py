@@ -41,7 +41,7 @@ def _parse(path: Path, rel: str | None = None):
 
 
 def _hang(findings, key: str):
-    return [f for f in findings if f.detector == "hang" and f.key == key]
+    return [f for f in findings if f.detector == "hang_verdict" and f.key == key]
 
 
 def _culprits(findings) -> dict[str, set[int]]:
@@ -253,7 +253,7 @@ def test_rank_and_host_from_the_file_name_checked_against_the_content(tmp_path):
 ])
 def test_simulated_hangs_match_their_truth(tmp_path, scenario, fmt, version, stacks):
     truth = sim.write(scenario, tmp_path, fmt=fmt, version=version, stacks=stacks, host_names=fmt == "json")
-    findings = [f for f in analyze(tmp_path).findings if f.detector == "hang"]
+    findings = [f for f in analyze(tmp_path).findings if f.detector == "hang_verdict"]
     exp = truth["expected"]
     assert _culprits(findings) == {c: set(exp[c]) for c in ("device", "host") if exp[c]}
     undecided = _hang(findings, "undecided")
@@ -329,7 +329,7 @@ def test_the_dumps_of_two_cases_side_by_side_are_judged_apart():
     for case in CASES:
         found = {}
         for f in analysis.findings:
-            if f.detector == "hang" and f.key.endswith(f":{case}"):
+            if f.detector == "hang_verdict" and f.key.endswith(f":{case}"):
                 found.setdefault(f.key.split(":")[0].removeprefix("stuck_"), set()).update(f.ranks)
         assert found == _injected(_case(case)), case
 

@@ -430,13 +430,17 @@ NCCL_EVENTS = FrameSpec(
             "nvls_support, p2p_check, connected, topo_system, topo_link, graph_pattern, thread_thresholds "
             "(value = nranks), ring_order (a ring per channel), trees, ring_graph, ras_group, ras_missing, "
             "ras_dead, ras_outlier, nccl_tests_check, nccl_tests_avg, flight_recorder_disabled, "
-            "flight_recorder (dump triggered; code = the rank it came from), warn_other",
+            "flight_recorder (dump triggered; code = the rank it came from), ofi_error (AWS OFI / EFA "
+            "provider error; code = RC), remote_error (a WARN saying the remote process exited or the network "
+            "failed), nccl_tests_failure (nccl-tests stopped on an NCCL error), warn_other",
         ),
         _c("code", pl.Int64(), "numeric code: IB completion status, ncclResult_t, CUDA error, count"),
         _c("value", pl.Float64(), "numeric value (seconds, channel count, bandwidth) where the kind has one"),
         _c("peer", pl.String(), "remote peer address, node or process the line names"),
         _c("file_line", pl.String(), "NCCL source `file:line` of a WARN"),
         _c("message", pl.String(), "message text"),
+        _c("time_ns", pl.Int64(), "epoch ns the line carries (2.26+ WARN `[date time]` prefix or a launcher's ISO "
+           "prefix; a time without a zone is read as UTC), else null"),
     ),
 )
 

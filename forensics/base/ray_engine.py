@@ -6,7 +6,9 @@ Ray is optional (``pip install 'trace-forensics[ray]'``); it is imported only wh
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -27,12 +29,51 @@ def ray_session(address: str | None = None) -> Iterator[int]:
         raise UsageError("--engine ray needs Ray: pip install 'trace-forensics[ray]'") from None
     opened = not ray.is_initialized()
     if opened:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+        connect(ray, address)
     try:
         yield max(1, int(ray.cluster_resources().get("CPU", 1)))
     finally:
         if opened:
             ray.shutdown()
+
+
+#: how long the reachability check of --ray-address waits for a TCP connection (Ray's own init retries for minutes)
+CONNECT_TIMEOUT_S = 5.0
+
+
+def connect(ray: Any, address: str | None) -> None:
+    """``ray.init``; a cluster that cannot be reached, refuses the credentials or names no host is the user's
+    to fix (UsageError, exit 2), never an internal error."""
+    if address and address != "auto":
+        _check_reachable(address)
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    except ray.exceptions.AuthenticationError as exc:
+        raise UsageError(f"the Ray cluster at {address} refused this client's credentials ({_first_line(exc)}): "
+                         "set RAY_AUTH_TOKEN (or RAY_AUTH_MODE) as the cluster expects") from None
+    except (ConnectionError, TimeoutError, ValueError, PermissionError) as exc:
+        raise UsageError(f"cannot use the Ray cluster at {address or 'a new local session'} ({_first_line(exc)}): "
+                         "check --ray-address (host:port of a running `ray start --head`, or "
+                         "ray://host:10001)") from None
+
+
+def _check_reachable(address: str) -> None:
+    """A TCP connection to the address's host:port, so that a wrong --ray-address fails in seconds."""
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise UsageError(f"--ray-address {address!r} is not HOST:PORT (or ray://HOST:PORT)")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, TimeoutError) else (errno.errorcode.get(exc.errno or 0) or str(exc))
+        raise UsageError(f"cannot reach the Ray cluster at {address} ({why}): start it (`ray start --head`) or "
+                         "fix --ray-address") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
 def ray_map(

@@ -5,6 +5,7 @@ Its documentation (what it detects, why it matters, how it measures, what to do)
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -24,6 +25,32 @@ FORCING = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_MAX_NCHANNELS", "NCCL_MAX_CTAS", "NC
            "NCCL_LL_THRESHOLD", "NCCL_TREE_THRESHOLD", "NCCL_LL128_NTHREADS")
 # algorithm switches only: transport switches (P2P, SHM, IB, GDR) are nccl_transport's
 DISABLES = ("NCCL_NVLS_ENABLE", "NCCL_PAT_ENABLE", "NCCL_CUMEM_ENABLE")
+#: Expected nccl-tests bus bandwidth on one node, largest sizes, by GPU model (first match; every GPU of the job
+# : must match; PCIe cards have no NVSwitch and are not in it): (regular expression on the GPU name, GB/s, source). The
+# NVSwitch H100/H200 figure is the
+#: non-NVLS class (AllReduce with NVLS reaches ~480): a run below half of it is wrong whatever the algorithm.
+#: Across nodes the NICs bound it and their speed is not in the logs: set nccl_algorithm.expected_busbw_gbps.
+EXPECTED_BUSBW: tuple[tuple[str, float, str], ...] = (
+    (r"H800(?!.*PCIe)", 215.0, "8x H800, users' nccl-tests (NVIDIA/nccl#1374)"),
+    (r"(?:H100|H200)(?!.*(?:PCIe|NVL))", 370.0,
+     "8x H100/H200 NVSwitch, NCCL maintainer: ~370 GB/s for non-AllReduce or "
+                                "NCCL_ALGO=RING (NVIDIA/nccl-tests#212)"),
+    (r"A800(?!.*PCIe)", 160.0, "8x A800, NCCL maintainer: ~160 GB/s intra-node (NVIDIA/nccl#412)"),
+    (r"A100-SXM|A100 SXM", 200.0, "8x A100 SXM NVSwitch, users report 200-232 GB/s (NVIDIA/nccl-tests#149, #175)"),
+)
+#: Environment settings that reduce channels or bandwidth -> whether the value reduces them (named as the cause)
+CHANNEL_CAPS: dict[str, Callable[[str], bool]] = {
+    "NCCL_TOPO_FILE": lambda v: bool(v),
+    "NCCL_P2P_LEVEL": lambda v: v.upper() not in ("SYS", "5"),
+    "NCCL_P2P_DISABLE": lambda v: v != "0",
+    "NCCL_MIN_NCHANNELS": lambda v: True,
+    "NCCL_MAX_NCHANNELS": lambda v: True,
+    "NCCL_MIN_CTAS": lambda v: True,
+    "NCCL_MAX_CTAS": lambda v: True,
+    "NCCL_NCHANNELS_PER_NET_PEER": lambda v: True,
+    "NCCL_BUFFSIZE": lambda v: not v.isdigit() or int(v) < (4 << 20),
+    "NCCL_NVLS_ENABLE": lambda v: v == "0",
+}
 _ALGO_NAMES = {a.lower(): a for a in nc.ALGOS} | {"nvls_tree": "NVLSTree", "nvlstree": "NVLSTree"}
 _PROTO_NAMES = {p.lower(): p for p in nc.PROTOS}
 
@@ -44,7 +71,10 @@ class NcclAlgorithmConfig:
                                          doc="the hardware's expected nccl-tests bus bandwidth (0 = unknown, check "
                                              "off)")
     min_busbw_fraction: float = setting(0.5, unit="fraction", low=0.0, high=1.0,
-                                        doc="nccl-tests peak busbw below this share of expected_busbw_gbps is flagged")
+                                        doc="peak busbw below this share of the expected bus bandwidth is flagged")
+    min_busbw_bytes: int = setting(128 << 20, unit="bytes", low=1,
+                                   doc="bus bandwidth is judged on messages at least this large (smaller ones are "
+                                       "latency-bound; the expected figures are for the largest sizes)")
 
 
 def _names(value: str, table: dict[str, str]) -> frozenset[str] | None:
@@ -354,24 +384,89 @@ def check_busbw_cliff(a: _Algo) -> list[Finding]:
     )]
 
 
+def _expected_busbw(a: _Algo) -> tuple[float, str] | None:
+    """(GB/s, where the figure comes from) for this job, or None when nothing says what the hardware allows."""
+    if a.cfg.expected_busbw_gbps > 0:
+        return a.cfg.expected_busbw_gbps, "set by the user (nccl_algorithm.expected_busbw_gbps)"
+    names = list(a.j.archs)
+    if not (a.j.single_node and names):
+        return None
+    for rx, gbps, src in EXPECTED_BUSBW:
+        if all(re.search(rx, n) for n in names):
+            return gbps, src
+    return None
+
+
+def _measured_busbw(a: _Algo) -> pl.DataFrame:
+    """Bus bandwidth of the large messages: nccl-tests rows, and traced collectives (bytes / the fastest rank's
+    kernel time x NCCL's bus factor: 2(n-1)/n all-reduce, (n-1)/n all-gather / reduce-scatter, 1 otherwise)."""
+    big = pl.col("size_bytes") >= a.cfg.min_busbw_bytes
+    rows = [a.tests.filter(big & pl.col("busbw_gbps").is_not_null())
+            .select("size_bytes", "busbw_gbps", "line", pl.lit("nccl-tests").alias("measured_by"))]
+    if a.frames.has("kernels") and "group_size" in a.frames["kernels"].columns:
+        k = a.frames["kernels"].filter((pl.col("class") == "comm") & pl.col("bytes").is_not_null()
+                                       & pl.col("seq").is_not_null() & (pl.col("group_size") > 1))
+        n = pl.col("group_size").cast(pl.Float64)
+        factor = (pl.when(pl.col("collective") == "allreduce").then(2 * (n - 1) / n)
+                  .when(pl.col("collective").is_in(["allgather", "reduce_scatter"])).then((n - 1) / n)
+                  .otherwise(1.0))
+        t = (k.group_by("pg_name", "seq", "collective", "bytes")
+             .agg((pl.col("end_ns") - pl.col("start_ns")).min().alias("ns"), pl.col("group_size").first())
+             .filter(pl.col("ns") > 0)
+             .select(pl.col("bytes").alias("size_bytes"), (pl.col("bytes") / pl.col("ns") * factor).alias("busbw_gbps"),
+                     pl.lit(None, pl.Int64).alias("line"), pl.lit("trace").alias("measured_by")))
+        rows.append(t.filter(big))
+    return pl.concat(rows, how="vertical_relaxed")
+
+
+def _caps(a: _Algo) -> dict[str, str]:
+    """The user's settings that reduce channels or bandwidth (the last value of each)."""
+    env = {r["var"]: r["value"] for r in a.env.filter(pl.col("origin") != "plugin").sort("line").iter_rows(named=True)}
+    return {k: v for k, v in env.items() if k in CHANNEL_CAPS and CHANNEL_CAPS[k](str(v).strip('"'))}
+
+
+def _channels(a: _Algo) -> tuple[int | None, int | None]:
+    """(collective channels NCCL built, channels its topology search found) from the init lines."""
+    ev = a.frames["nccl_events"]
+    built = ev.filter(pl.col("kind") == "channels")["value"].drop_nulls()
+    if not built.len():  # older logs: the ring listing `Channel 00/02 : 0 1` says how many
+        built = ev.filter(pl.col("kind") == "ring_order")["value"].drop_nulls()
+    found = ev.filter(pl.col("kind") == "graph_pattern")["code"].drop_nulls()
+    return (int(cast(float, built.max())) if built.len() else None,
+            int(cast(float, found.max())) if found.len() else None)
+
+
 def check_busbw_peak(a: _Algo) -> list[Finding]:
-    """3b. nccl-tests peak against the hardware's expected bus bandwidth (user-supplied)."""
-    tests, cfg = a.tests, a.cfg
-    if not (tests.height and cfg.expected_busbw_gbps > 0):
+    """3b. Measured bus bandwidth (nccl-tests, traces) against what the GPUs and links allow."""
+    exp = _expected_busbw(a)
+    m = _measured_busbw(a) if exp else pl.DataFrame()
+    if exp is None or m.height == 0:
         return []
-    busbw = tests["busbw_gbps"].drop_nulls()
-    peak = float(cast(float, busbw.max())) if busbw.len() else None
-    if peak is None or not peak < cfg.min_busbw_fraction * cfg.expected_busbw_gbps:
+    expected, source = exp
+    peak = float(cast(float, m["busbw_gbps"].max()))
+    if not peak < a.cfg.min_busbw_fraction * expected:
         return []
+    caps = _caps(a)
+    built, found = _channels(a)
+    said = [f"Peak bus bandwidth {peak:.1f} GB/s over messages of {a.cfg.min_busbw_bytes >> 20} MiB and more "
+            f"({', '.join(sorted(set(m['measured_by'].to_list())))}) is {peak / expected:.0%} of the "
+            f"{expected:g} GB/s these GPUs reach ({source})"]
+    if built is not None:
+        said.append(f"NCCL built {built} collective channel(s)" + (f" where its topology search found {found}"
+                                                                 if found and found > built else ""))
+    if caps:
+        said.append("likely cause, set by the user: " + ", ".join(f"{k}={v}" for k, v in caps.items()))
     return [Finding(
-        "nccl_algorithm", Severity.WARNING, "nccl-tests bus bandwidth far below the hardware's",
-        f"Peak busbw {peak:.2f} GB/s is {peak / cfg.expected_busbw_gbps:.0%} of the expected "
-        f"{cfg.expected_busbw_gbps:g} GB/s.",
-        "Check the transport findings, NIC count and speed per GPU, PCIe generation/width and NUMA placement.",
-        key="busbw_peak", kind=SLOW_COLLECTIVES.name, confidence="medium",
-        metrics={"peak_busbw_gbps": peak, "expected_busbw_gbps": cfg.expected_busbw_gbps},
-        evidence=evidence(tests.sort("busbw_gbps", descending=True), ("size_bytes", "placement", "busbw_gbps", "line"),
-                          3),
+        "nccl_algorithm", Severity.WARNING, "Measured bus bandwidth below half of what the hardware allows",
+        "; ".join(said) + ".",
+        ("Unset " + ", ".join(caps) + " and measure again; " if caps else "")
+        + "check the transport findings, the NVLink/NIC count and speed per GPU, PCIe generation/width and NUMA "
+          "placement.",
+        key="busbw_peak", kind=SLOW_COLLECTIVES.name, confidence="high" if caps else "medium",
+        metrics={"peak_busbw_gbps": round(peak, 2), "expected_busbw_gbps": expected, "expected_source": source,
+                 "coll_channels": built, "caps": ",".join(f"{k}={v}" for k, v in caps.items()) or None},
+        evidence=evidence(m.sort("busbw_gbps", descending=True), ("size_bytes", "busbw_gbps", "measured_by", "line"), 3)
+        + evidence(a.env.filter(pl.col("var").is_in(list(caps))), ("host", "line", "var", "value")),
     )]
 
 
@@ -444,7 +539,11 @@ DOC = DetectorDoc(
         "collective time far above NCCL's prediction for the algorithm it chose: nccl-tests rows against the "
         "TUNING per-op predictions, and traced NCCL kernels (transfer time = the minimum duration across "
         "ranks of one matched collective) against the same predictions. (3) A bus-bandwidth cliff between "
-        "adjacent nccl-tests sizes. (4) nccl-tests validation failures (wrong results), the typical outcome "
+        "adjacent nccl-tests sizes, and measured bus bandwidth (nccl-tests rows, traced collectives) below half "
+        "of what the GPUs allow (the cited EXPECTED_BUSBW table for one node, or the user's figure), with the "
+        "channels NCCL built and the environment settings that cap them (NCCL_TOPO_FILE, NCCL_P2P_LEVEL, "
+        "NCCL_P2P_DISABLE, NCCL_MIN/MAX_NCHANNELS, NCCL_NCHANNELS_PER_NET_PEER, NCCL_BUFFSIZE, ...) named. (4) "
+        "nccl-tests validation failures (wrong results), the typical outcome "
         "of forcing LL128 where it is unsupported. (5) Mixed GPU generations in one job (LL128 off, "
         "oldest-GPU constants)."
     ),

@@ -150,8 +150,8 @@ def _timeout_text(t: _Logs, o: _Timeout, cfg: NcclTimeoutConfig) -> str:
         text += f" after Timeout(ms)={int(o.timeout_ns.max()) // 1_000_000}"  # type: ignore[arg-type]
     ratio = o.ratio
     if ratio is not None and ratio >= cfg.late_detection_ratio:
-        text += (f"; it ran {int(o.ran_ns.max()) // 1_000_000} ms = {ratio:.1f}x the timeout, i.e. the job "  # type: ignore[arg-type]
-                 f"hung "
+        ran_ms = int(o.ran_ns.max()) // 1_000_000  # type: ignore[arg-type]
+        text += (f"; it ran {ran_ms} ms = {ratio:.1f}x the timeout, i.e. the job hung "
                  f"about {o.ran_ns.max() / 3.6e12:.1f} h before the watchdog acted")  # type: ignore[operator]
     if o.never.height:
         text += f"; rank(s) {_ranks_text(o.never)} never issued it (last enqueued < SeqNum)"

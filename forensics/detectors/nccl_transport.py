@@ -5,7 +5,6 @@ Its documentation (what it detects, why it matters, how it measures, what to do)
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,15 +15,6 @@ from forensics.base.settings import setting
 from forensics.detectors import DetectorDoc, Skip, detector
 from forensics.facts.context import JobContext
 from forensics.facts.nccl_setup import JobNccl, evidence, where
-
-IB_STATUS = {
-    4: "local protection error (IBV_WC_LOC_PROT_ERR): memory registration / GDR problem",
-    5: "work request flushed (IBV_WC_WR_FLUSH_ERR): the QP was already in error",
-    9: "remote invalid request (IBV_WC_REM_INV_REQ_ERR)",
-    10: "remote access error (IBV_WC_REM_ACCESS_ERR)",
-    12: "transport retry counter exceeded (IBV_WC_RETRY_EXC_ERR): link, route or GID problem",
-    13: "RNR retry counter exceeded (IBV_WC_RNR_RETRY_EXC_ERR): the peer is not posting receives",
-}
 
 
 @dataclass(frozen=True)
@@ -53,6 +43,20 @@ class _Transport:
     ib: pl.DataFrame  # NET/IB device lines
     env_rows: pl.DataFrame  # the user's NCCL_* settings (net plugins' own excluded), in file order
     fired: set[str] = field(default_factory=set)  # keys of the findings the checks so far raised
+
+    def nic_facts(self, rows: pl.DataFrame, by_index: bool = False) -> pl.DataFrame:
+        """The rows of NIC facts printed at init that matter: never on a single-node job; on a host whose NET
+        channels are logged, only the NICs they use (``by_index``: the row's ``index`` is the NIC) or, for
+        per-process facts, only that host; a host without NET channel lines keeps them (the excerpt does not say
+        which NIC carried the traffic, and the job is not known to be single-node)."""
+        if self.j.single_node or rows.height == 0:
+            return rows.clear()
+        used = self.netch.filter(~pl.col("intra")).select("host", pl.col("nic").alias("index")).unique()
+        logged = used.select("host").unique()
+        on_used = rows.join(used if by_index else logged, on=["host", "index"] if by_index else ["host"],
+                            how="semi", nulls_equal=True)
+        unlogged = rows.join(logged, on="host", how="anti", nulls_equal=True)
+        return pl.concat([on_used, unlogged]).sort("line")
 
 
 def _facts(ctx: JobContext) -> _Transport:
@@ -99,6 +103,8 @@ def _link_rows(a: pl.DataFrame, b: pl.DataFrame, b_via: str) -> tuple[dict, ...]
 def check_sockets(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
     """1. Inter-node traffic over TCP sockets."""
     net, j = t.net, t.j
+    if j.single_node:
+        return []  # one node: the network carries nothing, whatever NCCL printed about it at init
     sock = t.netch.filter((pl.col("net") == "Socket") & ~pl.col("intra"))
     sock_net = t.netsel.filter(pl.col("name").str.to_lowercase() == "socket")
     ofi_tcp = net.filter((pl.col("kind") == "ofi_provider") & pl.col("name").str.contains(r"(?i)tcp|sockets"))
@@ -133,17 +139,17 @@ def check_sockets(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
 def check_no_gdr(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
     """2. RDMA without GPUDirect."""
     net = t.net
-    nogdr = t.netch.filter((pl.col("net") != "Socket") & ~pl.col("gdr"))
-    hca_off = net.filter((pl.col("kind") == "gdr_hca") & (pl.col("state") == "Disabled")
-                         & ~pl.col("detail").str.starts_with("NET/Socket"))
-    gpu_off = net.filter((pl.col("kind") == "gdr_gpu") & (pl.col("state") == "Disabled"))
+    nogdr = t.netch.filter((pl.col("net") != "Socket") & ~pl.col("gdr") & ~pl.col("intra"))
+    hca_off = t.nic_facts(net.filter((pl.col("kind") == "gdr_hca") & (pl.col("state") == "Disabled")
+                                     & ~pl.col("detail").str.starts_with("NET/Socket")), by_index=True)
+    gpu_off = t.nic_facts(net.filter((pl.col("kind") == "gdr_gpu") & (pl.col("state") == "Disabled")))
     # `GDR 0` is normal when the network is TCP: only RDMA processes count
     sock_procs = pl.concat([
         t.netsel.filter(pl.col("name").str.to_lowercase() == "socket").select("host", "pid"),
         t.ch.filter(pl.col("net") == "Socket").select("host", "pid"),
     ]).unique(maintain_order=True)
-    gdr0 = t.ev.filter((pl.col("kind") == "connected") & (pl.col("code") == 0)).join(
-        sock_procs, on=["host", "pid"], how="anti", nulls_equal=True)
+    gdr0 = t.nic_facts(t.ev.filter((pl.col("kind") == "connected") & (pl.col("code") == 0)).join(
+        sock_procs, on=["host", "pid"], how="anti", nulls_equal=True))
     if not (nogdr.height or hca_off.height or gpu_off.height or gdr0.height):
         return []
     ranks, hosts, gpus = where(_rows(nogdr, hca_off, gpu_off, gdr0), t.j.ident)
@@ -218,12 +224,18 @@ def check_nvls_off(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
 
 def check_single_nic(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
     """5. One NIC for every GPU of a node."""
-    ib, j = t.ib, t.j
+    ib, j = t.nic_facts(t.ib, by_index=True), t.j
     if not ib.height:
         return []
+    # every node gets at least an even share of the ranks, except a host holding none of them when the hosts
+    # that do hold every rank (an nccl-tests device list placing all ranks on one host)
     even = (j.nranks // j.nnodes) if (j.nranks and j.nnodes and j.nnodes > 1) else 0
-    gpus_per_host = j.ident.group_by("host").agg(
-        pl.max_horizontal(pl.col("cuda_dev").n_unique(), pl.lit(even)).alias("gpus"))
+    held = j.ident.filter(pl.col("rank").is_not_null())
+    all_held = bool(j.nranks) and held["rank"].n_unique() >= (j.nranks or 0)
+    holders = set(held["host"].drop_nulls().to_list())
+    gpus_per_host = j.ident.group_by("host").agg(pl.max_horizontal(
+        pl.col("cuda_dev").n_unique(),
+        pl.when(pl.lit(all_held) & ~pl.col("host").first().is_in(list(holders))).then(0).otherwise(even)).alias("gpus"))
     nics = (ib.group_by("host", maintain_order=True)
             .agg(pl.col("name").n_unique().alias("nics"), pl.col("name").first().alias("nic")).sort("host"))
     shared = nics.join(gpus_per_host, on="host", maintain_order="left").filter(
@@ -244,6 +256,8 @@ def check_single_nic(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
 
 def check_interfaces(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
     """6. Wrong or inconsistent socket interfaces."""
+    if t.j.single_node:
+        return []  # one node: bootstrap and sockets stay on the host
     ifs = t.net.filter(pl.col("kind").is_in(["bootstrap", "socket"]) & pl.col("name").is_not_null())
     bad = ifs.filter(pl.col("name").str.contains(cfg.bad_iface_pattern))
     sets = (ifs.filter(pl.col("kind") == "socket").group_by("host")
@@ -268,7 +282,7 @@ def check_interfaces(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
 
 def check_no_libibverbs(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
     nolib = t.ev.filter(pl.col("kind") == "no_libibverbs")
-    if not nolib.height:
+    if not nolib.height or t.j.single_node:
         return []
     ranks, hosts, gpus = where(nolib, t.j.ident)
     return [Finding(
@@ -283,7 +297,7 @@ def check_no_libibverbs(t: _Transport, cfg: NcclTransportConfig) -> list[Finding
 
 def check_mixed_link(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
     """7. Mixed link layers."""
-    ib = t.ib
+    ib = t.nic_facts(t.ib, by_index=True)
     if not (ib.height and ib["link_layer"].drop_nulls().n_unique() > 1):
         return []
     ranks, hosts, gpus = where(ib, t.j.ident)
@@ -295,65 +309,6 @@ def check_mixed_link(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
         evidence=evidence(ib.unique(["host", "name"], keep="first", maintain_order=True),
                           ("host", "name", "link_layer")),
     )]
-
-
-def _ib_completion(group: pl.DataFrame, hosts: tuple[str, ...]) -> tuple[str, Severity, str, str]:
-    codes = sorted(set(group["code"].drop_nulls().to_list()))
-    meaning = "; ".join(f"status {c} = {IB_STATUS.get(c, 'see ibv_wc_status')}" for c in codes)
-    return ("InfiniBand completion errors", Severity.CRITICAL,
-            f"{group.height} work completion error(s) on {len(hosts)} host(s): {meaning}.",
-            "status 12: check cables, switch ports, routing and GIDs (NCCL_IB_GID_INDEX) on the named hosts; "
-            "status 4: memory registration / GDR (nvidia-peermem, NCCL_NET_GDR_LEVEL, ulimit -l).")
-
-
-def _ib_async(group: pl.DataFrame, hosts: tuple[str, ...]) -> tuple[str, Severity, str, str]:
-    events = sorted(set(re.sub(r".*?: ", "", m) for m in group["message"].to_list()))
-    return ("InfiniBand HCA async error events", Severity.CRITICAL,
-            f"{group.height} async event(s) ({'; '.join(events)}) on {', '.join(hosts)}.",
-            "Drain the host, check the HCA firmware/driver and `dmesg` for mlx5 errors, and the port state.")
-
-
-def _call_failed(group: pl.DataFrame, hosts: tuple[str, ...]) -> tuple[str, Severity, str, str]:
-    return ("RDMA verbs calls failed", Severity.WARNING,
-            f"{group.height} verbs call failure(s): {group['message'][0]}.",
-            "Check the HCA on the named hosts (ibv_devinfo, dmesg).")
-
-
-def _reset(group: pl.DataFrame, hosts: tuple[str, ...]) -> tuple[str, Severity, str, str]:
-    return ("NCCL network connections reset", Severity.WARNING,
-            f"{group.height} connection(s) closed or reset by the peer ({group['message'][0]}); the peer "
-            "process died or the network dropped it -- often the consequence of a failure elsewhere.",
-            "Look for the first error on the peer (CUDA fault, OOM, killed process) before blaming the network.")
-
-
-def _proxy(group: pl.DataFrame, hosts: tuple[str, ...]) -> tuple[str, Severity, str, str]:
-    return ("NCCL proxy failed to connect or progress", Severity.WARNING,
-            f"{group.height} proxy error(s): {group['message'][0]}.",
-            "Check that every rank can reach the others on the chosen interface and that no rank died.")
-
-
-# fabric failure kind -> (title, severity, summary, fix) of its group of events
-_FAILURES: dict[str, Callable[[pl.DataFrame, tuple[str, ...]], tuple[str, Severity, str, str]]] = {
-    "ib_completion": _ib_completion, "ib_async": _ib_async, "call_failed": _call_failed,
-    "socket_closed": _reset, "net_recv_failed": _reset, "proxy_error": _proxy,
-}
-
-
-def check_fabric_failures(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
-    """8. A failing fabric: one finding per kind of failure."""
-    out: list[Finding] = []
-    fails = t.ev.filter(pl.col("kind").is_in(list(_FAILURES)))
-    for (kind,), group in fails.group_by("kind", maintain_order=True):
-        ranks, hosts, gpus = where(group, t.j.ident)
-        title, sev, summary, fix = _FAILURES[str(kind)](group, hosts)
-        out.append(Finding(
-            "nccl_transport", sev, title, summary, fix, ranks=ranks, hosts=hosts, gpus=gpus, key=f"fail_{kind}",
-            kind=TRANSPORT_FAILURE.name,
-            metrics={"events": group.height, "hosts": len(hosts)},
-            evidence=evidence(group, ("host", "pid", "cuda_dev", "line", "file_line", "code", "message")),
-            confidence="high",
-        ))
-    return out
 
 
 # Environment switches that restrict NCCL's transports: variable -> (the finding key of their effect,
@@ -442,7 +397,7 @@ def check_transport_env(t: _Transport, cfg: NcclTransportConfig) -> list[Finding
 
 CHECKS: tuple[Callable[[_Transport, NcclTransportConfig], list[Finding]], ...] = (
     check_sockets, check_no_gdr, check_intra_node, check_nvls_off, check_single_nic, check_interfaces,
-    check_no_libibverbs, check_mixed_link, check_fabric_failures,
+    check_no_libibverbs, check_mixed_link,
     check_transport_env,  # last: it names only switches whose effect no check above reported
 )
 
@@ -451,9 +406,6 @@ DEGRADED_TRANSPORT = FindingKind(
     "degraded_transport", "NCCL uses a slower path than the hardware offers (sockets instead of IB, GDR off, "
     "SHM/P2P off, NVLS off, one NIC for all GPUs, virtual interfaces, mixed link layers)", Role.CONFIG,
     "Let NCCL use the fastest transport the hardware has: unset the switches, fix the NIC/driver setup.")
-TRANSPORT_FAILURE = FindingKind(
-    "transport_failure", "the fabric failed under NCCL: IB completion or async errors, failed calls, resets, "
-    "proxy errors", Role.FAULT, "Inspect the NICs, cables and switch ports of the hosts named.", stage=1)
 TRANSPORT_SETTING = FindingKind(
     "transport_setting", "a transport switch in the environment whose effect the logs do not show",
     Role.CONFIG, "Unset the switch unless it works around a known fault on this cluster.", stage=4)
@@ -469,9 +421,8 @@ DOC = DetectorDoc(
         "intra-node pairs over SHM or the network instead of P2P/NVLink (and `intraNodeP2pSupport 0`); NVLS "
         "off on Hopper+ NVSwitch systems; one NIC shared by all GPUs of a node; bootstrap/socket interfaces "
         "that are virtual (docker, virbr, veth, tunnels, lo) or differ between nodes; mixed IB and RoCE link "
-        "layers; a failing fabric: IB completion errors (status 12 = retry exceeded, 4 = local protection, "
-        "...), IB async events, socket resets and proxy connect failures, with hosts and ranks; and transport"
-        " switches in the environment (NCCL_P2P_DISABLE, NCCL_P2P_LEVEL, NCCL_SHM_DISABLE, NCCL_IB_DISABLE, "
+        "layers; and transport switches in the environment (NCCL_P2P_DISABLE, NCCL_P2P_LEVEL, NCCL_SHM_DISABLE, "
+        "NCCL_IB_DISABLE, "
         "NCCL_NET=Socket, NCCL_NET_GDR_LEVEL, NCCL_NET_GDR_READ=0): named as the cause in the finding of "
         "their effect, else on their own (warning when they cost this job, info when the logs show no "
         "effect)."
@@ -484,16 +435,19 @@ DOC = DetectorDoc(
     measures=(
         "From `nccl_channels` (the `via` of every connection), `nccl_net` (NET/IB, NET/Socket, Bootstrap, GDR"
         " lines), `nccl_events` (WARNs, NVLS/P2P/topology facts) and `nccl_env`. A NET connection is treated "
-        "as intra-node only when both ranks belong to one process or the job is single-node. Ranks and GPUs "
-        "come from forensics.facts.identity (init lines, channel lines, traces)."
+        "as intra-node only when both ranks belong to one process or the job is single-node. Judged on what "
+        "carried traffic: a job proven to run on one node (the 2.20+ layout line, or one host holding every "
+        "rank) gets no network finding whatever NCCL printed about its NICs at init; NIC facts (GDR disabled for "
+        "an HCA, one NIC, link layers) count on a host only for the NICs its logged NET channels use, and on "
+        "hosts whose NET channels are not in the logs. Fabric and connection errors are nccl_comm_failure's. "
+        "Ranks and GPUs come from forensics.facts.identity (init lines, channel lines, traces)."
     ),
     todo=(
         "Sockets: install/enable the IB or EFA stack (NCCL_IB_DISABLE unset, libibverbs present, the right "
         "net plugin). No GDR: load nvidia-peermem / use DMA-BUF, check NCCL_NET_GDR_LEVEL and PCIe topology. "
         "SHM/NET intra-node: unset NCCL_P2P_DISABLE / NCCL_SHM_DISABLE / NCCL_P2P_LEVEL, give containers IPC "
         "and --shm-size, check ACS/IOMMU. NVLS: NCCL_NVLS_ENABLE, fabric manager and IMEX. One NIC: expose "
-        "every rail (SR-IOV VFs per GPU, NCCL_IB_HCA). Interfaces: set NCCL_SOCKET_IFNAME. Fabric errors: "
-        "drain the named hosts and check cables, switch ports, GIDs (status 12) or memory registration (4)."
+        "every rail (SR-IOV VFs per GPU, NCCL_IB_HCA). Interfaces: set NCCL_SOCKET_IFNAME."
     ),
 )
 
@@ -502,7 +456,7 @@ DOC = DetectorDoc(
     "nccl_transport", doc=DOC,
     settings=NcclTransportConfig,
     requires_any=("nccl_channels", "nccl_net", "nccl_events"),
-    kinds=(DEGRADED_TRANSPORT, TRANSPORT_FAILURE, TRANSPORT_SETTING),
+    kinds=(DEGRADED_TRANSPORT, TRANSPORT_SETTING),
     view="nccl-config",
 )
 def detect(ctx: JobContext, cfg: NcclTransportConfig) -> list[Finding]:

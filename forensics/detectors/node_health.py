@@ -254,11 +254,8 @@ def _nic_link(row: dict[str, Any], cfg: NodeHealthConfig, place: Placement) -> G
 
 
 def _mlx5(row: dict[str, Any], cfg: NodeHealthConfig, place: Placement) -> Grade:
-    detail = str(row["detail"] or "")
-    if row["what"] == "module" and "plugged" in detail.lower() and "unplugged" not in detail.lower():
-        return Grade(None)
-    if row["what"] == "pcie_power" and "insufficient" not in detail.lower():
-        return Grade(None)
+    # the lines normal at boot or on a re-plug never reach an episode (host_events.BENIGN_NIC_LINES): what is
+    # left is a fault (insufficient slot power, a module error or unplugged, temperature, health)
     facts = {"device": row["key"], "event": row["what"]}
     return Grade("warning", f"mlx5 NIC hardware event ({row['what']}) on {row['key']}", ("INSPECT_LINK",),
                  "check the NIC's cable/module, slot power and temperature (mlxlink, mlxconfig, the BMC log)", facts)

@@ -32,6 +32,21 @@ STORAGE_MODULES = ("mmfs26", "mmfslinux", "nfs", "nfsv4", "nfsv3", "sunrpc", "lu
 _STACK_MODULE = r"\[(" + "|".join(STORAGE_MODULES + ("nvidia", "nvidia_uvm", "nvidia_peermem")) + r")\]"
 # a hung task's stack follows it within this many lines
 STACK_LINES = 40
+#: NIC and PCIe lines that are normal at boot or on a cable event, kept out of every episode: a finding needs a
+#: fault, a rate or a consequence (a link that went down after it was up is one; these lines are not).
+#: (regular expression on the message, why it is normal, a public log that shows it on a healthy host)
+BENIGN_NIC_LINES: tuple[tuple[str, str, str], ...] = (
+    (r"Port module event: module \d+, Cable plugged\b",
+     "mlx5 found a transceiver/cable in the port: printed at every driver load and on every re-plug",
+     "https://jishuzhan.net/article/1911252493641777153 (re-plug, then Link up)"),
+    (r"mlx5_pcie_event:\d+:\(pid \d+\): PCIe slot advertised sufficient power",
+     "the slot's power budget check at probe passed (the fault is 'Detected insufficient power')",
+     "https://jishuzhan.net/article/1911252493641777153; NFS-over-RDMA boot log quoted in #28"),
+    (r"Port module event: module \d+, status: plugged and enabled",
+     "the FreeBSD mlx5 form of a module detected at boot",
+     "https://docs.nvidia.com/networking/display/FREEBSDv371/Port+Down+State+Diagnostics"),
+)
+BENIGN_NIC_RX = "|".join(f"(?:{rx})" for rx, _, _ in BENIGN_NIC_LINES)
 _UP = ("ACTIVE", "UP", "GAINED CARRIER")
 _DOWN = ("DOWN", "ERR", "LOST CARRIER")
 
@@ -135,7 +150,8 @@ def host_events(normalized: pl.DataFrame, ignore_interfaces: str) -> pl.DataFram
     host names and clocks (``normalized``: ``JobContext.kernel_events``, see
     :func:`forensics.facts.kernel_events.normalize_events`)."""
     ev = _attach_stacks(normalized)
-    ev = ev.filter(pl.col("kind").cast(pl.String).is_in(HOST_KINDS))
+    ev = ev.filter(pl.col("kind").cast(pl.String).is_in(HOST_KINDS)
+                   & ~((pl.col("kind").cast(pl.String) == "mlx5") & pl.col("message").str.contains(BENIGN_NIC_RX)))
     if ev.height == 0:
         return ev.with_columns(pl.lit(None, pl.String).alias("category"))
     ev = _decode(ev).with_columns(_category().alias("category")).filter(pl.col("category").is_not_null())

@@ -110,6 +110,11 @@ RULES: tuple[Rule, ...] = (
          "host", "cause_first", None, "high",
          "a NIC that flapped, fell back to a lower speed or logs errors on the host common to every slow "
          "communicator is why they are slow (a degraded link stays degraded: no time window)", "place_only"),
+    Rule("fault_breaks_peer_connection", ("gpu_fault", "host_fault", "nic_fault", "cuda_failure"), ("comm_failure",),
+         "host", "cause_first", 3600.0, "medium",
+         "a GPU, host or NIC fault (or a CUDA error) on the peer's side (the failure names the peer's host when an "
+         "address of the logs places it) or on the reporting host kills a process or link; NCCL on the other side "
+         "reports the closed connection or remote error within seconds", "place_only"),
     Rule("missing_rank_times_out_others", ("desync", "missing_rank", "cuda_failure", "transport_failure",
                                            "stuck_rank", "collective_mismatch"),
          ("timeout",), "communicator", "any", None, "high",

@@ -283,7 +283,7 @@ class _Recorder:
                 prog in res.programs.items()}
         spec = self.engine.timeout_spec or {}
         info: dict[str, Any] = {"step": res.step, "coll": c, "arrive": dict(c.arrive), "launch": launch, "stop": stop,
-                                "timeout_ms": spec.get("timeout_ms", 600000.0)}
+                                "timeout_ms": spec.get("timeout_ms", 600000.0), "ends": spec.get("ends", "watchdog")}
         full = c.nbytes // (2 if job.new_kernel_names else 4)
         info["numel_in"] = full // len(c.members) if c.op == "allgather" else full
         info["numel_out"] = full // len(c.members) if c.op == "reduce_scatter" else full

@@ -55,6 +55,9 @@ def expected_incidents(faults: list[dict[str, Any]], kernel_log: str = "benign")
             if any(g.get("params", g).get("host_hang_ms") for g in hangs):
                 # the faulted rank's host blocked on its lost GPU: that GPU's idle is the fault's, not a slowdown
                 must += ("gpu_idle",)
+            if any(g.get("params", g).get("ends") == "comm_error" for g in hangs):
+                # the peers' NCCL errors out at once: a communication failure, no watchdog timeout
+                must, may = ("nccl_comm_failure",), ("busy_wait", "straggler")
         if f["kind"] == "app_death" and kernel_log == "xid31":
             must = (*must, "gpu_hw_error")  # the application's Xid is the same incident
         host_cause = {("host_straggler", "throttle"): ("cpu_thermal", "straggler"),
@@ -66,5 +69,6 @@ def expected_incidents(faults: list[dict[str, Any]], kernel_log: str = "benign")
             continue
         cat = {"category": CATEGORY[f["kind"]]} if f["kind"] in CATEGORY else {}
         out.append({"root": {"detector": root, "ranks": sorted(f.get("ranks") or []), **cat},
-                    "consequences": list(must), "may_include": list(may), "fatal": "nccl_timeout" in (root, *must)})
+                    "consequences": list(must), "may_include": list(may),
+                    "fatal": bool({"nccl_timeout", "nccl_comm_failure"} & {root, *must})})
     return out

@@ -261,7 +261,7 @@ def write_stdout_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
                        f"of skipped iterations:   0 | number of nan iterations:   0 |")
                 _checkpoint_line(lg, r, timeout, step, wall)
         if timeout is not None and r in timeout["arrive"]:
-            _watchdog_lines(lg, r, timeout, EPOCH_NS + offsets[st.node], lrng)
+            _end_lines(lg, r, timeout, EPOCH_NS + offsets[st.node], lrng, engine, ips)
         name = f"logs/rank{r:0{width}d}.out"
         (out / name).write_text("\n".join(lg.lines) + "\n", encoding="utf-8")
         paths[r] = name
@@ -311,6 +311,36 @@ def _watchdog_lines(lg: _RankLog, r: int, timeout: dict[str, Any], wall0: int, l
            f"[PG ID {c.pg.name} PG GUID {c.pg.name}({c.pg.desc}) Rank {rel}] Terminating the process after attempting "
            f"to dump debug info, due to collective timeout or exception.")
     lg.raw("terminate called after throwing an instance of 'c10::DistBackendError'")
+
+
+def _end_lines(lg: _RankLog, r: int, timeout: dict[str, Any], wall0: int, lrng: random.Random, engine: Any,
+               ips: list[str]) -> None:
+    """How a rank that reached the hung collective ends: NCCL's immediate error (the peer's process is gone and
+    its connection closed) or PyTorch's watchdog timeout."""
+    if timeout.get("ends") == "comm_error":
+        peer = engine.states[min(timeout["coll"].absent)]
+        _comm_error_lines(lg, r, timeout, wall0, lrng, ips[peer.node])
+    else:
+        _watchdog_lines(lg, r, timeout, wall0, lrng)
+
+
+def _comm_error_lines(lg: _RankLog, r: int, timeout: dict[str, Any], wall0: int, lrng: random.Random,
+                      peer_ip: str) -> None:
+    """NCCL's immediate error on a rank whose peer process died in the collective (#28): the socket closed
+    by the peer (2.26+ `[date time]` WARN prefix), the ncclRemoteError trail, PyTorch's C++ error line."""
+    t = wall0 + timeout["launch"][r] + lrng.randrange(1_000, 4_000) * 1_000_000
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", _utc(t))
+    tid = lg.pid + 7
+    lg.raw(f"[{stamp}] {lg.host}:{lg.pid}:{tid} [{lg.dev}] misc/socket.cc:50 NCCL WARN socketProgress: Connection "
+           f"closed by remote peer {peer_ip}<{lrng.randrange(30000, 60000)}>")
+    lg.info("misc/socket.cc:752 -> 6", tid)
+    lg.info("transport/net_socket.cc:474 -> 6", tid)
+    lg.info("proxy.cc:925 -> 6", tid)
+    c = timeout["coll"]
+    lg.raw(f"[rank{r}]:[E{_pt_stamp(t + 50_000_000)} ProcessGroupNCCL.cpp:1895] [PG ID {c.pg.name} PG GUID "
+           f"{c.pg.name}({c.pg.desc}) Rank {r}] Process group watcher thrown an exception: NCCL error in: "
+           "/pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:2027, remote process exited or there was a "
+           "network error, NCCL version 2.26.2")
 
 
 # ------------------------------------------------------------------------------------ kernel logs
@@ -477,10 +507,23 @@ def _inject_node(inject: _Injector, kernel_log: str, job: Job, node: int, wall0:
         slow = {n: f.get("nic", 0) for f in job.faults if f["kind"] == "slow_nic" for n in f["nodes"]}
         if node in slow:
             _inject_link_flap(inject, wall0, slow[node])
+    if kernel_log == "nic_replug":
+        _nic_replug(inject.k, wall0)
     if kernel_log == "rm_init":
         for f in job.faults:
             if f["kind"] == "gpu_init_failed" and f["node"] == node:
                 _inject_rm_init(inject, f["gpu"], wall0)
+
+
+def _nic_replug(k: _KLog, wall0: int) -> None:
+    """Benign NIC lines an hour before the job (#28): each port's module detected, slot power checked, the link
+    up again: the forms of real boot / re-plug logs (tests/field_excerpts.py), never a finding."""
+    t = wall0 - 3600 * 1_000_000_000
+    for i, b in enumerate(NIC_BUS_IDS):
+        k.add(t + i * 1_000_000, f"mlx5_core {b}: Port module event: module {i}, Cable plugged")
+        k.add(t + i * 1_000_000 + 1_000, f"mlx5_core {b}: mlx5_pcie_event:301:(pid 10): PCIe slot advertised "
+              "sufficient power (27W).")
+        k.add(t + 3_000_000_000 + i * 1_000_000, f"mlx5_core {b} mlx5_{i}: Port: 1 Link ACTIVE")
 
 
 def aer_port(bus: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ class Scenario:
     name: str
     summary: str
     build: Callable[[int | None, int | None, Params], Job]
-    # benign / xid79 / xid48 / xid94 / xid149 / xid63 / aer_audio / rm_init / throttle / link_flap / oom
+    # benign / nic_replug / xid79 / xid48 / xid94 / xid149 / xid63 / aer_audio / rm_init / throttle / link_flap / oom
     kernel_log: str = "benign"
 
 
@@ -414,6 +415,14 @@ def _hang_after(ranks: int | None, steps: int | None, params: Params, name: str,
         {**fault, "ranks": (r,)}))
 
 
+def peer_exit(ranks: int | None, steps: int | None, params: Params) -> Job:
+    """The OOM killer kills one rank's process; its peers' NCCL reports at once that the remote peer closed the
+    connection (ncclRemoteError), before any watchdog timeout (#28: a communication failure, not a timeout)."""
+    job = _hang_after(ranks, steps, params, "peer_exit", 5, {"kind": "oom_kill"})
+    faults = tuple({**f, "ends": "comm_error"} if f["kind"] == "collective_timeout" else f for f in job.faults)
+    return dataclasses.replace(job, faults=faults)
+
+
 def oom_kill(ranks: int | None, steps: int | None, params: Params) -> Job:
     """The host's OOM killer kills one rank's training process: it never reaches the next gradient
     all-reduce and the others time out in the watchdog (a host fault, not the GPU's)."""
@@ -529,7 +538,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "9 ranks: the node's second GPU)", rm_init_failed, kernel_log="rm_init"),
     Scenario("oom_kill", "the OOM killer kills one rank's process (host memory); its peers time out in the watchdog",
              oom_kill, kernel_log="oom"),
+    Scenario("peer_exit", "the OOM killer kills one rank's process; its peers' NCCL reports the closed connection "
+             "at once (a communication failure, not a watchdog timeout)", peer_exit, kernel_log="oom"),
     Scenario("benign_kernel_log", "healthy job whose kernel logs hold only benign noise", ddp_clean),
+    Scenario("nic_replug", "healthy job whose NIC ports were re-plugged an hour before (module plugged, slot power "
+             "sufficient, link up again): no finding", ddp_clean, kernel_log="nic_replug"),
     Scenario("cuda_oom", "CUDA out of memory on one rank (traceback, torchrun's failure table); the others, across "
              "nodes, time out in the watchdog", _death("cuda_oom", 11)),
     Scenario("illegal_address",

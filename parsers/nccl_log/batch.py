@@ -27,6 +27,7 @@ from forensics.parsers.nccl_log.envelope import (
     MPI_TAG,
     VERSION,
     info_line,
+    line_time,
     warn_line,
 )
 from forensics.parsers.nccl_log.frameworks import checkpoint_line, fill_checkpoints
@@ -162,6 +163,7 @@ def _line(acc: Acc, line: str, n: int) -> None:
             "pid": int(m["pid"]) if host else None,
             "cuda_dev": int(m["dev"]) if m["dev"] is not None else None,
             "line": n,
+            "time_ns": line_time(line),
         }
         msg = m["msg"].rstrip()
         tag = MPI_TAG.search(line, 0, m.start())

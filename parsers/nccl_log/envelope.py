@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from forensics.parsers.nccl_log.rows import VERSION_HINTS, Acc, note_version, to_float, to_int
@@ -16,7 +17,8 @@ from forensics.base.bus_ids import normalize_bus_id
 ENVELOPE = re.compile(
     r"(?P<host>[^\s:\[\]()]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] "
     r"(?:(?P<tsms>\d+\.\d+) )?"
-    r"(?:(?P<src>[\w./\-]+:\d+)(?: \((?P<func>[^)]*)\))? )?"
+    # the source is `file:line`, or (net plugins such as aws-ofi-nccl) a C++ signature `int f(T*, U):46`
+    r"(?:(?P<src>[\w./\-]+:\d+|[\w:<>~*& ]+\([^()]*\)(?: const)?:\d+)(?: \((?P<func>[^)]*)\))? )?"
     r"NCCL (?P<level>INFO|WARN|TRACE|ERROR) ?(?P<msg>.*)$"
 )
 # host part stripped by the user or a tool: `[3] NCCL INFO ...`
@@ -25,6 +27,11 @@ ENVELOPE_NOHOST = re.compile(
     r"NCCL (?P<level>INFO|WARN) (?P<msg>.*)$"
 )
 MPI_TAG = re.compile(r"\[\d+,(?P<rank>\d+)\]<std(?:out|err)>:")
+# wall-clock times a line can carry: a launcher's ISO prefix (`2019-06-02T16:13:44.884Z: `), the 2.26+ WARN prefix
+# and NCCL_DEBUG_TIMESTAMP_FORMAT's default `[2026-01-01 12:08:32] ` in front of the envelope (2.26+)
+LINE_ISO = re.compile(r"^\s*(?:(?P<d>\d{4}-\d\d-\d\d)T(?P<t>\d\d:\d\d:\d\d(?:\.\d{1,9})?)(?P<z>Z|[+-]\d\d:?\d\d)?:?"
+                      r"|\[(?P<d2>\d{4}-\d\d-\d\d) (?P<t2>\d\d:\d\d:\d\d(?:\.\d{1,9})?)\])\s")
+WARN_TS = re.compile(r"^\[(?P<d>\d{4}-\d\d-\d\d) (?P<t>\d\d:\d\d:\d\d)\] ")
 LAUNCHER_TAGS = re.compile(r"\[\d+(?:,\d+)?\](?:<std(?:out|err)>:)?|^\d{4}-\d\d-\d\dT[\d:.]+Z?:\s*|^\(\w+ "
                            r"pid=\d+[^)]*\)\s*")
 VERSION = re.compile(r"NCCL version (?P<ver>\d+\.\d+\.\d+)(?P<suffix>[^+\s]*)\+cuda(?P<cuda>\d+\.\d+)")
@@ -122,6 +129,15 @@ _W = {
     "net_recv_failed": r"^Net : Call to recv from (?P<peer>\S+) failed : (?P<err>.+)$",
     "proxy_error": r"^\[(?:Service thread|Proxy Service[^\]]*)\] (?P<msg>.*)$",
     "no_algo": r"^Error : no algorithm/protocol available.*$",
+    # provider errors of the AWS OFI plugin (EFA, libfabric): a request completed with an error, an address or
+    # endpoint that cannot be set up; `Peer EFA addr` / `Peer host id` name the other side
+    "ofi_error": r"^NET/OFI (?:.*?completed with error\. RC: (?P<rc>-?\d+)(?:\. Error: (?P<err>-?\d+) "
+                 r"\((?P<what>[^)]*)\))?"
+                 r"(?:.*?Peer EFA addr: (?P<peeraddr>\S+))?(?:.*?Peer host id: (?P<peerhost>\S+))?"
+                 r"|(?P<cfg>Unable to insert remote address|Couldn't open AV|Creating new endpoint|Unable to|Couldn't|"
+                 r"OFI call \S+ failed|.*\bfailed\b).*)",
+    # an NCCL call returned ncclRemoteError with its reason in the WARN text
+    "remote_error": r"^.*(?:remote process exited or there was a network error|Remote process exited).*$",
     "no_libibverbs": r"^Failed to open libibverbs\.so.*$",
 }
 WARN_RX = {k: re.compile(v) for k, v in _W.items()}
@@ -410,9 +426,11 @@ def _tuning(acc: Acc, base: dict[str, Any], kind: str, g: dict[str, Any]) -> Non
 
 
 def warn_line(acc: Acc, base: dict[str, Any], msg: str, src: str | None) -> bool:
-    if re.match(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] ", msg):
+    ts = WARN_TS.match(msg)
+    if ts:
         note_version(acc, lo="2.26")
-    msg = re.sub(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] ", "", msg)
+        base = {**base, "time_ns": base.get("time_ns") or iso_utc_ns(ts["d"], ts["t"], None)}
+        msg = msg[ts.end():]
     row = dict(**base, level="WARN", file_line=src, message=msg)
     for kind, rx in WARN_RX.items():
         m = rx.match(msg)
@@ -431,7 +449,31 @@ def warn_line(acc: Acc, base: dict[str, Any], msg: str, src: str | None) -> bool
             elif kind == "proxy_error":
                 rm = re.search(r"(?:res|retcode)[= ](\d+)", msg)
                 code = int(rm.group(1)) if rm else None
+            elif kind == "ofi_error":
+                code = to_int(g["rc"])
+                peer = next((v.rstrip(").,") for v in (g["peerhost"], g["peeraddr"]) if v and not v.startswith("N/A")),
+                            None)
             acc.add("nccl_events", **row, kind=kind, code=code, peer=peer)
             return True
     acc.add("nccl_events", **row, kind="warn_other")
     return True  # an unclassified WARN is still kept, with its text
+
+
+def line_time(line: str) -> int | None:
+    """Epoch ns of a launcher's ISO timestamp or NCCL's `[date time]` at the start of ``line``, else None."""
+    m = LINE_ISO.match(line)
+    if m is None:
+        return None
+    return iso_utc_ns(m["d"], m["t"], m["z"]) if m["d"] else iso_utc_ns(m["d2"], m["t2"], None)
+
+
+def iso_utc_ns(day: str, clock: str, zone: str | None) -> int | None:
+    """Epoch ns of `YYYY-mm-dd` `HH:MM:SS[.f]` [`Z`/`+hh:mm`]; a time without a zone is read as UTC (the logs
+    of one job share a zone, so order and gaps hold)."""
+    z = "+00:00" if zone in (None, "Z") else (zone if ":" in zone else f"{zone[:3]}:{zone[3:]}")
+    whole, _, frac = clock.partition(".")
+    try:
+        t = datetime.fromisoformat(f"{day}T{whole}{z}")
+    except ValueError:
+        return None
+    return int(t.timestamp()) * 1_000_000_000 + int((frac + "000000000")[:9])

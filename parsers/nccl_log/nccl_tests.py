@@ -24,6 +24,7 @@ NT_TAIL = re.compile(r"^\s*(?P<time>[\d.]+)\s+(?P<algbw>[\d.]+)\s+(?P<busbw>[\d.
 NT_HEADER = re.compile(r"^#?\s*(?:out-of-place\s+in-place|size\s+count\s+type|\(B\)\s+\(elements\)|Using devices|#|$)")
 NT_OOB = re.compile(r"^#?\s*Out of bounds values\s*:\s*(?P<n>\d+) (?P<ok>OK|FAILED)")
 NT_AVG = re.compile(r"^#?\s*Avg bus bandwidth\s*:\s*(?P<bw>[\d.]+)(?:\s+(?P<ok>OK|FAILED))?")
+NT_FAIL = re.compile(r"(?:(?P<host>[^\s:]+): )?Test NCCL failure (?P<src>\S+) '(?P<msg>[^']*)")
 NT_MISC = re.compile(r"^#|Test NCCL failure|Test failure|Collective test concluded|^\s*\.\. .* pid \d+: ")
 NT_PERF = re.compile(r"\b(all_reduce|all_gather|reduce_scatter|alltoall|broadcast|reduce|sendrecv|gather|scatter|hyperc"
                      r"ube)_perf\b")
@@ -115,6 +116,10 @@ def _nt_misc(acc: Acc, text: str, n: int) -> bool:
     if NT_PARAMS.match(text) or re.search(r"out-of-place|\(elements\)|Avg bus bandwidth", text):
         acc.nt_seen = True
     if NT_PARAMS.match(text) or NT_HEADER.match(text) or NT_MISC.search(text):
+        fail = NT_FAIL.search(text)
+        if fail:  # nccl-tests ends on an NCCL error: its text says which (`remote process exited ...`)
+            acc.add("nccl_events", host=fail["host"], pid=None, cuda_dev=None, line=n, level="WARN",
+                    kind="nccl_tests_failure", file_line=fail["src"], message=fail["msg"].strip(" /"))
         perf = NT_PERF.search(text)
         if perf:
             acc.perf = acc.perf or COLL_NAMES[perf.group(1)]

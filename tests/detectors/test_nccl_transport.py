@@ -30,9 +30,11 @@ def test_triggers_on_ib_retry_exceeded_with_meaning(run_detector, tmp_path):
         "\nnodeB:201:299 [1] transport/net_ib.cc:2121 NCCL WARN NET/IB : Got completion from peer 10.0.0.1<4242> "
         "with status=12 opcode=1 len=0 vendor err 129 (Send) localGid ::ffff:10.0.0.2 remoteGids ::ffff:10.0.0.1\n"
     )
-    findings, _ = run_detector(frames_from(tmp_path, text))
-    (f,) = [f for f in findings if f.key == "fail_ib_completion"]
-    assert f.ranks == (3,) and f.hosts == ("nodeB",) and "retry counter exceeded" in f.summary
+    findings, _ = run_detectors(JobContext(frames_from(tmp_path, text)), only=["nccl_comm_failure"])
+    (f,) = findings  # fabric errors are the communication-failure detector's (#28), no longer a transport finding
+    assert f.ranks == (3,) and "retry counter exceeded" in f.summary
+    assert f.metrics["peer_host"] == "nodeA" and f.hosts == ("nodeA", "nodeB")  # 10.0.0.1 is nodeA's OOB address
+    assert not [g for g in run_detector(frames_from(tmp_path, text))[0] if g.key.startswith("fail_")]
 
 
 def test_clean_healthy_two_node_job(run_detector, tmp_path):

@@ -51,3 +51,11 @@ def test_triggers_slow_nic_link_flap_names_the_node_and_its_ranks(tmp_path: Path
 def test_clean_benign_only_simulated_kernel_logs(tmp_path: Path):
     truth, analysis = _run(tmp_path, "benign_kernel_log", 16)
     assert truth["faults"] == [] and analysis.findings == [] and not analysis.skipped
+
+
+def test_clean_simulated_nic_replug_is_no_finding(tmp_path: Path):
+    """#28 item 4: module plugged, slot power sufficient and the port ACTIVE again on every NIC give nothing."""
+    truth, analysis = _run(tmp_path, "nic_replug", 8)
+    assert truth["faults"] == [] and analysis.findings == []
+    text = "".join(p.read_text() for p in (tmp_path / "nic_replug" / "kernel").rglob("*.log"))
+    assert text.count("Cable plugged") == text.count("advertised sufficient power") > 0  # the lines are there

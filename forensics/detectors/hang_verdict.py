@@ -86,7 +86,7 @@ class _Job:
     watchdog: hang.HangVerdict | None
 
 
-@detector("hang", doc=DOC, settings=HangConfig, requires_any=("fr_pg_status", "fr_dumps"),
+@detector("hang_verdict", doc=DOC, settings=HangConfig, requires_any=("fr_pg_status", "fr_dumps"),
           kinds=(STUCK_RANK, MISMATCH, UNDECIDED), view="who-is-stuck-where")
 def detect(ctx: JobContext, cfg: HangConfig) -> list[Finding]:
     f = ctx.frames
@@ -181,7 +181,7 @@ def _culprit_finding(job: _Job, cls: str, entries: pl.DataFrame) -> Finding:
                     "groups_blocked": job.blocked.height, "missing_dumps": _ranks(list(v.missing)) or None,
                     **_agreement_metrics(job, ranks)})
     return Finding(
-        "hang", Severity.CRITICAL, f"Hang: rank(s) {_ranks(ranks)} {what}", summary, _REMEDIATION[cls],
+        "hang_verdict", Severity.CRITICAL, f"Hang: rank(s) {_ranks(ranks)} {what}", summary, _REMEDIATION[cls],
         ranks=tuple(ranks), hosts=_names(job.who, ranks, "host"), gpus=_names(job.who, ranks, "bus_id"),
         metrics=metrics, evidence=evidence, gpu_seconds_lost=cost, key=f"stuck_{cls}",
         kind=STUCK_RANK.name, when=_when(metrics), cost=_basis(metrics, evidence),
@@ -278,7 +278,7 @@ def _undecided_finding(job: _Job) -> Finding:
     groups = "; ".join(f"{r['pg_desc'] or 'group'} (PG {r['pg_name']}) lacks {_ranks(r['missing'])}"
                        for r in v.undecided.head(6).iter_rows(named=True))
     return Finding(
-        "hang", Severity.WARNING, f"Hang verdict undecided: the dumps of rank(s) {_ranks(missing)} are missing",
+        "hang_verdict", Severity.WARNING, f"Hang verdict undecided: the dumps of rank(s) {_ranks(missing)} are missing",
         f"Cannot decide who is stuck in {v.undecided.height} process group(s): {groups}. A rank without a dump "
         "(or log) is never named a culprit; the missing rank may be the one the others wait for.",
         "Collect every rank's Flight Recorder dump (TORCH_NCCL_DUMP_ON_TIMEOUT=1 / TORCH_FR_DUMP_TEMP_FILE on "
@@ -299,7 +299,7 @@ def _mismatch_findings(mm: pl.DataFrame) -> list[Finding]:
         ranks = sorted(set(g.explode("ranks")["ranks"].to_list()))
         first = g.row(0, named=True)
         out.append(Finding(
-            "hang", Severity.CRITICAL, f"Collective {kind.replace('_', ' ')} mismatch between ranks",
+            "hang_verdict", Severity.CRITICAL, f"Collective {kind.replace('_', ' ')} mismatch between ranks",
             f"In {first['pg_desc'] or 'group'} (PG {first['pg_name']}) collective #{first['seq']}: rank(s) "
             f"{_ranks(first['ranks'])} have {kind.replace('_', ' ')} {first['value']} where the others have "
             f"{first['majority']} ({g.height} such collective(s)). Ranks that disagree wait on each other forever.",

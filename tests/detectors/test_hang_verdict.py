@@ -35,7 +35,7 @@ def _frames(counters: dict[int, dict[str, tuple[int, int]]],
 
 
 def _run(frames: JobFrames):
-    return run_detectors(JobContext(frames), only=["hang"])
+    return run_detectors(JobContext(frames), only=["hang_verdict"])
 
 
 def _blocked(stuck: dict[int, dict[str, tuple[int, int]]]) -> dict[int, dict[str, tuple[int, int]]]:

@@ -1,0 +1,49 @@
+"""Real public log text for the #28 tests (kept verbatim; where each excerpt comes from is said above it).
+
+The shared samples under ../shared/sample_data come first (read through conftest's ``shared_path``); these
+excerpts cover classes the shared samples do not hold."""
+
+from __future__ import annotations
+
+# A Mellanox port re-plugged on a healthy host: module detected, link up, IPv6 ready (dmesg).
+# Source: https://jishuzhan.net/article/1911252493641777153 ("Mellanox网卡网线插入后驱动的几个日志", 2025-04).
+BOOT_REPLUG = """\
+[32704.121294] mlx5_core 0000:01:00.0: Port module event: module 0, Cable plugged
+[32707.399693] mlx5_core 0000:01:00.1: Port module event: module 1, Cable plugged
+[32710.060490] mlx5_core 0000:01:00.0 enp1s0f0: Link up
+[32710.060509] IPv6: ADDRCONF(NETDEV_CHANGE): enp1s0f0: link becomes ready
+[32710.060809] mlx5_core 0000:01:00.1 enp1s0f1: Link up
+[32710.061629] IPv6: ADDRCONF(NETDEV_CHANGE): enp1s0f1: link becomes ready
+"""
+
+# mlx5 probe at start-up in syslog form (ConnectX-5, PCIe Gen3 x16): the lines before an unrelated kernel bug.
+# Source: netdev / linux-rdma mailing lists, Chuck Lever III, thread "system hang on start-up (mlx5?)",
+# quoted in Thomas Gleixner's reply of 2023-05-28 (lore.kernel.org/netdev), host manet.1015granger.net.
+BOOT_SYSLOG = """\
+May 27 15:47:45 manet.1015granger.net kernel: mlx5_core 0000:81:00.0: firmware version: 16.35.2000
+May 27 15:47:45 manet.1015granger.net kernel: mlx5_core 0000:81:00.0: 126.016 Gb/s available PCIe bandwidth (8.0 GT/s PCIe x16 link)
+May 27 15:47:46 manet.1015granger.net kernel: mlx5_core 0000:81:00.0: Port module event: module 0, Cable plugged
+May 27 15:47:46 manet.1015granger.net kernel: mlx5_core 0000:81:00.0: mlx5_pcie_event:301:(pid 10): PCIe slot advertised sufficient power (27W).
+"""  # noqa: E501
+
+# An EKS job over EFA whose peer did not answer the handshake (security group without the outbound rule):
+# aws-ofi-nccl's provider error, the NCCL return-code trail (6 = ncclRemoteError) and the C++ error line.
+# Source: https://github.com/gnosia93/training-on-eks, appendix/a1-karpenter-message.md (NCCL 2.27.3, 2026-01).
+OFI_UNRESPONSIVE = """\
+llama-3-8b-node-0-0:194:713 [0] NCCL INFO [Proxy Progress] Device 0 CPU core 19
+llama-3-8b-node-0-0:194:712 [0] NCCL INFO Channel 00/0 : 3[0] -> 0[0] [receive] via NET/Libfabric/0/GDRDMA
+llama-3-8b-node-0-0:194:712 [0] NCCL INFO Channel 01/0 : 3[0] -> 0[0] [receive] via NET/Libfabric/0/GDRDMA
+llama-3-8b-node-0-0:194:712 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/Libfabric/0/GDRDMA
+llama-3-8b-node-0-0:194:712 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[0] [send] via NET/Libfabric/0/GDRDMA
+
+[2026-01-01 12:08:32] llama-3-8b-node-0-0:194:710 [0] int cm_req_handle_error_entry(nccl_net_ofi_context_t*, fid_cq*, fi_cq_err_entry*, uint16_t):46 NCCL WARN NET/OFI Request 0x7f456c222f60 completed with error. RC: 103. Error: 4126 (Unresponsive receiver (reachable by EFA device but handshake failed) My EFA addr: fi_addr_efa://[fe80::c55:2eff:fe44:db5]:0:142160333 My host id: i-07792e0f955a9673b Peer EFA addr: fi_addr_efa://[fe80::454:14ff:fedd:d5b3]:0:825957744 Peer host id: N/A). Completed length: 0
+llama-3-8b-node-0-0:194:710 [0] NCCL INFO transport/net.cc:753 -> 6
+llama-3-8b-node-0-0:194:712 [0] NCCL INFO transport.cc:198 -> 6
+llama-3-8b-node-0-0:194:712 [0] NCCL INFO transport/generic.cc:19 -> 6
+llama-3-8b-node-0-0:194:712 [0] NCCL INFO group.cc:146 -> 6
+llama-3-8b-node-0-0:194:712 [0] NCCL INFO group.cc:73 -> 6 [Async thread]
+llama-3-8b-node-0-0:194:194 [0] NCCL INFO group.cc:545 -> 6
+llama-3-8b-node-0-0:194:194 [0] NCCL INFO group.cc:694 -> 6
+llama-3-8b-node-0-0:194:194 [0] NCCL INFO enqueue.cc:2432 -> 6
+[rank0]: torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3699, remote process exited or there was a network error, NCCL version 2.27.3
+"""  # noqa: E501
