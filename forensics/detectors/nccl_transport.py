@@ -227,15 +227,13 @@ def check_single_nic(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
     ib, j = t.nic_facts(t.ib, by_index=True), t.j
     if not ib.height:
         return []
-    # every node gets at least an even share of the ranks, except a host holding none of them when the hosts
-    # that do hold every rank (an nccl-tests device list placing all ranks on one host)
+    # a node is assumed to hold at least an even share of the ranks only while some ranks are unplaced: when the
+    # logs place every rank, each host's GPUs are counted (9 ranks on 8 + 1 GPUs is not a 4-GPU second node)
     even = (j.nranks // j.nnodes) if (j.nranks and j.nnodes and j.nnodes > 1) else 0
     held = j.ident.filter(pl.col("rank").is_not_null())
     all_held = bool(j.nranks) and held["rank"].n_unique() >= (j.nranks or 0)
-    holders = set(held["host"].drop_nulls().to_list())
     gpus_per_host = j.ident.group_by("host").agg(pl.max_horizontal(
-        pl.col("cuda_dev").n_unique(),
-        pl.when(pl.lit(all_held) & ~pl.col("host").first().is_in(list(holders))).then(0).otherwise(even)).alias("gpus"))
+        pl.col("cuda_dev").n_unique(), pl.lit(0 if all_held else even)).alias("gpus"))
     nics = (ib.group_by("host", maintain_order=True)
             .agg(pl.col("name").n_unique().alias("nics"), pl.col("name").first().alias("nic")).sort("host"))
     shared = nics.join(gpus_per_host, on="host", maintain_order="left").filter(
