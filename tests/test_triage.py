@@ -185,12 +185,12 @@ def test_fingerprint_follows_paths_sizes_and_mtimes(tmp_path: Path):
 
 
 def test_a_job_whose_analysis_raises_is_a_failed_row_with_the_last_traceback_line(tmp_path: Path, monkeypatch):
-    import forensics.pipeline
+    import forensics.fleet.triage as triage
 
     def boom(*args, **kwargs):
         raise ZeroDivisionError("division by zero in a detector")
 
-    monkeypatch.setattr(forensics.pipeline, "analyze", boom)
+    monkeypatch.setattr(triage, "analyze", boom)  # the pipeline's analyze, as triage imported it
     res = analyze_job(JobTask("j", str(_job(tmp_path / "j")), "fp"))
     assert res.status == "failed" and res.files == []
     assert res.reason is not None and res.reason.startswith("internal error (a bug, please report it): "
@@ -312,16 +312,16 @@ def test_second_run_analyses_only_new_or_changed_jobs(fleet: Path, tmp_path: Pat
 
 
 def test_in_process_run_keeps_a_crashing_job_as_a_failed_row(fleet: Path, tmp_path: Path, monkeypatch):
-    import forensics.pipeline
+    import forensics.fleet.triage as triage
 
-    real = forensics.pipeline.analyze
+    real = triage.analyze
 
     def crash_one(path, *args, **kwargs):
         if path.name == "xid79":
             raise KeyError("culprit")
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(forensics.pipeline, "analyze", crash_one)
+    monkeypatch.setattr(triage, "analyze", crash_one)
     run = run_triage(find_jobs([fleet]), tmp_path / "t", workers=1)
     by = {s.job_id: s for s in run.summaries}
     assert by["xid79"].status == "failed" and "KeyError: 'culprit'" in (by["xid79"].reason or "")
@@ -365,7 +365,6 @@ def test_a_ctrl_c_that_surfaces_twice_still_removes_the_staging_folder(tmp_path:
     """pola-rs/polars#23988: a Ctrl-C that stops a Polars query raises KeyboardInterrupt once from Polars
     and once more at Python's next call, which can be the cleanup's own first line."""
     import forensics.fleet.triage as triage
-    import forensics.pipeline
 
     jobs = tmp_path / "jobs"
     _job(jobs / "a")
@@ -381,7 +380,7 @@ def test_a_ctrl_c_that_surfaces_twice_still_removes_the_staging_folder(tmp_path:
             raise KeyboardInterrupt
         real(self)
 
-    monkeypatch.setattr(forensics.pipeline, "analyze", interrupted)
+    monkeypatch.setattr(triage, "analyze", interrupted)
     monkeypatch.setattr(triage.TriageRun, "cleanup", second_surfacing_first)
     with pytest.raises(KeyboardInterrupt):
         run_triage(find_jobs([jobs]), tmp_path / "t", workers=1)
