@@ -190,8 +190,7 @@ def test_a_job_whose_analysis_raises_is_a_failed_row_with_the_last_traceback_lin
     def boom(*args, **kwargs):
         raise ZeroDivisionError("division by zero in a detector")
 
-    # the name triage bound at import, which is what analyze_job calls
-    monkeypatch.setattr(triage, "analyze", boom)
+    monkeypatch.setattr(triage, "analyze", boom)  # the pipeline's analyze, as triage imported it
     res = analyze_job(JobTask("j", str(_job(tmp_path / "j")), "fp"))
     assert res.status == "failed" and res.files == []
     assert res.reason is not None and res.reason.startswith("internal error (a bug, please report it): "
