@@ -238,7 +238,8 @@ VERDICTS = {
             "memory "
             "access was encountered on Amphitrite (rank 0)", "critical"),
     "16_": ("Job died: Device-side assertion in a CUDA kernel: IndexKernel.cu:92", "critical"),
-    "17_": ("NCCL error raised to Python on 1 rank(s): NCCL remote error raised to Python (rank 3)", "warning"),
+    # the NCCL log lines' immediate error (nccl_comm_failure, #28) now leads; the Python-raised copy follows it
+    "17_": ("NCCL communication failure: remote process exited or network error (rank 3)", "critical"),
     "19_": ("Stopped at 15:27:25: Cancelled by the scheduler: time limit", "warning"),
 }
 

@@ -116,8 +116,8 @@ def _comm_and_op(ctx: JobContext, first: dict, codes: list[str]) -> tuple[str | 
     """The failing process's communicator (commId, else pointer, with its size) and the operation."""
     key = (first.get("host"), first.get("pid"), first.get("cuda_dev"))
     comms = ctx.frames["nccl_comms"].filter(
-        (pl.col("origin") == "init") & (pl.col("host") == key[0]) & (pl.col("pid") == key[1])
-        & (pl.col("cuda_dev") == key[2]) & (pl.col("line") <= (first.get("line") or 0)))
+        (pl.col("origin") == "init") & pl.col("host").eq_missing(key[0]) & pl.col("pid").eq_missing(key[1])
+        & pl.col("cuda_dev").eq_missing(key[2]) & (pl.col("line") <= (first.get("line") or 0)))
     comm = None
     if comms.height:
         last = comms.row(-1, named=True)
@@ -126,8 +126,9 @@ def _comm_and_op(ctx: JobContext, first: dict, codes: list[str]) -> tuple[str | 
     m = re.search(r"operation[= ](\w+)", msg) or re.search(r"\((Send|Recv|Read|Write)\)", msg)
     if m:
         return comm, m.group(1)
-    calls = ctx.frames["nccl_calls"].filter((pl.col("kind") == "coll") & (pl.col("host") == key[0])
-                                            & (pl.col("pid") == key[1]) & (pl.col("line") <= (first.get("line") or 0)))
+    calls = ctx.frames["nccl_calls"].filter(
+        (pl.col("kind") == "coll") & pl.col("host").eq_missing(key[0]) & pl.col("pid").eq_missing(key[1])
+        & (pl.col("line") <= (first.get("line") or 0)))
     if calls.height:
         return comm, str(calls["op"][-1])
     if "proxy" in msg.lower() or "accept" in msg.lower():

@@ -175,7 +175,9 @@ def trace_only(ident: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
 def attach(df: pl.DataFrame, ident: pl.DataFrame) -> pl.DataFrame:
     """Fill ``rank`` and add ``bus_id`` on any frame with host, pid, cuda_dev columns."""
     ids = ident.select("host", "pid", "cuda_dev", pl.col("rank").alias("_r"), pl.col("bus_id").alias("_bus"))
-    out = df.join(ids, on=["host", "pid", "cuda_dev"], how="left")
+    # a frame whose key column is all null (e.g. no host on any failure line) has dtype Null, which no join accepts
+    keys = [pl.col(c).cast(ids.schema[c]) for c in ("host", "pid", "cuda_dev") if df.schema[c] != ids.schema[c]]
+    out = df.with_columns(keys).join(ids, on=["host", "pid", "cuda_dev"], how="left")
     return out.with_columns(pl.coalesce("rank", "_r").alias("rank"), pl.col("_bus").alias("bus_id")).drop("_r", "_bus")
 
 
