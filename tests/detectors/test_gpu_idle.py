@@ -219,10 +219,16 @@ def test_input_bound_scenario_against_truth(run_detector, tmp_path_factory):
 
 def test_bundled_samples_are_silent(run_detector):
     samples = sorted(p for p in (ROOT / "sample_traces").iterdir() if p.is_dir())
-    assert samples
+    assert len(samples) == 4
     for s in samples:
         _, frames = load(s, workers=1)
-        assert [f.title for f in _found(run_detector, frames)] == [], s.name
+        found = [f for f in _found(run_detector, frames)]
+        if s.name == "xid79":
+            # the lost GPU's host blocks in .item() on the fault step (#28 item 7): one finding, on rank 4 alone,
+            # which the incidents put under the Xid (tests/test_incidents.py)
+            assert [f.ranks for f in found] == [(4,)], s.name
+            continue
+        assert [f.title for f in found] == [], s.name
 
 
 # --- real DLRM 8-rank set ---------------------------------------------------------------------------
