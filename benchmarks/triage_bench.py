@@ -22,32 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import tree_rss
+
 SCENARIOS = ("ddp_straggler", "xid79", "ddp_clean")
 TIME_LIMIT_S = 300.0
-
-
-def _tree_rss(pid: int) -> int:
-    """Resident bytes of ``pid`` and all its descendants (Linux /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        todo += children.get(p, [])
-        try:
-            with open(f"/proc/{p}/statm") as fh:
-                total += int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
 
 
 def run(cmd: list[str]) -> tuple[float, int, float, subprocess.CompletedProcess[str]]:
@@ -57,7 +35,7 @@ def run(cmd: list[str]) -> tuple[float, int, float, subprocess.CompletedProcess[
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = 0
     while proc.poll() is None:
-        peak = max(peak, _tree_rss(proc.pid))
+        peak = max(peak, tree_rss(proc.pid))
         time.sleep(0.1)
     out, err = proc.communicate()
     wall = time.perf_counter() - start

@@ -9,7 +9,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import polars as pl
 
@@ -64,6 +64,16 @@ class ParseContext:
 
 
 Parser = Callable[[Path, ParseContext], ParseResult]
+
+
+def parse_alone(batch: Any, path: Path, ctx: ParseContext) -> ParseResult:
+    """One file through a batch parser (``add``, then ``finish``): a batch of one, its result holding its frames."""
+    early = batch.add(path, ctx)
+    if early is not None:
+        return early
+    (result,), frames = batch.finish()
+    result.frames = frames
+    return result
 
 
 class DecompressionLimitExceeded(Exception):

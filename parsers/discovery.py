@@ -40,7 +40,8 @@ UNIT_MAX_BYTES = 16 << 20
 SMALL_FILE_BYTES = 4 << 20
 # Kinds whose parser can take several files at once ("module:class", see ``BatchParser``).
 BATCH_PARSERS = {"kineto": "forensics.parsers.kineto:KinetoBatch", "nccl_log": "forensics.parsers.nccl_log:NcclBatch",
-                 "dmesg": "forensics.parsers.kernel_log:KernelLogBatch"}
+                 "dmesg": "forensics.parsers.kernel_log:KernelLogBatch",
+                 "flight_recorder": "forensics.parsers.flight_recorder:FlightRecorderBatch"}
 
 # Names that make an empty or undecompressable file count as a broken trace rather than noise.
 _TRACE_NAME = re.compile(r"\.json(\.gz)?$|\.pt\.trace|trace", re.IGNORECASE)

@@ -17,18 +17,25 @@ the content (the one rank every group in ``pg_config`` contains); a host from th
 
 from __future__ import annotations
 
+import gc
 import re
 import zlib
 from collections import Counter
-from itertools import chain
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import chain, repeat
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 from forensics.parsers import fr_pickle
-from forensics.parsers.common import ParseContext, ParseResult, open_bounded
+from forensics.parsers.common import ParseContext, ParseResult, open_bounded, parse_alone
 
 from forensics.base import frames as fr
 from forensics.base.hosts import short_host
@@ -63,18 +70,65 @@ _RENAME = {"p2p_seq_id": "p2p_seq", "profiling_name": "op", "time_created_ns": "
 
 
 def parse(path: Path, ctx: ParseContext) -> ParseResult:
+    """One dump: a batch of one."""
+    return parse_alone(FlightRecorderBatch(), path, ctx)
+
+
+@dataclass
+class _Dump:
+    """One dump taken into a batch: its rows of ``fr_dumps`` and ``fr_pg_status``, its entries as Arrow columns."""
+
+    tag: dict[str, Any]  # rank, host, source
+    entries: pa.Table | None
+    status: list[tuple[Any, ...]]
+    row: dict[str, Any]
+    message: str
+
+
+class FlightRecorderBatch:
+    """Several dumps parsed as one: each is read, checked and turned into Arrow columns on its own (``add``; a bad
+    dump fails alone), the frames of all are built at once (``finish``): Polars' fixed costs are paid once a batch."""
+
+    def __init__(self) -> None:
+        self.dumps: list[_Dump] = []
+
+    def add(self, path: Path, ctx: ParseContext) -> ParseResult | None:
+        try:
+            with open_bounded(path, min(ctx.max_decompressed_bytes, fr_pickle.MAX_DUMP_BYTES + 1)) as fh:
+                data = fh.read(fr_pickle.MAX_DUMP_BYTES + 1)
+        except (OSError, EOFError, zlib.error) as exc:
+            return ParseResult.failed(f"{ctx.rel_path}: unreadable: {exc}")
+        try:
+            with _no_cyclic_gc():
+                doc, fmt = _decode(data)
+                del data
+                self.dumps.append(_read(doc, fmt, ctx.rel_path))
+                del doc  # freed while the collector is off: its thousands of containers are never traversed
+        except fr_pickle.UnsafeDump as exc:
+            return ParseResult.failed(f"{ctx.rel_path}: Flight Recorder pickle refused, not loaded: {exc}")
+        except BadDump as exc:
+            return ParseResult.failed(f"{ctx.rel_path}: not a valid Flight Recorder dump: {exc}")
+        return None
+
+    def finish(self) -> tuple[list[ParseResult], dict[str, pl.DataFrame]]:
+        frames = {"fr_entries": _entries_frame(self.dumps), "fr_pg_status": _status_frame(self.dumps),
+                  "fr_dumps": fr.conform("fr_dumps", pl.DataFrame([d.row for d in self.dumps],
+                                                                  schema=fr.schema("fr_dumps")))}
+        results = [ParseResult(message=d.message, rank=d.tag["rank"], host=d.tag["host"]) for d in self.dumps]
+        return results, frames
+
+
+@contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """The cyclic collector paused: a dump is a tree of tens of thousands of acyclic containers, which it would
+    traverse every 700 allocations (and once more when re-enabled with them alive)."""
+    paused = gc.isenabled()
+    gc.disable()
     try:
-        with open_bounded(path, min(ctx.max_decompressed_bytes, fr_pickle.MAX_DUMP_BYTES + 1)) as fh:
-            data = fh.read(fr_pickle.MAX_DUMP_BYTES + 1)
-    except (OSError, EOFError, zlib.error) as exc:
-        return ParseResult.failed(f"{ctx.rel_path}: unreadable: {exc}")
-    try:
-        doc, fmt = _decode(data)
-        return _result(doc, fmt, ctx.rel_path)
-    except fr_pickle.UnsafeDump as exc:
-        return ParseResult.failed(f"{ctx.rel_path}: Flight Recorder pickle refused, not loaded: {exc}")
-    except BadDump as exc:
-        return ParseResult.failed(f"{ctx.rel_path}: not a valid Flight Recorder dump: {exc}")
+        yield
+    finally:
+        if paused:
+            gc.enable()
 
 
 def _decode(data: bytes) -> tuple[Any, str]:
@@ -88,34 +142,25 @@ def _decode(data: bytes) -> tuple[Any, str]:
         raise BadDump(f"JSON does not decode: {exc}") from None
 
 
-def _result(doc: Any, fmt: str, source: str) -> ParseResult:
+def _read(doc: Any, fmt: str, source: str) -> _Dump:
     dump = _check_top(doc)
+    cfg = _pg_config(dump.get("pg_config"))
     name_rank, host = rank_host_from_name(source)
-    content_rank = _content_rank(dump.get("pg_config"))
+    content_rank = _content_rank(cfg)
     rank = content_rank if content_rank is not None else name_rank
     note = ""
     if name_rank is not None and content_rank is not None and name_rank != content_rank:
         note = f"; the file name says rank {name_rank}, its process groups say {content_rank}: {content_rank} used"
     if rank is None:
         raise BadDump("no rank: the file name ends in no digits and pg_config names no single rank")
-    entries = _entries(dump.get("entries") or [])
+    raw = dump.get("entries") or []
+    entries = _entries(raw)
+    status = _status(dump, raw, cfg)
     tag = {"rank": rank, "host": host, "source": source}
-    status = _status(dump, entries)
-    frames = {
-        "fr_entries": fr.conform("fr_entries", entries.with_columns(*_lits(tag))) if entries.height else
-        fr.empty("fr_entries"),
-        "fr_pg_status": fr.conform("fr_pg_status", status.with_columns(*_lits(tag))) if status.height else
-        fr.empty("fr_pg_status"),
-        "fr_dumps": _dump_row(dump, entries, fmt, tag),
-    }
-    message = (f"Flight Recorder {fmt} dump, format {dump.get('version')}: {entries.height} entries, "
-               f"{status.height} process group(s){note}")
-    return ParseResult(frames=frames, message=message, rank=rank, host=host)
-
-
-def _lits(tag: dict[str, Any]) -> list[pl.Expr]:
-    return [pl.lit(tag["rank"], pl.Int32).alias("rank"), pl.lit(tag["host"], pl.String).alias("host"),
-            pl.lit(tag["source"], pl.String).alias("source")]
+    message = (f"Flight Recorder {fmt} dump, format {dump.get('version')}: {len(raw)} entries, "
+               f"{len(status)} process group(s){note}")
+    return _Dump(tag, entries, [(*row, rank, host, source) for row in status], _dump_row(dump, entries, fmt, tag),
+                 message)
 
 
 def _check_top(doc: Any) -> dict[str, Any]:
@@ -147,11 +192,17 @@ def rank_host_from_name(rel_path: str) -> tuple[int | None, str | None]:
 
 def _ranks_of(value: Any, where: str) -> list[int]:
     """``pg_config`` ranks: the string ``"[0, 1, 2]"`` (pickle and JSON) or a list."""
-    if isinstance(value, list) and all(isinstance(r, int) for r in value):
+    if isinstance(value, list) and all(type(r) is int for r in value):
         return value
     if isinstance(value, str) and len(value) < _MAX_RANKS_TEXT:
-        return [int(x) for x in _DIGITS.findall(value)]
+        return list(_ranks_text(value))
     raise BadDump(f"{where}: ranks is neither a list of ints nor its text")
+
+
+@lru_cache(maxsize=1024)
+def _ranks_text(value: str) -> tuple[int, ...]:
+    """Every dump of a job lists the same groups: the default group's ranks (4,096 numbers) are read once."""
+    return tuple(map(int, _DIGITS.findall(value)))
 
 
 def _pg_config(cfg: Any) -> dict[str, tuple[str | None, list[int]]]:
@@ -167,12 +218,9 @@ def _pg_config(cfg: Any) -> dict[str, tuple[str | None, list[int]]]:
     return out
 
 
-def _content_rank(cfg: Any) -> int | None:
+def _content_rank(cfg: dict[str, tuple[str | None, list[int]]]) -> int | None:
     """The one rank every group of ``pg_config`` contains (pg_config lists the groups this rank is in)."""
-    try:
-        groups = [set(ranks) for _, ranks in _pg_config(cfg).values() if ranks]
-    except BadDump:
-        return None
+    groups = [set(ranks) for _, ranks in cfg.values() if ranks]
     common = set.intersection(*groups) if groups else set()
     return next(iter(common)) if len(common) == 1 else None
 
@@ -180,9 +228,10 @@ def _content_rank(cfg: Any) -> int | None:
 # --- entries ---------------------------------------------------------------------------------------
 
 
-def _entries(entries: list[Any]) -> pl.DataFrame:
+def _entries(entries: list[Any]) -> pa.Table | None:
+    """The entries as Arrow columns, every field's type checked."""
     if not entries:
-        return pl.DataFrame()
+        return None
     if not all(type(e) is dict for e in entries):
         raise BadDump("entries: an entry is not a dict")
     try:
@@ -191,11 +240,17 @@ def _entries(entries: list[Any]) -> pl.DataFrame:
         raise BadDump(f"entries: {_bad_field(entries)} has a value of the wrong type "
                       f"({str(exc).splitlines()[0][:160]})") from None
     _refuse_truncated_floats(entries)
-    df = pl.from_arrow(table)
-    assert isinstance(df, pl.DataFrame)
-    if df.select((pl.col("process_group").list.len() != 2).any()).item():
+    states = set(table["state"].unique().to_pylist()) - {None}
+    if not states <= _STATES:
+        first = next(s for s in table["state"].to_pylist() if s is not None and s not in _STATES)
+        raise BadDump(f"entries: unknown state {first!r}")
+    pairs = table["process_group"].combine_chunks()
+    if pc.any(pc.not_equal(pc.list_value_length(pairs), 2)).as_py():
         raise BadDump("entries: `process_group` is not a (name, description) pair")
-    return _normalise(df.rename(_RENAME))
+    return table
+
+
+_STATES = frozenset(fr.FR_STATES)
 
 
 def _bad_field(entries: list[dict[str, Any]]) -> str:
@@ -219,10 +274,22 @@ def _refuse_truncated_floats(entries: list[dict[str, Any]]) -> None:
             raise BadDump(f"entries: `{f.name}` holds a float where an integer belongs")
 
 
+def _entries_frame(dumps: list[_Dump]) -> pl.DataFrame:
+    """``fr_entries`` of every dump of a batch: one Arrow table, one pass of Polars, the file's rank, host and
+    source repeated over its rows (gathered from one value each: the text is stored once)."""
+    with_rows = [d for d in dumps if d.entries is not None]
+    if not with_rows:
+        return fr.empty("fr_entries")
+    df = pl.from_arrow(pa.concat_tables([d.entries for d in with_rows if d.entries is not None]))
+    assert isinstance(df, pl.DataFrame)
+    which = pl.Series(np.repeat(np.arange(len(with_rows), dtype=np.uint32),
+                                [d.entries.num_rows for d in with_rows if d.entries is not None]))
+    tags = pl.DataFrame({k: [d.tag[k] for d in with_rows] for k in ("rank", "host", "source")},
+                        schema={"rank": pl.Int32, "host": pl.String, "source": pl.String})
+    return fr.conform("fr_entries", _normalise(df.rename(_RENAME)).hstack(tags[which]))
+
+
 def _normalise(df: pl.DataFrame) -> pl.DataFrame:
-    unknown = df.filter(pl.col("state").is_not_null() & ~pl.col("state").is_in(fr.FR_STATES))
-    if unknown.height:
-        raise BadDump(f"entries: unknown state {unknown['state'][0]!r}")
     zero_null = [pl.when(pl.col(c) > 0).then(pl.col(c)).alias(c) for c in ("started_ns", "completed_ns")]
     frame = pl.element().struct
     return df.with_columns(
@@ -248,39 +315,62 @@ def _numel(col: str) -> pl.Expr:
 # --- per-group status ----------------------------------------------------------------------------
 
 
-def _status(dump: dict[str, Any], entries: pl.DataFrame) -> pl.DataFrame:
-    cfg = _pg_config(dump.get("pg_config"))
+def _status(dump: dict[str, Any], entries: list[Any], cfg: dict[str, tuple[str | None, list[int]]]
+            ) -> list[tuple[Any, ...]]:
+    """Rows of ``fr_pg_status`` (without rank, host, source): from ``pg_status``, else derived from the entries."""
     names = _names_by_id(dump.get("pg_status") or {}, cfg, entries)
     if dump.get("pg_status"):
-        rows = [_status_row(key, value, names, cfg) for key, value in dump["pg_status"].items()]
-        return pl.DataFrame(rows, schema=_STATUS_SCHEMA, orient="row")
-    if not entries.height:
-        return pl.DataFrame()
-    derived = entries.group_by("pg_id", "pg_name", "pg_desc").agg(
-        pl.col("collective_seq").max().alias("last_enqueued"),
-        pl.col("collective_seq").filter(pl.col("state") != "scheduled").max().fill_null(-1).alias("last_started"),
-        pl.col("collective_seq").filter(pl.col("state") == "completed").max()
-        .fill_null(pl.col("collective_seq").min() - 1).alias("last_completed"),
-    )
-    ranks = pl.Series("pg_ranks", [cfg.get(n, (None, None))[1] for n in derived["pg_name"].to_list()],
-                      dtype=pl.List(pl.Int32))
-    return derived.with_columns(ranks, pl.lit("entries").alias("origin"))
+        return [_status_row(key, value, names, cfg) for key, value in dump["pg_status"].items()]
+    return _derived_status(entries, cfg)
+
+
+def _derived_status(entries: list[dict[str, Any]], cfg: dict[str, tuple[str | None, list[int]]]
+                    ) -> list[tuple[Any, ...]]:
+    """Per group (pg_id, name, description) of the entries: the last collective enqueued, started (not
+    ``scheduled``; -1 when none) and completed (else one below the first it holds). Dumps before 2.x only."""
+    seqs: dict[tuple[Any, Any, Any], list[tuple[int, Any]]] = {}
+    for e in entries:
+        seq = e.get("collective_seq_id")
+        seq = e.get("seq_id") if seq is None else seq
+        pg: Any = e.get("process_group") or ()
+        key = (e.get("pg_id"), pg[0] if len(pg) > 0 else None, pg[1] if len(pg) > 1 else None)
+        group = seqs.setdefault(key, [])
+        if seq is not None:
+            group.append((seq, e.get("state")))
+    rows = []
+    for (pg_id, name, desc), done in sorted(seqs.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        every = [q for q, _ in done]
+        started = [q for q, st in done if st is not None and st != "scheduled"]
+        completed = [q for q, st in done if st == "completed"]
+        low = min(every) - 1 if every else None
+        rows.append((pg_id, name, desc, cfg.get(name, (None, None))[1] if name is not None else None,
+                     max(every, default=None), max(started, default=-1), max(completed, default=low), "entries"))
+    return rows
+
+
+def _status_frame(dumps: list[_Dump]) -> pl.DataFrame:
+    rows = [row for d in dumps for row in d.status]
+    if not rows:
+        return fr.empty("fr_pg_status")
+    return fr.conform("fr_pg_status", pl.DataFrame(rows, schema=_STATUS_SCHEMA, orient="row"))
 
 
 _STATUS_SCHEMA: dict[str, pl.DataType] = {
     "pg_id": pl.Int32(), "pg_name": pl.String(), "pg_desc": pl.String(), "pg_ranks": pl.List(pl.Int32()),
-    "last_enqueued": pl.Int64(), "last_started": pl.Int64(), "last_completed": pl.Int64(), "origin": pl.String()}
+    "last_enqueued": pl.Int64(), "last_started": pl.Int64(), "last_completed": pl.Int64(), "origin": pl.String(),
+    "rank": pl.Int32(), "host": pl.String(), "source": pl.String()}
 _STATUS_KEYS = ("last_enqueued_collective", "last_started_collective", "last_completed_collective")
 
 
 def _names_by_id(status: dict[str, Any], cfg: dict[str, tuple[str | None, list[int]]],
-                 entries: pl.DataFrame) -> dict[int, str]:
+                 entries: list[dict[str, Any]]) -> dict[int, str]:
     """pg_id -> pg_name: from the entries (they carry both); the rest by creation order, both keys sorted
     numerically (ids and names are handed out in the same order), when the counts agree."""
     known: dict[int, str] = {}
-    if entries.height:
-        pairs = entries.select("pg_id", "pg_name").drop_nulls().unique()
-        known = dict(zip(pairs["pg_id"].to_list(), pairs["pg_name"].to_list()))
+    names_of = [pg[0] if pg else None for pg in map(dict.get, entries, repeat("process_group"))]
+    for pg_id, name in dict.fromkeys(zip(map(dict.get, entries, repeat("pg_id")), names_of)):
+        if pg_id is not None and name is not None:
+            known.setdefault(pg_id, name)
     ids = sorted((_int(k, "pg_status key") for k in status), key=int)
     names = sorted(cfg, key=lambda n: (0, int(n), n) if n.isdigit() else (1, 0, n))
     if len(ids) == len(names) and all(known.get(i, n) == n for i, n in zip(ids, names)):
@@ -310,14 +400,16 @@ def _status_row(key: Any, value: Any, names: dict[int, str],
     return (pg_id, name, desc, ranks, *counters, "pg_status")
 
 
-def _dump_row(dump: dict[str, Any], entries: pl.DataFrame, fmt: str, tag: dict[str, Any]) -> pl.DataFrame:
-    latest = None
-    if entries.height:
-        latest = entries.select(pl.max_horizontal(pl.col("created_ns").max(), pl.col("started_ns").max(),
-                                                  pl.col("completed_ns").max())).item()
-    row = {**tag, "format": fmt, "version": dump.get("version"),
-           "comm_lib_version": dump.get("comm_lib_version") or dump.get("nccl_version"),
-           "entries": entries.height, "pg_count": len(dump["pg_config"]) if dump.get("pg_config") else None,
-           "has_status": bool(dump.get("pg_status")),
-           "has_stacks": bool(entries.height and entries["stack"].is_not_null().any()), "latest_ns": latest}
-    return fr.conform("fr_dumps", pl.DataFrame([row], schema=fr.schema("fr_dumps")))
+def _dump_row(dump: dict[str, Any], entries: pa.Table | None, fmt: str, tag: dict[str, Any]) -> dict[str, Any]:
+    n = entries.num_rows if entries is not None else 0
+    latest, stacks = None, False
+    if entries is not None:
+        seen = [pc.max(entries["time_created_ns"]).as_py()] + [
+            pc.max(pc.filter(entries[c], pc.greater(entries[c], 0))).as_py()
+            for c in ("time_discovered_started_ns", "time_discovered_completed_ns")]
+        latest = max((t for t in seen if t is not None), default=None)
+        stacks = entries["frames"].null_count < n
+    return {**tag, "format": fmt, "version": dump.get("version"),
+            "comm_lib_version": dump.get("comm_lib_version") or dump.get("nccl_version"),
+            "entries": n, "pg_count": len(dump["pg_config"]) if dump.get("pg_config") else None,
+            "has_status": bool(dump.get("pg_status")), "has_stacks": stacks, "latest_ns": latest}

@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import polars as pl
-from forensics.parsers.common import ParseContext, ParseResult
+from forensics.parsers.common import ParseContext, ParseResult, parse_alone
 from forensics.parsers.kineto_extract import Extractor
 from forensics.parsers.kineto_names import (
     COMM_KERNEL_PATTERN,
@@ -43,13 +43,7 @@ _MSG_AND_PG = ("pg_name", "pg_desc", "pg_ranks", "group_size", "in_nelems", "out
 
 def parse(path: Path, ctx: ParseContext) -> ParseResult:
     """One trace: a batch of one."""
-    batch = KinetoBatch()
-    early = batch.add(path, ctx)
-    if early is not None:
-        return early
-    (result,), frames = batch.finish()
-    result.frames = frames
-    return result
+    return parse_alone(KinetoBatch(), path, ctx)
 
 
 @dataclass

@@ -260,7 +260,11 @@ def test_simulated_hangs_match_their_truth(tmp_path, scenario, fmt, version, sta
     assert bool(undecided) == bool(exp["missing_dumps"])
     if undecided:
         assert undecided[0].metrics["missing_ranks"] == ", ".join(map(str, exp["missing_dumps"]))
-    mismatch = [f for f in findings if f.key.startswith("mismatch")]
+    mismatch = [f for f in findings if f.key.startswith("mismatch") and f.key != "mismatch_state"]
+    # a device-stuck rank's last entries stay scheduled where its peers' completed: fr_trace's state mismatch
+    # (2.9 dumps keep only active entries: the peers' completed ones are not in them to compare)
+    state = [f for f in findings if f.key == "mismatch_state"]
+    assert sorted(r for f in state for r in f.ranks) == (sorted(exp["device"]) if version != "2.9" else [])
     if exp["mismatch"]:
         assert [(f.key, list(f.ranks)) for f in mismatch] == [("mismatch_size", exp["mismatch"]["ranks"])]
     else:

@@ -24,7 +24,7 @@ DOC = DetectorDoc(
         'pending entries): the rank stuck on the device (its enqueued work does not complete while its peers '
         'completed more), the rank stuck on the host (it stopped enqueuing while its peers went on), the '
         'collective the others are blocked in (op, sequence number, sizes, how long they waited), ranks that '
-        "never joined it; collectives whose members disagree (type, sizes, dtype, as PyTorch's fr_trace "
+        "never joined it; collectives whose members disagree (type, sizes, dtype, state, as PyTorch's fr_trace "
         'classifies them); groups it cannot decide because dumps are missing (naming those ranks); and, when '
         'the dumps carry stacks, the ranks whose stack differs from the majority. When the logs hold the '
         "watchdog's counters for the same hang, it says whether their vote agrees."),
@@ -55,7 +55,7 @@ STUCK_RANK = FindingKind(
     "dataloader, locks and exceptions, and its host's OOM kills and hung tasks.", stage=1)
 MISMATCH = FindingKind(
     "collective_mismatch", "the members of one collective (same group, same sequence number) disagree on its type, "
-    "size or dtype, as PyTorch's fr_trace classifies them", Role.HANG,
+    "size, dtype or state, as PyTorch's fr_trace classifies them", Role.HANG,
     "Find the code path that makes these ranks issue a different collective, size or dtype and make every rank "
     "issue the same.", stage=1)
 UNDECIDED = FindingKind(
@@ -95,7 +95,9 @@ def detect(ctx: JobContext, cfg: HangConfig) -> list[Finding]:
     sets = hang.dump_sets(f["fr_dumps"])
     out: list[Finding] = []
     for folder, sources in sets:
-        mine = [t.filter(pl.col("source").is_in(sources)) for t in (f["fr_pg_status"], f["fr_entries"], f["fr_dumps"])]
+        tables = (f["fr_pg_status"], f["fr_entries"], f["fr_dumps"])
+        # one job: every row is its own (no filtered copy of millions of entries)
+        mine = list(tables) if len(sets) == 1 else [t.filter(pl.col("source").is_in(sources)) for t in tables]
         found = _verdict(ctx, cfg, *mine)
         out += [replace(x, key=f"{x.key}:{folder}", title=f"{x.title} ({folder or '.'})") for x in found] \
             if len(sets) > 1 else found
@@ -291,24 +293,38 @@ def _undecided_finding(job: _Job) -> Finding:
     )
 
 
+_MISMATCH_TEXT = {
+    "state": ("Their entries for it are not completed (or not started) where their peers' are: their GPU work, or "
+              "the watchdog's view of it, stopped there (fr_trace's COLLECTIVE_STATE_MISMATCH).",
+              "Check the named ranks' GPUs (Xid, ECC, nvidia-smi) and the kernels ahead of the collective on their "
+              "stream; the stuck-rank verdict says whether they are the culprits."),
+}
+_MISMATCH_DEFAULT = (
+    "Ranks that disagree wait on each other forever.",
+    "Find the code path that makes these ranks issue a different collective, size or dtype (uneven batches, "
+    "data-dependent shapes, a branch taken on some ranks) and make every rank issue the same.")
+
+
 def _mismatch_findings(mm: pl.DataFrame) -> list[Finding]:
     if mm.height == 0:
         return []
-    out = []
-    for (kind,), g in mm.group_by("kind", maintain_order=True):
-        ranks = sorted(set(g.explode("ranks")["ranks"].to_list()))
-        first = g.row(0, named=True)
-        out.append(Finding(
-            "hang_verdict", Severity.CRITICAL, f"Collective {kind.replace('_', ' ')} mismatch between ranks",
-            f"In {first['pg_desc'] or 'group'} (PG {first['pg_name']}) collective #{first['seq']}: rank(s) "
-            f"{_ranks(first['ranks'])} have {kind.replace('_', ' ')} {first['value']} where the others have "
-            f"{first['majority']} ({g.height} such collective(s)). Ranks that disagree wait on each other forever.",
-            "Find the code path that makes these ranks issue a different collective, size or dtype (uneven "
-            "batches, data-dependent shapes, a branch taken on some ranks) and make every rank issue the same.",
-            ranks=tuple(ranks), key=f"mismatch_{kind}", confidence="high", kind=MISMATCH.name,
-            when=When.unknown("Flight Recorder dumps carry no time of their own"),
-            metrics={"kind": str(kind), "collectives": g.height, "seq": first["seq"], "pg_name": first["pg_name"]},
-            evidence=tuple(g.with_columns(pl.col("ranks").cast(pl.List(pl.String)).list.join(",")).head(10)
-                           .to_dicts()),
-        ))
-    return out
+    return [_mismatch_finding(str(kind), g) for (kind,), g in mm.group_by("kind", maintain_order=True)]
+
+
+def _mismatch_finding(kind: str, g: pl.DataFrame) -> Finding:
+    """One finding per class: a state mismatch is what a stuck rank looks like (a warning beside the verdict), the
+    others are the code's own errors."""
+    ranks = sorted(set(g.explode("ranks")["ranks"].to_list()))
+    first = g.row(0, named=True)
+    why, remedy = _MISMATCH_TEXT.get(kind, _MISMATCH_DEFAULT)
+    return Finding(
+        "hang_verdict", Severity.WARNING if kind == "state" else Severity.CRITICAL,
+        f"Collective {kind.replace('_', ' ')} mismatch between ranks",
+        f"In {first['pg_desc'] or 'group'} (PG {first['pg_name']}) collective #{first['seq']}: rank(s) "
+        f"{_ranks(first['ranks'])} have {kind.replace('_', ' ')} {first['value']} where the others have "
+        f"{first['majority']} ({g.height} such collective(s)). {why}",
+        remedy, ranks=tuple(ranks), key=f"mismatch_{kind}", confidence="medium" if kind == "state" else "high",
+        kind=MISMATCH.name, when=When.unknown("Flight Recorder dumps carry no time of their own"),
+        metrics={"kind": kind, "collectives": g.height, "seq": first["seq"], "pg_name": first["pg_name"]},
+        evidence=tuple(g.with_columns(pl.col("ranks").cast(pl.List(pl.String)).list.join(",")).head(10).to_dicts()),
+    )

@@ -167,18 +167,36 @@ def blocked_collectives(verdict: HangVerdict, entries: pl.DataFrame, latest_ns: 
 def mismatches(entries: pl.DataFrame) -> pl.DataFrame:
     """Collectives (same group, same ``collective_seq``, not point-to-point) whose members disagree, as fr_trace
     classifies them: ``collective_type`` (a different op), ``size`` (a different input element count, for ops whose
-    inputs must match; all_to_all sizes may differ), ``dtype``. Columns: pg_name, pg_desc, seq, kind, value (the
-    minority's), majority, ranks (the minority)."""
+    inputs must match; all_to_all sizes may differ), ``dtype``, ``state`` (fr_trace's COLLECTIVE_STATE_MISMATCH:
+    completed on some members, scheduled or started on others; on a tie ``completed`` counts as the majority, so
+    the rank that did not complete is named). Columns: pg_name, pg_desc, seq, kind, value (the minority's),
+    majority, ranks (the minority)."""
     e = entries.filter(~pl.col("is_p2p").fill_null(False) & pl.col("collective_seq").is_not_null()
                        & pl.col("pg_name").is_not_null())
     if e.height == 0:
         return pl.DataFrame()
+    e = _disagreeing(e)
+    if e.height == 0:
+        return pl.DataFrame()
     e = e.unique(["pg_name", "collective_seq", "rank"], keep="last").with_columns(
-        pl.col("in_dtypes").list.join(",").alias("dtype_key"), pl.col("in_numel").cast(pl.String).alias("size_key"))
-    sized = ~pl.col("op").str.contains("all_to_all|alltoall|coalesced|barrier|gather$|scatter$")
-    parts = [_minority(e, "op", "collective_type"), _minority(e.filter(sized), "size_key", "size"),
-             _minority(e, "dtype_key", "dtype")]
+        pl.col("in_dtypes").list.join(",").alias("dtype_key"), pl.col("in_numel").cast(pl.String).alias("size_key"),
+        pl.col("state").cast(pl.String).alias("state_key"))
+    parts = [_minority(e, "op", "collective_type"), _minority(e.filter(_SIZED), "size_key", "size"),
+             _minority(e, "dtype_key", "dtype"), _minority(e, "state_key", "state")]
     return pl.concat([p for p in parts if p.height], how="vertical") if any(p.height for p in parts) else pl.DataFrame()
+
+
+_SIZED = ~pl.col("op").str.contains("all_to_all|alltoall|coalesced|barrier|gather$|scatter$")
+
+
+def _disagreeing(e: pl.DataFrame) -> pl.DataFrame:
+    """The entries of collectives whose members' entries differ in op, size (ops whose sizes must match), dtype or
+    state: in a job of thousands of ranks almost every collective agrees, and only these need comparing."""
+    keys = ["pg_name", "collective_seq"]
+    split = e.group_by(keys).agg((
+        (pl.col("op").n_unique() > 1) | (pl.col("in_dtypes").n_unique() > 1) | (pl.col("state").n_unique() > 1)
+        | (pl.col("in_numel").filter(_SIZED).n_unique() > 1)).alias("split")).filter(pl.col("split"))
+    return e.join(split.select(keys), on=keys, how="semi") if split.height else e.head(0)
 
 
 def _minority(e: pl.DataFrame, col: str, kind: str) -> pl.DataFrame:

@@ -106,3 +106,42 @@ def test_skipped_when_the_dumps_hold_no_counters():
     dumps = fr.conform("fr_dumps", pl.DataFrame([{"rank": 0, "source": "x", "version": "1.0", "entries": 0}]))
     _, skipped = _run(JobFrames({"fr_dumps": dumps}))
     assert skipped and "no per-group counters" in skipped[0].reason
+
+
+def _entries(rows: list[tuple[int, str, int, str, int, str, str]]) -> pl.DataFrame:
+    """fr_entries from (rank, group, collective_seq, op, input elements, dtype, state)."""
+    return fr.conform("fr_entries", pl.DataFrame([
+        {"rank": r, "source": f"fr/rank_{r}", "pg_name": g, "pg_desc": DESC[g], "record_id": i, "collective_seq": q,
+         "op": op, "is_p2p": False, "in_numel": n, "in_sizes": [[n]], "in_dtypes": [dt], "state": st}
+        for i, (r, g, q, op, n, dt, st) in enumerate(rows)]))
+
+
+def test_each_mismatch_class_as_fr_trace_names_it():
+    agree = [(r, "0", 10, "all_reduce", 64, "BFloat16", "completed") for r in range(3)]
+    odd = {"collective_type": (3, "0", 10, "all_gather", 64, "BFloat16", "completed"),
+           "size": (3, "0", 10, "all_reduce", 32, "BFloat16", "completed"),
+           "dtype": (3, "0", 10, "all_reduce", 64, "Float", "completed"),
+           "state": (3, "0", 10, "all_reduce", 64, "BFloat16", "scheduled")}
+    for kind, row in odd.items():
+        mm = hang.mismatches(_entries([*agree, row]))
+        assert mm.select("kind", "ranks", "seq").rows() == [(kind, [3], 10)], kind
+        assert mm["value"][0] != mm["majority"][0]
+    assert hang.mismatches(_entries([*agree, (3, "0", 10, "all_reduce", 64, "BFloat16", "completed")])).height == 0
+
+
+def test_a_state_mismatch_names_the_rank_that_did_not_complete_even_on_a_tie():
+    # two members: one completed the collective, the other's entry is still scheduled
+    mm = hang.mismatches(_entries([(0, "1", 20, "all_reduce", 8, "Float", "completed"),
+                                   (1, "1", 20, "all_reduce", 8, "Float", "scheduled")]))
+    assert mm.select("kind", "ranks", "value", "majority").rows() == [("state", [1], "scheduled", "completed")]
+
+
+def test_a_state_mismatch_is_its_own_finding_beside_the_verdict():
+    frames = _frames(_blocked({3: {"0": (10, 7), "2": (20, 16)}}))
+    entries = _entries([(r, "0", 8, "all_reduce", 64, "BFloat16", "scheduled" if r == 3 else "completed")
+                        for r in range(4)])
+    findings, _ = _run(JobFrames({**{n: frames[n] for n in frames.present}, "fr_entries": entries}))
+    by_key = {f.key: f for f in findings}
+    assert set(by_key) == {"stuck_device", "mismatch_state"}
+    state = by_key["mismatch_state"]
+    assert state.ranks == (3,) and state.severity.value == "warning" and "COLLECTIVE_STATE_MISMATCH" in state.summary
