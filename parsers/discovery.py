@@ -20,7 +20,8 @@ from typing import Any, Protocol
 
 import polars as pl
 from forensics.parsers import registry, sniff
-from forensics.parsers.common import GZIP_MAGIC, ParseContext, Parser, ParseResult, read_head, read_tail
+from forensics.parsers.bounded_read import GZIP_MAGIC, read_head, read_tail
+from forensics.parsers.result import ParseContext, Parser, ParseResult
 
 from forensics.base import frames as fr
 from forensics.base.ray_engine import ray_map, ray_session

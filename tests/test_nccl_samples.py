@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from forensics.parsers.common import ParseContext
 from forensics.parsers.nccl_log import parse
+from forensics.parsers.result import ParseContext
 
 from forensics.base.frames import JobFrames
 from forensics.detectors import run_detectors
