@@ -240,6 +240,7 @@ def _sm_source(flagged: pl.DataFrame) -> str:
 
 
 def _measure(ctx: JobContext, flagged: pl.DataFrame, cfg: BusyWaitConfig) -> _BusyWait:
+    """The flagged ranks' utilization and wait, and whom they waited for."""
     cov = coverage(ctx)
     victims = [int(r) for r in flagged["rank"].to_list()]
     med = flagged.select(pl.col("u_any", "u_compute", "u_sm", "w").median()).row(0, named=True)

@@ -274,6 +274,7 @@ class _SlowLinks:
 
 def _measure(ctx: JobContext, judged: pl.DataFrame, members: pl.DataFrame, per_op: pl.DataFrame,
              cfg: SlowLinkConfig) -> _SlowLinks:
+    """The judged communicators' slow ones, their common suspect and their extra transfer."""
     slow = judged.filter(pl.col("slow"))
     gpu_ns, wall, _ = _impact(ctx, per_op, slow["pg_key"].to_list())
     step = _step_ns(ctx)
