@@ -355,10 +355,9 @@ def _measure(c: str, rs: list[int], sc: _Scores, job: _Job, cfg: StragglerConfig
               for r in rs]
         wall_ns = max(ex)
     frac = wall_ns / job.step_med if job.step_med else 0.0
-    sev = Severity.CRITICAL if frac >= cfg.critical_impact else Severity.WARNING if frac >= cfg.min_impact else Severity.INFO  # noqa: E501
     r0 = rs[0]
     return _Straggler(
-        cls=c, ranks=tuple(rs), host=job.host_of.get(r0), severity=sev,
+        cls=c, ranks=tuple(rs), host=job.host_of.get(r0), severity=_severity(frac, cfg),
         compute_ns=comp_d.get(r0, {}).get("med"), peer_compute_ns=comp_d.get(r0, {}).get("peer_med"),
         host_excess_ns=host_d.get(r0, {}).get("host_excess"),
         rho=float(comp_d.get(r0, {}).get("rho") or float("nan")), z=float(comp_d.get(r0, {}).get("z") or 0.0),
@@ -369,6 +368,13 @@ def _measure(c: str, rs: list[int], sc: _Scores, job: _Job, cfg: StragglerConfig
         victims=tuple(int(r) for r in vic["rank"].to_list()),
         evidence=tuple(_rank_evidence(rs, c, sc, vic, job.host_of, job.gpu_of)), job=job,
     )
+
+
+def _severity(frac: float, cfg: StragglerConfig) -> Severity:
+    """By the share of the step that removing the straggler would save."""
+    if frac >= cfg.critical_impact:
+        return Severity.CRITICAL
+    return Severity.WARNING if frac >= cfg.min_impact else Severity.INFO
 
 
 _LABEL = {"compute": "slow GPU compute", "host": "host-bound (GPU starved by the CPU)",
