@@ -231,3 +231,41 @@ def test_a_capture_maps_kernels_by_graph_node_or_by_order(tmp_path, launch_api, 
         assert ops == {"gemm_kernel": "aten::mm", "add_kernel": "aten::add", "relu_kernel": "aten::relu"}
     else:  # start order: what a trace without node ids can tell
         assert ops == {"gemm_kernel": "aten::mm", "relu_kernel": "aten::add", "add_kernel": "aten::relu"}
+
+
+def test_the_coverage_line_says_the_graph_share_in_summary_md_and_the_report_header(tmp_path):
+    """#30 item 2: the coverage line is in findings.json, summary.md and the report's first view (the job header),
+    and a share hiding more than 10% of GPU time (here: graph replays whose capture is not profiled) is said in
+    words there, its figure the simulator's own."""
+    import html
+    import re
+
+    from typer.testing import CliRunner
+
+    from forensics.cli import app
+    from forensics.simulate import simulate
+
+    run, out = tmp_path / "run", tmp_path / "out"
+    truth = simulate("graph_straggler", run, ranks=4, steps=2, seed=0, params={"layers": "2"})
+    res = CliRunner().invoke(app, ["analyze", str(run), "--out", str(out), "-q", "--fail-on", "never",
+                                   "--workers", "1"])
+    assert res.exit_code == 0, res.output
+    exp = truth["expected"]["cuda_graphs"]
+    share = exp["graph_kernel_ns"] / exp["gpu_time_ns"]
+    assert share > NOTE_SHARE
+    cov = json.loads((out / "findings.json").read_text())["run"]["coverage"]
+    assert (cov["gpu_time_ns"], cov["graph_replayed"]) == (exp["gpu_time_ns"], round(share, 4))
+    sentence = f"{share:.1%} of GPU time is replayed from CUDA graphs whose capture is not in the trace"
+    hidden = [u["note"] for u in cov["unexplained"] if u["share"] >= NOTE_SHARE]
+    assert sentence in " ".join(hidden) and hidden == cov["notes"]
+    md = (out / "summary.md").read_text()
+    (line,) = [ln for ln in md.splitlines() if ln.startswith("**Coverage:**")]
+    assert md.index("## Job") < md.index(line) < md.index("\n## ", md.index("## Job") + 1)  # in the Job section
+    plain = re.sub(r"\\(.)", r"\1", line)  # md_text's escapes undone
+    page = (out / "report.html").read_text()
+    header = html.unescape(page[page.index('<header class="top">'):page.index("</header>")])
+    for note in hidden:
+        assert note.rstrip(".") in plain
+        assert note.rstrip(".") in header
+    # the replayed kernels keep their categories: nothing of them is a silent "other"
+    assert cov["categories"].get("other", 0.0) < NOTE_SHARE

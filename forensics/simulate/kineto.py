@@ -267,6 +267,8 @@ class TraceWriter:
                      "bytes": nbytes,
                      "memory bandwidth (GB/s)": round(nbytes / max(op.end - op.start, 1), 3)})
             self._flows(corr, op)
+            if self.job.cuda_graphs:  # with kernel_ns, every rank's GPU time: the denominator of the graph share
+                self.counts["copy_ns"] = self.counts.get("copy_ns", 0) + op.end - op.start
         elif k == COLL:
             self._collective(op)
 
