@@ -468,6 +468,9 @@ def _trace_shape_truth(job: Job, ranks: list[dict[str, Any]], writers: list[Trac
         out["cuda_graphs"] = _graph_truth(job, ranks)
     if job.symm_tp:
         out["symm_tp"] = {k: sum(w.counts.get(k, 0) for w in writers) for k in ("symm_kernels", "symm_kernel_ns")}
+    if job.tp_overlap:
+        got = {k: sum(w.counts.get(k, 0) for w in writers) for k in ("ub_kernels", "ub_kernel_ns", "ub_overlap_ns")}
+        out["tp_overlap"] = {**got, "ub_exposed_ns": got["ub_kernel_ns"] - got["ub_overlap_ns"]}
     if job.compiled:
         out["compiled"] = {k: sum(w.counts.get(k, 0) for w in writers) for k in (
             "triton_kernels", "triton_kernel_ns", "triton_template_flops", "triton_template_ns")}
