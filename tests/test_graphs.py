@@ -18,7 +18,7 @@ from conftest import shared_path
 
 from forensics.detectors import run_detectors
 from forensics.facts.context import JobContext
-from forensics.facts.op_categories import GRAPH_REPLAY_OP, NOTE_SHARE
+from forensics.facts.op_categories import GRAPH_REPLAY_OP, NOTE_SHARE, attributed_kernels
 from forensics.pipeline import load
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -75,6 +75,71 @@ def test_coverage_says_the_graph_share_in_words(hta_rank0):
     assert f"{share:.1%} of GPU time is replayed from CUDA graphs" in cov["line"]
     assert sum(cov["categories"].values()) == pytest.approx(1.0, abs=1e-3)
     assert "other" in cov["categories"]
+
+
+def _raw_regions(events: list) -> dict[int, str | None]:
+    """id() of each GPU event -> the torch.compile region (innermost CompiledFunction / CompiledFunctionBackward
+    cpu_op) open on the thread of its launch call when that call began, from the raw JSON."""
+    launch = {e["args"]["correlation"]: e for e in events
+              if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in (e.get("args") or {})}
+    regions = [e for e in events if e.get("cat") == "cpu_op" and e.get("name") in ("CompiledFunction",
+                                                                                    "CompiledFunctionBackward")]
+    out: dict[int, str | None] = {}
+    for k in (e for e in events if e.get("cat") in GPU_CATS and e.get("ph") == "X"):
+        call = launch.get(k["args"].get("correlation"))
+        around = [] if call is None else [g for g in regions if (g["pid"], g["tid"]) == (call["pid"], call["tid"])
+                                          and g["ts"] <= call["ts"] <= g["ts"] + g["dur"]]
+        out[id(k)] = max(around, key=lambda g: g["ts"])["name"] if around else None
+    return out
+
+
+def test_triton_kernels_of_an_old_inductor_keep_their_regions_and_are_named_in_the_coverage(hta_rank0):
+    """hta/rank0: 81 Triton kernels with the pre-2023 inductor names (``triton__0d1d2d``: no family in the name),
+    75 replayed from the compiled regions' CUDA graphs, 6 launched eagerly outside any region (from the raw
+    JSON). Without a family they are ``other``, and the coverage's part for ``other`` names them."""
+    events, ctx = hta_rank0
+    regions = _raw_regions(events)
+    graph, _ = _raw_graph_events(events)
+    replayed = {id(e) for e in graph}
+    triton = [e for e in events if e.get("cat") == "kernel" and e["name"].startswith("triton")]
+    expected = sorted((regions[id(e)] or "", "graph replay" if id(e) in replayed else "launch") for e in triton)
+    att = attributed_kernels(ctx.kernel_categories, ctx.frames).filter(pl.col("name").str.starts_with("triton"))
+    assert sorted(zip(att["region"].fill_null("").to_list(), att["via"].to_list())) == expected
+    assert len(expected) == 81 and sum(v == "graph replay" for _, v in expected) == 75
+    assert set(att["category"].to_list()) == {"other"}
+    (other,) = [u for u in ctx.coverage["unexplained"] if u["what"] == "category other"]
+    assert "triton__0d1d2d" in other["note"]
+
+
+def test_compiled_region_share_of_a_real_trace(hta_rank0):
+    events, ctx = hta_rank0
+    regions = _raw_regions(events)
+    gpu = [e for e in events if e.get("cat") in GPU_CATS and e.get("ph") == "X"]
+    inside = sum(round(e["dur"] * 1000) for e in gpu if regions[id(e)] is not None)
+    assert ctx.coverage["compiled_regions"] == round(inside / sum(round(e["dur"] * 1000) for e in gpu), 4)
+    assert f"{ctx.coverage['compiled_regions']:.0%} in torch.compile regions" in ctx.coverage["line"]
+
+
+def test_compiled_regions_without_graphs_or_triton_on_a_real_trace(tmp_path):
+    """hta/df_index_resolver.json.gz (facebookresearch/HolisticTraceAnalysis tests/data/df_index_resolver/): an
+    AOTAutograd job whose CompiledFunction / CompiledFunctionBackward regions launch ATen kernels eagerly (no
+    graph replay, no Triton): each kernel's region and the regions' share of GPU time, from the raw JSON."""
+    src = shared_path("kineto", "hta", "df_index_resolver.json.gz")
+    (tmp_path / src.name).write_bytes(src.read_bytes())
+    events = json.loads(gzip.decompress(src.read_bytes()))["traceEvents"]
+    ctx = JobContext(load(tmp_path, workers=1)[1])
+    regions = _raw_regions(events)
+    gpu = [e for e in events if e.get("cat") in GPU_CATS and e.get("ph") == "X"]
+    by_region: dict[str, int] = {}
+    for e in gpu:
+        key = regions[id(e)] or ""
+        by_region[key] = by_region.get(key, 0) + round(e["dur"] * 1000)
+    att = ctx.op_attribution
+    got = att.group_by(pl.col("region").fill_null("")).agg(pl.col("time_ns").sum())
+    assert dict(got.iter_rows()) == by_region
+    assert set(att["via"].to_list()) == {"launch"}
+    total = sum(by_region.values())
+    assert ctx.coverage["compiled_regions"] == round((total - by_region.get("", 0)) / total, 4) > 0.9
 
 
 @pytest.fixture(scope="module")
