@@ -2,11 +2,11 @@
 
 Decodes the trace in chunks into typed structs of only the fields the frames read (``kineto_typed``,
 msgspec), or, for whatever that decoder rejects (NaN, damage, odd values), reads it as a stream of dicts
-(``kineto_stream``); keeps only compact columns per chunk (``kineto_extract``), then builds kernels, cpu_ops, steps, comms, ranks and process_groups with
-Polars. Handles every schema in the shared samples: 2021 legacy categories (Operator/Runtime/
-Kernel, ``tid: "stream 7"``, lower-case ``external id``), epoch-µs integer and ns-resolution float
-timestamps with ``baseTimeNanoseconds``, NCCL kernels of every naming era, RCCL on ROCm,
-CPU-only traces.
+(``kineto_stream``); keeps only compact columns per chunk (``kineto_extract``), then builds kernels,
+cpu_ops, steps, comms, ranks and process_groups with Polars. Handles every schema in the shared
+samples: 2021 legacy categories (Operator/Runtime/Kernel, ``tid: "stream 7"``, lower-case
+``external id``), epoch-µs integer and ns-resolution float timestamps with ``baseTimeNanoseconds``,
+NCCL kernels of every naming era, RCCL on ROCm, CPU-only traces.
 """
 
 from __future__ import annotations
