@@ -286,27 +286,141 @@ def _forced_impact(a: _Algo, settings: dict[str, str], metrics: dict[str, Any]) 
     return out
 
 
-def check_forced(a: _Algo) -> list[Finding]:
-    """1. User overrides of the algorithm, protocol, channels or transports, with their modelled cost."""
-    forced = _forced_env(a.env)
-    if not forced.height:
-        return []
-    settings = {r["var"]: r["value"] for r in forced.sort("line").iter_rows(named=True)}
-    ranks, hosts, gpus = where(forced, a.j.ident)
-    metrics: dict[str, Any] = dict(settings)
-    imp = _forced_impact(a, settings, metrics)
+# PyTorch's OpType names (watchdog lines) of the collectives an NCCL algorithm runs; a barrier is an all-reduce
+_OP_TYPES = {"ALLREDUCE": "AllReduce", "ALLREDUCE_COALESCED": "AllReduce", "BARRIER": "AllReduce",
+             "ALLGATHER": "AllGather", "_ALLGATHER_BASE": "AllGather", "ALLGATHER_COALESCED": "AllGather",
+             "ALLGATHER_INTO_TENSOR_COALESCED": "AllGather", "REDUCE_SCATTER": "ReduceScatter",
+             "_REDUCE_SCATTER_BASE": "ReduceScatter", "REDUCE_SCATTER_TENSOR_COALESCED": "ReduceScatter",
+             "BROADCAST": "Broadcast", "REDUCE": "Reduce"}
+_ANY = "collective"  # a collective ran whose name the source does not give (an nccl-tests row without its command)
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What the job's logs and traces show ran: the collectives (NCCL names, ``_ANY`` when a source does not say
+    which), where they were seen, and the (algorithm, protocol) pairs NCCL logged for them (TUNING per-op lines).
+    A kernel's name is never read as its algorithm: NCCL's maintainers say a kernel named ``..._RING_LL`` can run
+    any algorithm and protocol (NVIDIA/nccl#1595, #2196), so a traced kernel only says that its collective ran."""
+
+    collectives: frozenset[str]
+    seen_in: tuple[str, ...]
+    choices: frozenset[tuple[str, str]]
+
+
+def what_ran(frames: JobFrames) -> Ran:
+    """The collectives that ran, from COLL and TUNING lines, nccl-tests rows, traced NCCL kernels and the ops the
+    PyTorch watchdog reports (an op it timed out on was enqueued with NCCL's choice, so it ran under it)."""
+    calls = frames["nccl_calls"]
+    parts: dict[str, set[str]] = {}
+    coll = calls.filter((pl.col("kind") == "coll") & pl.col("op").is_in(list(nc.COLLECTIVES)))["op"]
+    parts["COLL lines"] = set(coll.to_list())
+    tuning = calls.filter(pl.col("kind") == "tuning")
+    parts["TUNING lines"] = {o if o in nc.COLLECTIVES else _ANY for o in tuning["op"].to_list()}
+    tests = frames["nccl_tests"]
+    parts["nccl-tests rows"] = {c or _ANY for c in tests["collective"].to_list()}
+    traced: set[str] = set()
+    if frames.has("kernels") and "collective" in frames["kernels"].columns:
+        k = frames["kernels"].select("class", "collective").filter(pl.col("class") == "comm")["collective"]
+        traced |= {_COLL[c] for c in k.unique().to_list() if c in _COLL}
+    if frames.has("comms"):
+        traced |= {_COLL[c] for c in frames["comms"]["collective"].unique().to_list() if c in _COLL}
+    parts["trace"] = traced
+    ops = frames["collective_timeouts"]["op_type"].drop_nulls().str.to_uppercase().unique().to_list()
+    parts["watchdog reports"] = {_OP_TYPES[o] for o in ops if o in _OP_TYPES}
+    choices = {(_ALGO_NAMES.get(str(a).lower(), a), _PROTO_NAMES.get(str(p).lower(), p))
+               for a, p in tuning.select("algo", "proto").drop_nulls().iter_rows()
+               if str(p).lower() in _PROTO_NAMES}
+    return Ran(frozenset(set().union(*parts.values())), tuple(k for k, v in parts.items() if v), frozenset(choices))
+
+
+@dataclass(frozen=True)
+class Forced:
+    """A forced choice as measured: the settings, the collectives that ran under them (those the forced
+    algorithms implement), NCCL's logged choices that the settings do not allow (the setting did not govern those
+    communicators), and what the cost model says it cost."""
+
+    settings: tuple[tuple[str, str], ...]
+    rows: pl.DataFrame  # the settings' lines
+    ran: Ran
+    under: tuple[str, ...]
+    outside: tuple[tuple[str, str], ...]
+    impact: _Impact
+    metrics: dict[str, Any]
+    ranks: tuple[int, ...]
+    hosts: tuple[str, ...]
+    gpus: tuple[str, ...]
+
+    @property
+    def cost_this_job(self) -> bool:
+        return bool(self.under) and not self.impact.harmless
+
+
+def _ran_under(settings: dict[str, str], ran: Ran) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """(collectives that ran under the settings, NCCL's logged choices outside them)."""
+    algos = _names(settings["NCCL_ALGO"], _ALGO_NAMES) if "NCCL_ALGO" in settings else None
+    protos = _names(settings["NCCL_PROTO"], _PROTO_NAMES) if "NCCL_PROTO" in settings else None
+    outside = tuple(sorted(c for c in ran.choices
+                           if (algos is not None and c[0] not in algos) or (protos is not None and c[1] not in protos)))
+    if ran.choices and len(outside) == len(ran.choices):
+        return (), outside  # every choice NCCL logged ignores the setting: it did not govern what ran
+    under = tuple(sorted(c for c in ran.collectives
+                         if algos is None or c not in nc.COLLECTIVES or any(nc.applicable(c, x) for x in algos)))
+    return under, outside
+
+
+def forced(a: _Algo) -> Forced | None:
+    """The user's forced choices and what ran under them; None when nothing is forced."""
+    rows = _forced_env(a.env)
+    if not rows.height:
+        return None
+    settings = {r["var"]: r["value"] for r in rows.sort("line").iter_rows(named=True)}
+    ran = what_ran(a.frames)
+    under, outside = _ran_under(settings, ran)
+    metrics: dict[str, Any] = dict(settings) | {"ran_under": ",".join(under) or None}
+    imp = _forced_impact(a, settings, metrics) if under else _Impact(detail="", confidence="medium")
+    return Forced(tuple(settings.items()), rows, ran, under, outside, imp, metrics, *where(rows, a.j.ident))
+
+
+def _not_ran_text(f: Forced) -> str:
+    if f.outside:
+        return ("NCCL's logged choices (" + ", ".join(f"{x}/{y}" for x, y in f.outside) + ") are not among those "
+                "it allows, so it did not govern the communicators that logged them")
+    if f.ran.collectives:
+        return (f"the collectives that ran ({', '.join(sorted(f.ran.collectives))}; {', '.join(f.ran.seen_in)}) are "
+                "not ones the forced algorithm implements")
+    return ("no collective is known to have run under it (the logs hold no COLL or TUNING line, nccl-tests row, "
+            "traced NCCL kernel or watchdog report of a collective), so it cost nothing the logs can show")
+
+
+def _forced_finding(f: Forced) -> Finding:
+    """The forced choice in words: a warning only when collectives ran under it and the model does not find it
+    harmless; information when none ran under it (said so) or the model predicts no loss."""
+    said = ", ".join(f"{k}={v}" for k, v in f.settings)
+    if not f.under:
+        return Finding(
+            "nccl_algorithm", Severity.INFO, "NCCL algorithm or protocol setting no logged collective ran under",
+            f"Set by the user: {said}; {_not_ran_text(f)}.", ALGORITHM_SETTING.remediation,
+            ranks=f.ranks, hosts=f.hosts, gpus=f.gpus, key="forced", kind=ALGORITHM_SETTING.name,
+            metrics=f.metrics, confidence="medium",
+            evidence=evidence(f.rows, ("host", "line", "var", "value", "origin")))
+    ran = f"collectives ran under it ({', '.join(f.under)}; {', '.join(f.ran.seen_in)})"
     # an override the model finds harmless at this job's sizes is reported, not warned about
-    return [Finding(
-        "nccl_algorithm", Severity.INFO if imp.harmless else Severity.WARNING,
+    return Finding(
+        "nccl_algorithm", Severity.WARNING if f.cost_this_job else Severity.INFO,
         "NCCL algorithm or protocol choice forced by environment",
-        "Set by the user: " + ", ".join(f"{k}={v}" for k, v in settings.items()) + f"; {imp.detail}.",
+        f"Set by the user: {said}; {ran}; {f.impact.detail}.",
         "Remove the override unless a benchmark on this cluster shows it is faster at the job's message "
         "sizes; NCCL's own choice is usually within a few percent of the best.",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="forced", kind=FORCED_ALGORITHM.name, metrics=metrics,
-        confidence=imp.confidence,
-        gpu_seconds_lost=imp.gpu_s, fraction_of_step=imp.frac,
-        evidence=evidence(forced, ("host", "line", "var", "value", "origin")),
-    )]
+        ranks=f.ranks, hosts=f.hosts, gpus=f.gpus, key="forced", kind=FORCED_ALGORITHM.name, metrics=f.metrics,
+        confidence=f.impact.confidence, gpu_seconds_lost=f.impact.gpu_s, fraction_of_step=f.impact.frac,
+        evidence=evidence(f.rows, ("host", "line", "var", "value", "origin")),
+    )
+
+
+def check_forced(a: _Algo) -> list[Finding]:
+    """1. User overrides of the algorithm, protocol or channels, judged on the collectives that ran under them."""
+    f = forced(a)
+    return [] if f is None else [_forced_finding(f)]
 
 
 def _gaps(a: _Algo) -> list[pl.DataFrame]:
@@ -522,6 +636,11 @@ SLOW_COLLECTIVES = FindingKind(
 WRONG_RESULTS = FindingKind(
     "wrong_results", "nccl-tests validation failed: a collective returned wrong results", Role.FAULT,
     "Drain the hosts involved and run hardware diagnostics before any training.", stage=4)
+ALGORITHM_SETTING = FindingKind(
+    "algorithm_setting", "an NCCL algorithm, protocol or channel setting in the environment that no logged "
+    "collective ran under", Role.CONFIG,
+    "Unset it unless a benchmark on this cluster shows it helps; it did not shape the collectives of this run.",
+    stage=4)
 MIXED_GPUS = FindingKind(
     "mixed_gpus", "GPUs of different generations in one job", Role.CONFIG,
     "Schedule the job on one GPU generation.", stage=4)
@@ -555,8 +674,14 @@ DOC = DetectorDoc(
     measures=(
         "nccl_env (ENV echo and NCCL_* assignments on command lines in the log), nccl_calls (TUNING choices "
         "with predicted µs, COLL sizes), nccl_tests, and the cost model in forensics.facts.nccl_cost (argmin "
-        "of latency + bytes/bandwidth over Ring/Tree/NVLS/NVLSTree/PAT x LL/LL128/Simple). An algorithm is "
-        "never inferred from a kernel name: trace kernels are only matched to sizes NCCL logged a choice for."
+        "of latency + bytes/bandwidth over Ring/Tree/NVLS/NVLSTree/PAT x LL/LL128/Simple). Judged on what ran: a "
+        "forced setting is a warning only when collectives ran under it (COLL or TUNING lines, nccl-tests rows, "
+        "traced NCCL collectives or ops the PyTorch watchdog reports, of a collective the forced algorithm "
+        "implements) and NCCL's logged choices (TUNING per-op lines) do not all ignore it; otherwise it is "
+        "information (kind algorithm_setting) that says no collective ran under it. An algorithm is never "
+        "inferred from a kernel name (NCCL's maintainers: a kernel named ..._RING_LL can run any algorithm and "
+        "protocol): a traced kernel only shows that its collective ran, and trace kernels are matched to "
+        "predictions only at sizes NCCL logged a choice for."
     ),
     todo=(
         "Remove NCCL_ALGO / NCCL_PROTO / channel caps unless a benchmark on this cluster proves them; for a "
@@ -570,7 +695,7 @@ DOC = DetectorDoc(
     "nccl_algorithm", doc=DOC,
     settings=NcclAlgorithmConfig,
     requires_any=("nccl_env", "nccl_calls", "nccl_tuning", "nccl_tests", "nccl_comms"),
-    kinds=(FORCED_ALGORITHM, SLOW_COLLECTIVES, WRONG_RESULTS, MIXED_GPUS),
+    kinds=(FORCED_ALGORITHM, ALGORITHM_SETTING, SLOW_COLLECTIVES, WRONG_RESULTS, MIXED_GPUS),
     view="nccl-config",
 )
 def detect(ctx: JobContext, cfg: NcclAlgorithmConfig) -> list[Finding]:
