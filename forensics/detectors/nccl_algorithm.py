@@ -29,7 +29,8 @@ DISABLES = ("NCCL_NVLS_ENABLE", "NCCL_PAT_ENABLE", "NCCL_CUMEM_ENABLE")
 # : must match; PCIe cards have no NVSwitch and are not in it): (regular expression on the GPU name, GB/s, source). The
 # NVSwitch H100/H200 figure is the
 #: non-NVLS class (AllReduce with NVLS reaches ~480): a run below half of it is wrong whatever the algorithm.
-#: Across nodes the NICs bound it and their speed is not in the logs: set nccl_algorithm.expected_busbw_gbps.
+#: Across nodes a node's NICs bound it: the sum of their speeds in NCCL's topology print (see _nic_busbw), else the
+#: expectation is unknown (no guess) unless nccl_algorithm.expected_busbw_gbps gives it.
 EXPECTED_BUSBW: tuple[tuple[str, float, str], ...] = (
     (r"H800(?!.*PCIe)", 215.0, "8x H800, users' nccl-tests (NVIDIA/nccl#1374)"),
     (r"(?:H100|H200)(?!.*(?:PCIe|NVL))", 370.0,
@@ -41,7 +42,7 @@ EXPECTED_BUSBW: tuple[tuple[str, float, str], ...] = (
 #: Environment settings that reduce channels or bandwidth -> whether the value reduces them (named as the cause)
 CHANNEL_CAPS: dict[str, Callable[[str], bool]] = {
     "NCCL_TOPO_FILE": lambda v: bool(v),
-    "NCCL_P2P_LEVEL": lambda v: v.upper() not in ("SYS", "5"),
+    "NCCL_P2P_LEVEL": lambda v: v.upper() not in ("SYS", "4", "5"),  # the widest level (legacy numbers 4/5)
     "NCCL_P2P_DISABLE": lambda v: v != "0",
     "NCCL_MIN_NCHANNELS": lambda v: True,
     "NCCL_MAX_NCHANNELS": lambda v: True,
@@ -458,7 +459,7 @@ def check_model_gap(a: _Algo) -> list[Finding]:
         f"{g.height} measured size(s) take >= {cfg.min_measured_over_predicted:g}x NCCL's predicted time; "
         f"worst: {top['size_bytes']} B with {top['algo']}/{top['proto']} took {top['time_us']:.0f} us "
         f"vs {top['predicted_us']:.0f} us predicted ({top['ratio']:.1f}x, {top['measured_by']}). NCCL "
-        "assumed bandwidth the fabric did not deliver: suspect the transport, not the choice.",
+        "assumed bandwidth the fabric did not deliver: suspect the transport, not the choice." + _busbw_unknown(a),
         "Check the nccl_transport findings, NIC/link health and PCIe placement on the slow path; run "
         "nccl-tests per node pair to find the slow link.",
         ranks=ranks, hosts=hosts, gpus=gpus, key="model_gap", kind=SLOW_COLLECTIVES.name, confidence="high",
@@ -488,7 +489,7 @@ def check_busbw_cliff(a: _Algo) -> list[Finding]:
         "nccl_algorithm", Severity.WARNING, "Bus bandwidth collapses above a message size",
         f"nccl-tests busbw falls from {c['prev_busbw']:.2f} GB/s at {c['prev_size']} B to "
         f"{c['busbw_gbps']:.2f} GB/s at {c['size_bytes']} B: a switch of algorithm/protocol or of "
-        "path onto a degraded link.",
+        "path onto a degraded link." + _busbw_unknown(a),
         "Re-run with NCCL_DEBUG_SUBSYS=TUNING to see the choice at both sizes, and test each "
         "algorithm with NCCL_ALGO to locate the broken path.",
         key="busbw_cliff", kind=SLOW_COLLECTIVES.name, confidence="medium",
@@ -498,17 +499,68 @@ def check_busbw_cliff(a: _Algo) -> list[Finding]:
     )]
 
 
-def _expected_busbw(a: _Algo) -> tuple[float, str] | None:
-    """(GB/s, where the figure comes from) for this job, or None when nothing says what the hardware allows."""
-    if a.cfg.expected_busbw_gbps > 0:
-        return a.cfg.expected_busbw_gbps, "set by the user (nccl_algorithm.expected_busbw_gbps)"
+def _table_busbw(a: _Algo) -> tuple[float, str] | None:
+    """The EXPECTED_BUSBW row every GPU of the job matches (an NVSwitch node of one model), or None."""
     names = list(a.j.archs)
-    if not (a.j.single_node and names):
-        return None
-    for rx, gbps, src in EXPECTED_BUSBW:
+    for rx, gbps, src in EXPECTED_BUSBW if names else ():
         if all(re.search(rx, n) for n in names):
             return gbps, src
     return None
+
+
+def _nic_busbw(a: _Algo) -> tuple[float, str] | None:
+    """What the NICs allow across nodes: per host, the sum of the bandwidths NCCL's topology print gives the NET
+    devices (``+ NET[bw] - NET/i``, GB/s) that its logged NET channels use (every listed one on a host whose
+    channels are not logged); the slowest host bounds the job. None when no topology print gives a NIC's speed."""
+    ev = a.frames["nccl_events"]
+    nets = ev.filter((pl.col("kind") == "topo_link") & pl.col("message").str.starts_with("NET NET/")).select(
+        "host", pl.col("peer").str.extract(r"([0-9A-Fa-f]+)$").str.to_integer(base=16, strict=False).alias("nic"),
+        pl.col("value").alias("gbps")).drop_nulls(["nic", "gbps"]).unique(["host", "nic"], keep="first")
+    if not nets.height:
+        return None
+    ch = a.frames["nccl_channels"]
+    used = ch.filter(pl.col("transport") == "NET").select("host", "nic").drop_nulls().unique()
+    logged = used.select("host").unique()
+    kept = pl.concat([nets.join(used, on=["host", "nic"], how="semi", nulls_equal=True),
+                      nets.join(logged, on="host", how="anti", nulls_equal=True)])
+    per_host = kept.group_by("host").agg(pl.col("gbps").sum(), pl.len().alias("nics")).sort("gbps", "host")
+    if not per_host.height:
+        return None
+    low = per_host.row(0, named=True)
+    return float(low["gbps"]), (f"{low['nics']} NIC(s) of {low['host'] or 'a host'} at {low['gbps']:g} GB/s in all "
+                                "(NCCL's topology print): a ring crosses each node once per channel, so a node's "
+                                "NICs bound cross-node busbw (NVIDIA/nccl#1368, NVIDIA/nccl-tests#352)")
+
+
+def _expected_busbw(a: _Algo) -> tuple[float, str] | None:
+    """(GB/s, where the figure comes from) for this job, or None when nothing says what the hardware allows: the
+    user's figure; on one node the EXPECTED_BUSBW row of its GPUs; across nodes what the NICs allow (the lower of
+    that and the GPUs' row), and no figure at all when the logs do not give the NICs' speed."""
+    if a.cfg.expected_busbw_gbps > 0:
+        return a.cfg.expected_busbw_gbps, "set by the user (nccl_algorithm.expected_busbw_gbps)"
+    table = _table_busbw(a)
+    if a.j.single_node:
+        return table
+    if not _across_nodes(a):
+        return None
+    nic = _nic_busbw(a)
+    return None if nic is None else min(x for x in (nic, table) if x is not None)
+
+
+def _across_nodes(a: _Algo) -> bool:
+    """Whether the job's traffic crosses nodes: several nodes, or NET channels in a job not proven single-node (an
+    excerpt of rank 0's log that shows one host)."""
+    net = a.frames["nccl_channels"].filter(pl.col("transport") == "NET").height > 0
+    return a.j.multi_node or (net and not a.j.single_node)
+
+
+def _busbw_unknown(a: _Algo) -> str:
+    """A sentence for the bandwidth findings of a multi-node job whose NIC speed the logs do not give."""
+    if not _across_nodes(a) or a.cfg.expected_busbw_gbps > 0 or _nic_busbw(a) is not None:
+        return ""
+    return (" What the hardware allows across nodes is unknown: the logs do not give the NICs' speed (NCCL prints "
+            "it in its topology with NCCL_DEBUG_SUBSYS=INIT,GRAPH), so the bus bandwidth is not judged against it; "
+            "give nccl_algorithm.expected_busbw_gbps to judge it.")
 
 
 def _measured_busbw(a: _Algo) -> pl.DataFrame:
@@ -533,55 +585,91 @@ def _measured_busbw(a: _Algo) -> pl.DataFrame:
     return pl.concat(rows, how="vertical_relaxed")
 
 
-def _caps(a: _Algo) -> dict[str, str]:
-    """The user's settings that reduce channels or bandwidth (the last value of each)."""
+def _caps(a: _Algo, built: int | None) -> dict[str, str]:
+    """The user's settings that reduce channels or bandwidth (the last value of each); a channel maximum counts only
+    where it binds (at or below the channels NCCL built, or those are not logged)."""
     env = {r["var"]: r["value"] for r in a.env.filter(pl.col("origin") != "plugin").sort("line").iter_rows(named=True)}
-    return {k: v for k, v in env.items() if k in CHANNEL_CAPS and CHANNEL_CAPS[k](str(v).strip('"'))}
+    caps = {k: v for k, v in env.items() if k in CHANNEL_CAPS and CHANNEL_CAPS[k](str(v).strip('"'))}
+    return {k: v for k, v in caps.items()
+            if not (k in ("NCCL_MAX_NCHANNELS", "NCCL_MAX_CTAS") and built is not None and str(v).strip('"').isdigit()
+                    and int(str(v).strip('"')) > built)}
 
 
 def _channels(a: _Algo) -> tuple[int | None, int | None]:
-    """(collective channels NCCL built, channels its topology search found) from the init lines."""
+    """(collective channels NCCL built, channels its ring search found: the `Pattern 4` GRAPH line) from the init
+    lines; tree, NVLS and CollNet searches (other patterns) do not bound the ring's channels."""
     ev = a.frames["nccl_events"]
     built = ev.filter(pl.col("kind") == "channels")["value"].drop_nulls()
     if not built.len():  # older logs: the ring listing `Channel 00/02 : 0 1` says how many
         built = ev.filter(pl.col("kind") == "ring_order")["value"].drop_nulls()
-    found = ev.filter(pl.col("kind") == "graph_pattern")["code"].drop_nulls()
+    found = ev.filter((pl.col("kind") == "graph_pattern")
+                      & pl.col("message").str.starts_with("Pattern 4,"))["code"].drop_nulls()
     return (int(cast(float, built.max())) if built.len() else None,
             int(cast(float, found.max())) if found.len() else None)
 
 
-def check_busbw_peak(a: _Algo) -> list[Finding]:
-    """3b. Measured bus bandwidth (nccl-tests, traces) against what the GPUs and links allow."""
+@dataclass(frozen=True)
+class Busbw:
+    """Measured bus bandwidth against what the GPUs and links allow: the large messages measured, their peak, the
+    expected figure and its source, the channels NCCL built and found, and the user's settings that cap them."""
+
+    measured: pl.DataFrame  # size_bytes, busbw_gbps, line, measured_by
+    peak: float
+    expected: float
+    source: str
+    built: int | None
+    found: int | None
+    caps: dict[str, str]
+    min_bytes: int
+    env_rows: pl.DataFrame  # the caps' lines
+
+    @property
+    def fraction(self) -> float:
+        return self.peak / self.expected
+
+
+def busbw(a: _Algo) -> Busbw | None:
+    """The peak bus bandwidth measured on large messages against the expected figure; None when either is unknown."""
     exp = _expected_busbw(a)
     m = _measured_busbw(a) if exp else pl.DataFrame()
     if exp is None or m.height == 0:
-        return []
-    expected, source = exp
-    peak = float(cast(float, m["busbw_gbps"].max()))
-    if not peak < a.cfg.min_busbw_fraction * expected:
-        return []
-    caps = _caps(a)
+        return None
     built, found = _channels(a)
-    said = [f"Peak bus bandwidth {peak:.1f} GB/s over messages of {a.cfg.min_busbw_bytes >> 20} MiB and more "
-            f"({', '.join(sorted(set(m['measured_by'].to_list())))}) is {peak / expected:.0%} of the "
-            f"{expected:g} GB/s these GPUs reach ({source})"]
-    if built is not None:
-        said.append(f"NCCL built {built} collective channel(s)" + (f" where its topology search found {found}"
-                                                                 if found and found > built else ""))
-    if caps:
-        said.append("likely cause, set by the user: " + ", ".join(f"{k}={v}" for k, v in caps.items()))
-    return [Finding(
+    caps = _caps(a, built)
+    return Busbw(m, float(cast(float, m["busbw_gbps"].max())), exp[0], exp[1], built, found, caps,
+                 a.cfg.min_busbw_bytes, a.env.filter(pl.col("var").is_in(list(caps))))
+
+
+def _busbw_finding(b: Busbw) -> Finding:
+    """Bus bandwidth below the expected figure, in words: the channels and the settings named as likely cause."""
+    said = [f"Peak bus bandwidth {b.peak:.1f} GB/s over messages of {b.min_bytes >> 20} MiB and more "
+            f"({', '.join(sorted(set(b.measured['measured_by'].to_list())))}) is {b.fraction:.0%} of the "
+            f"{b.expected:g} GB/s this hardware allows ({b.source})"]
+    if b.built is not None:
+        said.append(f"NCCL built {b.built} collective channel(s)" + (f" where its ring search found {b.found}"
+                                                                     if b.found and b.found > b.built else ""))
+    if b.caps:
+        said.append("likely cause, set by the user: " + ", ".join(f"{k}={v}" for k, v in b.caps.items()))
+    return Finding(
         "nccl_algorithm", Severity.WARNING, "Measured bus bandwidth below half of what the hardware allows",
         "; ".join(said) + ".",
-        ("Unset " + ", ".join(caps) + " and measure again; " if caps else "")
+        ("Unset " + ", ".join(b.caps) + " and measure again; " if b.caps else "")
         + "check the transport findings, the NVLink/NIC count and speed per GPU, PCIe generation/width and NUMA "
           "placement.",
-        key="busbw_peak", kind=SLOW_COLLECTIVES.name, confidence="high" if caps else "medium",
-        metrics={"peak_busbw_gbps": round(peak, 2), "expected_busbw_gbps": expected, "expected_source": source,
-                 "coll_channels": built, "caps": ",".join(f"{k}={v}" for k, v in caps.items()) or None},
-        evidence=evidence(m.sort("busbw_gbps", descending=True), ("size_bytes", "busbw_gbps", "measured_by", "line"), 3)
-        + evidence(a.env.filter(pl.col("var").is_in(list(caps))), ("host", "line", "var", "value")),
-    )]
+        key="busbw_peak", kind=SLOW_COLLECTIVES.name, confidence="high" if b.caps else "medium",
+        metrics={"peak_busbw_gbps": round(b.peak, 2), "expected_busbw_gbps": b.expected, "expected_source": b.source,
+                 "coll_channels": b.built, "ring_channels_found": b.found,
+                 "caps": ",".join(f"{k}={v}" for k, v in b.caps.items()) or None},
+        evidence=evidence(b.measured.sort("busbw_gbps", descending=True), ("size_bytes", "busbw_gbps", "measured_by",
+                                                                           "line"), 3)
+        + evidence(b.env_rows, ("host", "line", "var", "value")),
+    )
+
+
+def check_busbw_peak(a: _Algo) -> list[Finding]:
+    """3b. Measured bus bandwidth (nccl-tests, traces) against what the GPUs and links allow."""
+    b = busbw(a)
+    return [_busbw_finding(b)] if b is not None and b.fraction < a.cfg.min_busbw_fraction else []
 
 
 def check_wrong_results(a: _Algo) -> list[Finding]:
@@ -659,8 +747,10 @@ DOC = DetectorDoc(
         "TUNING per-op predictions, and traced NCCL kernels (transfer time = the minimum duration across "
         "ranks of one matched collective) against the same predictions. (3) A bus-bandwidth cliff between "
         "adjacent nccl-tests sizes, and measured bus bandwidth (nccl-tests rows, traced collectives) below half "
-        "of what the GPUs allow (the cited EXPECTED_BUSBW table for one node, or the user's figure), with the "
-        "channels NCCL built and the environment settings that cap them (NCCL_TOPO_FILE, NCCL_P2P_LEVEL, "
+        "of what the hardware allows (one node: the cited EXPECTED_BUSBW table by GPU model; across nodes: the sum of "
+        "the speeds NCCL's topology print gives the NICs a node's NET channels use, the slowest node, and no figure "
+        "when the logs do not give them; or the user's figure), with the channels NCCL built against those its "
+        "ring search found and the environment settings that cap them (NCCL_TOPO_FILE, NCCL_P2P_LEVEL, "
         "NCCL_P2P_DISABLE, NCCL_MIN/MAX_NCHANNELS, NCCL_NCHANNELS_PER_NET_PEER, NCCL_BUFFSIZE, ...) named. (4) "
         "nccl-tests validation failures (wrong results), the typical outcome "
         "of forcing LL128 where it is unsupported. (5) Mixed GPU generations in one job (LL128 off, "
