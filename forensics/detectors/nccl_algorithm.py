@@ -443,60 +443,104 @@ def _gaps(a: _Algo) -> list[pl.DataFrame]:
     return gaps
 
 
-def check_model_gap(a: _Algo) -> list[Finding]:
-    """2. Measured time far above NCCL's own prediction."""
-    cfg, j, gaps = a.cfg, a.j, _gaps(a)
+@dataclass(frozen=True)
+class Gap:
+    """Measured time far above NCCL's prediction: the flagged sizes (worst first), where NCCL's choices were
+    logged, the threshold, the communicator size, and whether the hardware's cross-node bound is unknown."""
+
+    flagged: pl.DataFrame  # size_bytes, time_us, predicted_us, ratio, algo, proto, measured_by
+    threshold: float
+    nranks: int | None
+    where: tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]
+    unknown: str  # the sentence saying the cross-node expectation is unknown, or ""
+
+    @property
+    def predicted_busbw(self) -> float | None:
+        """The bus bandwidth NCCL's model assumed for the worst size as an AllReduce: 2(n-1)/n x bytes / time."""
+        top, n = self.flagged.row(0, named=True), self.nranks
+        return round(2 * (n - 1) / n * top["size_bytes"] / (top["predicted_us"] * 1e3), 1) if n else None
+
+
+def model_gap(a: _Algo) -> Gap | None:
+    cfg, gaps = a.cfg, _gaps(a)
     if not gaps:
-        return []
+        return None
     g = pl.concat(gaps).filter((pl.col("size_bytes") >= cfg.min_bytes_for_gap)
                                & (pl.col("ratio") >= cfg.min_measured_over_predicted)).sort("ratio", descending=True)
     if not g.height:
-        return []
-    top = g.row(0, named=True)
-    ranks, hosts, gpus = where(a.pred.select("host", "pid", "cuda_dev"), j.ident)
-    return [Finding(
+        return None
+    return Gap(g, cfg.min_measured_over_predicted, a.j.nranks, where(a.pred.select("host", "pid", "cuda_dev"),
+                                                                     a.j.ident), _busbw_unknown(a))
+
+
+def _gap_finding(g: Gap) -> Finding:
+    top = g.flagged.row(0, named=True)
+    ranks, hosts, gpus = g.where
+    return Finding(
         "nccl_algorithm", Severity.WARNING, "Collectives run far slower than NCCL's own prediction",
-        f"{g.height} measured size(s) take >= {cfg.min_measured_over_predicted:g}x NCCL's predicted time; "
+        f"{g.flagged.height} measured size(s) take >= {g.threshold:g}x NCCL's predicted time; "
         f"worst: {top['size_bytes']} B with {top['algo']}/{top['proto']} took {top['time_us']:.0f} us "
         f"vs {top['predicted_us']:.0f} us predicted ({top['ratio']:.1f}x, {top['measured_by']}). NCCL "
-        "assumed bandwidth the fabric did not deliver: suspect the transport, not the choice." + _busbw_unknown(a),
+        "assumed bandwidth the fabric did not deliver: suspect the transport, not the choice." + g.unknown,
         "Check the nccl_transport findings, NIC/link health and PCIe placement on the slow path; run "
         "nccl-tests per node pair to find the slow link.",
         ranks=ranks, hosts=hosts, gpus=gpus, key="model_gap", kind=SLOW_COLLECTIVES.name, confidence="high",
         metrics={"worst_ratio": round(top["ratio"], 2), "worst_bytes": top["size_bytes"],
-                 "sizes_flagged": g.height,
-                 # the bus bandwidth NCCL's model assumed for that AllReduce: 2(n-1)/n x bytes / time
-                 "predicted_busbw_gbps": round(2 * (j.nranks - 1) / j.nranks * top["size_bytes"]
-                                               / (top["predicted_us"] * 1e3), 1) if j.nranks else None},
-        evidence=evidence(g, ("size_bytes", "algo", "proto", "time_us", "predicted_us", "ratio", "measured_by")),
-    )]
+                 "sizes_flagged": g.flagged.height, "predicted_busbw_gbps": g.predicted_busbw},
+        evidence=evidence(g.flagged, ("size_bytes", "algo", "proto", "time_us", "predicted_us", "ratio",
+                                      "measured_by")),
+    )
 
 
-def check_busbw_cliff(a: _Algo) -> list[Finding]:
-    """3. A bus-bandwidth cliff between adjacent nccl-tests sizes."""
+def check_model_gap(a: _Algo) -> list[Finding]:
+    """2. Measured time far above NCCL's own prediction."""
+    g = model_gap(a)
+    return [] if g is None else [_gap_finding(g)]
+
+
+@dataclass(frozen=True)
+class Cliff:
+    """A bus-bandwidth drop between adjacent nccl-tests sizes: the rows after a drop (first one first), the hosts
+    of the table, and whether the hardware's cross-node bound is unknown."""
+
+    rows: pl.DataFrame  # size_bytes, prev_size, prev_busbw, busbw_gbps, line
+    hosts: tuple[str, ...]
+    unknown: str
+
+
+def busbw_cliff(a: _Algo) -> Cliff | None:
     tests, cfg = a.tests, a.cfg
     if not tests.height:
-        return []
+        return None
     t = (tests.filter(pl.col("placement") == "out-of-place").sort("size_bytes")
          .with_columns(pl.col("busbw_gbps").shift(1).alias("prev_busbw"),
                        pl.col("size_bytes").shift(1).alias("prev_size")))
     cliff = t.filter((pl.col("size_bytes") >= cfg.min_bytes_for_gap) & (pl.col("busbw_gbps") > 0)
                      & (pl.col("prev_busbw") / pl.col("busbw_gbps") >= cfg.min_busbw_cliff))
     if not cliff.height:
-        return []
-    c = cliff.row(0, named=True)
-    return [Finding(
+        return None
+    return Cliff(cliff, tuple(sorted(set(tests["host"].drop_nulls().to_list()))), _busbw_unknown(a))
+
+
+def _cliff_finding(c: Cliff) -> Finding:
+    r = c.rows.row(0, named=True)
+    return Finding(
         "nccl_algorithm", Severity.WARNING, "Bus bandwidth collapses above a message size",
-        f"nccl-tests busbw falls from {c['prev_busbw']:.2f} GB/s at {c['prev_size']} B to "
-        f"{c['busbw_gbps']:.2f} GB/s at {c['size_bytes']} B: a switch of algorithm/protocol or of "
-        "path onto a degraded link." + _busbw_unknown(a),
+        f"nccl-tests busbw falls from {r['prev_busbw']:.2f} GB/s at {r['prev_size']} B to "
+        f"{r['busbw_gbps']:.2f} GB/s at {r['size_bytes']} B: a switch of algorithm/protocol or of "
+        "path onto a degraded link." + c.unknown,
         "Re-run with NCCL_DEBUG_SUBSYS=TUNING to see the choice at both sizes, and test each "
         "algorithm with NCCL_ALGO to locate the broken path.",
-        key="busbw_cliff", kind=SLOW_COLLECTIVES.name, confidence="medium",
-        hosts=tuple(sorted(set(tests["host"].drop_nulls().to_list()))),
-        metrics={"from_gbps": c["prev_busbw"], "to_gbps": c["busbw_gbps"], "at_bytes": c["size_bytes"]},
-        evidence=evidence(cliff, ("size_bytes", "prev_busbw", "busbw_gbps", "line")),
-    )]
+        key="busbw_cliff", kind=SLOW_COLLECTIVES.name, confidence="medium", hosts=c.hosts,
+        metrics={"from_gbps": r["prev_busbw"], "to_gbps": r["busbw_gbps"], "at_bytes": r["size_bytes"]},
+        evidence=evidence(c.rows, ("size_bytes", "prev_busbw", "busbw_gbps", "line")),
+    )
+
+
+def check_busbw_cliff(a: _Algo) -> list[Finding]:
+    """3. A bus-bandwidth cliff between adjacent nccl-tests sizes."""
+    c = busbw_cliff(a)
+    return [] if c is None else [_cliff_finding(c)]
 
 
 def _table_busbw(a: _Algo) -> tuple[float, str] | None:
