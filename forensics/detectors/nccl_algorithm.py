@@ -331,7 +331,13 @@ def what_ran(frames: JobFrames) -> Ran:
     choices = {(_ALGO_NAMES.get(str(a).lower(), a), _PROTO_NAMES.get(str(p).lower(), p))
                for a, p in tuning.select("algo", "proto").drop_nulls().iter_rows()
                if str(p).lower() in _PROTO_NAMES}
-    return Ran(frozenset(set().union(*parts.values())), tuple(k for k, v in parts.items() if v), frozenset(choices))
+    ran = set().union(*parts.values())
+    named = ran - {_ANY}  # a named collective says more than an unnamed one (TUNING lines of 2.20-2.22 name none)
+    return Ran(frozenset(named or ran), tuple(k for k, v in parts.items() if v), frozenset(choices))
+
+
+def _named(collectives: tuple[str, ...] | frozenset[str]) -> str:
+    return ", ".join(sorted(collectives)).replace(_ANY, "collectives the logs do not name")
 
 
 @dataclass(frozen=True)
@@ -387,7 +393,7 @@ def _not_ran_text(f: Forced) -> str:
         return ("NCCL's logged choices (" + ", ".join(f"{x}/{y}" for x, y in f.outside) + ") are not among those "
                 "it allows, so it did not govern the communicators that logged them")
     if f.ran.collectives:
-        return (f"the collectives that ran ({', '.join(sorted(f.ran.collectives))}; {', '.join(f.ran.seen_in)}) are "
+        return (f"the collectives that ran ({_named(f.ran.collectives)}; {', '.join(f.ran.seen_in)}) are "
                 "not ones the forced algorithm implements")
     return ("no collective is known to have run under it (the logs hold no COLL or TUNING line, nccl-tests row, "
             "traced NCCL kernel or watchdog report of a collective), so it cost nothing the logs can show")
@@ -404,7 +410,7 @@ def _forced_finding(f: Forced) -> Finding:
             ranks=f.ranks, hosts=f.hosts, gpus=f.gpus, key="forced", kind=ALGORITHM_SETTING.name,
             metrics=f.metrics, confidence="medium",
             evidence=evidence(f.rows, ("host", "line", "var", "value", "origin")))
-    ran = f"collectives ran under it ({', '.join(f.under)}; {', '.join(f.ran.seen_in)})"
+    ran = f"collectives ran under it ({_named(f.under)}; {', '.join(f.ran.seen_in)})"
     # an override the model finds harmless at this job's sizes is reported, not warned about
     return Finding(
         "nccl_algorithm", Severity.WARNING if f.cost_this_job else Severity.INFO,

@@ -177,3 +177,12 @@ def test_clean_protocol_set_by_the_net_plugin_is_not_a_user_override(run_detecto
 
     findings, _ = run_detector(frames_from(tmp_path, EFA_227))
     assert [f for f in findings if f.key == "forced"] == []
+
+
+def test_unnamed_collectives_of_tuning_lines_give_way_to_named_ones(run_detector, tmp_path):
+    # 2.20-2.22 TUNING lines name no function: with a COLL line naming AllReduce, AllReduce is what ran
+    text = HEALTHY + FORCED + RAN + "nodeA:100:100 [0] NCCL INFO 4194304 Bytes -> Algo 1 proto 2 time 30.0\n"
+    (f,) = run_detector(frames_from(tmp_path, text))[0]
+    assert f.metrics["ran_under"] == "AllReduce" and "(AllReduce; COLL lines, TUNING lines)" in f.summary
+    (g,) = run_detector(frames_from(tmp_path, HEALTHY + FORCED + text.splitlines()[-1] + "\n", "alone.log"))[0]
+    assert "(collectives the logs do not name; TUNING lines)" in g.summary and g.severity.value == "warning"
