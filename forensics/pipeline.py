@@ -54,6 +54,24 @@ class Analysis:
         """At least one source yielded data."""
         return self.sources.filter(pl.col("status").is_in(["ok", "partial"])).height > 0
 
+    def unreadable_because(self) -> str:
+        """Why nothing was usable, in one clause: the most common reason among the recognised sources, if any."""
+        return why_unreadable(self.sources)
+
+
+def why_unreadable(sources: pl.DataFrame) -> str:
+    """Why no source was usable, in one clause: the commonest reason among the recognised sources (a known kind),
+    else among all files, with how many share it."""
+    if sources.height == 0:
+        return "no files"
+    known = sources.filter(pl.col("kind") != "unknown")
+    pool = known if known.height else sources
+    message, count = pool.group_by("message").len().sort(["len", "message"], descending=[True, False]).row(0)
+    what = "recognised source(s) not used" if known.height else "file(s), none a recognised trace or log"
+    if count == pool.height:
+        return f"{count} {what}: {message}"
+    return f"{pool.height} {what}; the commonest reason ({count}): {message}"
+
 
 def collect_frames(parsed: list[ParsedSource]) -> tuple[pl.DataFrame, JobFrames]:
     """Merge every usable source's frames into one JobFrames, in path order."""

@@ -35,7 +35,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 from forensics.parsers import fr_pickle
-from forensics.parsers.common import ParseContext, ParseResult, open_bounded, parse_alone
+from forensics.parsers.bounded_read import open_bounded
+from forensics.parsers.result import ParseContext, ParseResult, parse_alone
 
 from forensics.base import frames as fr
 from forensics.base.hosts import short_host
