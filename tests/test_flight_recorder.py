@@ -234,6 +234,9 @@ def test_rank_and_host_from_the_file_name_checked_against_the_content(tmp_path):
     assert flight_recorder.rank_host_from_name("dumps/nccl_trace_rank_container-node02_5") == (5, "container-node02")
     assert flight_recorder.rank_host_from_name("_dump_12") == (12, None)
     assert flight_recorder.rank_host_from_name("comm_lib_trace_rank_gpu7.cluster.org_3.json") == (3, "gpu7")
+    # torchcomms' hook and the debug server's per-rank pickles
+    assert flight_recorder.rank_host_from_name("torchcomm_fr_trace_7") == (7, None)
+    assert flight_recorder.rank_host_from_name("per_rank/rank_3") == (3, None)
     groups = sim.healthy(8, blocked=False)
     path = tmp_path / "nccl_trace_rank_6"  # holds rank 5's dump
     path.write_bytes(dumps(sim.dump_doc(groups, 5, "2.9", False)))

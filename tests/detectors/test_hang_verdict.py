@@ -145,3 +145,14 @@ def test_a_state_mismatch_is_its_own_finding_beside_the_verdict():
     assert set(by_key) == {"stuck_device", "mismatch_state"}
     state = by_key["mismatch_state"]
     assert state.ranks == (3,) and state.severity.value == "warning" and "COLLECTIVE_STATE_MISMATCH" in state.summary
+
+
+def test_the_blocked_collective_names_who_never_joined_it_and_how_long_the_others_waited():
+    frames = _frames(_blocked({1: {"0": (9, 9), "1": (19, 19)}}))
+    entries = _entries([(r, "0", 10, "all_reduce", 64, "BFloat16", "scheduled") for r in (0, 2, 3)])
+    entries = entries.with_columns(pl.lit(1_000, pl.Int64).alias("created_ns"), pl.lit(600_000_000_000, pl.Int64)
+                                   .alias("timeout_ns"))
+    verdict = hang.vote(hang.counters_from_dumps(frames["fr_pg_status"]))
+    b = hang.blocked_collectives(verdict, entries, latest_ns=5_000).filter(pl.col("pg_name") == "0").row(0, named=True)
+    assert (b["seq"], b["waiting"], b["never_joined"], b["op"]) == (10, [0, 2, 3], [1], "all_reduce")
+    assert b["in_sizes"] == [[64]] and b["waited_ns"] == 4_000
