@@ -25,8 +25,9 @@ from pathlib import Path
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 30.0
 START_TRIES = 3
-# A raylet aborts when its dashboard agent (a Python process) has not reported its ports in time; at load 20+ on
-# two cores the agent's imports alone took 14 s
+# A raylet aborts when its agents (Python processes) have not reported their ports in time: 15 s for the dashboard
+# agent (fixed in Ray 2.60), RAY_agent_register_timeout_ms for the runtime-env agent. At load 20+ on two cores the
+# dashboard agent's imports alone took 14 s: hence the retries of a node's start (START_TRIES).
 _SLOW = {"RAY_agent_register_timeout_ms": "120000"}
 OBJECT_STORE_BYTES = 100 * 2**20  # Ray's minimum is 75 MiB
 
@@ -56,6 +57,7 @@ def session_pids(sids: set[int]) -> list[int]:
 def _ray_start(*args: str) -> list[str]:
     """``ray start`` by the interpreter running the tests: its workers import this checkout's forensics."""
     return [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats",
+            "--include-log-monitor", "false",  # one Python process less per node: no driver streams task output
             "--num-cpus", "1", "--object-store-memory", str(OBJECT_STORE_BYTES),
             "--node-manager-port", str(free_port()), "--object-manager-port", str(free_port()),
             "--metrics-export-port", str(free_port()), "--dashboard-agent-listen-port", str(free_port()),

@@ -55,7 +55,7 @@ def test_analyze_on_a_two_node_cluster_writes_what_the_local_engine_writes(clust
     on_ray = _cli("analyze", "job", "--out", "ray", "-q", "--fail-on", "never", "--engine", "ray",
                   "--ray-address", cluster.address, env=cluster.env(), cwd=tmp_path)
     assert on_ray.returncode == 0, on_ray.stderr
-    assert on_ray.stdout.replace("ray", "local") == local.stdout, (on_ray.stdout, local.stdout)
+    assert on_ray.stdout.replace("Report: ray", "Report: local") == local.stdout, (on_ray.stdout, local.stdout)
     for name in ("findings.json", "summary.md", "collectives.parquet"):
         assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
     assert b'"status": "failed"' in (tmp_path / "ray" / "findings.json").read_bytes()
