@@ -24,7 +24,7 @@ from pathlib import Path
 
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 30.0
-START_TRIES = 3
+START_TRIES = 5
 # A raylet aborts when its agents (Python processes) have not reported their ports in time: 15 s for the dashboard
 # agent (fixed in Ray 2.60), RAY_agent_register_timeout_ms for the runtime-env agent. At load 20+ on two cores the
 # dashboard agent's imports alone took 14 s: hence the retries of a node's start (START_TRIES).
@@ -85,6 +85,7 @@ class RayCluster:
     def start(self) -> None:
         self._node("head", "--head", "--port", str(self.port), "--include-dashboard", "false",
                    "--dashboard-port", str(free_port()))
+        _settle({p.pid for p in self.nodes})  # the head's agents still import: the second node's agents need the CPU
         self._node("node2", "--address", self.address)
         self._wait_for_both_nodes()
 
@@ -134,6 +135,30 @@ class RayCluster:
     def stop(self) -> None:
         """End both sessions: SIGTERM, then SIGKILL after :data:`STOP_TIMEOUT_S`; raise if a process is left."""
         _end_sessions(self.nodes)
+
+
+def _cpu_ticks(sids: set[int]) -> int:
+    """CPU clock ticks (user + system) used so far by the live processes of the sessions ``sids``."""
+    total = 0
+    for pid in session_pids(sids):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total
+
+
+def _settle(sids: set[int], timeout: float = 60.0) -> None:
+    """Wait until the sessions ``sids`` use less than a fifth of a core (or ``timeout``)."""
+    hz, deadline = os.sysconf("SC_CLK_TCK"), time.monotonic() + timeout
+    before = _cpu_ticks(sids)
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = _cpu_ticks(sids)
+        if now - before < hz / 5:
+            return
+        before = now
 
 
 def _end_sessions(leaders: list[subprocess.Popen[bytes]]) -> None:
