@@ -439,8 +439,12 @@ NCCL_EVENTS = FrameSpec(
         _c("peer", pl.String(), "remote peer address, node or process the line names"),
         _c("file_line", pl.String(), "NCCL source `file:line` of a WARN"),
         _c("message", pl.String(), "message text"),
-        _c("time_ns", pl.Int64(), "epoch ns the line carries (2.26+ WARN `[date time]` prefix or a launcher's ISO "
-           "prefix; a time without a zone is read as UTC), else null"),
+        _c("time_ns", pl.Int64(), "epoch ns of the line's own dated stamp (2.26+ WARN `[date time]` prefix, "
+           "NCCL_DEBUG_TIMESTAMP_FORMAT's `[date time]` or a launcher's ISO prefix; a time without a zone is read as "
+           "UTC), else null; a year-less glog stamp (`stamp`) is placed with the job's year by "
+           "forensics.facts.job_year.placed"),
+        _c("stamp", pl.String(), "the line's year-less glog stamp `MMDD HH:MM:SS[.frac]` (PyTorch's `[E0314 ...`) "
+           "when it has no dated one, else null"),
     ),
 )
 
@@ -690,6 +694,8 @@ LAST_WORDS = FrameSpec(
         _c("local_rank", pl.Int32(), "local rank: torchrun's `[default3]:` prefix, the failure table, `local_rank: N`"),
         _c("pid", pl.Int64(), "process id where printed (failure table, launcher lines, data-loader worker)"),
         _c("line", pl.Int64(), "1-based line number where the event starts (a traceback: its exception line)"),
+        _c("pg", pl.String(), "the process group the event's line names (PyTorch's `[PG ID n ...]` / `[PG n]` prefix: "
+           "the PG ID, as the watchdog lines name it), else null"),
         _c("time_ns", pl.Int64(), "Unix ns, read as UTC, when known (see `time_from`)"),
         _c("stamp", pl.String(), "year-less glog stamp `MMDD HH:MM:SS[.frac]` when that is the only time (placed "
            "with the job's year by the detector)"),
