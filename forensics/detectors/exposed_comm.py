@@ -211,7 +211,14 @@ def _finding(ta: JobContext, g: str, sev: Severity, per_rank: pl.DataFrame, culp
         key=g,
         confidence=at_most(cov.confidence(sizes_known(kern)), "high" if not by_design else "medium"),
         kind=EXPOSED_COMM.name,
+        process_group=_one_group(kern),
     )
+
+
+def _one_group(kern: pl.DataFrame) -> str | None:
+    """The process group (its name) of the measured collectives, when they all ran in one."""
+    names = kern["pg_name"].drop_nulls().unique()
+    return str(names[0]) if names.len() == 1 else None
 
 
 def _unsplit(kern: pl.DataFrame) -> bool:

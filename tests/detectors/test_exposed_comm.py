@@ -64,3 +64,9 @@ def test_a_lone_rank_is_never_critical_and_names_the_ranks_without_data(run_dete
     assert f.severity.value == "warning" and f.confidence == "low"
     assert f.metrics["ranks_without_data"] == "1-5" and f.metrics["ranks_expected"] == 6
     assert "one rank's trace" in f.summary and "Rank(s) 1-5 (5 of 6) have no trace" in f.summary
+
+
+def test_the_finding_names_the_one_process_group_its_collectives_ran_in(run_detector):
+    frames, _ = dp_job(n_ranks=8, steps=5, tx_ns=4 * MS, noise=0.01)
+    (f,) = run_detector(frames)[0]
+    assert f.process_group == "1"  # the builder's data-parallel group

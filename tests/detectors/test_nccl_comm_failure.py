@@ -106,3 +106,15 @@ def test_simulated_peer_exit_is_a_comm_failure_under_the_oom_kill(tmp_path):
     assert f.metrics["first_kind"] == "socket_closed" and f.metrics["reporting_rank"] != fault["ranks"][0]
     assert f.metrics["peer_host"] == fault["hosts"][0]  # the closed connection's address is the dead rank's node
     assert f.caused_by == (oom.id,) and truth["incidents"][0]["consequences"] == ["nccl_comm_failure"]
+
+
+def test_the_failure_names_its_communicator_as_its_process_group(tmp_path):
+    """The failing process's communicator (its commId from the init lines) is the finding's typed process group."""
+    text = HEALTHY + ("nodeB:201:211 [1] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote peer "
+                      "x<1>\n")
+    (f,) = _run(frames_from(tmp_path, text))[0]
+    assert f.process_group == "0xabc" and f.metrics["communicator"] == "0xabc (4 ranks)"
+    assert f.to_json()["process_group"] == "0xabc"
+    (g,) = _run(frames_from(tmp_path, "h:13:1 [3] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by "
+                                      "remote peer x<1>\n"))[0]
+    assert g.process_group is None  # no init line names its communicator
