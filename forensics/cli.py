@@ -418,7 +418,8 @@ def analyze(
         _commit(outs, phases, count=len(outs.names))
     _print_analysis(analysis, out_dir)
     if not analysis.readable:
-        _error(f"no readable trace or log under {run_dir}")
+        _error(f"no readable trace or log under {run_dir} ({analysis.unreadable_because()}; see run.sources in "
+               f"{out_dir / 'findings.json'})")
         raise typer.Exit(EXIT_ERROR)
     threshold = _fail_threshold(fail_on)
     if threshold is not None and any(f.severity.rank >= threshold for f in analysis.findings):

@@ -54,6 +54,21 @@ class Analysis:
         """At least one source yielded data."""
         return self.sources.filter(pl.col("status").is_in(["ok", "partial"])).height > 0
 
+    def unreadable_because(self) -> str:
+        """Why nothing was usable, in one clause: the most common reason among the recognised sources, if any."""
+        return why_unreadable(self.sources)
+
+
+def why_unreadable(sources: pl.DataFrame) -> str:
+    """The commonest reason a recognised source (a known kind) was not used, with how many share it."""
+    known = sources.filter(pl.col("kind") != "unknown")
+    if known.height == 0:
+        return f"none of {sources.height} file(s) is a recognised trace or log" if sources.height else "no files"
+    message, count = known.group_by("message").len().sort(["len", "message"], descending=[True, False]).row(0)
+    if count == known.height:
+        return f"{count} recognised source(s) not used: {message}"
+    return f"{known.height} recognised source(s) not used; the commonest reason ({count}): {message}"
+
 
 def collect_frames(parsed: list[ParsedSource]) -> tuple[pl.DataFrame, JobFrames]:
     """Merge every usable source's frames into one JobFrames, in path order."""

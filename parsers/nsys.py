@@ -382,7 +382,7 @@ def _kernels(db: _Db, off: int) -> pl.DataFrame:
         f"SELECT t.start + {off}, t.end + {off}, t.deviceId, {g('contextId')}, {g('streamId')}, {g('correlationId')}, "
         f"{_opt(db, t, 'globalPid', PID_EXPR.format(col='t.globalPid'))}, {dem}, {short}, "
         f"{g('gridX')}, {g('gridY')}, {g('gridZ')}, {g('blockX')}, {g('blockY')}, {g('blockZ')}, NULL, 'kernel', "
-        f"NULLIF({g('graphId')}, 0), {g('graphNodeId')} "
+        f"NULLIF({g('graphId')}, 0), NULLIF({g('graphNodeId')}, 0) "
         f'FROM "{db.name(t)}" t'
     )
     schema = dict(_GPU_OP_SCHEMA)
@@ -414,8 +414,8 @@ def _copies(db: _Db, off: int, table: str, kind: str) -> pl.DataFrame:
         f"SELECT t.start + {off}, t.end + {off}, t.deviceId, {_opt(db, table, 'contextId')}, "
         f"{_opt(db, table, 'streamId')}, "
         f"{_opt(db, table, 'correlationId')}, {_opt(db, table, 'globalPid', PID_EXPR.format(col='t.globalPid'))}, "
-        f"{name}, NULL, NULL, NULL, NULL, NULL, NULL, NULL, {_opt(db, table, 'bytes')}, '{kind}', NULL, NULL "
-        f'FROM "{db.name(table)}" t'
+        f"{name}, NULL, NULL, NULL, NULL, NULL, NULL, NULL, {_opt(db, table, 'bytes')}, '{kind}', NULL, "
+        f"NULLIF({_opt(db, table, 'graphNodeId')}, 0) FROM \"{db.name(table)}\" t"
     )
     return db.frame(sql, _GPU_OP_SCHEMA)
 
@@ -453,10 +453,29 @@ def classify_kernels(df: pl.DataFrame) -> pl.DataFrame:
                                                         return_dtype=pl.String())).alias("collective"),
         pl.when(is_nccl).then(base.str.extract(_NAME_ALGO, 1)).alias("name_algo"),
         pl.when(is_nccl).then(base.str.extract(_NAME_PROTO, 1)).alias("name_proto"),
-        # CUPTI gives every kernel a graph replay ran a graph id (0 or NULL otherwise)
-        *([pl.when(pl.col("kind") != "sync").then(pl.col("graph_id").is_not_null()).alias("graph_replay")]
+        *([pl.when(pl.col("kind") != "sync").then(_GRAPH_NODE).alias("graph_replay")]
           if "graph_id" in df.columns else []),
     )
+
+
+# CUPTI gives every kernel, copy and memset that a graph launch ran its graph node id (0 otherwise, which the
+# queries read as NULL) and, from nsys 2026.1 (export schema 3.2x), the kernel its graph id as well.
+_GRAPH_NODE = pl.col("graph_id").is_not_null() | pl.col("graph_node_id").is_not_null()
+GRAPH_LAUNCH = r"^(cudaGraphLaunch|cuGraphLaunch)(_ptsz)?$"
+"""Runtime / driver calls that replay a CUDA graph (version suffixes already dropped): every GPU activity of the
+replay carries the launch's correlation id (the same rule as for Kineto traces, parsers/kineto.py)."""
+
+
+def mark_graph_replays(gpu: pl.DataFrame, runtime: pl.DataFrame) -> pl.DataFrame:
+    """``graph_replay`` of the GPU activity: a graph node id or graph id recorded, or the correlation id of a
+    graph launch call of the same process (exports whose kernels carry neither)."""
+    launches = runtime.filter(pl.col("name").str.contains(GRAPH_LAUNCH) & pl.col("correlation").is_not_null())
+    if launches.height == 0:
+        return gpu
+    key = pl.col("pid").cast(pl.Int64) * (1 << 32) + pl.col("correlation").cast(pl.Int64)
+    launched = launches.select(key.alias("k"))["k"].implode()
+    by_launch = key.is_in(launched).fill_null(False)
+    return gpu.with_columns(pl.when(pl.col("kind") != "sync").then(_GRAPH_NODE | by_launch).alias("graph_replay"))
 
 
 _RUNTIME_SCHEMA = {"start_ns": pl.Int64(), "end_ns": pl.Int64(), "pid": pl.Int64(), "tid": pl.Int64(),
@@ -791,6 +810,7 @@ def _parse(db: _Db, path: Path, ctx: ParseContext) -> ParseResult:
     job = _Job(db, meta, ctx.rel_path, notes=list(meta.notes))
     gpu = _gpu_ops(job)
     runtime = job.safe("CUPTI_ACTIVITY_KIND_RUNTIME", lambda: _runtime(db, off), _RUNTIME_SCHEMA)
+    gpu = mark_graph_replays(gpu, runtime)
     nvtx = job.safe("NVTX_EVENTS", lambda: _nvtx(db, off), _NVTX_SCHEMA)
 
     # Processes that did GPU work, and their device(s): one file may hold several ranks (torchrun

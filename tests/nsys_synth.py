@@ -5,7 +5,7 @@ payload blobs, rank variables, old metadata table name). DDL follows the real 3.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 DDL = """
@@ -56,9 +56,13 @@ def make_export(
     schema_entries: Iterable[tuple] = (),  # (domainId, schemaId, idx, type, name, offset)
     schemas: Iterable[tuple] = (),  # (domainId, schemaId, payloadSize)
     metrics: Iterable[tuple] | None = None,  # (timestamp, device, metricName, value)
+    graph_columns: tuple[str, ...] = (),  # kernel columns graphNodeId (nsys 2022.2+), graphId (2026.1+)
+    memsets: Iterable[tuple] = (),  # (start, end, device, stream, corr, pid, bytes, graphNodeId)
 ) -> Path:
     con = sqlite3.connect(path)
     con.executescript(DDL)
+    for col in graph_columns:
+        con.execute(f"ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL ADD COLUMN {col} INTEGER")
     con.execute(f"CREATE TABLE {meta_table} (name TEXT, value TEXT)")
     con.executemany(f"INSERT INTO {meta_table} VALUES (?, ?)", [
         ("EXPORT_PRODUCT_VERSION", "2099.1.1"), ("EXPORT_SCHEMA_VERSION", "3.99.0"),
@@ -76,10 +80,8 @@ def make_export(
             con.execute("INSERT INTO StringIds VALUES (?, ?)", (strings[text], text))
         return strings[text]
 
-    for start, end, dev, stream, corr, pid, name, grid_x in kernels:
-        short = name.split("(")[0]
-        con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?,?,?,1,?,?,?,?,?,?,1,1,128,1,1)",
-                    (start, end, dev, stream, corr, gpid(pid), sid(name), sid(short), grid_x))
+    _kernels(con, sid, kernels, len(graph_columns))
+    _memsets(con, memsets)
     for start, end, pid, tid, corr, name in runtime:
         con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?,?,1,?,?,?,0)",
                     (start, end, gtid(pid, tid), corr, sid(name)))
@@ -105,3 +107,23 @@ def make_export(
     con.commit()
     con.close()
     return path
+
+
+def _kernels(con: sqlite3.Connection, sid: Callable[[str], int], kernels: Iterable[tuple], n_graph: int) -> None:
+    for start, end, dev, stream, corr, pid, name, grid_x, *graph in kernels:  # graph: graphNodeId[, graphId]
+        short = name.split("(")[0]
+        graph = graph[:n_graph] + [None] * (n_graph - len(graph))
+        con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?,?,?,1,?,?,?,?,?,?,1,1,128,1,1"
+                    + ",?" * n_graph + ")",
+                    (start, end, dev, stream, corr, gpid(pid), sid(name), sid(short), grid_x, *graph))
+
+
+def _memsets(con: sqlite3.Connection, memsets: Iterable[tuple]) -> None:
+    rows = [(s, e, d, st, c, gpid(p), b, g) for s, e, d, st, c, p, b, g in memsets]
+    if not rows:
+        return
+    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_MEMSET (start INTEGER NOT NULL, end INTEGER NOT NULL, "
+                "deviceId INTEGER NOT NULL, contextId INTEGER NOT NULL, streamId INTEGER NOT NULL, "
+                "correlationId INTEGER, globalPid INTEGER, value INTEGER NOT NULL, bytes INTEGER NOT NULL, "
+                "graphNodeId INTEGER, memKind INTEGER)")
+    con.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_MEMSET VALUES (?,?,?,1,?,?,?,0,?,?,NULL)", rows)

@@ -57,6 +57,17 @@ def test_folder_without_readable_source_is_exit_2_but_still_reports(tmp_path: Pa
     statuses = {s["path"]: (s["kind"], s["status"]) for s in doc["run"]["sources"]}
     assert statuses == {"notes.txt": ("unknown", "ignored"), "rank0.pt.trace.json": ("kineto", "failed")}
     assert (tmp_path / "o" / "summary.md").exists() and (tmp_path / "o" / "report.html").exists()
+    failed = next(s["message"] for s in doc["run"]["sources"] if s["path"] == "rank0.pt.trace.json")
+    assert "Traceback" not in res.stderr
+    assert f"(1 recognised source(s) not used: {failed}; see run.sources in" in res.stderr.splitlines()[-1]
+
+
+def test_unranked_traces_say_why_nothing_was_used(tmp_path: Path):
+    """Four unrelated nsys exports with no rank in them: exit 2, and the error says why none was used."""
+    run = shared_path("nsys", "nsys-ai")
+    res = run_cli("analyze", str(run), "--out", str(tmp_path / "o"), "-q")
+    assert res.returncode == 2, res.stderr
+    assert "4 recognised source(s) not used: names no rank" in one_line(res.stderr)
 
 
 def test_unknown_detector_setting_is_exit_2(tmp_path: Path):

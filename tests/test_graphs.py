@@ -18,7 +18,7 @@ from conftest import shared_path
 
 from forensics.detectors import run_detectors
 from forensics.facts.context import JobContext
-from forensics.facts.op_categories import GRAPH_REPLAY_OP, NOTE_SHARE
+from forensics.facts.op_categories import GRAPH_REPLAY_OP, NOTE_SHARE, attributed_kernels
 from forensics.pipeline import load
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -75,6 +75,71 @@ def test_coverage_says_the_graph_share_in_words(hta_rank0):
     assert f"{share:.1%} of GPU time is replayed from CUDA graphs" in cov["line"]
     assert sum(cov["categories"].values()) == pytest.approx(1.0, abs=1e-3)
     assert "other" in cov["categories"]
+
+
+def _raw_regions(events: list) -> dict[int, str | None]:
+    """id() of each GPU event -> the torch.compile region (innermost CompiledFunction / CompiledFunctionBackward
+    cpu_op) open on the thread of its launch call when that call began, from the raw JSON."""
+    launch = {e["args"]["correlation"]: e for e in events
+              if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in (e.get("args") or {})}
+    regions = [e for e in events if e.get("cat") == "cpu_op" and e.get("name") in ("CompiledFunction",
+                                                                                    "CompiledFunctionBackward")]
+    out: dict[int, str | None] = {}
+    for k in (e for e in events if e.get("cat") in GPU_CATS and e.get("ph") == "X"):
+        call = launch.get(k["args"].get("correlation"))
+        around = [] if call is None else [g for g in regions if (g["pid"], g["tid"]) == (call["pid"], call["tid"])
+                                          and g["ts"] <= call["ts"] <= g["ts"] + g["dur"]]
+        out[id(k)] = max(around, key=lambda g: g["ts"])["name"] if around else None
+    return out
+
+
+def test_triton_kernels_of_an_old_inductor_keep_their_regions_and_are_named_in_the_coverage(hta_rank0):
+    """hta/rank0: 81 Triton kernels with the pre-2023 inductor names (``triton__0d1d2d``: no family in the name),
+    75 replayed from the compiled regions' CUDA graphs, 6 launched eagerly outside any region (from the raw
+    JSON). Without a family they are ``other``, and the coverage's part for ``other`` names them."""
+    events, ctx = hta_rank0
+    regions = _raw_regions(events)
+    graph, _ = _raw_graph_events(events)
+    replayed = {id(e) for e in graph}
+    triton = [e for e in events if e.get("cat") == "kernel" and e["name"].startswith("triton")]
+    expected = sorted((regions[id(e)] or "", "graph replay" if id(e) in replayed else "launch") for e in triton)
+    att = attributed_kernels(ctx.kernel_categories, ctx.frames).filter(pl.col("name").str.starts_with("triton"))
+    assert sorted(zip(att["region"].fill_null("").to_list(), att["via"].to_list())) == expected
+    assert len(expected) == 81 and sum(v == "graph replay" for _, v in expected) == 75
+    assert set(att["category"].to_list()) == {"other"}
+    (other,) = [u for u in ctx.coverage["unexplained"] if u["what"] == "category other"]
+    assert "triton__0d1d2d" in other["note"]
+
+
+def test_compiled_region_share_of_a_real_trace(hta_rank0):
+    events, ctx = hta_rank0
+    regions = _raw_regions(events)
+    gpu = [e for e in events if e.get("cat") in GPU_CATS and e.get("ph") == "X"]
+    inside = sum(round(e["dur"] * 1000) for e in gpu if regions[id(e)] is not None)
+    assert ctx.coverage["compiled_regions"] == round(inside / sum(round(e["dur"] * 1000) for e in gpu), 4)
+    assert f"{ctx.coverage['compiled_regions']:.0%} in torch.compile regions" in ctx.coverage["line"]
+
+
+def test_compiled_regions_without_graphs_or_triton_on_a_real_trace(tmp_path):
+    """hta/df_index_resolver.json.gz (facebookresearch/HolisticTraceAnalysis tests/data/df_index_resolver/): an
+    AOTAutograd job whose CompiledFunction / CompiledFunctionBackward regions launch ATen kernels eagerly (no
+    graph replay, no Triton): each kernel's region and the regions' share of GPU time, from the raw JSON."""
+    src = shared_path("kineto", "hta", "df_index_resolver.json.gz")
+    (tmp_path / src.name).write_bytes(src.read_bytes())
+    events = json.loads(gzip.decompress(src.read_bytes()))["traceEvents"]
+    ctx = JobContext(load(tmp_path, workers=1)[1])
+    regions = _raw_regions(events)
+    gpu = [e for e in events if e.get("cat") in GPU_CATS and e.get("ph") == "X"]
+    by_region: dict[str, int] = {}
+    for e in gpu:
+        key = regions[id(e)] or ""
+        by_region[key] = by_region.get(key, 0) + round(e["dur"] * 1000)
+    att = ctx.op_attribution
+    got = att.group_by(pl.col("region").fill_null("")).agg(pl.col("time_ns").sum())
+    assert dict(got.iter_rows()) == by_region
+    assert set(att["via"].to_list()) == {"launch"}
+    total = sum(by_region.values())
+    assert ctx.coverage["compiled_regions"] == round((total - by_region.get("", 0)) / total, 4) > 0.9
 
 
 @pytest.fixture(scope="module")
@@ -231,3 +296,41 @@ def test_a_capture_maps_kernels_by_graph_node_or_by_order(tmp_path, launch_api, 
         assert ops == {"gemm_kernel": "aten::mm", "add_kernel": "aten::add", "relu_kernel": "aten::relu"}
     else:  # start order: what a trace without node ids can tell
         assert ops == {"gemm_kernel": "aten::mm", "relu_kernel": "aten::add", "add_kernel": "aten::relu"}
+
+
+def test_the_coverage_line_says_the_graph_share_in_summary_md_and_the_report_header(tmp_path):
+    """#30 item 2: the coverage line is in findings.json, summary.md and the report's first view (the job header),
+    and a share hiding more than 10% of GPU time (here: graph replays whose capture is not profiled) is said in
+    words there, its figure the simulator's own."""
+    import html
+    import re
+
+    from typer.testing import CliRunner
+
+    from forensics.cli import app
+    from forensics.simulate import simulate
+
+    run, out = tmp_path / "run", tmp_path / "out"
+    truth = simulate("graph_straggler", run, ranks=4, steps=2, seed=0, params={"layers": "2"})
+    res = CliRunner().invoke(app, ["analyze", str(run), "--out", str(out), "-q", "--fail-on", "never",
+                                   "--workers", "1"])
+    assert res.exit_code == 0, res.output
+    exp = truth["expected"]["cuda_graphs"]
+    share = exp["graph_kernel_ns"] / exp["gpu_time_ns"]
+    assert share > NOTE_SHARE
+    cov = json.loads((out / "findings.json").read_text())["run"]["coverage"]
+    assert (cov["gpu_time_ns"], cov["graph_replayed"]) == (exp["gpu_time_ns"], round(share, 4))
+    sentence = f"{share:.1%} of GPU time is replayed from CUDA graphs whose capture is not in the trace"
+    hidden = [u["note"] for u in cov["unexplained"] if u["share"] >= NOTE_SHARE]
+    assert sentence in " ".join(hidden) and hidden == cov["notes"]
+    md = (out / "summary.md").read_text()
+    (line,) = [ln for ln in md.splitlines() if ln.startswith("**Coverage:**")]
+    assert md.index("## Job") < md.index(line) < md.index("\n## ", md.index("## Job") + 1)  # in the Job section
+    plain = re.sub(r"\\(.)", r"\1", line)  # md_text's escapes undone
+    page = (out / "report.html").read_text()
+    header = html.unescape(page[page.index('<header class="top">'):page.index("</header>")])
+    for note in hidden:
+        assert note.rstrip(".") in plain
+        assert note.rstrip(".") in header
+    # the replayed kernels keep their categories: nothing of them is a silent "other"
+    assert cov["categories"].get("other", 0.0) < NOTE_SHARE

@@ -139,3 +139,35 @@ def test_a_simulated_symmetric_memory_tp_job_is_measured_as_its_nccl_twin(tmp_pa
         return [(f.detector, f.title, tuple(f.ranks)) for f in run_detectors(ctx)[0]]
 
     assert found(symm) == found(nccl)
+
+
+def test_a_simulated_comm_gemm_overlap_is_measured_as_overlap_not_exposed(tmp_path_factory):
+    """tp_overlap: pp_clean's TP=2 x PP=2 engine with sequence parallelism and TransformerEngine userbuffers: each TP
+    all-gather runs on its own stream beside the first half of the GEMM that consumes it, each reduce-scatter
+    beside the second half of the GEMM (or the wgrad GEMM) that produced it. The writer's truth is each kernel's
+    intersection with the GEMM it ran beside (nothing else computes then: what follows waits for it). The step
+    breakdown measures exactly that overlap, exposes only the rest, and no detector reports exposed communication;
+    the eager twin (pp_clean, all-reduces on the compute stream) hides none of its TP time."""
+    from forensics.detectors import run_detectors
+    from forensics.simulate import simulate
+
+    out: dict[str, JobContext] = {}
+    truth: dict = {}
+    for name in ("pp_clean", "tp_overlap"):
+        run = tmp_path_factory.mktemp(name)
+        truth = simulate(name, run, ranks=4, steps=2, seed=0, params={"tp": "2", "pp": "2", "microbatches": "4"})
+        out[name] = JobContext(load(run, workers=1)[1])
+    ub, eager = out["tp_overlap"], out["pp_clean"]
+    exp = truth["expected"]["tp_overlap"]
+    tp = ub.match.kernels.filter(pl.col("pg_type") == "TP")
+    assert tp.height == exp["ub_kernels"]
+    assert sorted(set(tp["collective"].to_list())) == ["allgather", "reduce_scatter"]
+    assert set(ub.kernel_categories.filter(pl.col("name").str.contains("userbuffers"))["category"].to_list()) == {
+        "nccl:TP"}
+    steps = ub.steps
+    assert steps["tx_TP_ns"].sum() == exp["ub_kernel_ns"]
+    assert steps["overlap_TP_ns"].sum() == exp["ub_overlap_ns"] > 0.7 * exp["ub_kernel_ns"]
+    assert steps["exposed_TP_ns"].sum() == exp["ub_exposed_ns"]
+    assert eager.steps["overlap_TP_ns"].sum() == 0 < eager.steps["exposed_TP_ns"].sum()
+    found = [(f.detector, f.title) for f in run_detectors(ub)[0]]
+    assert not [f for f in found if f[0] == "exposed_comm"], found

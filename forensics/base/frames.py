@@ -131,11 +131,12 @@ KERNELS = FrameSpec(
         _c("blocks_per_sm", pl.Float64(), "`blocks per SM` as the profiler reports it"),
         _c("graph_replay", pl.Boolean(),
            "replayed from a CUDA/HIP graph: launched by `cudaGraphLaunch` / `cuGraphLaunch` / `hipGraphLaunch` "
-           "(one correlation id for every kernel of the replay) or carrying a graph id; null when the source cannot "
-           "tell"),
+           "(one correlation id for every kernel of the replay) or carrying a graph id or graph node id (nsys "
+           "exports before 2026.1 record only the node id); null when the source cannot tell"),
         _c("graph_id", pl.Int64(), "CUPTI graph id of a graph-replayed kernel (Kineto `graph id`, nsys `graphId`)"),
         _c("graph_node_id", pl.Int64(),
-           "CUPTI graph node id (Kineto `graph node id`, nsys `graphNodeId`): the node, numbered in capture order"),
+           "CUPTI graph node id (Kineto `graph node id`, nsys `graphNodeId` of kernels, copies and memsets): the "
+           "node, numbered in capture order"),
         _c(
             "collective",
             pl.String(),

@@ -468,6 +468,9 @@ def _trace_shape_truth(job: Job, ranks: list[dict[str, Any]], writers: list[Trac
         out["cuda_graphs"] = _graph_truth(job, ranks)
     if job.symm_tp:
         out["symm_tp"] = {k: sum(w.counts.get(k, 0) for w in writers) for k in ("symm_kernels", "symm_kernel_ns")}
+    if job.tp_overlap:
+        got = {k: sum(w.counts.get(k, 0) for w in writers) for k in ("ub_kernels", "ub_kernel_ns", "ub_overlap_ns")}
+        out["tp_overlap"] = {**got, "ub_exposed_ns": got["ub_kernel_ns"] - got["ub_overlap_ns"]}
     if job.compiled:
         out["compiled"] = {k: sum(w.counts.get(k, 0) for w in writers) for k in (
             "triton_kernels", "triton_kernel_ns", "triton_template_flops", "triton_template_ns")}
@@ -479,10 +482,12 @@ def _graph_truth(job: Job, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     kernels; NCCL and copies stay eager), and which step captured the graph (null: no capture profiled)."""
     graph = sum(r["counts"].get("graph_kernel_ns", 0) for r in ranks)
     total = sum(r["counts"].get("kernel_ns", 0) for r in ranks)
+    gpu = total + sum(r["counts"].get("copy_ns", 0) for r in ranks)
     return {"mode": job.cuda_graphs, "capture_step": job.first_step if job.cuda_graphs == "capture" else None,
             "graph_launches": sum(r["counts"].get("graph_launches", 0) for r in ranks),
             "graph_kernels": sum(r["counts"].get("graph_kernels", 0) for r in ranks),
-            "graph_kernel_ns": graph, "kernel_ns": total, "graph_share": round(graph / total, 6) if total else 0.0}
+            "graph_kernel_ns": graph, "kernel_ns": total, "graph_share": round(graph / total, 6) if total else 0.0,
+            "gpu_time_ns": gpu, "graph_share_of_gpu_time": round(graph / gpu, 6) if gpu else 0.0}
 
 
 def _slow_groups(job: Job, engine: Engine, nodes: list[int], xfer_by_pg: dict[str, list[int]],

@@ -12,7 +12,7 @@ stays bounded by one step whatever the trace size.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ STREAM_DP = 24          # DDP all-reduce / FSDP all-gather
 STREAM_RS = 26          # FSDP reduce-scatter
 STREAM_SEND = 28
 STREAM_RECV = 32
+STREAM_TP = 22          # comm-GEMM overlap (userbuffers): TP all-gathers / reduce-scatters beside the GEMMs
 LAUNCH_LATENCY_NS = 3_500
 KERNEL_GAP_NS = 1_200   # a kernel starts at least this long after what it waits for (stream order, events)
 
@@ -100,7 +101,7 @@ class Coll:
 
 class Op:
     __slots__ = ("kind", "stream", "name", "cpu", "dur", "host_ns", "deps", "coll", "tid", "meta", "jit",
-                 "launch", "start", "end", "cpu_start", "cls", "send", "dims")
+                 "launch", "start", "end", "cpu_start", "cls", "send", "dims", "under")
 
     def __init__(self, kind: int, stream: int, name: str, cpu: str, dur: int, host_ns: int, tid: int,
                  deps: tuple[Op, ...] = (), coll: Coll | None = None, meta: Any = None, cls: str = "compute") -> None:
@@ -111,6 +112,7 @@ class Op:
         self.end: int | None = None
         self.send: Coll | None = None  # a batched exchange: the send this (receive) kernel also carries
         self.dims: tuple[int, int, int] | None = None  # a GEMM's (M, K, N): what a compiled trace records as shapes
+        self.under: Op | None = None  # an overlapped TP collective: the GEMM (chunk) it runs beside (the truth)
 
 
 @dataclass
@@ -129,6 +131,18 @@ class RankState:
     host_scale: float = 1.0
     stall_ns: int = 0
     stopped: bool = False
+
+
+@dataclass
+class _Tp:
+    """What a layer's tensor-parallel GEMMs and collectives share: the rank, its program, thread, step, TP group
+    (None without TP) and the activation bytes each TP collective moves."""
+    st: RankState
+    prog: list[Op]
+    tid: int
+    step: int
+    tpg: ProcessGroup | None
+    nbytes: int
 
 
 @dataclass
@@ -276,30 +290,27 @@ class Engine:
         b, s, h = w.micro_batch, w.seq, w.hidden
         ff = w.ffn_mult * h
         act = b * s * h * 2
-        sms = self.job.gpu.num_sms
         tpg = group_of(self.groups, st.rank, "tp")
+        tpc = _Tp(st, prog, tid, step, tpg, act)
         self._kernel(st, prog, LAYER_NORM, "aten::native_layer_norm", self._mem_ns(3 * act, st, scale), tid, b * s // 4,
                      256)
-        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * 3 * h / tp, st, scale),
-                     tid, sms, 384, dims=(b * s, h, 3 * h // tp))
+        self._col_gemm(tpc, "tn", "aten::mm", self._gemm_ns(2 * b * s * h * 3 * h / tp, st, scale),
+                       (b * s, h, 3 * h // tp))
         self._kernel(st, prog, FLASH_FWD, "FlashAttnFunc", self._attn_ns(2 * b * s * s * h / tp, st, scale), tid,
                      b * (s // 128) * max(1, 16 // tp), 128)
-        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * h / tp, st, scale), tid,
-                     sms, 384, dims=(b * s, h // tp, h))
-        if tpg is not None:
-            self._coll(st, prog, "allreduce", tpg, act, STREAM_COMPUTE, tid, step)
-        self._kernel(st, prog, ADD, "aten::add", self._mem_ns(3 * act, st, scale), tid, b * s * h // 2048, 128)
+        wait = self._row_gemm(tpc, "tn", "aten::mm", self._gemm_ns(2 * b * s * h * h / tp, st, scale),
+                              (b * s, h // tp, h))
+        self._kernel(st, prog, ADD, "aten::add", self._mem_ns(3 * act, st, scale), tid, b * s * h // 2048, 128,
+                     deps=wait)
         self._kernel(st, prog, LAYER_NORM, "aten::native_layer_norm", self._mem_ns(3 * act, st, scale), tid, b * s // 4,
                      256)
-        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid,
-                     sms, 384, dims=(b * s, h, ff // tp))
+        self._col_gemm(tpc, "tn", "aten::mm", self._gemm_ns(2 * b * s * h * ff / tp, st, scale), (b * s, h, ff // tp))
         self._kernel(st, prog, GELU, "aten::gelu", self._mem_ns(2 * act * w.ffn_mult / tp, st, scale), tid,
                      b * s * ff // 2048 // tp, 128)
-        self._kernel(st, prog, GEMM.format(t="tn"), "aten::mm", self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid,
-                     sms, 384, dims=(b * s, ff // tp, h))
-        if tpg is not None:
-            self._coll(st, prog, "allreduce", tpg, act, STREAM_COMPUTE, tid, step)
-        self._kernel(st, prog, ADD, "aten::add", self._mem_ns(3 * act, st, scale), tid, b * s * h // 2048, 128)
+        wait = self._row_gemm(tpc, "tn", "aten::mm", self._gemm_ns(2 * b * s * h * ff / tp, st, scale),
+                              (b * s, ff // tp, h))
+        self._kernel(st, prog, ADD, "aten::add", self._mem_ns(3 * act, st, scale), tid, b * s * h // 2048, 128,
+                     deps=wait)
 
     def _layer_bwd(self, st: RankState, prog: list[Op], scale: float, tid: int, step: int) -> Op:
         w, tp = self.job.work, self.topo.tp
@@ -308,36 +319,86 @@ class Engine:
         act = b * s * h * 2
         sms = self.job.gpu.num_sms
         tpg = group_of(self.groups, st.rank, "tp")
+        tpc = _Tp(st, prog, tid, step, tpg, act)
         bw = "autograd::engine::evaluate_function: MmBackward0"
-        self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms,
-                     384, dims=(b * s, h, ff // tp))
+        # a row-parallel layer's backward gathers its sequence-sharded output gradient (under its dgrad GEMM)
+        self._col_gemm(tpc, "nn", bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), (b * s, h, ff // tp))
         self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms,
                      384, dims=(h, b * s, ff // tp))
         self._kernel(st, prog, GELU_BWD, "autograd::engine::evaluate_function: GeluBackward0",
                      self._mem_ns(3 * act * w.ffn_mult / tp, st, scale), tid, b * s * ff // 2048 // tp, 128)
         self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms,
                      384, dims=(b * s, h, ff // tp))
-        self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), tid, sms,
-                     384, dims=(h, b * s, ff // tp))
-        if tpg is not None:
-            self._coll(st, prog, "allreduce", tpg, act, STREAM_COMPUTE, tid, step)
+        # a column-parallel layer's input gradient is reduced: eager after its wgrad GEMM, overlapped beside it
+        wait = self._reduced_wgrad(tpc, bw, self._gemm_ns(2 * b * s * h * ff / tp, st, scale), (h, b * s, ff // tp))[1]
         self._kernel(st, prog, LAYER_NORM_BWD, "autograd::engine::evaluate_function: NativeLayerNormBackward0",
-                     self._mem_ns(4 * act, st, scale), tid, b * s // 4, 256)
-        self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * h / tp, st, scale), tid, sms, 384,
-                     dims=(b * s, h // tp, h))
+                     self._mem_ns(4 * act, st, scale), tid, b * s // 4, 256, deps=wait)
+        self._col_gemm(tpc, "nn", bw, self._gemm_ns(2 * b * s * h * h / tp, st, scale), (b * s, h // tp, h))
         self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * h / tp, st, scale), tid, sms, 384,
                      dims=(h // tp, b * s, h))
         self._kernel(st, prog, FLASH_BWD, "FlashAttnFuncBackward", self._attn_ns(5 * b * s * s * h / tp, st, scale),
                      tid, b * (s // 128) * max(1, 16 // tp), 256)
         self._kernel(st, prog, GEMM.format(t="nn"), bw, self._gemm_ns(2 * b * s * h * 3 * h / tp, st, scale), tid, sms,
                      384, dims=(b * s, h, 3 * h // tp))
-        if tpg is not None:
+        if tpg is not None and not self.job.tp_overlap:
             self._coll(st, prog, "allreduce", tpg, act, STREAM_COMPUTE, tid, step)
-        last = self._kernel(st, prog, GEMM.format(t="nt"), bw, self._gemm_ns(2 * b * s * h * 3 * h / tp, st, scale),
-                            tid, sms, 384, dims=(h, b * s, 3 * h // tp))
+        last, wait = self._reduced_wgrad(tpc, bw, self._gemm_ns(2 * b * s * h * 3 * h / tp, st, scale),
+                                         (h, b * s, 3 * h // tp), eager_reduce=False)
         self._kernel(st, prog, LAYER_NORM_BWD, "autograd::engine::evaluate_function: NativeLayerNormBackward0",
-                     self._mem_ns(4 * act, st, scale), tid, b * s // 4, 256)
+                     self._mem_ns(4 * act, st, scale), tid, b * s // 4, 256, deps=wait)
         return last
+
+    # ---------------------------------------------------------------- tensor parallelism
+    def _gemm(self, c: _Tp, t: str, cpu: str, dur: int, dims: tuple[int, int, int], deps: tuple[Op, ...] = ()) -> Op:
+        return self._kernel(c.st, c.prog, GEMM.format(t=t), cpu, dur, c.tid, self.job.gpu.num_sms, 384, deps=deps,
+                            dims=dims)
+
+    def _overlapped(self, c: _Tp, op_name: str, under: Callable[[], Op]) -> Op:
+        """A TP collective on its own stream, started when the compute before it is done, beside the GEMM (chunk)
+        ``under`` builds (comm-GEMM overlap: TransformerEngine userbuffers, async TP)."""
+        assert c.tpg is not None
+        before = next((o for o in reversed(c.prog) if o.stream == STREAM_COMPUTE), None)
+        comm = self._coll(c.st, c.prog, op_name, c.tpg, c.nbytes, STREAM_TP, c.tid, c.step,
+                          deps=(before,) if before is not None else ())
+        comm.under = under()
+        return comm
+
+    def _col_gemm(self, c: _Tp, t: str, cpu: str, dur: int, dims: tuple[int, int, int]) -> None:
+        """A column-parallel GEMM; with ``tp_overlap``, the all-gather of its sequence-sharded input runs beside its
+        first half (the local shard) and the second half waits for it."""
+        if not (self.job.tp_overlap and c.tpg is not None):
+            self._gemm(c, t, cpu, dur, dims)
+            return
+        half = (dims[0] // 2, dims[1], dims[2])
+        ag = self._overlapped(c, "allgather", lambda: self._gemm(c, t, cpu, dur // 2, half))
+        self._gemm(c, t, cpu, dur - dur // 2, half, deps=(ag,))
+
+    def _row_gemm(self, c: _Tp, t: str, cpu: str, dur: int, dims: tuple[int, int, int]) -> tuple[Op, ...]:
+        """A row-parallel GEMM and its TP reduction: eager, an all-reduce after it on the compute stream; with
+        ``tp_overlap``, a reduce-scatter of its first half beside its second half. Returns what the next op
+        waits for."""
+        if not (self.job.tp_overlap and c.tpg is not None):
+            self._gemm(c, t, cpu, dur, dims)
+            if c.tpg is not None:
+                self._coll(c.st, c.prog, "allreduce", c.tpg, c.nbytes, STREAM_COMPUTE, c.tid, c.step)
+            return ()
+        half = (dims[0] // 2, dims[1], dims[2])
+        self._gemm(c, t, cpu, dur // 2, half)
+        return (self._overlapped(c, "reduce_scatter", lambda: self._gemm(c, t, cpu, dur - dur // 2, half)),)
+
+    def _reduced_wgrad(self, c: _Tp, cpu: str, dur: int, dims: tuple[int, int, int],
+                       eager_reduce: bool = True) -> tuple[Op, tuple[Op, ...]]:
+        """A wgrad GEMM and the reduction of the input gradient computed before it: eager (``eager_reduce``), an
+        all-reduce after it; with ``tp_overlap``, a reduce-scatter beside it. Returns the GEMM and what the next
+        op waits for."""
+        if not (self.job.tp_overlap and c.tpg is not None):
+            g = self._gemm(c, "nt", cpu, dur, dims)
+            if c.tpg is not None and eager_reduce:
+                self._coll(c.st, c.prog, "allreduce", c.tpg, c.nbytes, STREAM_COMPUTE, c.tid, c.step)
+            return g, ()
+        rs = self._overlapped(c, "reduce_scatter", lambda: self._gemm(c, "nt", cpu, dur, dims))
+        assert rs.under is not None
+        return rs.under, (rs,)
 
     def _dp_buckets(self, st: RankState, prog: list[Op], grads_ready: list[Op], step: int, tid: int) -> list[Op]:
         """DDP reducer: a bucket is all-reduced as soon as its last gradient is ready (or all at the end)."""

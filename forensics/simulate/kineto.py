@@ -32,6 +32,7 @@ from forensics.simulate.engine import (
     STREAM_RECV,
     STREAM_RS,
     STREAM_SEND,
+    STREAM_TP,
     SYNC,
     Op,
     RankState,
@@ -58,6 +59,16 @@ TRITON_NAMES = {
     ADD: "triton_poi_fused_add", GELU: "triton_poi_fused_gelu", GELU_BWD: "triton_poi_fused_gelu_backward",
 }
 """Inductor's kernel families for the eager kernels a compiled layer fuses (GEMMs become mm templates)."""
+
+
+UB_KERNELS = {
+    "allgather": "void userbuffers_fp16_sum_inplace_gpu_rr_ag<2>(int, int, int, int, int, int, int, void**, int, "
+                 "unsigned long)",
+    "reduce_scatter": "void userbuffers_fp16_sum_inplace_gpu_rr_rs<2>(int, int, int, int, int, int, int, void**, int, "
+                      "unsigned long)",
+}
+"""TransformerEngine's userbuffers kernels of a comm-GEMM overlap (transformer_engine/common/comm_gemm_overlap/
+userbuffers/userbuffers.cu; the argument lists abbreviated)."""
 
 
 SYMM_ALL_REDUCE = ("void c10d::symmetric_memory::two_shot_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16**, "
@@ -226,7 +237,8 @@ class TraceWriter:
                   "args": {"name": f"GPU {self.dev}"}}, "metadata")
         self._ev({"name": "process_labels", "ph": "M", "ts": ts, "pid": self.dev, "tid": 0,
                   "args": {"labels": f"GPU {self.dev}"}}, "metadata")
-        for s in (STREAM_COMPUTE, STREAM_DP, STREAM_RS, STREAM_SEND, STREAM_RECV):
+        streams = (STREAM_COMPUTE, STREAM_DP, STREAM_RS, STREAM_SEND, STREAM_RECV)
+        for s in streams + ((STREAM_TP,) if self.job.tp_overlap else ()):
             self._ev({"name": "thread_name", "ph": "M", "ts": ts, "pid": self.dev, "tid": s,
                       "args": {"name": f"stream {s} "}}, "metadata")
 
@@ -267,6 +279,8 @@ class TraceWriter:
                      "bytes": nbytes,
                      "memory bandwidth (GB/s)": round(nbytes / max(op.end - op.start, 1), 3)})
             self._flows(corr, op)
+            if self.job.cuda_graphs:  # with kernel_ns, every rank's GPU time: the denominator of the graph share
+                self.counts["copy_ns"] = self.counts.get("copy_ns", 0) + op.end - op.start
         elif k == COLL:
             self._collective(op)
 
@@ -415,6 +429,9 @@ class TraceWriter:
         if job.symm_tp and c.pg.kind == "tp" and op.name == "allreduce":
             self._symm_all_reduce(op)
             return
+        if job.tp_overlap and c.pg.kind == "tp":
+            self._userbuffers(op)
+            return
         new = job.new_kernel_names
         dtype = "BFloat16" if new else "Float"
         kind = op.name  # send and recv share one Coll; the op says which side this is
@@ -468,6 +485,20 @@ class TraceWriter:
                      kernel_name=SYMM_ALL_REDUCE)
         self.counts["symm_kernels"] = self.counts.get("symm_kernels", 0) + 1
         self.counts["symm_kernel_ns"] = self.counts.get("symm_kernel_ns", 0) + op.end - op.start
+
+    def _userbuffers(self, op: Op) -> None:
+        """A TP all-gather / reduce-scatter of a comm-GEMM overlap: TransformerEngine's userbuffers kernel on its own
+        stream beside a GEMM, launched from TE's extension (no ``record_param_comms``, no group args; the CPU op
+        name is this writer's label). The truth: its time, and how much of it ran beside the GEMM it overlaps."""
+        assert op.end is not None and op.coll is not None
+        op.meta = (op.coll.channels, 1024)
+        self._launch(op, f"te::userbuffers_{op.name}", "cudaLaunchKernelExC", "cuda_runtime", 430,
+                     kernel_name=UB_KERNELS[op.name])
+        under = op.under
+        overlap = 0 if under is None or under.end is None else max(0, min(op.end, under.end) - max(op.start,
+                                                                                                   under.start))
+        for key, value in (("ub_kernels", 1), ("ub_kernel_ns", op.end - op.start), ("ub_overlap_ns", overlap)):
+            self.counts[key] = self.counts.get(key, 0) + value
 
     def close(self, start_ns: int, end_ns: int) -> None:
         """End the trace and write the file, compressed from the spool."""

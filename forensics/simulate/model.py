@@ -294,6 +294,10 @@ class Job:
                                      # reduce_scatter_tensor on its own "mesh_dp_shard" group
     symm_tp: bool = False            # TP all-reduces through PyTorch symmetric memory (symm_mem::two_shot_all_reduce_,
                                      # no NCCL), as vLLM and async-TP jobs run them
+    tp_overlap: bool = False         # sequence-parallel TP with comm-GEMM overlap (TransformerEngine userbuffers, the
+                                     # shape of async TP): each TP all-reduce becomes an all-gather before a column-
+                                     # parallel GEMM and a reduce-scatter after a row-parallel one, each on a side
+                                     # stream under a GEMM (chunk)
     compiled: bool = False           # torch.compile: Triton kernels (GEMMs as mm templates with their shapes) launched
                                      # inside CompiledFunction / CompiledFunctionBackward regions
     label: str = ""

@@ -322,6 +322,10 @@ def symm_tp(ranks: int | None, steps: int | None, params: Params) -> Job:
     return _pp(ranks, steps, params.with_defaults(tp="2", pp="2"), symm_tp=True, label="clean")
 
 
+def tp_overlap(ranks: int | None, steps: int | None, params: Params) -> Job:
+    return _pp(ranks, steps, params.with_defaults(tp="2", pp="2"), tp_overlap=True, label="clean")
+
+
 def pp_clean(ranks: int | None, steps: int | None, params: Params) -> Job:
     return _pp(ranks, steps, params, label="clean")
 
@@ -493,6 +497,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "reduce_scatter_tensor of gradients, both on the mesh's dp_shard group", fsdp2_prefetch),
     Scenario("symm_tp", "healthy TP=2 x PP=2 job whose TP all-reduces run through PyTorch symmetric memory "
              "(two_shot_all_reduce kernels, no NCCL)", symm_tp),
+    Scenario("tp_overlap", "healthy TP=2 x PP=2 job with sequence parallelism and comm-GEMM overlap (TransformerEngine "
+             "userbuffers, the shape of async TP): TP all-gathers and reduce-scatters beside the GEMMs", tp_overlap),
     Scenario("compiled", "healthy DDP job compiled with torch.compile: Triton kernels (GEMMs as mm templates with "
              "recorded shapes) inside CompiledFunction / CompiledFunctionBackward regions", compiled),
     Scenario("host_straggler",
