@@ -1,11 +1,12 @@
 """Kineto (PyTorch profiler) / Chrome-trace JSON -> canonical frames.
 
-Reads the trace as a stream (``kineto_stream``), keeps only compact columns per chunk
-(``kineto_extract``), then builds kernels, cpu_ops, steps, comms, ranks and process_groups with
-Polars. Handles every schema in the shared samples: 2021 legacy categories (Operator/Runtime/
-Kernel, ``tid: "stream 7"``, lower-case ``external id``), epoch-µs integer and ns-resolution float
-timestamps with ``baseTimeNanoseconds``, NCCL kernels of every naming era, RCCL on ROCm,
-CPU-only traces.
+Decodes the trace in chunks into typed structs of only the fields the frames read (``kineto_typed``,
+msgspec), or, for whatever that decoder rejects (NaN, damage, odd values), reads it as a stream of dicts
+(``kineto_stream``); keeps only compact columns per chunk (``kineto_extract``), then builds kernels,
+cpu_ops, steps, comms, ranks and process_groups with Polars. Handles every schema in the shared
+samples: 2021 legacy categories (Operator/Runtime/Kernel, ``tid: "stream 7"``, lower-case
+``external id``), epoch-µs integer and ns-resolution float timestamps with ``baseTimeNanoseconds``,
+NCCL kernels of every naming era, RCCL on ROCm, CPU-only traces.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import polars as pl
-from forensics.parsers.common import ParseContext, ParseResult
 from forensics.parsers.kineto_extract import Extractor
 from forensics.parsers.kineto_names import (
     COMM_KERNEL_PATTERN,
@@ -28,6 +28,8 @@ from forensics.parsers.kineto_names import (
     rank_from_filename,
 )
 from forensics.parsers.kineto_stream import ReadOutcome, TraceReadError, read_trace
+from forensics.parsers.kineto_typed import TypedRejected, read_trace_typed
+from forensics.parsers.result import ParseContext, ParseResult
 
 from forensics.base import frames as fr
 from forensics.base.hosts import short_host
@@ -66,6 +68,7 @@ class _File:
     skipped: int  # flow / instant / metadata events not tabulated
     malformed: int
     host: str | None = None
+    fallback: str | None = None  # why the typed decoder left the file to the stream reader
 
 
 class KinetoBatch:
@@ -82,8 +85,15 @@ class KinetoBatch:
         comes from ``finish``). Whatever happens, a file that fails leaves no rows behind."""
         ex = self.ex
         ex.begin_file()
+        fallback = None
         try:
-            outcome = read_trace(path, ctx.max_decompressed_bytes, ex.feed)
+            try:
+                outcome = read_trace_typed(path, ctx.max_decompressed_bytes, ex.feed_typed)
+            except TypedRejected as exc:  # the stream reader reads it, as it reads everything
+                fallback = str(exc)
+                ex.drop_file()
+                ex.begin_file()
+                outcome = read_trace(path, ctx.max_decompressed_bytes, ex.feed)
         except TraceReadError as exc:
             ex.drop_file()
             return ParseResult.failed(str(exc))
@@ -100,7 +110,7 @@ class KinetoBatch:
         ex.end_file(index)
         skipped = sum(ex.skipped.values()) + outcome.flows
         self.files.append(_File(index, ctx.rel_path, outcome, dist, rank, rank_note, rank_guessed, skipped,
-                                ex.malformed))
+                                ex.malformed, fallback=fallback))
         return None
 
     def __len__(self) -> int:
@@ -161,8 +171,16 @@ def _result(f: _File, counts: dict[str, dict[int, int]], dropped: int) -> ParseR
         summary += f"; {malformed:,} malformed events skipped (no name, or a time that is not a finite number in range)"
     if f.rank_note:
         summary += f"; {f.rank_note}"
+    if f.fallback:
+        summary += f"; read by the stream reader ({_short(f.fallback)})"
     status, message = ("ok", summary) if f.outcome.complete else ("partial", f"{f.outcome.problem}; {summary}")
     return ParseResult(status=status, message=message, rank=f.rank, host=f.host, rank_guessed=f.rank_guessed)
+
+
+def _short(reason: str, limit: int = 160) -> str:
+    """One line of at most ``limit`` characters."""
+    line = " ".join(reason.split())
+    return line if len(line) <= limit else line[: limit - 1] + "\u2026"
 
 
 def _rank(dist: dict, rel_path: str) -> tuple[int, str, bool]:

@@ -10,16 +10,17 @@ trace's own unit (µs, int or float) here and are converted to integer ns in Pol
 from __future__ import annotations
 
 import math
+import operator
 from array import array
 from collections import Counter
 from typing import Any
 
 import orjson
 import polars as pl
+from forensics.parsers.kineto_typed import CUT_PH, EMPTY_ARGS, NULL, UNSET, Args, Event, TypedRejected
 
 from forensics.base.flops import SHAPED_OPS, TRITON_TEMPLATE_PREFIX
 
-NULL = -(1 << 63)  # integer-buffer stand-in for a missing value
 NAN = math.nan
 
 # Kineto category -> code. Legacy (2021) names map to today's.
@@ -53,6 +54,10 @@ COMM_ARG_KEYS = GPU_ARG_KEYS + (
     ("Process Group ID", "pg_id"),  # 2024-04 variant of Process Group Name
 )
 _INT_ARGS = {"in_nelems", "out_nelems", "group_size", "seq", "src_rank", "dst_rank"}
+_GPU_COLS = tuple(col for _, col in GPU_ARG_KEYS)
+_COMM_COLS = tuple(col for _, col in COMM_ARG_KEYS)
+_gpu_values = operator.attrgetter(*_GPU_COLS)  # the typed Args fields are named after the columns
+_comm_values = operator.attrgetter(*_COMM_COLS)
 
 _EMPTY: dict = {}
 _NO3 = (NULL, NULL, NULL)
@@ -190,20 +195,32 @@ class Extractor:
             self._feed_rows(events)
             return
         gcols, ccols, gargs, cops, sops, skipped = staged
+        self._commit(gcols, ccols, [(i, *[_arg_value(col, a.get(key)) for key, col in GPU_ARG_KEYS]) for i, a in gargs],
+                     [(i, *[_arg_value(col, a.get(key)) for key, col in COMM_ARG_KEYS]) for i, a in cops],
+                     [_shape_row(i, a) for i, a in sops], skipped)
+
+    def _commit(self, gcols: list[tuple[str, array]], ccols: list[tuple[str, array]], gargs: list[tuple],
+                cops: list[tuple], sops: list[tuple], skipped: Counter) -> None:
+        """Append one staged chunk: its columns, and its args rows (numbered from the chunk's first row)."""
         g0, c0 = len(self.g["ts"]), len(self.c["ts"])
         for col, arr in gcols:
             self.g[col].extend(arr)
         for col, arr in ccols:
             self.c[col].extend(arr)
-        if gargs:
-            self.gpu_comm_args.extend((g0 + i, *[_arg_value(col, a.get(key)) for key, col in GPU_ARG_KEYS]) for i,
-                                      a in gargs)
-        if cops:
-            self.comm_ops.extend((c0 + i, *[_arg_value(col, a.get(key)) for key, col in COMM_ARG_KEYS]) for i,
-                                 a in cops)
-        if sops:
-            self.shape_ops.extend(_shape_row(c0 + i, a) for i, a in sops)
+        self.gpu_comm_args.extend((g0 + row[0], *row[1:]) for row in gargs)
+        self.comm_ops.extend((c0 + row[0], *row[1:]) for row in cops)
+        self.shape_ops.extend((c0 + row[0], *row[1:]) for row in sops)
         self.skipped.update(skipped)
+
+    def feed_typed(self, events: list[Event]) -> None:
+        """Take one chunk of typed events (``kineto_typed``): the same columns and rows as ``feed`` would take
+        from the same events as dicts. Raises TypedRejected for a value ``feed`` would read another way (the
+        file is then read again by the stream reader); nothing of the chunk is committed then."""
+        try:
+            staged = self._stage_typed(events)
+        except (OverflowError, TypeError) as exc:  # an integer past 64 bits: the stream reader's slow path
+            raise TypedRejected(f"typed decoding: {exc}") from None
+        self._commit(*staged)
 
     # Column order of the fast path's per-event tuples, with each column's array typecode.
     _GROW = (("kind", "b"), ("name", "q"), ("ts", "d"), ("dur", "d"), ("device", "q"), ("stream", "q"),
@@ -274,6 +291,77 @@ class Extractor:
         gcols = [(col, array(tc, vals)) for (col, tc), vals in zip(self._GROW, zip(*grows))] if grows else []
         ccols = [(col, array(tc, vals)) for (col, tc), vals in zip(self._CROW, zip(*crows))] if crows else []
         return gcols, ccols, gargs, cops, sops, Counter(skipped)  # Counter(): an unhashable ph raises here
+
+    def _stage_typed(self, events: list[Event]) -> tuple:
+        """``_stage`` for typed events, column by column (one comprehension per column instead of a Python
+        statement per event); the args rows come converted. Raises TypedRejected where the stream reader's
+        reading could differ (see ``kineto_typed``), OverflowError for an integer past 64 bits, TypeError for a
+        missing ``ts``."""
+        gpu_cats, cpu_cats = GPU_CATS, CPU_CATS
+        gpu = [e for e in events if e.cat in gpu_cats]
+        cpu = [e for e in events if e.cat in cpu_cats]
+        gcols, gargs = self._typed_gpu_columns(gpu) if gpu else ([], [])
+        ccols, cops, sops = self._typed_cpu_columns(cpu) if cpu else ([], [], [])
+        return gcols, ccols, gargs, cops, sops, Counter({None: len(events) - len(gpu) - len(cpu)})
+
+    def _typed_common(self, events: list[Event]) -> dict[str, Any]:
+        """The columns GPU and host rows share, and ``_args`` (each event's args)."""
+        names = [e.name for e in events]
+        if None in names or CUT_PH.intersection([e.ph for e in events]):
+            raise TypedRejected("an event the stream reader reads another way (no name, or a flow or instant "
+                                "event of a tabulated category)")
+        table = self.names
+        for name in set(names).difference(table):
+            self._intern(name)
+        args = [e.args or EMPTY_ARGS for e in events]
+        ext = [a.external_id for a in args]
+        if None in ext:
+            ext = [a.external_id if a.external_id is not None else a.external_id_legacy for a in args]
+        return {
+            "_args": args,
+            "name": [table[n] for n in names],
+            "ts": [e.ts for e in events],
+            "dur": [e.dur for e in events],
+            "correlation": [a.correlation for a in args],
+            "external_id": ext,
+        }
+
+    def _typed_gpu_columns(self, events: list[Event]) -> tuple[list[tuple[str, array]], list[tuple]]:
+        """GPU columns in ``_GROW`` order, and the collective args rows of the kernels carrying them."""
+        cols = self._typed_common(events)
+        args = cols.pop("_args")
+        cols["kind"] = [GPU_CATS[e.cat] for e in events]
+        cols["device"] = _ids_or(args, "device", events, "pid")
+        cols["stream"] = _ids_or(args, "stream", events, "tid")
+        for axis, dims in (("grid", [a.grid or _NO3 for a in args]), ("block", [a.block or _NO3 for a in args])):
+            if any(len(d) < 3 for d in dims):  # the stream reader's slow path: NULL for a missing axis
+                dims = [(*d, *_NO3) for d in dims]
+            for i, x in enumerate("xyz"):
+                cols[f"{axis}_{x}"] = [d[i] for d in dims]
+        cols["blocks_per_sm"] = [a.blocks_per_sm for a in args]
+        cols["graph_id"] = [a.graph_id for a in args]
+        cols["graph_node_id"] = [a.graph_node_id for a in args]
+        gargs = [(i, *map(_typed_arg, _GPU_COLS, _gpu_values(a))) for i, a in enumerate(args)
+                 if a.coll_raw is not UNSET or a.in_nelems is not UNSET]
+        return [(col, _array(tc, cols[col])) for col, tc in self._GROW], gargs
+
+    def _typed_cpu_columns(self, events: list[Event]) -> tuple[list[tuple[str, array]], list[tuple], list[tuple]]:
+        """Host columns in ``_CROW`` order, the collective args rows and the shape rows."""
+        cols = self._typed_common(events)
+        args = cols.pop("_args")
+        cols["category"] = cats = [CPU_CATS[e.cat] for e in events]
+        cols["pid"] = _ids([e.pid for e in events])
+        cols["tid"] = _ids([e.tid for e in events])
+        cops: list[tuple] = []
+        sops: list[tuple] = []
+        comm_ids, shape_ids = self.comm_name_ids, self.shape_name_ids
+        if not comm_ids.isdisjoint(cols["name"]) or not shape_ids.isdisjoint(cols["name"]):
+            for i, (nid, code, a) in enumerate(zip(cols["name"], cats, args)):
+                if nid in comm_ids and code in _COMM_OP_CATS:
+                    cops.append((i, *map(_typed_arg, _COMM_COLS, _comm_values(a))))
+                elif nid in shape_ids and a.input_dims is not UNSET:
+                    sops.append(_typed_shape_row(i, a))
+        return [(col, _array(tc, cols[col])) for col, tc in self._CROW], cops, sops
 
     def _feed_rows(self, events: list) -> None:
         """The per-event loop: a value the fast appends reject sends that event to the slow paths."""
@@ -474,6 +562,45 @@ class Extractor:
                                                     "input_types": pl.String}, orient="row")
         rows = cpu.join(args, on="_row", how="inner")
         return rows.select("_f", "tid", "name", "start_ns", "end_ns", "external_id", "input_dims", "input_types")
+
+
+def _ids(values: list) -> array:
+    """Ids as the stream reader takes them: ints as they are, anything else (a legacy ``"stream 7"``, a missing
+    one) through ``_to_int``. OverflowError for an int past 64 bits (the stream reader's slow path)."""
+    try:
+        return array("q", values)
+    except TypeError:
+        return array("q", [v if v.__class__ is int else _to_int(v) for v in values])
+
+
+def _array(typecode: str, values: list | array) -> array:
+    return values if isinstance(values, array) else array(typecode, values)
+
+
+def _ids_or(args: list[Args], key: str, events: list[Event], fallback: str) -> list:
+    """An args id (device, stream), or where the args lack it the event's own (pid, tid) as ``_ids`` takes it."""
+    values = [getattr(a, key) for a in args]
+    if None not in values:
+        return values
+    return [v if v is not None else _ids([getattr(e, fallback)])[0] for v, e in zip(values, events)]
+
+
+def _typed_arg(col: str, value: object) -> object:
+    """``_arg_value`` of a typed event's collective arg. orjson reads an integer past 64 bits as a float and a
+    nested value differently than msgspec: those are left to the stream reader."""
+    if value is UNSET:
+        return None
+    if value.__class__ is int and not -(1 << 63) <= value < (1 << 64):
+        raise TypedRejected(f"collective arg {col!r} is an integer past 64 bits")
+    if isinstance(value, (list, dict)):
+        raise TypedRejected(f"collective arg {col!r} is not a scalar")
+    return _arg_value(col, value)
+
+
+def _typed_shape_row(row: int, a: Args) -> tuple[int, str, str]:
+    """``_shape_row`` of a typed event: the raw ``Input Dims`` / ``Input type`` text, read as orjson reads it."""
+    types = orjson.loads(bytes(a.input_type)) if a.input_type is not UNSET else None
+    return (row, orjson.dumps(orjson.loads(bytes(a.input_dims))).decode(), orjson.dumps(types).decode())
 
 
 def _shape_row(row: int, a: dict) -> tuple[int, str, str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import orjson
-from forensics.parsers.common import DEFAULT_MAX_RECORD_BYTES, GZIP_MAGIC
+from forensics.parsers.bounded_read import DEFAULT_MAX_RECORD_BYTES, GZIP_MAGIC
 
 # Small pieces on purpose: a 32 KB block of JSON and the few hundred event dicts parsed from it
 # stay in the CPU's L2 cache from decompression through orjson to the column buffers, and every
@@ -34,13 +34,13 @@ MAX_HEADER_BYTES = 256 << 20
 # A window this big without a verified boundary is read event by event (damage, not a big event).
 SALVAGE_AFTER = 256 << 10
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
-_BOUNDARY = re.compile(rb"\}\s*,")
+EVENT_BOUNDARY = re.compile(rb"\}\s*,")
 _WS = b" \t\r\n"
 
 EventSink = Callable[[list], None]
 
 
-def _limit_heap_retention() -> None:
+def limit_heap_retention() -> None:
     """glibc raises its mmap threshold after the first large free, after which every large
     buffer (a chunk window grown for a huge event, a column buffer) comes from the heap and stays
     there; pinning the threshold lets them go back to the OS (measured with 1 MB chunks: about
@@ -193,7 +193,7 @@ def _split(buf: bytearray, start: int, end: int) -> tuple[list, int, int] | None
     # `}` is found with rfind and checked in place: listing every `},` of the window with finditer
     # cost more than the rest of the split (measured: ~0.05 s of 0.43 s on a 54 MB trace).
     window_start = max(start, end - (1 << 18))
-    match = _BOUNDARY.match
+    match = EVENT_BOUNDARY.match
     pos = end
     tries = 0
     while tries < 64:
@@ -276,7 +276,7 @@ def _salvage_last(tail: bytes) -> tuple[list, int]:
     return [], 0
 
 
-class _Reader:
+class StreamReader:
     """The decompressed text as a growing buffer, pulled block by block."""
 
     def __init__(self, path: Path, limit: int, max_event: int) -> None:
@@ -316,9 +316,9 @@ def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int | None 
     corrupt before the first event). A read that stops early after some events returns an outcome
     with ``complete=False`` and the reason. No more than about ``max_event`` bytes are held at once.
     """
-    _limit_heap_retention()
-    rd = _Reader(path, limit, max_event)
-    bare = _find_events(rd)
+    limit_heap_retention()
+    rd = StreamReader(path, limit, max_event)
+    bare = find_events(rd)
     _read_chunks(rd, sink, chunk_bytes or CHUNK_BYTES)
     if rd.stop_reason == "" and _read_end(rd, sink, bare):
         return rd.out
@@ -326,7 +326,7 @@ def read_trace(path: Path, limit: int, sink: EventSink, chunk_bytes: int | None 
     return rd.out
 
 
-def _find_events(rd: _Reader) -> bool:
+def find_events(rd: StreamReader) -> bool:
     """Read up to the start of the event array (header metadata into ``rd.out.meta``); True when
     the document is a bare array of events."""
     m = None
@@ -358,7 +358,7 @@ def _find_events(rd: _Reader) -> bool:
     return False
 
 
-def _read_header(rd: _Reader, end: int) -> None:
+def _read_header(rd: StreamReader, end: int) -> None:
     """The metadata before the event array (``rd.buf[:end]``) into ``rd.out.meta``."""
     buf = rd.buf
     try:
@@ -372,7 +372,7 @@ def _read_header(rd: _Reader, end: int) -> None:
     del buf[:end]
 
 
-def _read_chunks(rd: _Reader, sink: EventSink, chunk_bytes: int) -> None:
+def _read_chunks(rd: StreamReader, sink: EventSink, chunk_bytes: int) -> None:
     """Whole events in chunks until the text runs out (or the buffer passes the event cap)."""
     base_chunk, buf = chunk_bytes, rd.buf
     while True:
@@ -405,7 +405,7 @@ def _read_chunks(rd: _Reader, sink: EventSink, chunk_bytes: int) -> None:
         del buf[:used]
 
 
-def _read_end(rd: _Reader, sink: EventSink, bare: bool) -> bool:
+def _read_end(rd: StreamReader, sink: EventSink, bare: bool) -> bool:
     """At a clean end of file: the last events, the closing bracket and the trailing metadata in
     one parse. False when that text is not a valid end of the document."""
     rest = bytes(rd.buf)
@@ -441,7 +441,7 @@ def _read_end(rd: _Reader, sink: EventSink, bare: bool) -> bool:
     return True
 
 
-def _salvage_rest(rd: _Reader, sink: EventSink, bare: bool) -> None:
+def _salvage_rest(rd: StreamReader, sink: EventSink, bare: bool) -> None:
     """Cut off (or damaged) somewhere in the rest: keep every complete event before the cut."""
     rest = bytes(rd.buf)
     rd.buf = bytearray()

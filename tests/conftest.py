@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -28,6 +29,26 @@ def shared_path(*parts: str, root: Path = SAMPLE_DATA) -> Path:
         pytest.fail(f"shared data missing: {path} (tests need the ../shared folder next to the repository)",
                     pytrace=False)
     return path
+
+
+@pytest.fixture(autouse=True)
+def _compare_decoders(monkeypatch: pytest.MonkeyPatch):
+    """With FORENSICS_COMPARE_DECODERS=1, every Kineto trace a test parses in its own process is read by both the
+    typed decoder and the stream reader (tests/decoder_check.py), and the test fails where the two differ."""
+    if os.environ.get("FORENSICS_COMPARE_DECODERS") == "1":
+        from forensics.parsers import kineto
+
+        from tests.decoder_check import compare
+
+        typed = kineto.read_trace_typed
+
+        def checked(path: Path, limit: int, sink: Any, *args: Any, **kwargs: Any) -> Any:
+            how, diff = compare(path, limit)
+            assert not diff, f"{path}: the typed decoder and the stream reader differ in {diff} ({how})"
+            return typed(path, limit, sink, *args, **kwargs)
+
+        monkeypatch.setattr(kineto, "read_trace_typed", checked)
+    yield
 
 
 @pytest.fixture(scope="session")

@@ -152,17 +152,11 @@ def attach_steps(frames: JobFrames, kernels: pl.DataFrame, launches: pl.DataFram
     return pl.concat([timed, untimed], how="vertical").sort("_kord").drop("_kord", "_t_step")
 
 
-def comm_kernels(frames: JobFrames, launches: pl.DataFrame | None = None) -> pl.DataFrame:
-    """NCCL/RCCL kernels with step, PG key, PG type and launch time attached."""
-    k, lists = _comm_kernels(frames, launches)
-    return k.join(lists, on="_pgid", how="left", maintain_order="left").drop("_pgid")
-
-
 def _comm_kernels(frames: JobFrames, launches: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """:func:`comm_kernels` without the rank lists, plus ``_pgid``, a dense integer id of ``pg_key`` to group
-    and join by; and the rank list of each ``_pgid`` (``_pgid``, ``pg_ranks``). A rank list per kernel row
-    is the square of the ranks (1 GB at 4,096 ranks), copied by every filter, join and sort of the rows;
-    the rows carry its hash instead (with the group's name it tells one group from another)."""
+    """NCCL/RCCL kernels with step, PG key, PG type and launch time attached, and ``_pgid``, a dense integer id of
+    ``pg_key`` to group and join by; and the rank list of each ``_pgid`` (``_pgid``, ``pg_ranks``). A rank list
+    per kernel row is the square of the ranks (1 GB at 4,096 ranks), copied by every filter, join and sort of the
+    rows; the rows carry its hash instead (with the group's name it tells one group from another)."""
     kern = frames["kernels"]
     rh = pl.when(pl.col("pg_ranks").is_not_null()).then(pl.col("pg_ranks").hash())
     k = kern.with_columns(rh.alias("_rh")).with_row_index("_row").drop("pg_ranks").filter(pl.col("class") == "comm")

@@ -7,9 +7,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
-from forensics.parsers.common import ParseContext
 from forensics.parsers.discovery import discover_and_parse
 from forensics.parsers.lastwords import parse
+from forensics.parsers.result import ParseContext
 
 from forensics.base.findings import CostBasis, Finding, Severity, When
 from forensics.base.frames import JobFrames
