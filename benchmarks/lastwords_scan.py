@@ -12,8 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from forensics.parsers.common import ParseContext
 from forensics.parsers.lastwords import parse
+from forensics.parsers.result import ParseContext
 
 TAIL = "[rank3]: Traceback (most recent call last):\n[rank3]:   File \"/job/train.py\", line 3, in <module>\n" \
        "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB.\n"

@@ -53,7 +53,7 @@ PARSE_CHILD = """
 import sys, time
 from pathlib import Path
 t = time.perf_counter()
-from forensics.parsers.common import ParseContext
+from forensics.parsers.result import ParseContext
 from forensics.parsers.kineto import parse
 t1 = time.perf_counter()
 p = Path(sys.argv[1])
@@ -65,7 +65,7 @@ NSYS_PARSE_CHILD = """
 import sys, time
 from pathlib import Path
 t = time.perf_counter()
-from forensics.parsers.common import ParseContext
+from forensics.parsers.result import ParseContext
 from forensics.parsers.nsys import parse
 t1 = time.perf_counter()
 p = Path(sys.argv[1])

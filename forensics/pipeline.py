@@ -60,14 +60,17 @@ class Analysis:
 
 
 def why_unreadable(sources: pl.DataFrame) -> str:
-    """The commonest reason a recognised source (a known kind) was not used, with how many share it."""
+    """Why no source was usable, in one clause: the commonest reason among the recognised sources (a known kind),
+    else among all files, with how many share it."""
+    if sources.height == 0:
+        return "no files"
     known = sources.filter(pl.col("kind") != "unknown")
-    if known.height == 0:
-        return f"none of {sources.height} file(s) is a recognised trace or log" if sources.height else "no files"
-    message, count = known.group_by("message").len().sort(["len", "message"], descending=[True, False]).row(0)
-    if count == known.height:
-        return f"{count} recognised source(s) not used: {message}"
-    return f"{known.height} recognised source(s) not used; the commonest reason ({count}): {message}"
+    pool = known if known.height else sources
+    message, count = pool.group_by("message").len().sort(["len", "message"], descending=[True, False]).row(0)
+    what = "recognised source(s) not used" if known.height else "file(s), none a recognised trace or log"
+    if count == pool.height:
+        return f"{count} {what}: {message}"
+    return f"{pool.height} {what}; the commonest reason ({count}): {message}"
 
 
 def collect_frames(parsed: list[ParsedSource]) -> tuple[pl.DataFrame, JobFrames]:

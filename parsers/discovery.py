@@ -20,7 +20,8 @@ from typing import Any, Protocol
 
 import polars as pl
 from forensics.parsers import registry, sniff
-from forensics.parsers.common import GZIP_MAGIC, ParseContext, Parser, ParseResult, read_head, read_tail
+from forensics.parsers.bounded_read import GZIP_MAGIC, read_head, read_tail
+from forensics.parsers.result import ParseContext, Parser, ParseResult
 
 from forensics.base import frames as fr
 from forensics.base.ray_engine import ray_map, ray_session
@@ -166,7 +167,7 @@ def _quick_trace(path: Path, rel_path: str, size: int) -> DiscoveredFile | None:
 
 def _classify_binary(path: Path, rel_path: str, head: bytes) -> tuple[str, str | None] | None:
     """(kind, reason to ignore) of a binary file; None for text."""
-    if rel_path.endswith(".nsys-rep") or head.startswith(b"NSYS"):
+    if head.startswith((b"NVIDIA Tegra Profiler Report", b"NSYS")) or rel_path.endswith((".nsys-rep", ".qdrep")):
         return "unknown", "Nsight Systems report: export it with `nsys export --type sqlite` to analyze it"
     if head.startswith(sniff.SQLITE_MAGIC):
         # A binary container: the text sniffers' regexes would only scan (slowly) binary pages.

@@ -28,7 +28,8 @@ import orjson
 import polars as pl
 import pyarrow as pa
 from forensics.parsers import fr_pickle
-from forensics.parsers.common import ParseContext, ParseResult, open_bounded
+from forensics.parsers.bounded_read import open_bounded
+from forensics.parsers.result import ParseContext, ParseResult
 
 from forensics.base import frames as fr
 from forensics.base.hosts import short_host

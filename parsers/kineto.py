@@ -17,7 +17,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import polars as pl
-from forensics.parsers.common import ParseContext, ParseResult
 from forensics.parsers.kineto_extract import Extractor
 from forensics.parsers.kineto_names import (
     COMM_KERNEL_PATTERN,
@@ -30,6 +29,7 @@ from forensics.parsers.kineto_names import (
 )
 from forensics.parsers.kineto_stream import ReadOutcome, TraceReadError, read_trace
 from forensics.parsers.kineto_typed import TypedRejected, read_trace_typed
+from forensics.parsers.result import ParseContext, ParseResult
 
 from forensics.base import frames as fr
 from forensics.base.hosts import short_host

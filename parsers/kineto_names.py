@@ -16,10 +16,6 @@ DTYPE_BYTES: dict[str, int] = {
     "float8_e8m0fnu": 1,
 }
 
-COLLECTIVES = (
-    "allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "reduce",
-    "sendrecv", "send", "recv", "barrier", "gather", "scatter",
-)
 _COLLECTIVE_ALIASES = {
     "allreduce": "allreduce",
     "allgather": "allgather",

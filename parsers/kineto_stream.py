@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import orjson
-from forensics.parsers.common import DEFAULT_MAX_RECORD_BYTES, GZIP_MAGIC
+from forensics.parsers.bounded_read import DEFAULT_MAX_RECORD_BYTES, GZIP_MAGIC
 
 # Small pieces on purpose: a 32 KB block of JSON and the few hundred event dicts parsed from it
 # stay in the CPU's L2 cache from decompression through orjson to the column buffers, and every

@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 import orjson
-from forensics.parsers.common import DEFAULT_MAX_RECORD_BYTES
+from forensics.parsers.bounded_read import DEFAULT_MAX_RECORD_BYTES
 from forensics.parsers.kineto_stream import (
     EVENT_BOUNDARY,
     ReadOutcome,

@@ -27,8 +27,8 @@ from typing import Any
 from urllib.parse import quote
 
 import polars as pl
-from forensics.parsers.common import ParseContext, ParseResult
 from forensics.parsers.kineto_names import TP_OVERLAP_KERNEL
+from forensics.parsers.result import ParseContext, ParseResult
 
 from forensics.base import frames as fr
 from forensics.base.hosts import short_host
@@ -50,7 +50,6 @@ HOST_VARS = ("SLURMD_NODENAME", "HOSTNAME")
 _FILE_RANK = re.compile(r"(?:^|[^a-z])rank[_\-.]?(\d+)", re.IGNORECASE)
 VERSION_KEYS = ("NvDriverVersion", "CudaDriverVersion", "OfedDriverVersion", "SoftwareReleaseVersion")
 """TARGET_INFO_SYSTEM_ENV rows kept as the ranks' ``versions``."""
-_MPI_RANK_THREAD = re.compile(r"^MPI Rank (\d+)$")
 
 # NCCL kernel names in every naming era: ncclKernel_* (<= 2.18), ncclDevKernel_* (2.19+),
 # ncclSymDevKernel_* (2.27 symmetric kernels), ncclSymkDevKernel_* (2.28).

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from forensics.parsers.common import ParseContext, ParseResult, open_bounded
+from forensics.parsers.bounded_read import open_bounded
+from forensics.parsers.result import ParseContext, ParseResult
 from forensics.parsers.timestamps import ctime_ns
 
 from forensics.base import frames as fr

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from forensics.parsers import sniff
-from forensics.parsers.common import Parser
 from forensics.parsers.lastwords import score_job_log
+from forensics.parsers.result import Parser
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 import polars as pl
-from forensics.reports.view_common import culprit_ranks, gpu_labels
+from forensics.reports.labels import culprit_ranks, gpu_labels
 from forensics.reports.view_timeline import pick_steps
 
 from forensics import __version__

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 from forensics.reports.figures import Figure
-from forensics.reports.view_common import View, culprit_ranks, esc, gpu_labels, layout, rank_label
+from forensics.reports.labels import culprit_ranks, esc, gpu_labels, rank_label
+from forensics.reports.view import View, layout
 
 from forensics.facts.collectives import PG_TYPES
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 from forensics.reports.figures import Figure
-from forensics.reports.view_common import View
+from forensics.reports.view import View
 
 from forensics.facts.op_categories import CATEGORIES
 

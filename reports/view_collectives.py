@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 from forensics.reports.figures import Figure
-from forensics.reports.view_common import View, esc, layout
+from forensics.reports.labels import esc
+from forensics.reports.view import View, layout
 
 from forensics.facts import nccl_cost as nc
 

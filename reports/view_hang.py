@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import polars as pl
-from forensics.reports.view_common import View
+from forensics.reports.view import View
 
 from forensics.detectors import kind_of as declared_kind
 from forensics.detectors.hang_verdict import STUCK_RANK

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 from forensics.reports.figures import Figure, colorscale
-from forensics.reports.view_common import View, culprit_ranks, gpu_labels, layout, rank_label
+from forensics.reports.labels import culprit_ranks, gpu_labels, rank_label
+from forensics.reports.view import View, layout
 
 if TYPE_CHECKING:
     from forensics.pipeline import Analysis

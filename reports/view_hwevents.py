@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 from forensics.reports.figures import Figure
-from forensics.reports.view_common import View, esc, layout
+from forensics.reports.labels import esc
+from forensics.reports.view import View, layout
 
 if TYPE_CHECKING:
     from forensics.facts.context import JobContext

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import polars as pl
-from forensics.reports.view_common import View
+from forensics.reports.view import View
 
 if TYPE_CHECKING:
     from forensics.facts.context import JobContext

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 from forensics.reports.figures import Figure
+from forensics.reports.view import View
 from forensics.reports.view_anatomy import step_anatomy_view
 from forensics.reports.view_categories import op_categories_view
 from forensics.reports.view_collectives import collectives_view
-from forensics.reports.view_common import View
 from forensics.reports.view_hang import hang_view
 from forensics.reports.view_heatmap import rank_step_heatmap_view
 from forensics.reports.view_hwevents import hw_events_view

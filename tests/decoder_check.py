@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from forensics.parsers.common import DEFAULT_MAX_DECOMPRESSED
+from forensics.parsers.bounded_read import DEFAULT_MAX_DECOMPRESSED
 from forensics.parsers.kineto_extract import Extractor
 from forensics.parsers.kineto_stream import TraceReadError, read_trace
 from forensics.parsers.kineto_typed import TypedRejected, read_trace_typed

@@ -7,7 +7,7 @@ import calendar
 
 import orjson
 import polars as pl
-from forensics.parsers.common import ParseResult
+from forensics.parsers.result import ParseResult
 
 from forensics.base.findings import Finding
 from forensics.base.frames import JobFrames

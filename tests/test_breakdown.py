@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from forensics.base.frames import JobFrames
-from forensics.facts.breakdown import comm_model, compute_breakdown
+from forensics.facts.breakdown import compute_breakdown
 from tests.frame_builders import MS, US, dp_job, pp_job
 
 PARTS = ["compute_ns", "comm_exposed_ns", "comm_wait_ns", "other_ns", "idle_ns"]
@@ -31,11 +31,10 @@ def test_overlapped_transfer_is_not_exposed():
     b = compute_breakdown(frames).steps
     assert b["comm_exposed_ns"].to_list() == [0] * 12
     assert all(v == 0 for v in truth.exposed_tx.values())
-    model = comm_model(b)
-    assert model["pg_type"].unique().to_list() == ["DP"]
-    assert model["eta_overlap"].to_list() == [1.0] * 4
-    # gamma = 3 steps x 2 ms transfer / 3 x 20 ms compute
-    assert [round(g, 6) for g in model["gamma"].to_list()] == [0.1] * 4
+    # all of each rank's DP transfer (3 steps x 2 ms) ran under its compute
+    per_rank = b.group_by("rank").agg(pl.col("tx_DP_ns").sum(), pl.col("overlap_DP_ns").sum())
+    assert per_rank.height == 4 and (per_rank["overlap_DP_ns"] == per_rank["tx_DP_ns"]).all()
+    assert per_rank["tx_DP_ns"].to_list() == [3 * 2 * MS] * 4
 
 
 def test_pipeline_bubble_equals_time_without_compute():

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from forensics.parsers.common import ParseContext
 from forensics.parsers.nccl_log import parse
+from forensics.parsers.result import ParseContext
 
 from forensics.base import frames as fr
 from forensics.incidents import JobFacts, correlate, job_facts

@@ -70,6 +70,18 @@ def test_unranked_traces_say_why_nothing_was_used(tmp_path: Path):
     assert "4 recognised source(s) not used: names no rank" in one_line(res.stderr)
 
 
+def test_nsys_report_alone_says_to_export_it(tmp_path: Path):
+    """A binary .nsys-rep (found by its magic, whatever its name) is not read: the error says how to export it."""
+    rep = next(shared_path("nsys", "DistributedSysLab_FS24", "ring_simple_2nodes_6gpus_job508813").glob("*.nsys-rep"))
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(rep, run / "report.bin")
+    res = run_cli("analyze", str(run), "--out", str(tmp_path / "o"), "-q")
+    assert res.returncode == 2, res.stderr
+    assert "1 file(s), none a recognised trace or log: Nsight Systems report: export it with `nsys export --type " \
+        "sqlite`" in one_line(res.stderr)
+
+
 def test_unknown_detector_setting_is_exit_2(tmp_path: Path):
     res = run_cli("analyze", str(tmp_path), "--out", str(tmp_path.parent / "o2"), "--set", "nosuch.x=1")
     assert res.returncode == 2 and "unknown detector" in res.stderr

@@ -9,7 +9,7 @@ from __future__ import annotations
 import polars as pl
 
 from forensics.base.frames import JobFrames
-from forensics.facts.collectives import comm_kernels, match_collectives
+from forensics.facts.collectives import match_collectives
 from tests.frame_builders import _link_groups, link_job
 
 STEPS = 3
@@ -48,10 +48,9 @@ def _expected(frames: JobFrames, listed: bool = True) -> list[tuple[int, int, st
 
 def test_groups_of_one_name_are_told_apart_by_their_ranks():
     frames = _shared_names(link_job(slow_node=None, steps=STEPS))
-    ck = comm_kernels(frames)
+    ck = match_collectives(frames).kernels
     assert _keys_by_kernel(ck) == _expected(frames)
     assert ck["pg_key"].n_unique() == len(_link_groups())
-    assert ck["pg_ranks"].to_list() == [_group_of()[(r, n)] for r, n in ck.select("rank", "pg_name").iter_rows()]
 
 
 def test_kernels_without_a_rank_list_take_their_process_group():
@@ -59,10 +58,10 @@ def test_kernels_without_a_rank_list_take_their_process_group():
     bare = JobFrames({**{n: frames[n] for n in ("process_groups", "cpu_ops", "steps", "ranks")},
                       "kernels": frames["kernels"].with_columns(
                           pl.when(pl.col("rank") < 8).then(None).otherwise(pl.col("pg_id")).alias("pg_id"))})
-    assert _keys_by_kernel(comm_kernels(bare)) == _expected(frames)
+    assert _keys_by_kernel(match_collectives(bare).kernels) == _expected(frames)
     none = JobFrames({**{n: frames[n] for n in ("cpu_ops", "steps", "ranks")},
                       "kernels": frames["kernels"].with_columns(pl.lit(None, dtype=pl.Int64).alias("pg_id"))})
-    assert _keys_by_kernel(comm_kernels(none)) == _expected(frames, listed=False)
+    assert _keys_by_kernel(match_collectives(none).kernels) == _expected(frames, listed=False)
 
 
 def test_instances_are_keyed_per_group_step_and_call():
@@ -70,6 +69,7 @@ def test_instances_are_keyed_per_group_step_and_call():
     m = match_collectives(frames)
     assert m.instances.height == len(_link_groups()) * STEPS
     groups = _group_of()
+    assert m.kernels.height == len(_expected(frames))
     for r, name, step, key in m.kernels.select("rank", "pg_name", "step", "instance_key").iter_rows():
         assert key == f"{_key(name, groups[(r, name)])}#{step}#0"  # one call per group and step: ordinal 0
     assert m.kernels["matched"].all()

@@ -13,8 +13,8 @@ import polars as pl
 import pytest
 from conftest import shared_path
 from forensics.parsers import flight_recorder, fr_pickle
-from forensics.parsers.common import ParseContext
 from forensics.parsers.discovery import discover
+from forensics.parsers.result import ParseContext
 
 from forensics.pipeline import analyze
 from forensics.simulate import flight_recorder as sim

@@ -8,8 +8,8 @@ import gzip
 
 import orjson
 import polars as pl
-from forensics.parsers.common import ParseContext
 from forensics.parsers.kernel_log import parse, parse_text
+from forensics.parsers.result import ParseContext
 
 XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
 MTIME_2025 = calendar.timegm((2025, 12, 31, 0, 0, 0, 0, 0, 0)) * 10**9

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from forensics.parsers.common import ParseContext, ParseResult
 from forensics.parsers.kineto import parse
 from forensics.parsers.kineto_names import (
     host_from_filename,
@@ -25,6 +24,7 @@ from forensics.parsers.kineto_names import (
     normalise_collective,
     rank_from_filename,
 )
+from forensics.parsers.result import ParseContext, ParseResult
 
 from forensics.base.frames import pg_id
 from tests.conftest import shared_path

@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 from forensics.parsers import discovery, kineto
-from forensics.parsers.common import ParseContext
+from forensics.parsers.result import ParseContext
 
 from forensics.base import frames as fr
 from tests.conftest import shared_path

@@ -58,8 +58,8 @@ def test_two_files_claiming_the_same_rank_fail_one_source(tmp_path: Path, findin
 
 
 def test_trace_host_from_a_fqdn_file_name_is_the_short_name_nccl_logs_use(tmp_path):
-    from forensics.parsers.common import ParseContext
     from forensics.parsers.kineto import parse
+    from forensics.parsers.result import ParseContext
 
     trace = (
         '{"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": ['

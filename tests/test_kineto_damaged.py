@@ -15,9 +15,9 @@ import zlib
 from pathlib import Path
 
 import pytest
-from forensics.parsers.common import ParseContext
 from forensics.parsers.discovery import classify, discover_and_parse
 from forensics.parsers.kineto import parse
+from forensics.parsers.result import ParseContext
 
 from tests.conftest import shared_path
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from forensics.parsers import kineto
-from forensics.parsers.common import ParseContext
 from forensics.parsers.kineto_typed import TypedRejected
+from forensics.parsers.result import ParseContext
 
 from forensics.simulate import simulate
 from tests.conftest import ROOT, SAMPLE_DATA, shared_path

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from forensics.parsers.common import ParseContext
 from forensics.parsers.lastwords import parse
+from forensics.parsers.result import ParseContext
 
 
 def _rows(tmp_path: Path, text: str, frame: str = "last_words") -> list[dict]:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from forensics.parsers.common import LongLines, read_capped, read_lines
+from forensics.parsers.bounded_read import LongLines, read_capped, read_lines
 
 LINE_MB = 100
 CAP = 1 << 20  # the cap the subprocesses run with: the long line is 100x larger
@@ -36,7 +36,7 @@ DMESG_TAIL = (
 _PROBE = """
 import json, resource, sys
 from pathlib import Path
-from forensics.parsers.common import ParseContext
+from forensics.parsers.result import ParseContext
 from forensics.parsers import kernel_log, nccl_log
 
 path = Path(sys.argv[2])

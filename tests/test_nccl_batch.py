@@ -10,8 +10,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 from forensics.parsers import discovery, nccl_log
-from forensics.parsers.common import ParseContext, ParseResult
 from forensics.parsers.nccl_log import batch
+from forensics.parsers.result import ParseContext, ParseResult
 
 from forensics.pipeline import load
 from tests.conftest import shared_path

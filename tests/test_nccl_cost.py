@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from forensics.parsers.common import ParseContext
 from forensics.parsers.nccl_log import parse
+from forensics.parsers.result import ParseContext
 
 from forensics.facts import nccl_cost as nc
 from tests.conftest import shared_path

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from forensics.parsers.common import ParseContext
 from forensics.parsers.nccl_log import parse
+from forensics.parsers.result import ParseContext
 
 from forensics.base import frames as fr
 from tests.conftest import shared_path

@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from forensics.parsers.common import ParseContext
 from forensics.parsers.nccl_log import parse
+from forensics.parsers.result import ParseContext
 
 from forensics.base.frames import JobFrames
 from forensics.detectors import run_detectors
@@ -96,7 +96,10 @@ def test_13_libibverbs_missing_and_tunnel_interface():
 
 def test_15_forced_tree_socket_shm_accept_failed():
     f, _ = run("15")
-    assert "NCCL_ALGO=Tree" in f[("nccl_algorithm", "forced")].summary
+    # #28 item 1: the communicator never came up (Accept failed), so no collective ran under NCCL_ALGO=Tree: said,
+    # at information, not a cause
+    algo = f[("nccl_algorithm", "forced")]
+    assert "NCCL_ALGO=Tree" in algo.summary and algo.severity.value == "info" and algo.kind == "algorithm_setting"
     assert ("nccl_transport", "socket") in f
     assert ("nccl_transport", "intra_node") in f
     assert "Accept failed" in str(f[("nccl_comm_failure", "comm_failure")].evidence)
@@ -104,7 +107,9 @@ def test_15_forced_tree_socket_shm_accept_failed():
 
 def test_16_forced_ring_and_mixed_gpus():
     f, _ = run("16")
-    assert "NCCL_ALGO=RING" in f[("nccl_algorithm", "forced")].summary
+    # the nccl-tests table has no row: no collective is known to have run under NCCL_ALGO=RING (#28 item 1)
+    algo = f[("nccl_algorithm", "forced")]
+    assert "NCCL_ALGO=RING" in algo.summary and algo.severity.value == "info" and algo.kind == "algorithm_setting"
     mixed = f[("nccl_algorithm", "mixed_gpus")]
     assert set(mixed.hosts) == {"manolinux", "manolinux1"}
 
@@ -161,7 +166,11 @@ def test_33_forced_ll128_data_corruption():
     w = f[("nccl_algorithm", "wrong_results")]
     assert "NCCL_PROTO=LL128" in w.summary and "2 FAILED" in w.summary
     # a transport switch is the transport's business: two nodes with IB off talk over TCP sockets
-    assert "NCCL_IB_DISABLE" not in f[("nccl_algorithm", "forced")].summary
+    forced = f[("nccl_algorithm", "forced")]
+    assert "NCCL_IB_DISABLE" not in forced.summary
+    # the 8 MiB all-reduce rows ran under NCCL_PROTO=LL128: a forced choice of this run (#28 item 1)
+    assert forced.kind == "forced_algorithm" and forced.severity.value == "warning"
+    assert "collectives ran under it (AllReduce; nccl-tests rows)" in forced.summary
     env = f[("nccl_transport", "transport_env")]
     assert "NCCL_IB_DISABLE=1" in env.summary and env.severity.value == "warning"
     assert "NCCL_PROTO" not in env.summary

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from forensics.parsers.common import ParseContext
 from forensics.parsers.nsys import classify_kernels, parse
+from forensics.parsers.result import ParseContext
 
 from forensics.base.frames import JobFrames
-from forensics.facts.gpu_metrics import sm_active_fraction, sm_active_in_windows
+from forensics.facts.gpu_metrics import has_metric, sm_active_in_windows
 from tests.conftest import shared_path
 from tests.nsys_synth import make_export
 
@@ -278,8 +278,9 @@ def test_gpu_metrics_frame_and_sm_active_windows(tmp_path):
         (T0 + 400, 20.0, 9.0, 2, 0)]
     frames = JobFrames(res.frames)
     # whole sampled span [100, 400]: (10*100 + 50*100 + 100*100) / 300 / 100
-    whole = sm_active_fraction(frames)
-    assert whole.select("rank", "device", "covered_ns", "samples").row(0) == (2, 0, 300, 4)
+    whole = sm_active_in_windows(frames, pl.DataFrame({"source": ["m.sqlite"], "device": [0], "start_ns": [T0],
+                                                       "end_ns": [T0 + 1000]}))
+    assert whole["sm_active_covered_ns"].item() == 300
     assert whole["sm_active"].item() == pytest.approx(160 / 300)
     # [150, 250]: 10 % for 50 ns, 50 % for 50 ns -> 0.30; [350, 500] clipped to [350, 400] -> 1.0
     w = pl.DataFrame({"source": ["m.sqlite"] * 3, "device": [0, 0, 0],
@@ -311,7 +312,9 @@ def test_no_gpu_metrics_means_empty_answer():
     path = shared_path("nsys", "nsys-ai", "mock.sqlite")
     res = run(path)
     assert "gpu_metrics" not in res.frames  # the export has no GPU_METRICS table: absent, not empty
-    assert sm_active_fraction(JobFrames(res.frames)).height == 0
+    assert not has_metric(JobFrames(res.frames))
+    w = pl.DataFrame({"source": ["mock.sqlite"], "device": [0], "start_ns": [0], "end_ns": [10]})
+    assert sm_active_in_windows(JobFrames(res.frames), w)["sm_active"].to_list() == [None]
 
 
 def test_damaged_page_gives_partial_with_the_table_named(tmp_path):

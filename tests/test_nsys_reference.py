@@ -14,8 +14,8 @@ from functools import cache
 
 import polars as pl
 import pytest
-from forensics.parsers.common import ParseContext, ParseResult
 from forensics.parsers.nsys import parse
+from forensics.parsers.result import ParseContext, ParseResult
 
 from tests import nsys_reference as R
 from tests.conftest import shared_path

@@ -22,8 +22,8 @@ from forensics.simulate import simulate
     ],
 )
 def test_kineto_parser_counts_match_truth(tmp_path: Path, scenario: str, ranks: int, params: dict[str, str]):
-    from forensics.parsers.common import ParseContext
     from forensics.parsers.kineto import parse
+    from forensics.parsers.result import ParseContext
 
     run = tmp_path / scenario
     truth = simulate(scenario, run, ranks=ranks, steps=2, params=params)

@@ -6,7 +6,7 @@ import csv
 
 import pytest
 
-from forensics.base.xid_catalog import CATALOG_PATH, LEVELS, RECOVERY_ACTIONS, catalog_codes, lookup, nvlink5_severity
+from forensics.base.xid_catalog import CATALOG_PATH, LEVELS, RECOVERY_ACTIONS, lookup, nvlink5_severity
 
 ACTIONS = {"RESTART_APP", "RESET_GPU", "REBOOT_NODE", "DRAIN_NODE", "RMA_CANDIDATE", "INSPECT_PCIE", "INSPECT_LINK",
            "CHECK_COOLING", "CHECK_POWER", "INVESTIGATE_SW", "INVESTIGATE_STORAGE", "NONE"}
@@ -15,7 +15,7 @@ ACTIONS = {"RESTART_APP", "RESET_GPU", "REBOOT_NODE", "DRAIN_NODE", "RMA_CANDIDA
 def test_every_row_uses_the_vocabulary():
     with CATALOG_PATH.open(newline="") as fh:
         rows = list(csv.DictReader(fh))
-    assert len(rows) == len({r["xid"] for r in rows}) == len(catalog_codes())
+    assert len(rows) == len({r["xid"] for r in rows}) > 50
     for r in rows:
         for p in ("", "strict_", "lenient_"):
             assert r[p + "severity"] in LEVELS, r
@@ -23,7 +23,9 @@ def test_every_row_uses_the_vocabulary():
 
 
 def test_policies_differ_exactly_on_63_92_109_121():
-    differ = [x for x in catalog_codes()
+    with CATALOG_PATH.open(newline="") as fh:
+        codes = sorted(int(r["xid"]) for r in csv.DictReader(fh))
+    differ = [x for x in codes
               if len({(lookup(x, p).severity, lookup(x, p).action) for p in ("default", "strict", "lenient")}) > 1]
     assert differ == [63, 92, 109, 121]
     assert [lookup(x, "strict").severity for x in differ] == ["HIGH"] * 4

@@ -58,10 +58,6 @@ def _rows() -> dict[int, dict[str, str]]:
         return {int(r["xid"]): r for r in csv.DictReader(fh)}
 
 
-def catalog_codes() -> list[int]:
-    return sorted(_rows())
-
-
 def lookup(xid: int, policy: str = "default") -> XidInfo:
     """Catalog entry under ``policy``; an unknown Xid is WARNING 'unknown Xid N' so the catalog can grow."""
     if policy not in POLICIES:

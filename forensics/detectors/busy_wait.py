@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from forensics.base.confidence import sizes_known
-from forensics.base.findings import Finding, FindingKind, Role, Severity
+from forensics.base.findings import Finding, FindingKind, Role, Severity, When
 from forensics.base.frames import JobFrames
 from forensics.base.settings import setting
 from forensics.detectors import DetectorDoc, Skip, detector
@@ -181,15 +181,6 @@ def _culprit_rows(guilty: pl.DataFrame, host_of: dict, gpu_of: dict[int, str]) -
     ]
 
 
-def _sm_source(flagged: pl.DataFrame) -> tuple[str, str]:
-    """Where U_SM came from across the flagged ranks: (metric value, words for the text)."""
-    sources = set(flagged["u_sm_source"].to_list())
-    sm_source = sources.pop() if len(sources) == 1 else "mixed"
-    sm_text = {"sm_active": "measured SM Active",
-               "blocks_estimate": "SM-weighted estimate"}.get(sm_source, "SM Active or estimate")
-    return sm_source, sm_text
-
-
 @dataclass(frozen=True)
 class _Blame:
     """Whom the waiting ranks waited for: culprits with data and their share of the wait, whether that was
@@ -222,6 +213,60 @@ def _who(ctx: JobContext, flagged: pl.DataFrame, cov: Coverage, min_share: float
     never = float(guilty["never_ns"].sum()) > 0.5 * float(guilty["wait_ns"].sum())
     return _Blame(culprits=culprits, share=float(guilty["share"].sum()), never=never, absent=absent_ranks,
                   absent_share=float(absent["share"].sum()), rows=rows)
+
+
+@dataclass(frozen=True)
+class _BusyWait:
+    """What busy_wait measured: the waiting ranks' medians of U_any, U_compute, U_SM and W, where U_SM came from,
+    their total wait, whom they waited for, and how well the evidence covers the job."""
+
+    victims: tuple[int, ...]
+    u_any: float
+    u_compute: float
+    u_sm: float
+    w: float
+    sm_source: str  # sm_active, blocks_estimate or mixed
+    wait_ns: float
+    blame: _Blame
+    cov: Coverage
+    sized: bool  # the waiting ranks' collectives carry their sizes
+    transfer_basis: str  # the facts layer's sentence on how transfer was estimated without sizes
+
+
+def _sm_source(flagged: pl.DataFrame) -> str:
+    """Where U_SM came from across the flagged ranks (``mixed`` when they differ)."""
+    sources = set(flagged["u_sm_source"].to_list())
+    return sources.pop() if len(sources) == 1 else "mixed"
+
+
+def _measure(ctx: JobContext, flagged: pl.DataFrame, cfg: BusyWaitConfig) -> _BusyWait:
+    """The flagged ranks' utilization and wait, and whom they waited for."""
+    cov = coverage(ctx)
+    victims = [int(r) for r in flagged["rank"].to_list()]
+    med = flagged.select(pl.col("u_any", "u_compute", "u_sm", "w").median()).row(0, named=True)
+    waiting = ctx.match.kernels.filter(pl.col("rank").is_in(victims) & ~pl.col("is_p2p") & pl.col("step").is_not_null())
+    return _BusyWait(
+        victims=tuple(victims), u_any=med["u_any"], u_compute=med["u_compute"], u_sm=med["u_sm"], w=med["w"],
+        sm_source=_sm_source(flagged), wait_ns=float(flagged["wait_ns"].sum()),
+        blame=_who(ctx, flagged, cov, cfg.culprit_min_share), cov=cov, sized=sizes_known(waiting),
+        transfer_basis=transfer_basis(waiting),
+    )
+
+
+_SM_TEXT = {"sm_active": "measured SM Active", "blocks_estimate": "SM-weighted estimate"}
+
+
+def _words(m: _BusyWait, min_share: float) -> tuple[str, str, str]:
+    """(title, summary, remediation) of the measured busy-wait."""
+    who, do = _texts(m.blame, m.cov, min_share)
+    summary = (
+        f"Rank(s) {rank_list(m.victims)} look {m.u_any:.0%} busy (what nvidia-smi shows), but compute runs only "
+        f"{m.u_compute:.0%} of the step ({_SM_TEXT.get(m.sm_source, 'SM Active or estimate')} {m.u_sm:.0%}); "
+        f"{m.w:.0%} of the step is NCCL kernels spinning while waiting, {who}. The wait is a symptom: its GPU time "
+        f"is not counted here.{'' if m.sized else m.transfer_basis}{m.cov.sentence()}"
+    )
+    return (f"GPU utilization inflated by NCCL busy-waiting on {len(m.victims)} rank(s)", summary,
+            f"Treat GPU utilization as 'some kernel was running', not as work done. {do}")
 
 
 def _texts(b: _Blame, cov: Coverage, min_share: float) -> tuple[str, str]:
@@ -314,44 +359,35 @@ def detect(ctx: JobContext, cfg: BusyWaitConfig) -> list[Finding]:
     flagged = _flagged(_rank_table(ctx), cfg)
     if flagged.height == 0:
         return []
-    cov = coverage(ctx)
-    b = _who(ctx, flagged, cov, cfg.culprit_min_share)
-    victims = [int(r) for r in flagged["rank"].to_list()]
-    med = flagged.select(pl.col("u_any", "u_compute", "u_sm", "w").median()).row(0, named=True)
-    sm_source, sm_text = _sm_source(flagged)
-    who, do = _texts(b, cov, cfg.culprit_min_share)
-    waiting = ctx.match.kernels.filter(pl.col("rank").is_in(victims) & ~pl.col("is_p2p") & pl.col("step").is_not_null())
-    sized = sizes_known(waiting)
-    return [Finding(
-        detector="busy_wait",
-        severity=_severity(med["w"], b, cov, cfg),
-        title=f"GPU utilization inflated by NCCL busy-waiting on {len(victims)} rank(s)",
-        summary=(
-            f"Rank(s) {rank_list(victims)} look {med['u_any']:.0%} busy (what nvidia-smi shows), but compute runs only "
-            f"{med['u_compute']:.0%} of the step ({sm_text} {med['u_sm']:.0%}); {med['w']:.0%} of the step is NCCL "
-            f"kernels spinning while waiting, {who}. The wait is a symptom: its GPU time is not counted here."
-            f"{'' if sized else transfer_basis(waiting)}{cov.sentence()}"
-        ),
-        remediation=f"Treat GPU utilization as 'some kernel was running', not as work done. {do}",
+    return [_finding(_measure(ctx, flagged, cfg), cfg, profiled_window(ctx))]
+
+
+def _finding(m: _BusyWait, cfg: BusyWaitConfig, when: When) -> Finding:
+    """The measured busy-wait in words, with its typed facts."""
+    b, cov = m.blame, m.cov
+    title, summary, remediation = _words(m, cfg.culprit_min_share)
+    return Finding(
+        detector="busy_wait", severity=_severity(m.w, b, cov, cfg), title=title, summary=summary,
+        remediation=remediation,
         ranks=tuple(b.culprits),
         hosts=tuple(sorted({r["host"] for r in b.rows if r["role"] == "culprit" and r["host"]})),
         gpus=tuple(sorted({r["gpu"] for r in b.rows if r["role"] == "culprit" and r["gpu"]})),
         metrics={
-            "U_any": round(med["u_any"], 4), "U_compute": round(med["u_compute"], 4), "U_SM": round(med["u_sm"], 4),
-            "U_SM_source": sm_source,
-            "wait_fraction": round(med["w"], 4), "wait_gpu_seconds": gpu_seconds(float(flagged["wait_ns"].sum())),
+            "U_any": round(m.u_any, 4), "U_compute": round(m.u_compute, 4), "U_SM": round(m.u_sm, 4),
+            "U_SM_source": m.sm_source,
+            "wait_fraction": round(m.w, 4), "wait_gpu_seconds": gpu_seconds(m.wait_ns),
             "waited_for": rank_list(b.culprits), "waited_for_without_data": rank_list(b.absent),
             "culprit_wait_share": round(b.share, 4),
-            "ranks_affected": len(victims), "ranks_waiting": rank_list(victims), "steps": cov.steps,
+            "ranks_affected": len(m.victims), "ranks_waiting": rank_list(m.victims), "steps": cov.steps,
             **cov.metrics(),
         },
         evidence=tuple(b.rows),
         gpu_seconds_lost=None,
-        fraction_of_step=round(med["w"], 4),
+        fraction_of_step=round(m.w, 4),
         key="busy_wait",
-        confidence=at_most(cov.confidence(sized), "high" if b.culprits else "medium"),
-        kind=BUSY_WAIT.name, when=profiled_window(ctx), waited_for=_waited_for(b), victims=tuple(victims),
-    )]
+        confidence=at_most(cov.confidence(m.sized), "high" if b.culprits else "medium"),
+        kind=BUSY_WAIT.name, when=when, waited_for=_waited_for(b), victims=m.victims,
+    )
 
 
 def _waited_for(b: _Blame) -> tuple[int, ...]:

@@ -16,7 +16,7 @@ from forensics.detectors import DetectorDoc, Skip, detector
 from forensics.detectors._step_metrics import EVIDENCE_CAP, gpu_seconds, in_profile, ms, require_steps
 from forensics.facts.collectives import PG_TYPES, UNKNOWN_SPLIT, transfer_basis
 from forensics.facts.context import JobContext
-from forensics.facts.coverage import at_most, coverage
+from forensics.facts.coverage import Coverage, at_most, coverage
 
 
 @dataclass(frozen=True)
@@ -106,17 +106,47 @@ DOC = DetectorDoc(
 @detector("exposed_comm", doc=DOC, settings=ExposedCommConfig, requires=("kernels",), kinds=(EXPOSED_COMM,),
           view="step-anatomy")
 def detect(ctx: JobContext, cfg: ExposedCommConfig) -> list[Finding]:
-    ta = ctx
-    require_steps(ta)
-    if ta.match.kernels.height == 0:
+    require_steps(ctx)
+    if ctx.match.kernels.height == 0:
         raise Skip("no NCCL/RCCL kernels in the traces: nothing to measure overlap for")
-    table = exposure_table(ta)
+    table = exposure_table(ctx)
     if table.height == 0:
         raise Skip("NCCL kernels could not be placed in any profiler step")
-    n_steps = table["step"].n_unique()
-    findings: list[Finding] = []
-    host_of = dict(ta.steps.select("rank", "host").unique("rank").iter_rows())
+    return in_profile(ctx, [_finding(e) for e in _exposures(ctx, table, cfg)])
 
+
+@dataclass(frozen=True)
+class _Exposure:
+    """What was measured for one process-group type (``DP``, ``default``, or ``TP/EP/CP`` summed): the median
+    rank's exposed share of the step and overlap, the ranks that count, their transfer and wait, and how the
+    transfer could be estimated."""
+
+    g: str
+    severity: Severity
+    med_x: float
+    med_o: float
+    ranks: tuple[int, ...]
+    hosts: tuple[str, ...]
+    n_steps: int
+    tx_ns_per_step: float  # the median rank's transfer per step
+    exposed_ns_per_step: float  # ... and its exposed transfer per step
+    wait_ns: float  # kernel time of this type that was waiting, over all ranks
+    gpu_ns: float  # the counted ranks' exposed transfer
+    evidence: tuple[dict, ...]
+    cov: Coverage
+    sized: bool  # the kernels carry their sizes
+    unsplit: bool  # most kernel time could not be split into wait and transfer
+    transfer_basis: str  # the facts layer's sentence on how transfer was estimated
+
+    @property
+    def by_design(self) -> bool:
+        return self.g == "TP/EP/CP"
+
+
+def _exposures(ctx: JobContext, table: pl.DataFrame, cfg: ExposedCommConfig) -> list[_Exposure]:
+    """DP and the default group when enough steps expose their transfer; TP+EP+CP together for information."""
+    n_steps = table["step"].n_unique()
+    out: list[_Exposure] = []
     for g in PG_TYPES:
         if g not in ("DP", "default"):
             continue  # PP goes to pipeline_bubble; TP/EP/CP are summed below
@@ -124,56 +154,65 @@ def detect(ctx: JobContext, cfg: ExposedCommConfig) -> list[Finding]:
         if t.height == 0:
             continue
         counts = (pl.col("X") >= cfg.dp_min_exposed) & (pl.col("O") < cfg.dp_max_overlap)
-        per_rank = t.group_by("rank").agg(
-            counts.mean().alias("share"),
-            pl.col("X").median(),
-            pl.col("O").median(),
-            pl.col("exposed_ns").sum(),
-            pl.col("tx_ns").sum(),
-            pl.col("wait_ns").sum(),
-            pl.col("step_ns").sum(),
-        )
-        med_x = _num(per_rank["X"].median())
-        med_o = _num(per_rank["O"].median())
-        med_share = _num(per_rank["share"].median())
-        if med_share < cfg.min_step_share:
+        per_rank = t.group_by("rank").agg(counts.mean().alias("share"), *_RANK_SUMS)
+        if _num(per_rank["share"].median()) < cfg.min_step_share:
             continue
-        sev = Severity.CRITICAL if med_x >= cfg.critical_exposed else Severity.WARNING
-        culprits = per_rank.filter(pl.col("share") >= cfg.min_step_share)
-        findings.append(_finding(ta, g, sev, per_rank, culprits, med_x, med_o, n_steps, host_of, table))
+        sev = Severity.CRITICAL if _num(per_rank["X"].median()) >= cfg.critical_exposed else Severity.WARNING
+        out.append(_measure(ctx, g, sev, per_rank, n_steps, cfg))
+    design = _design_per_rank(table, cfg)
+    if design is not None and _num(design["X"].median()) >= cfg.tp_min_exposed:
+        out.append(_measure(ctx, "TP/EP/CP", Severity.INFO, design, n_steps, cfg))
+    return out
 
+
+_RANK_SUMS = (pl.col("X").median(), pl.col("O").median(), pl.col("exposed_ns").sum(), pl.col("tx_ns").sum(),
+              pl.col("wait_ns").sum(), pl.col("step_ns").sum())
+
+
+def _design_per_rank(table: pl.DataFrame, cfg: ExposedCommConfig) -> pl.DataFrame | None:
+    """Per rank, TP+EP+CP summed per step (they are exposed by design together); None without them."""
     design = table.filter(pl.col("pg_type").is_in(["TP", "EP", "CP"]))
-    if design.height:
-        per_step = design.group_by("rank", "step").agg(pl.col("exposed_ns").sum(), pl.col("step_ns").first(),
-                                                       pl.col("tx_ns").sum(), pl.col("raw_exposed_ns").sum(),
-                                                       pl.col("wait_ns").sum())
-        per_step = per_step.with_columns((pl.col("exposed_ns") / pl.col("step_ns")).alias("X"),
-                                         (1 - pl.col("raw_exposed_ns") / pl.col("tx_ns")).alias("O"))
-        per_rank = per_step.group_by("rank").agg(
-            (pl.col("X") >= cfg.tp_min_exposed).mean().alias("share"), pl.col("X").median(), pl.col("O").median(),
-            pl.col("exposed_ns").sum(), pl.col("tx_ns").sum(), pl.col("wait_ns").sum(), pl.col("step_ns").sum(),
-        )
-        med_x = _num(per_rank["X"].median())
-        if med_x >= cfg.tp_min_exposed:
-            culprits = per_rank.filter(pl.col("share") >= cfg.min_step_share)
-            findings.append(_finding(ta, "TP/EP/CP", Severity.INFO, per_rank, culprits, med_x,
-                                     _num(per_rank["O"].median()), n_steps, host_of, design))
-    return in_profile(ctx, findings)
+    if design.height == 0:
+        return None
+    per_step = design.group_by("rank", "step").agg(pl.col("exposed_ns").sum(), pl.col("step_ns").first(),
+                                                   pl.col("tx_ns").sum(), pl.col("raw_exposed_ns").sum(),
+                                                   pl.col("wait_ns").sum())
+    per_step = per_step.with_columns((pl.col("exposed_ns") / pl.col("step_ns")).alias("X"),
+                                     (1 - pl.col("raw_exposed_ns") / pl.col("tx_ns")).alias("O"))
+    return per_step.group_by("rank").agg((pl.col("X") >= cfg.tp_min_exposed).mean().alias("share"), *_RANK_SUMS)
 
 
-def _finding(ta: JobContext, g: str, sev: Severity, per_rank: pl.DataFrame, culprits: pl.DataFrame, med_x: float,
-             med_o: float,
-             n_steps: int, host_of: dict, table: pl.DataFrame) -> Finding:
+def _measure(ctx: JobContext, g: str, sev: Severity, per_rank: pl.DataFrame, n_steps: int,
+             cfg: ExposedCommConfig) -> _Exposure:
+    """The exposure of group type ``g`` from its per-rank table; the ranks that count are the culprits."""
+    culprits = per_rank.filter(pl.col("share") >= cfg.min_step_share)
     ranks = tuple(sorted(int(r) for r in culprits["rank"].to_list()))
-    hosts = tuple(sorted({host_of[r] for r in ranks if host_of.get(r)}))
-    gpu_ns = float(culprits["exposed_ns"].sum())
+    host_of = dict(ctx.steps.select("rank", "host").unique("rank").iter_rows())
     types = g.split("/")
+    kern = ctx.match.kernels.filter(
+        pl.col("pg_type").is_in(types) & pl.col("rank").is_in(list(ranks)) & pl.col("step").is_not_null())
+    cov = coverage(ctx)
+    if cov.lone_rank and sev == Severity.CRITICAL:
+        sev = Severity.WARNING  # one rank's wait/transfer split is a guess: not enough for critical
+    return _Exposure(
+        g=g, severity=sev, med_x=_num(per_rank["X"].median()), med_o=_num(per_rank["O"].median()), ranks=ranks,
+        hosts=tuple(sorted({host_of[r] for r in ranks if host_of.get(r)})), n_steps=n_steps,
+        tx_ns_per_step=_num(per_rank["tx_ns"].median()) / max(1, n_steps),
+        exposed_ns_per_step=_num(per_rank["exposed_ns"].median()) / max(1, n_steps),
+        wait_ns=float(per_rank["wait_ns"].sum()), gpu_ns=float(culprits["exposed_ns"].sum()),
+        evidence=_evidence(ctx, types, ranks), cov=cov, sized=sizes_known(kern), unsplit=_unsplit(kern),
+        transfer_basis=transfer_basis(kern),
+    )
+
+
+def _evidence(ctx: JobContext, types: list[str], ranks: tuple[int, ...]) -> tuple[dict, ...]:
+    """The ranks' most exposed collectives of these group types."""
     top = (
-        ta.exposure.filter(pl.col("pg_type").is_in(types) & pl.col("rank").is_in(list(ranks)))
+        ctx.exposure.filter(pl.col("pg_type").is_in(types) & pl.col("rank").is_in(list(ranks)))
         .sort("structural_exposed_ns", descending=True)
         .head(EVIDENCE_CAP)
     )
-    evidence = tuple(
+    return tuple(
         {"rank": int(r), "step": st, "collective": c, "bytes": b, "pg": pg, "stream": stream,
          "transfer_ms": ms(x), "exposed_ms": ms(e), "wait_ms": ms(w)}
         for r, st, c, b, pg, stream, x, e, w in top.select(
@@ -181,37 +220,41 @@ def _finding(ta: JobContext, g: str, sev: Severity, per_rank: pl.DataFrame, culp
             "wait_ns"
         ).iter_rows()
     )
-    by_design = g == "TP/EP/CP"
-    cov = coverage(ta)
-    if cov.lone_rank and sev == Severity.CRITICAL:
-        sev = Severity.WARNING  # one rank's wait/transfer split is a guess: not enough for critical
-    what = "exposed by design (between dependent kernels)" if by_design else "not overlapped with compute"
-    label = "default-group" if g == "default" else g
-    kern = ta.match.kernels.filter(
-        pl.col("pg_type").is_in(types) & pl.col("rank").is_in(list(ranks)) & pl.col("step").is_not_null())
+
+
+def _finding(e: _Exposure) -> Finding:
+    """The measured exposure in words, with its typed facts."""
+    title, summary, remediation = _words(e)
     return Finding(
         detector="exposed_comm",
-        severity=sev,
-        title=f"{label} collectives {what}: {med_x:.1%} of the step",
-        summary=_summary(g, med_x, med_o, len(ranks), float(per_rank["wait_ns"].sum()), kern)
-        + f"{_LONE if cov.lone_rank and not _unsplit(kern) else ''}{cov.sentence()}",
-        remediation=_REMEDY_TP if by_design else _REMEDY_DP,
-        ranks=ranks,
-        hosts=hosts,
+        severity=e.severity,
+        title=title,
+        summary=summary,
+        remediation=remediation,
+        ranks=e.ranks,
+        hosts=e.hosts,
         metrics={
-            "pg_type": g, "exposed_fraction": round(med_x, 4), "overlap_fraction": round(med_o, 4),
-            "transfer_ms_per_step": ms(_num(per_rank["tx_ns"].median()) / max(1, n_steps)),
-            "exposed_ms_per_step": ms(_num(per_rank["exposed_ns"].median()) / max(1, n_steps)),
-            "ranks_affected": len(ranks), "steps": n_steps,
-            **(cov.metrics() if cov.missing else {}),
+            "pg_type": e.g, "exposed_fraction": round(e.med_x, 4), "overlap_fraction": round(e.med_o, 4),
+            "transfer_ms_per_step": ms(e.tx_ns_per_step), "exposed_ms_per_step": ms(e.exposed_ns_per_step),
+            "ranks_affected": len(e.ranks), "steps": e.n_steps,
+            **(e.cov.metrics() if e.cov.missing else {}),
         },
-        evidence=evidence,
-        gpu_seconds_lost=gpu_seconds(gpu_ns),
-        fraction_of_step=round(med_x, 4),
-        key=g,
-        confidence=at_most(cov.confidence(sizes_known(kern)), "high" if not by_design else "medium"),
+        evidence=e.evidence,
+        gpu_seconds_lost=gpu_seconds(e.gpu_ns),
+        fraction_of_step=round(e.med_x, 4),
+        key=e.g,
+        confidence=at_most(e.cov.confidence(e.sized), "high" if not e.by_design else "medium"),
         kind=EXPOSED_COMM.name,
     )
+
+
+def _words(e: _Exposure) -> tuple[str, str, str]:
+    """(title, summary, remediation) of one group type's measured exposure."""
+    what = "exposed by design (between dependent kernels)" if e.by_design else "not overlapped with compute"
+    label = "default-group" if e.g == "default" else e.g
+    summary = _summary(e) + f"{_LONE if e.cov.lone_rank and not e.unsplit else ''}{e.cov.sentence()}"
+    return (f"{label} collectives {what}: {e.med_x:.1%} of the step", summary,
+            _REMEDY_TP if e.by_design else _REMEDY_DP)
 
 
 def _unsplit(kern: pl.DataFrame) -> bool:
@@ -220,22 +263,23 @@ def _unsplit(kern: pl.DataFrame) -> bool:
     return kern.height > 0 and unknown > 0.5 * float(kern["dur_ns"].sum())
 
 
-def _summary(g: str, med_x: float, med_o: float, n_ranks: int, wait_ns: float, kern: pl.DataFrame) -> str:
+def _summary(e: _Exposure) -> str:
     """What was measured, and how the transfer part was estimated when collectives carry no sizes."""
-    if _unsplit(kern):
+    g, med_x, med_o = e.g, e.med_x, e.med_o
+    if e.unsplit:
         # No peer and no size to split the kernels with: all of it runs without compute, so the step waits
         # for communication either way (transfer or waiting for the ranks without data).
         return (
             f"On the median rank, {med_x:.1%} of each step is {g} NCCL kernel time with no compute running "
-            f"(overlap with compute {med_o:.0%}), on {n_ranks} rank(s): exposed communication. With one rank's "
+            f"(overlap with compute {med_o:.0%}), on {len(e.ranks)} rank(s): exposed communication. With one rank's "
             "trace and no size metadata, the kernels cannot be split into waiting for peers and transfer, so "
-            f"this counts both.{transfer_basis(kern)}"
+            f"this counts both.{e.transfer_basis}"
         )
     return (
         f"On the median rank, {med_x:.1%} of each step is {g} transfer with no compute running "
-        f"(overlap of transfer with compute {med_o:.0%}), on {n_ranks} rank(s). Waiting for late peers is "
-        f"not counted here ({ms(wait_ns)} ms of {g} kernel time in total was waiting, not transfer)."
-        f"{'' if sizes_known(kern) else transfer_basis(kern)}"
+        f"(overlap of transfer with compute {med_o:.0%}), on {len(e.ranks)} rank(s). Waiting for late peers is "
+        f"not counted here ({ms(e.wait_ns)} ms of {g} kernel time in total was waiting, not transfer)."
+        f"{'' if e.sized else e.transfer_basis}"
     )
 
 

@@ -317,7 +317,7 @@ def detect(ctx: JobContext, cfg: GpuIdleConfig) -> list[Finding]:
     if flagged.height == 0:
         return []
     table = rank_classes(ctx, flagged, cfg, whole)
-    found = in_profile(ctx, [_finding(ctx, table.filter(pl.col("cls") == c), c, cfg, whole)
+    found = in_profile(ctx, [_finding(_measure(ctx, table.filter(pl.col("cls") == c), c, whole), cfg)
                              for c in CLASSES if (table["cls"] == c).any()])
     return [_at_longest_gaps(f) for f in found]
 
@@ -390,61 +390,110 @@ def _rows(t: pl.DataFrame, gpu_of: dict[int, str], cls: str) -> tuple[dict, ...]
     )
 
 
-def _sync_facts(t: pl.DataFrame) -> tuple[dict, str]:
-    """Metrics and a sentence on what the host waited for in the sync gaps of ``t``'s ranks, by cause."""
-    idle = float(t["idle_ns"].sum())
-    n = {c: int(t[f"{c}_n"].sum()) for c in SYNC_CAUSES}
-    share = {c: float(t[f"{c}_ns"].sum()) / idle for c in SYNC_CAUSES}
-    metrics = {"sync_gaps": sum(n.values()), **{f"{c}_syncs": n[c] for c in SYNC_CAUSES},
-               **{f"{c}_share_of_idle": round(share[c], 4) for c in SYNC_CAUSES}}
-    parts = [f"{n[c]:,} {_CAUSE_TEXT[c]} ({share[c]:.0%} of the idle time)" for c in SYNC_CAUSES if n[c]]
-    return metrics, f" {sum(n.values()):,} idle gap(s) follow a host synchronization: {'; '.join(parts)}."
+@dataclass(frozen=True)
+class _Idle:
+    """What was measured for the ranks of one idle class: their median idle share and idle per step, the
+    class's share of their idle time, the unit (steps, or the profiled window without them), and for the sync
+    class what the host waited for."""
+
+    cls: str
+    whole: bool  # the unit is the profiled window (no profiler steps)
+    ranks: tuple[int, ...]
+    hosts: tuple[str, ...]
+    gpus: tuple[str, ...]
+    share: float  # median idle share of the unit
+    cls_share: float  # the class's share of the ranks' idle time
+    per_step_ns: float  # median idle per step (or window)
+    window_ns: float | None  # median window length, when the unit is the profiled window
+    idle_ns: float  # summed idle of the ranks
+    steps: int  # most steps of one rank
+    ranks_with_data: int
+    sync_n: dict[str, int]  # sync gaps by cause (SYNC_CAUSES), for the sync class
+    sync_share: dict[str, float]  # ... and their share of the idle time
+    evidence: tuple[dict, ...]
 
 
-def _unit_text(t: pl.DataFrame, whole: bool, per_step: float) -> tuple[str, str]:
-    """The unit the idle share is of (step or profiled window) and the sentence that says what it is."""
-    if not whole:
-        return "step", f"{ms(per_step)} ms per step"
-    window = float(t["step_ns"].median())  # type: ignore[arg-type]
-    return "profiled window", (f"{ms(per_step)} ms of a {ms(window)} ms window; the trace has no profiler steps, so "
-                               f"the "
-                               "unit is the profiled window, from the rank's first to its last GPU activity")
-
-
-def _finding(ctx: JobContext, t: pl.DataFrame, cls: str, cfg: GpuIdleConfig, whole: bool = False) -> Finding:
+def _measure(ctx: JobContext, t: pl.DataFrame, cls: str, whole: bool) -> _Idle:
+    """The idle time of ``t``'s ranks (rows of :func:`rank_classes` whose class is ``cls``)."""
     ranks = [int(r) for r in t["rank"].to_list()]
     gpu_of = gpus_of(ctx, ranks)
-    share = float(t["idle"].median())  # type: ignore[arg-type]
-    cls_share = float(t[f"{cls}_ns"].sum()) / float(t["idle_ns"].sum())
-    per_step = float((t["idle_ns"] / t["steps"]).median())  # type: ignore[arg-type]
-    unit, unit_text = _unit_text(t, whole, per_step)
-    extra, cause_text = _sync_facts(t) if cls == "sync" else ({}, "")
-    if whole:
+    idle = float(t["idle_ns"].sum())
+    sync = cls == "sync"
+    return _Idle(
+        cls=cls, whole=whole, ranks=tuple(ranks),
+        hosts=tuple(sorted({str(h) for h in t["host"].drop_nulls().to_list()})),
+        gpus=tuple(sorted(set(gpu_of.values()))), share=float(t["idle"].median()),  # type: ignore[arg-type]
+        cls_share=float(t[f"{cls}_ns"].sum()) / idle,
+        per_step_ns=float((t["idle_ns"] / t["steps"]).median()),  # type: ignore[arg-type]
+        window_ns=float(t["step_ns"].median()) if whole else None,  # type: ignore[arg-type]
+        idle_ns=idle, steps=int(t["steps"].max()), ranks_with_data=ctx.steps["rank"].n_unique(),  # type: ignore[arg-type]
+        sync_n={c: int(t[f"{c}_n"].sum()) for c in SYNC_CAUSES} if sync else {},
+        sync_share={c: float(t[f"{c}_ns"].sum()) / idle for c in SYNC_CAUSES} if sync else {},
+        evidence=_rows(t, gpu_of, cls),
+    )
+
+
+def _sync_metrics(m: _Idle) -> dict:
+    """The sync gaps by cause, for the metrics."""
+    n, share = m.sync_n, m.sync_share
+    return {"sync_gaps": sum(n.values()), **{f"{c}_syncs": n[c] for c in SYNC_CAUSES},
+            **{f"{c}_share_of_idle": round(share[c], 4) for c in SYNC_CAUSES}}
+
+
+def _sync_text(m: _Idle) -> str:
+    """A sentence on what the host waited for in the sync gaps, by cause."""
+    n, share = m.sync_n, m.sync_share
+    parts = [f"{n[c]:,} {_CAUSE_TEXT[c]} ({share[c]:.0%} of the idle time)" for c in SYNC_CAUSES if n[c]]
+    return f" {sum(n.values()):,} idle gap(s) follow a host synchronization: {'; '.join(parts)}."
+
+
+def _unit_text(m: _Idle) -> tuple[str, str]:
+    """The unit the idle share is of (step or profiled window) and the sentence that says what it is."""
+    if m.window_ns is None:
+        return "step", f"{ms(m.per_step_ns)} ms per step"
+    return "profiled window", (f"{ms(m.per_step_ns)} ms of a {ms(m.window_ns)} ms window; the trace has no profiler "
+                               "steps, so the unit is the profiled window, from the rank's first to its last GPU "
+                               "activity")
+
+
+def _words(m: _Idle) -> tuple[str, str, str]:
+    """(title, summary, remediation) of one class's measured idle time."""
+    unit, unit_text = _unit_text(m)
+    cause_text = _sync_text(m) if m.cls == "sync" else ""
+    title = f"GPU idle {m.share:.0%} of the {unit} on {len(m.ranks)} rank(s), {_in_unit(_TITLE[m.cls], m.whole)}"
+    summary = (
+        f"Rank(s) {rank_list(m.ranks)} run no kernel on any stream for {m.share:.1%} of the {unit} (median; "
+        f"{unit_text}); {m.cls_share:.0%} of that idle time is classed {m.cls}: "
+        f"{_in_unit(_WHY[m.cls], m.whole)}.{cause_text}"
+    )
+    return title, summary, _DO[m.cls]
+
+
+def _finding(m: _Idle, cfg: GpuIdleConfig) -> Finding:
+    """The measured idle time of one class in words, with its typed facts."""
+    extra = _sync_metrics(m) if m.cls == "sync" else {}
+    if m.whole:
         extra["unit"] = "profiled_window"
+    title, summary, remediation = _words(m)
     return Finding(
         detector="gpu_idle",
         kind=IDLE_GPU.name,
-        severity=_severity(share, cfg),
-        title=f"GPU idle {share:.0%} of the {unit} on {len(ranks)} rank(s), {_in_unit(_TITLE[cls], whole)}",
-        summary=(
-            f"Rank(s) {rank_list(ranks)} run no kernel on any stream for {share:.1%} of the {unit} (median; "
-            f"{unit_text}); {cls_share:.0%} of that idle time is classed {cls}: "
-            f"{_in_unit(_WHY[cls], whole)}.{cause_text}"
-        ),
-        remediation=_DO[cls],
-        ranks=tuple(ranks),
-        hosts=tuple(sorted({str(h) for h in t["host"].drop_nulls().to_list()})),
-        gpus=tuple(sorted(set(gpu_of.values()))),
-        metrics={"class": cls, "idle_share": round(share, 4), "class_share_of_idle": round(cls_share, 4),
-                 "idle_ms_per_step": ms(per_step), "ranks_flagged": len(ranks),
-                 "ranks_with_data": ctx.steps["rank"].n_unique(),
-                 "steps": 0 if whole else int(t["steps"].max()), "min_idle": cfg.min_idle,  # type: ignore[arg-type]
+        severity=_severity(m.share, cfg),
+        title=title,
+        summary=summary,
+        remediation=remediation,
+        ranks=m.ranks,
+        hosts=m.hosts,
+        gpus=m.gpus,
+        metrics={"class": m.cls, "idle_share": round(m.share, 4), "class_share_of_idle": round(m.cls_share, 4),
+                 "idle_ms_per_step": ms(m.per_step_ns), "ranks_flagged": len(m.ranks),
+                 "ranks_with_data": m.ranks_with_data, "steps": 0 if m.whole else m.steps, "min_idle": cfg.min_idle,
                  **extra},
-        evidence=_rows(t, gpu_of, cls),
-        gpu_seconds_lost=gpu_seconds(float(t["idle_ns"].sum())),
-        fraction_of_step=round(share, 4),
-        key=f"class-{cls}",
-        confidence=_confidence(t, cls_share, whole),
+        evidence=m.evidence,
+        gpu_seconds_lost=gpu_seconds(m.idle_ns),
+        fraction_of_step=round(m.share, 4),
+        key=f"class-{m.cls}",
+        confidence=_confidence(m),
     )
 
 
@@ -453,9 +502,9 @@ def _in_unit(text: str, whole: bool) -> str:
     return text.replace("per step", "in the window").replace("whole step", "whole window") if whole else text
 
 
-def _confidence(t: pl.DataFrame, cls_share: float, whole: bool) -> str:
+def _confidence(m: _Idle) -> str:
     """High with two steps or more and one class holding most of the idle time; a profiled window without
     steps may hold start-up or phases the trace does not name: medium at most."""
-    if cls_share < 0.7:
+    if m.cls_share < 0.7:
         return "medium"
-    return "medium" if whole or int(t["steps"].max()) < 2 else "high"  # type: ignore[arg-type]
+    return "medium" if m.whole or m.steps < 2 else "high"

@@ -29,7 +29,8 @@ DISABLES = ("NCCL_NVLS_ENABLE", "NCCL_PAT_ENABLE", "NCCL_CUMEM_ENABLE")
 # : must match; PCIe cards have no NVSwitch and are not in it): (regular expression on the GPU name, GB/s, source). The
 # NVSwitch H100/H200 figure is the
 #: non-NVLS class (AllReduce with NVLS reaches ~480): a run below half of it is wrong whatever the algorithm.
-#: Across nodes the NICs bound it and their speed is not in the logs: set nccl_algorithm.expected_busbw_gbps.
+#: Across nodes a node's NICs bound it: the sum of their speeds in NCCL's topology print (see _nic_busbw), else the
+#: expectation is unknown (no guess) unless nccl_algorithm.expected_busbw_gbps gives it.
 EXPECTED_BUSBW: tuple[tuple[str, float, str], ...] = (
     (r"H800(?!.*PCIe)", 215.0, "8x H800, users' nccl-tests (NVIDIA/nccl#1374)"),
     (r"(?:H100|H200)(?!.*(?:PCIe|NVL))", 370.0,
@@ -41,7 +42,7 @@ EXPECTED_BUSBW: tuple[tuple[str, float, str], ...] = (
 #: Environment settings that reduce channels or bandwidth -> whether the value reduces them (named as the cause)
 CHANNEL_CAPS: dict[str, Callable[[str], bool]] = {
     "NCCL_TOPO_FILE": lambda v: bool(v),
-    "NCCL_P2P_LEVEL": lambda v: v.upper() not in ("SYS", "5"),
+    "NCCL_P2P_LEVEL": lambda v: v.upper() not in ("SYS", "4", "5"),  # the widest level (legacy numbers 4/5)
     "NCCL_P2P_DISABLE": lambda v: v != "0",
     "NCCL_MIN_NCHANNELS": lambda v: True,
     "NCCL_MAX_NCHANNELS": lambda v: True,
@@ -286,27 +287,147 @@ def _forced_impact(a: _Algo, settings: dict[str, str], metrics: dict[str, Any]) 
     return out
 
 
-def check_forced(a: _Algo) -> list[Finding]:
-    """1. User overrides of the algorithm, protocol, channels or transports, with their modelled cost."""
-    forced = _forced_env(a.env)
-    if not forced.height:
-        return []
-    settings = {r["var"]: r["value"] for r in forced.sort("line").iter_rows(named=True)}
-    ranks, hosts, gpus = where(forced, a.j.ident)
-    metrics: dict[str, Any] = dict(settings)
-    imp = _forced_impact(a, settings, metrics)
+# PyTorch's OpType names (watchdog lines) of the collectives an NCCL algorithm runs; a barrier is an all-reduce
+_OP_TYPES = {"ALLREDUCE": "AllReduce", "ALLREDUCE_COALESCED": "AllReduce", "BARRIER": "AllReduce",
+             "ALLGATHER": "AllGather", "_ALLGATHER_BASE": "AllGather", "ALLGATHER_COALESCED": "AllGather",
+             "ALLGATHER_INTO_TENSOR_COALESCED": "AllGather", "REDUCE_SCATTER": "ReduceScatter",
+             "_REDUCE_SCATTER_BASE": "ReduceScatter", "REDUCE_SCATTER_TENSOR_COALESCED": "ReduceScatter",
+             "BROADCAST": "Broadcast", "REDUCE": "Reduce"}
+_ANY = "collective"  # a collective ran whose name the source does not give (an nccl-tests row without its command)
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What the job's logs and traces show ran: the collectives (NCCL names, ``_ANY`` when a source does not say
+    which), where they were seen, and the (algorithm, protocol) pairs NCCL logged for them (TUNING per-op lines).
+    A kernel's name is never read as its algorithm: NCCL's maintainers say a kernel named ``..._RING_LL`` can run
+    any algorithm and protocol (NVIDIA/nccl#1595, #2196), so a traced kernel only says that its collective ran."""
+
+    collectives: frozenset[str]
+    seen_in: tuple[str, ...]
+    choices: frozenset[tuple[str, str]]
+
+
+def what_ran(frames: JobFrames) -> Ran:
+    """The collectives that ran, from COLL and TUNING lines, nccl-tests rows, traced NCCL kernels and the ops the
+    PyTorch watchdog reports (an op it timed out on was enqueued with NCCL's choice, so it ran under it)."""
+    calls = frames["nccl_calls"]
+    parts: dict[str, set[str]] = {}
+    coll = calls.filter((pl.col("kind") == "coll") & pl.col("op").is_in(list(nc.COLLECTIVES)))["op"]
+    parts["COLL lines"] = set(coll.to_list())
+    tuning = calls.filter(pl.col("kind") == "tuning")
+    parts["TUNING lines"] = {o if o in nc.COLLECTIVES else _ANY for o in tuning["op"].to_list()}
+    tests = frames["nccl_tests"]
+    parts["nccl-tests rows"] = {c or _ANY for c in tests["collective"].to_list()}
+    traced: set[str] = set()
+    if frames.has("kernels") and "collective" in frames["kernels"].columns:
+        k = frames["kernels"].select("class", "collective").filter(pl.col("class") == "comm")["collective"]
+        traced |= {_COLL[c] for c in k.unique().to_list() if c in _COLL}
+    if frames.has("comms"):
+        traced |= {_COLL[c] for c in frames["comms"]["collective"].unique().to_list() if c in _COLL}
+    parts["trace"] = traced
+    ops = frames["collective_timeouts"]["op_type"].drop_nulls().str.to_uppercase().unique().to_list()
+    parts["watchdog reports"] = {_OP_TYPES[o] for o in ops if o in _OP_TYPES}
+    choices = {(_ALGO_NAMES.get(str(a).lower(), a), _PROTO_NAMES.get(str(p).lower(), p))
+               for a, p in tuning.select("algo", "proto").drop_nulls().iter_rows()
+               if str(p).lower() in _PROTO_NAMES}
+    ran = set().union(*parts.values())
+    named = ran - {_ANY}  # a named collective says more than an unnamed one (TUNING lines of 2.20-2.22 name none)
+    return Ran(frozenset(named or ran), tuple(k for k, v in parts.items() if v), frozenset(choices))
+
+
+def _named(collectives: tuple[str, ...] | frozenset[str]) -> str:
+    return ", ".join(sorted(collectives)).replace(_ANY, "collectives the logs do not name")
+
+
+@dataclass(frozen=True)
+class Forced:
+    """A forced choice as measured: the settings, the collectives that ran under them (those the forced
+    algorithms implement), NCCL's logged choices that the settings do not allow (the setting did not govern those
+    communicators), and what the cost model says it cost."""
+
+    settings: tuple[tuple[str, str], ...]
+    rows: pl.DataFrame  # the settings' lines
+    ran: Ran
+    under: tuple[str, ...]
+    outside: tuple[tuple[str, str], ...]
+    impact: _Impact
+    metrics: dict[str, Any]
+    ranks: tuple[int, ...]
+    hosts: tuple[str, ...]
+    gpus: tuple[str, ...]
+
+    @property
+    def cost_this_job(self) -> bool:
+        return bool(self.under) and not self.impact.harmless
+
+
+def _ran_under(settings: dict[str, str], ran: Ran) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """(collectives that ran under the settings, NCCL's logged choices outside them)."""
+    algos = _names(settings["NCCL_ALGO"], _ALGO_NAMES) if "NCCL_ALGO" in settings else None
+    protos = _names(settings["NCCL_PROTO"], _PROTO_NAMES) if "NCCL_PROTO" in settings else None
+    outside = tuple(sorted(c for c in ran.choices
+                           if (algos is not None and c[0] not in algos) or (protos is not None and c[1] not in protos)))
+    if ran.choices and len(outside) == len(ran.choices):
+        return (), outside  # every choice NCCL logged ignores the setting: it did not govern what ran
+    under = tuple(sorted(c for c in ran.collectives
+                         if algos is None or c not in nc.COLLECTIVES or any(nc.applicable(c, x) for x in algos)))
+    return under, outside
+
+
+def forced(a: _Algo) -> Forced | None:
+    """The user's forced choices and what ran under them; None when nothing is forced."""
+    rows = _forced_env(a.env)
+    if not rows.height:
+        return None
+    settings = {r["var"]: r["value"] for r in rows.sort("line").iter_rows(named=True)}
+    ran = what_ran(a.frames)
+    under, outside = _ran_under(settings, ran)
+    metrics: dict[str, Any] = dict(settings) | {"ran_under": ",".join(under) or None}
+    imp = _forced_impact(a, settings, metrics) if under else _Impact(detail="", confidence="medium")
+    return Forced(tuple(settings.items()), rows, ran, under, outside, imp, metrics, *where(rows, a.j.ident))
+
+
+def _not_ran_text(f: Forced) -> str:
+    if f.outside:
+        return ("NCCL's logged choices (" + ", ".join(f"{x}/{y}" for x, y in f.outside) + ") are not among those "
+                "it allows, so it did not govern the communicators that logged them")
+    if f.ran.collectives:
+        return (f"the collectives that ran ({_named(f.ran.collectives)}; {', '.join(f.ran.seen_in)}) are "
+                "not ones the forced algorithm implements")
+    return ("no collective is known to have run under it (the logs hold no COLL or TUNING line, nccl-tests row, "
+            "traced NCCL kernel or watchdog report of a collective), so it cost nothing the logs can show")
+
+
+def _forced_finding(f: Forced) -> Finding:
+    """The forced choice in words: a warning only when collectives ran under it and the model does not find it
+    harmless; information when none ran under it (said so) or the model predicts no loss."""
+    said = ", ".join(f"{k}={v}" for k, v in f.settings)
+    if not f.under:
+        return Finding(
+            "nccl_algorithm", Severity.INFO, "NCCL algorithm or protocol setting no logged collective ran under",
+            f"Set by the user: {said}; {_not_ran_text(f)}.", ALGORITHM_SETTING.remediation,
+            ranks=f.ranks, hosts=f.hosts, gpus=f.gpus, key="forced", kind=ALGORITHM_SETTING.name,
+            metrics=f.metrics, confidence="medium",
+            evidence=evidence(f.rows, ("host", "line", "var", "value", "origin")))
+    ran = f"collectives ran under it ({_named(f.under)}; {', '.join(f.ran.seen_in)})"
     # an override the model finds harmless at this job's sizes is reported, not warned about
-    return [Finding(
-        "nccl_algorithm", Severity.INFO if imp.harmless else Severity.WARNING,
+    return Finding(
+        "nccl_algorithm", Severity.WARNING if f.cost_this_job else Severity.INFO,
         "NCCL algorithm or protocol choice forced by environment",
-        "Set by the user: " + ", ".join(f"{k}={v}" for k, v in settings.items()) + f"; {imp.detail}.",
+        f"Set by the user: {said}; {ran}; {f.impact.detail}.",
         "Remove the override unless a benchmark on this cluster shows it is faster at the job's message "
         "sizes; NCCL's own choice is usually within a few percent of the best.",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="forced", kind=FORCED_ALGORITHM.name, metrics=metrics,
-        confidence=imp.confidence,
-        gpu_seconds_lost=imp.gpu_s, fraction_of_step=imp.frac,
-        evidence=evidence(forced, ("host", "line", "var", "value", "origin")),
-    )]
+        ranks=f.ranks, hosts=f.hosts, gpus=f.gpus, key="forced", kind=FORCED_ALGORITHM.name, metrics=f.metrics,
+        confidence=f.impact.confidence, gpu_seconds_lost=f.impact.gpu_s, fraction_of_step=f.impact.frac,
+        evidence=evidence(f.rows, ("host", "line", "var", "value", "origin")),
+    )
+
+
+def check_forced(a: _Algo) -> list[Finding]:
+    """1. User overrides of the algorithm, protocol or channels, judged on the collectives that ran under them."""
+    f = forced(a)
+    return [] if f is None else [_forced_finding(f)]
 
 
 def _gaps(a: _Algo) -> list[pl.DataFrame]:
@@ -328,73 +449,168 @@ def _gaps(a: _Algo) -> list[pl.DataFrame]:
     return gaps
 
 
-def check_model_gap(a: _Algo) -> list[Finding]:
-    """2. Measured time far above NCCL's own prediction."""
-    cfg, j, gaps = a.cfg, a.j, _gaps(a)
+@dataclass(frozen=True)
+class Gap:
+    """Measured time far above NCCL's prediction: the flagged sizes (worst first), where NCCL's choices were
+    logged, the threshold, the communicator size, and whether the hardware's cross-node bound is unknown."""
+
+    flagged: pl.DataFrame  # size_bytes, time_us, predicted_us, ratio, algo, proto, measured_by
+    threshold: float
+    nranks: int | None
+    where: tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]
+    unknown: str  # the sentence saying the cross-node expectation is unknown, or ""
+
+    @property
+    def predicted_busbw(self) -> float | None:
+        """The bus bandwidth NCCL's model assumed for the worst size as an AllReduce: 2(n-1)/n x bytes / time."""
+        top, n = self.flagged.row(0, named=True), self.nranks
+        return round(2 * (n - 1) / n * top["size_bytes"] / (top["predicted_us"] * 1e3), 1) if n else None
+
+
+def model_gap(a: _Algo) -> Gap | None:
+    cfg, gaps = a.cfg, _gaps(a)
     if not gaps:
-        return []
+        return None
     g = pl.concat(gaps).filter((pl.col("size_bytes") >= cfg.min_bytes_for_gap)
                                & (pl.col("ratio") >= cfg.min_measured_over_predicted)).sort("ratio", descending=True)
     if not g.height:
-        return []
-    top = g.row(0, named=True)
-    ranks, hosts, gpus = where(a.pred.select("host", "pid", "cuda_dev"), j.ident)
-    return [Finding(
+        return None
+    return Gap(g, cfg.min_measured_over_predicted, a.j.nranks, where(a.pred.select("host", "pid", "cuda_dev"),
+                                                                     a.j.ident), _busbw_unknown(a))
+
+
+def _gap_finding(g: Gap) -> Finding:
+    top = g.flagged.row(0, named=True)
+    ranks, hosts, gpus = g.where
+    return Finding(
         "nccl_algorithm", Severity.WARNING, "Collectives run far slower than NCCL's own prediction",
-        f"{g.height} measured size(s) take >= {cfg.min_measured_over_predicted:g}x NCCL's predicted time; "
+        f"{g.flagged.height} measured size(s) take >= {g.threshold:g}x NCCL's predicted time; "
         f"worst: {top['size_bytes']} B with {top['algo']}/{top['proto']} took {top['time_us']:.0f} us "
         f"vs {top['predicted_us']:.0f} us predicted ({top['ratio']:.1f}x, {top['measured_by']}). NCCL "
-        "assumed bandwidth the fabric did not deliver: suspect the transport, not the choice.",
+        "assumed bandwidth the fabric did not deliver: suspect the transport, not the choice." + g.unknown,
         "Check the nccl_transport findings, NIC/link health and PCIe placement on the slow path; run "
         "nccl-tests per node pair to find the slow link.",
         ranks=ranks, hosts=hosts, gpus=gpus, key="model_gap", kind=SLOW_COLLECTIVES.name, confidence="high",
         metrics={"worst_ratio": round(top["ratio"], 2), "worst_bytes": top["size_bytes"],
-                 "sizes_flagged": g.height,
-                 # the bus bandwidth NCCL's model assumed for that AllReduce: 2(n-1)/n x bytes / time
-                 "predicted_busbw_gbps": round(2 * (j.nranks - 1) / j.nranks * top["size_bytes"]
-                                               / (top["predicted_us"] * 1e3), 1) if j.nranks else None},
-        evidence=evidence(g, ("size_bytes", "algo", "proto", "time_us", "predicted_us", "ratio", "measured_by")),
-    )]
+                 "sizes_flagged": g.flagged.height, "predicted_busbw_gbps": g.predicted_busbw},
+        evidence=evidence(g.flagged, ("size_bytes", "algo", "proto", "time_us", "predicted_us", "ratio",
+                                      "measured_by")),
+    )
 
 
-def check_busbw_cliff(a: _Algo) -> list[Finding]:
-    """3. A bus-bandwidth cliff between adjacent nccl-tests sizes."""
+def check_model_gap(a: _Algo) -> list[Finding]:
+    """2. Measured time far above NCCL's own prediction."""
+    g = model_gap(a)
+    return [] if g is None else [_gap_finding(g)]
+
+
+@dataclass(frozen=True)
+class Cliff:
+    """A bus-bandwidth drop between adjacent nccl-tests sizes: the rows after a drop (first one first), the hosts
+    of the table, and whether the hardware's cross-node bound is unknown."""
+
+    rows: pl.DataFrame  # size_bytes, prev_size, prev_busbw, busbw_gbps, line
+    hosts: tuple[str, ...]
+    unknown: str
+
+
+def busbw_cliff(a: _Algo) -> Cliff | None:
     tests, cfg = a.tests, a.cfg
     if not tests.height:
-        return []
+        return None
     t = (tests.filter(pl.col("placement") == "out-of-place").sort("size_bytes")
          .with_columns(pl.col("busbw_gbps").shift(1).alias("prev_busbw"),
                        pl.col("size_bytes").shift(1).alias("prev_size")))
     cliff = t.filter((pl.col("size_bytes") >= cfg.min_bytes_for_gap) & (pl.col("busbw_gbps") > 0)
                      & (pl.col("prev_busbw") / pl.col("busbw_gbps") >= cfg.min_busbw_cliff))
     if not cliff.height:
-        return []
-    c = cliff.row(0, named=True)
-    return [Finding(
+        return None
+    return Cliff(cliff, tuple(sorted(set(tests["host"].drop_nulls().to_list()))), _busbw_unknown(a))
+
+
+def _cliff_finding(c: Cliff) -> Finding:
+    r = c.rows.row(0, named=True)
+    return Finding(
         "nccl_algorithm", Severity.WARNING, "Bus bandwidth collapses above a message size",
-        f"nccl-tests busbw falls from {c['prev_busbw']:.2f} GB/s at {c['prev_size']} B to "
-        f"{c['busbw_gbps']:.2f} GB/s at {c['size_bytes']} B: a switch of algorithm/protocol or of "
-        "path onto a degraded link.",
+        f"nccl-tests busbw falls from {r['prev_busbw']:.2f} GB/s at {r['prev_size']} B to "
+        f"{r['busbw_gbps']:.2f} GB/s at {r['size_bytes']} B: a switch of algorithm/protocol or of "
+        "path onto a degraded link." + c.unknown,
         "Re-run with NCCL_DEBUG_SUBSYS=TUNING to see the choice at both sizes, and test each "
         "algorithm with NCCL_ALGO to locate the broken path.",
-        key="busbw_cliff", kind=SLOW_COLLECTIVES.name, confidence="medium",
-        hosts=tuple(sorted(set(tests["host"].drop_nulls().to_list()))),
-        metrics={"from_gbps": c["prev_busbw"], "to_gbps": c["busbw_gbps"], "at_bytes": c["size_bytes"]},
-        evidence=evidence(cliff, ("size_bytes", "prev_busbw", "busbw_gbps", "line")),
-    )]
+        key="busbw_cliff", kind=SLOW_COLLECTIVES.name, confidence="medium", hosts=c.hosts,
+        metrics={"from_gbps": r["prev_busbw"], "to_gbps": r["busbw_gbps"], "at_bytes": r["size_bytes"]},
+        evidence=evidence(c.rows, ("size_bytes", "prev_busbw", "busbw_gbps", "line")),
+    )
 
 
-def _expected_busbw(a: _Algo) -> tuple[float, str] | None:
-    """(GB/s, where the figure comes from) for this job, or None when nothing says what the hardware allows."""
-    if a.cfg.expected_busbw_gbps > 0:
-        return a.cfg.expected_busbw_gbps, "set by the user (nccl_algorithm.expected_busbw_gbps)"
+def check_busbw_cliff(a: _Algo) -> list[Finding]:
+    """3. A bus-bandwidth cliff between adjacent nccl-tests sizes."""
+    c = busbw_cliff(a)
+    return [] if c is None else [_cliff_finding(c)]
+
+
+def _table_busbw(a: _Algo) -> tuple[float, str] | None:
+    """The EXPECTED_BUSBW row every GPU of the job matches (an NVSwitch node of one model), or None."""
     names = list(a.j.archs)
-    if not (a.j.single_node and names):
-        return None
-    for rx, gbps, src in EXPECTED_BUSBW:
+    for rx, gbps, src in EXPECTED_BUSBW if names else ():
         if all(re.search(rx, n) for n in names):
             return gbps, src
     return None
+
+
+def _nic_busbw(a: _Algo) -> tuple[float, str] | None:
+    """What the NICs allow across nodes: per host, the sum of the bandwidths NCCL's topology print gives the NET
+    devices (``+ NET[bw] - NET/i``, GB/s) that its logged NET channels use (every listed one on a host whose
+    channels are not logged); the slowest host bounds the job. None when no topology print gives a NIC's speed."""
+    ev = a.frames["nccl_events"]
+    nets = ev.filter((pl.col("kind") == "topo_link") & pl.col("message").str.starts_with("NET NET/")).select(
+        "host", pl.col("peer").str.extract(r"([0-9A-Fa-f]+)$").str.to_integer(base=16, strict=False).alias("nic"),
+        pl.col("value").alias("gbps")).drop_nulls(["nic", "gbps"]).unique(["host", "nic"], keep="first")
+    if not nets.height:
+        return None
+    ch = a.frames["nccl_channels"]
+    used = ch.filter(pl.col("transport") == "NET").select("host", "nic").drop_nulls().unique()
+    logged = used.select("host").unique()
+    kept = pl.concat([nets.join(used, on=["host", "nic"], how="semi", nulls_equal=True),
+                      nets.join(logged, on="host", how="anti", nulls_equal=True)])
+    per_host = kept.group_by("host").agg(pl.col("gbps").sum(), pl.len().alias("nics")).sort("gbps", "host")
+    if not per_host.height:
+        return None
+    low = per_host.row(0, named=True)
+    return float(low["gbps"]), (f"{low['nics']} NIC(s) of {low['host'] or 'a host'} at {low['gbps']:g} GB/s in all "
+                                "(NCCL's topology print): a ring crosses each node once per channel, so a node's "
+                                "NICs bound cross-node busbw (NVIDIA/nccl#1368, NVIDIA/nccl-tests#352)")
+
+
+def _expected_busbw(a: _Algo) -> tuple[float, str] | None:
+    """(GB/s, where the figure comes from) for this job, or None when nothing says what the hardware allows: the
+    user's figure; on one node the EXPECTED_BUSBW row of its GPUs; across nodes what the NICs allow (the lower of
+    that and the GPUs' row), and no figure at all when the logs do not give the NICs' speed."""
+    if a.cfg.expected_busbw_gbps > 0:
+        return a.cfg.expected_busbw_gbps, "set by the user (nccl_algorithm.expected_busbw_gbps)"
+    table = _table_busbw(a)
+    if a.j.single_node:
+        return table
+    if not _across_nodes(a):
+        return None
+    nic = _nic_busbw(a)
+    return None if nic is None else min(x for x in (nic, table) if x is not None)
+
+
+def _across_nodes(a: _Algo) -> bool:
+    """Whether the job's traffic crosses nodes: several nodes, or NET channels in a job not proven single-node (an
+    excerpt of rank 0's log that shows one host)."""
+    net = a.frames["nccl_channels"].filter(pl.col("transport") == "NET").height > 0
+    return a.j.multi_node or (net and not a.j.single_node)
+
+
+def _busbw_unknown(a: _Algo) -> str:
+    """A sentence for the bandwidth findings of a multi-node job whose NIC speed the logs do not give."""
+    if not _across_nodes(a) or a.cfg.expected_busbw_gbps > 0 or _nic_busbw(a) is not None:
+        return ""
+    return (" What the hardware allows across nodes is unknown: the logs do not give the NICs' speed (NCCL prints "
+            "it in its topology with NCCL_DEBUG_SUBSYS=INIT,GRAPH), so the bus bandwidth is not judged against it; "
+            "give nccl_algorithm.expected_busbw_gbps to judge it.")
 
 
 def _measured_busbw(a: _Algo) -> pl.DataFrame:
@@ -419,55 +635,91 @@ def _measured_busbw(a: _Algo) -> pl.DataFrame:
     return pl.concat(rows, how="vertical_relaxed")
 
 
-def _caps(a: _Algo) -> dict[str, str]:
-    """The user's settings that reduce channels or bandwidth (the last value of each)."""
+def _caps(a: _Algo, built: int | None) -> dict[str, str]:
+    """The user's settings that reduce channels or bandwidth (the last value of each); a channel maximum counts only
+    where it binds (at or below the channels NCCL built, or those are not logged)."""
     env = {r["var"]: r["value"] for r in a.env.filter(pl.col("origin") != "plugin").sort("line").iter_rows(named=True)}
-    return {k: v for k, v in env.items() if k in CHANNEL_CAPS and CHANNEL_CAPS[k](str(v).strip('"'))}
+    caps = {k: v for k, v in env.items() if k in CHANNEL_CAPS and CHANNEL_CAPS[k](str(v).strip('"'))}
+    return {k: v for k, v in caps.items()
+            if not (k in ("NCCL_MAX_NCHANNELS", "NCCL_MAX_CTAS") and built is not None and str(v).strip('"').isdigit()
+                    and int(str(v).strip('"')) > built)}
 
 
 def _channels(a: _Algo) -> tuple[int | None, int | None]:
-    """(collective channels NCCL built, channels its topology search found) from the init lines."""
+    """(collective channels NCCL built, channels its ring search found: the `Pattern 4` GRAPH line) from the init
+    lines; tree, NVLS and CollNet searches (other patterns) do not bound the ring's channels."""
     ev = a.frames["nccl_events"]
     built = ev.filter(pl.col("kind") == "channels")["value"].drop_nulls()
     if not built.len():  # older logs: the ring listing `Channel 00/02 : 0 1` says how many
         built = ev.filter(pl.col("kind") == "ring_order")["value"].drop_nulls()
-    found = ev.filter(pl.col("kind") == "graph_pattern")["code"].drop_nulls()
+    found = ev.filter((pl.col("kind") == "graph_pattern")
+                      & pl.col("message").str.starts_with("Pattern 4,"))["code"].drop_nulls()
     return (int(cast(float, built.max())) if built.len() else None,
             int(cast(float, found.max())) if found.len() else None)
 
 
-def check_busbw_peak(a: _Algo) -> list[Finding]:
-    """3b. Measured bus bandwidth (nccl-tests, traces) against what the GPUs and links allow."""
+@dataclass(frozen=True)
+class Busbw:
+    """Measured bus bandwidth against what the GPUs and links allow: the large messages measured, their peak, the
+    expected figure and its source, the channels NCCL built and found, and the user's settings that cap them."""
+
+    measured: pl.DataFrame  # size_bytes, busbw_gbps, line, measured_by
+    peak: float
+    expected: float
+    source: str
+    built: int | None
+    found: int | None
+    caps: dict[str, str]
+    min_bytes: int
+    env_rows: pl.DataFrame  # the caps' lines
+
+    @property
+    def fraction(self) -> float:
+        return self.peak / self.expected
+
+
+def busbw(a: _Algo) -> Busbw | None:
+    """The peak bus bandwidth measured on large messages against the expected figure; None when either is unknown."""
     exp = _expected_busbw(a)
     m = _measured_busbw(a) if exp else pl.DataFrame()
     if exp is None or m.height == 0:
-        return []
-    expected, source = exp
-    peak = float(cast(float, m["busbw_gbps"].max()))
-    if not peak < a.cfg.min_busbw_fraction * expected:
-        return []
-    caps = _caps(a)
+        return None
     built, found = _channels(a)
-    said = [f"Peak bus bandwidth {peak:.1f} GB/s over messages of {a.cfg.min_busbw_bytes >> 20} MiB and more "
-            f"({', '.join(sorted(set(m['measured_by'].to_list())))}) is {peak / expected:.0%} of the "
-            f"{expected:g} GB/s these GPUs reach ({source})"]
-    if built is not None:
-        said.append(f"NCCL built {built} collective channel(s)" + (f" where its topology search found {found}"
-                                                                 if found and found > built else ""))
-    if caps:
-        said.append("likely cause, set by the user: " + ", ".join(f"{k}={v}" for k, v in caps.items()))
-    return [Finding(
+    caps = _caps(a, built)
+    return Busbw(m, float(cast(float, m["busbw_gbps"].max())), exp[0], exp[1], built, found, caps,
+                 a.cfg.min_busbw_bytes, a.env.filter(pl.col("var").is_in(list(caps))))
+
+
+def _busbw_finding(b: Busbw) -> Finding:
+    """Bus bandwidth below the expected figure, in words: the channels and the settings named as likely cause."""
+    said = [f"Peak bus bandwidth {b.peak:.1f} GB/s over messages of {b.min_bytes >> 20} MiB and more "
+            f"({', '.join(sorted(set(b.measured['measured_by'].to_list())))}) is {b.fraction:.0%} of the "
+            f"{b.expected:g} GB/s this hardware allows ({b.source})"]
+    if b.built is not None:
+        said.append(f"NCCL built {b.built} collective channel(s)" + (f" where its ring search found {b.found}"
+                                                                     if b.found and b.found > b.built else ""))
+    if b.caps:
+        said.append("likely cause, set by the user: " + ", ".join(f"{k}={v}" for k, v in b.caps.items()))
+    return Finding(
         "nccl_algorithm", Severity.WARNING, "Measured bus bandwidth below half of what the hardware allows",
         "; ".join(said) + ".",
-        ("Unset " + ", ".join(caps) + " and measure again; " if caps else "")
+        ("Unset " + ", ".join(b.caps) + " and measure again; " if b.caps else "")
         + "check the transport findings, the NVLink/NIC count and speed per GPU, PCIe generation/width and NUMA "
           "placement.",
-        key="busbw_peak", kind=SLOW_COLLECTIVES.name, confidence="high" if caps else "medium",
-        metrics={"peak_busbw_gbps": round(peak, 2), "expected_busbw_gbps": expected, "expected_source": source,
-                 "coll_channels": built, "caps": ",".join(f"{k}={v}" for k, v in caps.items()) or None},
-        evidence=evidence(m.sort("busbw_gbps", descending=True), ("size_bytes", "busbw_gbps", "measured_by", "line"), 3)
-        + evidence(a.env.filter(pl.col("var").is_in(list(caps))), ("host", "line", "var", "value")),
-    )]
+        key="busbw_peak", kind=SLOW_COLLECTIVES.name, confidence="high" if b.caps else "medium",
+        metrics={"peak_busbw_gbps": round(b.peak, 2), "expected_busbw_gbps": b.expected, "expected_source": b.source,
+                 "coll_channels": b.built, "ring_channels_found": b.found,
+                 "caps": ",".join(f"{k}={v}" for k, v in b.caps.items()) or None},
+        evidence=evidence(b.measured.sort("busbw_gbps", descending=True), ("size_bytes", "busbw_gbps", "measured_by",
+                                                                           "line"), 3)
+        + evidence(b.env_rows, ("host", "line", "var", "value")),
+    )
+
+
+def check_busbw_peak(a: _Algo) -> list[Finding]:
+    """3b. Measured bus bandwidth (nccl-tests, traces) against what the GPUs and links allow."""
+    b = busbw(a)
+    return [_busbw_finding(b)] if b is not None and b.fraction < a.cfg.min_busbw_fraction else []
 
 
 def check_wrong_results(a: _Algo) -> list[Finding]:
@@ -522,6 +774,11 @@ SLOW_COLLECTIVES = FindingKind(
 WRONG_RESULTS = FindingKind(
     "wrong_results", "nccl-tests validation failed: a collective returned wrong results", Role.FAULT,
     "Drain the hosts involved and run hardware diagnostics before any training.", stage=4)
+ALGORITHM_SETTING = FindingKind(
+    "algorithm_setting", "an NCCL algorithm, protocol or channel setting in the environment that no logged "
+    "collective ran under", Role.CONFIG,
+    "Unset it unless a benchmark on this cluster shows it helps; it did not shape the collectives of this run.",
+    stage=4)
 MIXED_GPUS = FindingKind(
     "mixed_gpus", "GPUs of different generations in one job", Role.CONFIG,
     "Schedule the job on one GPU generation.", stage=4)
@@ -540,8 +797,10 @@ DOC = DetectorDoc(
         "TUNING per-op predictions, and traced NCCL kernels (transfer time = the minimum duration across "
         "ranks of one matched collective) against the same predictions. (3) A bus-bandwidth cliff between "
         "adjacent nccl-tests sizes, and measured bus bandwidth (nccl-tests rows, traced collectives) below half "
-        "of what the GPUs allow (the cited EXPECTED_BUSBW table for one node, or the user's figure), with the "
-        "channels NCCL built and the environment settings that cap them (NCCL_TOPO_FILE, NCCL_P2P_LEVEL, "
+        "of what the hardware allows (one node: the cited EXPECTED_BUSBW table by GPU model; across nodes: the sum of "
+        "the speeds NCCL's topology print gives the NICs a node's NET channels use, the slowest node, and no figure "
+        "when the logs do not give them; or the user's figure), with the channels NCCL built against those its "
+        "ring search found and the environment settings that cap them (NCCL_TOPO_FILE, NCCL_P2P_LEVEL, "
         "NCCL_P2P_DISABLE, NCCL_MIN/MAX_NCHANNELS, NCCL_NCHANNELS_PER_NET_PEER, NCCL_BUFFSIZE, ...) named. (4) "
         "nccl-tests validation failures (wrong results), the typical outcome "
         "of forcing LL128 where it is unsupported. (5) Mixed GPU generations in one job (LL128 off, "
@@ -555,8 +814,14 @@ DOC = DetectorDoc(
     measures=(
         "nccl_env (ENV echo and NCCL_* assignments on command lines in the log), nccl_calls (TUNING choices "
         "with predicted µs, COLL sizes), nccl_tests, and the cost model in forensics.facts.nccl_cost (argmin "
-        "of latency + bytes/bandwidth over Ring/Tree/NVLS/NVLSTree/PAT x LL/LL128/Simple). An algorithm is "
-        "never inferred from a kernel name: trace kernels are only matched to sizes NCCL logged a choice for."
+        "of latency + bytes/bandwidth over Ring/Tree/NVLS/NVLSTree/PAT x LL/LL128/Simple). Judged on what ran: a "
+        "forced setting is a warning only when collectives ran under it (COLL or TUNING lines, nccl-tests rows, "
+        "traced NCCL collectives or ops the PyTorch watchdog reports, of a collective the forced algorithm "
+        "implements) and NCCL's logged choices (TUNING per-op lines) do not all ignore it; otherwise it is "
+        "information (kind algorithm_setting) that says no collective ran under it. An algorithm is never "
+        "inferred from a kernel name (NCCL's maintainers: a kernel named ..._RING_LL can run any algorithm and "
+        "protocol): a traced kernel only shows that its collective ran, and trace kernels are matched to "
+        "predictions only at sizes NCCL logged a choice for."
     ),
     todo=(
         "Remove NCCL_ALGO / NCCL_PROTO / channel caps unless a benchmark on this cluster proves them; for a "
@@ -570,7 +835,7 @@ DOC = DetectorDoc(
     "nccl_algorithm", doc=DOC,
     settings=NcclAlgorithmConfig,
     requires_any=("nccl_env", "nccl_calls", "nccl_tuning", "nccl_tests", "nccl_comms"),
-    kinds=(FORCED_ALGORITHM, SLOW_COLLECTIVES, WRONG_RESULTS, MIXED_GPUS),
+    kinds=(FORCED_ALGORITHM, ALGORITHM_SETTING, SLOW_COLLECTIVES, WRONG_RESULTS, MIXED_GPUS),
     view="nccl-config",
 )
 def detect(ctx: JobContext, cfg: NcclAlgorithmConfig) -> list[Finding]:

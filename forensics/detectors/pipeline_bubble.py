@@ -5,6 +5,7 @@ Its documentation (what it detects, why it matters, how it measures, what to do)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import polars as pl
@@ -282,128 +283,148 @@ def detect(ctx: JobContext, cfg: PipelineBubbleConfig) -> list[Finding]:
     pl_ = _pipeline(ctx, cfg)
     if pl_.m <= 0:
         if pl_.sigma >= cfg.imbalance:
-            return in_profile(ctx, [_imbalance(pl_)])
+            return in_profile(ctx, [_finding(_imbalance(pl_))])
         raise Skip("cannot tell the number of micro-batches (no PP send/recv kernels in steps, or several transfers "
                    "per kernel in an interleaved schedule); set pipeline_bubble.microbatches")
-    findings: list[Finding] = []
+    bubbles: list[_Bubble] = []
     if pl_.sigma >= cfg.imbalance:
-        findings.append(_imbalance(pl_))
+        bubbles.append(_imbalance(pl_))
     else:
-        findings += _excess(pl_, cfg)
+        bubbles += _excess(pl_, cfg)
     measured = _num(pl_.table["f_b"].mean())
     if pl_.f_star - measured > max(cfg.excess_floor, cfg.theory_tolerance * pl_.f_star):
-        findings.append(_uncertain(pl_, measured))
+        bubbles.append(_uncertain(pl_, measured))
     elif pl_.f_star >= cfg.structural:
-        findings.append(_structural(pl_, cfg))
-    return in_profile(ctx, findings)
+        bubbles.append(_structural(pl_, cfg))
+    return in_profile(ctx, [_finding(b) for b in bubbles])
 
 
-def _uncertain(pp: _Pipeline, measured: float) -> Finding:
+@dataclass(frozen=True)
+class _Bubble:
+    """One measured claim about the pipeline (``claim``: imbalance, excess, structural, or uncertain: only the
+    measured bubble), with the share of the step it is about, the stages and ranks it names and what it costs."""
+
+    claim: str
+    pp: _Pipeline
+    severity: Severity
+    share: float  # uncertain: the measured bubble; excess: the worst stage's f_B; structural: the theory
+    stages: tuple[int, ...]  # the stages it names (imbalance: the slow one; excess: those above the limit)
+    ranks: tuple[int, ...]
+    lost_ns: float  # GPU time lost over the ranks and steps
+    fraction: float | None  # share of the step it costs
+    key: str
+    confidence: str
+    extra: dict  # metrics beyond the schedule's (pp.common)
+    saving_ns: float = 0.0  # imbalance: what balancing would save per step
+
+
+def _uncertain(pp: _Pipeline, measured: float) -> _Bubble:
     """The schedule's theory claims far more bubble than the trace shows: report what was measured only."""
-    return Finding(
-        detector="pipeline_bubble",
-        kind=PIPELINE.name,
-        severity=Severity.INFO,
-        title=f"Pipeline bubble measured at {measured:.0%} of the step; the schedule inference is uncertain",
-        summary=(
-            f"The stages spend {measured:.1%} of the step without compute (mean over stages), while p={pp.p}, "
-            f"m={pp.m} ({pp.m_src}), v={pp.v} would give {pp.f_star:.1%}. The trace does not support that "
-            "schedule (e.g. batched send/recv or interleaving read as fewer micro-batches), so the schedule "
-            "inference is uncertain and only the measured bubble is reported."
-        ),
-        remediation=_REMEDY_UNCERTAIN,
-        ranks=(),
-        metrics={**pp.common, "schedule_uncertain": True},
-        evidence=pp.evidence,
-        gpu_seconds_lost=gpu_seconds(measured * pp.step_ns * pp.n_ranks * pp.n_steps),
-        fraction_of_step=round(measured, 4),
-        key="measured",
-        confidence="low",
-    )
+    return _Bubble("uncertain", pp, Severity.INFO, measured, (), (),
+                   lost_ns=measured * pp.step_ns * pp.n_ranks * pp.n_steps, fraction=measured, key="measured",
+                   confidence="low", extra={"schedule_uncertain": True})
 
 
-def _imbalance(pp: _Pipeline) -> Finding:
+def _imbalance(pp: _Pipeline) -> _Bubble:
     """The slowest stage sets the pace: every other stage waits its extra compute per micro-batch."""
-    worst, p, m, v, f_star = pp.worst, pp.p, pp.m, pp.v, pp.f_star
+    worst, p, m = pp.worst, pp.p, pp.m
     # with m unknown, (m+p-1)/m >= 1: the stage's extra compute per step is a lower bound of the saving
     delta = (worst["compute_ns"] - pp.mean_c) * ((m + p - 1) / m if m > 0 else 1.0)
-    theory_text = (f"vs {f_star:.1%} in theory for p={p}, m={m}, v={v}" if m > 0 else
-                   f"p={p}; the number of micro-batches could not be told, so no theory is compared")
-    return Finding(
-        detector="pipeline_bubble",
-        kind=PIPELINE.name,
-        severity=Severity.WARNING,
-        title=f"Pipeline stage {worst['pp_stage']} is {pp.sigma:.0%} slower than the mean stage",
-        summary=(
-            f"Stage {worst['pp_stage']} (rank(s) {rank_list(int(r) for r in worst['ranks'])}) computes "
-            f"{ms(worst['compute_ns'])} ms per step against a stage mean of "
-            f"{ms(pp.mean_c)} ms; every other stage waits for it (measured bubble {pp.common['f_B_measured']:.1%} of "
-            f"the step {theory_text}). Balancing would save {'about' if m > 0 else 'at least'} "
-            f"{ms(delta)} ms per step."
-        ),
-        remediation=_REMEDY_IMB,
-        ranks=tuple(int(r) for r in worst["ranks"]),
-        metrics={**pp.common, "slow_stage": int(worst["pp_stage"]), "saving_per_step_ms": ms(delta)},
-        evidence=pp.evidence,
-        gpu_seconds_lost=gpu_seconds(delta * pp.n_ranks * pp.n_steps),
-        fraction_of_step=round(delta / pp.step_ns, 4) if pp.step_ns else None,
-        key=f"imbalance-stage{worst['pp_stage']}",
-        confidence="high",
-    )
+    return _Bubble("imbalance", pp, Severity.WARNING, pp.sigma, (int(worst["pp_stage"]),),
+                   tuple(int(r) for r in worst["ranks"]), lost_ns=delta * pp.n_ranks * pp.n_steps,
+                   fraction=delta / pp.step_ns if pp.step_ns else None, key=f"imbalance-stage{worst['pp_stage']}",
+                   confidence="high", extra={"slow_stage": int(worst["pp_stage"]), "saving_per_step_ms": ms(delta)},
+                   saving_ns=delta)
 
 
-def _excess(pp: _Pipeline, cfg: PipelineBubbleConfig) -> list[Finding]:
+def _excess(pp: _Pipeline, cfg: PipelineBubbleConfig) -> list[_Bubble]:
     """Balanced stages that still idle well beyond the schedule's theoretical bubble."""
-    f_star = pp.f_star
-    limit = max(cfg.excess_floor, cfg.excess_ratio * f_star)
+    limit = max(cfg.excess_floor, cfg.excess_ratio * pp.f_star)
     bad = pp.table.filter(pl.col("f_b") >= limit)
     if bad.height == 0:
         return []
-    excess = _num((bad["f_b"] - f_star).max())
-    ranks = tuple(sorted(int(r) for rs in bad["ranks"].to_list() for r in rs))
-    return [Finding(
-        detector="pipeline_bubble",
-        kind=PIPELINE.name,
-        severity=Severity.WARNING,
-        title=f"Pipeline bubble {_num(bad['f_b'].max()):.0%} of the step, theory {f_star:.0%}",
-        summary=(
-            f"Stage(s) {', '.join(str(x) for x in bad['pp_stage'].to_list())} spend "
-            f"{_num(bad['f_b'].max()):.1%} of the step without compute (waiting on pipeline peers or idle), "
-            f"against {f_star:.1%} expected for p={pp.p}, m={pp.m} ({pp.m_src}), v={pp.v}; stages are balanced "
-            f"(imbalance {pp.sigma:.1%}), so look for a straggler or slow P2P link."
-        ),
-        remediation=_REMEDY_EXCESS,
-        ranks=ranks,
-        metrics=pp.common,
-        evidence=pp.evidence,
-        gpu_seconds_lost=gpu_seconds(excess * pp.step_ns * pp.n_ranks * pp.n_steps),
-        fraction_of_step=round(excess, 4),
-        key="excess",
-        confidence="medium",
-    )]
+    excess = _num((bad["f_b"] - pp.f_star).max())
+    return [_Bubble("excess", pp, Severity.WARNING, _num(bad["f_b"].max()), tuple(bad["pp_stage"].to_list()),
+                    tuple(sorted(int(r) for rs in bad["ranks"].to_list() for r in rs)),
+                    lost_ns=excess * pp.step_ns * pp.n_ranks * pp.n_steps, fraction=excess, key="excess",
+                    confidence="medium", extra={})]
 
 
-def _structural(pp: _Pipeline, cfg: PipelineBubbleConfig) -> Finding:
+def _structural(pp: _Pipeline, cfg: PipelineBubbleConfig) -> _Bubble:
     """The configuration itself (few micro-batches for the stages) wastes a large share of every step."""
     f_star = pp.f_star
+    return _Bubble("structural", pp, Severity.WARNING if f_star >= cfg.structural_warning else Severity.INFO, f_star,
+                   (), (), lost_ns=f_star * pp.step_ns * pp.n_ranks * pp.n_steps, fraction=f_star, key="structural",
+                   confidence="medium" if cfg.microbatches else "low", extra={})
+
+
+def _finding(b: _Bubble) -> Finding:
+    """A measured pipeline claim in words, with its typed facts."""
+    title, summary = _TEXT[b.claim](b)
     return Finding(
         detector="pipeline_bubble",
         kind=PIPELINE.name,
-        severity=Severity.WARNING if f_star >= cfg.structural_warning else Severity.INFO,
-        title=f"Pipeline schedule wastes {f_star:.0%} of each step by construction (p={pp.p}, m={pp.m}, v={pp.v})",
-        summary=(
-            f"With {pp.p} stages and {pp.m} micro-batches ({pp.m_src}) the {cfg.schedule} bubble is (p-1)/(v*m+p-1) = "
-            f"{f_star:.1%} of the step on every stage (measured {pp.common['f_B_measured']:.1%})."
-        ),
-        remediation=_REMEDY_STRUCT,
-        ranks=(),
-        metrics=pp.common,
-        evidence=pp.evidence,
-        gpu_seconds_lost=gpu_seconds(f_star * pp.step_ns * pp.n_ranks * pp.n_steps),
-        fraction_of_step=round(f_star, 4),
-        key="structural",
-        confidence="medium" if cfg.microbatches else "low",
+        severity=b.severity,
+        title=title,
+        summary=summary,
+        remediation=_REMEDY[b.claim],
+        ranks=b.ranks,
+        metrics={**b.pp.common, **b.extra},
+        evidence=b.pp.evidence,
+        gpu_seconds_lost=gpu_seconds(b.lost_ns),
+        fraction_of_step=None if b.fraction is None else round(b.fraction, 4),
+        key=b.key,
+        confidence=b.confidence,
     )
+
+
+def _uncertain_text(b: _Bubble) -> tuple[str, str]:
+    pp = b.pp
+    return (f"Pipeline bubble measured at {b.share:.0%} of the step; the schedule inference is uncertain", (
+        f"The stages spend {b.share:.1%} of the step without compute (mean over stages), while p={pp.p}, "
+        f"m={pp.m} ({pp.m_src}), v={pp.v} would give {pp.f_star:.1%}. The trace does not support that "
+        "schedule (e.g. batched send/recv or interleaving read as fewer micro-batches), so the schedule "
+        "inference is uncertain and only the measured bubble is reported."
+    ))
+
+
+def _imbalance_text(b: _Bubble) -> tuple[str, str]:
+    pp = b.pp
+    worst, p, m, v, f_star = pp.worst, pp.p, pp.m, pp.v, pp.f_star
+    (stage,) = b.stages
+    theory_text = (f"vs {f_star:.1%} in theory for p={p}, m={m}, v={v}" if m > 0 else
+                   f"p={p}; the number of micro-batches could not be told, so no theory is compared")
+    return (f"Pipeline stage {stage} is {b.share:.0%} slower than the mean stage", (
+        f"Stage {stage} (rank(s) {rank_list(b.ranks)}) computes "
+        f"{ms(worst['compute_ns'])} ms per step against a stage mean of "
+        f"{ms(pp.mean_c)} ms; every other stage waits for it (measured bubble {pp.common['f_B_measured']:.1%} of "
+        f"the step {theory_text}). Balancing would save {'about' if m > 0 else 'at least'} "
+        f"{ms(b.saving_ns)} ms per step."
+    ))
+
+
+def _excess_text(b: _Bubble) -> tuple[str, str]:
+    pp = b.pp
+    return (f"Pipeline bubble {b.share:.0%} of the step, theory {pp.f_star:.0%}", (
+        f"Stage(s) {', '.join(str(x) for x in b.stages)} spend "
+        f"{b.share:.1%} of the step without compute (waiting on pipeline peers or idle), "
+        f"against {pp.f_star:.1%} expected for p={pp.p}, m={pp.m} ({pp.m_src}), v={pp.v}; stages are balanced "
+        f"(imbalance {pp.sigma:.1%}), so look for a straggler or slow P2P link."
+    ))
+
+
+def _structural_text(b: _Bubble) -> tuple[str, str]:
+    pp = b.pp
+    return (f"Pipeline schedule wastes {b.share:.0%} of each step by construction (p={pp.p}, m={pp.m}, v={pp.v})", (
+        f"With {pp.p} stages and {pp.m} micro-batches ({pp.m_src}) the {pp.common['schedule']} bubble is "
+        f"(p-1)/(v*m+p-1) = {b.share:.1%} of the step on every stage (measured {pp.common['f_B_measured']:.1%})."
+    ))
+
+
+_TEXT: dict[str, Callable[[_Bubble], tuple[str, str]]] = {
+    "uncertain": _uncertain_text, "imbalance": _imbalance_text, "excess": _excess_text,
+    "structural": _structural_text,
+}
 
 
 _REMEDY_IMB = (
@@ -422,3 +443,5 @@ _REMEDY_STRUCT = (
     "Raise the number of micro-batches (m >= 4p keeps the 1F1B bubble under ~20%), use interleaving "
     "(--num-layers-per-virtual-pipeline-stage) or a zero-bubble schedule."
 )
+_REMEDY = {"imbalance": _REMEDY_IMB, "excess": _REMEDY_EXCESS, "uncertain": _REMEDY_UNCERTAIN,
+           "structural": _REMEDY_STRUCT}

@@ -6,6 +6,7 @@ Its documentation (what it detects, why it matters, how it measures, what to do)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import polars as pl
 
@@ -253,62 +254,74 @@ def detect(ctx: JobContext, cfg: SlowLinkConfig) -> list[Finding]:
     slow = judged.filter(pl.col("slow"))
     if slow.height == 0:
         return []
-    suspect = _localise(judged, members, rank_nics(ctx), cfg)
+    return in_profile(ctx, [_finding(_measure(ctx, judged, members, per_op, cfg), cfg)])
+
+
+@dataclass(frozen=True)
+class _SlowLinks:
+    """The slow communicators against the normal ones, the suspect common to them (None when there is none)
+    and what their extra transfer costs."""
+
+    slow_groups: int
+    normal_groups: int
+    max_ratio: float  # the slowest communicator's transfer over its reference
+    saving_ns: float  # extra transfer per step
+    frac: float  # ... as a share of the median step
+    gpu_ns: float  # extra transfer over all members
+    evidence: tuple[dict, ...]
+    suspect: _Suspect | None
+
+
+def _measure(ctx: JobContext, judged: pl.DataFrame, members: pl.DataFrame, per_op: pl.DataFrame,
+             cfg: SlowLinkConfig) -> _SlowLinks:
+    """The judged communicators' slow ones, their common suspect and their extra transfer."""
+    slow = judged.filter(pl.col("slow"))
     gpu_ns, wall, _ = _impact(ctx, per_op, slow["pg_key"].to_list())
     step = _step_ns(ctx)
-    frac = wall / step if step else 0.0
-    metrics = {"slow_groups": slow.height, "normal_groups": judged.height - slow.height,
-               "max_transfer_ratio": round(float(slow["ratio"].max()), 3),  # type: ignore[arg-type]
-               "saving_per_step_ms": ms(wall)}
-    common = dict(evidence=_evidence(slow, members), gpu_seconds_lost=gpu_seconds(gpu_ns),
-                  fraction_of_step=round(frac, 4))
-    if suspect is None:
-        return in_profile(ctx, [_unlocalised(slow, metrics, common)])
-    return in_profile(ctx, [_localised(suspect, slow, judged.height - slow.height, frac, cfg, metrics, common)])
+    return _SlowLinks(
+        slow_groups=slow.height, normal_groups=judged.height - slow.height,
+        max_ratio=float(slow["ratio"].max()), saving_ns=wall, frac=wall / step if step else 0.0,  # type: ignore[arg-type]
+        gpu_ns=gpu_ns, evidence=_evidence(slow, members), suspect=_localise(judged, members, rank_nics(ctx), cfg),
+    )
 
 
-def _localised(s: _Suspect, slow: pl.DataFrame, n_normal: int, frac: float, cfg: SlowLinkConfig,
-               metrics: dict, common: dict) -> Finding:
-    where = f"NIC {', '.join(s.nics)} on host {s.host}" if s.nics else f"host {s.host}"
-    who = f"rank(s) {', '.join(map(str, s.ranks))}" if s.rank_level else f"{len(s.ranks)} rank(s)"
-    ratio = float(slow["ratio"].max())  # type: ignore[arg-type]
+def _finding(m: _SlowLinks, cfg: SlowLinkConfig) -> Finding:
+    """The measured slow communicators in words, with their typed facts: localised to a host, or not."""
+    metrics = {"slow_groups": m.slow_groups, "normal_groups": m.normal_groups,
+               "max_transfer_ratio": round(m.max_ratio, 3), "saving_per_step_ms": ms(m.saving_ns)}
+    common: dict[str, Any] = dict(kind=SLOW_LINK.name, evidence=m.evidence, gpu_seconds_lost=gpu_seconds(m.gpu_ns),
+                                  fraction_of_step=round(m.frac, 4))
+    s = m.suspect
+    if s is None:
+        title, summary = _unlocalised_words(m)
+        return Finding("slow_link", Severity.INFO, title, summary, _REMEDY_UNLOCALISED,
+                       metrics={**metrics, "level": "none"}, key="unlocalised", confidence="low", **common)
+    title, summary = _localised_words(m, s)
     return Finding(
-        detector="slow_link",
-        kind=SLOW_LINK.name,
-        severity=Severity.CRITICAL if frac >= cfg.critical_impact else Severity.WARNING,
-        title=f"Slow network on {where}: every slow communicator goes through it",
-        summary=(
-            f"{slow.height} communicator(s) move data up to {ratio:.2f}x slower than comparable ones; {where} "
-            f"({who}) is the one host in all of them, and in {s.normal_through} of the {n_normal} normal ones. "
-            f"The other hosts of the slow communicators are only their partners. Extra transfer time: about "
-            f"{frac:.1%} of the step."
-        ),
-        remediation=_REMEDY,
-        ranks=s.ranks,
-        hosts=(s.host,),
+        "slow_link", Severity.CRITICAL if m.frac >= cfg.critical_impact else Severity.WARNING, title, summary,
+        _REMEDY, ranks=s.ranks, hosts=(s.host,),
         metrics={**metrics, "nic": ",".join(s.nics) or None, "level": "rank" if s.rank_level else "host",
                  "normal_through_suspect": s.normal_through},
-        key="link",
-        confidence="medium",
-        **common,
+        key="link", confidence="medium", **common,
     )
 
 
-def _unlocalised(slow: pl.DataFrame, metrics: dict, common: dict) -> Finding:
-    ratio = float(slow["ratio"].max())  # type: ignore[arg-type]
-    return Finding(
-        detector="slow_link",
-        kind=SLOW_LINK.name,
-        severity=Severity.INFO,
-        title=f"{slow.height} slow communicator(s) with no host in common",
-        summary=(
-            f"{slow.height} communicator(s) move data up to {ratio:.2f}x slower than comparable ones, but no single "
-            "host is in all of them (or the communicators through it are not consistently slow): the cause cannot "
-            "be localised from group membership, and no host is blamed."
-        ),
-        remediation=_REMEDY_UNLOCALISED,
-        metrics={**metrics, "level": "none"},
-        key="unlocalised",
-        confidence="low",
-        **common,
-    )
+def _localised_words(m: _SlowLinks, s: _Suspect) -> tuple[str, str]:
+    """(title, summary) naming the host (and NIC) common to every slow communicator."""
+    where = f"NIC {', '.join(s.nics)} on host {s.host}" if s.nics else f"host {s.host}"
+    who = f"rank(s) {', '.join(map(str, s.ranks))}" if s.rank_level else f"{len(s.ranks)} rank(s)"
+    return (f"Slow network on {where}: every slow communicator goes through it", (
+        f"{m.slow_groups} communicator(s) move data up to {m.max_ratio:.2f}x slower than comparable ones; {where} "
+        f"({who}) is the one host in all of them, and in {s.normal_through} of the {m.normal_groups} normal ones. "
+        f"The other hosts of the slow communicators are only their partners. Extra transfer time: about "
+        f"{m.frac:.1%} of the step."
+    ))
+
+
+def _unlocalised_words(m: _SlowLinks) -> tuple[str, str]:
+    """(title, summary) of slow communicators that share no host."""
+    return (f"{m.slow_groups} slow communicator(s) with no host in common", (
+        f"{m.slow_groups} communicator(s) move data up to {m.max_ratio:.2f}x slower than comparable ones, but no "
+        "single host is in all of them (or the communicators through it are not consistently slow): the cause "
+        "cannot be localised from group membership, and no host is blamed."
+    ))

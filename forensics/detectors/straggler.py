@@ -285,8 +285,8 @@ def detect(ctx: JobContext, cfg: StragglerConfig) -> list[Finding]:
         cov=coverage(ctx),
         gpu_of=gpus_of(ctx, classes),
     )
-    findings = [_rank_finding(h, c, rs, sc, job, cfg) for h, c, rs in _by_node(classes, job.host_of)]
-    extra = _stages(s, cfg, job.step_med)
+    findings = [_rank_finding(_measure(c, rs, sc, job, cfg)) for _, c, rs in _by_node(classes, job.host_of)]
+    extra = _stages(s, cfg)
     # Confidence from the evidence (forensics.base.confidence): never above what the ranks and steps support.
     return in_profile(ctx, findings + [replace(f, confidence=at_most(f.confidence, job.cov.confidence()))
                                        for f in extra])
@@ -315,8 +315,37 @@ def _rank_evidence(rs: list[int], c: str, sc: _Scores, vic: pl.DataFrame, host_o
     return evidence
 
 
-def _rank_finding(h: str | None, c: str, rs: list[int], sc: _Scores, job: _Job, cfg: StragglerConfig) -> Finding:
-    """One straggler finding for the culprit ranks ``rs`` of class ``c`` (a node when there are several)."""
+@dataclass(frozen=True)
+class _Straggler:
+    """One measured straggler: the culprit ranks ``ranks`` of class ``cls`` (a node's when there are several),
+    the first culprit's scores against its peers, whom they made wait and what removing them would save."""
+
+    cls: str
+    ranks: tuple[int, ...]
+    host: str | None
+    severity: Severity
+    compute_ns: float | None  # the first culprit's median compute per step ...
+    peer_compute_ns: float | None  # ... its peers' median ...
+    host_excess_ns: float | None  # ... and its host-bound idle above its peers
+    rho: float
+    z: float
+    last_share: float
+    p_value: float
+    arrived_last: int  # collectives the culprits arrived last at
+    saving_ns: float  # per step
+    frac: float  # the saving's share of the median step
+    gpu_ns: float  # GPU time lost by the others
+    victims: tuple[int, ...]  # most waiting first
+    evidence: tuple[dict, ...]
+    job: _Job
+
+    @property
+    def node(self) -> bool:
+        return len(self.ranks) >= 2
+
+
+def _measure(c: str, rs: list[int], sc: _Scores, job: _Job, cfg: StragglerConfig) -> _Straggler:
+    """The culprit ranks ``rs`` of class ``c``: their scores, victims and saving."""
     comp_d, host_d, arr_d = _rows(sc.comp), _rows(sc.host), _rows(sc.arrivals)
     gpu_ns, wall_ns, vic = _impact(sc.mk, rs)
     wall_ns /= max(1, job.n_steps)
@@ -326,44 +355,71 @@ def _rank_finding(h: str | None, c: str, rs: list[int], sc: _Scores, job: _Job, 
               for r in rs]
         wall_ns = max(ex)
     frac = wall_ns / job.step_med if job.step_med else 0.0
-    sev = Severity.CRITICAL if frac >= cfg.critical_impact else Severity.WARNING if frac >= cfg.min_impact else Severity.INFO  # noqa: E501
-    node = len(rs) >= 2
-    h = job.host_of.get(rs[0])
-    label = {"compute": "slow GPU compute", "host": "host-bound (GPU starved by the CPU)",
-             "late_arrival": "arrives last at collectives (cause not classified)"}[c]
-    who = f"node {h} (ranks {', '.join(map(str, rs))})" if node else f"rank {rs[0]}"
     r0 = rs[0]
+    return _Straggler(
+        cls=c, ranks=tuple(rs), host=job.host_of.get(r0), severity=_severity(frac, cfg),
+        compute_ns=comp_d.get(r0, {}).get("med"), peer_compute_ns=comp_d.get(r0, {}).get("peer_med"),
+        host_excess_ns=host_d.get(r0, {}).get("host_excess"),
+        rho=float(comp_d.get(r0, {}).get("rho") or float("nan")), z=float(comp_d.get(r0, {}).get("z") or 0.0),
+        last_share=float(arr_d.get(r0, {}).get("last_share") or 0.0),
+        p_value=float(arr_d.get(r0, {}).get("p_value") or 1.0),
+        arrived_last=sum(int(arr_d.get(r, {}).get("n_last") or 0) for r in rs), saving_ns=wall_ns, frac=frac,
+        gpu_ns=gpu_ns if gpu_ns else wall_ns * job.n_steps * job.n_ranks,
+        victims=tuple(int(r) for r in vic["rank"].to_list()),
+        evidence=tuple(_rank_evidence(rs, c, sc, vic, job.host_of, job.gpu_of)), job=job,
+    )
+
+
+def _severity(frac: float, cfg: StragglerConfig) -> Severity:
+    """By the share of the step that removing the straggler would save."""
+    if frac >= cfg.critical_impact:
+        return Severity.CRITICAL
+    return Severity.WARNING if frac >= cfg.min_impact else Severity.INFO
+
+
+_LABEL = {"compute": "slow GPU compute", "host": "host-bound (GPU starved by the CPU)",
+          "late_arrival": "arrives last at collectives (cause not classified)"}
+
+
+def _words(s: _Straggler) -> tuple[str, str, str]:
+    """(title, summary, remediation) of a measured straggler."""
+    who = f"node {s.host} (ranks {', '.join(map(str, s.ranks))})" if s.node else f"rank {s.ranks[0]}"
+    summary = (
+        f"{who} made {len(s.victims)} other rank(s) wait: arrived last at {s.arrived_last} collective(s); "
+        f"compute {ms(s.compute_ns)} ms vs peers {ms(s.peer_compute_ns)} ms "
+        f"per step, host-bound idle {ms(s.host_excess_ns)} ms above peers. "
+        f"Removing it would save about {s.frac:.1%} of the step.{s.job.cov.sentence()}"
+    )
+    return f"Straggler {who}: {_LABEL[s.cls]}", summary, _REMEDY[s.cls]
+
+
+def _rank_finding(s: _Straggler) -> Finding:
+    """One straggler finding for the culprit ranks of one class (a node when there are several)."""
+    job = s.job
+    title, summary, remediation = _words(s)
     return Finding(
         detector="straggler",
-        severity=sev,
-        title=f"Straggler {who}: {label}",
-        summary=(
-            f"{who} made {vic.height} other rank(s) wait: arrived last at "
-            f"{sum(int(arr_d.get(r, {}).get('n_last') or 0) for r in rs)} collective(s); "
-            f"compute {ms(comp_d.get(r0, {}).get('med'))} ms vs peers {ms(comp_d.get(r0, {}).get('peer_med'))} ms "
-            f"per step, host-bound idle {ms(host_d.get(r0, {}).get('host_excess'))} ms above peers. "
-            f"Removing it would save about {frac:.1%} of the step.{job.cov.sentence()}"
-        ),
-        remediation=_REMEDY[c],
-        ranks=tuple(rs),
-        hosts=(h,) if h else (),
-        gpus=tuple(sorted({job.gpu_of[r] for r in rs if r in job.gpu_of})),
+        severity=s.severity,
+        title=title,
+        summary=summary,
+        remediation=remediation,
+        ranks=s.ranks,
+        hosts=(s.host,) if s.host else (),
+        gpus=tuple(sorted({job.gpu_of[r] for r in s.ranks if r in job.gpu_of})),
         metrics={
-            "class": c, "ranks_implicated": len(rs), "node": node,
-            "rho_median": round(float(comp_d.get(r0, {}).get("rho") or float("nan")), 4),
-            "compute_z": float(comp_d.get(r0, {}).get("z") or 0.0),
-            "last_arrival_share": round(float(arr_d.get(r0, {}).get("last_share") or 0.0), 4),
-            "last_arrival_p_value": float(arr_d.get(r0, {}).get("p_value") or 1.0),
-            "saving_per_step_ms": ms(wall_ns), "victims": vic.height, "steps": job.n_steps,
+            "class": s.cls, "ranks_implicated": len(s.ranks), "node": s.node,
+            "rho_median": round(s.rho, 4), "compute_z": s.z,
+            "last_arrival_share": round(s.last_share, 4), "last_arrival_p_value": s.p_value,
+            "saving_per_step_ms": ms(s.saving_ns), "victims": len(s.victims), "steps": job.n_steps,
             **job.cov.metrics(),
         },
-        evidence=tuple(_rank_evidence(rs, c, sc, vic, job.host_of, job.gpu_of)),
-        gpu_seconds_lost=gpu_seconds(gpu_ns) if gpu_ns else gpu_seconds(wall_ns * job.n_steps * job.n_ranks),
-        fraction_of_step=round(frac, 4),
-        key=c,
+        evidence=s.evidence,
+        gpu_seconds_lost=gpu_seconds(s.gpu_ns),
+        fraction_of_step=round(s.frac, 4),
+        key=s.cls,
         # A late arrival without its cause classified is weak evidence; any class weakens with missing ranks.
-        confidence=at_most(job.cov.confidence(), "high" if c in ("compute", "host") else "low"),
-        kind=SLOW_RANK.name, waited_for=tuple(rs), victims=tuple(int(r) for r in vic["rank"].to_list()),
+        confidence=at_most(job.cov.confidence(), "high" if s.cls in ("compute", "host") else "low"),
+        kind=SLOW_RANK.name, waited_for=s.ranks, victims=s.victims,
     )
 
 
@@ -410,33 +466,63 @@ _REMEDY = {
 }
 
 
-def _stages(s: pl.DataFrame, cfg: StragglerConfig, step_med: float) -> list[Finding]:
+@dataclass(frozen=True)
+class _Stage:
+    """The pipeline stage that computes most, against the mean of stages."""
+
+    stage: int
+    ranks: tuple[int, ...]
+    compute_ns: float  # its median compute per step
+    mean_ns: float  # the stages' mean of that
+    sigma: float  # compute_ns / mean_ns - 1
+    evidence: tuple[dict, ...]
+
+
+def _stages(s: pl.DataFrame, cfg: StragglerConfig) -> list[Finding]:
+    st = _slow_stage(s, cfg)
+    return [] if st is None else [_stage_finding(st)]
+
+
+def _slow_stage(s: pl.DataFrame, cfg: StragglerConfig) -> _Stage | None:
+    """The stage computing at least ``stage_imbalance`` above the mean of stages; None without one."""
     if s["pp_stage"].null_count() == s.height or s["pp_stage"].n_unique() < 2:
-        return []
+        return None
     st = s.group_by("pp_stage").agg(pl.col("compute_ns").median().alias("c"),
                                     pl.col("rank").unique().sort().alias("ranks"))
     mean_c = _num(st["c"].mean())
     worst = st.sort("c", descending=True).row(0, named=True)
     sigma = worst["c"] / mean_c - 1 if mean_c else 0.0
     if sigma < cfg.stage_imbalance:
-        return []
-    return [Finding(
+        return None
+    return _Stage(stage=worst["pp_stage"], ranks=tuple(int(r) for r in worst["ranks"]), compute_ns=worst["c"],
+                  mean_ns=mean_c, sigma=sigma,
+                  evidence=tuple({"stage": int(a), "compute_ms": ms(b)} for a, b,
+                                 _ in st.sort("pp_stage").head(EVIDENCE_CAP).iter_rows()))
+
+
+def _stage_words(st: _Stage) -> tuple[str, str]:
+    """(title, summary) of a slow pipeline stage."""
+    return (f"Straggler: pipeline stage {st.stage} computes {st.sigma:.0%} more than the mean stage", (
+        f"Stage {st.stage} (ranks {', '.join(map(str, st.ranks[:16]))}) spends "
+        f"{ms(st.compute_ns)} ms per step in compute against a stage mean of {ms(st.mean_ns)} ms; the pipeline runs "
+        "at its pace. Its cost is the other stages' wait for it (pipeline bubble), not counted here."
+    ))
+
+
+def _stage_finding(st: _Stage) -> Finding:
+    title, summary = _stage_words(st)
+    return Finding(
         detector="straggler",
         severity=Severity.WARNING,
-        title=f"Straggler: pipeline stage {worst['pp_stage']} computes {sigma:.0%} more than the mean stage",
-        summary=(
-            f"Stage {worst['pp_stage']} (ranks {', '.join(map(str, worst['ranks'][:16]))}) spends "
-            f"{ms(worst['c'])} ms per step in compute against a stage mean of {ms(mean_c)} ms; the pipeline runs at "
-            "its pace. Its cost is the other stages' wait for it (pipeline bubble), not counted here."
-        ),
+        title=title,
+        summary=summary,
         remediation=_REMEDY["stage"],
-        ranks=tuple(int(r) for r in worst["ranks"]),
-        metrics={"class": "stage", "stage": int(worst["pp_stage"]), "stage_imbalance": round(sigma, 4)},
-        evidence=tuple({"stage": int(a), "compute_ms": ms(b)} for a, b,
-                       _ in st.sort("pp_stage").head(EVIDENCE_CAP).iter_rows()),
+        ranks=st.ranks,
+        metrics={"class": "stage", "stage": int(st.stage), "stage_imbalance": round(st.sigma, 4)},
+        evidence=st.evidence,
         gpu_seconds_lost=None,
         fraction_of_step=None,
-        key=f"stage{worst['pp_stage']}",
+        key=f"stage{st.stage}",
         confidence="medium",
         kind=SLOW_RANK.name,
-    )]
+    )

@@ -25,9 +25,6 @@ compute kernels shorter than :data:`LAUNCH_GAP_NS` (launch overhead: a recv spin
 across them does not make them pipeline waits); ``busy_wait_ns`` (only non-PP NCCL kernels waiting: the GPU
 looks busy but does nothing). ``u_sm_ns``: kernel time weighted by the share of SMs the kernel's
 blocks can occupy (``min(1, blocks / SMs)``).
-
-:func:`comm_model` turns the breakdown into the two-term step model's measured parameters:
-τcomp = |C|, τcomm = |M_tx| per PG type, η_overlap = |M_tx ∩ C| / min(τcomm, τcomp), γ = τcomm / τcomp.
 """
 
 from __future__ import annotations
@@ -252,29 +249,6 @@ def _bucket_aggs() -> list[pl.Expr]:
             L.filter(_has(TX[g]) & _has(COMPUTE)).sum().alias(f"overlap_{g}_ns"),
         ]
     return aggs
-
-
-def comm_model(steps: pl.DataFrame) -> pl.DataFrame:
-    """Per rank and PG type (with traffic): τcomp, τcomm (transfer), η_overlap and γ, over all steps."""
-    parts = []
-    for g in PG_TYPES:
-        parts.append(
-            steps.group_by("rank").agg(
-                pl.lit(g).alias("pg_type"),
-                pl.col("step").n_unique().alias("steps"),
-                pl.col("step_ns").sum(),
-                pl.col("compute_ns").sum().alias("tau_comp_ns"),
-                pl.col(f"tx_{g}_ns").sum().alias("tau_comm_ns"),
-                pl.col(f"wait_{g}_ns").sum().alias("wait_ns"),
-                pl.col(f"overlap_{g}_ns").sum().alias("overlap_ns"),
-                pl.col(f"exposed_{g}_ns").sum().alias("exposed_ns"),
-            )
-        )
-    m = pl.concat(parts).filter(pl.col("tau_comm_ns") > 0)
-    return m.with_columns(
-        (pl.col("overlap_ns") / pl.min_horizontal("tau_comm_ns", "tau_comp_ns")).alias("eta_overlap"),
-        (pl.col("tau_comm_ns") / pl.col("tau_comp_ns")).alias("gamma"),
-    ).sort("rank", "pg_type")
 
 
 def kernel_exposure(frames: JobFrames, match: CollectiveMatch) -> pl.DataFrame:

@@ -153,17 +153,11 @@ def attach_steps(frames: JobFrames, kernels: pl.DataFrame, launches: pl.DataFram
     return pl.concat([timed, untimed], how="vertical").sort("_kord").drop("_kord", "_t_step")
 
 
-def comm_kernels(frames: JobFrames, launches: pl.DataFrame | None = None) -> pl.DataFrame:
-    """NCCL/RCCL kernels with step, PG key, PG type and launch time attached."""
-    k, lists = _comm_kernels(frames, launches)
-    return k.join(lists, on="_pgid", how="left", maintain_order="left").drop("_pgid")
-
-
 def _comm_kernels(frames: JobFrames, launches: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """:func:`comm_kernels` without the rank lists, plus ``_pgid``, a dense integer id of ``pg_key`` to group
-    and join by; and the rank list of each ``_pgid`` (``_pgid``, ``pg_ranks``). A rank list per kernel row
-    is the square of the ranks (1 GB at 4,096 ranks), copied by every filter, join and sort of the rows;
-    the rows carry its id (``pg_id``; with the group's name it tells one group from another) and
+    """NCCL/RCCL kernels with step, PG key, PG type and launch time attached, and ``_pgid``, a dense integer id of
+    ``pg_key`` to group and join by; and the rank list of each ``_pgid`` (``_pgid``, ``pg_ranks``). A rank list
+    per kernel row is the square of the ranks (1 GB at 4,096 ranks), copied by every filter, join and sort of the
+    rows; the rows carry its id (``pg_id``; with the group's name it tells one group from another) and
     ``process_groups`` the lists."""
     pgs = frames["process_groups"]
     members = fr.pg_members(pgs)

@@ -78,24 +78,3 @@ def sm_active_in_windows(frames: JobFrames, windows: pl.DataFrame, metric: str =
         )
     )
     return w.sort("_w").drop("_w", "t_first", "t_last", "_a", "_b", "_Fa", "_Fb")
-
-
-def sm_active_fraction(
-    frames: JobFrames, start_ns: int | None = None, end_ns: int | None = None, metric: str = "sm_active"
-) -> pl.DataFrame:
-    """Per GPU (rank, host, source, device): time-weighted mean ``metric`` fraction (0..1) over
-    [start_ns, end_ns) (default: everything sampled), with ``covered_ns`` and ``samples``.
-    Empty when the job has no such counter."""
-    schema = {"rank": pl.Int32(), "host": pl.String(), "source": pl.String(), "device": pl.Int32(),
-              metric: pl.Float64(), "covered_ns": pl.Int64(), "samples": pl.UInt32()}
-    if not has_metric(frames, metric):
-        return pl.DataFrame(schema=schema)
-    gm = frames["gpu_metrics"].filter(pl.col(metric).is_not_null())
-    lo = start_ns if start_ns is not None else gm["timestamp_ns"].min()
-    hi = end_ns if end_ns is not None else gm["timestamp_ns"].max()
-    gpus = gm.group_by("rank", "host", "source", "device").agg(
-        pl.col("timestamp_ns").is_between(lo, hi).sum().alias("samples")
-    ).with_columns(pl.lit(lo, pl.Int64()).alias("start_ns"), pl.lit(hi, pl.Int64()).alias("end_ns"))
-    res = sm_active_in_windows(frames, gpus, metric)
-    return res.rename({f"{metric}_covered_ns": "covered_ns"}).select(list(schema)).sort("rank", "source", "device",
-                                                                                        nulls_last=True)

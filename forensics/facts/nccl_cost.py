@@ -112,7 +112,7 @@ def enabled(c: Comm, coll: str, algo: str, proto: str) -> bool:
         return False
     if proto == "LL128" and not c.ll128:
         return False
-    if not _applicable(coll, algo):
+    if not applicable(coll, algo):
         return False
     if algo == "PAT" and (c.era == "2.22" or c.ppn != 1 or c.nnodes < 2):
         return False
@@ -121,8 +121,9 @@ def enabled(c: Comm, coll: str, algo: str, proto: str) -> bool:
     return True
 
 
-def _applicable(coll: str, algo: str) -> bool:
-    """Which algorithms implement which collective."""
+def applicable(coll: str, algo: str) -> bool:
+    """Whether NCCL implements ``coll`` with ``algo`` (Broadcast/Reduce: Ring only; AllGather/ReduceScatter: Ring,
+    PAT, NVLS; AllReduce: all but PAT)."""
     if coll in ("Broadcast", "Reduce"):
         return algo == "Ring"
     if coll in ("AllGather", "ReduceScatter"):

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 import polars as pl
-from forensics.parsers.common import LongLines, ParseContext, ParseResult, open_bounded, read_capped
+from forensics.parsers.bounded_read import LongLines, open_bounded, read_capped
 from forensics.parsers.kernel_log.messages import classify, column_values
 from forensics.parsers.kernel_log.prefixes import (
     CONTINUATION,
@@ -23,6 +23,7 @@ from forensics.parsers.kernel_log.prefixes import (
     Rec,
     peel,
 )
+from forensics.parsers.result import ParseContext, ParseResult
 from forensics.parsers.timestamps import MONTHS, epoch_ns
 
 from forensics.base import frames as fr

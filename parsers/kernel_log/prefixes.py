@@ -295,7 +295,6 @@ _PEELER_STARTS: tuple[tuple[_Peeler, str], ...] = (
     (_peel_bare_kernel, r"[\sk]"), (_peel_fm, r"\["), (_peel_ctime, r"\["), (_peel_human_abs, r"\["),
     (_peel_human_rel, r"\["), (_peel_mono, r"\["),
 )
-_PEELERS: tuple[_Peeler, ...] = tuple(p for p, _ in _PEELER_STARTS)
 
 
 @functools.cache

@@ -21,8 +21,9 @@ import re
 from pathlib import Path
 
 import polars as pl
-from forensics.parsers.common import LongLines, ParseContext, ParseResult, open_bounded, read_lines
+from forensics.parsers.bounded_read import LongLines, open_bounded, read_lines
 from forensics.parsers.lastwords.scan import MAX_ROWS, Scanner
+from forensics.parsers.result import ParseContext, ParseResult
 
 from forensics.base import frames as fr
 

@@ -44,9 +44,6 @@ _CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = (
                        r"NaN or Inf found|nan detected", re.IGNORECASE)),
     ("fatal_signal", re.compile(r"^Fatal Python error: ")),
 )
-NCCL_RAISED = frozenset({"nccl_remote", "nccl_system", "nccl_internal", "nccl_cuda", "nccl_usage", "dist_error"})
-CUDA_CLASSES = frozenset({"cuda_oom", "cuda_context_oom", "illegal_address", "device_assert", "launch_failure",
-                          "ecc", "cuda_unknown", "cuda_error"})
 
 
 _DIST = re.compile(r"Dist(?:Backend|Network|Store)Error")

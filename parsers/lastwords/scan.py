@@ -45,8 +45,6 @@ _WATCHDOG = re.compile(r"watchdog thread terminated with exception|Watchdog caug
 _FILE_RANK = re.compile(r"(?:^|[^a-z0-9])rank[-_]?(\d+)(?=\.|/|$)", re.IGNORECASE)
 # torchrun's per-worker files: <log_dir>/<run>/attempt_<n>/<local_rank>/{stdout,stderr}.log
 _TORCHRUN_FILE = re.compile(r"attempt_\d+/(\d+)/(?:stdout|stderr)\.log$")
-COLUMNS_EVENT = ("event", "cls", "exc_type", "message", "detail", "user_frame", "innermost", "frames", "traceback",
-                 "exit_code", "signal", "first_observed", "role", "job", "tasks", "repeats")
 
 
 class Scanner:

@@ -11,14 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from forensics.parsers.common import (
-    DecompressionLimitExceeded,
-    LongLines,
-    ParseContext,
-    ParseResult,
-    open_bounded,
-    read_lines,
-)
+from forensics.parsers.bounded_read import DecompressionLimitExceeded, LongLines, open_bounded, read_lines
 from forensics.parsers.nccl_log.envelope import (
     COLL_NAMES,
     ENVELOPE,
@@ -35,6 +28,7 @@ from forensics.parsers.nccl_log.nccl_tests import CMD_ENV, NT_PERF, nccl_tests_l
 from forensics.parsers.nccl_log.pytorch import PT_ANY, PT_DESYNC, pytorch_line
 from forensics.parsers.nccl_log.ras import NCCL_MATRIX, RAS_VERSION, ras_line
 from forensics.parsers.nccl_log.rows import Acc, note_version
+from forensics.parsers.result import ParseContext, ParseResult
 
 from forensics.base import frames as fr
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from forensics.parsers.common import ParseContext
 from forensics.parsers.nccl_log import parse
+from forensics.parsers.result import ParseContext
 
 from forensics.base.frames import JobFrames
 

@@ -90,3 +90,80 @@ def test_docs_cite_every_expected_figure():
     doc = (ROOT / "docs" / "nccl.md").read_text()
     for _, gbps, src in EXPECTED_BUSBW:
         assert f"{gbps:g} GB/s" in doc and src.split("(")[-1].rstrip(")").split(",")[0] in doc, src
+
+
+# two nodes of 8 H100 (nccl-tests device list over node1 and node2); each node prints its topology with
+# NCCL_DEBUG_SUBSYS=GRAPH: four 200 Gb/s NICs (`+ NET[25.0] - NET/i`, the link format of topo.cc's ncclTopoPrint as
+# research/nccl.md A.2.4 quotes it; the lines around it are written for this test, not a capture)
+def _two_nodes(nics: int = 4, channels: str = "") -> str:
+    head = HEADER.split("#  Rank")[0]
+    devices = "".join(f"#  Rank {r:>2} Group  0 Pid {4349 + r // 8:>6} on {'node' + str(1 + r // 8):>10} device  "
+                      f"{r % 8} [0x{0x18 + r % 8:02x}] NVIDIA H100 80GB HBM3\n" for r in range(16))
+    topo = ""
+    for n, pid in (("node1", 4349), ("node2", 4350)):
+        topo += f"{n}:{pid}:{pid + 11} [0] NCCL INFO === System : maxBw 25.0 totalBw 160.0 ===\n"
+        for i in range(nics):
+            topo += (f"{n}:{pid}:{pid + 11} [0] NCCL INFO + PCI[24.0] - NIC/{i + 1}000\n"
+                     f"{n}:{pid}:{pid + 11} [0] NCCL INFO               + NET[25.0] - NET/{i} (0/0/25.000000)\n")
+    table = HEADER[HEADER.index("#\n#      "):]
+    return head + devices + topo + channels + table
+
+
+def test_across_nodes_the_nics_speed_in_the_topology_gives_the_expected_busbw(tmp_path):
+    # four 25 GB/s NICs per node: 100 GB/s is what a node's NICs allow; 40 GB/s is below half of it
+    (tmp_path / "low").mkdir()
+    (f,) = _algo(tmp_path / "low", _two_nodes() + _rows(40.0))
+    assert f.metrics["expected_busbw_gbps"] == 100.0 and f.metrics["expected_source"].startswith("4 NIC(s)")
+    assert "nccl#1368" in f.metrics["expected_source"]
+    (tmp_path / "ok").mkdir()
+    assert _algo(tmp_path / "ok", _two_nodes() + _rows(80.0)) == []
+
+
+def test_across_nodes_only_the_nics_the_net_channels_use_count(tmp_path):
+    # the NET channels of both nodes use NIC 0 only: 25 GB/s is what they allow, and 20 GB/s is not below half
+    used = "".join(f"{n}:{pid}:{pid + 11} [0] NCCL INFO Channel 00/0 : {a}[0] -> {b}[0] [send] via NET/IB/0/GDRDMA\n"
+                   for n, pid, a, b in (("node1", 4349, 7, 8), ("node2", 4350, 15, 0)))
+    assert _algo(tmp_path, _two_nodes(channels=used) + _rows(20.0)) == []
+
+
+def test_across_nodes_without_the_nics_speed_the_expectation_is_unknown(tmp_path):
+    # no topology print: no figure is guessed, not even with a GPU model the single-node table knows
+    assert _algo(tmp_path, _two_nodes(nics=0) + _rows(5.0)) == []
+
+
+def test_real_multi_node_cliff_says_the_expectation_is_unknown_shared_11(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    p = shared_path("nccl_logs", "11_v2.22.3_h100_3node_24rank_tuning_lines_busbw_collapse_above_32MB.log")
+    shutil.copy(p, run / p.name)
+    found = {f.key: f for f in analyze(run, workers=1).findings if f.detector == "nccl_algorithm"}
+    for key in ("busbw_cliff", "model_gap"):
+        assert "across nodes is unknown: the logs do not give the NICs' speed" in found[key].summary
+
+
+def test_channels_are_compared_with_the_ring_search_not_nvls(tmp_path):
+    # the NVLS search found 16 channels, the ring search 2: 2 built is what the ring search allowed
+    graph = ("node1:4349:4360 [0] NCCL INFO Pattern 4, crossNic 0, nChannels 2, bw 20.000000/20.000000, type NVL/PIX, "
+             "sameChannels 1\n"
+             "node1:4349:4360 [0] NCCL INFO Pattern 5, crossNic 0, nChannels 16, bw 20.000000/20.000000, type NVL/PIX, "
+             "sameChannels 1\n")
+    (f,) = _algo(tmp_path, HEADER.replace("#\n#      ", graph + "#\n#      ", 1) + _rows(61.0))
+    assert f.metrics["ring_channels_found"] == 2 and "search found" not in f.summary
+
+
+def test_a_channel_maximum_above_the_channels_built_is_not_named_as_cause(tmp_path):
+    text = HEADER.replace("NCCL_TOPO_FILE set by environment to /etc/topo/one-nvlink.xml",
+                          "NCCL_MAX_NCHANNELS set by environment to 32.")
+    (tmp_path / "a").mkdir()
+    (f,) = _algo(tmp_path / "a", text + _rows(61.0))
+    assert f.metrics["caps"] is None and "NCCL_MAX_NCHANNELS" not in f.summary
+    (tmp_path / "b").mkdir()
+    (g,) = _algo(tmp_path / "b", text.replace("to 32.", "to 2.") + _rows(61.0))
+    assert g.metrics["caps"] == "NCCL_MAX_NCHANNELS=2"
+
+
+def test_legacy_p2p_level_4_is_the_widest_and_caps_nothing(tmp_path):
+    text = HEADER.replace("NCCL_TOPO_FILE set by environment to /etc/topo/one-nvlink.xml",
+                          "NCCL_P2P_LEVEL set by environment to 4")
+    (f,) = _algo(tmp_path, text + _rows(61.0))
+    assert f.metrics["caps"] is None

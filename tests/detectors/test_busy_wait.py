@@ -7,6 +7,8 @@ import re
 import pytest
 
 from forensics.base.frames import JobFrames
+from forensics.detectors.busy_wait import _Blame, _BusyWait, _words
+from forensics.facts.coverage import Coverage
 from tests.detectors.partial_inputs import only_ranks, simulate_with_traces_of
 from tests.frame_builders import MS, dp_job
 
@@ -150,3 +152,26 @@ def test_the_culprit_without_a_trace_is_not_blamed_and_not_critical(run_detector
     assert f.ranks == () and f.severity.value == "warning" and f.confidence == "medium"
     assert f.metrics["waited_for_without_data"] == "2" and f.metrics["ranks_without_data"] == "2"
     assert _culprits_in_text(f) == set()
+
+
+def _busy(blame, **kw):
+    base = dict(victims=(0, 1, 2), u_any=0.95, u_compute=0.5, u_sm=0.55, w=0.3, sm_source="blocks_estimate",
+                wait_ns=3e8, blame=blame, cov=Coverage(expected=(0, 1, 2, 3), with_data=(0, 1, 2, 3), steps=4),
+                sized=True, transfer_basis=" BASIS.")
+    return _BusyWait(**{**base, **kw})
+
+
+def test_words_are_read_from_the_record_alone():
+    late = _Blame(culprits=[3], share=0.8, never=False, absent=[], absent_share=0.0, rows=[])
+    title, summary, remedy = _words(_busy(late), min_share=0.2)
+    assert title == "GPU utilization inflated by NCCL busy-waiting on 3 rank(s)"
+    assert summary.startswith("Rank(s) 0-2 look 95% busy (what nvidia-smi shows), but compute runs only 50% of the "
+                              "step (SM-weighted estimate 55%); 30% of the step is NCCL kernels spinning while waiting,"
+                              " mostly for rank(s) 3 (80% of the wait), which arrived last")
+    assert "rank(s) 3 arrive late" in remedy
+    assert " BASIS." not in summary  # sizes known: nothing to say about how transfer was estimated
+    # No culprit holds min_share of the wait, U_SM from both sources, sizes unknown.
+    spread = _Blame(culprits=[], share=0.0, never=False, absent=[], absent_share=0.1, rows=[])
+    _, summary, remedy = _words(_busy(spread, sm_source="mixed", sized=False), min_share=0.2)
+    assert "(SM Active or estimate 55%)" in summary and "none of which accounts for 20% of it" in summary
+    assert " BASIS." in summary and "none of them dominates" in remedy and "mostly for" not in summary

@@ -6,7 +6,10 @@ import statistics
 
 import pytest
 
+from forensics.base.findings import Severity
 from forensics.base.frames import JobFrames
+from forensics.detectors.exposed_comm import _LONE, _Exposure, _words
+from forensics.facts.coverage import Coverage
 from tests.frame_builders import MS, dp_job
 
 
@@ -64,3 +67,28 @@ def test_a_lone_rank_is_never_critical_and_names_the_ranks_without_data(run_dete
     assert f.severity.value == "warning" and f.confidence == "low"
     assert f.metrics["ranks_without_data"] == "1-5" and f.metrics["ranks_expected"] == 6
     assert "one rank's trace" in f.summary and "Rank(s) 1-5 (5 of 6) have no trace" in f.summary
+
+
+def _exposure(**kw):
+    base = dict(g="DP", severity=Severity.WARNING, med_x=0.2, med_o=0.1, ranks=(0,), hosts=("n0",), n_steps=4,
+                tx_ns_per_step=4e6, exposed_ns_per_step=3e6, wait_ns=3e6, gpu_ns=1.2e7, evidence=(),
+                cov=Coverage(expected=tuple(range(6)), with_data=(0,), steps=4), sized=False, unsplit=False,
+                transfer_basis=" BASIS.")
+    return _Exposure(**{**base, **kw})
+
+
+def test_words_are_read_from_the_record_alone():
+    # A lone rank whose kernels could be split: the transfer is a guess, and the summary says so.
+    title, summary, remedy = _words(_exposure())
+    assert title == "DP collectives not overlapped with compute: 20.0% of the step"
+    assert "3.0 ms of DP kernel time in total was waiting" in summary and " BASIS." in summary
+    assert _LONE in summary and summary.endswith("(5 of 6) have no trace and are neither judged nor blamed.")
+    assert "bucket_cap_mb" in remedy
+    # Not split at all: the summary counts wait and transfer together, and the lone-rank caveat (about an
+    # estimated transfer) would contradict it.
+    _, summary, _ = _words(_exposure(unsplit=True))
+    assert "cannot be split into waiting for peers and transfer" in summary and _LONE not in summary
+    # Sizes known: no word on how the transfer was estimated; TP/EP/CP is exposed by design.
+    title, summary, remedy = _words(_exposure(g="TP/EP/CP", sized=True, cov=Coverage((0, 1), (0, 1), 4)))
+    assert title.startswith("TP/EP/CP collectives exposed by design") and " BASIS." not in summary
+    assert "tp-comm-overlap" in remedy and "no trace" not in summary

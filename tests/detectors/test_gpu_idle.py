@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from forensics.detectors import run_detectors
+from forensics.detectors.gpu_idle import _Idle, _words
 from forensics.facts.context import JobContext
 from forensics.pipeline import load
 from tests.frame_builders import MS, US, _Rows
@@ -324,3 +325,30 @@ def test_real_nsys_nccl_init_capture_is_not_judged():
     _, frames = load(shared_path("nsys", "DistributedSysLab_FS24", "ring_simple_2nodes_6gpus_job508813"), workers=1)
     findings, skipped = run_detectors(JobContext(frames), only=["gpu_idle"])
     assert findings == [] and [s.detector for s in skipped] == ["gpu_idle"] and "set-up" in skipped[0].reason
+
+
+def _idle(**kw):
+    base = dict(cls="pause", whole=False, ranks=(0, 1), hosts=("n0",), gpus=(), share=0.4, cls_share=0.9,
+                per_step_ns=8e6, window_ns=None, idle_ns=6.4e7, steps=4, ranks_with_data=2, sync_n={}, sync_share={},
+                evidence=())
+    return _Idle(**{**base, **kw})
+
+
+def test_words_are_read_from_the_record_alone():
+    title, summary, remedy = _words(_idle())
+    assert title == ("GPU idle 40% of the step on 2 rank(s), paused: one long GPU gap per step (checkpoint, evaluation "
+                     "or a host stall)")
+    assert summary.startswith("Rank(s) 0-1 run no kernel on any stream for 40.0% of the step (median; 8.0 ms per step)"
+                              "; 90% of that idle time is classed pause: most of the idle time is one gap per step.")
+    assert "asynchronous" in remedy
+    # Without profiler steps the unit is the window, in the title and in the class's wording.
+    title, summary, _ = _words(_idle(whole=True, window_ns=2e7))
+    assert "of the profiled window" in title and "one long GPU gap in the window" in title
+    assert "(median; 8.0 ms of a 20.0 ms window;" in summary and "per step" not in summary
+    # Sync gaps by cause: the causes the record counts, and no others.
+    causes = {"d2h_copy": 4, "sync_copy": 0, "device_sync": 1, "stream_sync": 0}
+    _, summary, _ = _words(_idle(cls="sync", sync_n=causes,
+                                 sync_share={"d2h_copy": 0.5, "sync_copy": 0.0, "device_sync": 0.1, "stream_sync": 0}))
+    assert summary.endswith(" 5 idle gap(s) follow a host synchronization: 4 device-to-host copies (.item(), .cpu(), "
+                            ".tolist(), cudaMemcpy to the host) (50% of the idle time); 1 device synchronizes "
+                            "(torch.cuda.synchronize(), cudaDeviceSynchronize) (10% of the idle time).")

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import polars as pl
-from forensics.parsers.common import ParseContext
 from forensics.parsers.discovery import discover_and_parse
 from forensics.parsers.lastwords import parse
+from forensics.parsers.result import ParseContext
 
 from forensics.base.findings import CostBasis, Finding, Severity, When
 from forensics.base.frames import JobFrames

@@ -6,12 +6,54 @@ from forensics.base.frames import JobFrames
 from forensics.facts import nccl_cost as nc
 from tests.detectors.nccl_fixtures import HEALTHY, frames_from
 
+# an all-reduce of 4 MiB that rank 0 ran (COLL line, NCCL 2.21 format)
+RAN = ("nodeA:100:100 [0] NCCL INFO AllReduce: opCount 0 sendbuff 0x7f1 recvbuff 0x7f1 count 1048576 datatype 7 op 0 "
+       "root 0 comm 0x1 [nranks=4] stream 0x5\n")
+FORCED = "nodeA:100:110 [0] NCCL INFO NCCL_ALGO set by environment to Ring\n"
+
 
 def test_triggers_on_forced_algorithm(run_detector, tmp_path):
-    text = HEALTHY + "nodeA:100:110 [0] NCCL INFO NCCL_ALGO set by environment to Ring\n"
-    findings, _ = run_detector(frames_from(tmp_path, text))
+    findings, _ = run_detector(frames_from(tmp_path, HEALTHY + FORCED + RAN))
     (f,) = findings
     assert f.key == "forced" and "NCCL_ALGO=Ring" in f.summary and f.ranks == (0,) and f.gpus == ("0000:18:00.0",)
+    assert f.severity.value == "warning" and f.kind == "forced_algorithm" and f.metrics["ran_under"] == "AllReduce"
+    assert "collectives ran under it (AllReduce; COLL lines)" in f.summary
+
+
+def test_forced_algorithm_no_collective_ran_under_is_information_only(run_detector, tmp_path):
+    # #28 item 1: only what ran counts; the same setting with no collective in the logs is said, not warned about
+    (f,) = run_detector(frames_from(tmp_path, HEALTHY + FORCED))[0]
+    assert f.severity.value == "info" and f.kind == "algorithm_setting" and f.metrics["ran_under"] is None
+    assert "no collective is known to have run under it" in f.summary
+
+
+def test_forced_tree_with_only_broadcasts_run_did_not_shape_them(run_detector, tmp_path):
+    # Broadcast has no Tree implementation: NCCL_ALGO=Tree governs none of the collectives that ran
+    text = HEALTHY + FORCED.replace("Ring", "Tree") + RAN.replace("AllReduce:", "Broadcast:")
+    (f,) = run_detector(frames_from(tmp_path, text))[0]
+    assert f.severity.value == "info" and f.kind == "algorithm_setting" and "(Broadcast; COLL lines)" in f.summary
+
+
+def test_forced_setting_that_the_logged_choices_ignore_is_information_only(run_detector, tmp_path):
+    # NCCL logged Tree/LL for the size the job ran: NCCL_ALGO=Ring did not govern that communicator
+    text = HEALTHY + FORCED + RAN + "nodeA:100:100 [0] NCCL INFO AllReduce: 4194304 Bytes -> Algo 0 proto 0 time 30.0\n"
+    (f,) = run_detector(frames_from(tmp_path, text))[0]
+    assert f.severity.value == "info" and f.kind == "algorithm_setting" and "(Tree/LL)" in f.summary
+    # ... and one logged choice that obeys it makes it count again
+    both = text + "nodeA:100:100 [0] NCCL INFO AllReduce: 8388608 Bytes -> Algo 1 proto 2 time 60.0\n"
+    (g,) = run_detector(frames_from(tmp_path, both, "both.log"))[0]
+    assert g.kind == "forced_algorithm" and g.severity.value == "warning"
+
+
+def test_a_kernel_name_is_not_read_as_the_algorithm(run_detector, tmp_path):
+    # a traced all-reduce says a collective ran, never which algorithm: its _TREE_ name does not make NCCL_ALGO=Ring
+    # "not applied"
+    frames = frames_from(tmp_path, HEALTHY + FORCED)
+    kernels = pl.DataFrame({"rank": [0], "class": ["comm"], "collective": ["allreduce"], "pg_name": ["0"],
+                            "seq": [1], "bytes": [None], "start_ns": [0], "end_ns": [10],
+                            "name": ["ncclKernel_AllReduce_TREE_LL_Sum_float"]}, schema_overrides={"bytes": pl.Int64})
+    (f,) = run_detector(JobFrames({n: frames[n] for n in frames.present} | {"kernels": kernels}))[0]
+    assert f.kind == "forced_algorithm" and "(AllReduce; trace)" in f.summary
 
 
 def test_triggers_on_measured_time_far_above_prediction_in_a_trace(run_detector, tmp_path):
@@ -135,3 +177,12 @@ def test_clean_protocol_set_by_the_net_plugin_is_not_a_user_override(run_detecto
 
     findings, _ = run_detector(frames_from(tmp_path, EFA_227))
     assert [f for f in findings if f.key == "forced"] == []
+
+
+def test_unnamed_collectives_of_tuning_lines_give_way_to_named_ones(run_detector, tmp_path):
+    # 2.20-2.22 TUNING lines name no function: with a COLL line naming AllReduce, AllReduce is what ran
+    text = HEALTHY + FORCED + RAN + "nodeA:100:100 [0] NCCL INFO 4194304 Bytes -> Algo 1 proto 2 time 30.0\n"
+    (f,) = run_detector(frames_from(tmp_path, text))[0]
+    assert f.metrics["ran_under"] == "AllReduce" and "(AllReduce; COLL lines, TUNING lines)" in f.summary
+    (g,) = run_detector(frames_from(tmp_path, HEALTHY + FORCED + text.splitlines()[-1] + "\n", "alone.log"))[0]
+    assert "(collectives the logs do not name; TUNING lines)" in g.summary and g.severity.value == "warning"

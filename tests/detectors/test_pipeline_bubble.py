@@ -7,8 +7,9 @@ import json
 import polars as pl
 import pytest
 
+from forensics.base.findings import Severity
 from forensics.detectors import run_detectors
-from forensics.detectors.pipeline_bubble import stage_table
+from forensics.detectors.pipeline_bubble import _TEXT, _Bubble, _Pipeline, stage_table
 from forensics.facts.context import JobContext
 from forensics.pipeline import load
 from tests.frame_builders import dp_job, pp_job
@@ -200,3 +201,22 @@ def test_slow_stage_named_even_when_the_schedule_cannot_be_told(tmp_path):
     (imb,) = found
     assert imb.key == f"imbalance-stage{fault['expected']['stage']}" and sorted(imb.ranks) == sorted(fault["ranks"])
     assert imb.metrics["m_source"] == "unknown" and "could not be told" in imb.summary and "at least" in imb.summary
+
+
+def test_words_are_read_from_the_record_alone():
+    table = pl.DataFrame({"pp_stage": [0, 1], "f_b": [0.1, 0.3]})
+    pp = _Pipeline(table=table, p=2, m=4, v=1, m_src="config", f_star=0.2, n_ranks=2, n_steps=3, step_ns=1e8,
+                   mean_c=5e7, worst={"pp_stage": 1, "ranks": [1], "compute_ns": 6e7}, sigma=0.2,
+                   common={"schedule": "1f1b", "f_B_measured": 0.2}, evidence=())
+    excess = _Bubble("excess", pp, Severity.WARNING, 0.3, (1, 3), (1, 3), lost_ns=1.0, fraction=0.1, key="excess",
+                     confidence="medium", extra={})
+    title, summary = _TEXT["excess"](excess)
+    assert title == "Pipeline bubble 30% of the step, theory 20%"
+    assert summary.startswith("Stage(s) 1, 3 spend 30.0% of the step without compute") and "imbalance 20.0%" in summary
+    assert "p=2, m=4 (config), v=1" in summary
+    imbalance = _Bubble("imbalance", pp, Severity.WARNING, 0.2, (1,), (1,), lost_ns=1.0, fraction=0.1, key="x",
+                        confidence="high", extra={}, saving_ns=1.5e7)
+    title, summary = _TEXT["imbalance"](imbalance)
+    assert title == "Pipeline stage 1 is 20% slower than the mean stage"
+    assert "rank(s) 1) computes 60.0 ms per step against a stage mean of 50.0 ms" in summary
+    assert summary.endswith("Balancing would save about 15.0 ms per step.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from forensics.base.frames import JobFrames
+from forensics.detectors.slow_link import _localised_words, _SlowLinks, _Suspect, _unlocalised_words
 from tests.detectors.slow_link_jobs import GPUS, hsdp_groups, hsdp_job
 from tests.frame_builders import dp_job, link_job
 
@@ -83,3 +84,24 @@ def test_skipped_without_kernels_or_on_one_host(run_detector):
     two_hosts, _ = dp_job(n_ranks=16, steps=2)
     _, skipped = run_detector(two_hosts)
     assert "comparable" in skipped[0].reason
+
+
+def _links(suspect):
+    return _SlowLinks(slow_groups=3, normal_groups=5, max_ratio=2.345, saving_ns=4e6, frac=0.04, gpu_ns=1e9,
+                      evidence=(), suspect=suspect)
+
+
+def test_words_are_read_from_the_record_alone():
+    # The slow communicators share ranks on the host (one rail): those ranks and their NIC are named.
+    rail = _Suspect("node3", (25, 26), rank_level=True, nics=("mlx5_1:1",), normal_through=1)
+    title, summary = _localised_words(_links(rail), rail)
+    assert title == "Slow network on NIC mlx5_1:1 on host node3: every slow communicator goes through it"
+    assert summary.startswith("3 communicator(s) move data up to 2.35x slower than comparable ones; NIC mlx5_1:1 on "
+                              "host node3 (rank(s) 25, 26) is the one host in all of them, and in 1 of the 5 normal")
+    assert summary.endswith("about 4.0% of the step.")
+    # Only the host is shared and no NIC is known: the host and how many of its ranks.
+    host = _Suspect("node3", (24, 25, 26), rank_level=False, nics=(), normal_through=0)
+    title, summary = _localised_words(_links(host), host)
+    assert title.startswith("Slow network on host node3:") and "(3 rank(s))" in summary
+    title, summary = _unlocalised_words(_links(None))
+    assert title == "3 slow communicator(s) with no host in common" and "2.35x" in summary and "node" not in summary

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from forensics.base.findings import Severity
 from forensics.base.frames import JobFrames
 from forensics.detectors import run_detectors
+from forensics.detectors.straggler import _Job, _Straggler, _words
 from forensics.facts.context import JobContext
+from forensics.facts.coverage import Coverage
 from tests.frame_builders import MS, dp_job, pp_job
 
 
@@ -109,3 +112,25 @@ def test_a_straggler_on_a_quarter_of_the_traces_has_low_confidence():
     frames, _ = dp_job(n_ranks=16, steps=5, noise=0.01, slow={12: 1.2}, seed=1)
     found, _ = _stragglers(only_ranks(frames, {10, 11, 12, 13}))
     assert [(f.ranks, f.confidence) for f in found] == [((12,), "low")]
+
+
+def _straggler(**kw):
+    job = _Job(host_of={2: "n1", 3: "n1"}, step_med=1e8, n_steps=5, n_ranks=8,
+               cov=Coverage(expected=tuple(range(8)), with_data=tuple(range(8)), steps=5), gpu_of={})
+    base = dict(cls="compute", ranks=(2,), host="n1", severity=Severity.WARNING, compute_ns=12e6, peer_compute_ns=10e6,
+                host_excess_ns=1e6, rho=0.83, z=9.0, last_share=0.9, p_value=1e-6, arrived_last=7, saving_ns=2e6,
+                frac=0.125, gpu_ns=7e7, victims=(0, 1, 4, 5, 6), evidence=(), job=job)
+    return _Straggler(**{**base, **kw})
+
+
+def test_words_are_read_from_the_record_alone():
+    title, summary, remedy = _words(_straggler())
+    assert title == "Straggler rank 2: slow GPU compute"
+    assert summary == ("rank 2 made 5 other rank(s) wait: arrived last at 7 collective(s); compute 12.0 ms vs peers "
+                       "10.0 ms per step, host-bound idle 1.0 ms above peers. Removing it would save about 12.5% of "
+                       "the step.")
+    assert "DCGM" in remedy
+    # Two culprits on one host are a node; the class names the label and the remedy.
+    title, summary, remedy = _words(_straggler(ranks=(2, 3), cls="host"))
+    assert title == "Straggler node n1 (ranks 2, 3): host-bound (GPU starved by the CPU)"
+    assert summary.startswith("node n1 (ranks 2, 3) made 5 other rank(s) wait") and "data-loader" in remedy

@@ -1,4 +1,5 @@
-"""What every parser shares: its result type, its context, and bounded file opening."""
+"""Reading input files within bounds: transparently gunzipped with a cap on the decompressed size (a gzip bomb
+stops), line by line with a cap on a line's length, and the head or tail a sniffer looks at."""
 
 from __future__ import annotations
 
@@ -6,12 +7,9 @@ import gzip
 import io
 import os
 import zlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
-
-import polars as pl
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -34,36 +32,6 @@ DEFAULT_MAX_DECOMPRESSED = min(64 * 1024**3, max(1 << 30, (_memory_available() o
 # A line or event longer than this is not held in memory: it is skipped (or the read stops), and said.
 # FORENSICS_MAX_RECORD_BYTES overrides it (tests use a small one).
 DEFAULT_MAX_RECORD_BYTES = int(os.environ.get("FORENSICS_MAX_RECORD_BYTES") or 64 << 20)
-
-
-@dataclass
-class ParseResult:
-    """What a parser made of one file. ``status`` is ok / partial / failed; ``message`` is one line."""
-
-    frames: dict[str, pl.DataFrame] = field(default_factory=dict)
-    status: str = "ok"
-    message: str | None = None
-    rank: int | None = None
-    host: str | None = None
-    # True when the file named no rank and the parser numbered its process(es) from 0: usable only
-    # when it is the job's only trace (discovery decides, knowing the other files).
-    rank_guessed: bool = False
-
-    @classmethod
-    def failed(cls, message: str) -> ParseResult:
-        return cls(status="failed", message=message)
-
-
-@dataclass(frozen=True)
-class ParseContext:
-    """Where a file sits: ``rel_path`` (relative to RUN_DIR, used as the frames' ``source``)."""
-
-    run_dir: Path
-    rel_path: str
-    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED
-
-
-Parser = Callable[[Path, ParseContext], ParseResult]
 
 
 class DecompressionLimitExceeded(Exception):

@@ -1,4 +1,5 @@
-"""Helpers shared by the report's views: labels, culprits, escaping, figure layout.
+"""The labels the report's views and the Perfetto timeline put on ranks and GPUs, the culprit ranks they mark, and
+the escaping of input text in them.
 
 Input text (host names, kernel and process-group names, log messages) reaches plotly only through
 :func:`esc`: plotly renders a small HTML subset in labels and hover text, and decodes ``&lt;`` /
@@ -8,35 +9,14 @@ Input text (host names, kernel and process-group names, log messages) reaches pl
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
-from forensics.reports.figures import Figure
 
 if TYPE_CHECKING:
     from forensics.facts.context import JobContext
     from forensics.pipeline import Analysis
 
-
-
-@dataclass
-class View:
-    """One view of the report (re-exported by :mod:`forensics.reports.views`)."""
-
-    id: str
-    """HTML anchor (findings link to it), e.g. ``step-anatomy``."""
-    title: str
-    caption: str
-    """One line: what to look for in it."""
-    figures: list[Figure] = field(default_factory=list)
-    tables: list[tuple[str, pl.DataFrame]] = field(default_factory=list)
-    """(caption, small aggregate frame) pairs, shown sortable; never raw events."""
-    empty_reason: str | None = None
-    """Set when the job has nothing to show here (e.g. no kernels): the view says so instead of drawing."""
-
-
-MARGIN = dict(t=30, b=40, l=60, r=10)
 SLOW_RANK_KIND = "slow_rank"  # the declared kind of finding whose ranks made the others wait
 
 
@@ -80,18 +60,3 @@ def culprit_ranks(analysis: Analysis) -> list[int]:
 
 def rank_label(rank: int, gpu: str | None) -> str:
     return f"r{rank} {esc(gpu)}" if gpu else f"r{rank}"
-
-
-def layout(fig: Figure, **kw: Any) -> Figure:
-    fig.update_layout(margin=MARGIN, legend=dict(orientation="h", y=-0.2), **kw)
-    return fig
-
-
-def ms(col: str) -> pl.Expr:
-    """An ns column as milliseconds, rounded to the µs."""
-    return (pl.col(col) / 1e6).round(3)
-
-
-def us(col: str) -> pl.Expr:
-    """An ns column as microseconds, rounded to 0.1 µs."""
-    return (pl.col(col) / 1e3).round(1)
