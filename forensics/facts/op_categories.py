@@ -60,12 +60,11 @@ def category_expr(name: pl.Expr) -> pl.Expr:
 
 
 def categorized_kernels(frames: JobFrames, comm_pg: pl.DataFrame) -> pl.DataFrame:
-    """Every ranked kernel with ``category``, all the kernels frame's columns but ``pg_ranks``; ``comm_pg`` (rank,
+    """Every ranked kernel with ``category``, all the kernels frame's columns but ``pg_id``; ``comm_pg`` (rank,
     start_ns, end_ns, pg_type) gives NCCL kernels their process-group type (the matched collectives' kernels)."""
-    # CUDA sync events (nsys) are waits recorded on the GPU rows, not work: no category. The rank lists are
-    # dropped first: every filter and join copies a list column's values, and a group's rank list on each NCCL
-    # kernel row is the square of the ranks (about 1 GB per copy at 4,096 ranks); process_groups has them
-    k = frames["kernels"].drop("pg_ranks").filter(pl.col("rank").is_not_null() & (pl.col("class") != "sync"))
+    # CUDA sync events (nsys) are waits recorded on the GPU rows, not work: no category. The member lists' ids
+    # are dropped (the columns stay those of before they replaced the lists)
+    k = frames["kernels"].drop("pg_id").filter(pl.col("rank").is_not_null() & (pl.col("class") != "sync"))
     pg = comm_pg.select("rank", "start_ns", "end_ns", "pg_type").unique(["rank", "start_ns", "end_ns"])
     k = k.join(pg, on=["rank", "start_ns", "end_ns"], how="left")
     cls = pl.col("class").cast(pl.String)

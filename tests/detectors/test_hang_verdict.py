@@ -156,3 +156,13 @@ def test_the_blocked_collective_names_who_never_joined_it_and_how_long_the_other
     b = hang.blocked_collectives(verdict, entries, latest_ns=5_000).filter(pl.col("pg_name") == "0").row(0, named=True)
     assert (b["seq"], b["waiting"], b["never_joined"], b["op"]) == (10, [0, 2, 3], [1], "all_reduce")
     assert b["in_sizes"] == [[64]] and b["waited_ns"] == 4_000
+
+
+def test_findings_name_the_process_groups_they_are_about():
+    """The culprit's groups (the ones it is voted stuck in), the undecided groups: typed ``process_group``."""
+    (f,) = _run(_frames(_blocked({3: {"0": (10, 7), "2": (20, 16)}})))[0]
+    assert f.process_group == "0,2" and "process group 0,2" in f.scope
+    counters = _blocked({1: {"0": (9, 9), "1": (19, 19)}})
+    del counters[1]
+    (u,) = _run(_frames(counters))[0]
+    assert u.key == "undecided" and u.process_group == "0,1"
