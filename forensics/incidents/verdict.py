@@ -66,7 +66,8 @@ def verdict_line(members: list[Finding], cost: Cost, confidence: str, facts: Job
         text = f"{head}{what}; {_waiters(to)} waited{hang} in NCCL until the watchdog killed the job"
     else:
         # the CLI/report prefix already says the severity
-        lead = "Slowdown: " if cost.method.startswith("slowdown") else "Job died: " if root.metrics.get("job_died") is True else ""  # noqa: E501
+        died = root.metrics.get("job_died") is True
+        lead = "Slowdown: " if cost.method.startswith("slowdown") else "Job died: " if died else ""
         text = f"{lead}{root.title} {_scope(root)}".strip()
         if len(members) > 1:
             text += (f"; it explains {len(members) - 1} other finding(s) "
