@@ -137,10 +137,10 @@ def _first_failure(t: pl.DataFrame, cfg: LastWordsConfig) -> Finding | None:
     also = f" The same error on {same.height} more event(s)" + (
         f" (ranks {metrics['same_error_ranks']})" if metrics["same_error_ranks"] else "") + "." if same.height else ""
     when = f" at {first['t_from']} time" if first.get("t_from") else " (no time in the inputs: first in file order)"
+    on_who = "" if rank is not None or first.get("local_rank") is None else " on " + who
     return Finding(
         detector="last_words", severity=Severity.CRITICAL,
-        title=f"{words[:1].upper() + words[1:]}{'' if rank is not None or first.get('local_rank') is None else ' on ' + who}"  # noqa: E501
-              f": {first_line(first)}",
+        title=f"{words[:1].upper() + words[1:]}{on_who}: {first_line(first)}",
         summary=(f"First failure: {words} on {who}{' of ' + host if host else ''}, {first['source']} line "
                  f"{first['line']}{when}.{also}"
                  + (f" The launcher then terminated {sigterms} worker(s)." if sigterms else "")),
