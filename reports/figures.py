@@ -15,6 +15,7 @@ close the ``<script>``.
 from __future__ import annotations
 
 import functools
+import json
 import pkgutil
 from typing import Any, Protocol
 
@@ -23,11 +24,9 @@ from markupsafe import Markup
 from plotly.colors import sequential
 from plotly.offline import get_plotlyjs
 
-__all__ = ["PLOTLY_JS_SLOT", "PLOTLY_WHITE", "Figure", "PlotlyJSON", "colorscale", "figure_html", "page_figure",
-           "plotly_js", "plotly_js_bytes"]
+__all__ = ["PLOTLY_JS_SLOT", "Figure", "PlotlyJSON", "colorscale", "figure_html", "page_figure",
+           "plotly_js", "plotly_js_bytes", "plotly_white"]
 
-PLOTLY_WHITE: dict[str, Any] = pio.templates["plotly_white"].to_plotly_json()
-"""The page's plotly template as data: a constant, read once per process; never modified."""
 PLOTLY_JS_SLOT = Markup("<!-- plotly.js -->")
 """Where a page template puts plotly.js: the renderer splices the library in afterwards (it is 4.8 MB;
 passing it through the template engine copies it several times). No input text can make this string:
@@ -40,6 +39,18 @@ class PlotlyJSON(Protocol):
     """Anything plotly.js can draw: a :class:`Figure` or a ``plotly.graph_objects.Figure``."""
 
     def to_plotly_json(self) -> dict[str, Any]: ...
+
+
+@functools.cache
+def plotly_white() -> dict[str, Any]:
+    """The page's plotly template as data (a constant; never modified), read on first use from the JSON plotly
+    ships: what ``pio.templates["plotly_white"].to_plotly_json()`` makes of that JSON by validating it, which cost
+    0.05-0.13 s of CPU at every import of this module (tests/test_figures.py checks both are the same JSON)."""
+    raw = pkgutil.get_data("plotly", "package_data/templates/plotly_white.json")
+    if raw is None:  # plotly installed without its data as files: its own reader
+        return pio.templates["plotly_white"].to_plotly_json()
+    data = json.loads(raw)
+    return {"data": data["data"], "layout": data["layout"]}  # the key order of the validated template
 
 
 @functools.cache
@@ -150,7 +161,7 @@ class Figure(dict[str, Any]):
 def page_figure(fig: PlotlyJSON) -> dict[str, Any]:
     """What the page draws: ``fig``'s data and layout on the ``plotly_white`` template (``fig`` is not changed)."""
     data = fig.to_plotly_json()
-    return {"data": data.get("data", []), "layout": {**data.get("layout", {}), "template": PLOTLY_WHITE}}
+    return {"data": data.get("data", []), "layout": {**data.get("layout", {}), "template": plotly_white()}}
 
 
 def figure_html(fig: PlotlyJSON, div_id: str) -> Markup:

@@ -12,7 +12,7 @@ import pytest
 
 from forensics.base.errors import UsageError
 from forensics.cli import environment_problem
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, require_ray, run_cli
 
 
 def _closed_port() -> int:
@@ -23,7 +23,7 @@ def _closed_port() -> int:
 
 
 def test_unreachable_ray_address_is_a_usage_error(tmp_path: Path):
-    pytest.importorskip("ray")
+    require_ray()
     addr = f"127.0.0.1:{_closed_port()}"
     res = run_cli("analyze", str(ROOT / "sample_traces" / "xid79"), "--out", str(tmp_path / "out"),
                   "--engine", "ray", "--ray-address", addr, "-q")
@@ -34,7 +34,7 @@ def test_unreachable_ray_address_is_a_usage_error(tmp_path: Path):
 
 
 def test_ray_address_that_is_not_host_port_is_a_usage_error(tmp_path: Path):
-    pytest.importorskip("ray")
+    require_ray()
     res = run_cli("triage", str(ROOT / "sample_traces"), "--out", str(tmp_path / "out"),
                   "--engine", "ray", "--ray-address", "no-port-here", "-q")
     assert res.returncode == 2 and "is not HOST:PORT" in res.stderr, res.stderr

@@ -10,7 +10,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import plotly.io as pio
 import pytest
-from forensics.reports.figures import PLOTLY_WHITE, Figure, colorscale, figure_html, page_figure
+from forensics.reports.figures import Figure, colorscale, figure_html, page_figure, plotly_white
 from forensics.reports.views import build_views
 
 from forensics.base.findings import Finding, Severity
@@ -102,7 +102,7 @@ def test_figure_html_draws_a_plain_figure_as_plotly_io_draws_the_graph_object():
     assert re.sub(r"\{.*\}", "", str(mine), flags=re.S) == re.sub(r"\{.*\}", "", theirs, flags=re.S)
     assert json.dumps(fig) == before and "template" not in fig["layout"]
     assert "</script><b>" not in mine and mine.count("<script") == mine.count("</script>")
-    assert _newplot_args(mine)[1]["template"] == PLOTLY_WHITE
+    assert _newplot_args(mine)[1]["template"] == plotly_white()
     # a go.Figure (diff.html's waterfall) goes through the same function
     assert _newplot_args(figure_html(graph, "f1")) == _newplot_args(theirs)
 
@@ -118,3 +118,10 @@ def test_report_bytes_are_the_page_encoded_with_plotly_js_spliced_in_once():
     empty = Analysis(Path("job"), JobContext(JobFrames({})), [])  # no figure: no plotly.js at all
     assert html_report.render_bytes(empty) == html_report.render(empty).encode("utf-8")
     assert "Plotly" not in html_report.render(empty)
+
+
+def test_the_template_read_from_plotly_s_json_is_the_validated_template():
+    """report.html carries the template as read from plotly's JSON file (no validation at import): the same JSON,
+    key order included, as plotly's validated template, so the page's bytes do not change."""
+    validated = pio.templates["plotly_white"].to_plotly_json()
+    assert json.dumps(plotly_white()) == json.dumps(validated)

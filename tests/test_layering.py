@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("pipeline", ("forensics.pipeline",)),
     ("analyses", ("forensics.diff", "forensics.fleet", "forensics.simulate")),
     ("reports", ("forensics.reports",)),
-    ("cli", ("forensics.cli",)),
+    ("cli", ("forensics.cli", "forensics.__main__")),
 )
 
 # Folder -> import name (pyproject.toml's package-dir).
@@ -42,8 +42,9 @@ ALLOWED_PRIVATE: set[tuple[str, str, str]] = set()
 ALLOWED_LAZY: set[tuple[str, str]] = set()
 
 # The CLI imports what each command runs inside the command: `forensics --version` or `rules` never pays
-# for polars and the parsers. Nothing else imports forensics modules inside a function.
-LAZY_IMPORTERS = {"forensics.cli"}
+# for polars and the parsers (and the entry point answers `--version` before it imports the CLI at all).
+# Nothing else imports forensics modules inside a function.
+LAZY_IMPORTERS = {"forensics.cli", "forensics.__main__"}
 
 
 @dataclass(frozen=True)

@@ -66,4 +66,4 @@ def test_wheel_has_only_the_forensics_package(tmp_path: Path):
     assert templates and {n.removeprefix("forensics/reports/templates/") for n in names
                           if n.startswith("forensics/reports/templates/")} == templates
     entry_points = zipfile.ZipFile(wheel).read(f"{dist}-{project['version']}.dist-info/entry_points.txt").decode()
-    assert "forensics = forensics.cli:main" in entry_points
+    assert "forensics = forensics.__main__:main" in entry_points

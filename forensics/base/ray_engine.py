@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import socket
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -39,22 +41,86 @@ def ray_session(address: str | None = None) -> Iterator[int]:
 
 #: how long the reachability check of --ray-address waits for a TCP connection (Ray's own init retries for minutes)
 CONNECT_TIMEOUT_S = 5.0
+#: what Ray says when a cluster with token authentication refused this client (in the cause of its ConnectionError)
+_REFUSED = ("InvalidAuthToken", "AuthenticationError", "Unauthenticated")
+_TOKEN_HOWTO = ("set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, a file) to the cluster's token; "
+                "`ray get-auth-token` on its head node prints it")
 
 
 def connect(ray: Any, address: str | None) -> None:
     """``ray.init``; a cluster that cannot be reached, refuses the credentials or names no host is the user's
-    to fix (UsageError, exit 2), never an internal error."""
+    to fix (UsageError, exit 2, one line), never an internal error."""
     if address and address != "auto":
         _check_reachable(address)
+    with _stderr_captured(bool(address)) as said:
+        try:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+        except Exception as exc:
+            problem = _connect_problem(ray, exc, address, said())
+            if problem is None:
+                raise
+            raise UsageError(problem) from None
+
+
+def _connect_problem(ray: Any, exc: Exception, address: str | None, stderr: str) -> str | None:
+    """The one line for a failed ``ray.init`` that is the user's to fix; None for anything else (a bug)."""
+    where = address or "a new local session"
+    auth_error = getattr(ray.exceptions, "AuthenticationError", ())  # Ray >= 2.52
+    if isinstance(exc, auth_error) and "no authentication token was found" in str(exc):
+        return f"RAY_AUTH_MODE=token but no Ray token was found to connect to {where}: {_TOKEN_HOWTO}"
+    if isinstance(exc, auth_error) or any(word in _chain_text(exc) + stderr for word in _REFUSED):
+        return (f"the Ray cluster at {where} refused this client's credentials (its token is missing or wrong: "
+                f"{_first_line(exc)}): {_TOKEN_HOWTO}")
+    if "timed out during startup" in str(exc):  # a bare Exception from Ray when a raylet did not come up in 30 s
+        return (f"Ray could not start {where} ({_first_line(exc)}): the machine may be overloaded; try again, or "
+                "use --engine local")
+    if isinstance(exc, (ConnectionError, TimeoutError, ValueError, PermissionError)):
+        return (f"cannot use the Ray cluster at {where} ({_first_line(exc)}): check --ray-address (host:port of a "
+                "running `ray start --head`, or ray://host:10001)")
+    return None
+
+
+def _chain_text(exc: BaseException) -> str:
+    """The messages of ``exc`` and its causes (Ray puts the refusal in the cause's text, a formatted traceback)."""
+    parts, seen = [], set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        parts.append(str(cur))
+        cur = cur.__cause__ or cur.__context__
+    return "\n".join(parts)
+
+
+@contextmanager
+def _stderr_captured(on: bool) -> Iterator[Callable[[], str]]:
+    """File descriptor 2 into a temporary file while connecting to a cluster (``on``): Ray's C++ client writes a
+    warning line per connection retry (20 of them for a refused token) straight to it, and a refusal is
+    said as one line. Yields a function that reads what was written."""
+    import tempfile  # only here: the Ray engine connecting to a cluster
+
+    if not on:
+        yield lambda: ""
+        return
+    sys.stderr.flush()
     try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    except ray.exceptions.AuthenticationError as exc:
-        raise UsageError(f"the Ray cluster at {address} refused this client's credentials ({_first_line(exc)}): "
-                         "set RAY_AUTH_TOKEN (or RAY_AUTH_MODE) as the cluster expects") from None
-    except (ConnectionError, TimeoutError, ValueError, PermissionError) as exc:
-        raise UsageError(f"cannot use the Ray cluster at {address or 'a new local session'} ({_first_line(exc)}): "
-                         "check --ray-address (host:port of a running `ray start --head`, or "
-                         "ray://host:10001)") from None
+        saved = os.dup(2)
+    except OSError:  # no fd 2 (a closed stderr): nothing to keep clean
+        yield lambda: ""
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+
+        def said() -> str:
+            sys.stderr.flush()
+            tmp.seek(0)
+            return tmp.read(1 << 20).decode("utf-8", "replace")
+
+        try:
+            yield said
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def _check_reachable(address: str) -> None:

@@ -312,7 +312,8 @@ def run_triage(
                          "workers")
     config = state_config(__version__, {d: dict(kv) for d, kv in (overrides or {}).items()})
     previous = load_state(None if rebuild else _read_state(out_dir), config)
-    staging = out_dir / f".triage-staging.{os.getpid()}.{secrets.token_hex(4)}"
+    # absolute: Ray's workers write into it from their own working folders (on a cluster, OUT is a shared folder)
+    staging = out_dir.absolute() / f".triage-staging.{os.getpid()}.{secrets.token_hex(4)}"
     by_id: dict[str, JobSummary] = {}
     tasks = []
     for job in found.jobs:

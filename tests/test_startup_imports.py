@@ -1,0 +1,76 @@
+"""#29 item 3: a command imports only what it uses. Each command runs in a fresh interpreter through the entry point
+(`python -m forensics`), and the test reads which modules it imported: what, not how long (the time is printed by
+benchmarks/startup.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+RUNNER = """
+import json, runpy, sys
+out, sys.argv = sys.argv[1], ["forensics", *sys.argv[2:]]
+try:
+    runpy.run_module("forensics", run_name="__main__", alter_sys=True)
+except SystemExit as exc:
+    code = exc.code
+else:
+    code = 0
+with open(out, "w") as fh:
+    json.dump({"code": code, "modules": sorted(sys.modules)}, fh)
+"""
+
+
+def imports_of(tmp_path: Path, *args: str) -> tuple[set[str], str]:
+    """The top-level packages and forensics modules ``forensics ARGS`` imported, and its stdout."""
+    record = tmp_path / "modules.json"
+    res = subprocess.run([sys.executable, "-c", RUNNER, str(record), *args], capture_output=True, text=True,
+                         cwd=tmp_path)
+    done = json.loads(record.read_text())
+    assert done["code"] in (0, None), (done["code"], res.stderr)
+    modules = set(done["modules"])
+    return {m.split(".")[0] for m in modules} | {m for m in modules if m.startswith("forensics.")}, res.stdout
+
+
+ANALYSIS = {"polars", "orjson", "forensics.pipeline", "forensics.parsers.discovery", "forensics.detectors"}
+REPORTS = {"plotly", "jinja2", "narwhals", "pyarrow", "forensics.reports.html"}
+
+
+def test_version_imports_no_command_line_machinery_and_no_analysis(tmp_path: Path):
+    mods, stdout = imports_of(tmp_path, "--version")
+    assert stdout.strip().startswith("forensics ")
+    assert not mods & ({"typer", "rich", "click", "forensics.cli"} | ANALYSIS | REPORTS)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["analyze", "--help"], ["triage", "--help"]])
+def test_help_imports_no_analysis_and_no_reports(tmp_path: Path, args: list[str]):
+    mods, stdout = imports_of(tmp_path, *args)
+    assert "Usage" in stdout
+    assert "typer" in mods and not mods & (ANALYSIS | REPORTS)
+
+
+def test_rules_imports_the_detectors_but_no_reports_parsing_or_ray(tmp_path: Path):
+    mods, stdout = imports_of(tmp_path, "rules", "straggler")
+    assert "straggler" in stdout and "forensics.detectors.straggler" in mods
+    assert not mods & (REPORTS | {"ray", "forensics.pipeline", "forensics.parsers.discovery", "forensics.fleet",
+                                  "forensics.simulate", "forensics.diff"})
+
+
+def test_simulate_list_imports_no_polars(tmp_path: Path):
+    mods, stdout = imports_of(tmp_path, "simulate", "--list")
+    assert "ddp_straggler" in stdout
+    assert not mods & ((ANALYSIS - {"orjson"}) | REPORTS)  # the simulator writes its JSON with orjson
+
+
+def test_analyze_imports_neither_pyarrow_nor_ray_nor_the_other_commands(tmp_path: Path):
+    mods, _ = imports_of(tmp_path, "analyze", str(ROOT / "sample_traces" / "xid79" / "kernel"), "--out",
+                         str(tmp_path / "out"), "-q", "--fail-on", "never")
+    assert (tmp_path / "out" / "report.html").exists()
+    assert ANALYSIS <= mods
+    assert not mods & {"pyarrow", "ray", "pandas", "forensics.fleet", "forensics.simulate", "forensics.diff"}
