@@ -25,8 +25,9 @@ parser workers') are the figures the issue's targets are checked against.
 Children run with a bytecode cache (PYTHONPYCACHEPREFIX under --cache, PYTHONDONTWRITEBYTECODE unset) warmed
 once per interpreter, as an installed package has: without it every run compiles the sources again
 (~0.15 s of CPU). `--repeat N` runs each child N times and keeps the median of each figure.
-The targets of issue 19 are printed with PASS/FAIL. Figures depend on the machine and its load: compare
-only figures of one run.
+The targets of issue 29 are printed with PASS/FAIL (`--before PYTHON`: also for another checkout, measured
+input by input beside this one), against an import baseline (python + polars + orjson + forensics).
+Figures depend on the machine and its load: compare only figures of one run.
 """
 
 from __future__ import annotations
@@ -109,6 +110,15 @@ from hta.trace_analysis import TraceAnalysis
 t = time.perf_counter(); a = TraceAnalysis(trace_dir=sys.argv[1])
 print(json.dumps({"s": time.perf_counter() - t}))
 """
+
+
+BASELINE_CHILD = r"""
+import json, resource
+import orjson, polars
+import forensics.cli, forensics.pipeline, forensics.parsers.kineto, forensics.detectors
+print(json.dumps({"rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+"""
+"""The import baseline of issue 29's memory targets: python + polars + orjson + forensics, before any input."""
 
 
 FILE_COST_CHILD = r"""
@@ -262,11 +272,12 @@ class Result:
         return self.cli.maxrss_mb + workers * last["worker_rss_kb"] / 1024
 
 
-def measure(name: str, path: Path, what: str, hta_venv: Path | None, python: str = sys.executable) -> Result:
+def measure(name: str, path: Path, what: str, hta_venv: Path | None, python: str = sys.executable,
+            floor: bool = True) -> Result:
     files = trace_files(path)
     ours = run_child([python, "-c", CHILD, str(path)])
     cli = run_cli(python, path)
-    floor = run_child([sys.executable, "-c", ORJSON_CHILD, *map(str, files)]) if files else None
+    bare = run_child([sys.executable, "-c", ORJSON_CHILD, *map(str, files)]) if files and floor else None
     hta = None
     if hta_venv and files and not name.startswith("sim"):  # real traces: HTA on 1,024 simulated ones takes ages
         with tempfile.TemporaryDirectory() as tmp:  # HTA loads a folder: a lone file gets one of its own
@@ -277,7 +288,7 @@ def measure(name: str, path: Path, what: str, hta_venv: Path | None, python: str
                 hta = run_child([str(hta_venv / "bin" / "python"), "-c", HTA_CHILD, str(trace_dir)])
             except RuntimeError as exc:  # HTA's own failure: the row says so instead of ending the run
                 print(f"HTA failed on {name}: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
-    return Result(name, what, ours, cli, floor, hta, json_bytes(files) / 1e6 if files else 0.0, ours.out["files"], path)
+    return Result(name, what, ours, cli, bare, hta, json_bytes(files) / 1e6 if files else 0.0, ours.out["files"], path)
 
 
 def table(results: list[Result]) -> str:
@@ -307,34 +318,56 @@ def _pair(wall: float | None, cpu: float | None) -> str:
     return "-" if wall is None else f"{wall:.2f} ({_f(cpu)})"
 
 
-def targets(by: dict[str, Result]) -> list[tuple[str, bool | None, str]]:
-    """(target, PASS/FAIL/None when its input was not measured, the figures)."""
+def targets(by: dict[str, Result], base_mb: float) -> list[tuple[str, bool | None, str]]:
+    """Issue 29's targets: (target, PASS/FAIL/None when its input was not measured, the figures). CPU seconds of the
+    CLI end to end (start-up included) against the floor's; peaks in MiB, JSON in MB (1e6 bytes)."""
     out: list[tuple[str, bool | None, str]] = []
 
     def check(name: str, label: str, ok: object, figures: str) -> None:
         out.append((label, bool(ok) if name in by else None, figures if name in by else "not measured"))
 
     r = by.get("hta53")
-    if r and r.floor:
-        check("hta53", "53.7 MB trace: end to end <= 1.2x the orjson floor", r.cli.cpu_s <= 1.2 * r.floor.cpu_s,
-              f"CPU {r.cli.cpu_s:.2f} vs {r.floor.cpu_s:.2f} s, processes' start-up included (wall {r.cli.wall_s:.2f}"
-              f" vs {r.floor.wall_s:.2f} s)")
-        check("hta53", "53.7 MB trace: peak RSS <= 1.5x the JSON", r.cli_peak_mb() <= 1.5 * r.json_mb,
-              f"{r.cli_peak_mb():.0f} MB vs {r.json_mb:.0f} MB of JSON")
     if r and r.hta:
-        check("hta53", "53.7 MB trace: >= 5x faster than HTA's load", r.hta.cpu_s >= 5 * r.cli.cpu_s,
-              f"HTA {r.hta.cpu_s:.2f} s vs {r.cli.cpu_s:.2f} s of CPU, processes' start-up included (wall"
+        check("hta53", "53.7 MB trace: >= 5x faster than HTA's load, end to end", r.hta.cpu_s >= 5 * r.cli.cpu_s,
+              f"HTA {r.hta.cpu_s:.2f} s vs {r.cli.cpu_s:.2f} s of CPU ({r.hta.cpu_s / r.cli.cpu_s:.1f}x; wall"
               f" {r.hta.wall_s:.2f} vs {r.cli.wall_s:.2f} s)")
+    if r and r.floor:
+        parse = _phase_cpu(r, "parse")
+        check("hta53", "53.7 MB trace: end to end <= 1.0x a bare orjson.loads", r.cli.cpu_s <= r.floor.cpu_s,
+              f"CPU {r.cli.cpu_s:.2f} vs {r.floor.cpu_s:.2f} s ({r.cli.cpu_s / r.floor.cpu_s:.2f}x), both processes'"
+              f" start-up included; the parse phase alone {parse:.2f} s ({parse / r.floor.cpu_s:.2f}x)")
+        above = r.cli_peak_mb() - base_mb
+        check("hta53", "53.7 MB trace: peak RSS above the import baseline <= 1.0x the JSON", above <= r.json_mb,
+              f"{r.cli_peak_mb():.0f} - {base_mb:.0f} = {above:.0f} MiB vs {r.json_mb:.0f} MB of JSON "
+              f"({above / r.json_mb:.2f}x)")
     if (d := by.get("dense")) is not None:
-        check("dense", "kernel-dense trace: peak RSS <= 2x the JSON", d.cli_peak_mb() <= 2 * d.json_mb,
-              f"{d.cli_peak_mb():.0f} MB vs {d.json_mb:.0f} MB")
-    for n, secs, gb in ((1024, 10, 1), (4096, 45, 3)):
-        s = by.get(f"sim{n}")
-        if s is not None:
-            check(f"sim{n}", f"{n} ranks x 5 steps: <= {secs} s and <= {gb} GB",
-                  s.cli.wall_s <= secs and s.cli_peak_mb() <= gb * 1024,
-                  f"{s.cli.wall_s:.1f} s ({s.cli.cpu_s:.1f} s CPU), {s.cli_peak_mb():.0f} MB")
+        above = d.cli_peak_mb() - base_mb
+        check("dense", "kernel-dense trace: peak RSS above the import baseline <= 1.5x the JSON",
+              above <= 1.5 * d.json_mb, f"{d.cli_peak_mb():.0f} - {base_mb:.0f} = {above:.0f} MiB vs {d.json_mb:.0f}"
+              f" MB ({above / d.json_mb:.2f}x)")
+    if (s := by.get("sim1024")) is not None and s.floor:
+        check("sim1024", "1,024 ranks x 5 steps: <= 2x a single-core gunzip + orjson.loads, <= 1 GB",
+              s.cli.cpu_s <= 2 * s.floor.cpu_s and s.cli_peak_mb() <= 1024,
+              f"{s.cli.cpu_s:.1f} vs {s.floor.cpu_s:.1f} s of CPU ({s.cli.cpu_s / s.floor.cpu_s:.2f}x; wall "
+              f"{s.cli.wall_s:.1f} s), {s.cli_peak_mb():.0f} MiB")
+    if (s := by.get("sim4096")) is not None:
+        check("sim4096", "4,096 ranks x 5 steps: <= 3 GB", s.cli_peak_mb() <= 3072,
+              f"{s.cli_peak_mb():.0f} MiB ({s.cli.cpu_s:.1f} s of CPU, wall {s.cli.wall_s:.1f} s)")
+    if (a := by.get("sim1024")) is not None and (b := by.get("sim4096")) is not None:
+        t = (b.cli.cpu_s / 4096) / (a.cli.cpu_s / 1024)
+        m = (b.cli_peak_mb() / 4096) / (a.cli_peak_mb() / 1024)
+        check("sim4096", "4,096 ranks: time and memory per rank within 10% of those at 1,024",
+              t <= 1.1 and m <= 1.1, f"CPU {1e3 * a.cli.cpu_s / 1024:.1f} -> {1e3 * b.cli.cpu_s / 4096:.1f} ms per "
+              f"rank ({t:.2f}x), peak {a.cli_peak_mb() / 1024:.3f} -> {b.cli_peak_mb() / 4096:.3f} MiB per rank "
+              f"({m:.2f}x)")
     return out
+
+
+def _phase_cpu(r: Result, phase: str) -> float:
+    """CPU seconds of one phase of the phase child."""
+    phases = r.ours.out["phases"]
+    i = next(i for i, p in enumerate(phases) if p["phase"] == phase)
+    return phases[i]["cpu_s"] - phases[i - 1]["cpu_s"]
 
 
 def slope(by: dict[str, Result]) -> str:
@@ -380,6 +413,8 @@ def main() -> int:
                     help="where simulated inputs are generated once and reused")
     ap.add_argument("--python", default=sys.executable,
                     help="the interpreter whose forensics is measured (another checkout's venv: before/after)")
+    ap.add_argument("--before", default=None,
+                    help="another checkout's interpreter, measured input by input beside --python (before/after)")
     ap.add_argument("--json", type=Path, default=None, help="also write every figure (per phase RSS too) here")
     ap.add_argument("--repeat", type=int, default=1, help="run each child this many times; medians are printed")
     ap.add_argument("--no-bytecode-cache", action="store_true",
@@ -388,16 +423,26 @@ def main() -> int:
     global REPEAT
     REPEAT = max(1, args.repeat)
     if not args.no_bytecode_cache:
-        use_bytecode_cache(args.cache, [args.python, sys.executable])
+        use_bytecode_cache(args.cache, [args.python, sys.executable, *([args.before] if args.before else [])])
     todo = inputs(args.cache, args.quick, args.only)
-    results = []
-    for name, (path, what) in todo.items():
+    results, before = [], []
+    for name, (path, what) in todo.items():  # the two checkouts side by side, input by input
         print(f"measuring {name}: {what} ...", file=sys.stderr, flush=True)
         results.append(measure(name, path, what, args.hta_venv, args.python))
-    print(table(results))
-    print()
-    for label, ok, figures in targets({r.name: r for r in results}):
-        print(f"{'PASS' if ok else 'FAIL' if ok is not None else 'n/a '}  {label}: {figures}")
+        if args.before:  # the floor and HTA do not depend on the checkout: measured once
+            print(f"measuring {name} (before): {what} ...", file=sys.stderr, flush=True)
+            before.append(measure(name, path, what, None, args.before, floor=False))
+            before[-1].floor, before[-1].hta = results[-1].floor, results[-1].hta
+    for label, rows, python in (("before (--before)", before, args.before), ("after", results, args.python)):
+        if not rows:
+            continue
+        base = run_child([python, "-c", BASELINE_CHILD])
+        print(f"{label}: {python}; import baseline (python + polars + orjson + forensics) {base.maxrss_mb:.0f} MiB")
+        print(table(rows))
+        print()
+        for target, ok, figures in targets({r.name: r for r in rows}, base.maxrss_mb):
+            print(f"{'PASS' if ok else 'FAIL' if ok is not None else 'n/a '}  {target}: {figures}")
+        print()
     print(slope({r.name: r for r in results}))
     per_file = file_costs({r.name: r for r in results}, args.python)
     if per_file:

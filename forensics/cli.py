@@ -437,7 +437,7 @@ def frames(
 ) -> None:
     """Parse RUN_DIR and write every canonical frame as Parquet (for Polars or DuckDB)."""
     _check_out_dir([run_dir], out_dir)
-    from forensics.base.frames import FRAME_SPECS
+    from forensics.base.frames import FRAME_SPECS, PARQUET_VERSION_KEY, SCHEMA_VERSION
     from forensics.base.outputs import OutputSet
     from forensics.pipeline import derived_tables, load
 
@@ -446,16 +446,18 @@ def frames(
         sources, job = load(run_dir, progress=update, workers=workers)  # type: ignore[arg-type]
     _run.at("render")
     outs = OutputSet(out_dir)
+    version = {PARQUET_VERSION_KEY: str(SCHEMA_VERSION)}  # docs/frames.md: how to join process groups
     for name in sorted(job.present):
-        outs.add(f"{name}.parquet", functools.partial(_write_parquet, job[name]))
+        outs.add(f"{name}.parquet", functools.partial(_write_parquet, job[name], metadata=version))
     for name in FRAME_SPECS:
         outs.remove(f"{name}.parquet")  # frames an earlier run had and this one has not
     for name, table in derived_tables(job).items():  # op categories per step, the ops behind the kernels
         outs.add(f"{name}.parquet", functools.partial(_write_parquet, table))
     outs.remove("crash.txt")
     _commit(outs)
-    out.print(f"{len(job.present)} frame(s) and 2 derived tables (op_categories, op_attribution) written to {out_dir}",
-              highlight=False, markup=False)
+    out.print(f"{len(job.present)} frame(s) and 2 derived tables (op_categories, op_attribution) written to {out_dir}"
+              f" (frame schema {SCHEMA_VERSION}: kernels and comms name their process group's members by pg_id, "
+              "listed in process_groups; docs/frames.md)", highlight=False, markup=False)
     if sources.filter(sources["status"].is_in(["ok", "partial"])).height == 0:
         _error(f"no readable trace or log under {run_dir}")
         raise typer.Exit(EXIT_ERROR)

@@ -201,9 +201,13 @@ def load_frames_output(path: Path) -> JobFrames:
         file = path / f"{name}.parquet"
         if file.is_file():
             try:
+                version = pl.read_parquet_metadata(file).get(fr.PARQUET_VERSION_KEY, "1")
                 frames[name] = pl.read_parquet(file)
             except (OSError, pl.exceptions.ComputeError) as exc:
                 raise UsageError(f"{file}: not a readable Parquet frame ({exc})") from None
+            if version != str(fr.SCHEMA_VERSION):
+                raise UsageError(f"{file}: frame schema {version}, this forensics reads {fr.SCHEMA_VERSION}: run "
+                                 "`forensics frames` again on the job")
     return JobFrames(frames, present=set(frames))
 
 

@@ -40,7 +40,7 @@ GRAPH_LAUNCH_PATTERN = r"^(cudaGraphLaunch|cuGraphLaunch|hipGraphLaunch)(_v\d+|_
 _STEP_PATTERN = r"^ProfilerStep\s*#\s*(\d+)$"
 UNRANKED = "rank unknown (no distributedInfo, none in the file name)"
 _HOST_KEYS = ("host_name", "hostname", "host", "hostName")
-_MSG_AND_PG = ("pg_name", "pg_desc", "pg_ranks", "group_size", "in_nelems", "out_nelems", "dtype", "bytes", "seq")
+_MSG_AND_PG = ("pg_name", "pg_desc", "pg_id", "group_size", "in_nelems", "out_nelems", "dtype", "bytes", "seq")
 
 
 def parse(path: Path, ctx: ParseContext) -> ParseResult:
@@ -133,6 +133,8 @@ class KinetoBatch:
         kernels = _graph_replays(kernels, cpu_ops)
         comms = _comms(comm_raw, cpu_ops, kernels)
         kernels = _enrich_kernels(kernels, comms)
+        named = _named_groups(kernels, comms)
+        kernels, comms = (df.drop("pg_ranks_raw") if df is not None else None for df in (kernels, comms))
         steps = _steps(cpu_ops)
         ranks = _ranks(files, kernels, cpu_ops)
         ident = _ident(files)
@@ -142,7 +144,7 @@ class KinetoBatch:
                          ("op_shapes", shapes)):
             out[name], counts[name] = _stamp(name, df, ident)
         out["ranks"] = ranks
-        out["process_groups"] = _process_groups(files)
+        out["process_groups"] = _process_groups(files, named)
         return [_result(f, counts, ex.dropped[f.index]) for f in files], out
 
 
@@ -259,12 +261,9 @@ def _bytes_expr() -> pl.Expr:
     return (pl.max_horizontal("in_nelems", "out_nelems") * size).alias("bytes")
 
 
-def _pg_ranks(df: pl.DataFrame) -> pl.Series:
-    return _map_unique(
-        df.get_column("pg_ranks_raw"),
-        lambda s: list(r) if (r := parse_rank_list(s)) is not None else None,
-        pl.List(pl.Int32),
-    ).alias("pg_ranks")
+def _pg_ids(df: pl.DataFrame) -> pl.Series:
+    """The id of each row's member list (``fr.pg_id``); the lists themselves go to ``process_groups``."""
+    return _map_unique(df.get_column("pg_ranks_raw"), lambda s: fr.pg_id(parse_rank_list(s)), pl.Int64).alias("pg_id")
 
 
 def _kernels(gpu: pl.DataFrame | None) -> pl.DataFrame | None:
@@ -288,9 +287,9 @@ def _kernels(gpu: pl.DataFrame | None) -> pl.DataFrame | None:
         name_col.replace_strict({n: h[2] for n, h in hints.items()}, default=None,
                                 return_dtype=pl.String).alias("name_proto"),
         _map_unique(df.get_column("coll_raw"), normalise_collective, pl.String).alias("collective"),
-        _pg_ranks(df),
+        _pg_ids(df),
     )
-    return df.with_columns(_bytes_expr()).drop("kind", "coll_raw", "pg_ranks_raw")
+    return df.with_columns(_bytes_expr()).drop("kind", "coll_raw")
 
 
 def _cpu_ops(cpu: pl.DataFrame | None, kernels: pl.DataFrame | None, one_file: bool) -> pl.DataFrame | None:
@@ -379,8 +378,8 @@ def _comms(comm_raw: pl.DataFrame | None, cpu_ops: pl.DataFrame | None,
     norm = lambda c: _map_unique(calls.get_column(c), normalise_collective, pl.String)  # noqa: E731
     calls = calls.with_columns(
         pl.coalesce(norm("coll_raw"), norm("_inner"), norm("_c10d")).alias("collective"),
-        _pg_ranks(calls),
-    ).drop("coll_raw", "pg_ranks_raw", "_inner", "_c10d")
+        _pg_ids(calls),
+    ).drop("coll_raw", "_inner", "_c10d")
 
     calls = calls.with_columns(pl.lit(None, dtype=pl.Int64).alias("kernel_correlation"))
     if kernels is not None:
@@ -519,25 +518,59 @@ def _rank_row(f: _File, device: int | None, pid: int | None) -> dict[str, Any]:
     }
 
 
-def _process_groups(files: list[_File]) -> pl.DataFrame:
-    rows = []
-    for f in files:
-        for pg in f.dist.get("pg_config") or []:
-            if not isinstance(pg, dict):
-                continue
-            ranks = pg.get("ranks")
-            rows.append(
-                {
-                    "rank": f.rank,
-                    "pg_name": str(pg["pg_name"]) if pg.get("pg_name") is not None else None,
-                    "pg_desc": pg.get("pg_desc") if isinstance(pg.get("pg_desc"), str) else None,
-                    "backend_config": pg.get("backend_config") if isinstance(pg.get("backend_config"), str) else None,
-                    "pg_size": pg.get("pg_size") if isinstance(pg.get("pg_size"), int) else None,
-                    "pg_ranks": [int(r) for r in ranks] if isinstance(ranks, list)
-                    and all(isinstance(r, int) for r in ranks) else None,
-                    "source": f.rel_path,
-                }
-            )
+def _named_groups(kernels: pl.DataFrame | None, comms: pl.DataFrame | None) -> pl.DataFrame | None:
+    """Per file, each member list its kernels and collective calls name (``_f``, ``pg_name``, ``pg_desc``, ``pg_id``,
+    ``pg_ranks_raw``), once per list, in the order of the rows."""
+    cols = ["_f", "pg_name", "pg_desc", "pg_id", "pg_ranks_raw"]
+    parts = [df.select(cols).filter(pl.col("pg_ranks_raw").is_not_null() & pl.col("pg_id").is_not_null())
+             for df in (comms, kernels) if df is not None]
+    if not parts:
+        return None
+    return pl.concat(parts).unique(["_f", "pg_id"], keep="first", maintain_order=True)
+
+
+def _process_groups(files: list[_File], named: pl.DataFrame | None) -> pl.DataFrame:
+    """Each file's declared groups, then the member lists its collectives name that it does not declare."""
+    rows = [row for f in files for row in _declared_groups(f)]
+    declared = {(row["_f"], row["pg_id"]) for row in rows}
+    by_index = {f.index: f for f in files}
+    for index, name, desc, pid, raw in named.iter_rows() if named is not None else ():
+        if (index, pid) in declared:
+            continue
+        ranks = parse_rank_list(raw)
+        f = by_index[index]
+        rows.append({"_f": index, "rank": f.rank, "pg_name": name, "pg_desc": desc, "backend_config": None,
+                     "pg_size": len(ranks) if ranks is not None else None,
+                     "pg_ranks": list(ranks) if ranks is not None else None, "pg_id": pid, "declared": False,
+                     "source": f.rel_path})
     if not rows:
         return fr.empty("process_groups")
+    rows.sort(key=lambda row: row["_f"])  # a file's rows together, declared first (a stable sort)
+    for row in rows:
+        del row["_f"]
     return fr.conform("process_groups", pl.DataFrame(rows, schema=fr.schema("process_groups")))
+
+
+def _declared_groups(f: _File) -> list[dict[str, Any]]:
+    rows = []
+    for pg in f.dist.get("pg_config") or []:
+        if not isinstance(pg, dict):
+            continue
+        ranks = pg.get("ranks")
+        members = [int(r) for r in ranks] if isinstance(ranks, list) and all(isinstance(r, int) for r in ranks) \
+            else None
+        rows.append(
+            {
+                "_f": f.index,
+                "rank": f.rank,
+                "pg_name": str(pg["pg_name"]) if pg.get("pg_name") is not None else None,
+                "pg_desc": pg.get("pg_desc") if isinstance(pg.get("pg_desc"), str) else None,
+                "backend_config": pg.get("backend_config") if isinstance(pg.get("backend_config"), str) else None,
+                "pg_size": pg.get("pg_size") if isinstance(pg.get("pg_size"), int) else None,
+                "pg_ranks": members,
+                "pg_id": fr.pg_id(members),
+                "declared": True,
+                "source": f.rel_path,
+            }
+        )
+    return rows

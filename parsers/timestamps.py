@@ -10,6 +10,8 @@ import calendar
 import re
 from datetime import datetime, timezone
 
+import polars as pl
+
 MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
 MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
 DOW = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
@@ -19,6 +21,10 @@ _CTIME_PARTS = re.compile(
 _CTIME_LOCALE = re.compile(r"(?P<mon>\d{1,2})\D+?(?P<day>\d{1,2})\D+?(?P<hms>\d{1,2}:\d{2}:\d{2}) (?P<year>\d{4})$")
 # glog prefix of PyTorch lines: `[E0314 09:10:00.205065660 ProcessGroupNCCL.cpp:632]` (month, day, time; no year)
 _GLOG = re.compile(r"\[[EWIF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")
+# wall-clock times a log line can carry in front: a launcher's ISO prefix (`2019-06-02T16:13:44.884Z: `) and
+# NCCL_DEBUG_TIMESTAMP_FORMAT's default `[2026-01-01 12:08:32] ` in front of the NCCL envelope (2.26+)
+LINE_STAMP = re.compile(r"^\s*(?:(?P<d>\d{4}-\d\d-\d\d)T(?P<t>\d\d:\d\d:\d\d(?:\.\d{1,9})?)(?P<z>Z|[+-]\d\d:?\d\d)?:?"
+                        r"|\[(?P<d2>\d{4}-\d\d-\d\d) (?P<t2>\d\d:\d\d:\d\d(?:\.\d{1,9})?)\])\s")
 
 
 def epoch_ns(y: int, mo: int, d: int, hms: str, frac: str | None = None, offset_s: int = 0) -> int | None:
@@ -77,3 +83,47 @@ def earliest_glog_ns(messages: list[str], year: int | None) -> int | None:
                 continue
             times.append(int(t.timestamp()) * 1_000_000_000 + int((frac or "0").ljust(9, "0")))
     return min(times) if times else None
+
+
+def glog_stamp(line: str) -> str | None:
+    """The year-less glog stamp of ``line`` as written, ``MMDD HH:MM:SS[.frac]`` (``[E0314 09:10:00.205 ...``);
+    None when the line has none. :func:`glog_ns` places it once the job's year is known."""
+    m = _GLOG.search(line)
+    if m is None:
+        return None
+    mo, d, hh, mi, ss, frac = m.groups()
+    return f"{mo}{d} {hh}:{mi}:{ss}" + (f".{frac}" if frac else "")
+
+
+def glog_ns(stamp: str | None, year: int | None) -> int | None:
+    """A :func:`glog_stamp` (``MMDD HH:MM:SS[.frac]``) placed in ``year``, as Unix ns read as UTC; None without a
+    year or for an impossible date."""
+    return None if stamp is None else earliest_glog_ns([f"[I{stamp}"], year)
+
+
+def glog_ns_expr(stamp: pl.Expr, year: int) -> pl.Expr:
+    """:func:`glog_ns` as a Polars expression over a column of :func:`glog_stamp` texts (null where none or where
+    the date is impossible in ``year``)."""
+    return (pl.lit(str(year)) + stamp).str.strptime(pl.Datetime("ns", "UTC"), "%Y%m%d %H:%M:%S%.f",
+                                                    strict=False).dt.epoch("ns")
+
+
+def iso_utc_ns(day: str, clock: str, zone: str | None) -> int | None:
+    """Epoch ns of `YYYY-mm-dd` `HH:MM:SS[.f]` [`Z`/`+hh:mm`]; a time without a zone is read as UTC (the logs
+    of one job share a zone, so order and gaps hold)."""
+    z = "+00:00" if zone in (None, "Z") else (zone if ":" in zone else f"{zone[:3]}:{zone[3:]}")
+    whole, _, frac = clock.partition(".")
+    try:
+        t = datetime.fromisoformat(f"{day}T{whole}{z}")
+    except ValueError:
+        return None
+    return int(t.timestamp()) * 1_000_000_000 + int((frac + "000000000")[:9])
+
+
+def line_stamp_ns(line: str) -> int | None:
+    """Epoch ns of a launcher's ISO timestamp or NCCL's `[date time]` at the start of ``line``
+    (:data:`LINE_STAMP`), else None."""
+    m = LINE_STAMP.match(line)
+    if m is None:
+        return None
+    return iso_utc_ns(m["d"], m["t"], m["z"]) if m["d"] else iso_utc_ns(m["d2"], m["t2"], None)

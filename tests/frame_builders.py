@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from forensics.base.frames import JobFrames, conform
+from forensics.base.frames import JobFrames, conform, pg_id
 
 US = 1_000
 MS = 1_000_000
@@ -31,6 +31,8 @@ class _Rows:
     def kernel(self, rank: int, start: int, end: int, cls: str, *, launch: int | None = None,
                stream: int = 7, grid: int = 264, offset: int = 0, **extra) -> None:
         self.corr += 1
+        if "pg_ranks" in extra:  # the frames carry the list's id; process_groups has the list
+            extra["pg_id"] = pg_id(extra.pop("pg_ranks"))
         launch = start - 5 * US if launch is None else launch
         host = f"node{rank // 8}"
         self.kernels.append(dict(rank=rank, host=host, source=f"r{rank}.json", device=rank % 8, stream=stream,
@@ -44,8 +46,8 @@ class _Rows:
     def frames(self, n_ranks: int, pgs: list[tuple[str, str, list[int]]]) -> JobFrames:
         ranks = pl.DataFrame(dict(rank=list(range(n_ranks)), world_size=[n_ranks] * n_ranks,
                                   host=[f"node{r // 8}" for r in range(n_ranks)], sm_count=[SMS] * n_ranks))
-        pg_rows = [dict(rank=r, pg_name=name, pg_desc=desc, pg_size=len(members), pg_ranks=members)
-                   for name, desc, members in pgs for r in members]
+        pg_rows = [dict(rank=r, pg_name=name, pg_desc=desc, pg_size=len(members), pg_ranks=members,
+                        pg_id=pg_id(members), declared=True) for name, desc, members in pgs for r in members]
         return JobFrames({
             "kernels": conform("kernels", pl.DataFrame(self.kernels, infer_schema_length=None)),
             "cpu_ops": conform("cpu_ops", pl.DataFrame(self.ops, infer_schema_length=None)),

@@ -57,10 +57,10 @@ def test_kernels_without_a_rank_list_take_their_process_group():
     frames = _shared_names(link_job(slow_node=None, steps=STEPS))
     bare = JobFrames({**{n: frames[n] for n in ("process_groups", "cpu_ops", "steps", "ranks")},
                       "kernels": frames["kernels"].with_columns(
-                          pl.when(pl.col("rank") < 8).then(None).otherwise(pl.col("pg_ranks")).alias("pg_ranks"))})
+                          pl.when(pl.col("rank") < 8).then(None).otherwise(pl.col("pg_id")).alias("pg_id"))})
     assert _keys_by_kernel(match_collectives(bare).kernels) == _expected(frames)
     none = JobFrames({**{n: frames[n] for n in ("cpu_ops", "steps", "ranks")},
-                      "kernels": frames["kernels"].with_columns(pl.lit(None).alias("pg_ranks"))})
+                      "kernels": frames["kernels"].with_columns(pl.lit(None, dtype=pl.Int64).alias("pg_id"))})
     assert _keys_by_kernel(match_collectives(none).kernels) == _expected(frames, listed=False)
 
 

@@ -31,3 +31,38 @@ def test_jobframes_absent_frame_is_empty_with_schema():
     assert job["kernels"].height == 0
     assert job["kernels"].schema == fr.schema("kernels")
     assert not job.has("kernels")
+
+
+def test_a_member_lists_id_is_the_first_8_bytes_of_a_blake2b_hash_of_its_ranks():
+    import hashlib
+
+    from forensics.base.frames import pg_id
+
+    for ranks, text in (([0, 1], b"0,1"), ([], b""), (list(range(4096)), ",".join(map(str, range(4096))).encode())):
+        assert pg_id(ranks) == int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little", signed=True)
+    assert pg_id(None) is None and pg_id([0, 1]) != pg_id([1, 0])
+
+
+def test_frames_parquet_carries_the_schema_version_and_the_members_join(tmp_path):
+    from forensics.base.errors import UsageError
+    from forensics.pipeline import load_frames_output
+    from tests.conftest import ROOT, run_cli
+
+    out = tmp_path / "frames"
+    res = run_cli("frames", str(ROOT / "sample_traces" / "pp_small_m"), "--out", str(out), "-q")
+    assert res.returncode == 0, res.stderr
+    assert "frame schema 2" in res.stdout
+    for name in ("kernels", "comms", "process_groups", "sources"):
+        assert pl.read_parquet_metadata(out / f"{name}.parquet")[fr.PARQUET_VERSION_KEY] == "2"
+    kernels, pgs = pl.read_parquet(out / "kernels.parquet"), pl.read_parquet(out / "process_groups.parquet")
+    assert "pg_ranks" not in kernels.columns
+    comm = kernels.filter(pl.col("class") == "comm")
+    joined = comm.join(pgs.select("pg_id", "pg_ranks").unique("pg_id"), on="pg_id", how="left")
+    # every comm kernel of the simulated pipeline names its group's members, and each list is its group's size
+    assert comm["pg_id"].null_count() == 0 and joined["pg_ranks"].null_count() == 0
+    assert (joined["pg_ranks"].list.len() == joined["group_size"]).all()
+    back = load_frames_output(out)
+    assert back["kernels"].equals(kernels)
+    pl.read_parquet(out / "kernels.parquet").write_parquet(out / "kernels.parquet")  # no version: schema 1
+    with pytest.raises(UsageError, match="frame schema 1"):
+        load_frames_output(out)

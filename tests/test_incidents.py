@@ -386,3 +386,128 @@ def test_triage_ranks_jobs_by_their_top_incident():
     top = table.row(0, named=True)
     assert top["job_id"] == "xid79" and top["top_incident"].startswith("Xid 79")  # not the busy_wait symptom
     assert top["top_verdict"] == xid.incidents[0]["verdict"]
+
+
+# --- links need their evidence: "any" order, standing settings (issue 25 item 3) ---------------------------------
+
+
+def test_any_order_asks_no_order_but_refuses_a_cause_known_to_start_after_its_consequence_ended():
+    """`any`: a hang and its waiters describe the same period, so neither has to start first; but a hang that began
+    after the profiled window ended cannot explain the spinning measured in that window."""
+    rule = next(r for r in RULES if r.name == "hang_stalls_peers")
+    assert rule.order == "any"
+    during = timeout(t=T0 + 605 * S, ran_ms=600_000)  # hung from T0 + 5 s: inside the window
+    out, incidents = correlate([during, busy_wait("4")], JobFacts(8, WINDOW))
+    assert len(incidents) == 1 and incidents[0].links[0].confidence == "high" and not incidents[0].links[0].basis
+    after = timeout(t=T0 + 660 * S, ran_ms=600_000)  # hung from T0 + 60 s: the window had ended
+    out, incidents = correlate([after, busy_wait("4")], JobFacts(8, WINDOW))
+    assert all(not f.caused_by for f in out) and len(incidents) == 2
+    # the consequence may start first: spinning that began before the hang's collective was issued still links
+    early = F("busy_wait", "busy_wait", ranks=(0, 1), waited_for=(4,), when=When.span(T0 - 30 * S, T0 + 20 * S, "w"))
+    assert len(correlate([during, early], JobFacts(8, WINDOW))[1]) == 1
+
+
+def test_any_order_with_an_unknown_time_links_by_place_only_and_says_so():
+    """No rule links a finding of unknown time silently: `any` rules either refuse it or, as the hang rules do, link
+    it by place alone at low confidence with the reason in the link."""
+    out, incidents = correlate([timeout(t=None), busy_wait("4")], JobFacts(8, WINDOW))
+    (inc,) = incidents
+    (link,) = inc.links
+    assert link.rule == "hang_stalls_peers" and link.confidence == "low"
+    assert link.basis == "place only (rank): the timeout's time is unknown"
+    for rule in RULES:  # every rule states what it does with an unknown time
+        assert rule.unknown_time in ("refuse", "place_only", "standing"), rule.name
+    refusing = F("straggler", "compute", Severity.WARNING, ranks=(5,), waited_for=(5,), when=at(None))
+    out, incidents = correlate([refusing, busy_wait("5")], JobFacts(8, WINDOW))
+    assert len(incidents) == 2  # straggler_stalls_peers refuses a straggler of unknown time
+
+
+def test_a_standing_setting_links_without_its_own_time_but_not_to_an_untimed_consequence():
+    transport = F("nccl_transport", "socket", Severity.WARNING, ranks=(0, 1), hosts=("node07",))
+    assert not transport.when.known
+    exposed = F("exposed_comm", "0", Severity.WARNING, ranks=(0, 1, 2, 3), hosts=("node07",))
+    (inc,) = correlate([transport, exposed], JobFacts(8, WINDOW))[1]
+    (link,) = inc.links
+    assert link.rule == "degraded_transport_slows_comm" and link.confidence == "medium"
+    assert link.basis == "place (rank): the degraded_transport is a setting that holds for the whole run"
+    untimed = F("exposed_comm", "0", Severity.WARNING, ranks=(0, 1, 2, 3), hosts=("node07",), when=at(None))
+    assert len(correlate([transport, untimed], JobFacts(8, WINDOW))[1]) == 2
+
+
+# --- communication failures and what roots them (issue 28 item 2) ------------------------------------------------
+
+
+def comm_failure(ranks: tuple[int, ...] = (3,), hosts: tuple[str, ...] = (), t: int | None = None) -> Finding:
+    return F("nccl_comm_failure", "comm_failure", ranks=ranks, hosts=hosts, kind="comm_failure", when=at(t))
+
+
+def raised(ranks: tuple[int, ...] = (3,), t: int | None = None) -> Finding:
+    return F("last_words", "victims", Severity.WARNING, ranks=ranks, kind="nccl_raised", when=at(t))
+
+
+def test_the_nccl_error_raised_to_python_is_the_logged_comm_failure():
+    """Job log 17's shape: NCCL's remote error on rank 3 and the DistBackendError rank 3 raised for it, both without
+    a time: one incident rooted at the communication failure, linked by place only."""
+    cf, py = comm_failure(), raised()
+    out, incidents = correlate([py, cf], JobFacts(8, None))
+    (inc,) = incidents
+    assert inc.root_cause == cf.id and inc.links[0].rule == "comm_failure_raised_to_python"
+    assert inc.links[0].confidence == "low" and "time is unknown" in inc.links[0].basis
+    timed = correlate([comm_failure(t=T0), raised(t=T0 + 2 * S)], JobFacts(8, None))[1]
+    assert len(timed) == 1 and timed[0].links[0].confidence == "high"
+    # another rank's error is not this failure's; an error raised long before it is not either
+    assert len(correlate([comm_failure(), raised(ranks=(5,))], JobFacts(8, None))[1]) == 2
+    assert len(correlate([comm_failure(t=T0), raised(t=T0 - 900 * S)], JobFacts(8, None))[1]) == 2
+
+
+def test_something_earlier_roots_the_comm_failure_a_scheduler_kill_or_the_first_failure():
+    stop = F("last_words", "scheduler:time_limit", Severity.WARNING, kind="scheduler_stop", when=at(T0),
+             cost=CostBasis(fatal=True, died_ns=T0, hung_s=0.0))
+    cf, py = comm_failure(t=T0 + 3 * S), raised(t=T0 + 4 * S)
+    out, incidents = correlate([cf, py, stop], JobFacts(8, None))
+    (inc,) = incidents
+    assert inc.root_cause == stop.id and {f.id: f.caused_by for f in out}[cf.id] == (stop.id,)
+    assert next(e for e in inc.links if e.consequence == py.id).cause == cf.id  # under the logged error
+    late_stop = F("last_words", "scheduler:time_limit", Severity.WARNING, kind="scheduler_stop", when=at(T0 + 60 * S))
+    out, incidents = correlate([cf, py, late_stop], JobFacts(8, None))
+    assert next(i for i in incidents if cf.id in i.findings).root_cause == cf.id  # a stop after it explains nothing
+    oom = F("last_words", "first:cuda_oom", kind="app_failure", ranks=(2,), when=at(T0))
+    out, incidents = correlate([cf, py, oom], JobFacts(8, None))
+    (inc,) = incidents
+    assert inc.root_cause == oom.id and {f.id: f.caused_by for f in out}[cf.id] == (oom.id,)
+
+
+def test_a_fault_on_the_peers_host_roots_the_comm_failure():
+    """The failure names the peer's host (placed from the logs' addresses): a GPU fault or an OOM kill there, before
+    it, is its root; the same fault after it is not."""
+    cf = comm_failure(ranks=(0,), hosts=("node03", "node07"), t=T0 + 10 * S)
+    for fault in (xid79(t=T0 + 9 * S), oom_of_rank(t=T0 + 8 * S)):
+        (inc,) = correlate([cf, fault], JobFacts(8, None))[1]
+        assert inc.root_cause == fault.id and inc.links[0].rule == "fault_breaks_peer_connection"
+    assert len(correlate([cf, xid79(t=T0 + 60 * S)], JobFacts(8, None))[1]) == 2
+
+
+# --- consequences of a fault stay under it (issue 28 item 7) --------------------------------------------------------
+
+
+def test_slow_collectives_after_a_fault_on_its_rank_or_host_are_under_the_fault():
+    """A GPU fault on rank 4 inside the profiled window: the exposed communication of the communicator through rank 4
+    and the slow link of its host are the fault's consequences; before the fault (a fault after the window) or on
+    another communicator they are not."""
+    exposed = F("exposed_comm", "0", Severity.WARNING, ranks=tuple(range(8)), hosts=("node07",))
+    link = slow_link(ranks=(4, 5))
+    fault = xid79(t=T0 + 2 * S)
+    out, incidents = correlate([fault, exposed, link], JobFacts(8, WINDOW))
+    inc = next(i for i in incidents if i.root_cause == fault.id)
+    assert set(inc.findings) == {fault.id, exposed.id, link.id}
+    assert {e.rule for e in inc.links} <= {"fault_slows_collectives", "slow_link_stalls_peers"}
+    assert {f.id: f.caused_by for f in out}[link.id] == (fault.id,)
+    late = xid79(t=T0 + 60 * S)
+    out, incidents = correlate([late, exposed, link], JobFacts(8, WINDOW))
+    assert not any(late.id in f.caused_by for f in out)
+    other = F("exposed_comm", "0", Severity.WARNING, ranks=(8, 9), hosts=("node09",))
+    out, incidents = correlate([fault, other], JobFacts(8, WINDOW))
+    assert len(incidents) == 2
+    host = host_fault(t=T0 + 1 * S, category="hung")
+    (inc,) = correlate([host, link], JobFacts(8, WINDOW))[1]
+    assert inc.root_cause == host.id

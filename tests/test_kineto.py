@@ -26,6 +26,7 @@ from forensics.parsers.kineto_names import (
 )
 from forensics.parsers.result import ParseContext, ParseResult
 
+from forensics.base.frames import pg_id
 from tests.conftest import shared_path
 
 _CACHE: dict[str, ParseResult] = {}
@@ -138,9 +139,13 @@ def test_ns_float_timestamps_and_base_time():
     assert (k["collective"], k["in_nelems"], k["out_nelems"], k["dtype"], k["bytes"]) == (
         "allreduce", 6637568, 6637568, "Float", 6637568 * 4,
     )
-    assert (k["pg_name"], k["pg_desc"], k["pg_ranks"], k["group_size"]) == ("0", "default_pg", [0, 1], 2)
+    assert (k["pg_name"], k["pg_desc"], k["pg_id"], k["group_size"]) == ("0", "default_pg", pg_id([0, 1]), 2)
     pgs = res.frames["process_groups"]
-    assert pgs.rows() == [(0, "0", "default_pg", "cuda:nccl", 2, [0, 1], "hta/nccl_data.json.gz")]
+    # pg_config declares the group, which the collectives' "Process Group Ranks" name too; six "wait" calls name an
+    # empty list (no group name), which no group declares
+    src = "hta/nccl_data.json.gz"
+    assert pgs.rows() == [(0, "0", "default_pg", "cuda:nccl", 2, [0, 1], pg_id([0, 1]), True, src),
+                          (0, None, None, None, 0, [], pg_id([]), False, src)]
     assert res.frames["ranks"].get_column("nccl_version")[0] == "2.17.1"
 
 

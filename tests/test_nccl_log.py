@@ -6,6 +6,7 @@ the parser's output.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
 
 import polars as pl
@@ -357,3 +358,23 @@ def test_flight_recorder_dump_signal(tmp_path):
                  "debug info.\n")
     ev = parse(p, ParseContext(tmp_path, "fr.log")).frames["nccl_events"].row(0, named=True)
     assert (ev["kind"], ev["rank"], ev["code"]) == ("flight_recorder", 2, 5)
+
+
+def test_nccl_events_carry_each_lines_own_stamp_and_glog_stamps_wait_for_the_jobs_year(tmp_path):
+    """A dated stamp fills time_ns at parse time; a year-less glog stamp is kept as written and placed once the job's
+    year is known (forensics.facts.job_year.placed); a line with neither stays null."""
+    from forensics.facts.job_year import placed
+
+    text = ("[2026-03-14 09:10:00] nodeA:100:100 [0] NCCL WARN Cuda failure 'unspecified launch failure'\n"
+            "[rank1]:[E0314 09:10:02.500000000 ProcessGroupNCCL.cpp:1595] [PG ID 0 PG GUID 0 Rank 1] Received a dump "
+            "signal due to a collective timeout from rank 0 and we will try our best to dump the debug info.\n"
+            "nodeA:100:100 [0] NCCL WARN Cuda failure 'unspecified launch failure'\n")
+    p = tmp_path / "rank.log"
+    p.write_text(text)
+    ev = parse(p, ParseContext(tmp_path, "rank.log")).frames["nccl_events"].sort("line")
+    assert ev["kind"].to_list() == ["cuda_failure", "flight_recorder", "cuda_failure"]
+    t0 = int(datetime(2026, 3, 14, 9, 10, tzinfo=timezone.utc).timestamp()) * 10**9
+    assert ev["time_ns"].to_list() == [t0, None, None]
+    assert ev["stamp"].to_list() == [None, "0314 09:10:02.500000000", None]
+    assert placed(ev, 2026)["time_ns"].to_list() == [t0, t0 + 2_500_000_000, None]
+    assert placed(ev, None)["time_ns"].to_list() == [t0, None, None]

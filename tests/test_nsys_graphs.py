@@ -118,3 +118,30 @@ def test_nsys_and_kineto_give_the_same_graph_columns(tmp_path):
             "start_ns", *cols).rows()
 
     assert graph_cols(nsys) == graph_cols(kineto)
+
+
+def test_a_profiled_capture_maps_replayed_kernels_to_the_capturing_ranges(tmp_path):
+    """The capture in the export: three cudaLaunchKernel calls between cudaStreamBeginCapture and
+    cudaStreamEndCapture run nothing (no kernel has their correlation ids); the graph's replay runs three kernels
+    whose node ids give the capture order although two of them start out of that order (two streams). Each is
+    mapped to the NVTX op range open at the launch that created its node."""
+    ops = ("aten::mm", "aten::add", "aten::relu")
+    runtime = [(10, 20, PID, TID, 1, "cudaStreamBeginCapture_v10000")]
+    runtime += [(110 + 100 * i, 120 + 100 * i, PID, TID, 11 + i, "cudaLaunchKernel_v7000") for i in range(3)]
+    runtime += [(400, 410, PID, TID, 2, "cudaStreamEndCapture_v10000"),
+                (500, 510, PID, TID, 20, "cudaGraphLaunch_v10000")]
+    nvtx = [(0, 10_000, 59, PID, TID, "ProfilerStep#1", 0, None, None)]
+    nvtx += [(100 + 100 * i, 150 + 100 * i, 59, PID, TID, f"{op}, op_id = {i + 1}", 0, None, None)
+             for i, op in enumerate(ops)]
+    # node 201 (gemm) first; node 203 (relu, stream 9) starts before node 202 (add)
+    kernels = [(1_000, 1_100, 0, 7, 20, PID, "gemm_kernel", 132, 201),
+               (1_200, 1_300, 0, 7, 20, PID, "add_kernel", 132, 202),
+               (1_150, 1_250, 0, 9, 20, PID, "relu_kernel", 132, 203)]
+    make_export(tmp_path / "rank0.sqlite", env={"RANK": "0"}, kernels=kernels, runtime=runtime, nvtx=nvtx,
+                graph_columns=("graphNodeId",))
+    ctx = JobContext(load(tmp_path, workers=1)[1])
+    att = ctx.op_attribution
+    assert set(att["via"].to_list()) == {"graph capture"}
+    assert dict(zip(att["kernel_names"].list.first().to_list(), att["op"].to_list())) == {
+        "gemm_kernel": "aten::mm", "add_kernel": "aten::add", "relu_kernel": "aten::relu"}
+    assert ctx.coverage["graph_mapped_to_ops"] == ctx.coverage["graph_replayed"] == 1.0

@@ -49,13 +49,15 @@ class FindingKind:
     ``name`` is the vocabulary incident rules match (several detectors may declare the same kind, with the same
     role and stage); ``meaning`` says what a finding of this kind is; ``remediation`` is the default advice.
     ``stage`` orders kinds in a causal chain (a rule only links a lower stage to a higher one, so links never
-    form a cycle); it defaults to the role's :attr:`Role.default_stage`."""
+    form a cycle); it defaults to the role's :attr:`Role.default_stage`. ``ends_job``: a finding of this kind
+    means the job died of it (the verdict says so) even when no watchdog timeout costs it as a hang."""
 
     name: str
     meaning: str
     role: Role
     remediation: str
     stage: int | None = None
+    ends_job: bool = False
 
     @property
     def tier(self) -> int:
@@ -140,6 +142,7 @@ class Finding:
     process_group: str | None = None  # the communicator / process group it is about, where one is
     waited_for: tuple[int, ...] = ()  # ranks this finding's ranks (or victims) waited for
     victims: tuple[int, ...] = ()  # ranks that waited because of this finding's ranks
+    xids: tuple[int, ...] = ()  # the Xid numbers a GPU finding reports, as the driver logged them
     cost: CostBasis = CostBasis()
 
     @property
@@ -156,7 +159,8 @@ class Finding:
 
     @property
     def scope(self) -> str:
-        """Who caused it, in words ("ranks 4; hosts n1; GPUs 0000:9a:00.0"); empty when nobody is named."""
+        """Who caused it, in words ("ranks 4; hosts n1; GPUs 0000:9a:00.0; process group 0"); empty when nobody is
+        named."""
         parts = []
         if self.ranks:
             parts.append("ranks " + ", ".join(map(str, sorted(self.ranks))))
@@ -164,6 +168,8 @@ class Finding:
             parts.append("hosts " + ", ".join(sorted(self.hosts)))
         if self.gpus:
             parts.append("GPUs " + ", ".join(sorted(self.gpus)))
+        if self.process_group:
+            parts.append("process group " + self.process_group)
         return "; ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
@@ -189,6 +195,7 @@ class Finding:
             "caused_by": list(self.caused_by),
             "kind": self.kind,
             "when": self.when.to_json(),
+            "process_group": self.process_group,
         }
 
 

@@ -16,6 +16,7 @@ that it is current.
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -76,7 +77,9 @@ _SOURCE = _c("source", pl.String(), "file the row came from, relative to RUN_DIR
 _PG_COLUMNS = (
     _c("pg_name", pl.String(), "process group name (`Process Group Name` / `pg_name`)"),
     _c("pg_desc", pl.String(), "process group description (`default_pg`, Megatron group names)"),
-    _c("pg_ranks", pl.List(pl.Int32()), "global ranks of the process group"),
+    _c("pg_id", pl.Int64(),
+       "the process group's member list, as an id (`process_groups.pg_id`); its ranks are `pg_ranks` of the "
+       "`process_groups` rows with this `pg_id` (see there how to join); null when the trace names no members"),
     _c("group_size", pl.Int32(), "process group size"),
 )
 _MSG_COLUMNS = (
@@ -229,7 +232,11 @@ RANKS = FrameSpec(
 
 PROCESS_GROUPS = FrameSpec(
     "process_groups",
-    "Process groups from `distributedInfo.pg_config`, one row per (rank, group).",
+    "Process groups, one row per (rank, group): those a rank's trace declares (`distributedInfo.pg_config`, "
+    "`declared`), and the member lists its collectives name (`Process Group Ranks`) that it does not declare. Each "
+    "member list is stored here, not on every kernel and collective call: `kernels.pg_id` and `comms.pg_id` name it. "
+    "To get the members on the rows: `kernels.join(process_groups.select(\"pg_id\", \"pg_ranks\").unique(\"pg_id\"), "
+    "on=\"pg_id\", how=\"left\")` (Polars; in SQL a left join on `pg_id` with `DISTINCT pg_id, pg_ranks`).",
     (
         _RANK,
         _c("pg_name", pl.String(), "process group name"),
@@ -237,6 +244,11 @@ PROCESS_GROUPS = FrameSpec(
         _c("backend_config", pl.String(), "e.g. `cuda:nccl`"),
         _c("pg_size", pl.Int32(), "group size"),
         _c("pg_ranks", pl.List(pl.Int32()), "global ranks of the group"),
+        _c("pg_id", pl.Int64(),
+           "id of the member list (`forensics.base.frames.pg_id`: the first 8 bytes of a BLAKE2b hash of the ranks "
+           "as written, comma separated), the same in every file and job; null when the ranks are unknown"),
+        _c("declared", pl.Boolean(),
+           "declared by the rank's trace (`pg_config`); false: named only by its collectives"),
         _SOURCE,
     ),
 )
@@ -441,8 +453,12 @@ NCCL_EVENTS = FrameSpec(
         _c("peer", pl.String(), "remote peer address, node or process the line names"),
         _c("file_line", pl.String(), "NCCL source `file:line` of a WARN"),
         _c("message", pl.String(), "message text"),
-        _c("time_ns", pl.Int64(), "epoch ns the line carries (2.26+ WARN `[date time]` prefix or a launcher's ISO "
-           "prefix; a time without a zone is read as UTC), else null"),
+        _c("time_ns", pl.Int64(), "epoch ns of the line's own dated stamp (2.26+ WARN `[date time]` prefix, "
+           "NCCL_DEBUG_TIMESTAMP_FORMAT's `[date time]` or a launcher's ISO prefix; a time without a zone is read as "
+           "UTC), else null; a year-less glog stamp (`stamp`) is placed with the job's year by "
+           "forensics.facts.job_year.placed"),
+        _c("stamp", pl.String(), "the line's year-less glog stamp `MMDD HH:MM:SS[.frac]` (PyTorch's `[E0314 ...`) "
+           "when it has no dated one, else null"),
     ),
 )
 
@@ -694,6 +710,8 @@ LAST_WORDS = FrameSpec(
         _c("local_rank", pl.Int32(), "local rank: torchrun's `[default3]:` prefix, the failure table, `local_rank: N`"),
         _c("pid", pl.Int64(), "process id where printed (failure table, launcher lines, data-loader worker)"),
         _c("line", pl.Int64(), "1-based line number where the event starts (a traceback: its exception line)"),
+        _c("pg", pl.String(), "the process group the event's line names (PyTorch's `[PG ID n ...]` / `[PG n]` prefix: "
+           "the PG ID, as the watchdog lines name it), else null"),
         _c("time_ns", pl.Int64(), "Unix ns, read as UTC, when known (see `time_from`)"),
         _c("stamp", pl.String(), "year-less glog stamp `MMDD HH:MM:SS[.frac]` when that is the only time (placed "
            "with the job's year by the detector)"),
@@ -858,6 +876,25 @@ _register(FR_DUMPS, FR_ENTRIES, FR_PG_STATUS)
 # --------------------------------------------------------------------------------------------
 
 
+SCHEMA_VERSION = 2
+"""Version of the frames' schema, written into every Parquet file of `forensics frames` (``PARQUET_VERSION_KEY``).
+2: the rank lists of kernels and comms moved to ``process_groups`` (``pg_id``)."""
+PARQUET_VERSION_KEY = "forensics.frames.schema_version"
+
+
+def pg_id(ranks: Iterable[int] | None) -> int | None:
+    """The id of a process group's member list: stable across files, processes and runs (not Python's ``hash``)."""
+    if ranks is None:
+        return None
+    digest = hashlib.blake2b(",".join(map(str, ranks)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+def pg_members(process_groups: pl.DataFrame) -> pl.DataFrame:
+    """``pg_id`` -> ``pg_ranks``, one row per member list, to join to kernels or comms on ``pg_id``."""
+    return process_groups.select("pg_id", "pg_ranks").drop_nulls("pg_id").unique("pg_id", keep="first")
+
+
 @functools.cache
 def schema(name: str) -> pl.Schema:
     """The canonical schema of ``name``, built once (validating every dtype costs ~0.1 ms): shared, do
@@ -945,7 +982,9 @@ def render_markdown() -> str:
         "",
         "Generated by `python -m forensics.base.frames > docs/frames.md` from `forensics/base/frames.py`;",
         "do not edit by hand. All times are integer nanoseconds (Int64). `rank` is null when unknown.",
-        "`forensics frames RUN_DIR --out DIR` writes each frame as `DIR/<name>.parquet`.",
+        "`forensics frames RUN_DIR --out DIR` writes each frame as `DIR/<name>.parquet`, with the schema's version",
+        f"in the file's key-value metadata (`{PARQUET_VERSION_KEY}` = `{SCHEMA_VERSION}`). Process-group member",
+        "lists are stored once, in `process_groups`: kernels and comms carry a `pg_id` to join them by (see there).",
         "",
     ]
     for spec in FRAME_SPECS.values():

@@ -137,6 +137,7 @@ class _Exposure:
     sized: bool  # the kernels carry their sizes
     unsplit: bool  # most kernel time could not be split into wait and transfer
     transfer_basis: str  # the facts layer's sentence on how transfer was estimated
+    process_group: str | None = None  # the one group its collectives ran in, if one
 
     @property
     def by_design(self) -> bool:
@@ -201,7 +202,7 @@ def _measure(ctx: JobContext, g: str, sev: Severity, per_rank: pl.DataFrame, n_s
         exposed_ns_per_step=_num(per_rank["exposed_ns"].median()) / max(1, n_steps),
         wait_ns=float(per_rank["wait_ns"].sum()), gpu_ns=float(culprits["exposed_ns"].sum()),
         evidence=_evidence(ctx, types, ranks), cov=cov, sized=sizes_known(kern), unsplit=_unsplit(kern),
-        transfer_basis=transfer_basis(kern),
+        transfer_basis=transfer_basis(kern), process_group=_one_group(kern),
     )
 
 
@@ -245,7 +246,14 @@ def _finding(e: _Exposure) -> Finding:
         key=e.g,
         confidence=at_most(e.cov.confidence(e.sized), "high" if not e.by_design else "medium"),
         kind=EXPOSED_COMM.name,
+        process_group=e.process_group,
     )
+
+
+def _one_group(kern: pl.DataFrame) -> str | None:
+    """The process group (its name) of the measured collectives, when they all ran in one."""
+    names = kern["pg_name"].drop_nulls().unique()
+    return str(names[0]) if names.len() == 1 else None
 
 
 def _words(e: _Exposure) -> tuple[str, str, str]:

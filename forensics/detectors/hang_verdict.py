@@ -109,7 +109,8 @@ def _verdict(ctx: JobContext, cfg: HangConfig, status: pl.DataFrame, entries: pl
     latest_ns = int(latest) if latest is not None else None  # type: ignore[arg-type]
     job = _Job(verdict, hang.blocked_collectives(verdict, entries, latest_ns), _who(ctx, dumps),
                ctx.world_size or _expected(verdict, dumps), latest_ns, _watchdog(ctx, cfg))
-    out = [_culprit_finding(job, cls, entries) for cls in ("device", "host") if verdict.culprit_ranks(cls)]
+    out = [_culprit_finding(job, _measure_culprit(job, cls, entries)) for cls in ("device", "host")
+           if verdict.culprit_ranks(cls)]
     if verdict.undecided.height:
         out.append(_undecided_finding(job))
     out += _mismatch_findings(hang.mismatches(entries))
@@ -162,31 +163,64 @@ def _clock(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _culprit_finding(job: _Job, cls: str, entries: pl.DataFrame) -> Finding:
+@dataclass(frozen=True)
+class _Culprit:
+    """What the vote measured for one class of culprit (device or host): who, the blocked collectives they are in,
+    the cost, the evidence rows, and whether the watchdog's counters and the stacks agree."""
+
+    cls: str
+    ranks: list[int]
+    rows: pl.DataFrame  # rank, why, votes of each culprit
+    blocked: pl.DataFrame  # the blocked collectives the culprits wait in or never joined
+    metrics: dict[str, MetricValue]
+    lost: float | None
+    evidence: tuple[dict[str, Any], ...]
+    agreement: dict[str, MetricValue]  # watchdog_culprits, watchdog_agrees (empty without the watchdog's counters)
+    stacks: pl.DataFrame  # hang.stack_outliers of the dumps' entries
+
+    @property
+    def groups(self) -> str | None:
+        """The process groups (Flight Recorder ``pg_name``) the culprits are voted stuck in."""
+        names = sorted({str(e["pg_name"]) for e in self.evidence if e["role"] == "culprit" and e["pg_name"]})
+        return ",".join(names) or None
+
+
+def _measure_culprit(job: _Job, cls: str, entries: pl.DataFrame) -> _Culprit:
     v = job.verdict
     ranks = v.culprit_ranks(cls)
     rows = v.culprits.filter(pl.col("rank").is_in(ranks))
     involved = ((pl.col("waiting").list.set_intersection(ranks).list.len() > 0)
                 | (pl.col("never_joined").list.set_intersection(ranks).list.len() > 0))
     mine = job.blocked.filter(involved) if job.blocked.height else job.blocked
-    what, how = _CLASS_TEXT[cls]
-    summary = (f"Rank(s) {_ranks(ranks)} {'is' if len(ranks) == 1 else 'are'} {what}: {how} "
-               f"({'; '.join(f'rank {r[0]}: {r[1]}' for r in rows.select('rank', 'why').iter_rows())}). "
-               f"{_blocked_text(mine)} Their peers wait for them; the others are consequences."
-               + _agreement_text(job, ranks) + _stacks_text(entries))
-    metrics, cost = _cost(job, mine)
-    evidence = _evidence(v, ranks)
+    metrics, lost = _cost(job, mine)
+    agreement = _agreement_metrics(job, ranks)
     metrics.update({"class": cls, "culprit_ranks": _ranks(ranks),
                     "votes": ", ".join(f"{r}:{n}" for r, n in rows.select("rank", "votes").iter_rows()),
                     "groups_blocked": job.blocked.height, "missing_dumps": _ranks(list(v.missing)) or None,
-                    **_agreement_metrics(job, ranks)})
+                    **agreement})
+    return _Culprit(cls, ranks, rows, mine, metrics, lost, _evidence(v, ranks), agreement,
+                    hang.stack_outliers(entries))
+
+
+def _culprit_words(c: _Culprit) -> tuple[str, str]:
+    """The measured culprits in words: title and summary."""
+    what, how = _CLASS_TEXT[c.cls]
+    summary = (f"Rank(s) {_ranks(c.ranks)} {'is' if len(c.ranks) == 1 else 'are'} {what}: {how} "
+               f"({'; '.join(f'rank {r[0]}: {r[1]}' for r in c.rows.select('rank', 'why').iter_rows())}). "
+               f"{_blocked_text(c.blocked)} Their peers wait for them; the others are consequences."
+               + _agreement_text(c.agreement) + _stacks_text(c.stacks))
+    return f"Hang: rank(s) {_ranks(c.ranks)} {what}", summary
+
+
+def _culprit_finding(job: _Job, c: _Culprit) -> Finding:
+    title, summary = _culprit_words(c)
     return Finding(
-        "hang_verdict", Severity.CRITICAL, f"Hang: rank(s) {_ranks(ranks)} {what}", summary, _REMEDIATION[cls],
-        ranks=tuple(ranks), hosts=_names(job.who, ranks, "host"), gpus=_names(job.who, ranks, "bus_id"),
-        metrics=metrics, evidence=evidence, gpu_seconds_lost=cost, key=f"stuck_{cls}",
-        kind=STUCK_RANK.name, when=_when(metrics), cost=_basis(metrics, evidence),
-        victims=tuple(sorted({e["rank"] for e in evidence if e["role"] == "victim"})),
-        confidence="high" if job.watchdog is None or metrics.get("watchdog_agrees") is not False else "medium",
+        "hang_verdict", Severity.CRITICAL, title, summary, _REMEDIATION[c.cls],
+        ranks=tuple(c.ranks), hosts=_names(job.who, c.ranks, "host"), gpus=_names(job.who, c.ranks, "bus_id"),
+        metrics=c.metrics, evidence=c.evidence, gpu_seconds_lost=c.lost, key=f"stuck_{c.cls}",
+        kind=STUCK_RANK.name, when=_when(c.metrics), cost=_basis(c.metrics, c.evidence), process_group=c.groups,
+        victims=tuple(sorted({e["rank"] for e in c.evidence if e["role"] == "victim"})),
+        confidence="high" if job.watchdog is None or c.agreement.get("watchdog_agrees") is not False else "medium",
     )
 
 
@@ -250,8 +284,7 @@ def _agreement_metrics(job: _Job, ranks: list[int]) -> dict[str, MetricValue]:
     return {"watchdog_culprits": _ranks(wd) or None, "watchdog_agrees": set(wd) == set(ranks) if wd else None}
 
 
-def _agreement_text(job: _Job, ranks: list[int]) -> str:
-    m = _agreement_metrics(job, ranks)
+def _agreement_text(m: dict[str, MetricValue]) -> str:
     if not m:
         return ""
     if m["watchdog_agrees"] is None:
@@ -261,8 +294,7 @@ def _agreement_text(job: _Job, ranks: list[int]) -> str:
     return f" The watchdog's counters in the logs name rank(s) {m['watchdog_culprits']} instead."
 
 
-def _stacks_text(entries: pl.DataFrame) -> str:
-    s = hang.stack_outliers(entries)
+def _stacks_text(s: pl.DataFrame) -> str:
     if s.height == 0 or not s["outlier"].any():
         return ""
     odd = s.filter(pl.col("outlier"))
@@ -272,23 +304,40 @@ def _stacks_text(entries: pl.DataFrame) -> str:
             f"({s['n_same'].max()!s} rank(s)); e.g. `{frame}`.")
 
 
-def _undecided_finding(job: _Job) -> Finding:
-    v = job.verdict
-    missing = sorted(set(v.undecided.explode("missing")["missing"].drop_nulls().to_list()))
+def _undecided_words(undecided: pl.DataFrame, missing: list[int]) -> tuple[str, str]:
+    """The undecided groups (pg_name, pg_desc, missing) in words: title and summary."""
     groups = "; ".join(f"{r['pg_desc'] or 'group'} (PG {r['pg_name']}) lacks {_ranks(r['missing'])}"
-                       for r in v.undecided.head(6).iter_rows(named=True))
+                       for r in undecided.head(6).iter_rows(named=True))
+    return (f"Hang verdict undecided: the dumps of rank(s) {_ranks(missing)} are missing",
+            f"Cannot decide who is stuck in {undecided.height} process group(s): {groups}. A rank without a dump "
+            "(or log) is never named a culprit; the missing rank may be the one the others wait for.")
+
+
+def _undecided_finding(job: _Job) -> Finding:
+    undecided = job.verdict.undecided
+    missing = sorted(set(undecided.explode("missing")["missing"].drop_nulls().to_list()))
+    title, summary = _undecided_words(undecided, missing)
     return Finding(
-        "hang_verdict", Severity.WARNING, f"Hang verdict undecided: the dumps of rank(s) {_ranks(missing)} are missing",
-        f"Cannot decide who is stuck in {v.undecided.height} process group(s): {groups}. A rank without a dump "
-        "(or log) is never named a culprit; the missing rank may be the one the others wait for.",
+        "hang_verdict", Severity.WARNING, title, summary,
         "Collect every rank's Flight Recorder dump (TORCH_NCCL_DUMP_ON_TIMEOUT=1 / TORCH_FR_DUMP_TEMP_FILE on "
         "storage every rank can write), or its logs, and analyze again.",
         key="undecided", confidence="medium", kind=UNDECIDED.name,
         when=When.unknown("Flight Recorder dumps carry no time of their own"),
-        metrics={"missing_ranks": _ranks(missing), "undecided_groups": v.undecided.height},
-        evidence=tuple(v.undecided.with_columns(pl.col("missing").cast(pl.List(pl.String)).list.join(","))
+        process_group=",".join(sorted(str(g) for g in undecided["pg_name"].drop_nulls().unique())) or None,
+        metrics={"missing_ranks": _ranks(missing), "undecided_groups": undecided.height},
+        evidence=tuple(undecided.with_columns(pl.col("missing").cast(pl.List(pl.String)).list.join(","))
                        .head(10).to_dicts()),
     )
+
+
+def _mismatch_words(kind: str, g: pl.DataFrame) -> tuple[str, str]:
+    """One kind of mismatch (the fr_trace rows of its collectives, the first first) in words: title and summary."""
+    first = g.row(0, named=True)
+    what = kind.replace("_", " ")
+    return (f"Collective {what} mismatch between ranks",
+            f"In {first['pg_desc'] or 'group'} (PG {first['pg_name']}) collective #{first['seq']}: rank(s) "
+            f"{_ranks(first['ranks'])} have {what} {first['value']} where the others have {first['majority']} "
+            f"({g.height} such collective(s)). Ranks that disagree wait on each other forever.")
 
 
 def _mismatch_findings(mm: pl.DataFrame) -> list[Finding]:
@@ -298,15 +347,14 @@ def _mismatch_findings(mm: pl.DataFrame) -> list[Finding]:
     for (kind,), g in mm.group_by("kind", maintain_order=True):
         ranks = sorted(set(g.explode("ranks")["ranks"].to_list()))
         first = g.row(0, named=True)
+        title, summary = _mismatch_words(str(kind), g)
         out.append(Finding(
-            "hang_verdict", Severity.CRITICAL, f"Collective {kind.replace('_', ' ')} mismatch between ranks",
-            f"In {first['pg_desc'] or 'group'} (PG {first['pg_name']}) collective #{first['seq']}: rank(s) "
-            f"{_ranks(first['ranks'])} have {kind.replace('_', ' ')} {first['value']} where the others have "
-            f"{first['majority']} ({g.height} such collective(s)). Ranks that disagree wait on each other forever.",
+            "hang_verdict", Severity.CRITICAL, title, summary,
             "Find the code path that makes these ranks issue a different collective, size or dtype (uneven "
             "batches, data-dependent shapes, a branch taken on some ranks) and make every rank issue the same.",
             ranks=tuple(ranks), key=f"mismatch_{kind}", confidence="high", kind=MISMATCH.name,
             when=When.unknown("Flight Recorder dumps carry no time of their own"),
+            process_group=",".join(sorted(str(p) for p in g["pg_name"].drop_nulls().unique())) or None,
             metrics={"kind": str(kind), "collectives": g.height, "seq": first["seq"], "pg_name": first["pg_name"]},
             evidence=tuple(g.with_columns(pl.col("ranks").cast(pl.List(pl.String)).list.join(",")).head(10)
                            .to_dicts()),

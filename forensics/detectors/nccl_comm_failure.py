@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import polars as pl
 
@@ -14,6 +15,7 @@ from forensics.base.findings import Finding, FindingKind, Role, Severity, When
 from forensics.base.settings import setting
 from forensics.detectors import DetectorDoc, Skip, detector
 from forensics.facts.context import JobContext
+from forensics.facts.job_year import job_year, placed
 from forensics.facts.nccl_setup import evidence, where
 
 IB_STATUS = {
@@ -54,7 +56,7 @@ class NcclCommFailureConfig:
 
 def _failures(ctx: JobContext) -> pl.DataFrame:
     """Every immediate-error line of the job with its class, whether it is a consequence and a sort key."""
-    ev = ctx.frames["nccl_events"].filter(pl.col("kind").is_in(list(KINDS)))
+    ev = placed(ctx.frames["nccl_events"], job_year(ctx.frames)).filter(pl.col("kind").is_in(list(KINDS)))
     ev = ev.with_columns(
         pl.col("kind").replace_strict({k: v[0] for k, v in KINDS.items()}, default=None).alias("error_class"),
         pl.col("kind").replace_strict({k: v[1] for k, v in KINDS.items()}, default=False).alias("consequence"))
@@ -111,28 +113,32 @@ def _peer_place(ctx: JobContext, peer: str | None, hosts: list[str]) -> str | No
     return str(hit[0]) if hit.len() else None
 
 
-def _comm_and_op(ctx: JobContext, first: dict, codes: list[str]) -> tuple[str | None, str | None]:
-    """The failing process's communicator (commId, else pointer, with its size) and the operation."""
+def _comm(ctx: JobContext, first: dict) -> tuple[str | None, int | None]:
+    """The failing process's communicator (commId, else pointer) and its size."""
     key = (first.get("host"), first.get("pid"), first.get("cuda_dev"))
     comms = ctx.frames["nccl_comms"].filter(
         (pl.col("origin") == "init") & pl.col("host").eq_missing(key[0]) & pl.col("pid").eq_missing(key[1])
         & pl.col("cuda_dev").eq_missing(key[2]) & (pl.col("line") <= (first.get("line") or 0)))
-    comm = None
-    if comms.height:
-        last = comms.row(-1, named=True)
-        comm = f"{last['comm_id'] or last['comm']} ({last['nranks']} ranks)"
+    if not comms.height:
+        return None, None
+    last = comms.row(-1, named=True)
+    return str(last["comm_id"] or last["comm"]), last["nranks"]
+
+
+def _operation(ctx: JobContext, first: dict) -> str | None:
+    """What the line or the error trail names (Connect, Send/Recv, ...), else the process's last collective."""
     msg = str(first.get("message") or "")
     m = re.search(r"operation[= ](\w+)", msg) or re.search(r"\((Send|Recv|Read|Write)\)", msg)
     if m:
-        return comm, m.group(1)
+        return m.group(1)
     calls = ctx.frames["nccl_calls"].filter(
-        (pl.col("kind") == "coll") & pl.col("host").eq_missing(key[0]) & pl.col("pid").eq_missing(key[1])
-        & (pl.col("line") <= (first.get("line") or 0)))
+        (pl.col("kind") == "coll") & pl.col("host").eq_missing(first.get("host"))
+        & pl.col("pid").eq_missing(first.get("pid")) & (pl.col("line") <= (first.get("line") or 0)))
     if calls.height:
-        return comm, str(calls["op"][-1])
+        return str(calls["op"][-1])
     if "proxy" in msg.lower() or "accept" in msg.lower():
-        return comm, "connection setup"
-    return comm, None
+        return "connection setup"
+    return None
 
 
 COMM_FAILURE = FindingKind(
@@ -180,6 +186,76 @@ DOC = DetectorDoc(
 )
 
 
+@dataclass(frozen=True)
+class _Failure:
+    """What one job's communication failure measured: every error line, the first (primary) one and what it names."""
+
+    fails: pl.DataFrame  # every error line, first in time first
+    first: dict[str, Any]  # the first error (the first primary one when there is one)
+    primary: bool  # the first error is not itself a consequence of an earlier one
+    codes: list[str]  # ncclResult_t names of the error trail
+    peer: str | None
+    peer_host: str | None
+    comm: str | None  # the failing process's communicator (commId, else pointer)
+    comm_ranks: int | None
+    op: str | None
+    where: tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]  # ranks, hosts, GPUs of every error line
+    reporter: tuple[int | None, str | None]  # the first error's rank and host
+
+    @property
+    def error_class(self) -> str:
+        cls = str(self.first["error_class"])
+        if self.first["kind"] == "ib_completion" and self.first.get("code") is not None:
+            cls += f": status {self.first['code']} = {IB_STATUS.get(int(self.first['code']), 'see ibv_wc_status')}"
+        return cls
+
+
+def _measure(ctx: JobContext, fails: pl.DataFrame) -> _Failure:
+    j = ctx.nccl
+    primary = fails.filter(~pl.col("consequence"))
+    first = (primary if primary.height else fails).row(0, named=True)
+    peer = first.get("peer")
+    comm, size = _comm(ctx, first)
+    f_ranks, f_hosts, _ = where(pl.DataFrame([first]).select([c for c in ("host", "pid", "cuda_dev", "rank")
+                                                             if c in first]), j.ident)
+    return _Failure(fails, first, bool(primary.height), _return_codes(ctx), peer, _peer_place(ctx, peer, j.hosts),
+                    comm, size, _operation(ctx, first), where(fails, j.ident),
+                    (f_ranks[0] if f_ranks else None, f_hosts[0] if f_hosts else None))
+
+
+def _summary(m: _Failure) -> str:
+    """The measured failure in words."""
+    rank, host = m.reporter
+    who = f"rank {rank}" if rank is not None else "a process"
+    comm = f"{m.comm} ({m.comm_ranks} ranks)" if m.comm else None
+    said = [f"First error: {who}{f' on {host}' if host else ''}, {m.error_class}",
+            f"peer {m.peer}" + (f" (host {m.peer_host})" if m.peer_host else "") if m.peer else "",
+            f"communicator {comm}" if comm else "", f"operation {m.op}" if m.op else "",
+            f"NCCL returned {', '.join(m.codes)}" if m.codes else "",
+            f"{m.fails.height} error line(s) on {len(m.where[1])} host(s)"]
+    return "; ".join(p for p in said if p) + (". NCCL failed at once (not a watchdog timeout); later errors on other "
+                                              "ranks are mostly its consequences.")
+
+
+def _finding(m: _Failure, cfg: NcclCommFailureConfig) -> Finding:
+    first, (ranks, hosts, gpus) = m.first, m.where
+    rank, host = m.reporter
+    return Finding(
+        "nccl_comm_failure", Severity.CRITICAL,
+        f"NCCL communication failure: {str(first['error_class']).split(' (')[0]}", _summary(m),
+        _advice(str(first["kind"]), first.get("code"), str(first.get("message") or "")),
+        ranks=ranks, hosts=tuple(sorted(set(hosts) | ({m.peer_host} if m.peer_host else set()))), gpus=gpus,
+        key="comm_failure", kind=COMM_FAILURE.name, when=_when(first.get("time_ns")), process_group=m.comm,
+        confidence="high" if m.primary else "medium",
+        metrics={"events": m.fails.height, "error_class": str(first["error_class"]), "first_kind": str(first["kind"]),
+                 "reporting_rank": rank, "reporting_host": host, "peer": m.peer, "peer_host": m.peer_host,
+                 "communicator": f"{m.comm} ({m.comm_ranks} ranks)" if m.comm else None, "operation": m.op,
+                 "nccl_result": ",".join(m.codes) or None, "time_ns": first.get("time_ns")},
+        evidence=evidence(m.fails, ("host", "pid", "cuda_dev", "rank", "line", "time_ns", "kind", "code", "peer",
+                                    "message"), cfg.max_evidence),
+    )
+
+
 @detector("nccl_comm_failure", doc=DOC, settings=NcclCommFailureConfig,
           requires_any=("nccl_events", "collective_timeouts"),
           kinds=(COMM_FAILURE,), view="hw-events")
@@ -188,42 +264,7 @@ def detect(ctx: JobContext, cfg: NcclCommFailureConfig) -> list[Finding]:
     if fails.height == 0:
         raise Skip("no NCCL communication error in the logs (remote/system/internal errors, closed connections, "
                    "IB or OFI provider errors)")
-    j = ctx.nccl
-    primary = fails.filter(~pl.col("consequence"))
-    first = (primary if primary.height else fails).row(0, named=True)
-    codes = _return_codes(ctx)
-    peer = first.get("peer")
-    peer_host = _peer_place(ctx, peer, j.hosts)
-    comm, op = _comm_and_op(ctx, first, codes)
-    ranks, hosts, gpus = where(fails, j.ident)
-    f_ranks, f_hosts, _ = where(pl.DataFrame([first]).select([c for c in ("host", "pid", "cuda_dev", "rank")
-                                                             if c in first]), j.ident)
-    cls = str(first["error_class"])
-    if first["kind"] == "ib_completion" and first.get("code") is not None:
-        cls += f": status {first['code']} = {IB_STATUS.get(int(first['code']), 'see ibv_wc_status')}"
-    who = f"rank {f_ranks[0]}" if f_ranks else "a process"
-    where_ = f" on {f_hosts[0]}" if f_hosts else ""
-    said = [f"First error: {who}{where_}, {cls}",
-            f"peer {peer}" + (f" (host {peer_host})" if peer_host else "") if peer else "",
-            f"communicator {comm}" if comm else "", f"operation {op}" if op else "",
-            f"NCCL returned {', '.join(codes)}" if codes else "",
-            f"{fails.height} error line(s) on {len(hosts)} host(s)"]
-    return [Finding(
-        "nccl_comm_failure", Severity.CRITICAL,
-        f"NCCL communication failure: {str(first['error_class']).split(' (')[0]}",
-        "; ".join(p for p in said if p) + ". NCCL failed at once (not a watchdog timeout); later errors on other "
-        "ranks are mostly its consequences.",
-        _advice(str(first["kind"]), first.get("code"), str(first.get("message") or "")),
-        ranks=ranks, hosts=tuple(sorted(set(hosts) | ({peer_host} if peer_host else set()))), gpus=gpus,
-        key="comm_failure", kind=COMM_FAILURE.name, when=_when(first.get("time_ns")),
-        confidence="high" if primary.height else "medium",
-        metrics={"events": fails.height, "error_class": str(first["error_class"]), "first_kind": str(first["kind"]),
-                 "reporting_rank": f_ranks[0] if f_ranks else None, "reporting_host": f_hosts[0] if f_hosts else None,
-                 "peer": peer, "peer_host": peer_host, "communicator": comm, "operation": op,
-                 "nccl_result": ",".join(codes) or None, "time_ns": first.get("time_ns")},
-        evidence=evidence(fails, ("host", "pid", "cuda_dev", "rank", "line", "time_ns", "kind", "code", "peer",
-                                  "message"), cfg.max_evidence),
-    )]
+    return [_finding(_measure(ctx, fails), cfg)]
 
 
 def _when(t: object) -> When:

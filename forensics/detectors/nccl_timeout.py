@@ -16,7 +16,7 @@ from forensics.base.settings import setting
 from forensics.detectors import DetectorDoc, Skip, detector
 from forensics.facts import hang
 from forensics.facts.context import JobContext
-from forensics.facts.job_year import job_year
+from forensics.facts.job_year import job_year, placed
 from forensics.facts.nccl_setup import JobNccl, evidence, where
 from forensics.parsers.timestamps import earliest_glog_ns
 
@@ -39,7 +39,15 @@ CUDA_FAILURE = FindingKind(
     "cuda_failure", "a CUDA error inside NCCL killed a communicator", Role.FAULT,
     "Debug the CUDA fault on that GPU first (compute-sanitizer, CUDA_LAUNCH_BLOCKING=1, dmesg Xid); "
     "network errors on other ranks are secondary.", stage=1)
-_UNSTAMPED = "NCCL lines carry no time stamp the parser reads"
+
+def _event_span(rows: pl.DataFrame, what: str) -> When:
+    """From the first to the last of ``rows`` (nccl_events) that carries a time (its own stamp, glog stamps placed
+    with the job's year); unknown when none does."""
+    t = rows["time_ns"].drop_nulls()
+    if t.len() == 0:
+        return When.unknown(f"the {what} lines carry no wall-clock stamp (nor a glog stamp with the job's year)")
+    lo, hi = int(cast(int, t.min())), int(cast(int, t.max()))
+    return When.span(lo, hi, f"the {what} lines' own stamps (read as UTC when they name no zone)")
 
 
 @dataclass(frozen=True)
@@ -292,7 +300,7 @@ def check_ras(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
         f"RAS: {'; '.join(groups) or 'errors'}"
         + (f"; {', '.join(errors)} on node(s) {', '.join(nodes)}" if nodes else "")
         + ". A rank that stops reporting is dead, hung before the collective, or unreachable.",
-        MISSING_RANK.remediation, kind=MISSING_RANK.name, when=When.unknown(_UNSTAMPED),
+        MISSING_RANK.remediation, kind=MISSING_RANK.name, when=_event_span(ras, "RAS error"),
         ranks=tuple(sorted(set(ras["rank"].drop_nulls().to_list()))), hosts=tuple(nodes), key="ras", confidence="high",
         metrics={"ras_error_lines": ras.height},
         evidence=evidence(ras, ("line", "kind", "peer", "code", "message")),
@@ -309,7 +317,7 @@ def check_cuda(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
         "nccl_timeout", Severity.CRITICAL, "A CUDA error aborted NCCL",
         f"NCCL hit `{cuda['message'][0]}` on {', '.join(hosts) or 'a rank'}: the communicator is dead and peers "
         "see resets or timeouts as a consequence.",
-        CUDA_FAILURE.remediation, kind=CUDA_FAILURE.name, when=When.unknown(_UNSTAMPED),
+        CUDA_FAILURE.remediation, kind=CUDA_FAILURE.name, when=_event_span(cuda, "CUDA failure"),
         ranks=ranks, hosts=hosts, gpus=gpus, key="cuda_failure", confidence="high",
         evidence=evidence(cuda, ("host", "pid", "cuda_dev", "line", "file_line", "message")),
     )]
@@ -338,10 +346,11 @@ DOC = DetectorDoc(
     ),
     measures=(
         "collective_timeouts (PyTorch lines) grouped by (process group, SeqNum); nccl_events for RAS and CUDA"
-        " failures. Culprits: ranks named by a desync report; else ranks whose last enqueued work is below "
-        "the timed-out SeqNum; else the per-group vote over the watchdog's last enqueued / last completed counters "
-        "(forensics.facts.hang: stuck on the device or on the host); else the few ranks of the world communicator "
-        "(size from NCCL init lines) that "
+        " failures, placed in time by their lines' own stamps (``time_ns``; glog stamps with the job's year), "
+        "unknown when they carry none. Culprits: ranks named by a desync report; else ranks whose last enqueued "
+        "work is below the timed-out SeqNum; else the per-group vote over the watchdog's last enqueued / last "
+        "completed counters (forensics.facts.hang: stuck on the device or on the host); else the few ranks of "
+        "the world communicator (size from NCCL init lines) that "
         "report no timeout while the others do; else, for a desync, the ranks in the minority collective; "
         "otherwise the ranks that reported the timeout are listed as reporters, not culprits (confidence "
         "lowered)."
@@ -360,12 +369,13 @@ DOC = DetectorDoc(
           kinds=(TIMEOUT, DESYNC, MISSING_RANK, CUDA_FAILURE), view="hw-events")
 def detect(ctx: JobContext, cfg: NcclTimeoutConfig) -> list[Finding]:
     frames = ctx.frames
-    ct, ev = frames["collective_timeouts"], frames["nccl_events"]
+    year = job_year(frames)
+    ct, ev = frames["collective_timeouts"], placed(frames["nccl_events"], year)
     ras = ev.filter(pl.col("kind").is_in(["ras_missing", "ras_dead", "ras_outlier"])
                     | ((pl.col("kind") == "ras_group") & (pl.col("level") == "WARN")))
     ras_ok = ev.filter((pl.col("kind") == "ras_group") & (pl.col("level") == "INFO"))
     cuda = ev.filter(pl.col("kind") == "cuda_failure")
     if ct.height == 0 and ras.height == 0 and cuda.height == 0:
         raise Skip("no PyTorch watchdog/timeout lines, NCCL RAS errors or fatal NCCL errors in the logs")
-    t = _Logs(ctx.nccl, ct, ras, ras_ok, cuda, job_year(frames))
+    t = _Logs(ctx.nccl, ct, ras, ras_ok, cuda, year)
     return [f for check in CHECKS for f in check(t, cfg)]

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from forensics.base import frames as fr
 from forensics.base.frames import JobFrames
 from forensics.parsers.kineto_names import TP_OVERLAP_KERNEL
 
@@ -156,24 +157,24 @@ def _comm_kernels(frames: JobFrames, launches: pl.DataFrame | None = None) -> tu
     """NCCL/RCCL kernels with step, PG key, PG type and launch time attached, and ``_pgid``, a dense integer id of
     ``pg_key`` to group and join by; and the rank list of each ``_pgid`` (``_pgid``, ``pg_ranks``). A rank list
     per kernel row is the square of the ranks (1 GB at 4,096 ranks), copied by every filter, join and sort of the
-    rows; the rows carry its hash instead (with the group's name it tells one group from another)."""
-    kern = frames["kernels"]
-    rh = pl.when(pl.col("pg_ranks").is_not_null()).then(pl.col("pg_ranks").hash())
-    k = kern.with_columns(rh.alias("_rh")).with_row_index("_row").drop("pg_ranks").filter(pl.col("class") == "comm")
-    firsts = k.filter(pl.col("_rh").is_not_null()).group_by("pg_name", "_rh").agg(pl.col("_row").first())
-    lists = firsts.select("pg_name", "_rh", kern["pg_ranks"].gather(firsts["_row"]).alias("pg_ranks"))
+    rows; the rows carry its id (``pg_id``; with the group's name it tells one group from another) and
+    ``process_groups`` the lists."""
     pgs = frames["process_groups"]
-    if pgs.height:  # kernels without group metadata take their rank's group of that name
-        pg_info = pgs.group_by("rank", "pg_name").agg(
-            pl.col("pg_desc").first().alias("_desc"), pl.col("pg_ranks").first().alias("_pranks")
-        ).with_columns(pl.when(pl.col("_pranks").is_not_null()).then(pl.col("_pranks").hash()).alias("_prh"))
-        k = k.join(pg_info.drop("_pranks"), on=["rank", "pg_name"], how="left").with_columns(
+    members = fr.pg_members(pgs)
+    k = frames["kernels"].filter(pl.col("class") == "comm")
+    lists = k.filter(pl.col("pg_id").is_not_null()).select("pg_name", "pg_id").unique(maintain_order=True)
+    declared = pgs.filter(pl.col("declared"))
+    if declared.height:  # kernels without group metadata take their rank's group of that name
+        pg_info = declared.group_by("rank", "pg_name").agg(
+            pl.col("pg_desc").first().alias("_desc"), pl.col("pg_id").first().alias("_ppg")
+        )
+        k = k.join(pg_info, on=["rank", "pg_name"], how="left").with_columns(
             pl.coalesce("pg_desc", "_desc").alias("pg_desc"),
-            pl.coalesce("_rh", "_prh").alias("_rh"),
-        ).drop("_desc", "_prh")
-        lists = pl.concat([lists,
-                           pg_info.select("pg_name", pl.col("_prh").alias("_rh"), pl.col("_pranks").alias("pg_ranks"))])
-    k, lists = _with_pg_key(attach_steps(frames, k.drop("_row"), launches), lists)
+            pl.coalesce("pg_id", "_ppg").alias("pg_id"),
+        ).drop("_desc", "_ppg")
+        lists = pl.concat([lists, pg_info.select("pg_name", pl.col("_ppg").alias("pg_id"))])
+    lists = lists.join(members, on="pg_id", how="left")
+    k, lists = _with_pg_key(attach_steps(frames, k, launches), lists)
     # userbuffers and symmetric-memory kernels carry no group: both are tensor-parallel features (TE's comm-GEMM
     # overlap, async TP)
     tp_overlap = pl.col("pg_desc").is_null() & pl.col("name").str.contains(TP_OVERLAP_KERNEL)
@@ -196,20 +197,21 @@ def _coalesced_p2p() -> pl.Expr:
 
 def _with_pg_key(k: pl.DataFrame, lists: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Add ``pg_key`` (``pg_name|r0,r1,...``, the rank list spelled out) and ``_pgid`` to the rows (which
-    carry ``_rh``, their rank list's hash; ``lists``: pg_name, _rh, pg_ranks). The key is spelled once per
+    carry ``pg_id``, their member list's id; ``lists``: pg_name, pg_id, pg_ranks). The key is spelled once per
     group and joined to the rows, which then share its text (string views): spelled per row it held the
     whole rank list once per kernel (75 MB at 1,024 ranks). Returns the rows and each ``_pgid``'s ranks."""
     ranks_txt = pl.col("pg_ranks").cast(pl.List(pl.String)).list.join(",")
     keys = (
-        k.select("pg_name", "_rh").unique()
-        .join(lists.drop_nulls("_rh").unique(["pg_name", "_rh"], keep="first"), on=["pg_name", "_rh"], how="left",
-              nulls_equal=True)
+        k.select("pg_name", "pg_id").unique()
+        .join(lists.drop_nulls("pg_id").unique(["pg_name", "pg_id"], keep="first"), on=["pg_name", "pg_id"],
+              how="left", nulls_equal=True)
         .with_columns(pl.concat_str([pl.col("pg_name").fill_null("?"), ranks_txt.fill_null("*")], separator="|")
                       .alias("pg_key"))
         .with_columns(pl.col("pg_key").rank("dense").alias("_pgid"))  # one id per key text, as grouping by it
     )
-    rows = k.join(keys.drop("pg_ranks"), on=["pg_name", "_rh"], how="left", nulls_equal=True, maintain_order="left")
-    return rows.drop("_rh"), keys.select("_pgid", "pg_ranks").unique("_pgid", keep="first")
+    rows = k.join(keys.drop("pg_ranks"), on=["pg_name", "pg_id"], how="left", nulls_equal=True,
+                  maintain_order="left")
+    return rows.drop("pg_id"), keys.select("_pgid", "pg_ranks").unique("_pgid", keep="first")
 
 
 def match_collectives(frames: JobFrames, launches: pl.DataFrame | None = None) -> CollectiveMatch:

@@ -16,7 +16,7 @@ from typing import Any
 
 import polars as pl
 
-from forensics.base.frames import JobFrames
+from forensics.base.frames import JobFrames, pg_members
 from forensics.facts.breakdown import Breakdown, compute_breakdown, kernel_exposure
 from forensics.facts.collectives import CollectiveMatch, launch_times, match_collectives, pg_type_expr
 from forensics.facts.identity import identities, job_identities
@@ -191,7 +191,7 @@ class JobContext:
     @cached_property
     def kernel_categories(self) -> pl.DataFrame:
         """Every ranked kernel with its op ``category`` (:mod:`forensics.facts.op_categories`); NCCL kernels by the
-        process-group type of the matched collectives. The kernels frame's columns but ``pg_ranks``."""
+        process-group type of the matched collectives. The kernels frame's columns but ``pg_id``."""
         return categorized_kernels(self.frames, self.match.kernels)
 
     @cached_property
@@ -233,16 +233,18 @@ class JobContext:
 def _pp_members(frames: JobFrames, match: CollectiveMatch) -> pl.DataFrame:
     """rank, pg_ranks of each rank's pipeline group: from the process groups, else from PP kernels."""
     pgs = frames["process_groups"]
-    pp = pgs.filter(pg_type_expr(pl.col("pg_desc").fill_null("")) == "PP").drop_nulls("rank")
+    pp = pgs.filter(pl.col("declared") & (pg_type_expr(pl.col("pg_desc").fill_null("")) == "PP")).drop_nulls("rank")
     if pp.height == 0:
         k = match.kernels.filter(pl.col("pg_type") == "PP")
         if k.height == 0:
             return pl.DataFrame(schema={"rank": pl.Int32, "pg_ranks": pl.List(pl.Int64)})
-        # the PP kernels' rows alone carry their rank lists through the join (each copy is the square of the ranks)
-        full = frames["kernels"].select("rank", "pg_name", "class", "pg_ranks").join(
+        # the PP kernels' member lists, joined once the rows are few (each list is as long as the group)
+        full = frames["kernels"].select("rank", "pg_name", "class", "pg_id").join(
             k.select("rank", "pg_name").unique(), on=["rank", "pg_name"], how="semi"
         ).filter(pl.col("class") == "comm")
-        pp = full.select("rank", "pg_name", "pg_ranks").drop_nulls("pg_ranks")
+        pp = (full.select("rank", "pg_name", "pg_id").join(pg_members(pgs), on="pg_id", how="left",
+                                                            maintain_order="left")
+              .select("rank", "pg_name", "pg_ranks").drop_nulls("pg_ranks"))
     return pp.unique(["rank"], keep="first").select("rank", "pg_ranks")
 
 

@@ -71,7 +71,8 @@ def _world_ranks(ctx: JobContext) -> set[int]:
     """Ranks the job has by its own account: its world size (JobContext.world), group members."""
     out = set(range(ctx.world_size or 0))
     if ctx.frames.has("process_groups"):
-        out |= set(ctx.frames["process_groups"]["pg_ranks"].explode().drop_nulls().to_list())
+        declared = ctx.frames["process_groups"].filter(pl.col("declared"))
+        out |= set(declared["pg_ranks"].explode().drop_nulls().to_list())
     return out
 
 

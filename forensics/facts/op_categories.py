@@ -60,12 +60,11 @@ def category_expr(name: pl.Expr) -> pl.Expr:
 
 
 def categorized_kernels(frames: JobFrames, comm_pg: pl.DataFrame) -> pl.DataFrame:
-    """Every ranked kernel with ``category``, all the kernels frame's columns but ``pg_ranks``; ``comm_pg`` (rank,
+    """Every ranked kernel with ``category``, all the kernels frame's columns but ``pg_id``; ``comm_pg`` (rank,
     start_ns, end_ns, pg_type) gives NCCL kernels their process-group type (the matched collectives' kernels)."""
-    # CUDA sync events (nsys) are waits recorded on the GPU rows, not work: no category. The rank lists are
-    # dropped first: every filter and join copies a list column's values, and a group's rank list on each NCCL
-    # kernel row is the square of the ranks (about 1 GB per copy at 4,096 ranks); process_groups has them
-    k = frames["kernels"].drop("pg_ranks").filter(pl.col("rank").is_not_null() & (pl.col("class") != "sync"))
+    # CUDA sync events (nsys) are waits recorded on the GPU rows, not work: no category. The member lists' ids
+    # are dropped (the columns stay those of before they replaced the lists)
+    k = frames["kernels"].drop("pg_id").filter(pl.col("rank").is_not_null() & (pl.col("class") != "sync"))
     pg = comm_pg.select("rank", "start_ns", "end_ns", "pg_type").unique(["rank", "start_ns", "end_ns"])
     k = k.join(pg, on=["rank", "start_ns", "end_ns"], how="left")
     cls = pl.col("class").cast(pl.String)
@@ -116,6 +115,9 @@ inductor's call of its compiled graph."""
 
 CAPTURE_BEGIN = r"^(cuda|hip)StreamBeginCapture"
 CAPTURE_END = r"^(cuda|hip)StreamEndCapture"
+LAUNCH_CALL = r"(?i)launch|memcpy|memset"
+"""Runtime / driver calls that enqueue GPU work. Inside a stream capture they run nothing, so a source that marks
+launches by the GPU activity they ran (Nsight Systems) does not mark them: captured launches are found by name."""
 
 
 def op_attribution(kernels: pl.DataFrame, frames: JobFrames) -> pl.DataFrame:
@@ -207,7 +209,8 @@ def captured_launches(frames: JobFrames) -> pl.DataFrame:
     """The launch calls made inside a stream capture: rank, ``_cap`` (capture id), ``_cap_end``, ``_node``
     (position in the capture), ``_n`` (launches in the capture), ``_capture_op`` (the op that launched it)."""
     ops = frames["cpu_ops"].select("rank", "tid", "category", "name", "correlation", "is_launch", "start_ns", "end_ns")
-    runtime = ops.filter(pl.col("category").is_in(["cuda_runtime", "cuda_driver"]))
+    is_runtime = pl.col("category").is_in(["cuda_runtime", "cuda_driver"])
+    runtime = ops.filter(is_runtime)
     begins = runtime.filter(pl.col("name").str.contains(CAPTURE_BEGIN)).select("rank", "tid",
                                                                                pl.col("start_ns").alias("_b"))
     ends = runtime.filter(pl.col("name").str.contains(CAPTURE_END)).select("rank", "tid",
@@ -222,15 +225,16 @@ def captured_launches(frames: JobFrames) -> pl.DataFrame:
         .drop_nulls("_cap_end").with_row_index("_cap")
     )
     gpu = frames["kernels"].select("rank", "correlation").drop_nulls().unique()
+    call = pl.col("is_launch") | (is_runtime & pl.col("name").str.contains(LAUNCH_CALL))
     launches = (
-        ops.filter(pl.col("is_launch") & pl.col("correlation").is_not_null())
+        ops.filter(call & pl.col("correlation").is_not_null())
         .join(gpu, on=["rank", "correlation"], how="anti")  # captured: nothing ran under that id
         .join(windows, on=["rank", "tid"], how="inner")
         .filter((pl.col("start_ns") >= pl.col("_b")) & (pl.col("start_ns") <= pl.col("_cap_end")))
     )
     if launches.height == 0:
         return empty
-    launches = launches.join(launch_ops(frames, launches.select("rank", "correlation").unique()),
+    launches = launches.join(launch_ops(frames, launches.select("rank", "correlation").unique(), calls=call),
                              on=["rank", "correlation"], how="left")
     return (
         launches.sort("rank", "_cap", "start_ns")
@@ -254,11 +258,12 @@ _NVTX_SUFFIX = r",\s*(op_id|seq|sizes|stream)\s*=.*$"
 
 
 def launch_ops(frames: JobFrames, only: pl.DataFrame | None = None, ranges_named: str | None = None,
-               out: str = "_launch_op") -> pl.DataFrame:
+               out: str = "_launch_op", calls: pl.Expr | None = None) -> pl.DataFrame:
     """Per (rank, correlation) of a launch call (of those in ``only``, when given): the innermost op or annotation
     range open on the launching thread when the launch began (the NVTX ranges PyTorch writes under Nsight Systems,
     ``aten::mm, op_id = N``, with the op id dropped). Traces that link by External id do not need it.
-    ``ranges_named``: only the ranges whose name matches this pattern (their innermost one), in column ``out``."""
+    ``ranges_named``: only the ranges whose name matches this pattern (their innermost one), in column ``out``.
+    ``calls``: which ops are launch calls (default: ``is_launch``)."""
     ops = frames["cpu_ops"].select("rank", "tid", "category", "is_launch", "correlation", "name", "start_ns", "end_ns")
     none = pl.DataFrame(schema={"rank": pl.Int32, "correlation": pl.Int64, out: pl.String})
     kinds = pl.col("category").is_in(["cpu_op", "user_annotation"])
@@ -271,7 +276,7 @@ def launch_ops(frames: JobFrames, only: pl.DataFrame | None = None, ranges_named
     )
     if ranges.height == 0:
         return none
-    launches = ops.filter(pl.col("is_launch") & pl.col("correlation").is_not_null())
+    launches = ops.filter((pl.col("is_launch") if calls is None else calls) & pl.col("correlation").is_not_null())
     if only is not None:
         launches = launches.join(only.select("rank", "correlation"), on=["rank", "correlation"], how="semi")
     launches = (

@@ -2,9 +2,12 @@
 parent each consequence hangs under. Reads only the findings' typed fields (kind, when, ranks, hosts, GPUs,
 waited_for, victims), never their metrics.
 
-A rule with time order ``cause_first`` refuses a pair whose cause started after the consequence ended (a cause
-is never later than its consequence) or outside its window; when either time is unknown it refuses the pair,
-or, where the rule says ``place_only``, links it by place alone at low confidence and says so in the link.
+Every rule with time order ``cause_first`` or ``any`` refuses a pair whose cause started after the consequence ended
+(a cause is never later than its consequence); ``cause_first`` also refuses a cause that started more than its
+window before; ``near`` (one event recorded twice) asks both to lie within the window of each other. When a time
+is unknown the rule's ``unknown_time`` decides: ``refuse`` the pair; ``place_only``: link it by place alone at low
+confidence and say so in the link; ``standing``: a cause that is a setting holding for the whole run is linked
+without its own time (the link says so), a consequence of unknown time is refused.
 """
 
 from __future__ import annotations
@@ -85,22 +88,21 @@ def finding_time(f: Finding) -> tuple[int, int] | None:
 
 
 def _time_ok(rule: Rule, ct: tuple[int, int] | None, qt: tuple[int, int] | None) -> bool | None:
-    """True/False when the order is checked (or the rule needs none), None when a time is unknown."""
-    if rule.order == "any":
-        return True
+    """True/False when the times decide, None when a time the rule needs is unknown (see :data:`ORDERS`)."""
+    if ct is None and rule.unknown_time == "standing" and qt is not None:
+        return True  # a setting holds for the whole run: its time is not asked, the consequence's is
     if ct is None or qt is None:
         return None
-    if rule.order == "near":
+    if rule.order == "near":  # one event recorded twice: either may be logged first
         return abs(qt[0] - ct[0]) <= (rule.window_s or 0.0) * 1e9
-    if ct[0] > qt[1]:  # a cause is never later than its consequence
+    if ct[0] > qt[1]:  # a cause is never later than its consequence ("any" included)
         return False
-    return rule.window_s is None or qt[0] - ct[0] <= rule.window_s * 1e9
-
+    return rule.order == "any" or rule.window_s is None or qt[0] - ct[0] <= rule.window_s * 1e9
 
 
 def _edge(rule: Rule, cause: Finding, cons: Finding) -> Edge | None:
     how = LINK_TESTS[rule.link](cause, cons)
-    if how is None:
+    if how is None or (rule.xids and not set(rule.xids) & set(cons.xids)):
         return None
     ok = _time_ok(rule, finding_time(cause), finding_time(cons))
     if ok is False:
@@ -110,6 +112,9 @@ def _edge(rule: Rule, cause: Finding, cons: Finding) -> Edge | None:
             return None
         unknown = " and ".join(f"the {f.kind}'s" for f in (cause, cons) if not f.when.known)
         return Edge(cause.id, cons.id, rule.name, "low", f"place only ({how}): {unknown} time is unknown")
+    if not cause.when.known:  # a standing setting: linked on place, its time not asked
+        return Edge(cause.id, cons.id, rule.name, rule.confidence,
+                    f"place ({how}): the {cause.kind} is a setting that holds for the whole run")
     return Edge(cause.id, cons.id, rule.name, rule.confidence)
 
 

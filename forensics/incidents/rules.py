@@ -41,13 +41,18 @@ LINKS: dict[str, str] = {
 }
 ORDERS: dict[str, str] = {
     "cause_first": "the cause happened before the consequence ended (a fault after the timeout is not its "
-                   "cause); refused when either finding's time is unknown, unless the rule links by place only",
-    "any": "no time order required (the two describe the same period)",
-    "near": "the two happened within the window of each other (either first)",
+                   "cause) and, with a window, started at most the window before the consequence started",
+    "any": "the two describe the same period (a hang and its waiters, a setting and what it slows), so neither has "
+           "to start first; but where both times are known they must overlap or the cause come first: a cause that "
+           "started after its consequence ended is refused",
+    "near": "the two are one event recorded twice (a CUDA error and the driver's Xid for it): their times lie "
+            "within the window of each other, either first",
 }
 UNKNOWN_TIME: dict[str, str] = {
     "refuse": "a finding whose time is unknown is not linked",
     "place_only": "a finding whose time is unknown is linked by place alone, at low confidence, and the link says so",
+    "standing": "the cause is a setting that holds for the whole run, so its own time is not asked (the link says "
+                "so); a consequence whose time is unknown is not linked",
 }
 
 
@@ -64,27 +69,32 @@ class Rule:
     confidence: str
     why: str
     unknown_time: str = "refuse"
+    xids: tuple[int, ...] = ()  # when set, the consequence must report one of these Xids (its typed ``xids``)
 
+
+#: Xids an application's own CUDA error makes the driver log: graphics engine exception (13), MMU fault (31), GPU
+#: stopped processing (43), preemptive cleanup (45)
+APP_XIDS = (13, 31, 43, 45)
 
 RULES: tuple[Rule, ...] = (
     Rule("scheduler_stop_ends_job", ("scheduler_stop",),
          ("app_failure", "nccl_raised", "stuck_rank", "collective_mismatch", "timeout", "desync", "missing_rank",
-          "cuda_failure", "transport_failure", "gpu_fault", "host_fault", "platform_error", "nic_fault", "gpu_event",
-          "spin_wait"),
+          "cuda_failure", "transport_failure", "comm_failure", "gpu_fault", "host_fault", "platform_error", "nic_fault",
+          "gpu_event", "spin_wait"),
          "same_job", "cause_first", None, "high",
          "a job the scheduler cancelled (time limit, preemption) is torn down: what fails after that is not a fault"),
     Rule("first_failure_kills_job", ("app_failure",),
-         ("timeout", "desync", "missing_rank", "cuda_failure", "transport_failure", "nccl_raised", "spin_wait",
-          "stuck_rank", "collective_mismatch"),
+         ("timeout", "desync", "missing_rank", "cuda_failure", "transport_failure", "comm_failure", "nccl_raised",
+          "spin_wait", "stuck_rank", "collective_mismatch"),
          "same_job", "cause_first", None, "high",
          "the first rank to fail stops taking part: the others raise NCCL errors or time out in their next "
          "collective and spin until the watchdog", "place_only"),
     Rule("app_error_is_the_xid", ("app_failure",), ("gpu_event",), "gpu_rank_or_host", "near", 120.0, "high",
          "a GPU event (an application Xid 13, 31, 43, 45) on the rank's GPU or host at the time of its CUDA error is "
-         "that error, seen by the driver: the code is at fault, not the GPU"),
+         "that error, seen by the driver: the code is at fault, not the GPU", xids=APP_XIDS),
     Rule("stuck_rank_hangs_job", ("stuck_rank",), ("timeout", "spin_wait", "nccl_raised"), "same_job", "any", None,
          "medium", "the rank whose stack is elsewhere (data loader, I/O, a lock) never reaches the collective the "
-         "others wait in"),
+         "others wait in", "place_only"),
     Rule("gpu_fault_kills_rank", ("gpu_fault",), ("timeout", "desync", "missing_rank", "cuda_failure", "stuck_rank"),
          "gpu_or_rank", "cause_first", None, "high",
          "a GPU that fell off the bus or hit a fatal Xid stops its rank; its peers hang in NCCL until the watchdog",
@@ -115,14 +125,23 @@ RULES: tuple[Rule, ...] = (
          "a GPU, host or NIC fault (or a CUDA error) on the peer's side (the failure names the peer's host when an "
          "address of the logs places it) or on the reporting host kills a process or link; NCCL on the other side "
          "reports the closed connection or remote error within seconds", "place_only"),
+    Rule("comm_failure_raised_to_python", ("comm_failure",), ("nccl_raised",), "communicator", "cause_first", 600.0,
+         "high", "the NCCL error a rank raised to Python is the communication failure NCCL logged, as PyTorch saw it: "
+         "one failure, rooted at the logged error (or at what explains that)", "place_only"),
+    Rule("fault_slows_collectives", ("gpu_fault", "host_fault"), ("exposed_communication", "slow_transfers"),
+         "communicator", "cause_first", None, "medium",
+         "a GPU or host fault on a rank (or its host) slows every communicator through it from the fault on: the "
+         "links through it are slow and more of the collectives is exposed; a consequence of the fault, not a "
+         "slowdown of its own"),
     Rule("missing_rank_times_out_others", ("desync", "missing_rank", "cuda_failure", "transport_failure",
                                            "stuck_rank", "collective_mismatch"),
          ("timeout",), "communicator", "any", None, "high",
-         "a rank that never joins (dead, desynchronised, unreachable) makes the others' collective time out"),
+         "a rank that never joins (dead, desynchronised, unreachable) makes the others' collective time out",
+         "place_only"),
     Rule("hang_stalls_peers", ("timeout", "desync", "missing_rank", "stuck_rank", "collective_mismatch"),
          ("spin_wait",),
          "waited_for", "any", None, "high",
-         "ranks stuck in the hung collective spin inside NCCL kernels"),
+         "ranks stuck in the hung collective spin inside NCCL kernels", "place_only"),
     Rule("straggler_stalls_peers", ("slow_rank",), ("spin_wait", "exposed_communication"),
          "waited_for", "any", None, "high",
          "the peers of a slow rank wait for it inside their collectives"),
@@ -134,10 +153,11 @@ RULES: tuple[Rule, ...] = (
          "a pipeline stage that computes longer than the others makes the other stages idle in the pipeline"),
     Rule("degraded_transport_slows_comm", ("degraded_transport",), ("exposed_communication", "spin_wait", "slow_rank"),
          "communicator", "any", None, "medium",
-         "Socket instead of IB, GDR off or SHM/P2P off make collectives slower, so more of them is exposed"),
+         "Socket instead of IB, GDR off or SHM/P2P off make collectives slower, so more of them is exposed",
+         "standing"),
     Rule("forced_algorithm_slows_comm", ("forced_algorithm",), ("exposed_communication",),
          "communicator", "any", None, "medium",
-         "a forced NCCL_ALGO / NCCL_PROTO slower than NCCL's choice makes collectives slower"),
+         "a forced NCCL_ALGO / NCCL_PROTO slower than NCCL's choice makes collectives slower", "standing"),
 )
 
 def rules_markdown() -> str:
@@ -148,10 +168,14 @@ def rules_markdown() -> str:
     for r in RULES:
         window = f"{r.window_s:.0f} s" if r.window_s else "-"
         lines.append(f"| `{r.name}` | {', '.join(f'`{c}`' for c in r.causes)} | "
-                     f"{', '.join(f'`{c}`' for c in r.consequences)} | {r.link}: {LINKS[r.link]} | "
+                     f"{', '.join(f'`{c}`' for c in r.consequences)} | {r.link}: {LINKS[r.link]}{_xids(r)} | "
                      f"{r.order}: {ORDERS[r.order]} | {r.unknown_time}: {UNKNOWN_TIME[r.unknown_time]} | {window} | "
                      f"{r.confidence} | {r.why} |")
     return "\n".join(lines)
+
+
+def _xids(r: Rule) -> str:
+    return f"; and the consequence reports Xid {', '.join(map(str, r.xids))}" if r.xids else ""
 
 
 def kinds_markdown() -> str:

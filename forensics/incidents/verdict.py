@@ -6,6 +6,7 @@ Plain text only; the reports escape it for HTML/Markdown and the CLI prints it w
 from __future__ import annotations
 
 from forensics.base.findings import Finding
+from forensics.detectors import kind_of as declared_kind
 from forensics.incidents.cost import Cost, timeout_of
 from forensics.incidents.model import Edge, Incident, JobFacts, fmt_time
 
@@ -66,8 +67,8 @@ def verdict_line(members: list[Finding], cost: Cost, confidence: str, facts: Job
         text = f"{head}{what}; {_waiters(to)} waited{hang} in NCCL until the watchdog killed the job"
     else:
         # the CLI/report prefix already says the severity
-        died = root.metrics.get("job_died") is True
-        lead = "Slowdown: " if cost.method.startswith("slowdown") else "Job died: " if died else ""
+        ends_job = (kind := declared_kind(root)) is not None and kind.ends_job
+        lead = "Slowdown: " if cost.method.startswith("slowdown") else "Job died: " if ends_job else ""
         text = f"{lead}{root.title} {_scope(root)}".strip()
         if len(members) > 1:
             text += (f"; it explains {len(members) - 1} other finding(s) "

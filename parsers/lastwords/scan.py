@@ -41,10 +41,16 @@ _DATALOADER = re.compile(r"DataLoader worker \(pids? ?\(?(?P<pid>\d+)[^)]*\)\)? 
 _PS_LINE = re.compile(r"^\s*\d+\s+\S")
 _FATAL = re.compile(r"^Fatal Python error: (?P<m>.+)$")
 _WATCHDOG = re.compile(r"watchdog thread terminated with exception|Watchdog caught collective operation timeout")
+_PG = re.compile(r"\[PG(?: ID)? (?P<pg>\d+)[ \]]")  # ProcessGroupNCCL's `[PG ID 0 PG GUID 0(default_pg) Rank 3]`
 # a file named for its rank (`rank3.log`, `stdout_rank_3.txt`, `rank-3/...`), not one whose name merely says `rank3`
 _FILE_RANK = re.compile(r"(?:^|[^a-z0-9])rank[-_]?(\d+)(?=\.|/|$)", re.IGNORECASE)
 # torchrun's per-worker files: <log_dir>/<run>/attempt_<n>/<local_rank>/{stdout,stderr}.log
 _TORCHRUN_FILE = re.compile(r"attempt_\d+/(\d+)/(?:stdout|stderr)\.log$")
+
+
+def _pg(text: str) -> str | None:
+    m = _PG.search(text, 0, 400) if "[PG" in text else None
+    return m["pg"] if m else None
 
 
 class Scanner:
@@ -68,7 +74,7 @@ class Scanner:
         t, stamp, how = self._when(line)
         return {"source": self.source, "host": self.host, "rank": line.rank if line.rank is not None else self.rank,
                 "local_rank": line.local_rank if line.local_rank is not None else self.local_rank, "pid": None,
-                "line": line.n, "time_ns": t, "stamp": stamp, "time_from": how}
+                "line": line.n, "time_ns": t, "stamp": stamp, "time_from": how, "pg": _pg(line.text)}
 
     def _when(self, line: Line) -> tuple[int | None, str | None, str | None]:
         """(time, year-less stamp, how): the line's own, else the nearest timestamped line's before it."""

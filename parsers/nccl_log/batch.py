@@ -20,7 +20,6 @@ from forensics.parsers.nccl_log.envelope import (
     MPI_TAG,
     VERSION,
     info_line,
-    line_time,
     warn_line,
 )
 from forensics.parsers.nccl_log.nccl_tests import CMD_ENV, NT_PERF, nccl_tests_line
@@ -28,6 +27,7 @@ from forensics.parsers.nccl_log.pytorch import PT_ANY, PT_DESYNC, pytorch_line
 from forensics.parsers.nccl_log.ras import NCCL_MATRIX, RAS_VERSION, ras_line
 from forensics.parsers.nccl_log.rows import Acc, note_version
 from forensics.parsers.result import ParseContext, ParseResult
+from forensics.parsers.timestamps import line_stamp_ns
 
 from forensics.base import frames as fr
 
@@ -135,6 +135,7 @@ def _file_facts(files: list[_File], one: pl.DataFrame) -> tuple[dict[str, set[st
 
 
 def _line(acc: Acc, line: str, n: int) -> None:
+    acc.current = line
     if "NCCL " not in line:  # fast path: most lines of a training log
         _other(acc, line, n)
         return
@@ -155,7 +156,7 @@ def _line(acc: Acc, line: str, n: int) -> None:
             "pid": int(m["pid"]) if host else None,
             "cuda_dev": int(m["dev"]) if m["dev"] is not None else None,
             "line": n,
-            "time_ns": line_time(line),
+            "time_ns": line_stamp_ns(line),
         }
         msg = m["msg"].rstrip()
         tag = MPI_TAG.search(line, 0, m.start())

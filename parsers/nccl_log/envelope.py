@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 from forensics.parsers.nccl_log.rows import VERSION_HINTS, Acc, note_version, to_float, to_int
+from forensics.parsers.timestamps import iso_utc_ns
 
 from forensics.base.bus_ids import normalize_bus_id
 
@@ -27,10 +27,7 @@ ENVELOPE_NOHOST = re.compile(
     r"NCCL (?P<level>INFO|WARN) (?P<msg>.*)$"
 )
 MPI_TAG = re.compile(r"\[\d+,(?P<rank>\d+)\]<std(?:out|err)>:")
-# wall-clock times a line can carry: a launcher's ISO prefix (`2019-06-02T16:13:44.884Z: `), the 2.26+ WARN prefix
-# and NCCL_DEBUG_TIMESTAMP_FORMAT's default `[2026-01-01 12:08:32] ` in front of the envelope (2.26+)
-LINE_ISO = re.compile(r"^\s*(?:(?P<d>\d{4}-\d\d-\d\d)T(?P<t>\d\d:\d\d:\d\d(?:\.\d{1,9})?)(?P<z>Z|[+-]\d\d:?\d\d)?:?"
-                      r"|\[(?P<d2>\d{4}-\d\d-\d\d) (?P<t2>\d\d:\d\d:\d\d(?:\.\d{1,9})?)\])\s")
+# the 2.26+ WARN prefix (a line's other stamps: forensics.parsers.timestamps.LINE_STAMP)
 WARN_TS = re.compile(r"^\[(?P<d>\d{4}-\d\d-\d\d) (?P<t>\d\d:\d\d:\d\d)\] ")
 LAUNCHER_TAGS = re.compile(r"\[\d+(?:,\d+)?\](?:<std(?:out|err)>:)?|^\d{4}-\d\d-\d\dT[\d:.]+Z?:\s*|^\(\w+ "
                            r"pid=\d+[^)]*\)\s*")
@@ -457,23 +454,3 @@ def warn_line(acc: Acc, base: dict[str, Any], msg: str, src: str | None) -> bool
             return True
     acc.add("nccl_events", **row, kind="warn_other")
     return True  # an unclassified WARN is still kept, with its text
-
-
-def line_time(line: str) -> int | None:
-    """Epoch ns of a launcher's ISO timestamp or NCCL's `[date time]` at the start of ``line``, else None."""
-    m = LINE_ISO.match(line)
-    if m is None:
-        return None
-    return iso_utc_ns(m["d"], m["t"], m["z"]) if m["d"] else iso_utc_ns(m["d2"], m["t2"], None)
-
-
-def iso_utc_ns(day: str, clock: str, zone: str | None) -> int | None:
-    """Epoch ns of `YYYY-mm-dd` `HH:MM:SS[.f]` [`Z`/`+hh:mm`]; a time without a zone is read as UTC (the logs
-    of one job share a zone, so order and gaps hold)."""
-    z = "+00:00" if zone in (None, "Z") else (zone if ":" in zone else f"{zone[:3]}:{zone[3:]}")
-    whole, _, frac = clock.partition(".")
-    try:
-        t = datetime.fromisoformat(f"{day}T{whole}{z}")
-    except ValueError:
-        return None
-    return int(t.timestamp()) * 1_000_000_000 + int((frac + "000000000")[:9])

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
+from forensics.parsers.timestamps import glog_stamp, line_stamp_ns
+
 
 class Acc:
     """Row accumulators for one file (plain lists of dicts, turned into frames once)."""
@@ -30,9 +32,15 @@ class Acc:
         self.tail_lines = 0
         self.nt_seen = False
         self.launcher: dict[tuple[str, int | None, int | None], int] = {}
+        self.current = ""  # the line being read
 
     def add(self, frame: str, **row: Any) -> None:
         row["source"] = self.source
+        if frame == "nccl_events":  # every event carries its own line's stamp (a grammar may have read one already)
+            if row.get("time_ns") is None:
+                row["time_ns"] = line_stamp_ns(self.current)
+            if row["time_ns"] is None:
+                row["stamp"] = glog_stamp(self.current[:96])
         self.rows[frame].append(row)
 
 

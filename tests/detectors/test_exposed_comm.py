@@ -69,6 +69,12 @@ def test_a_lone_rank_is_never_critical_and_names_the_ranks_without_data(run_dete
     assert "one rank's trace" in f.summary and "Rank(s) 1-5 (5 of 6) have no trace" in f.summary
 
 
+def test_the_finding_names_the_one_process_group_its_collectives_ran_in(run_detector):
+    frames, _ = dp_job(n_ranks=8, steps=5, tx_ns=4 * MS, noise=0.01)
+    (f,) = run_detector(frames)[0]
+    assert f.process_group == "1"  # the builder's data-parallel group
+
+
 def _exposure(**kw):
     base = dict(g="DP", severity=Severity.WARNING, med_x=0.2, med_o=0.1, ranks=(0,), hosts=("n0",), n_steps=4,
                 tx_ns_per_step=4e6, exposed_ns_per_step=3e6, wait_ns=3e6, gpu_ns=1.2e7, evidence=(),

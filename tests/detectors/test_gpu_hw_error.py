@@ -268,3 +268,11 @@ def test_triggers_monotonic_dmesg_placed_by_the_same_hosts_syslog_copy():
     # without the syslog copy the same dmesg stays unplaced
     (y,) = detect({"kernel_events": _kernel(dmesg, "n1/dmesg.log")})
     assert y.metrics["time_placed"] is False
+
+
+def test_an_application_xid_finding_carries_its_xid_numbers_as_typed_fields():
+    """Incidents match the application Xids (13, 31, 43, 45) on ``Finding.xids``, never on metrics."""
+    text = _log([("n1", 1.0, "NVRM: Xid (PCI:0000:3b:00): 13, pid=4001, name=python, Graphics SM Warp Exception on "
+                              "(GPC 0, TPC 1, SM 0): Out Of Range Address")])
+    (x,) = detect({"kernel_events": _kernel(text)})
+    assert x.kind == "gpu_event" and x.xids == (13,), (x.kind, x.xids)

@@ -106,3 +106,13 @@ def test_skipped_when_the_dumps_hold_no_counters():
     dumps = fr.conform("fr_dumps", pl.DataFrame([{"rank": 0, "source": "x", "version": "1.0", "entries": 0}]))
     _, skipped = _run(JobFrames({"fr_dumps": dumps}))
     assert skipped and "no per-group counters" in skipped[0].reason
+
+
+def test_findings_name_the_process_groups_they_are_about():
+    """The culprit's groups (the ones it is voted stuck in), the undecided groups: typed ``process_group``."""
+    (f,) = _run(_frames(_blocked({3: {"0": (10, 7), "2": (20, 16)}})))[0]
+    assert f.process_group == "0,2" and "process group 0,2" in f.scope
+    counters = _blocked({1: {"0": (9, 9), "1": (19, 19)}})
+    del counters[1]
+    (u,) = _run(_frames(counters))[0]
+    assert u.key == "undecided" and u.process_group == "0,1"

@@ -3,6 +3,7 @@ stack dumps name the odd rank out; bad input is bounded and never raises."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
@@ -117,13 +118,34 @@ def test_the_first_failure_is_the_root_and_the_other_ranks_timeouts_hang_under_i
     assert incidents[0].gpu_hours_lost == round(8 * 600 / 3600, 6)  # from the OOM to the watchdog's kill
 
 
+def test_the_verdict_says_the_job_died_from_the_kind_not_from_a_metric():
+    """The kind declares that its findings end the job (FindingKind.ends_job): no metric key is read."""
+    oom = _f("last_words", "first:cuda_oom", "app_failure", T, ranks=(3,), hosts=("n1",))
+    (inc,) = correlate([oom], JobFacts(gpus=8, window=None))[1]
+    assert inc.verdict.startswith("Job died: last_words first:cuda_oom"), inc.verdict
+    raised = _f("last_words", "victims", "nccl_raised", T, ranks=(3,), job_died=True)
+    (inc,) = correlate([raised], JobFacts(gpus=8, window=None))[1]
+    assert not inc.verdict.startswith("Job died"), inc.verdict
+
+
 def test_an_application_xid_at_the_time_of_the_ranks_cuda_error_is_the_same_incident():
     ima = _f("last_words", "first:illegal_address", "app_failure", T, ranks=(2,), hosts=("n1",), job_died=True)
-    xid = _f("gpu_hw_error", "xid:31", "gpu_event", T - 2 * 10**9, hosts=("n1",), gpus=("0000:3b:00.0",))
-    later = _f("gpu_hw_error", "xid:31b", "gpu_event", T + 900 * 10**9, hosts=("n1",))
+    xid = replace(_f("gpu_hw_error", "xid:31", "gpu_event", T - 2 * 10**9, hosts=("n1",), gpus=("0000:3b:00.0",)),
+                  xids=(31,))
+    later = replace(_f("gpu_hw_error", "xid:31b", "gpu_event", T + 900 * 10**9, hosts=("n1",)), xids=(31,))
     _, incidents = correlate([xid, ima, later], JobFacts(gpus=8, window=None))
     roots = {i.root_cause: set(i.findings) for i in incidents}
     assert roots[ima.id] == {ima.id, xid.id}  # within 120 s of the error; the one 15 minutes later is not it
+
+
+def test_a_gpu_event_at_the_time_of_the_cuda_error_joins_it_only_for_an_application_xid():
+    """Xid 13/31/43/45 is the application's error seen by the driver; another GPU event on the same host at the same
+    time (a correctable ECC report, Xid 94's neighbours, throttling: no Xid at all) is not that error."""
+    ima = _f("last_words", "first:illegal_address", "app_failure", T, ranks=(2,), hosts=("n1",))
+    for xids, joined in (((13,), True), ((43, 45), True), ((), False), ((63,), False), ((92,), False)):
+        ev = replace(_f("gpu_hw_error", "ev", "gpu_event", T + 3 * 10**9, hosts=("n1",)), xids=xids)
+        out, incidents = correlate([ima, ev], JobFacts(gpus=8, window=None))
+        assert (len(incidents) == 1) is joined, xids
 
 
 def test_nothing_after_a_time_limit_is_blamed_on_nccl_or_the_hardware():
@@ -165,3 +187,17 @@ def test_analyze_never_raises_on_garbage(tmp_path):
     _write(tmp_path, "rank0.log", b"Traceback (most recent call last):\n\x00\x01" * 3 + b"[rank]: " + b"\xff" * 5000)
     a = analyze(tmp_path)
     assert a.sources.height == 1
+
+
+def test_the_process_group_a_line_names_is_the_findings_process_group(tmp_path):
+    """PyTorch's `[PG ID n ...]` prefix names the group (its PG ID, as the watchdog lines do); a line without it names
+    none."""
+    text = ("[rank3]:[E0101 10:00:00.000000000 ProcessGroupNCCL.cpp:1896] [PG ID 2 PG GUID 5(TENSOR_PARALLEL) Rank 3] "
+            "Process group watchdog thread terminated with exception: CUDA error: an illegal memory access was "
+            "encountered\n")
+    _write(tmp_path, "rank3.log", text)
+    (f,) = _findings(tmp_path)
+    assert f.kind == "app_failure" and f.process_group == "2", f.process_group
+    (tmp_path / "rank3.log").write_text(text.replace("[PG ID 2 PG GUID 5(TENSOR_PARALLEL) Rank 3] ", ""))
+    (g,) = _findings(tmp_path)
+    assert g.kind == "app_failure" and g.process_group is None

@@ -106,3 +106,36 @@ def test_simulated_peer_exit_is_a_comm_failure_under_the_oom_kill(tmp_path):
     assert f.metrics["first_kind"] == "socket_closed" and f.metrics["reporting_rank"] != fault["ranks"][0]
     assert f.metrics["peer_host"] == fault["hosts"][0]  # the closed connection's address is the dead rank's node
     assert f.caused_by == (oom.id,) and truth["incidents"][0]["consequences"] == ["nccl_comm_failure"]
+
+
+def test_the_failure_names_its_communicator_as_its_process_group(tmp_path):
+    """The failing process's communicator (its commId from the init lines) is the finding's typed process group."""
+    text = HEALTHY + ("nodeB:201:211 [1] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote peer "
+                      "x<1>\n")
+    (f,) = _run(frames_from(tmp_path, text))[0]
+    assert f.process_group == "0xabc" and f.metrics["communicator"] == "0xabc (4 ranks)"
+    assert f.to_json()["process_group"] == "0xabc"
+    (g,) = _run(frames_from(tmp_path, "h:13:1 [3] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by "
+                                      "remote peer x<1>\n"))[0]
+    assert g.process_group is None  # no init line names its communicator
+
+
+def test_job_log_17_the_logged_remote_error_and_the_error_rank_3_raised_for_it_are_one_incident(tmp_path):
+    """Job log 17: NCCL's remote error (its `Last error:` NET/OFI line) and the DistBackendError rank 3 raised for it
+    describe one failure; nothing in the file is earlier, so the communication failure is the root. Neither line
+    carries a time, so the link is by place (rank 3) only, at low confidence, and says so."""
+    name = "17_ddp_init_ncclRemoteError_net_ofi_undeliverable_rank3_then_rank2_traceback_nccl2.28.8.log"
+    text = shared_path("job_logs", name).read_text()
+    assert "[rank3]: torch.distributed.DistBackendError" in text and "remote process exited" in text
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(shared_path("job_logs", name), run / name)
+    a = analyze(run, workers=1)
+    by = {f.detector: f for f in a.findings}
+    assert set(by) == {"nccl_comm_failure", "last_words"} and by["last_words"].kind == "nccl_raised"
+    (inc,) = a.incidents
+    assert inc.root_cause == by["nccl_comm_failure"].id and inc.ranks == (3,)
+    (link,) = inc.links
+    assert (link.rule, link.consequence, link.confidence) == ("comm_failure_raised_to_python", by["last_words"].id,
+                                                              "low")
+    assert link.basis.startswith("place only (rank)")

@@ -87,3 +87,36 @@ def test_triggers_and_names_the_rank_stuck_on_the_device_by_the_counters_vote(ru
     (f,) = findings
     assert f.ranks == (3,) and "vote names rank(s) 3 stuck on the device" in f.summary
     assert f.metrics["culprit_ranks"] == "3"
+
+
+CUDA_FAIL = ("2026-01-01T10:00:05.250Z: nodeA:100:100 [0] init.cc:204 NCCL WARN Cuda failure 'an illegal memory access "
+             "was encountered'\n")
+RAS_ERRORS = """\
+NCCL version 2.27.3 compiled with CUDA 12.9
+Group     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors
+    0         1         1         1         2         1   RUNNING  INCOMPLETE
+INCOMPLETE
+  Process 60004 on node 10.4.109.13 managing GPU 0
+"""
+
+
+def test_a_cuda_failure_is_placed_by_its_lines_own_stamp(run_detector, tmp_path):
+    findings, _ = run_detector(frames_from(tmp_path, CUDA_FAIL + CUDA_FAIL.replace("10:00:05.250", "10:00:07")))
+    (f,) = findings
+    t = int(datetime(2026, 1, 1, 10, 0, 5, tzinfo=timezone.utc).timestamp()) * 10**9 + 250_000_000
+    assert f.kind == "cuda_failure" and (f.when.start_ns, f.when.end_ns) == (t, t + 1_750_000_000), f.when
+
+
+def test_a_cuda_failure_without_a_stamp_is_unknown_in_time(run_detector, tmp_path):
+    (f,) = run_detector(frames_from(tmp_path, CUDA_FAIL.split(": ", 1)[1]))[0]
+    assert f.kind == "cuda_failure" and not f.when.known and "stamp" in f.when.basis
+
+
+def test_ras_errors_are_placed_by_their_lines_stamps(run_detector, tmp_path):
+    text = "".join(f"2026-01-01T10:00:{i:02d}Z: {line}\n" for i, line in enumerate(RAS_ERRORS.splitlines()))
+    findings, _ = run_detector(frames_from(tmp_path, text))
+    (f,) = findings
+    t0 = int(datetime(2026, 1, 1, 10, 0, tzinfo=timezone.utc).timestamp()) * 10**9
+    assert f.kind == "missing_rank" and (f.when.start_ns, f.when.end_ns) == (t0 + 2 * 10**9, t0 + 4 * 10**9), f.when
+    (g,) = run_detector(frames_from(tmp_path, RAS_ERRORS))[0]
+    assert not g.when.known

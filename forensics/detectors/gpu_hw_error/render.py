@@ -85,7 +85,7 @@ def to_finding(inc: Incident, cfg: GpuHwErrorConfig, place: Placement) -> Findin
         key=f"{inc.kind}|{first['source']}|{first['line']}",
         confidence="high" if inc.kind in ("xid", "nvlink5", "fallen_off_bus", "nvidia_smi") else "medium",
         kind=fault_kind(inc.kind, metrics.get("root_xid"), GPU_EVENT).name,
-        when=_placed(metrics),
+        when=_placed(metrics), xids=tuple(xids),
     )
 
 

@@ -15,7 +15,7 @@ from forensics.base.findings import CostBasis, Finding, FindingKind, Role, Sever
 from forensics.base.settings import setting
 from forensics.detectors import DetectorDoc, detector
 from forensics.detectors.last_words.events import VICTIM_CLASSES, failures, scheduler_stops, timed
-from forensics.detectors.last_words.stacks import group_stacks
+from forensics.detectors.last_words.stacks import StackGroups, group_stacks
 from forensics.detectors.last_words.texts import WORDS, first_line, remediation, stop_remediation
 from forensics.facts.context import JobContext
 from forensics.facts.job_year import job_year
@@ -60,7 +60,7 @@ APP_FAILURE = FindingKind(
     "app_failure", "the job's first failure in its own words: a rank's traceback or CUDA error, else the launcher's "
     "record of a worker's death or a pod's", Role.FAULT,
     "Fix what the first failure says (its class's advice); the other ranks' timeouts and NCCL errors follow from it.",
-    stage=0)
+    stage=0, ends_job=True)
 SCHEDULER_STOP = FindingKind(
     "scheduler_stop", "the scheduler cancelled the job (time limit, preemption, node failure, scancel): not a fault "
     "of the job; what fails after it is its doing", Role.CONFIG,
@@ -68,7 +68,7 @@ SCHEDULER_STOP = FindingKind(
 NCCL_RAISED = FindingKind(
     "nccl_raised", "NCCL (or torch.distributed) errors raised to Python on some ranks: usually victims of another "
     "rank's failure or of the network", Role.SYMPTOM,
-    "Read the first failure and the NCCL log of the peer that went away.", stage=2)
+    "Read the first failure and the NCCL log of the peer that went away.", stage=3)
 STUCK_RANK = FindingKind(
     "stuck_rank", "in stack dumps of a hung job, the ranks whose main thread is somewhere other than the majority's "
     "(their data loader, checkpoint I/O, a lock)", Role.HANG,
@@ -113,44 +113,78 @@ def _evidence(row: dict[str, Any], role: str) -> dict[str, Any]:
             "traceback": row.get("traceback")}
 
 
-def _first_failure(t: pl.DataFrame, cfg: LastWordsConfig) -> Finding | None:
+@dataclass(frozen=True)
+class _FirstFailure:
+    """What the first failure measured: its row, the same error on other events, the launcher's SIGTERMs."""
+
+    first: dict[str, Any]
+    same: pl.DataFrame  # other events of the same class
+    failures: int  # rank failures found in all
+    sigterms: int  # workers the launcher terminated
+
+    @property
+    def same_ranks(self) -> str:
+        return ",".join(str(r) for r in sorted(set(self.same["rank"].drop_nulls().to_list())))
+
+
+def _measure_first(t: pl.DataFrame) -> _FirstFailure | None:
     fails = failures(t)
     if fails.height == 0:
         return None
     first = fails.row(0, named=True)
-    cls = first["cls"]
-    same = fails.filter((pl.col("cls") == cls) & (pl.col("order") != first["order"]))
     if first["event"] == "launcher_failure" and first.get("signal") in ("SIGABRT", "SIGTERM") and \
             fails["signal"].drop_nulls().unique().to_list() == [first["signal"]]:
         return None  # every worker aborted alike: the watchdog's (or the agent's) doing, not a first failure
-    rank, host = first.get("rank"), first.get("host")
-    sigterms = t.filter(pl.col("event") == "launcher_signal").height
-    metrics: dict[str, Any] = {k: first.get(k) for k in _METRIC_COLS}
-    metrics.update(time_from=first.get("t_from"), first_line=first_line(first), same_error_ranks=",".join(
-        str(r) for r in sorted(set(same["rank"].drop_nulls().to_list()))), same_error_count=same.height,
-        workers_terminated=sigterms, job_died=True)
-    if first.get("t_ns") is not None:
-        metrics["fault_wall_ns"] = int(first["t_ns"])
+    same = fails.filter((pl.col("cls") == first["cls"]) & (pl.col("order") != first["order"]))
+    return _FirstFailure(first, same, fails.height, t.filter(pl.col("event") == "launcher_signal").height)
+
+
+def _first_words(m: _FirstFailure) -> tuple[str, str]:
+    """The first failure in words: title and summary."""
+    first, same, rank, host = m.first, m.same, m.first.get("rank"), m.first.get("host")
     who = f"rank {rank}" if rank is not None else f"local rank {first['local_rank']}" if first.get(
         "local_rank") is not None else "a rank (not named)"
-    words = WORDS.get(cls, cls)
+    words = WORDS.get(first["cls"], first["cls"])
     also = f" The same error on {same.height} more event(s)" + (
-        f" (ranks {metrics['same_error_ranks']})" if metrics["same_error_ranks"] else "") + "." if same.height else ""
+        f" (ranks {m.same_ranks})" if m.same_ranks else "") + "." if same.height else ""
     when = f" at {first['t_from']} time" if first.get("t_from") else " (no time in the inputs: first in file order)"
-    on_who = "" if rank is not None or first.get("local_rank") is None else " on " + who
+    on = "" if rank is not None or first.get("local_rank") is None else " on " + who
+    return (f"{words[:1].upper() + words[1:]}{on}: {first_line(first)}",
+            f"First failure: {words} on {who}{' of ' + host if host else ''}, {first['source']} line "
+            f"{first['line']}{when}.{also}"
+            + (f" The launcher then terminated {m.sigterms} worker(s)." if m.sigterms else ""))
+
+
+def _first_failure(t: pl.DataFrame, cfg: LastWordsConfig) -> Finding | None:
+    m = _measure_first(t)
+    if m is None:
+        return None
+    first, rank, host = m.first, m.first.get("rank"), m.first.get("host")
+    metrics: dict[str, Any] = {k: first.get(k) for k in _METRIC_COLS}
+    metrics.update(time_from=first.get("t_from"), first_line=first_line(first), same_error_ranks=m.same_ranks,
+                   same_error_count=m.same.height, workers_terminated=m.sigterms, job_died=True)
+    if first.get("t_ns") is not None:
+        metrics["fault_wall_ns"] = int(first["t_ns"])
+    title, summary = _first_words(m)
     return Finding(
-        detector="last_words", severity=Severity.CRITICAL,
-        title=f"{words[:1].upper() + words[1:]}{on_who}: {first_line(first)}",
-        summary=(f"First failure: {words} on {who}{' of ' + host if host else ''}, {first['source']} line "
-                 f"{first['line']}{when}.{also}"
-                 + (f" The launcher then terminated {sigterms} worker(s)." if sigterms else "")),
-        remediation=remediation(cls, first, cfg.frag_fraction),
+        detector="last_words", severity=Severity.CRITICAL, title=title, summary=summary,
+        remediation=remediation(first["cls"], first, cfg.frag_fraction),
         ranks=(int(rank),) if rank is not None else (), hosts=(host,) if host else (),
-        metrics=metrics, key=f"first:{cls}", kind=APP_FAILURE.name, when=_when(first.get("t_ns"), first.get("t_from")),
-        confidence="high" if first.get("t_ns") is not None or fails.height == 1 else "medium",
+        metrics=metrics, key=f"first:{first['cls']}", kind=APP_FAILURE.name,
+        when=_when(first.get("t_ns"), first.get("t_from")), process_group=first.get("pg"),
+        confidence="high" if first.get("t_ns") is not None or m.failures == 1 else "medium",
         evidence=tuple([_evidence(first, "culprit")]
-                       + [_evidence(r, "same error") for r in same.head(EVIDENCE_CAP).iter_rows(named=True)]),
+                       + [_evidence(r, "same error") for r in m.same.head(EVIDENCE_CAP).iter_rows(named=True)]),
     )
+
+
+def _victims_words(v: pl.DataFrame, ranks: list[int]) -> tuple[str, str]:
+    """The NCCL errors raised to Python (their rows, first first) in words: title and summary."""
+    first = v.row(0, named=True)
+    return (f"NCCL error raised to Python on {len(ranks) or v.height} rank(s): {WORDS[first['cls']]}",
+            f"{first_line(first)} ({first['source']} line {first['line']}). " + (
+                f"NCCL's last error: {first['detail'].splitlines()[-1]}. " if first.get("detail") else "")
+            + "A rank that reports an NCCL error is usually a victim of another rank's failure or of the network.")
 
 
 def _victims(t: pl.DataFrame) -> Finding | None:
@@ -162,14 +196,12 @@ def _victims(t: pl.DataFrame) -> Finding | None:
     metrics: dict[str, Any] = {"events": v.height, "first_line": first_line(first), "detail": first.get("detail")}
     if first.get("t_ns") is not None:
         metrics["time_ns"] = int(first["t_ns"])
+    title, summary = _victims_words(v, ranks)
     return Finding(
-        detector="last_words", severity=Severity.WARNING,
-        title=f"NCCL error raised to Python on {len(ranks) or v.height} rank(s): {WORDS[first['cls']]}",
-        summary=f"{first_line(first)} ({first['source']} line {first['line']}). " + (
-            f"NCCL's last error: {first['detail'].splitlines()[-1]}. " if first.get("detail") else "")
-        + "A rank that reports an NCCL error is usually a victim of another rank's failure or of the network.",
+        detector="last_words", severity=Severity.WARNING, title=title, summary=summary,
         remediation=remediation(first["cls"], first, 0.1), ranks=tuple(int(r) for r in ranks), metrics=metrics,
         key="victims", confidence="medium", kind=NCCL_RAISED.name, when=_when(first.get("t_ns"), first.get("t_from")),
+        process_group=",".join(sorted(str(p) for p in v["pg"].drop_nulls().unique())) or None,
         evidence=tuple(_evidence(r, "victim") for r in v.head(EVIDENCE_CAP).iter_rows(named=True)))
 
 
@@ -179,21 +211,27 @@ def _stop(t: pl.DataFrame) -> Finding | None:
         return None
     s = stops.row(0, named=True)
     cls = s["cls"]
-    when = _hms(s.get("t_ns"))
     metrics: dict[str, Any] = {"cls": cls, "job": s.get("job"), "batch_host": s.get("host"), "source": s["source"],
                                "line": s["line"], "first_line": first_line(s)}
     if s.get("t_ns") is not None:
         metrics["time_ns"] = int(s["t_ns"])
+    title, summary = _stop_words(s)
     return Finding(
         detector="last_words", severity=Severity.CRITICAL if cls == "node_fail" else Severity.WARNING,
-        title=f"Cancelled by the scheduler: {WORDS.get(cls, cls)}",
-        summary=(f"{s.get('job') or 'The job'}{' on ' + s['host'] if s.get('host') else ''} was cancelled"
-                 f"{' at ' + when if when else ''}: {first_line(s)}. Not a fault of the job: what followed (workers "
-                 "terminated, timeouts, errors) is the cancellation's doing."),
+        title=title, summary=summary,
         remediation=stop_remediation(cls), metrics=metrics, key=f"scheduler:{cls}", confidence="high",
         kind=SCHEDULER_STOP.name, when=_when(s.get("t_ns"), s.get("t_from")),
         cost=CostBasis(fatal=True, died_ns=s.get("t_ns"), hung_s=0.0),
         evidence=tuple(_evidence(r, "scheduler") for r in stops.head(EVIDENCE_CAP).iter_rows(named=True)))
+
+
+def _stop_words(s: dict[str, Any]) -> tuple[str, str]:
+    """The scheduler's stop (its first row) in words: title and summary."""
+    when = _hms(s.get("t_ns"))
+    return (f"Cancelled by the scheduler: {WORDS.get(s['cls'], s['cls'])}",
+            f"{s.get('job') or 'The job'}{' on ' + s['host'] if s.get('host') else ''} was cancelled"
+            f"{' at ' + when if when else ''}: {first_line(s)}. Not a fault of the job: what followed (workers "
+            "terminated, timeouts, errors) is the cancellation's doing.")
 
 
 def _stacks(stacks: pl.DataFrame, cfg: LastWordsConfig) -> Finding | None:
@@ -204,23 +242,30 @@ def _stacks(stacks: pl.DataFrame, cfg: LastWordsConfig) -> Finding | None:
     where = sus["where"].mode().sort().to_list()[0]
     members = sus["member"].to_list()
     ranks = tuple(sorted({int(r) for r in sus["rank"].drop_nulls().to_list()}))
-    inner = sus.row(0, named=True)
-    place = {"data_loader": "its data loader", "checkpoint_io": "checkpoint I/O", "lock": "a lock",
-             "collective": "a collective", "compute": "compute (no wait on its stack)"}
-    majority = f"{g.n - sus.height} of {g.n} wait in {place.get(g.majority_where or '', g.majority_where)}"
     evidence = [{"role": "group", "where": r["where"], "count": r["n"], "members": ", ".join(r["member"][:16]),
                  "stack": r["stack"]} for r in g.groups.head(EVIDENCE_CAP).iter_rows(named=True)]
+    title, summary = _stacks_words(g, where)
     return Finding(
-        detector="last_words", severity=Severity.CRITICAL,
-        title=f"Hung: {', '.join(members[:4])}{' ...' if len(members) > 4 else ''} in {place.get(where, where)} "
-              f"while {majority}",
-        summary=(f"Stack dumps of {g.n} process(es) in {g.groups.height} group(s); the odd one(s) out: "
-                 f"{', '.join(members[:8])} at {inner['innermost']} ({where}). The others wait for it."),
+        detector="last_words", severity=Severity.CRITICAL, title=title, summary=summary,
         remediation=_stack_advice(where), ranks=ranks,
         metrics={"where": where, "suspects": ", ".join(members[:32]), "stacks": g.n, "groups": g.groups.height,
                  "majority_where": g.majority_where},
         key="stacks", confidence="medium", evidence=tuple(evidence), kind=STUCK_RANK.name,
         when=When.unknown("stack dumps carry no time the parser reads"))
+
+
+_PLACE = {"data_loader": "its data loader", "checkpoint_io": "checkpoint I/O", "lock": "a lock",
+          "collective": "a collective", "compute": "compute (no wait on its stack)"}
+
+
+def _stacks_words(g: StackGroups, where: str) -> tuple[str, str]:
+    """The stack groups (the suspects at ``where``) in words: title and summary."""
+    members, inner = g.suspects["member"].to_list(), g.suspects.row(0, named=True)
+    majority = f"{g.n - g.suspects.height} of {g.n} wait in {_PLACE.get(g.majority_where or '', g.majority_where)}"
+    return (f"Hung: {', '.join(members[:4])}{' ...' if len(members) > 4 else ''} in {_PLACE.get(where, where)} "
+            f"while {majority}",
+            f"Stack dumps of {g.n} process(es) in {g.groups.height} group(s); the odd one(s) out: "
+            f"{', '.join(members[:8])} at {inner['innermost']} ({where}). The others wait for it.")
 
 
 def _stack_advice(where: str) -> str:
@@ -243,17 +288,22 @@ def _defunct(t: pl.DataFrame) -> Finding | None:
     if d.height == 0:
         return None
     d = d.filter(pl.col("_depth") == pl.col("_depth").min().over("job"))  # the workers, not their children
+    title, summary = _defunct_words(d)
     return Finding(
-        detector="last_words", severity=Severity.WARNING,
-        title=f"{d.height} worker process(es) left <defunct> in {d['job'].n_unique()} process listing(s) while others "
-              "still run",
-        summary="A process listing shows exited workers (pids " + ", ".join(str(p) for p in d["pid"].to_list()[:12])
-                + ") beside live ones: the launcher did not tear the job down, so the survivors wait in their next "
-                  "collective until a timeout.",
+        detector="last_words", severity=Severity.WARNING, title=title, summary=summary,
         remediation="Find why those workers exited (their last words, the kernel log); make the launcher stop the job "
                     "when a worker dies (torchrun does by default; check the wrapper).",
         metrics={"defunct": d.height}, key="defunct", confidence="medium", kind=DEFUNCT.name,
         when=When.unknown("a process listing carries no time"))
+
+
+def _defunct_words(d: pl.DataFrame) -> tuple[str, str]:
+    """The defunct workers (one row each: job, pid) in words: title and summary."""
+    return (f"{d.height} worker process(es) left <defunct> in {d['job'].n_unique()} process listing(s) while others "
+            "still run",
+            "A process listing shows exited workers (pids " + ", ".join(str(p) for p in d["pid"].to_list()[:12])
+            + ") beside live ones: the launcher did not tear the job down, so the survivors wait in their next "
+              "collective until a timeout.")
 
 
 @detector("last_words", settings=LastWordsConfig, doc=DOC, requires_any=("last_words", "stacks"),
