@@ -121,8 +121,8 @@ def main() -> None:
     print(f"{args.ranks} ranks x {args.entries} entries, {args.workers} worker(s): {wall:.1f} s wall "
           f"(limit {TIME_LIMIT_S:.0f} s), peak RSS {peak / 2**20:.0f} MiB (limit {MEMORY_LIMIT / 2**20:.0f} MiB), "
           f"device-stuck rank(s) named: {named} (injected {CULPRIT % args.ranks})")
-    print("PASS" if ok_time and ok_mem and ok_verdict else
-          f"FAIL ({', '.join(w for w, ok in (('time', ok_time), ('memory', ok_mem), ('verdict', ok_verdict)) if not ok)})")  # noqa: E501
+    failed = [w for w, ok in (("time", ok_time), ("memory", ok_mem), ("verdict", ok_verdict)) if not ok]
+    print(f"FAIL ({', '.join(failed)})" if failed else "PASS")
     if not args.keep:
         shutil.rmtree(run_dir, ignore_errors=True)
 

@@ -48,7 +48,8 @@ for r in ranks:
     names = ta.t.symbol_table.get_sym_table()
     cats = df["cat"].map(lambda i: names[i]) if df["cat"].dtype != object else df["cat"]
     n = int(cats.isin(["kernel", "gpu_memcpy", "gpu_memset"]).sum())
-    assert n == expected_hta[r], f"rank {r}: HTA sees {n} GPU events, expected {expected_hta[r]} (truth: {expected_kernels[r]} in all steps)"
+    assert n == expected_hta[r], (f"rank {r}: HTA sees {n} GPU events, expected {expected_hta[r]} "
+                                  f"(truth: {expected_kernels[r]} in all steps)")
 tb = ta.get_temporal_breakdown(visualize=False)
 ov = ta.get_comm_comp_overlap(visualize=False)
 print("temporal breakdown (first 3 ranks):")
@@ -58,8 +59,9 @@ print(ov.head(3).to_string())
 if any(k.startswith("ncclKernel") for k in ta.t.symbol_table.get_sym_id_map()):
     # HTA's straggler analysis only sees NCCL <= 2.18 kernel names; informational, not checked
     print("HTA get_potential_stragglers():", ta.get_potential_stragglers())
-print(f"OK: HTA {__import__('importlib.metadata').metadata.version('HolisticTraceAnalysis')} loaded {len(ranks)} ranks from {trace_dir}")
-"""  # noqa: E501
+hta_version = __import__('importlib.metadata').metadata.version('HolisticTraceAnalysis')
+print(f"OK: HTA {hta_version} loaded {len(ranks)} ranks from {trace_dir}")
+"""
 
 
 def ensure_venv() -> Path:
@@ -90,7 +92,8 @@ def main() -> int:
         run_dir = Path(tempfile.mkdtemp(prefix="hta-compat-")) / args.scenario
         simulate(args.scenario, run_dir, ranks=args.ranks, steps=args.steps, seed=0)
     truth = orjson.loads((args.truth or run_dir / "truth.json").read_bytes())
-    kernels = ",".join(f"{r['rank']}={r['counts'].get('kernel', 0) + r['counts'].get('gpu_memcpy', 0) + r['counts'].get('gpu_memset', 0)}" for r in truth["ranks"])  # noqa: E501
+    gpu_events = ("kernel", "gpu_memcpy", "gpu_memset")
+    kernels = ",".join(f"{r['rank']}={sum(r['counts'].get(k, 0) for k in gpu_events)}" for r in truth["ranks"])
     py = ensure_venv()
     proc = subprocess.run([str(py), "-c", CHECK, str(run_dir / "profiler"), str(len(truth["ranks"])), kernels])
     return proc.returncode

@@ -30,8 +30,9 @@ import resource, subprocess, sys, time, json
 t = time.perf_counter()
 rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
 wall = time.perf_counter() - t
-print(json.dumps({"rc": rc, "wall_s": wall, "peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
-"""  # noqa: E501
+peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+print(json.dumps({"rc": rc, "wall_s": wall, "peak_rss_mib": peak_mib}))
+"""
 
 
 def measure(run_dir: Path, repeat: int, expect_rc: int = 0) -> dict:

@@ -272,15 +272,16 @@ def parse_unit(files: list[DiscoveredFile], run_dir: Path) -> list[ParsedSource]
     for batch, pending in batches.values():
         _finish_batch(batch, pending, run_dir)
     for item in out:
-        if item.file.kind in registry.ALSO_READ and item.result.status in ("ok", "partial"):
-            _also_read(item, run_dir)
+        if item.result.status in ("ok", "partial"):
+            for spec in registry.ALSO_READ.get(item.file.kind, ()):
+                _also_read(item, run_dir, spec)
     return out
 
 
-def _also_read(item: ParsedSource, run_dir: Path) -> None:
-    """The second scanner of a kind (``registry.ALSO_READ``) over a parsed file: its frames join the file's
+def _also_read(item: ParsedSource, run_dir: Path, spec: str) -> None:
+    """A further scanner of a kind (``registry.ALSO_READ``) over a parsed file: its frames join the file's
     own (``result.frames``, also when the file's other rows sit in a batch's shared frames)."""
-    module, _, name = registry.ALSO_READ[item.file.kind].partition(":")
+    module, _, name = spec.partition(":")
     scan: Any = getattr(importlib.import_module(module), name)
     ctx = ParseContext(run_dir=run_dir, rel_path=item.file.rel_path)
     res = item.result
@@ -288,11 +289,11 @@ def _also_read(item: ParsedSource, run_dir: Path) -> None:
     try:
         frames, note, damaged = scan(item.file.path, ctx, res.rank, res.host)
     except (OSError, MemoryError, RecursionError, ValueError) as exc:  # the file's own parse stands
-        frames, note, damaged = {}, f"not read for last words: {type(exc).__name__}: {exc}", True
+        frames, note, damaged = {}, f"not read by {module}: {type(exc).__name__}: {exc}", True
     item.parse_ns += time.perf_counter_ns() - start
+    res.frames = {**res.frames, **frames}
     if not note:
         return
-    res.frames = {**res.frames, **frames}
     res.message = f"{res.message}; {note}" if res.message else note
     if damaged and res.status == "ok":
         res.status = "partial"

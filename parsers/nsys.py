@@ -829,7 +829,8 @@ def _parse(db: _Db, path: Path, ctx: ParseContext) -> ParseResult:
     cpu_ops, n_api, n_ranges = _cpu_side(job, gpu, runtime, ranges, tag)
 
     # steps: NVTX ranges named ProfilerStep#N / step N / iteration N
-    steps_df = ranges.with_columns(pl.col("name").str.extract(_STEP_RANGE.pattern, 1).cast(pl.Int64, strict=False).alias("step")).drop_nulls("step")  # noqa: E501
+    step = pl.col("name").str.extract(_STEP_RANGE.pattern, 1).cast(pl.Int64, strict=False)
+    steps_df = ranges.with_columns(step.alias("step")).drop_nulls("step")
     steps = fr.conform("steps", tag(steps_df.select("pid", "step", "start_ns",
                                                     "end_ns")).drop("pid").sort("rank", "step", nulls_last=True))
     comms = _comms(db, nvtx, ranges, runtime, gpu, ranks.by_pid, tag)
@@ -971,8 +972,10 @@ def _comms(db: _Db, nvtx: pl.DataFrame, ranges: pl.DataFrame, runtime: pl.DataFr
     calls = calls.join(_kernel_links(calls, ranges, runtime, gpu, created), on="_i", how="left")
     own = pl.col("pid").replace_strict(rank_by_pid, default=None, return_dtype=pl.Int32())
     calls = calls.with_columns(
-        pl.when(pl.col("collective") == "send").then(own).when(pl.col("collective") == "recv").then(pl.col("peer")).alias("src_rank"),  # noqa: E501
-        pl.when(pl.col("collective") == "send").then(pl.col("peer")).when(pl.col("collective") == "recv").then(own).alias("dst_rank"),  # noqa: E501
+        pl.when(pl.col("collective") == "send").then(own)
+        .when(pl.col("collective") == "recv").then(pl.col("peer")).alias("src_rank"),
+        pl.when(pl.col("collective") == "send").then(pl.col("peer"))
+        .when(pl.col("collective") == "recv").then(own).alias("dst_rank"),
     )
     cols = ["pid", "tid", "name", "collective", "start_ns", "end_ns", "kernel_correlation", "pg_name", "group_size",
             "bytes", "src_rank", "dst_rank"]

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from forensics.parsers import sniff
+from forensics.parsers.frameworks import score_framework_log
 from forensics.parsers.lastwords import score_job_log
 from forensics.parsers.result import Parser
 
@@ -32,15 +33,22 @@ KINDS: tuple[SourceKind, ...] = (
     SourceKind("dmesg", sniff.score_dmesg, "forensics.parsers.kernel_log:parse", text=True),
     SourceKind("flight_recorder", sniff.score_flight_recorder_json, "forensics.parsers.flight_recorder:parse",
                text=False),
-    # scores below every other text kind: a file another sniffer claims is read for last words beside (ALSO_READ)
+    # scores below every other text kind but framework_log: a file another sniffer claims is read for last words
+    # beside its own parser (ALSO_READ)
     SourceKind("job_log", score_job_log, "forensics.parsers.lastwords:parse", text=True),
+    # below that: a rank's output with checkpoint saves and nothing else forensics reads
+    SourceKind("framework_log", score_framework_log, "forensics.parsers.frameworks:parse", text=True),
 )
 
-#: Kinds whose files are also read by a second scanner after their own parser ("module:function", called as
-#: ``scan(path, ctx, rank, host) -> (frames, note, damaged)``): a rank's stdout is an NCCL log and holds the
-#: job's last words too. The file keeps one row in ``run.sources`` (its kind, its parser's status); the scan's
-#: frames join the file's, its note is added to the row's message, and damage it found makes an ok row partial.
-ALSO_READ: dict[str, str] = {"nccl_log": "forensics.parsers.lastwords:scan"}
+#: Kinds whose files are also read by other scanners after their own parser ("module:function", called in order
+#: as ``scan(path, ctx, rank, host) -> (frames, note, damaged)``): a rank's stdout is an NCCL log and holds the
+#: job's last words and its framework's checkpoint saves too. The file keeps one row in ``run.sources`` (its kind,
+#: its parser's status); a scan's frames join the file's, its note is added to the row's message, and damage it
+#: found makes an ok row partial.
+ALSO_READ: dict[str, tuple[str, ...]] = {
+    "nccl_log": ("forensics.parsers.lastwords:scan", "forensics.parsers.frameworks:scan"),
+    "job_log": ("forensics.parsers.frameworks:scan",),
+}
 
 BY_KIND = {k.kind: k for k in KINDS}
 

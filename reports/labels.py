@@ -40,7 +40,8 @@ def gpu_labels(ctx: JobContext) -> pl.DataFrame:
         pl.col("cuda_dev").drop_nulls().first(),
     ).with_columns(pl.col("rank").cast(pl.Int32))
     # the GPU index a rank's kernels ran on, where neither a log nor the trace metadata gave one
-    kdev = ctx.frames["kernels"].lazy().drop_nulls("rank").group_by("rank").agg(pl.col("device").drop_nulls().first().alias("_kdev"))  # noqa: E501
+    kdev = ctx.frames["kernels"].lazy().drop_nulls("rank").group_by("rank").agg(
+        pl.col("device").drop_nulls().first().alias("_kdev"))
     out = hosts.join(by_rank, on="rank", how="full", coalesce=True).join(
         kdev.with_columns(pl.col("rank").cast(pl.Int32)), on="rank", how="left"
     ).with_columns(pl.coalesce("_ihost", "host").fill_null("?").alias("host"),

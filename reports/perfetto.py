@@ -192,7 +192,8 @@ def _fr_marks(ctx: JobContext) -> pl.DataFrame:
     keys = ["rank", "pg_id", "last_completed"]
     m = st.join(done.unique(keys), on=keys, how="left").join(nxt.unique(keys), on=keys, how="left").with_columns(
         pl.coalesce("_done", "_next").alias("at_ns"),
-        pl.when(pl.col("_done").is_not_null()).then(pl.lit("completed")).otherwise(pl.lit("next enqueued")).alias("how"))  # noqa: E501
+        pl.when(pl.col("_done").is_not_null()).then(pl.lit("completed")).otherwise(pl.lit("next enqueued"))
+        .alias("how"))
     return m.drop_nulls("at_ns").sort("at_ns").group_by("rank").agg(pl.all().last()).select(
         pl.col("rank").cast(pl.Int32), "pg_name", "pg_desc", pl.col("last_completed").alias("seq"), "at_ns", "how")
 

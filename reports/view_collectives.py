@@ -90,7 +90,8 @@ def _logged_choice(ctx: JobContext) -> pl.DataFrame:
     op = pl.col("op").fill_null("AllReduce").str.to_lowercase().replace({"reducescatter": "reduce_scatter"})
 
     def one(c: str) -> pl.Expr:
-        return pl.when(pl.col(c).drop_nulls().n_unique() > 1).then(pl.lit("mixed")).otherwise(pl.col(c).drop_nulls().first())  # noqa: E501
+        values = pl.col(c).drop_nulls()
+        return pl.when(values.n_unique() > 1).then(pl.lit("mixed")).otherwise(values.first())
 
     return t.with_columns(op.alias("op")).group_by("op", "bytes").agg(
         one("algo").alias("algo"), one("proto").alias("proto"), pl.col("predicted_us").median())

@@ -77,7 +77,8 @@ def process_facets(ctx: JobContext) -> pl.DataFrame:
     traced = ctx.frames["ranks"].lazy().select(pl.col("rank").alias("_r"),
                                                pl.col("nccl_version").alias("_tv")).drop_nulls().unique("_r")
     out = out.join(ident, on=PROC, how="left", nulls_equal=True).join(traced, on="_r", how="left").with_columns(
-        pl.when(pl.col("version") == "").then(None).otherwise(pl.col("version")).fill_null(pl.col("_tv")).alias("version"),  # noqa: E501
+        pl.when(pl.col("version") == "").then(None).otherwise(pl.col("version"))
+        .fill_null(pl.col("_tv")).alias("version"),
         pl.when(pl.col("bus_id").is_not_null()).then(pl.col("host") + ":"
                                                      + pl.col("bus_id")).otherwise(pl.col("host")).alias("gpu"))
     cols = [pl.when(pl.col(c) == "").then(None).otherwise(pl.col(c)).alias(c) for c in FACETS]

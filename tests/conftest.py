@@ -19,6 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 SAMPLE_DATA = SHARED / "sample_data"
 SCHEMA_PATH = ROOT / "forensics" / "schema" / "findings.schema.json"
+# The detectors the tree holds (a module or package each; ``_`` modules are shared parts): a loop over the
+# registry expects at least these.
+DETECTOR_MODULES = sorted(p.stem for p in (ROOT / "forensics" / "detectors").iterdir()
+                          if not p.name.startswith("_") and (p.suffix == ".py" or (p / "__init__.py").exists()))
 
 
 def shared_path(*parts: str, root: Path = SAMPLE_DATA) -> Path:

@@ -24,7 +24,7 @@ May 27 15:47:45 manet.1015granger.net kernel: mlx5_core 0000:81:00.0: firmware v
 May 27 15:47:45 manet.1015granger.net kernel: mlx5_core 0000:81:00.0: 126.016 Gb/s available PCIe bandwidth (8.0 GT/s PCIe x16 link)
 May 27 15:47:46 manet.1015granger.net kernel: mlx5_core 0000:81:00.0: Port module event: module 0, Cable plugged
 May 27 15:47:46 manet.1015granger.net kernel: mlx5_core 0000:81:00.0: mlx5_pcie_event:301:(pid 10): PCIe slot advertised sufficient power (27W).
-"""  # noqa: E501
+"""  # noqa: E501 -- verbatim log lines (test data)
 
 # An EKS job over EFA whose peer did not answer the handshake (security group without the outbound rule):
 # aws-ofi-nccl's provider error, the NCCL return-code trail (6 = ncclRemoteError) and the C++ error line.
@@ -46,4 +46,4 @@ llama-3-8b-node-0-0:194:194 [0] NCCL INFO group.cc:545 -> 6
 llama-3-8b-node-0-0:194:194 [0] NCCL INFO group.cc:694 -> 6
 llama-3-8b-node-0-0:194:194 [0] NCCL INFO enqueue.cc:2432 -> 6
 [rank0]: torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3699, remote process exited or there was a network error, NCCL version 2.27.3
-"""  # noqa: E501
+"""  # noqa: E501 -- verbatim log lines (test data)

@@ -18,6 +18,7 @@ def test_buckets_partition_the_step_and_match_builder_truth():
     assert b.select((pl.sum_horizontal(PARTS) == pl.col("step_ns")).all()).item()
     got = {(r, s): (w, x, t) for r, s, w, x,
            t in b.select("rank", "step", "comm_wait_ns", "comm_exposed_ns", "step_ns").iter_rows()}
+    assert len(truth.wait) == 24
     for key, wait in truth.wait.items():
         assert got[key] == (wait, truth.exposed_tx[key], truth.step_ns[key]), key
     # Rank 5's host stalled 3 ms before launching its first kernel of each step after the first (launched

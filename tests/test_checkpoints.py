@@ -1,5 +1,5 @@
-"""Checkpoint-save lines (parsers/nccl_log/frameworks.py -> `checkpoints`) and the work they bound in a fatal incident's
-cost."""
+"""Checkpoint-save lines (parsers/frameworks.py -> `checkpoints`), read from a rank's output whatever else it holds,
+and the work they bound in a fatal incident's cost."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from forensics.parsers.nccl_log import parse
+from forensics.parsers.frameworks import parse
 from forensics.parsers.result import ParseContext
 
 from forensics.base import frames as fr
@@ -25,7 +25,7 @@ def _ns(*a: int, frac_ns: int = 0) -> int:
 def _rows(tmp_path: Path, *lines: str) -> list[dict]:
     f = tmp_path / "rank0.log"
     f.write_text("\n".join(lines) + "\n")
-    df = parse(f, ParseContext(tmp_path, "rank0.log")).frames["checkpoints"]
+    df = parse(f, ParseContext(tmp_path, "rank0.log")).frames.get("checkpoints", fr.empty("checkpoints"))
     assert df.schema == fr.schema("checkpoints")
     return [{k: v for k, v in r.items() if k != "source"} for r in df.to_dicts()]
 
@@ -70,6 +70,57 @@ def test_pathological_line_is_linear(tmp_path):
     # a long line of near-matches must not blow up (no backtracking): it simply parses
     rows = _rows(tmp_path, "saved checkpoint " + "to " * 50_000 + "x" * 100_000)
     assert len(rows) == 1 and rows[0]["framework"] == "generic"
+
+
+MEGATRON = "[2024-03-14 09:00:00] saving checkpoint at iteration     100 to /ckpt/mlm in torch format"
+NCCL_INIT = ("n1:100:100 [0] NCCL INFO ncclCommInitRank comm 0x1 rank 5 nranks 8 cudaDev 0 nvmlDev 0 busId 18000 "
+             "commId 0xa - Init COMPLETE")
+TRACEBACK = "Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\nRuntimeError: boom"
+
+
+def _load(tmp_path: Path, text: str) -> tuple[dict, pl.DataFrame]:
+    """(the file's sources row, the job's checkpoints frame) of a run folder holding one file, out.log."""
+    from forensics.pipeline import load
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "out.log").write_text(text + "\n")
+    sources, frames = load(tmp_path / "run", workers=1)
+    assert sources.height == 1
+    return sources.row(0, named=True), frames["checkpoints"]
+
+
+def _times(ck: pl.DataFrame) -> list[tuple[int | None, int | None, str]]:
+    return ck.select("rank", "time_ns", "framework").rows()
+
+
+def test_an_output_with_checkpoint_saves_and_nothing_else_is_read(tmp_path):
+    src, ck = _load(tmp_path, f"epoch 1 loss 2.3\n{MEGATRON}\n[Rank 3] Saving model checkpoint\nLoading checkpoint")
+    assert (src["kind"], src["status"]) == ("framework_log", "ok")
+    assert src["message"] == "2 checkpoint save(s) (deepspeed 1, megatron 1)"
+    assert _times(ck) == [(None, _ns(2024, 3, 14, 9, 0, 0), "megatron"), (3, None, "deepspeed")]
+
+
+def test_an_nccl_log_is_read_for_checkpoint_saves_by_their_own_parser(tmp_path):
+    # the NCCL parser makes no checkpoints frame; the frameworks scan gives the row the file's rank
+    src, ck = _load(tmp_path, f"{NCCL_INIT}\n{MEGATRON}")
+    assert (src["kind"], src["rank"]) == ("nccl_log", 5)
+    assert src["message"].endswith("; also read for checkpoint saves: 1 checkpoint save(s) (megatron 1)")
+    assert _times(ck) == [(5, _ns(2024, 3, 14, 9, 0, 0), "megatron")]
+    from forensics.parsers import nccl_log
+
+    alone = nccl_log.parse(tmp_path / "run" / "out.log", ParseContext(tmp_path / "run", "out.log"))
+    assert "checkpoints" not in alone.frames and alone.frames["nccl_comms"].height == 1
+
+
+def test_a_job_log_is_read_for_checkpoint_saves(tmp_path):
+    src, ck = _load(tmp_path, f"{MEGATRON}\n{TRACEBACK}")
+    assert (src["kind"], src["status"]) == ("job_log", "ok")
+    assert _times(ck) == [(None, _ns(2024, 3, 14, 9, 0, 0), "megatron")]
+
+
+def test_an_output_without_saves_is_not_a_framework_log(tmp_path):
+    src, ck = _load(tmp_path, "epoch 1 loss 2.3\nFailed to save checkpoint to /x\nLoading checkpoint from /y")
+    assert (src["kind"], src["status"]) == ("unknown", "ignored") and ck.height == 0
 
 
 T0 = _ns(2026, 3, 14, 9, 0, 0)

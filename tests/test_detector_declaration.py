@@ -18,7 +18,7 @@ from forensics.base.frames import FRAME_SPECS, JobFrames
 from forensics.cli import app
 from forensics.detectors import REGISTRY, DetectorDoc, detector, load_all, run_detectors
 from forensics.facts.context import JobContext
-from tests.conftest import ROOT
+from tests.conftest import DETECTOR_MODULES, ROOT
 
 NAME = "probe_gpu_fault"
 TITLE = "Probe: GPU fault on the rank the watchdog names"
@@ -100,7 +100,9 @@ def test_a_finding_of_an_undeclared_kind_stops_the_run():
 
 
 def test_every_detector_declares_kinds_with_meaning_and_remediation():
-    for name, spec in load_all().items():
+    registry = load_all()
+    assert len(DETECTOR_MODULES) >= 14 and set(registry) >= set(DETECTOR_MODULES)
+    for name, spec in registry.items():
         assert spec.kinds, name
         for k in spec.kinds:
             assert k.meaning and k.remediation and isinstance(k.role, Role), (name, k)

@@ -166,6 +166,7 @@ def test_bubble_fraction_against_truth(run, scenario):
     # Ground truth: the simulator engine's pipeline-dependency wait (compute stream idle until the
     # neighbour's activation/gradient arrived) over the step, per stage, over the same profiled steps.
     assert float(table["f_b"].mean()) == pytest.approx(exp["bubble_fraction_measured"], abs=0.02)
+    assert sorted(table["pp_stage"]) == sorted(int(s) for s in exp["bubble_fraction_measured_by_stage"])
     for stage, f_b in table.select("pp_stage", "f_b").iter_rows():
         assert f_b == pytest.approx(exp["bubble_fraction_measured_by_stage"][str(stage)], abs=0.02)
         # never more than the time without compute (the DP all-reduce at the flush is not bubble)
@@ -177,7 +178,8 @@ def test_bubble_fraction_against_truth(run, scenario):
 def test_exposed_comm_fraction_within_one_percent_of_step(run):
     truth, _, findings, _ = run("ddp_no_overlap")
     (f,) = [f for f in findings if f.detector == "exposed_comm"]
-    assert f.metrics["exposed_fraction"] == pytest.approx(truth["faults"][0]["expected"]["exposed_comm_fraction_median"], abs=0.01)  # noqa: E501
+    expected = truth["faults"][0]["expected"]["exposed_comm_fraction_median"]
+    assert f.metrics["exposed_fraction"] == pytest.approx(expected, abs=0.01)
 
 
 @pytest.mark.parametrize("scenario,kw", [

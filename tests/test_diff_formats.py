@@ -220,6 +220,7 @@ def test_kineto_and_nsys_of_the_same_job_map_the_same(runs: dict[str, Path]):
     d = compare(kin, nsy)
     assert d.base_side is not None and d.new_side is not None
     assert set(d.base_side.categories) == set(d.new_side.categories)
+    assert [c for c in d.base_side.categories if not c.startswith("nccl:") and c != "idle"]
     for cat, ms in d.base_side.categories.items():
         if not cat.startswith("nccl:") and cat != "idle":
             assert d.new_side.categories[cat] == pytest.approx(ms, rel=1e-3, abs=1e-3), cat

@@ -238,7 +238,9 @@ def test_a_cause_is_never_later_than_its_consequence():
     for fs in ([late_xid, desync(fired), timeout(t=fired)], [xid79(t=T0), desync(fired), timeout(t=fired)]):
         out, incidents = correlate(fs, JobFacts(8, WINDOW))
         whens = {f.id: f.when for f in out}
-        for e in (e for i in incidents for e in i.links):
+        links = [e for i in incidents for e in i.links]
+        assert links
+        for e in links:
             c, q = whens[e.cause], whens[e.consequence]
             assert not (c.known and q.known) or c.start_ns <= q.end_ns  # type: ignore[operator]
 

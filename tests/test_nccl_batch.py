@@ -56,7 +56,7 @@ n1:100:100 [0] NCCL INFO Channel 00/0 : {r}[0] -> {n}[1] via P2P/CUMEM/read
 n1:100:100 [0] NCCL INFO NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0'
 n1:100:100 [0] NCCL INFO NCCL_IB_HCA set by environment to mlx5_0
 saving checkpoint at iteration 10 to /ckpt/run in torch format
-"""  # noqa: E501
+"""  # noqa: E501 -- verbatim log lines (test data)
 
 
 def test_files_of_the_same_processes_keep_their_own_ranks(tmp_path: Path):

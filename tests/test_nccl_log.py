@@ -310,7 +310,7 @@ n0:191:726 [0] NCCL INFO Enabled NCCL Func/Proto/Algo Matrix:
 n0:191:726 [0] NCCL INFO TUNER/Plugin: Using tuner plugin nccl_ofi_tuner
 n0:191:726 [0] NCCL INFO NET/OFI NCCL_OFI_TUNER is not available for platform : g6e.12xlarge, Fall back to NCCL's tuner
 n0:191:1160 [0] NCCL INFO ncclCommSplit comm 0x556ea5a6db80 rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 38000 parent 0x556ea5166cf0 splitCount 1 color 1734919490 key 0- Init START
-"""  # noqa: E501
+"""  # noqa: E501 -- verbatim log lines (test data)
 
 
 def test_aws_ofi_efa_2_27_lines(tmp_path):

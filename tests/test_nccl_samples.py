@@ -233,6 +233,7 @@ def test_13_p2p_disabled_by_environment_is_a_transport_fact():
 def test_no_message_counts_zero_of_what_it_reports(prefix):
     # "0 inter-node connection(s) use NET/Socket" at critical contradicts itself
     f, _ = run(prefix)
+    assert [det for det, _ in f if det in ("nccl_transport", "nccl_algorithm")]
     for (det, _key), x in f.items():
         if det in ("nccl_transport", "nccl_algorithm"):
             assert not re.search(r"(?<![\d.])0 [\w/ -]*?(connection|HCA|pair|ring)", x.summary), x.summary

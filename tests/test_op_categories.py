@@ -89,6 +89,7 @@ def test_category_times_per_rank_and_step():
     # 1..13, 14..20, 21..22 ms -> idle 1 + 1 + 1 + 8 = 11 ms; the last step ends at its last kernel (22 ms)
     # or its own end (30 ms), whichever the breakdown uses: read it from the breakdown frame itself
     idle = {(r["rank"], r["step"]): r["idle_ns"] for r in ctx.steps.to_dicts()}
+    assert len(idle) == ctx.steps.height > 0
     for (rank, step), ns in idle.items():
         assert got[(rank, step, "idle")] == (0, ns)
     assert idle[(0, 0)] == 11 * MS

@@ -88,7 +88,8 @@ def test_chunks_are_written_as_their_concatenation(tmp_path: Path):
     outs = OutputSet(tmp_path / "out")
     outs.add_chunks("report.html", chunks)
     outs.commit()
-    assert (tmp_path / "out" / "report.html").read_bytes() == b"<head>" + bytes(range(256)) * 3 + "</html>\u00e9".encode()  # noqa: E501
+    want = b"<head>" + bytes(range(256)) * 3 + "</html>\u00e9".encode()
+    assert (tmp_path / "out" / "report.html").read_bytes() == want
 
 
 def test_write_error_leaves_the_previous_set_and_no_temporary_file(tmp_path: Path):

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from forensics.base.settings import parse_value, specs
 from forensics.cli import app
 from forensics.detectors import build_settings, load_all
-from tests.conftest import ROOT, run_cli
+from tests.conftest import DETECTOR_MODULES, ROOT, run_cli
 
 REGISTRY = load_all()
 
@@ -97,6 +97,7 @@ def _invoke(*args: str):
 
 def test_rules_prints_every_detector_and_setting_as_plain_text():
     text = _invoke("rules")
+    assert len(DETECTOR_MODULES) >= 14 and set(REGISTRY) >= set(DETECTOR_MODULES)
     for name, spec in REGISTRY.items():
         assert re.search(rf"^{name}$", text, re.M), name
         for s in specs(spec.config):
@@ -114,6 +115,7 @@ def test_rules_for_one_detector_and_unknown_detector():
 
 def test_rules_markdown_has_every_detector_and_setting():
     md = _invoke("rules", "--format", "md")
+    assert set(REGISTRY) >= set(DETECTOR_MODULES)
     for name, spec in REGISTRY.items():
         assert f"## {name}\n" in md
         for s in specs(spec.config):

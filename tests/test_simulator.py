@@ -90,12 +90,14 @@ def test_trace_files_look_like_kineto(multinode: Path):
     traces = load_traces(multinode)
     assert sorted(traces) == list(range(16))
     names = sorted(p.name for p in (multinode / "profiler").iterdir())
+    assert len(names) == 16
     pat = re.compile(r"^(?P<host>[\w-]+)_(?P<pid>\d+)\.(?P<ms>\d{13})\.pt\.trace\.json\.gz$")
     for n in names:
         assert pat.match(n), n
     for r, d in traces.items():
         row = t["ranks"][r]
-        assert row["trace"] == f"profiler/{[n for n in names if n.startswith(row['host'] + '_' + str(row['pid']) + '.')][0]}"  # noqa: E501
+        own = [n for n in names if n.startswith(f"{row['host']}_{row['pid']}.")]
+        assert row["trace"] == f"profiler/{own[0]}"
         di = d["distributedInfo"]
         assert di["world_size"] == 16 and di["backend"] == "nccl" and di["pg_count"] == len(di["pg_config"])
         assert {"pg_name", "pg_desc", "backend_config", "pg_size", "ranks"} <= set(di["pg_config"][0])
@@ -113,7 +115,8 @@ def test_trace_files_look_like_kineto(multinode: Path):
             a = k["args"]
             assert re.match(r"^ncclDevKernel_AllReduce_Sum_bf16_(RING|TREE)_(LL|LL128|SIMPLE)\(ncclDevKernelArgsStorage"
                             r"<4096ul>\)$", k["name"]), k["name"]
-            assert a["Collective name"] == "allreduce" and a["Process Group Name"] == "0" and a["Group size"] == 16 and isinstance(a["Seq"], int)  # noqa: E501
+            assert a["Collective name"] == "allreduce" and a["Process Group Name"] == "0" and a["Group size"] == 16
+            assert isinstance(a["Seq"], int)
         rpc = [e for e in d["traceEvents"] if e.get("name") == "record_param_comms"]
         assert len(rpc) == len(nccl_kernels(d)) == row["counts"]["nccl_kernels"]
         assert [s[0] for s in steps_of(d)] == [100, 101]
@@ -122,7 +125,9 @@ def test_trace_files_look_like_kineto(multinode: Path):
 def test_header_is_what_hta_greps_for(multinode: Path):
     # HTA (holistictraceanalysis) maps files to ranks with this regex on the raw text; compact JSON
     # ("rank":0) would make it load a single rank. benchmarks/hta_compat.py runs HTA itself.
-    for f in (multinode / "profiler").iterdir():
+    files = sorted((multinode / "profiler").iterdir())
+    assert len(files) == 16
+    for f in files:
         head = gzip.open(f).read(20_000).decode()
         m = re.search(r'"rank":\s+(\d+)', head)
         assert m and json.loads(gzip.open(f).read())["distributedInfo"]["rank"] == int(m.group(1))
@@ -149,6 +154,7 @@ def test_fsdp_gathers_before_each_layer_and_reduce_scatters_after(tmp_path: Path
 def test_window_skew_opens_odd_ranks_profilers_late(tmp_path: Path):
     t = simulate("ddp_straggler", tmp_path / "r", ranks=4, steps=3, params={"layers": "2", "window_skew": "1"})
     traces = load_traces(tmp_path / "r")
+    assert sorted(traces) == [0, 1, 2, 3]
     for r, d in traces.items():
         steps = [s for s, _, _ in steps_of(d)]
         assert steps == ([101, 102] if r % 2 else [100, 101, 102]) == t["ranks"][r]["profiled_steps"]
@@ -258,6 +264,7 @@ def test_collective_timeout_signature(tmp_path: Path):
     seq, missing = exp["seq"], exp["missing_ranks"]
     assert missing == [2] and exp["waiting_ranks"] == [0, 1, 3] and exp["timeout_ms"] == 600000.0
     traces = load_traces(run)
+    assert sorted(traces) == [0, 1, 2, 3]
     for r, d in traces.items():
         hit = [k for k in nccl_kernels(d) if k["args"]["Seq"] == seq
                and k["args"]["Process Group Name"] == exp["pg_name"]]

@@ -59,6 +59,7 @@ def test_sample_trace_structure_names_and_annotations(sample: Analysis):
     ranks = sorted(sample.frames["ranks"]["rank"].to_list())
     assert sorted(procs) == ranks
     ident = sample.context.identity.filter(pl.col("bus_id").is_not_null()).unique("rank")
+    assert ident.height == len(ranks)
     for rank, host, bus in ident.select("rank", "host", "bus_id").iter_rows():
         assert procs[rank] == f"{host}/rank {rank}/GPU {bus}"
     assert any(name.startswith("NCCL ") for name in threads.values())  # communicators are tracks

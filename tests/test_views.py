@@ -64,6 +64,7 @@ def test_heatmap_cell_is_the_steps_duration_and_culprit_is_marked(dp):
     view = rank_step_heatmap_view(analysis)
     fig = view.figures[0].to_plotly_json()["data"][0]
     steps = frames["steps"].sort("rank", "step")
+    assert steps.height == 16 * 4
     for row in steps.iter_rows(named=True):
         y = _row(fig["y"], row["rank"])
         x = fig["x"].index(f"step {row['step']}")
@@ -77,6 +78,7 @@ def test_heatmap_cell_is_the_steps_duration_and_culprit_is_marked(dp):
 def test_heatmap_exposed_comm_is_transfer_plus_wait(dp):
     analysis, _, truth = dp
     exposed = rank_step_heatmap_view(analysis).figures[1].to_plotly_json()["data"][0]
+    assert len(truth.wait) == 16 * 4
     for (rank, step), wait in truth.wait.items():
         y = _row(exposed["y"], rank)
         want = (wait + 2 * MS) / 1e6  # every all-reduce moves for tx_ns = 2 ms, nothing hides it

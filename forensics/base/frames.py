@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import polars as pl
 
 KERNEL_CLASSES = ["compute", "comm", "memcpy", "memset", "sync"]
-SOURCE_KINDS = ["kineto", "nsys", "nccl_log", "dmesg", "nvidia_smi", "flight_recorder", "job_log", "unknown"]
+SOURCE_KINDS = ["kineto", "nsys", "nccl_log", "dmesg", "nvidia_smi", "flight_recorder", "job_log", "framework_log",
+                "unknown"]
 SOURCE_STATUSES = ["ok", "partial", "failed", "ignored"]
 CPU_OP_CATEGORIES = [
     "cpu_op",
@@ -486,13 +487,15 @@ COLLECTIVE_TIMEOUTS = FrameSpec(
 
 CHECKPOINTS = FrameSpec(
     "checkpoints",
-    "Checkpoint-save lines in the ranks' stdout logs (Megatron-LM, DeepSpeed, PyTorch Lightning, "
-    "torch.distributed.checkpoint / generic `checkpoint saved`): when the job last saved its state.",
+    "Checkpoint-save lines in the ranks' output (Megatron-LM, DeepSpeed, PyTorch Lightning, "
+    "torch.distributed.checkpoint / generic `checkpoint saved`), read from NCCL logs, job logs and text that holds "
+    "nothing else (`framework_log`): when the job last saved its state.",
     (
         _SOURCE,
         _HOST,
         _c("rank", pl.Int32(),
-           "global rank: `[Rank n]`/`[rankN]:` on the line, else the file's one process; null when unknown"),
+           "global rank: `[Rank n]`/`[rankN]:` on the line, else the rank of the file (when its own parser "
+           "found one); null when unknown"),
         _c("line", pl.Int64(), "1-based line number"),
         _c("time_ns", pl.Int64(),
            "Unix ns (read as UTC) from a dated stamp on the line (`YYYY-MM-DD HH:MM:SS[.,frac]`); "

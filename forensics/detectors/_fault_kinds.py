@@ -52,14 +52,3 @@ def fault_kind(category: str, root_xid: object, other: FindingKind) -> FindingKi
     if category in NIC_FAULT_CATEGORIES:
         return NIC_FAULT
     return other
-
-
-def kinds_markdown() -> str:
-    """The category table of docs/incidents.md (which hardware category is which kind)."""
-    return "\n".join([
-        f"- `gpu_fault`: categories {', '.join(sorted(GPU_FAULT_CATEGORIES))}, or category `xid` with root Xid in "
-        f"{', '.join(map(str, sorted(GPU_FAULT_XIDS)))}",
-        f"- `host_fault`: categories {', '.join(sorted(HOST_FAULT_CATEGORIES))} (at warning or above)",
-        f"- `platform_error`: categories {', '.join(sorted(PLATFORM_ERROR_CATEGORIES))}",
-        f"- `nic_fault`: categories {', '.join(sorted(NIC_FAULT_CATEGORIES))}",
-    ])

@@ -123,7 +123,8 @@ def _flagged(u: pl.DataFrame, cfg: BusyWaitConfig) -> pl.DataFrame:
     gap mostly made of wait."""
     rule1 = (pl.col("u_any") >= cfg.min_util_any) & (pl.col("w") >= cfg.min_wait)
     gap = pl.col("u_any") - pl.col("u_compute")
-    rule2 = (gap >= cfg.min_gap) & (pl.col("w") >= cfg.min_wait_share_of_gap * gap) & (pl.col("w") >= cfg.min_wait_floor)  # noqa: E501
+    rule2 = ((gap >= cfg.min_gap) & (pl.col("w") >= cfg.min_wait_share_of_gap * gap)
+             & (pl.col("w") >= cfg.min_wait_floor))
     return u.filter(rule1 | rule2)
 
 

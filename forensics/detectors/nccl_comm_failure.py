@@ -45,7 +45,6 @@ _TEXT_CLASS = (
     (r"internal error", "internal error (ncclInternalError)"),
     (r"cuda error", "CUDA error (ncclUnhandledCudaError)"),
 )
-_INIT_FILES = r"^(?:init|bootstrap|transport|proxy|channel|graph/\w+)\.cc$|^transport/"
 
 
 @dataclass(frozen=True)

@@ -188,7 +188,8 @@ def _labelled_intervals(kern: pl.DataFrame, match: CollectiveMatch, windows: pl.
     base = ["rank", "start_ns", "end_ns", "bit"]
     non_comm = kern.filter(pl.col("class") != "comm").select(
         "rank", "start_ns", "end_ns",
-        pl.when(pl.col("class") == "compute").then(pl.lit(COMPUTE)).otherwise(pl.lit(OTHER)).cast(pl.Int64).alias("bit"),  # noqa: E501
+        pl.when(pl.col("class") == "compute").then(pl.lit(COMPUTE)).otherwise(pl.lit(OTHER))
+        .cast(pl.Int64).alias("bit"),
     )
     ck = match.kernels
     tx_bit = pl.col("pg_type").replace_strict(TX, return_dtype=pl.Int64)

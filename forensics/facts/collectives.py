@@ -179,7 +179,8 @@ def _comm_kernels(frames: JobFrames, launches: pl.DataFrame | None = None) -> tu
     # overlap, async TP)
     tp_overlap = pl.col("pg_desc").is_null() & pl.col("name").str.contains(TP_OVERLAP_KERNEL)
     return k.with_columns(
-        pl.when(tp_overlap).then(pl.lit("TP")).otherwise(pg_type_expr(pl.col("pg_desc").fill_null(""))).alias("pg_type"),  # noqa: E501
+        pl.when(tp_overlap).then(pl.lit("TP"))
+        .otherwise(pg_type_expr(pl.col("pg_desc").fill_null(""))).alias("pg_type"),
         (pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns"),
         _coalesced_p2p().fill_null(pl.lit("unknown")).alias("collective"),
     ), lists

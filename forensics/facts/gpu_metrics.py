@@ -74,7 +74,8 @@ def sm_active_in_windows(frames: JobFrames, windows: pl.DataFrame, metric: str =
         w.join(at("_a", "_Fa").join(at("_b", "_Fb"), on="_w"), on="_w", how="left")
         .with_columns(covered.alias(out_cols[1]))
         .with_columns(
-            pl.when(pl.col(out_cols[1]) > 0).then((pl.col("_Fb") - pl.col("_Fa")) / pl.col(out_cols[1])).alias(out_cols[0])  # noqa: E501
+            pl.when(pl.col(out_cols[1]) > 0).then((pl.col("_Fb") - pl.col("_Fa")) / pl.col(out_cols[1]))
+            .alias(out_cols[0])
         )
     )
     return w.sort("_w").drop("_w", "t_first", "t_last", "_a", "_b", "_Fa", "_Fb")

@@ -193,7 +193,8 @@ def summarize(ev: pl.DataFrame, trainer: str, max_evidence: int) -> pl.DataFrame
         pl.col("pid").filter(pl.col("kind") != "oom").drop_nulls().unique(maintain_order=True).alias("pids"),
         name_matches("process", trainer).filter(pl.col("kind") != "oom").any().alias("trainer_blocked"),
         pl.col("secs").max().alias("max_secs"), pl.col("secs").min().alias("min_secs"),
-        pl.col("stack_module").drop_nulls().str.split(",").list.explode().unique(maintain_order=True).alias("stack_modules"),  # noqa: E501
+        pl.col("stack_module").drop_nulls().str.split(",").list.explode().unique(maintain_order=True)
+        .alias("stack_modules"),
         (pl.col("kind") == "soft_lockup").sum().alias("soft"), (pl.col("kind") == "hard_lockup").sum().alias("hard"),
         (pl.col("kind") == "rcu_stall").sum().alias("rcu"),
         pl.col("cpu").drop_nulls().unique().sort().alias("cpus"),

@@ -35,9 +35,8 @@ def op_throughput(shapes: pl.DataFrame, kernels: pl.DataFrame, cpu_ops: pl.DataF
 def _launched_kernel_time(shapes: pl.DataFrame, kernels: pl.DataFrame, cpu_ops: pl.DataFrame) -> pl.DataFrame:
     """Each shaped op call with ``kernel_ns``, the GPU time of the kernels launched inside it (calls with none
     are dropped)."""
-    k = kernels.select("rank", "correlation", "start_ns",
-                       "end_ns").group_by("rank",
-                                          "correlation").agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("_kns"))  # noqa: E501
+    k = kernels.select("rank", "correlation", "start_ns", "end_ns").group_by("rank", "correlation").agg(
+        (pl.col("end_ns") - pl.col("start_ns")).sum().alias("_kns"))
     launches = (
         cpu_ops.select("rank", "tid", "is_launch", "correlation", "start_ns")
         .filter(pl.col("is_launch") & pl.col("correlation").is_not_null())

@@ -67,8 +67,8 @@ def verdict_line(members: list[Finding], cost: Cost, confidence: str, facts: Job
         text = f"{head}{what}; {_waiters(to)} waited{hang} in NCCL until the watchdog killed the job"
     else:
         # the CLI/report prefix already says the severity
-        kind = declared_kind(root)
-        lead = "Slowdown: " if cost.method.startswith("slowdown") else "Job died: " if kind and kind.ends_job else ""
+        ends_job = (kind := declared_kind(root)) is not None and kind.ends_job
+        lead = "Slowdown: " if cost.method.startswith("slowdown") else "Job died: " if ends_job else ""
         text = f"{lead}{root.title} {_scope(root)}".strip()
         if len(members) > 1:
             text += (f"; it explains {len(members) - 1} other finding(s) "

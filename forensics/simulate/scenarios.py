@@ -312,9 +312,11 @@ def collective_timeout(ranks: int | None, steps: int | None, params: Params) -> 
     r = _culprit(params, n, 3 if n > 3 else n - 1)
     steps = steps or 3
     # here `seq` names the all-reduce that hangs, not the sequence length of the model
-    job = _ddp(ranks, steps, params.without("seq"), faults=({"kind": "collective_timeout", "ranks": (r,), "step": 100
-                                                             + params.integer("step_index", steps - 1, 0, steps - 1),
-                                              "seq": params.integer("seq", 0, 0, 1 << 20), "timeout_ms": params.number("timeout_ms", 600000.0, 0.0, 1e9, low_open=True)},))  # noqa: E501
+    fault = {"kind": "collective_timeout", "ranks": (r,),
+             "step": 100 + params.integer("step_index", steps - 1, 0, steps - 1),
+             "seq": params.integer("seq", 0, 0, 1 << 20),
+             "timeout_ms": params.number("timeout_ms", 600000.0, 0.0, 1e9, low_open=True)}
+    job = _ddp(ranks, steps, params.without("seq"), faults=(fault,))
     return job
 
 

@@ -80,7 +80,8 @@ def oom_numbers(text: str) -> dict[str, int | None]:
         m = pattern.search(text)
         out[name] = size_bytes(next((g for g in m.groups() if g), None)) if m else None
     reserved = out.pop("oom_reserved_bytes")
-    if out["oom_reserved_unallocated_bytes"] is None and reserved is not None and out["oom_allocated_bytes"] is not None:  # noqa: E501
+    if (out["oom_reserved_unallocated_bytes"] is None and reserved is not None
+            and out["oom_allocated_bytes"] is not None):
         out["oom_reserved_unallocated_bytes"] = max(0, reserved - out["oom_allocated_bytes"])
     g = _GPU.search(text)
     out["gpu_index"] = int(next(x for x in g.groups() if x)) if g else None

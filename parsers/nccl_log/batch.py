@@ -22,7 +22,6 @@ from forensics.parsers.nccl_log.envelope import (
     info_line,
     warn_line,
 )
-from forensics.parsers.nccl_log.frameworks import checkpoint_line, fill_checkpoints
 from forensics.parsers.nccl_log.nccl_tests import CMD_ENV, NT_PERF, nccl_tests_line
 from forensics.parsers.nccl_log.pytorch import PT_ANY, PT_DESYNC, pytorch_line
 from forensics.parsers.nccl_log.ras import NCCL_MATRIX, RAS_VERSION, ras_line
@@ -66,7 +65,6 @@ class NcclBatch:
         procs = process_ranks(frames)
         frames = _fill_ranks(frames, procs)
         one = procs.filter(pl.len().over("source") == 1)  # one process, one GPU: the file is that rank's
-        frames["checkpoints"] = fill_checkpoints(frames["checkpoints"], one)
         hosts, ranks = _file_facts(self.files, one)
         return [_result(f, hosts.get(f.acc.source, set()), ranks.get(f.acc.source, set())) for f in self.files], frames
 
@@ -178,7 +176,6 @@ def _line(acc: Acc, line: str, n: int) -> None:
 
 
 def _other(acc: Acc, line: str, n: int) -> None:
-    checkpoint_line(acc, line, n)
     text = LAUNCHER_TAGS.sub("", line).strip()
     if not text:
         acc.counts["other"] += 1
@@ -256,7 +253,7 @@ def _frames(files: list[_File]) -> dict[str, pl.DataFrame]:
     """The frames of every file's rows, built once."""
     out: dict[str, pl.DataFrame] = {}
     for name in ("nccl_comms", "nccl_net", "nccl_channels", "nccl_calls", "nccl_tuning", "nccl_env",
-                 "nccl_events", "collective_timeouts", "nccl_tests", "checkpoints"):
+                 "nccl_events", "collective_timeouts", "nccl_tests"):
         out[name] = _rows_frame(name, [row for f in files for row in f.acc.rows.get(name, [])])
     out["nccl_files"] = _rows_frame("nccl_files", [_file_row(f) for f in files])
     return out

@@ -33,4 +33,4 @@ nodeA:101:111 [1] NCCL INFO Channel 00/0 : 1[1] -> 2[0] [send] via NET/IB/1/GDRD
 nodeB:200:210 [0] NCCL INFO Channel 00/0 : 1[1] -> 2[0] [receive] via NET/IB/1/GDRDMA
 nodeB:200:210 [0] NCCL INFO Channel 00/0 : 2[0] -> 3[1] via P2P/CUMEM/read
 nodeB:201:211 [1] NCCL INFO Channel 00/0 : 3[1] -> 0[0] [send] via NET/IB/0/GDRDMA
-"""  # noqa: E501
+"""  # noqa: E501 -- verbatim log lines (test data)

@@ -118,7 +118,8 @@ def test_without_profiler_steps_the_profiled_window_is_the_unit(run_detector):
     rows.kernel(0, 1_100 * MS, 1_101 * MS, "compute")
     # two kernels are set-up or a one-off test by default: not judged
     findings, skipped = run_detectors(JobContext(rows.frames(1, [])), only=["gpu_idle"])
-    assert findings == [] and "no profiler steps" in skipped[0].reason and "5 compute or NCCL kernels" in skipped[0].reason  # noqa: E501
+    assert findings == [] and "no profiler steps" in skipped[0].reason
+    assert "5 compute or NCCL kernels" in skipped[0].reason
     (f,) = _found(run_detector, rows.frames(1, []), min_window_kernels=2)
     assert f.metrics["unit"] == "profiled_window" and f.metrics["steps"] == 0
     assert f.metrics["class"] == "pause"

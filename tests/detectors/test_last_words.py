@@ -29,7 +29,7 @@ OOM_RANK3 = """\
 [rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU 3 has a total capacity of 79.10 GiB \
 of which 1.00 GiB is free. Including non-PyTorch memory, this process has 78.10 GiB memory in use. Of the allocated \
 memory 60.00 GiB is allocated by PyTorch, and 17.00 GiB is reserved by PyTorch but unallocated.
-"""  # noqa: E501
+"""  # noqa: E501 -- verbatim log lines (test data)
 
 
 def _write(tmp: Path, name: str, text: str | bytes) -> Path:

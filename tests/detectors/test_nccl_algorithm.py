@@ -118,7 +118,7 @@ n:1:1 [0] NCCL INFO  Max NThreads |            512 |            640 |           
 n:1:1 [0] NCCL INFO     Broadcast |     0.0/   0.0 |     0.0/   0.0 |     0.0/   0.0 |     4.6/  16.0 |    14.0/  40.0 |    14.0/ 100.0 |     0.0/   0.0 |     0.0/   0.0 |     0.0/   0.0 |
 n:1:1 [0] NCCL INFO     AllReduce |    10.0/  10.0 |    20.0/  40.0 |    30.0/  60.0 |    12.0/  10.0 |    25.0/  50.0 |    40.0/ 100.0 |     0.0/   0.0 |     0.0/   0.0 |     0.0/   0.0 |
 n:1:1 [0] NCCL INFO AllReduce: 104857600 Bytes -> Algo Ring proto Simple channel{Lo..Hi}={0..15}
-"""  # noqa: E501
+"""  # noqa: E501 -- verbatim log lines (test data)
 
 
 def test_tuning_table_new_layout_is_parsed(tmp_path):

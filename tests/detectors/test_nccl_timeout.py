@@ -9,7 +9,7 @@ TIMEOUT = """\
 [rank2]:[E101 10:00:00.000000000 ProcessGroupNCCL.cpp:632] [Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=41, OpType=ALLREDUCE, NumelIn=1024, NumelOut=1024, Timeout(ms)=600000) ran for 600100 milliseconds before timing out.
 [rank2]:[E101 10:00:00.000000000 ProcessGroupNCCL.cpp:2268] [PG ID 0 PG GUID 0(default_pg) Rank 2]  failure detected by watchdog at work sequence id: 41 PG status: last enqueued work: 41, last completed work: 40
 [rank3]:[E101 10:00:00.000000000 ProcessGroupNCCL.cpp:2268] [PG ID 0 PG GUID 0(default_pg) Rank 3]  failure detected by watchdog at work sequence id: 41 PG status: last enqueued work: 39, last completed work: 39
-"""  # noqa: E501
+"""  # noqa: E501 -- verbatim log lines (test data)
 
 
 def test_triggers_and_names_the_rank_that_never_issued_the_collective(run_detector, tmp_path):

@@ -53,7 +53,7 @@ node1:100:110 [0] NCCL INFO ncclCommInitRank comm 0x1 rank 0 nranks 2 cudaDev 0 
 node1:101:111 [1] NCCL INFO ncclCommInitRank comm 0x2 rank 1 nranks 2 cudaDev 1 nvmlDev 1 busId 2a000 commId 0xabc - Init COMPLETE
 node1:100:110 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read
 node1:101:111 [1] NCCL INFO Channel 00/0 : 1[1] -> 0[0] via P2P/CUMEM/read
-"""  # noqa: E501
+"""  # noqa: E501 -- verbatim log lines (test data)
 
 
 def _transport(tmp_path, text):

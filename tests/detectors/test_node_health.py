@@ -109,7 +109,8 @@ def test_triggers_oom_kill_of_a_rank_is_critical_and_names_the_rank():
     ])
     (x,) = _nh(text, _ranks([(0, "n1", 2000), (6, "n2", 3001), (7, "n2", 3002)]))
     assert x.severity is Severity.CRITICAL and x.ranks == (6,) and x.hosts == ("n2",)
-    assert x.metrics["pid"] == 3001 and x.metrics["anon_rss_gb"] == 40.0 and x.metrics["constraint"] == "CONSTRAINT_MEMCG"  # noqa: E501
+    assert x.metrics["pid"] == 3001 and x.metrics["anon_rss_gb"] == 40.0
+    assert x.metrics["constraint"] == "CONSTRAINT_MEMCG"
     assert x.metrics["fault_wall_ns"] == T0 + 50 * S and x.metrics["events"] == 4
     assert x.metrics["ranks_on_host"] == "6,7" and "cgroup OOM" in x.remediation
     # a python3 victim with no rank known is still the trainer by its name

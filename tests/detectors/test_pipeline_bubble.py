@@ -18,7 +18,7 @@ from tests.frame_builders import dp_job, pp_job
 def test_measured_bubble_matches_builder_truth_and_theory():
     frames, truth = pp_job(p=4, m=16, steps=2)
     table, p = stage_table(JobContext(frames))
-    assert p == 4
+    assert p == 4 and sorted(table["pp_stage"]) == [0, 1, 2, 3]
     for stage, f_b in table.select("pp_stage", "f_b").iter_rows():
         assert f_b == pytest.approx(truth.bubble[(stage, 1)] / truth.step_ns[1], abs=1e-9)
         assert f_b == pytest.approx(3 / 19, abs=0.02)  # GPipe/1F1B theory with tiny P2P time

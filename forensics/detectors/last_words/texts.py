@@ -52,7 +52,8 @@ def first_line(row: dict[str, Any]) -> str:
 
 
 def oom_text(row: dict[str, Any], frag_fraction: float) -> str:
-    total, ru, req = row.get("oom_total_bytes"), row.get("oom_reserved_unallocated_bytes"), row.get("oom_requested_bytes")  # noqa: E501
+    total, req = row.get("oom_total_bytes"), row.get("oom_requested_bytes")
+    ru = row.get("oom_reserved_unallocated_bytes")
     nums = (f"asked for {gib(req)} with {gib(row.get('oom_free_bytes'))} free of {gib(total)}; PyTorch held "
             f"{gib(row.get('oom_allocated_bytes'))} allocated and {gib(ru)} reserved but unallocated")
     frag = isinstance(ru, int) and isinstance(total, int) and total > 0 and (
