@@ -59,6 +59,11 @@ def theory(p: int, m: int, v: int, schedule: str) -> float:
     return (p - 1) / (v * m + p - 1)
 
 
+def theory_formula(schedule: str) -> str:
+    """The formula :func:`theory` evaluates for ``schedule``, as the summary states it."""
+    return {"zb": "0", "zb-h1": "(p-1)/(3m+p-1)"}.get(schedule, "(p-1)/(v*m+p-1)")
+
+
 def stage_table(ta: JobContext) -> tuple[pl.DataFrame, int]:
     """Per stage: ranks, median compute per step, measured f_B (median), bubble wait/idle; and p."""
     steps = ta.steps
@@ -417,7 +422,8 @@ def _structural_text(b: _Bubble) -> tuple[str, str]:
     pp = b.pp
     return (f"Pipeline schedule wastes {b.share:.0%} of each step by construction (p={pp.p}, m={pp.m}, v={pp.v})", (
         f"With {pp.p} stages and {pp.m} micro-batches ({pp.m_src}) the {pp.common['schedule']} bubble is "
-        f"(p-1)/(v*m+p-1) = {b.share:.1%} of the step on every stage (measured {pp.common['f_B_measured']:.1%})."
+        f"{theory_formula(pp.common['schedule'])} = {b.share:.1%} of the step on every stage "
+        f"(measured {pp.common['f_B_measured']:.1%})."
     ))
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from forensics.base.findings import Severity
 from forensics.detectors import run_detectors
-from forensics.detectors.pipeline_bubble import _TEXT, _Bubble, _Pipeline, stage_table
+from forensics.detectors.pipeline_bubble import _TEXT, _Bubble, _Pipeline, stage_table, theory
 from forensics.facts.context import JobContext
 from forensics.pipeline import load
 from tests.frame_builders import dp_job, pp_job
@@ -220,3 +220,17 @@ def test_words_are_read_from_the_record_alone():
     assert title == "Pipeline stage 1 is 20% slower than the mean stage"
     assert "rank(s) 1) computes 60.0 ms per step against a stage mean of 50.0 ms" in summary
     assert summary.endswith("Balancing would save about 15.0 ms per step.")
+
+
+@pytest.mark.parametrize(("schedule", "formula"), [("1f1b", "(p-1)/(v*m+p-1)"), ("zb-h1", "(p-1)/(3m+p-1)")])
+def test_structural_summary_states_the_formula_of_its_schedule(schedule: str, formula: str):
+    """The structural finding quotes the formula its theory was computed with (ZB-H1's is not 1F1B's)."""
+    table = pl.DataFrame({"pp_stage": [0, 1], "f_b": [0.2, 0.2]})
+    f_star = theory(4, 8, 1, schedule)
+    pp = _Pipeline(table=table, p=4, m=8, v=1, m_src="config", f_star=f_star, n_ranks=4, n_steps=3, step_ns=1e8,
+                   mean_c=5e7, worst={"pp_stage": 1, "ranks": [1], "compute_ns": 5e7}, sigma=0.0,
+                   common={"schedule": schedule, "f_B_measured": f_star}, evidence=())
+    b = _Bubble("structural", pp, Severity.INFO, f_star, (0, 1), (0, 1), lost_ns=1.0, fraction=f_star, key="s",
+                confidence="high", extra={})
+    _, summary = _TEXT["structural"](b)
+    assert f"the {schedule} bubble is {formula} = {f_star:.1%} of the step" in summary
