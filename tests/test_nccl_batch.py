@@ -68,7 +68,9 @@ def test_files_of_the_same_processes_keep_their_own_ranks(tmp_path: Path):
     _same_as_alone(tmp_path, names)
     results, frames = _batch(tmp_path, names)
     assert [res.rank for res in results] == [0, 5]
-    for frame in ("nccl_net", "nccl_env", "checkpoints"):
+    # checkpoints are no longer the NCCL parser's (parsers/frameworks.py; their rank: tests/test_checkpoints.py)
+    assert "checkpoints" not in frames
+    for frame in ("nccl_net", "nccl_env"):
         got = frames[frame].select("source", "rank").rows()
         assert sorted(set(got)) == [("rank0.log", 0), ("rank5.log", 5)], frame
 
