@@ -29,7 +29,6 @@ from itertools import chain, repeat
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 import polars as pl
 import pyarrow as pa
@@ -283,8 +282,10 @@ def _entries_frame(dumps: list[_Dump]) -> pl.DataFrame:
         return fr.empty("fr_entries")
     df = pl.from_arrow(pa.concat_tables([d.entries for d in with_rows if d.entries is not None]))
     assert isinstance(df, pl.DataFrame)
-    which = pl.Series(np.repeat(np.arange(len(with_rows), dtype=np.uint32),
-                                [d.entries.num_rows for d in with_rows if d.entries is not None]))
+    counts = [d.entries.num_rows for d in with_rows if d.entries is not None]
+    # each dump's index repeated over its rows (an empty list explodes to a null row: dumps of 0 rows are dropped)
+    which = (pl.DataFrame({"i": range(len(counts)), "n": counts}, schema={"i": pl.UInt32, "n": pl.UInt32})
+             .filter(pl.col("n") > 0).select(pl.col("i").repeat_by("n").explode())["i"])
     tags = pl.DataFrame({k: [d.tag[k] for d in with_rows] for k in ("rank", "host", "source")},
                         schema={"rank": pl.Int32, "host": pl.String, "source": pl.String})
     return fr.conform("fr_entries", _normalise(df.rename(_RENAME)).hstack(tags[which]))
