@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import polars as pl
 
@@ -100,11 +101,28 @@ def _link_rows(a: pl.DataFrame, b: pl.DataFrame, b_via: str) -> tuple[dict, ...]
                     ("host", "rank", "line", "via"))
 
 
-def check_sockets(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
+@dataclass(frozen=True)
+class _Problem:
+    """What one check measured, before any wording: where, how much (``counts``, by what each count is), the user's
+    switches behind it, and the facts its summary names."""
+
+    key: str
+    severity: Severity
+    kind: FindingKind
+    confidence: str
+    place: tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]  # ranks, hosts, GPUs
+    evidence: tuple[dict, ...]
+    metrics: dict[str, Any]
+    counts: dict[str, int] = field(default_factory=dict)
+    overrides: dict[str, str] = field(default_factory=dict)
+    rows: tuple[dict[str, Any], ...] = ()  # per-host facts (single NIC: host, gpus, nic; interfaces: host, ifaces)
+
+
+def measure_sockets(t: _Transport, cfg: NcclTransportConfig) -> _Problem | None:
     """1. Inter-node traffic over TCP sockets."""
     net, j = t.net, t.j
     if j.single_node:
-        return []  # one node: the network carries nothing, whatever NCCL printed about it at init
+        return None  # one node: the network carries nothing, whatever NCCL printed about it at init
     sock = t.netch.filter((pl.col("net") == "Socket") & ~pl.col("intra"))
     sock_net = t.netsel.filter(pl.col("name").str.to_lowercase() == "socket")
     ofi_tcp = net.filter((pl.col("kind") == "ofi_provider") & pl.col("name").str.contains(r"(?i)tcp|sockets"))
@@ -113,30 +131,34 @@ def check_sockets(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
                          ib_none.select("host", "pid", "cuda_dev", "line")])
     only_socket = t.netsel.filter(pl.col("name").str.to_lowercase() != "socket").height == 0
     if not (sock.height or ofi_tcp.height or (j.multi_node and implied.height and only_socket)):
-        return []
-    ranks, hosts, gpus = where(_rows(sock, ofi_tcp, implied), j.ident)
+        return None
     has_ib = net.filter(pl.col("kind") == "ib").height > 0 or j.env.get("NCCL_IB_DISABLE", "0") not in ("0", "")
+    return _Problem(
+        "socket", Severity.CRITICAL, DEGRADED_TRANSPORT, "high" if sock.height else "medium",
+        where(_rows(sock, ofi_tcp, implied), j.ident), _link_rows(sock, ofi_tcp, "name"),
+        {"socket_connections": sock.height, "ib_present_or_disabled": has_ib},
+        counts={"socket": sock.height, "socket_network": sock_net.height, "ofi_tcp": ofi_tcp.height,
+                "ib_none": ib_none.height},
+        overrides=_overrides(t, "socket"))
+
+
+def _socket_words(p: _Problem) -> tuple[str, str, str]:
+    c = p.counts
     why = _said([
-        (sock.height, f"{sock.height} inter-node connection(s) use NET/Socket"),
-        (sock_net.height, f"NCCL chose the Socket network on {sock_net.height} process(es) (`Using network Socket`)"),
-        (ofi_tcp.height, "the OFI provider is TCP-based"),
-        (ib_none.height, "NCCL found no IB device (`NET/IB : No device found`)"),
-        (1, _set_by_user(t, "socket")),
+        (c["socket"], f"{c['socket']} inter-node connection(s) use NET/Socket"),
+        (c["socket_network"], f"NCCL chose the Socket network on {c['socket_network']} process(es) "
+                              "(`Using network Socket`)"),
+        (c["ofi_tcp"], "the OFI provider is TCP-based"),
+        (c["ib_none"], "NCCL found no IB device (`NET/IB : No device found`)"),
+        (1, _set_by_user(p.overrides)),
     ])
-    return [Finding(
-        "nccl_transport", Severity.CRITICAL,
-        "Inter-node NCCL traffic runs over TCP sockets",
-        why + ". Sockets give a few GB/s per node where IB/RoCE/EFA give 25-50 GB/s per NIC.",
-        "Enable the RDMA path: unset NCCL_IB_DISABLE, install libibverbs / the net plugin (aws-ofi-nccl, "
-        "HPC-X), check `ibv_devinfo` inside the container, pin NCCL_NET if needed.",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="socket", kind=DEGRADED_TRANSPORT.name,
-        metrics={"socket_connections": sock.height, "ib_present_or_disabled": has_ib},
-        evidence=_link_rows(sock, ofi_tcp, "name"),
-        confidence="high" if sock.height else "medium",
-    )]
+    return ("Inter-node NCCL traffic runs over TCP sockets",
+            why + ". Sockets give a few GB/s per node where IB/RoCE/EFA give 25-50 GB/s per NIC.",
+            "Enable the RDMA path: unset NCCL_IB_DISABLE, install libibverbs / the net plugin (aws-ofi-nccl, "
+            "HPC-X), check `ibv_devinfo` inside the container, pin NCCL_NET if needed.")
 
 
-def check_no_gdr(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
+def measure_no_gdr(t: _Transport, cfg: NcclTransportConfig) -> _Problem | None:
     """2. RDMA without GPUDirect."""
     net = t.net
     nogdr = t.netch.filter((pl.col("net") != "Socket") & ~pl.col("gdr") & ~pl.col("intra"))
@@ -151,57 +173,60 @@ def check_no_gdr(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
     gdr0 = t.nic_facts(t.ev.filter((pl.col("kind") == "connected") & (pl.col("code") == 0)).join(
         sock_procs, on=["host", "pid"], how="anti", nulls_equal=True))
     if not (nogdr.height or hca_off.height or gpu_off.height or gdr0.height):
-        return []
-    ranks, hosts, gpus = where(_rows(nogdr, hca_off, gpu_off, gdr0), t.j.ident)
+        return None
+    return _Problem(
+        "no_gdr", Severity.WARNING, DEGRADED_TRANSPORT, "high", where(_rows(nogdr, hca_off, gpu_off, gdr0), t.j.ident),
+        _link_rows(nogdr, hca_off, "detail"),
+        {"connections_without_gdr": nogdr.height, "hca_gdr_disabled": hca_off.height},
+        counts={"no_gdr": nogdr.height, "hca_off": hca_off.height, "gpu_off": gpu_off.height, "gdr0": gdr0.height},
+        overrides=_overrides(t, "no_gdr"))
+
+
+def _no_gdr_words(p: _Problem) -> tuple[str, str, str]:
+    c = p.counts
     why = _said([
-        (nogdr.height, f"{nogdr.height} IB/RoCE connection(s) lack /GDRDMA"),
-        (hca_off.height, f"{hca_off.height} HCA(s) report GPU Direct RDMA Disabled"),
-        (gpu_off.height, f"{gpu_off.height} GPU/HCA pair(s) are too far apart"),
-        (gdr0.height, f"{gdr0.height} ring(s) report GDR 0"),
+        (c["no_gdr"], f"{c['no_gdr']} IB/RoCE connection(s) lack /GDRDMA"),
+        (c["hca_off"], f"{c['hca_off']} HCA(s) report GPU Direct RDMA Disabled"),
+        (c["gpu_off"], f"{c['gpu_off']} GPU/HCA pair(s) are too far apart"),
+        (c["gdr0"], f"{c['gdr0']} ring(s) report GDR 0"),
     ])
-    return [Finding(
-        "nccl_transport", Severity.WARNING,
-        "RDMA network used without GPUDirect RDMA",
-        f"{why}: every message is staged through host memory" + _then(_set_by_user(t, "no_gdr")) + ".",
-        "Load nvidia-peermem (or use DMA-BUF with a recent driver), check NCCL_NET_GDR_LEVEL and that each "
-        "GPU has a NIC under the same PCIe switch.",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="no_gdr", kind=DEGRADED_TRANSPORT.name,
-        metrics={"connections_without_gdr": nogdr.height, "hca_gdr_disabled": hca_off.height},
-        evidence=_link_rows(nogdr, hca_off, "detail"),
-        confidence="high",
-    )]
+    return ("RDMA network used without GPUDirect RDMA",
+            f"{why}: every message is staged through host memory" + _then(_set_by_user(p.overrides)) + ".",
+            "Load nvidia-peermem (or use DMA-BUF with a recent driver), check NCCL_NET_GDR_LEVEL and that each "
+            "GPU has a NIC under the same PCIe switch.")
 
 
-def check_intra_node(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
+def measure_intra_node(t: _Transport, cfg: NcclTransportConfig) -> _Problem | None:
     """3. Intra-node traffic off NVLink/P2P."""
     j, ch = t.j, t.ch
     shm = ch.filter(pl.col("transport") == "SHM")
     intra_net = t.netch.filter(pl.col("intra"))
     nop2p = t.ev.filter((pl.col("kind") == "p2p_check") & (pl.col("code") == 0))
     if not (shm.height or intra_net.height or nop2p.height):
-        return []
-    ranks, hosts, gpus = where(_rows(shm, intra_net, nop2p), j.ident)
-    forced = _set_by_user(t, "intra")
+        return None
+    forced = _overrides(t, "intra")
     p2p_elsewhere = ch.filter(pl.col("transport") == "P2P").height > 0
+    return _Problem(
+        "intra_node", Severity.WARNING, DEGRADED_TRANSPORT,
+        "high" if (forced or p2p_elsewhere or nop2p.height) else "medium",
+        where(_rows(shm, intra_net, nop2p), j.ident), _link_rows(shm, intra_net, "via"),
+        {"shm_connections": shm.height, "intra_node_net_connections": intra_net.height},
+        counts={"shm": shm.height, "intra_net": intra_net.height, "no_p2p": nop2p.height}, overrides=forced)
+
+
+def _intra_node_words(p: _Problem) -> tuple[str, str, str]:
+    c = p.counts
     why = _said([
-        (shm.height, f"{shm.height} connection(s) via host shared memory"),
-        (intra_net.height, f"{intra_net.height} intra-node connection(s) via the network"),
-        (nop2p.height, "CUDA P2P reported unsupported (intraNodeP2pSupport 0)"),
+        (c["shm"], f"{c['shm']} connection(s) via host shared memory"),
+        (c["intra_net"], f"{c['intra_net']} intra-node connection(s) via the network"),
+        (c["no_p2p"], "CUDA P2P reported unsupported (intraNodeP2pSupport 0)"),
     ], ", ")
-    return [Finding(
-        "nccl_transport", Severity.WARNING,
-        "Intra-node GPU pairs do not use P2P/NVLink",
-        why + _then(forced) + ".",
-        "Unset NCCL_P2P_DISABLE / NCCL_SHM_DISABLE / NCCL_P2P_LEVEL, run containers with --ipc=host, "
-        "check that ACS/IOMMU do not block peer access (`nvidia-smi topo -p2p r`).",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="intra_node", kind=DEGRADED_TRANSPORT.name,
-        metrics={"shm_connections": shm.height, "intra_node_net_connections": intra_net.height},
-        evidence=_link_rows(shm, intra_net, "via"),
-        confidence="high" if (forced or p2p_elsewhere or nop2p.height) else "medium",
-    )]
+    return ("Intra-node GPU pairs do not use P2P/NVLink", why + _then(_set_by_user(p.overrides)) + ".",
+            "Unset NCCL_P2P_DISABLE / NCCL_SHM_DISABLE / NCCL_P2P_LEVEL, run containers with --ipc=host, "
+            "check that ACS/IOMMU do not block peer access (`nvidia-smi topo -p2p r`).")
 
 
-def check_nvls_off(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
+def measure_nvls_off(t: _Transport, cfg: NcclTransportConfig) -> _Problem | None:
     """4. NVLS off on an NVSwitch Hopper+/Blackwell system."""
     ev, j = t.ev, t.j
     nvs = ev.filter((pl.col("kind") == "topo_link") & pl.col("peer").str.starts_with("NVS/"))
@@ -211,22 +236,22 @@ def check_nvls_off(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
     ])
     want = set(cfg.nvls_archs.split(","))
     if not (nvls_off.height and nvs.height and j.archs and set(j.archs.values()) <= want):
-        return []
-    ranks, hosts, gpus = where(nvls_off, j.ident)
-    return [Finding(
-        "nccl_transport", Severity.WARNING, "NVLink SHARP (NVLS) is off on an NVSwitch system",
-        "The topology shows an NVSwitch and the GPUs support NVLS, but NCCL set up 0 NVLS channels.",
-        "Check NCCL_NVLS_ENABLE, the fabric manager / IMEX service and that the CUDA driver exposes multicast.",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="nvls_off", kind=DEGRADED_TRANSPORT.name, confidence="medium",
-        evidence=evidence(nvls_off, ("host", "line")),
-    )]
+        return None
+    return _Problem("nvls_off", Severity.WARNING, DEGRADED_TRANSPORT, "medium", where(nvls_off, j.ident),
+                    evidence(nvls_off, ("host", "line")), {})
 
 
-def check_single_nic(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
+def _nvls_off_words(p: _Problem) -> tuple[str, str, str]:
+    return ("NVLink SHARP (NVLS) is off on an NVSwitch system",
+            "The topology shows an NVSwitch and the GPUs support NVLS, but NCCL set up 0 NVLS channels.",
+            "Check NCCL_NVLS_ENABLE, the fabric manager / IMEX service and that the CUDA driver exposes multicast.")
+
+
+def measure_single_nic(t: _Transport, cfg: NcclTransportConfig) -> _Problem | None:
     """5. One NIC for every GPU of a node."""
     ib, j = t.nic_facts(t.ib, by_index=True), t.j
     if not ib.height:
-        return []
+        return None
     # a node is assumed to hold at least an even share of the ranks only while some ranks are unplaced: when the
     # logs place every rank, each host's GPUs are counted (9 ranks on 8 + 1 GPUs is not a 4-GPU second node)
     even = (j.nranks // j.nnodes) if (j.nranks and j.nnodes and j.nnodes > 1) else 0
@@ -239,74 +264,78 @@ def check_single_nic(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
     shared = nics.join(gpus_per_host, on="host", maintain_order="left").filter(
         (pl.col("nics") == 1) & (pl.col("gpus") >= cfg.min_gpus_per_single_nic))
     if not shared.height:
-        return []
-    ranks, hosts, gpus = where(ib.join(shared.select("host"), on="host"), j.ident)
-    return [Finding(
-        "nccl_transport", Severity.WARNING, "All GPUs of a node share one NIC",
-        "; ".join(f"{r['host']}: {r['gpus']} GPUs seen, one NIC ({r['nic']})" for r in shared.iter_rows(named=True))
-        + ". Inter-node bandwidth per GPU is one NIC divided by the GPUs of the node.",
-        "Expose one NIC (or VF) per GPU/rail to the job (NCCL_IB_HCA, SR-IOV, device plugin settings).",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="single_nic", kind=DEGRADED_TRANSPORT.name, confidence="medium",
-        metrics={"max_gpus_per_nic": int(shared["gpus"].max())},  # type: ignore[arg-type]
-        evidence=evidence(shared, ("host", "nic", "gpus")),
-    )]
+        return None
+    return _Problem(
+        "single_nic", Severity.WARNING, DEGRADED_TRANSPORT, "medium",
+        where(ib.join(shared.select("host"), on="host"), j.ident), evidence(shared, ("host", "nic", "gpus")),
+        {"max_gpus_per_nic": int(shared["gpus"].max())},  # type: ignore[arg-type]
+        rows=tuple(shared.select("host", "gpus", "nic").iter_rows(named=True)))
 
 
-def check_interfaces(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
+def _single_nic_words(p: _Problem) -> tuple[str, str, str]:
+    return ("All GPUs of a node share one NIC",
+            "; ".join(f"{r['host']}: {r['gpus']} GPUs seen, one NIC ({r['nic']})" for r in p.rows)
+            + ". Inter-node bandwidth per GPU is one NIC divided by the GPUs of the node.",
+            "Expose one NIC (or VF) per GPU/rail to the job (NCCL_IB_HCA, SR-IOV, device plugin settings).")
+
+
+def measure_interfaces(t: _Transport, cfg: NcclTransportConfig) -> _Problem | None:
     """6. Wrong or inconsistent socket interfaces."""
     if t.j.single_node:
-        return []  # one node: bootstrap and sockets stay on the host
+        return None  # one node: bootstrap and sockets stay on the host
     ifs = t.net.filter(pl.col("kind").is_in(["bootstrap", "socket"]) & pl.col("name").is_not_null())
     bad = ifs.filter(pl.col("name").str.contains(cfg.bad_iface_pattern))
     sets = (ifs.filter(pl.col("kind") == "socket").group_by("host")
             .agg(pl.col("name").unique().sort().str.join(",").alias("ifaces")).sort("host"))
     inconsistent = sets.height > 1 and sets["ifaces"].n_unique() > 1
     if not (bad.height or inconsistent):
-        return []
-    ranks, hosts, gpus = where(bad if bad.height else ifs, t.j.ident)
+        return None
     names = sorted(set(bad["name"].to_list()))
-    differ = "; ".join(f"{r['host']}={r['ifaces']}" for r in sets.iter_rows(named=True))
-    return [Finding(
-        "nccl_transport", Severity.WARNING, "NCCL uses virtual or inconsistent network interfaces",
-        (f"Bootstrap/socket interfaces include {', '.join(names)}" if names else "")
-        + ("; " if names and inconsistent else "")
-        + (f"interface sets differ between hosts: {differ}" if inconsistent else "") + ".",
-        "Set NCCL_SOCKET_IFNAME to the data interface (e.g. `=eth0` or `^docker,lo,virbr,veth`).",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="iface", kind=DEGRADED_TRANSPORT.name, confidence="high",
-        metrics={"bad_interfaces": ",".join(names) or None, "inconsistent_across_hosts": inconsistent},
-        evidence=evidence(bad if bad.height else ifs, ("host", "kind", "name", "address", "line")),
-    )]
+    return _Problem(
+        "iface", Severity.WARNING, DEGRADED_TRANSPORT, "high", where(bad if bad.height else ifs, t.j.ident),
+        evidence(bad if bad.height else ifs, ("host", "kind", "name", "address", "line")),
+        {"bad_interfaces": ",".join(names) or None, "inconsistent_across_hosts": inconsistent},
+        rows=tuple(sets.iter_rows(named=True)) if inconsistent else ())
 
 
-def check_no_libibverbs(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
+def _interfaces_words(p: _Problem) -> tuple[str, str, str]:
+    names = p.metrics["bad_interfaces"]
+    differ = "; ".join(f"{r['host']}={r['ifaces']}" for r in p.rows)
+    return ("NCCL uses virtual or inconsistent network interfaces",
+            (f"Bootstrap/socket interfaces include {names.replace(',', ', ')}" if names else "")
+            + ("; " if names and p.rows else "")
+            + (f"interface sets differ between hosts: {differ}" if p.rows else "") + ".",
+            "Set NCCL_SOCKET_IFNAME to the data interface (e.g. `=eth0` or `^docker,lo,virbr,veth`).")
+
+
+def measure_no_libibverbs(t: _Transport, cfg: NcclTransportConfig) -> _Problem | None:
     nolib = t.ev.filter(pl.col("kind") == "no_libibverbs")
     if not nolib.height or t.j.single_node:
-        return []
-    ranks, hosts, gpus = where(nolib, t.j.ident)
-    return [Finding(
-        "nccl_transport", Severity.WARNING if t.j.multi_node else Severity.INFO,
-        "libibverbs missing: NCCL cannot use InfiniBand/RoCE",
-        "NCCL failed to open libibverbs.so, so only TCP sockets are available between nodes.",
-        "Install rdma-core / libibverbs in the image if the nodes have RDMA NICs.",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="no_libibverbs", kind=DEGRADED_TRANSPORT.name, confidence="high",
-        evidence=evidence(nolib, ("host", "line", "file_line", "message")),
-    )]
+        return None
+    return _Problem("no_libibverbs", Severity.WARNING if t.j.multi_node else Severity.INFO, DEGRADED_TRANSPORT,
+                    "high", where(nolib, t.j.ident), evidence(nolib, ("host", "line", "file_line", "message")), {})
 
 
-def check_mixed_link(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
+def _no_libibverbs_words(p: _Problem) -> tuple[str, str, str]:
+    return ("libibverbs missing: NCCL cannot use InfiniBand/RoCE",
+            "NCCL failed to open libibverbs.so, so only TCP sockets are available between nodes.",
+            "Install rdma-core / libibverbs in the image if the nodes have RDMA NICs.")
+
+
+def measure_mixed_link(t: _Transport, cfg: NcclTransportConfig) -> _Problem | None:
     """7. Mixed link layers."""
     ib = t.nic_facts(t.ib, by_index=True)
     if not (ib.height and ib["link_layer"].drop_nulls().n_unique() > 1):
-        return []
-    ranks, hosts, gpus = where(ib, t.j.ident)
-    return [Finding(
-        "nccl_transport", Severity.WARNING, "Mixed InfiniBand and RoCE NICs",
-        "NCCL lists both IB and RoCE devices; 2.28+ refuses to connect such pairs and older versions mis-tune.",
-        "Restrict NCCL_IB_HCA to one link layer.",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="mixed_link", kind=DEGRADED_TRANSPORT.name, confidence="high",
-        evidence=evidence(ib.unique(["host", "name"], keep="first", maintain_order=True),
-                          ("host", "name", "link_layer")),
-    )]
+        return None
+    return _Problem("mixed_link", Severity.WARNING, DEGRADED_TRANSPORT, "high", where(ib, t.j.ident),
+                    evidence(ib.unique(["host", "name"], keep="first", maintain_order=True),
+                             ("host", "name", "link_layer")), {})
+
+
+def _mixed_link_words(p: _Problem) -> tuple[str, str, str]:
+    return ("Mixed InfiniBand and RoCE NICs",
+            "NCCL lists both IB and RoCE devices; 2.28+ refuses to connect such pairs and older versions mis-tune.",
+            "Restrict NCCL_IB_HCA to one link layer.")
 
 
 # Environment switches that restrict NCCL's transports: variable -> (the finding key of their effect,
@@ -345,58 +374,81 @@ def _overrides(t: _Transport, effect: str | None = None) -> dict[str, str]:
             if (v := env.get(k)) is not None and on(v) and effect in (None, eff)}
 
 
-def _set_by_user(t: _Transport, effect: str) -> str:
-    o = _overrides(t, effect)
-    return "set by the user: " + ", ".join(f"{k}={v}" for k, v in o.items()) if o else ""
+def _set_by_user(overrides: dict[str, str]) -> str:
+    return "set by the user: " + ", ".join(f"{k}={v}" for k, v in overrides.items()) if overrides else ""
 
 
-def _env_verdict(t: _Transport, effect: str) -> tuple[bool, str]:
-    """(whether the switch costs this job, why) for a switch whose effect no other finding shows."""
+def _env_verdict(t: _Transport, effect: str) -> tuple[bool, str, int]:
+    """(whether the switch costs this job, the basis of that, the count of connections the basis names) for a
+    switch whose effect no other finding shows."""
     if effect == "socket":
-        if t.j.multi_node:
-            return True, ("the job spans nodes: inter-node traffic runs over TCP sockets, a few GB/s per node "
-                          "instead of 25-50 GB/s per NIC")
-        return False, "single-node job: no inter-node traffic"
+        return (True, "multi_node", 0) if t.j.multi_node else (False, "single_node", 0)
     if effect == "intra":
-        p2p = t.ch.filter(pl.col("transport") == "P2P").height
-        return False, (f"the {p2p} intra-node connection(s) logged use P2P" if p2p
-                       else "no intra-node connection lines in the logs show what it cost")
-    rdma = t.netch.filter(pl.col("net") != "Socket").height
-    return False, ("every RDMA connection logged uses GPUDirect RDMA" if rdma
-                   else "no RDMA connection lines in the logs show what it cost")
+        return False, "p2p_used", t.ch.filter(pl.col("transport") == "P2P").height
+    return False, "gdr_used", t.netch.filter(pl.col("net") != "Socket").height
 
 
-def check_transport_env(t: _Transport, cfg: NcclTransportConfig) -> list[Finding]:
+_VERDICT_WORDS: dict[str, Callable[[int], str]] = {
+    "multi_node": lambda n: ("the job spans nodes: inter-node traffic runs over TCP sockets, a few GB/s per node "
+                             "instead of 25-50 GB/s per NIC"),
+    "single_node": lambda n: "single-node job: no inter-node traffic",
+    "p2p_used": lambda n: (f"the {n} intra-node connection(s) logged use P2P" if n
+                           else "no intra-node connection lines in the logs show what it cost"),
+    "gdr_used": lambda n: ("every RDMA connection logged uses GPUDirect RDMA" if n
+                           else "no RDMA connection lines in the logs show what it cost"),
+}
+
+
+@dataclass(frozen=True)
+class _EnvProblem:
+    """Transport switches whose effect no other finding names, and per effect what they cost this job."""
+
+    problem: _Problem
+    verdicts: dict[str, tuple[bool, str, int]]  # effect -> (costly, basis, count)
+
+
+def measure_transport_env(t: _Transport, cfg: NcclTransportConfig) -> _EnvProblem | None:
     """9. Transport switches in the environment whose effect no other finding names (runs last)."""
     effects = {"intra": "intra_node", "socket": "socket", "no_gdr": "no_gdr"}
     left = {k: v for k, v in _overrides(t).items() if effects[TRANSPORT_ENV[k][0]] not in t.fired}
     if not left:
-        return []
+        return None
     verdicts = {eff: _env_verdict(t, eff) for eff in dict.fromkeys(TRANSPORT_ENV[k][0] for k in left)}
     costly = any(v[0] for v in verdicts.values())
+    rows = t.env_rows.filter(pl.col("var").is_in(list(left)))
+    return _EnvProblem(_Problem(
+        "transport_env", Severity.WARNING if costly else Severity.INFO,
+        # a switch is a cause only where it cost the job: at info the logs showed no effect of it
+        DEGRADED_TRANSPORT if costly else TRANSPORT_SETTING, "high" if costly else "medium",
+        where(rows, t.j.ident), evidence(rows, ("host", "line", "var", "value", "origin")), dict(left),
+        overrides=left), verdicts)
+
+
+def _transport_env_words(e: _EnvProblem) -> tuple[str, str, str]:
+    left = e.problem.overrides
     said = "; ".join(
         ", ".join(f"{k}={v} ({TRANSPORT_ENV[k][2](v)})" for k, v in left.items() if TRANSPORT_ENV[k][0] == eff)
-        + f": {why}" for eff, (_, why) in verdicts.items())
-    rows = t.env_rows.filter(pl.col("var").is_in(list(left)))
-    ranks, hosts, gpus = where(rows, t.j.ident)
-    return [Finding(
-        "nccl_transport", Severity.WARNING if costly else Severity.INFO,
-        "NCCL transports restricted by environment",
-        f"Set by the user: {said}.",
-        "Unset the switch unless it works around a known fault on this cluster; NCCL picks the fastest "
-        "transport it can use.",
-        ranks=ranks, hosts=hosts, gpus=gpus, key="transport_env", metrics=dict(left),
-        # a switch is a cause only where it cost the job: at info the logs showed no effect of it
-        kind=(DEGRADED_TRANSPORT if costly else TRANSPORT_SETTING).name,
-        evidence=evidence(rows, ("host", "line", "var", "value", "origin")),
-        confidence="high" if costly else "medium",
-    )]
+        + f": {_VERDICT_WORDS[basis](n)}" for eff, (_, basis, n) in e.verdicts.items())
+    return ("NCCL transports restricted by environment", f"Set by the user: {said}.",
+            "Unset the switch unless it works around a known fault on this cluster; NCCL picks the fastest "
+            "transport it can use.")
 
 
-CHECKS: tuple[Callable[[_Transport, NcclTransportConfig], list[Finding]], ...] = (
-    check_sockets, check_no_gdr, check_intra_node, check_nvls_off, check_single_nic, check_interfaces,
-    check_no_libibverbs, check_mixed_link,
-    check_transport_env,  # last: it names only switches whose effect no check above reported
+def _finding(p: _Problem, words: tuple[str, str, str]) -> Finding:
+    title, summary, remedy = words
+    ranks, hosts, gpus = p.place
+    return Finding("nccl_transport", p.severity, title, summary, remedy, ranks=ranks, hosts=hosts, gpus=gpus,
+                   key=p.key, kind=p.kind.name, metrics=p.metrics, evidence=p.evidence, confidence=p.confidence)
+
+
+Measure = Callable[[_Transport, NcclTransportConfig], "_Problem | None"]
+
+#: Each check: what it measures, and how that is worded.
+CHECKS: tuple[tuple[Measure, Callable[[_Problem], tuple[str, str, str]]], ...] = (
+    (measure_sockets, _socket_words), (measure_no_gdr, _no_gdr_words), (measure_intra_node, _intra_node_words),
+    (measure_nvls_off, _nvls_off_words), (measure_single_nic, _single_nic_words),
+    (measure_interfaces, _interfaces_words), (measure_no_libibverbs, _no_libibverbs_words),
+    (measure_mixed_link, _mixed_link_words),
 )
 
 
@@ -460,8 +512,12 @@ DOC = DetectorDoc(
 def detect(ctx: JobContext, cfg: NcclTransportConfig) -> list[Finding]:
     t = _facts(ctx)
     out: list[Finding] = []
-    for check in CHECKS:
-        found = check(t, cfg)
-        t.fired |= {f.key for f in found}
-        out += found
+    for measure, words in CHECKS:
+        problem = measure(t, cfg)
+        if problem is not None:
+            t.fired.add(problem.key)
+            out.append(_finding(problem, words(problem)))
+    env = measure_transport_env(t, cfg)  # last: it names only switches whose effect no check above reported
+    if env is not None:
+        out.append(_finding(env.problem, _transport_env_words(env)))
     return out
