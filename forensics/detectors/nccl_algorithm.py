@@ -722,41 +722,80 @@ def check_busbw_peak(a: _Algo) -> list[Finding]:
     return [_busbw_finding(b)] if b is not None and b.fraction < a.cfg.min_busbw_fraction else []
 
 
-def check_wrong_results(a: _Algo) -> list[Finding]:
-    """4. nccl-tests validation failures."""
+@dataclass(frozen=True)
+class _Wrong:
+    """nccl-tests validation failures: result rows with errors, the out-of-bounds check's message, a forced
+    protocol."""
+
+    rows: int
+    check_message: str | None
+    proto: str | None
+    evidence: tuple[dict, ...]
+
+
+def measure_wrong_results(a: _Algo) -> _Wrong | None:
     wrong = a.tests.filter(pl.col("wrong") > 0)
     oob = a.frames["nccl_events"].filter((pl.col("kind") == "nccl_tests_check") & (pl.col("code") > 0))
     if not (wrong.height or oob.height):
+        return None
+    return _Wrong(wrong.height, oob["message"][0] if oob.height else None, a.j.env.get("NCCL_PROTO"),
+                  evidence(wrong, ("size_bytes", "placement", "wrong", "line")) + evidence(oob, ("line", "message")))
+
+
+def _wrong_words(w: _Wrong) -> str:
+    return (f"{w.rows} result row(s) report errors"
+            + (f" and `{w.check_message}`" if w.check_message is not None else "")
+            + (f"; NCCL_PROTO={w.proto} was forced, which corrupts data on paths NCCL disables it for"
+               if w.proto else "") + ".")
+
+
+def check_wrong_results(a: _Algo) -> list[Finding]:
+    """4. nccl-tests validation failures."""
+    w = measure_wrong_results(a)
+    if w is None:
         return []
-    proto = a.j.env.get("NCCL_PROTO")
     return [Finding(
-        "nccl_algorithm", Severity.CRITICAL, "nccl-tests validation failed (wrong results)",
-        f"{wrong.height} result row(s) report errors"
-        + (f" and `{oob['message'][0]}`" if oob.height else "")
-        + (f"; NCCL_PROTO={proto} was forced, which corrupts data on paths NCCL disables it for" if proto else "")
-        + ".",
+        "nccl_algorithm", Severity.CRITICAL, "nccl-tests validation failed (wrong results)", _wrong_words(w),
         "Remove NCCL_PROTO/NCCL_ALGO overrides and re-validate; if it persists, test GPUs and links "
         "individually (DCGM diag, nccl-tests per pair).",
         key="wrong_results", kind=WRONG_RESULTS.name, confidence="high",
-        metrics={"wrong_rows": wrong.height, "forced_proto": proto},
-        evidence=evidence(wrong, ("size_bytes", "placement", "wrong", "line")) + evidence(oob, ("line", "message")),
+        metrics={"wrong_rows": w.rows, "forced_proto": w.proto}, evidence=w.evidence,
     )]
+
+
+@dataclass(frozen=True)
+class _Mixed:
+    """GPUs of more than one generation in the job's communicators."""
+
+    archs: dict[str, str]  # GPU -> generation
+    place: tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]  # ranks, hosts, GPUs
+    evidence: tuple[dict, ...]
+
+
+def measure_mixed_gpus(a: _Algo) -> _Mixed | None:
+    j = a.j
+    if len(set(j.archs.values())) <= 1:
+        return None
+    comms = a.frames["nccl_comms"].filter(pl.col("gpu_name").is_not_null())
+    return _Mixed(dict(j.archs), where(comms, j.ident), evidence(comms, ("host", "rank", "gpu_name")))
+
+
+def _mixed_words(m: _Mixed) -> str:
+    return (f"GPUs {', '.join(sorted(m.archs))} ({', '.join(sorted(set(m.archs.values())))}) share communicators: "
+            "NCCL disables LL128 and tunes for the oldest GPU, and the slowest GPU paces every collective.")
 
 
 def check_mixed_gpus(a: _Algo) -> list[Finding]:
     """5. Mixed GPU generations in one job."""
-    j = a.j
-    if len(set(j.archs.values())) <= 1:
+    m = measure_mixed_gpus(a)
+    if m is None:
         return []
-    comms = a.frames["nccl_comms"].filter(pl.col("gpu_name").is_not_null())
-    ranks, hosts, gpus = where(comms, j.ident)
+    ranks, hosts, gpus = m.place
     return [Finding(
-        "nccl_algorithm", Severity.WARNING, "Mixed GPU generations in one job",
-        f"GPUs {', '.join(sorted(j.archs))} ({', '.join(sorted(set(j.archs.values())))}) share communicators: NCCL "
-        "disables LL128 and tunes for the oldest GPU, and the slowest GPU paces every collective.",
+        "nccl_algorithm", Severity.WARNING, "Mixed GPU generations in one job", _mixed_words(m),
         "Run on homogeneous GPUs.",
         ranks=ranks, hosts=hosts, gpus=gpus, key="mixed_gpus", kind=MIXED_GPUS.name, confidence="high",
-        evidence=evidence(comms, ("host", "rank", "gpu_name")),
+        evidence=m.evidence,
     )]
 
 

@@ -287,39 +287,85 @@ def _desync_span(t: _Logs, rows: pl.DataFrame) -> When:
                       int(cast(int, ran_ns.max())) // 1_000_000 if ran_ns.len() else None)
 
 
-def check_ras(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
-    """NCCL RAS: ranks missing, dead or outliers."""
+@dataclass(frozen=True)
+class _Ras:
+    """What NCCL RAS reported: its group summaries, the error classes of missing ranks, the nodes named."""
+
+    groups: tuple[str, ...]
+    errors: tuple[str, ...]
+    nodes: tuple[str, ...]
+    ranks: tuple[int, ...]
+    lines: int
+    when: When
+    evidence: tuple[dict, ...]
+
+
+def measure_ras(t: _Logs) -> _Ras | None:
     ras = t.ras
     if not ras.height:
+        return None
+    missing = ras.filter(pl.col("kind") == "ras_missing")["message"].to_list()
+    return _Ras(tuple(ras.filter(pl.col("kind") == "ras_group")["message"].to_list()),
+                tuple(sorted(set(m.split(":")[0] for m in missing))),
+                tuple(sorted(set(ras["peer"].drop_nulls().to_list()))),
+                tuple(sorted(set(ras["rank"].drop_nulls().to_list()))), ras.height, _event_span(ras, "RAS error"),
+                evidence(ras, ("line", "kind", "peer", "code", "message")))
+
+
+def _ras_words(r: _Ras) -> tuple[str, str]:
+    return ("NCCL RAS reports missing or inconsistent ranks",
+            f"RAS: {'; '.join(r.groups) or 'errors'}"
+            + (f"; {', '.join(r.errors)} on node(s) {', '.join(r.nodes)}" if r.nodes else "")
+            + ". A rank that stops reporting is dead, hung before the collective, or unreachable.")
+
+
+def check_ras(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
+    """NCCL RAS: ranks missing, dead or outliers."""
+    r = measure_ras(t)
+    if r is None:
         return []
-    nodes = sorted(set(ras["peer"].drop_nulls().to_list()))
-    errors = sorted(set(m.split(":")[0] for m in ras.filter(pl.col("kind") == "ras_missing")["message"].to_list()))
-    groups = ras.filter(pl.col("kind") == "ras_group")["message"].to_list()
+    title, summary = _ras_words(r)
     return [Finding(
-        "nccl_timeout", Severity.CRITICAL, "NCCL RAS reports missing or inconsistent ranks",
-        f"RAS: {'; '.join(groups) or 'errors'}"
-        + (f"; {', '.join(errors)} on node(s) {', '.join(nodes)}" if nodes else "")
-        + ". A rank that stops reporting is dead, hung before the collective, or unreachable.",
-        MISSING_RANK.remediation, kind=MISSING_RANK.name, when=_event_span(ras, "RAS error"),
-        ranks=tuple(sorted(set(ras["rank"].drop_nulls().to_list()))), hosts=tuple(nodes), key="ras", confidence="high",
-        metrics={"ras_error_lines": ras.height},
-        evidence=evidence(ras, ("line", "kind", "peer", "code", "message")),
+        "nccl_timeout", Severity.CRITICAL, title, summary, MISSING_RANK.remediation, kind=MISSING_RANK.name,
+        when=r.when, ranks=r.ranks, hosts=r.nodes, key="ras", confidence="high", metrics={"ras_error_lines": r.lines},
+        evidence=r.evidence,
     )]
+
+
+@dataclass(frozen=True)
+class _Cuda:
+    """The first CUDA error NCCL logged, and where."""
+
+    message: str
+    place: tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]  # ranks, hosts, GPUs
+    when: When
+    evidence: tuple[dict, ...]
+
+
+def measure_cuda(t: _Logs) -> _Cuda | None:
+    cuda = t.cuda
+    if not cuda.height:
+        return None
+    return _Cuda(cuda["message"][0], where(cuda, t.j.ident), _event_span(cuda, "CUDA failure"),
+                 evidence(cuda, ("host", "pid", "cuda_dev", "line", "file_line", "message")))
+
+
+def _cuda_words(c: _Cuda) -> tuple[str, str]:
+    return ("A CUDA error aborted NCCL",
+            f"NCCL hit `{c.message}` on {', '.join(c.place[1]) or 'a rank'}: the communicator is dead and peers "
+            "see resets or timeouts as a consequence.")
 
 
 def check_cuda(t: _Logs, cfg: NcclTimeoutConfig) -> list[Finding]:
     """A CUDA error inside NCCL: the root of the peers' resets and timeouts."""
-    cuda = t.cuda
-    if not cuda.height:
+    c = measure_cuda(t)
+    if c is None:
         return []
-    ranks, hosts, gpus = where(cuda, t.j.ident)
+    title, summary = _cuda_words(c)
+    ranks, hosts, gpus = c.place
     return [Finding(
-        "nccl_timeout", Severity.CRITICAL, "A CUDA error aborted NCCL",
-        f"NCCL hit `{cuda['message'][0]}` on {', '.join(hosts) or 'a rank'}: the communicator is dead and peers "
-        "see resets or timeouts as a consequence.",
-        CUDA_FAILURE.remediation, kind=CUDA_FAILURE.name, when=_event_span(cuda, "CUDA failure"),
-        ranks=ranks, hosts=hosts, gpus=gpus, key="cuda_failure", confidence="high",
-        evidence=evidence(cuda, ("host", "pid", "cuda_dev", "line", "file_line", "message")),
+        "nccl_timeout", Severity.CRITICAL, title, summary, CUDA_FAILURE.remediation, kind=CUDA_FAILURE.name,
+        when=c.when, ranks=ranks, hosts=hosts, gpus=gpus, key="cuda_failure", confidence="high", evidence=c.evidence,
     )]
 
 
