@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -168,3 +169,15 @@ def read_tail(path: Path, size: int) -> bytes:
         end = fh.tell()
         fh.seek(max(0, end - size))
         return fh.read()
+
+
+def contains(path: Path, pattern: re.Pattern[bytes], limit: int, overlap: int) -> bool:
+    """Whether ``pattern`` matches anywhere in the (decompressed, bounded) file, read in 8 MiB blocks; a match may
+    span two blocks by up to ``overlap`` bytes."""
+    tail = b""
+    with open_bounded(path, limit) as fh:
+        while block := fh.read(8 << 20):
+            if pattern.search(tail + block):
+                return True
+            tail = block[-overlap:]
+    return False

@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from forensics.parsers.bounded_read import DecompressionLimitExceeded, LongLines, open_bounded, read_lines
+from forensics.parsers.bounded_read import (
+    DecompressionLimitExceeded,
+    LongLines,
+    contains,
+    open_bounded,
+    read_lines,
+)
 from forensics.parsers.nccl_log.pytorch import PT_RANK
 from forensics.parsers.result import ParseContext, ParseResult
 
@@ -167,16 +173,6 @@ def _read(path: Path, ctx: ParseContext, rank: int | None = None, host: str | No
     return got
 
 
-def _has_guard(path: Path, ctx: ParseContext) -> bool:
-    tail = b""
-    with open_bounded(path, ctx.max_decompressed_bytes) as fh:
-        while block := fh.read(8 << 20):
-            if _GUARD.search(tail + block):
-                return True
-            tail = block[-32:]
-    return False
-
-
 def parse(path: Path, ctx: ParseContext) -> ParseResult:
     """A ``framework_log`` file: text whose checkpoint saves are all forensics reads of it."""
     got = _read(path, ctx)
@@ -196,7 +192,7 @@ def scan(path: Path, ctx: ParseContext, rank: int | None = None, host: str | Non
     message, damaged?). The frame is there (maybe empty) for every file read; a row without a rank tag on its
     line takes the file's ``rank``, every row the file's ``host``. Damage the file's own parser reports (a read
     stopped, long lines) is not reported twice."""
-    if not _has_guard(path, ctx):
+    if not contains(path, _GUARD, ctx.max_decompressed_bytes, 32):
         return {"checkpoints": fr.empty("checkpoints")}, None, False
     got = _read(path, ctx, rank, host)
     note = f"also read for checkpoint saves: {got.summary()}" if got.rows else None

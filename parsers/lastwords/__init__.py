@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 
 import polars as pl
-from forensics.parsers.bounded_read import LongLines, open_bounded, read_lines
+from forensics.parsers.bounded_read import LongLines, contains, open_bounded, read_lines
 from forensics.parsers.lastwords.scan import MAX_ROWS, Scanner
 from forensics.parsers.result import ParseContext, ParseResult
 
@@ -61,16 +61,6 @@ def _read(path: Path, ctx: ParseContext, scanner: Scanner) -> tuple[int, LongLin
             scanner.feed(n, text.rstrip("\r\n"))
     scanner.finish()
     return bad, long
-
-
-def _has_trigger(path: Path, ctx: ParseContext) -> bool:
-    tail = b""
-    with open_bounded(path, ctx.max_decompressed_bytes) as fh:
-        while block := fh.read(8 << 20):
-            if TRIGGER.search(tail + block):
-                return True
-            tail = block[-256:]
-    return False
 
 
 def _frames(scanner: Scanner) -> dict[str, pl.DataFrame]:
@@ -134,7 +124,7 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
 def scan(path: Path, ctx: ParseContext, rank: int | None = None, host: str | None = None) -> tuple[
         dict[str, pl.DataFrame], str | None, bool]:
     """A file of another kind read for last words too: (frames, a note for its message, damaged?)."""
-    if not _has_trigger(path, ctx):
+    if not contains(path, TRIGGER, ctx.max_decompressed_bytes, 256):
         return {}, None, False
     scanner = Scanner(ctx.rel_path, rank, host)
     bad, long = _read(path, ctx, scanner)
