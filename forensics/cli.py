@@ -457,7 +457,8 @@ def frames(
     _commit(outs)
     out.print(f"{len(job.present)} frame(s) and 2 derived tables (op_categories, op_attribution) written to {out_dir}"
               f" (frame schema {SCHEMA_VERSION}: kernels and comms name their process group's members by pg_id, "
-              "listed in process_groups; docs/frames.md)", highlight=False, markup=False)
+              "listed in process_groups; kernel and op names are Categorical: cast to String for string functions; "
+              "docs/frames.md)", highlight=False, markup=False)
     if sources.filter(sources["status"].is_in(["ok", "partial"])).height == 0:
         _error(f"no readable trace or log under {run_dir}")
         raise typer.Exit(EXIT_ERROR)

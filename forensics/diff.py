@@ -144,21 +144,23 @@ def kernel_key() -> pl.Expr:
     compare); copies by direction (``memcpy HtoD``) and memsets as one (Kineto and Nsight Systems name them
     differently)."""
     cls = pl.col("class").cast(pl.String)
-    direction = pl.col("name").str.extract(r"(?i)memcpy\s+([A-Za-z-]+)", 1)
+    name = pl.col("name").cast(pl.String)  # Categorical in the frames
+    direction = name.str.extract(r"(?i)memcpy\s+([A-Za-z-]+)", 1)
     direction = direction.replace(_COPY_DIRECTIONS).fill_null("?")
     return (pl.when(cls == "comm").then(pl.lit("nccl ") + pl.col("collective").fill_null("?"))
             .when(cls == "memcpy").then(pl.lit("memcpy ") + direction)
             .when(cls == "memset").then(pl.lit("memset"))
-            .otherwise(pl.col("name")))
+            .otherwise(name))
 
 
 def short_key() -> pl.Expr:
     """:func:`kernel_key` with compute kernels by their qualified function name alone (no template arguments or
     parameters): Kineto (cxxabi) and Nsight Systems demangle those differently (``128`` / ``(int)128``,
     ``(anonymous namespace)`` / ``<unnamed>``, ``{lambda()#1}`` / ``[lambda() (instance 1)]``)."""
-    fn = (pl.col("name").str.replace_all(r"\(anonymous namespace\)|<unnamed>", "anon")
+    name = pl.col("name").cast(pl.String)  # Categorical in the frames
+    fn = (name.str.replace_all(r"\(anonymous namespace\)|<unnamed>", "anon")
           .str.replace(r"^void\s+", "").str.extract(r"^([^<(]+)", 1).str.strip_chars())
-    return pl.when(pl.col("class").cast(pl.String) == "compute").then(pl.coalesce(fn, pl.col("name"))).otherwise(
+    return pl.when(pl.col("class").cast(pl.String) == "compute").then(pl.coalesce(fn, name)).otherwise(
         kernel_key())
 
 

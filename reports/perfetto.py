@@ -63,7 +63,8 @@ def _kernels(ctx: JobContext, windows: pl.DataFrame) -> pl.DataFrame:
     k = k.join(comm, on=["rank", "start_ns", "end_ns", "stream"], how="left").join(windows, on="rank")
     k = k.filter((pl.col("end_ns") >= pl.col("w_start")) & (pl.col("start_ns") <= pl.col("w_end")))
     track = pl.coalesce("_pg", pl.lit("stream ") + pl.col("stream").cast(pl.String).fill_null("?"))
-    return k.select("rank", track.alias("track"), pl.col("name").fill_null("?").str.slice(0, NAME_CHARS),
+    name = pl.col("name").cast(pl.String).fill_null("?").str.slice(0, NAME_CHARS)  # Categorical in the frames
+    return k.select("rank", track.alias("track"), name,
                     pl.col("class").cast(pl.String).alias("cat"), "start_ns", "end_ns",
                     pl.lit(1, pl.UInt32).alias("n")).unique().cast(KERNEL_SCHEMA)  # type: ignore[arg-type]
 

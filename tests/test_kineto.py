@@ -75,7 +75,7 @@ def _check_counts(res: ParseResult, kernels: int, memcpy: int, memset: int, coll
     assert by_class.get("compute", 0) + by_class.get("comm", 0) == kernels
     assert by_class.get("memcpy", 0) == memcpy
     assert by_class.get("memset", 0) == memset
-    nccl = k.filter(pl.col("name").str.to_lowercase().str.contains("nccl|rccl"))
+    nccl = k.filter(pl.col("name").cast(pl.String).str.to_lowercase().str.contains("nccl|rccl"))
     assert dict(nccl.group_by("collective").len().iter_rows()) == colls
     assert (nccl.get_column("class") == "comm").all()
     assert res.frames["steps"].sort("start_ns").get_column("step").to_list() == steps
@@ -153,7 +153,7 @@ def test_b200_nccl_2_27_driver_launch_and_comm_call():
     res = parsed("tracelens/eager_trace.json.gz")
     # the trace's other comm kernels are symmetric-memory all-reduces (tests/test_tp_overlap.py)
     k = res.frames["kernels"].filter((pl.col("class") == "comm")
-                                     & pl.col("name").str.starts_with("nccl")).row(0, named=True)
+                                     & pl.col("name").cast(pl.String).str.starts_with("nccl")).row(0, named=True)
     assert k["name"].startswith("ncclDevKernel_AllGather_RING_LL(")
     assert (k["collective"], k["in_nelems"], k["out_nelems"], k["dtype"]) == ("allgather", 25136, 201088, "BFloat16")
     assert k["bytes"] == 201088 * 2 and k["pg_name"] == "3" and k["group_size"] == 8
@@ -219,7 +219,7 @@ def test_legacy_2021_schema():
 
 def test_deepep_kernels_are_comm_without_a_collective():
     k = parsed("deepseek_profile_data/train.json.gz").frames["kernels"].filter(pl.col("class") == "comm")
-    assert k.height == 36 and k.get_column("name").str.contains("dpsk::ep::").all()
+    assert k.height == 36 and k.get_column("name").cast(pl.String).str.contains("dpsk::ep::").all()
     assert k.get_column("collective").null_count() == 36
 
 

@@ -120,7 +120,8 @@ KERNELS = FrameSpec(
         _SOURCE,
         _c("device", pl.Int32(), "GPU index on the host (Kineto `device` / GPU pid)"),
         _c("stream", pl.Int64(), "CUDA/HIP stream id"),
-        _c("name", pl.String(), "kernel name as recorded (mangled or demangled)"),
+        _c("name", pl.Categorical(), "kernel name as recorded (mangled or demangled); Categorical: cast to String "
+           "for string functions"),
         _c("class", pl.Enum(KERNEL_CLASSES), "compute / comm (NCCL, RCCL) / memcpy / memset / sync"),
         _c("start_ns", pl.Int64(), "start, ns"),
         _c("end_ns", pl.Int64(), "end, ns"),
@@ -164,7 +165,7 @@ CPU_OPS = FrameSpec(
         _c("pid", pl.Int64(), "process id (for gpu_user_annotation: the device)"),
         _c("tid", pl.Int64(), "thread id (for gpu_user_annotation: the stream)"),
         _c("category", pl.Enum(CPU_OP_CATEGORIES), "Kineto category, legacy names normalised"),
-        _c("name", pl.String(), "op / annotation / API name"),
+        _c("name", pl.Categorical(), "op / annotation / API name; Categorical (see kernels.name)"),
         _c("start_ns", pl.Int64(), "start, ns"),
         _c("end_ns", pl.Int64(), "end, ns"),
         _c("correlation", pl.Int64(), "correlation id (runtime / driver calls)"),
@@ -876,9 +877,10 @@ _register(FR_DUMPS, FR_ENTRIES, FR_PG_STATUS)
 # --------------------------------------------------------------------------------------------
 
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Version of the frames' schema, written into every Parquet file of `forensics frames` (``PARQUET_VERSION_KEY``).
-2: the rank lists of kernels and comms moved to ``process_groups`` (``pg_id``)."""
+2: the rank lists of kernels and comms moved to ``process_groups`` (``pg_id``). 3: kernel and host-op names
+(``kernels.name``, ``cpu_ops.name``) are Categorical."""
 PARQUET_VERSION_KEY = "forensics.frames.schema_version"
 
 
@@ -888,6 +890,14 @@ def pg_id(ranks: Iterable[int] | None) -> int | None:
         return None
     digest = hashlib.blake2b(",".join(map(str, ranks)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)
+
+
+def text_contains(col: str, pattern: str) -> pl.Expr:
+    """``col``'s rows whose text matches the regex ``pattern`` (null stays null), for a Categorical column (names):
+    the pattern runs once per distinct value, not once per row (``.str`` functions refuse a Categorical, and a
+    cast to String would build every row's text)."""
+    values = pl.col(col).unique()
+    return pl.col(col).is_in(values.filter(values.cast(pl.String).str.contains(pattern)).implode())
 
 
 def pg_members(process_groups: pl.DataFrame) -> pl.DataFrame:
@@ -985,6 +995,9 @@ def render_markdown() -> str:
         "`forensics frames RUN_DIR --out DIR` writes each frame as `DIR/<name>.parquet`, with the schema's version",
         f"in the file's key-value metadata (`{PARQUET_VERSION_KEY}` = `{SCHEMA_VERSION}`). Process-group member",
         "lists are stored once, in `process_groups`: kernels and comms carry a `pg_id` to join them by (see there).",
+        "Kernel and host-op names (`kernels.name`, `cpu_ops.name`) are Categorical (each distinct name stored once,",
+        "4 bytes a row): string functions need a cast first (`pl.col(\"name\").cast(pl.String).str.contains(...)`),",
+        "and a join on `name` with a String column needs the same cast on one side (DuckDB reads them as VARCHAR).",
         "",
     ]
     for spec in FRAME_SPECS.values():

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 import polars as pl
 
+from forensics.base import frames as fr
 from forensics.base.findings import Finding, FindingKind, Role, Severity, When
 from forensics.base.intervals import clip_to_windows, merge
 from forensics.base.settings import setting
@@ -125,7 +126,7 @@ def _in_sync(gaps: pl.DataFrame, sync: pl.DataFrame, name: str = "in_sync") -> p
 def _after_d2h(ctx: JobContext, gaps: pl.DataFrame) -> pl.DataFrame:
     """Per gap: whether the GPU's last work before it was a device-to-host copy (``_d2h``)."""
     copies = ctx.frames["kernels"].filter(
-        (pl.col("class") == "memcpy") & pl.col("name").str.contains(D2H)
+        (pl.col("class") == "memcpy") & fr.text_contains("name", D2H)
         & pl.col("rank").is_in(gaps["rank"].unique().implode())
     ).select("rank", pl.col("end_ns").alias("g_start"), pl.lit(True).alias("_d2h")).unique(["rank", "g_start"])
     return gaps.join(copies, on=["rank", "g_start"], how="left").with_columns(pl.col("_d2h").fill_null(False))
@@ -136,9 +137,9 @@ def sync_causes(ctx: JobContext, gaps: pl.DataFrame, ops: pl.DataFrame) -> pl.Da
     :data:`SYNC_CAUSES`: a device-to-host copy when the GPU's last work was one or the host is in
     ``.item()``, else a device synchronize, else a stream or event synchronize); null for other gaps."""
     g = _after_d2h(ctx, gaps)
-    g = _in_sync(g, ops.filter(pl.col("name").str.contains(ITEM)), "_item")
-    g = _in_sync(g, ops.filter(pl.col("name").str.contains(DEVICE_SYNC)), "_dev")
-    g = _in_sync(g, ops.filter(pl.col("name").str.contains(SYNC_COPY)), "_copy")
+    g = _in_sync(g, ops.filter(fr.text_contains("name", ITEM)), "_item")
+    g = _in_sync(g, ops.filter(fr.text_contains("name", DEVICE_SYNC)), "_dev")
+    g = _in_sync(g, ops.filter(fr.text_contains("name", SYNC_COPY)), "_copy")
     cause = (
         pl.when(pl.col("cls") != "sync").then(pl.lit(None, pl.String))
         .when(pl.col("_d2h") | pl.col("_item")).then(pl.lit("d2h_copy"))
@@ -153,9 +154,9 @@ def classify_gaps(ctx: JobContext, gaps: pl.DataFrame, launch_ranks: list[int], 
     """``gaps`` with a ``cls`` column (one of :data:`CLASSES`), by the CPU-side evidence during each gap."""
     ops = ctx.frames["cpu_ops"].select("rank", "name", "start_ns", "end_ns").filter(
         pl.col("rank").is_in(gaps["rank"].unique().implode()))
-    g = _cover(gaps, ops.filter(pl.col("name").str.contains(LOADER)), "_loader")
-    g = _cover(g, ops.filter(pl.col("name").str.contains(PAUSE)), "_pause")
-    g = _in_sync(g, ops.filter(pl.col("name").str.contains(SYNC)))
+    g = _cover(gaps, ops.filter(fr.text_contains("name", LOADER)), "_loader")
+    g = _cover(g, ops.filter(fr.text_contains("name", PAUSE)), "_pause")
+    g = _in_sync(g, ops.filter(fr.text_contains("name", SYNC)))
     length = (pl.col("g_end") - pl.col("g_start")).cast(pl.Float64)
     cls = (
         pl.when(pl.col("_loader") >= cfg.input_cover * length).then(pl.lit("input"))

@@ -177,7 +177,7 @@ def _comm_kernels(frames: JobFrames, launches: pl.DataFrame | None = None) -> tu
     k, lists = _with_pg_key(attach_steps(frames, k, launches), lists)
     # userbuffers and symmetric-memory kernels carry no group: both are tensor-parallel features (TE's comm-GEMM
     # overlap, async TP)
-    tp_overlap = pl.col("pg_desc").is_null() & pl.col("name").str.contains(TP_OVERLAP_KERNEL)
+    tp_overlap = pl.col("pg_desc").is_null() & fr.text_contains("name", TP_OVERLAP_KERNEL)
     return k.with_columns(
         pl.when(tp_overlap).then(pl.lit("TP"))
         .otherwise(pg_type_expr(pl.col("pg_desc").fill_null(""))).alias("pg_type"),
@@ -190,7 +190,7 @@ def _coalesced_p2p() -> pl.Expr:
     """The collective, with a coalesced group that runs as a SendRecv kernel (batch_isend_irecv under
     PyTorch's coalescing manager: `nccl:coalesced`, Collective name "coalesced") read as ``sendrecv``: one
     kernel that carries sends and receives to its pipeline neighbours, a P2P exchange, not a collective."""
-    sendrecv = pl.col("name").str.contains(r"(?i)(?:nccl|rccl)\w*Kernel_SendRecv")
+    sendrecv = fr.text_contains("name", r"(?i)(?:nccl|rccl)\w*Kernel_SendRecv")
     return pl.when((pl.col("collective") == "coalesced")
                    & sendrecv).then(pl.lit("sendrecv")).otherwise(pl.col("collective"))
 
@@ -220,7 +220,7 @@ def match_collectives(frames: JobFrames, launches: pl.DataFrame | None = None) -
     k, lists = _comm_kernels(frames, launches)
     k = k.filter(pl.col("rank").is_not_null())
     is_p2p = pl.col("collective").is_in(P2P_OPS) & (pl.col("pg_type") == "PP")
-    k = k.with_columns(is_p2p.alias("is_p2p"), pl.col("name").str.contains(TP_OVERLAP_KERNEL).alias("_fused"))
+    k = k.with_columns(is_p2p.alias("is_p2p"), fr.text_contains("name", TP_OVERLAP_KERNEL).alias("_fused"))
     sync = _with_instance_keys(k.filter(~pl.col("is_p2p") & ~pl.col("_fused")))
     inst = _instance_table(sync)
     unmatched = {

@@ -23,6 +23,7 @@ from typing import Any
 
 import polars as pl
 
+from forensics.base import frames as fr
 from forensics.base.frames import JobFrames
 from forensics.base.intervals import clip_to_disjoint_windows
 
@@ -69,7 +70,8 @@ def categorized_kernels(frames: JobFrames, comm_pg: pl.DataFrame) -> pl.DataFram
     k = k.join(pg, on=["rank", "start_ns", "end_ns"], how="left")
     cls = pl.col("class").cast(pl.String)
     # the rules' regexes run once per distinct name (hundreds), not once per kernel (millions on big jobs)
-    names = k.select(pl.col("name").unique().drop_nulls()).with_columns(category_expr(pl.col("name")).alias("_c"))
+    names = k.select(pl.col("name").unique().drop_nulls())
+    names = names.with_columns(category_expr(pl.col("name").cast(pl.String)).alias("_c"))  # Categorical names
     by_name = pl.col("name").replace_strict(names["name"], names["_c"], default="other", return_dtype=pl.String)
     return k.with_columns(
         pl.when(cls == "comm").then(pl.lit("nccl:") + pl.col("pg_type").fill_null("default"))
@@ -132,7 +134,7 @@ def op_attribution(kernels: pl.DataFrame, frames: JobFrames) -> pl.DataFrame:
         .agg(
             pl.len().cast(pl.UInt32).alias("kernels"),
             (pl.col("end_ns") - pl.col("start_ns")).sum().alias("time_ns"),
-            pl.col("name").unique(maintain_order=True).head(3).alias("kernel_names"),
+            pl.col("name").unique(maintain_order=True).head(3).cast(pl.String).alias("kernel_names"),
         )
         .select("rank", "category", "op", "kernels", "time_ns", "kernel_names", "via", "region")
         .sort(["time_ns", "rank", "category", "op"], descending=[True, False, False, False], nulls_last=True)
@@ -146,7 +148,7 @@ def attributed_kernels(kernels: pl.DataFrame, frames: JobFrames) -> pl.DataFrame
         frames["cpu_ops"].select("rank", "category", "external_id", "name")
         .filter((pl.col("category") == "cpu_op") & pl.col("external_id").is_not_null())
         .group_by("rank", "external_id")
-        .agg(pl.col("name").first().alias("_ext_op"))
+        .agg(pl.col("name").first().cast(pl.String).alias("_ext_op"))
     )
     graph = pl.col("graph_replay").fill_null(False)
     # only the columns used: every join copies each column it carries (millions of kernel rows on big jobs)
@@ -211,9 +213,9 @@ def captured_launches(frames: JobFrames) -> pl.DataFrame:
     ops = frames["cpu_ops"].select("rank", "tid", "category", "name", "correlation", "is_launch", "start_ns", "end_ns")
     is_runtime = pl.col("category").is_in(["cuda_runtime", "cuda_driver"])
     runtime = ops.filter(is_runtime)
-    begins = runtime.filter(pl.col("name").str.contains(CAPTURE_BEGIN)).select("rank", "tid",
+    begins = runtime.filter(fr.text_contains("name", CAPTURE_BEGIN)).select("rank", "tid",
                                                                                pl.col("start_ns").alias("_b"))
-    ends = runtime.filter(pl.col("name").str.contains(CAPTURE_END)).select("rank", "tid",
+    ends = runtime.filter(fr.text_contains("name", CAPTURE_END)).select("rank", "tid",
                                                                            pl.col("end_ns").alias("_cap_end"))
     empty = pl.DataFrame(schema={"rank": pl.Int32, "_cap": pl.UInt32, "_cap_end": pl.Int64, "_node": pl.Int64,
                                  "_n": pl.UInt32, "_capture_op": pl.String})
@@ -225,7 +227,7 @@ def captured_launches(frames: JobFrames) -> pl.DataFrame:
         .drop_nulls("_cap_end").with_row_index("_cap")
     )
     gpu = frames["kernels"].select("rank", "correlation").drop_nulls().unique()
-    call = pl.col("is_launch") | (is_runtime & pl.col("name").str.contains(LAUNCH_CALL))
+    call = pl.col("is_launch") | (is_runtime & fr.text_contains("name", LAUNCH_CALL))
     launches = (
         ops.filter(call & pl.col("correlation").is_not_null())
         .join(gpu, on=["rank", "correlation"], how="anti")  # captured: nothing ran under that id
@@ -268,9 +270,9 @@ def launch_ops(frames: JobFrames, only: pl.DataFrame | None = None, ranges_named
     none = pl.DataFrame(schema={"rank": pl.Int32, "correlation": pl.Int64, out: pl.String})
     kinds = pl.col("category").is_in(["cpu_op", "user_annotation"])
     ranges = (
-        ops.filter(kinds if ranges_named is None else kinds & pl.col("name").str.contains(ranges_named))
+        ops.filter(kinds if ranges_named is None else kinds & fr.text_contains("name", ranges_named))
         .select("rank", "tid", pl.col("start_ns").alias("_rs"), pl.col("end_ns").alias("_re"),
-                pl.col("name").str.replace(_NVTX_SUFFIX, "").alias("_launch_op"))
+                pl.col("name").cast(pl.String).str.replace(_NVTX_SUFFIX, "").alias("_launch_op"))
         .drop_nulls(["rank", "tid"])
         .sort("_rs")
     )
