@@ -204,6 +204,11 @@ kernels launched there take it too), so these copies are TP communication measur
 outside the fused ops stay `memcpy`. Nsight Systems exports hold no such CPU ranges (NVTX only when the profiler
 emits it): there the copies stay `memcpy`. When most of the exposed TP time is such fused communication, the
 exposed-communication finding says the overlap did not hide it (a warning), not that TP is exposed by design.
+Not covered: NCCL's own copy-engine collectives (NCCL 2.28, `src/ce_coll.cc`, chosen for symmetric buffers above
+`NCCL_SYM_CE_THRESHOLD`) also move data with copies, under the collective's host call; those copies stay `memcpy`.
+No public trace of these shapes was found: PyTorch's PR that added the scaled variant (pytorch/pytorch#129289) links
+only a Meta-internal trace, and no trace holding `symm_mem::fused_*` ranges was found in public repositories, issues
+or pages; the tests use a hand-written trace and the simulator's `async_tp` scenarios.
 """
 """The hand-written part of docs/collectives.md, after the generated table."""
 

@@ -277,7 +277,7 @@ def _words(e: _Exposure) -> tuple[str, str, str]:
 def _fused_summary(e: _Exposure) -> str:
     """Comm-GEMM overlap (async TP's peer copies, symmetric-memory or userbuffers kernels) that did not overlap."""
     return (
-        f"On the median rank, {e.med_x:.1%} of each step is {e.g} communication fused with GEMMs (async TP's peer "
+        f"On the median rank, {e.med_x:.1%} of each step is TP communication fused with GEMMs (async TP's peer "
         "copies, symmetric-memory or TransformerEngine userbuffers kernels) with no compute running (overlap with "
         f"compute {e.med_o:.0%}), on {len(e.ranks)} rank(s). These transfers are built to run beside the GEMM "
         "chunks they feed or drain; each is counted whole (no peer instance splits waiting from transfer)."
