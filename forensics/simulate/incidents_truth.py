@@ -23,6 +23,7 @@ ROOTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "pipeline_stage_imbalance": ("straggler", ("pipeline_bubble",), ()),
     "input_bound": ("gpu_idle", (), ()),
     "dp_not_overlapped": ("exposed_comm", (), ()),
+    "async_tp_serialized": ("exposed_comm", (), ()),
     "slow_nic": ("slow_link", (), ("exposed_comm", "busy_wait")),
     "xid": ("gpu_hw_error", (), ("busy_wait", "straggler")),
     "aer_fatal": ("gpu_hw_error", (), ("busy_wait", "straggler")),

@@ -328,6 +328,15 @@ def tp_overlap(ranks: int | None, steps: int | None, params: Params) -> Job:
     return _pp(ranks, steps, params.with_defaults(tp="2", pp="2"), tp_overlap=True, label="clean")
 
 
+def async_tp(ranks: int | None, steps: int | None, params: Params) -> Job:
+    return _pp(ranks, steps, params.with_defaults(tp="2", pp="2"), tp_overlap=True, async_tp="overlap", label="clean")
+
+
+def async_tp_serialized(ranks: int | None, steps: int | None, params: Params) -> Job:
+    return _pp(ranks, steps, params.with_defaults(tp="4", pp="2"), tp_overlap=True, async_tp="serialized",
+               faults=({"kind": "async_tp_serialized"},))
+
+
 def pp_clean(ranks: int | None, steps: int | None, params: Params) -> Job:
     return _pp(ranks, steps, params, label="clean")
 
@@ -516,6 +525,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "(two_shot_all_reduce kernels, no NCCL)", symm_tp),
     Scenario("tp_overlap", "healthy TP=2 x PP=2 job with sequence parallelism and comm-GEMM overlap (TransformerEngine "
              "userbuffers, the shape of async TP): TP all-gathers and reduce-scatters beside the GEMMs", tp_overlap),
+    Scenario("async_tp", "healthy TP=2 x PP=2 job with PyTorch async TP: symm_mem::fused_all_gather_matmul and "
+             "fused_matmul_reduce_scatter, whose peer copies run on a backend stream beside the chunk GEMMs",
+             async_tp),
+    Scenario("async_tp_serialized", "TP=4 x PP=2 async TP job whose peer copies start only after the GEMM chunk they "
+             "should hide under (the suboptimal schedule of PyTorch's _pipelined_all_gather_and_consume): TP "
+             "communication exposed", async_tp_serialized),
     Scenario("compiled", "healthy DDP job compiled with torch.compile: Triton kernels (GEMMs as mm templates with "
              "recorded shapes) inside CompiledFunction / CompiledFunctionBackward regions", compiled),
     Scenario("host_straggler",
