@@ -47,3 +47,33 @@ llama-3-8b-node-0-0:194:194 [0] NCCL INFO group.cc:694 -> 6
 llama-3-8b-node-0-0:194:194 [0] NCCL INFO enqueue.cc:2432 -> 6
 [rank0]: torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3699, remote process exited or there was a network error, NCCL version 2.27.3
 """  # noqa: E501 -- verbatim log lines (test data)
+
+# A node going down for a reboot (Raspberry Pi OS, dmesg): systemd-shutdown's final stage as PID 1.
+# Source: https://github.com/RPi-Distro/pi-gen/issues/836 (comment by pelwell, 2025-04-24, "A normal reboot looks
+# like this").
+SHUTDOWN_SYSTEMD = """\
+[   29.332489] watchdog: watchdog0: watchdog did not stop!
+[   29.863866] systemd-shutdown[1]: Syncing filesystems and block devices.
+[   30.120837] systemd-shutdown[1]: Sending SIGTERM to remaining processes...
+[   30.136036] systemd-journald[274]: Received SIGTERM from PID 1 (systemd-shutdow).
+[   30.183303] systemd-shutdown[1]: Sending SIGKILL to remaining processes...
+[   30.222752] systemd-shutdown[1]: Unmounting file systems.
+"""
+
+# The kernel's last line of a reboot (kernel/reboot.c prints `reboot: Restarting system`), after systemd-shutdown.
+# Source: https://github.com/openbmc/openbmc/issues/2883 (description, 2018).
+SHUTDOWN_RESTART = """\
+[ 3858.670000] systemd-shutdown[1]: All filesystems unmounted.
+[ 3858.890000] reboot: Restarting system
+"""
+
+# A kernel panic (dmesg): the oops's end, then panic()'s `Kernel panic - not syncing:` line.
+# Source: https://github.com/sipeed/LicheePi4A/issues/22 (description, "Kernel panic when writing lots of data to sd
+# card").
+KERNEL_PANIC = """\
+[  898.711042] ---[ end trace a5c45f4ead0855a5 ]---
+[  898.713285] Modules linked in: dwc3 roles dwc3_thead
+[  898.717943] Kernel panic - not syncing: Fatal exception in interrupt
+[  898.722892] CPU: 0 PID: 286 Comm: systemd-journal Tainted: G      D           5.10.113-lpi4a #2023.12.08.03.26+b8c5d3546
+[  898.729244] SMP: stopping secondary CPUs
+"""  # noqa: E501 -- verbatim log lines (test data)

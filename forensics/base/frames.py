@@ -557,7 +557,7 @@ KERNEL_EVENT_KINDS = [
     "netdev_carrier", "cpu_thermal", "edac", "mce", "oom", "hung_task", "soft_lockup", "hard_lockup",
     "segfault", "boot", "benign", "context", "unknown",
     # host-side kinds read by node_health only
-    "fs_error", "storage_client", "netdev_link", "rcu_stall",
+    "fs_error", "storage_client", "netdev_link", "rcu_stall", "shutdown",
 ]
 
 KERNEL_EVENTS = FrameSpec(
