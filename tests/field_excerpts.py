@@ -77,3 +77,37 @@ KERNEL_PANIC = """\
 [  898.722892] CPU: 0 PID: 286 Comm: systemd-journal Tainted: G      D           5.10.113-lpi4a #2023.12.08.03.26+b8c5d3546
 [  898.729244] SMP: stopping secondary CPUs
 """  # noqa: E501 -- verbatim log lines (test data)
+
+# Socket failures as NCCL <= 2.18 words them (`Net : `): a connect and a recv to the same peer reset by it.
+# Source: https://github.com/NVIDIA/nccl/issues/963 (comment "turn 2" by xinyuyao).
+SOCKET_NET_218 = """\
+9306dc444753:248281:248336 [3] misc/socket.cc:456 NCCL WARN Net : Connect to 172.17.0.2<40537> failed : Connection reset by peer
+9306dc444753:248281:248335 [3] NCCL INFO bootstrap.cc:256 -> 6
+9306dc444753:248281:248334 [2] misc/socket.cc:518 NCCL WARN Net : Call to recv from 172.17.0.2<40537> failed : Connection reset by peer
+9306dc444753:248281:248332 [2] NCCL INFO init.cc:516 -> 6
+"""  # noqa: E501 -- verbatim log lines (test data)
+
+# A connect as NCCL 2.19+ words it (`socketStartConnect: `), then the proxy's failure to connect.
+# Source: https://github.com/NVIDIA/nccl-tests/issues/166 (comment "turn 5" by SweeneyJun).
+SOCKET_CONNECT_219 = """\
+ubuntu:39964:40075 [0] misc/socket.cc:483 NCCL WARN socketStartConnect: Connect to 10.0.0.2<45763> failed : Software caused connection abort
+ubuntu:39964:40075 [0] NCCL INFO misc/socket.cc:564 -> 2
+ubuntu:39964:40075 [0] NCCL INFO misc/socket.cc:586 -> 2
+"""  # noqa: E501 -- verbatim log lines (test data)
+
+# sendrecv_perf between two of the four A100s of a Leonardo node (no NVSwitch: 4 NVLinks per pair, 100 GB/s);
+# the issue reports a peak of ~71-73 GB/s. The header and channel lines as posted (the rows at large sizes were
+# not in the stored excerpt).
+# Source: https://github.com/NVIDIA/nccl-tests/issues/331 (description, mredenti, 2025-07-14).
+A100_FOUR_GPU_BOARD = """\
+# nThread 2 nGpus 1 minBytes 8 maxBytes 2147483648 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0
+#
+# Using devices
+#  Rank  0 Group  0 Pid 4063850 on   lrdn2296 device  0 [0000:1d:00] NVIDIA A100-SXM-64GB
+#  Rank  1 Group  0 Pid 4063850 on   lrdn2296 device  1 [0000:56:00] NVIDIA A100-SXM-64GB
+lrdn2296:4063850:4063850 [0] NCCL INFO Bootstrap : Using ib0:10.128.42.1<0>
+lrdn2296:4063850:4063850 [0] NCCL INFO cudaDriverVersion 12010
+lrdn2296:4063850:4063850 [1] NCCL INFO NCCL version 2.22.3+cuda12.2
+lrdn2296:4063850:4063882 [0] NCCL INFO Channel 03/1 : 0[0] -> 1[1] via P2P/direct pointer/read
+lrdn2296:4063850:4063883 [1] NCCL INFO Channel 02/1 : 1[1] -> 0[0] via P2P/direct pointer/read
+"""  # noqa: E501 -- verbatim log lines (test data)

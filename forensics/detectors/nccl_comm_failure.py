@@ -34,13 +34,15 @@ KINDS: dict[str, tuple[str, bool]] = {
     "ofi_error": ("network error (AWS OFI / EFA provider)", False),
     "socket_closed": ("remote peer closed the connection", False),
     "net_recv_failed": ("remote peer reset the connection", False),
+    "connect_failed": ("could not connect to the peer", False),
     "remote_error": ("remote process exited or network error (ncclRemoteError)", False),
     "proxy_error": ("proxy connect/accept failed", False),
     "call_failed": ("verbs call failed", True),
     "nccl_tests_failure": ("nccl-tests stopped on an NCCL error", True),
 }
 #: failure kinds whose peer is the far end of one of the reporting host's network connections
-_NET_PEER_KINDS = frozenset({"socket_closed", "net_recv_failed", "ib_completion", "ofi_error", "proxy_error"})
+_NET_PEER_KINDS = frozenset({"socket_closed", "net_recv_failed", "connect_failed", "ib_completion", "ofi_error",
+                             "proxy_error"})
 _TEXT_CLASS = (
     (r"remote process exited|network error", "remote process exited or network error (ncclRemoteError)"),
     (r"system error", "system error (ncclSystemError)"),

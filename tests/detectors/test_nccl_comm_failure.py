@@ -154,3 +154,31 @@ def test_job_log_17_the_logged_remote_error_and_the_error_rank_3_raised_for_it_a
     assert (link.rule, link.consequence, link.confidence) == ("comm_failure_raised_to_python", by["last_words"].id,
                                                               "low")
     assert link.basis.startswith("place only (rank)")
+
+
+def test_pytorch_24_watchdog_wording_and_ncclgetlasterror_text_shared_job_log_18(tmp_path):
+    # PyTorch 2.4+ says `Process group watchdog thread terminated with exception: NCCL error: remote process exited
+    # or there was a network error, NCCL version 2.21.5` and prints NCCL's last error without its envelope
+    # (`socketProgressOpt: Call to recv from 10.119.24.53<49901> failed : Broken pipe`); before #28 neither was
+    # read and the real log gave no finding at all
+    run = tmp_path / "run"
+    run.mkdir()
+    p = shared_path("job_logs", "18_k8s_worker_pod_rank5_ncclRemoteError_socket_broken_pipe_watchdog_nccl2.21.5.log")
+    shutil.copy(p, run / p.name)
+    (f,) = [f for f in analyze(run, workers=1).findings if f.detector == "nccl_comm_failure"]
+    assert f.metrics["first_kind"] == "net_recv_failed" and f.metrics["peer"] == "10.119.24.53<49901>"
+    assert f.metrics["nccl_result"] == "ncclRemoteError" and f.metrics["events"] == 2  # the socket + PyTorch's line
+    assert f.ranks == (5,)
+
+
+def test_every_socket_wording_is_a_failure_with_its_peer(tmp_path):
+    # NCCL <= 2.18 (`Net : Connect to` / `Call to recv from`, real: nccl#963) and 2.19+ (`socketStartConnect:`,
+    # real: nccl-tests#166; `socketProgressOpt: Call to send to`, the wording of misc/socket.cc since 2.19)
+    cases = [(fx.SOCKET_NET_218, "connect_failed", "172.17.0.2<40537>", 2),
+             (fx.SOCKET_CONNECT_219, "connect_failed", "10.0.0.2<45763>", 1),
+             ("h:1:2 [0] misc/socket.cc:46 NCCL WARN socketProgressOpt: Call to send to 10.0.0.3<52905> failed : "
+              "Connection reset by peer\n", "net_recv_failed", "10.0.0.3<52905>", 1)]
+    for i, (text, kind, peer, events) in enumerate(cases):
+        (tmp_path / str(i)).mkdir()
+        (f,), _ = _run(frames_from(tmp_path / str(i), text))
+        assert (f.metrics["first_kind"], f.metrics["peer"], f.metrics["events"]) == (kind, peer, events), text
