@@ -29,13 +29,14 @@ ROOTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "aer_fatal": ("gpu_hw_error", (), ("busy_wait", "straggler")),
     "gpu_init_failed": ("gpu_hw_error", (), ()),
     "oom_kill": ("node_health", (), ("busy_wait", "straggler")),
+    "node_shutdown": ("node_health", (), ("busy_wait", "straggler")),
     "app_death": ("last_words", (), ("busy_wait", "straggler")),
     "scheduler_stop": ("last_words", (), ()),
 }
 # faults that stop their rank: a collective timeout on that rank is their consequence, not an incident of its own
-_KILLERS = ("xid", "aer_fatal", "oom_kill", "app_death")
+_KILLERS = ("xid", "aer_fatal", "oom_kill", "node_shutdown", "app_death")
 # the root finding's category where the fault kind fixes it
-CATEGORY = {"aer_fatal": "aer", "gpu_init_failed": "gpu_init_failed"}
+CATEGORY = {"aer_fatal": "aer", "gpu_init_failed": "gpu_init_failed", "node_shutdown": "shutdown"}
 
 
 def expected_incidents(faults: list[dict[str, Any]], kernel_log: str = "benign") -> list[dict[str, Any]]:
