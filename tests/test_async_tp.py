@@ -113,7 +113,7 @@ def test_simulated_async_tp_is_measured_as_overlap_and_equals_its_userbuffers_tw
     truth, ctx = _simulated(tmp_path_factory, "async_tp", **kw)
     _, twin = _simulated(tmp_path_factory, "tp_overlap", **kw)
     exp = truth["expected"]["async_tp"]
-    copies = ctx.kernel_categories.filter(pl.col("name").str.starts_with("Memcpy DtoD"))
+    copies = ctx.kernel_categories.filter(pl.col("name").cast(pl.String).str.starts_with("Memcpy DtoD"))
     assert copies.height == exp["async_tp_copies"]
     assert set(copies["category"].to_list()) == {"nccl:TP"}
     tp = ctx.match.kernels.filter(pl.col("pg_type") == "TP")
