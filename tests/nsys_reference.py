@@ -13,7 +13,7 @@ def kern_sum(kernels: pl.DataFrame) -> pl.DataFrame:
     k = kernels.filter(pl.col("class").is_in(["compute",
                                               "comm"])).with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("d"))
     total = k["d"].sum()
-    return k.group_by("name").agg(
+    return k.group_by(pl.col("name").cast(pl.String)).agg(  # names are Categorical in the frames
         pl.col("d").sum().alias("total"),
         pl.len().alias("instances"),
         pl.col("d").mean().alias("avg"),

@@ -114,7 +114,8 @@ def test_kernel_summary_matches_cuda_gpu_kern_sum(rel: str):
 def test_memory_ops_match_cuda_gpu_mem_time_sum(rel: str):
     ref = reference(rel, "cuda_gpu_mem_time_sum")
     k = parsed(rel).frames["kernels"].filter(pl.col("class").is_in(["memcpy", "memset"]))
-    ours = k.group_by("name").agg(pl.len().alias("count"), (pl.col("end_ns") - pl.col("start_ns")).sum().alias("total"))
+    ours = k.group_by(pl.col("name").cast(pl.String)).agg(  # names are Categorical in the frames
+        pl.len().alias("count"), (pl.col("end_ns") - pl.col("start_ns")).sum().alias("total"))
     if ref is None:
         # nsys 2023.4 wrote no rows for the 2022.2 export; ours has memcpys, so check against raw SQL.
         con = sqlite3.connect(f"file:{shared_path('nsys', rel)}?mode=ro&immutable=1", uri=True)
@@ -163,7 +164,7 @@ def test_cuda_api_calls_match_cuda_api_sum(rel: str):
     ref = ref.with_columns(pl.col("Name").str.replace(r"_v\d+$", "")).group_by("Name").agg(
         pl.col("Num Calls").sum(), pl.col("Total Time (ns)").sum())
     ops = parsed(rel).frames["cpu_ops"].filter(pl.col("category").is_in(["cuda_runtime", "cuda_driver"]))
-    ours = ops.group_by("name").agg(pl.len().alias("calls"),
+    ours = ops.group_by(pl.col("name").cast(pl.String)).agg(pl.len().alias("calls"),
                                     (pl.col("end_ns") - pl.col("start_ns")).sum().alias("total"))
     joined = ref.join(ours, left_on="Name", right_on="name", how="full", coalesce=False)
     assert joined.filter(pl.col("name").is_null() | pl.col("Name").is_null()).height == 0, "API names differ"
@@ -181,7 +182,8 @@ def test_nvtx_ranges_match_nvtx_sum(rel: str):
     # nvtx_sum prefixes ranges of a named domain with `Domain:`; our names are the bare range text.
     ref = ref.with_columns(pl.col("Range").str.replace(r"^(NCCL|MPI):", "")).group_by("Range").agg(
         pl.col("Instances").sum(), pl.col("Total Time (ns)").sum())
-    ours = ann.group_by("name").agg(pl.len().alias("n"), (pl.col("end_ns") - pl.col("start_ns")).sum().alias("total"))
+    ours = ann.group_by(pl.col("name").cast(pl.String)).agg(
+        pl.len().alias("n"), (pl.col("end_ns") - pl.col("start_ns")).sum().alias("total"))
     joined = ref.join(ours, left_on="Range", right_on="name", how="full", coalesce=False)
     assert joined.filter(pl.col("name").is_null() | pl.col("Range").is_null()).height == 0
     assert joined["n"].to_list() == joined["Instances"].to_list()
