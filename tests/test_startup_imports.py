@@ -84,3 +84,5 @@ def test_analyze_of_a_trace_imports_no_parser_of_another_kind(tmp_path: Path):
               "forensics.parsers.kernel_log", "forensics.parsers.nsys", "forensics.parsers.flight_recorder",
               "forensics.parsers.nvidia_smi"}
     assert not mods & others, mods & others
+    # the report's figures are written without plotly.io's JSON and HTML writers (narwhals, plotly's validators)
+    assert (tmp_path / "out" / "report.html").exists() and "narwhals" not in mods
