@@ -84,7 +84,7 @@ def test_real_dumps_are_found_by_content_and_parsed(case):
         assert res.frames["fr_entries"].height == len(raw["entries"]) == dump["entries"]
         if raw["entries"]:
             first = raw["entries"][0]
-            row = res.frames["fr_entries"].row(0, named=True)
+            row = res.frames["fr_entries"].head(1).join(res.frames["fr_signatures"], on="sig").row(0, named=True)
             assert (row["collective_seq"], row["pg_name"], row["pg_desc"], row["in_sizes"]) == (
                 first["collective_seq_id"], *first["process_group"], first["input_sizes"])
             assert row["timeout_ns"] == first["timeout_ms"] * 1_000_000 and row["state"] == first["state"]
@@ -214,7 +214,8 @@ def test_every_version_and_encoding_reads_the_same_counters(tmp_path, version, f
     e = res.frames["fr_entries"]
     assert e.height == len(doc["entries"])
     assert e["started_ns"].null_count() == sum(x["time_discovered_started_ns"] is None for x in doc["entries"])
-    assert (e["stack"].null_count() == 0) == (fmt == "pickle")
+    stacks = e.join(res.frames["fr_signatures"], on="sig", how="left")["stack"]
+    assert stacks.len() == e.height and (stacks.null_count() == 0) == (fmt == "pickle")
     if version == "2.10":
         done = e.filter(pl.col("state") == "completed")
         assert done.height and set(done["duration_ns"].to_list()) == {1_250_000}
