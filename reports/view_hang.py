@@ -38,7 +38,8 @@ def hang_view(analysis: Analysis) -> View:
                 if declared_kind(f) is STUCK_RANK for r in f.ranks}
     sets = hang.dump_sets(frames["fr_dumps"])
     for folder, sources in sets:
-        status, entries, dumps = (frames[n].filter(pl.col("source").is_in(sources))
+        # one job: every row is its own (no filtered copy of millions of entries)
+        status, entries, dumps = (frames[n] if len(sets) == 1 else frames[n].filter(pl.col("source").is_in(sources))
                                   for n in ("fr_pg_status", "fr_entries", "fr_dumps"))
         where = f" ({folder})" if len(sets) > 1 else ""
         view.tables += _tables(status, entries, dumps, frames["fr_signatures"],

@@ -190,11 +190,9 @@ def mismatches(entries: pl.DataFrame, signatures: pl.DataFrame | None = None) ->
     completed on some members, scheduled or started on others; on a tie ``completed`` counts as the majority, so
     the rank that did not complete is named). Columns: pg_name, pg_desc, seq, kind, value (the minority's),
     majority, ranks (the minority). ``signatures``: the entries' ``fr_signatures``."""
-    e = entries.filter(~pl.col("is_p2p").fill_null(False) & pl.col("collective_seq").is_not_null()
-                       & pl.col("pg_name").is_not_null())
-    if e.height == 0:
-        return pl.DataFrame()
-    e = _disagreeing(e)
+    # lazily: the filter reads the few columns it needs, not a copy of millions of entries
+    e = _disagreeing(entries.lazy().filter(~pl.col("is_p2p").fill_null(False) & pl.col("collective_seq").is_not_null()
+                                           & pl.col("pg_name").is_not_null()))
     if e.height == 0:
         return pl.DataFrame()
     e = with_signatures(as_text(e), signatures)
@@ -209,17 +207,17 @@ def mismatches(entries: pl.DataFrame, signatures: pl.DataFrame | None = None) ->
 _SIZED = ~pl.col("op").str.contains("all_to_all|alltoall|coalesced|barrier|gather$|scatter$")
 
 
-def _disagreeing(e: pl.DataFrame) -> pl.DataFrame:
+def _disagreeing(e: pl.LazyFrame) -> pl.DataFrame:
     """The entries of collectives whose members' entries differ in op, shapes (``sig``: sizes, dtypes, stack) or
     state: in a job of thousands of ranks almost every collective agrees, and only these need comparing (those
     that differ only where no class looks are compared and give nothing)."""
     keys = ["pg_name", "collective_seq"]
-    shape = (pl.col("sig").n_unique() > 1) if "sig" in e.columns else (
+    shape = (pl.col("sig").n_unique() > 1) if "sig" in e.collect_schema().names() else (
         (pl.col("in_dtypes").n_unique() > 1) | (pl.col("in_numel").n_unique() > 1))
     split = e.group_by(keys).agg((
         (pl.col("op").n_unique() > 1) | shape | (pl.col("state").n_unique() > 1)).alias("split")).filter(
-        pl.col("split"))
-    return e.join(split.select(keys), on=keys, how="semi") if split.height else e.head(0)
+        pl.col("split")).select(keys).collect()
+    return e.join(split.lazy(), on=keys, how="semi").collect() if split.height else e.head(0).collect()
 
 
 def _minority(e: pl.DataFrame, col: str, kind: str) -> pl.DataFrame:
