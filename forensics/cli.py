@@ -212,15 +212,20 @@ def _internal_error(exc: BaseException) -> None:
 #: optional modules -> the extra that installs them (a missing one is the user's to install, not a bug)
 OPTIONAL_EXTRAS = {"ray": "ray", "holistictraceanalysis": "bench", "hta": "bench", "psutil": "bench"}
 _NO_SPACE = (28, 122)  # ENOSPC, EDQUOT
+#: how a full disk reads in an error that is no OSError: Polars' (Rust's io::Error) `... (os error 28)`, inside a
+#: ComputeError when a Parquet write fails (`parquet: File out of specification: underlying IO error: No space
+#: left on device (os error 28)`), and the C library's strerror text
+_NO_SPACE_WORDS = ("(os error 28)", "(os error 122)", "No space left on device", "Disk quota exceeded")
 
 
 def environment_problem(exc: BaseException) -> str | None:
     """One line saying what to do when ``exc`` is the machine's state, not a bug: a full disk or quota, a missing
     optional extra; None otherwise."""
     for e in (exc, exc.__cause__, exc.__context__):
-        if isinstance(e, OSError) and (e.errno in _NO_SPACE or "os error 28" in str(e)
-                                       or "No space left on device" in str(e)):
-            where = f" writing {e.filename}" if getattr(e, "filename", None) else ""
+        if e is not None and ((isinstance(e, OSError) and e.errno in _NO_SPACE)
+                              or any(w in str(e) for w in _NO_SPACE_WORDS)):
+            name = getattr(e, "filename", None)
+            where = f" writing {name}" if name else ""
             return f"no space left on the device{where}: free some space or write --out to another disk"
         if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] in OPTIONAL_EXTRAS:
             mod = (e.name or "").split(".")[0]

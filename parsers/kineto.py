@@ -21,6 +21,7 @@ from forensics.parsers.kineto_extract import Extractor
 from forensics.parsers.kineto_names import (
     COMM_KERNEL_PATTERN,
     DTYPE_BYTES,
+    FUSED_TP_OPS,
     host_from_filename,
     kernel_name_hints,
     normalise_collective,
@@ -125,6 +126,7 @@ class KinetoBatch:
         kernels = _kernels(gpu)
         cpu_ops = _cpu_ops(cpu, kernels, one_file=len(files) == 1)
         kernels = _graph_replays(kernels, cpu_ops)
+        kernels = _fused_tp_copies(kernels, cpu_ops)
         comms = _comms(comm_raw, cpu_ops, kernels)
         kernels = _enrich_kernels(kernels, comms)
         named = _named_groups(kernels, comms)
@@ -320,6 +322,36 @@ def _graph_replays(kernels: pl.DataFrame | None, cpu_ops: pl.DataFrame | None) -
         return kernels.with_columns(with_id.alias("graph_replay"))
     k = kernels.join(graph, on=["_f", "correlation"], how="left", maintain_order="left")
     return k.with_columns((with_id | pl.col("_graph").fill_null(False)).alias("graph_replay")).drop("_graph")
+
+
+def _fused_tp_copies(kernels: pl.DataFrame | None, cpu_ops: pl.DataFrame | None) -> pl.DataFrame | None:
+    """Copies launched inside an async-TP fused op (:data:`FUSED_TP_OPS`, on the launching thread) are the op's
+    communication: class ``comm``, the op's collective; comm kernels launched there (symmetric-memory barriers)
+    take that collective when their name gives none. Nothing changes in a trace without those ops."""
+    if kernels is None or cpu_ops is None:
+        return kernels
+    ops = cpu_ops.filter(pl.col("name").is_in(list(FUSED_TP_OPS)) & pl.col("category").is_in(["cpu_op",
+                                                                                             "user_annotation"]))
+    if ops.height == 0:
+        return kernels
+    thread = ["_f", "pid", "tid"]
+    # ranges on a thread nest or follow each other: a launch is inside one iff the furthest end of those begun
+    # before it lies after it
+    ranges = ops.select(*thread, "start_ns", pl.col("name").replace_strict(FUSED_TP_OPS).alias("_fused_coll"),
+                        pl.col("end_ns").cum_max().over(thread, order_by="start_ns").alias("_reach")).sort("start_ns")
+    moved = kernels.filter(pl.col("class").is_in(["memcpy", "comm"])).select("_f", "correlation").unique()
+    launches = (cpu_ops.filter(pl.col("is_launch")).join(moved, on=["_f", "correlation"], how="semi")
+                .select(*thread, "correlation", pl.col("start_ns").alias("_ls")).sort("_ls"))
+    hit = (launches.join_asof(ranges, left_on="_ls", right_on="start_ns", by=thread, strategy="backward",
+                              check_sortedness=False)
+           .filter(pl.col("_ls") < pl.col("_reach")).select("_f", "correlation", "_fused_coll")
+           .unique(["_f", "correlation"]))
+    k = kernels.join(hit, on=["_f", "correlation"], how="left", maintain_order="left")
+    fused = pl.col("_fused_coll").is_not_null()
+    return k.with_columns(
+        pl.when(fused & (pl.col("class") == "memcpy")).then(pl.lit("comm")).otherwise(pl.col("class")).alias("class"),
+        pl.when(fused).then(pl.coalesce("name_coll", "_fused_coll")).otherwise(pl.col("name_coll")).alias("name_coll"),
+    ).drop("_fused_coll")
 
 
 def _comms(comm_raw: pl.DataFrame | None, cpu_ops: pl.DataFrame | None,

@@ -13,6 +13,7 @@ import math
 import operator
 from array import array
 from collections import Counter
+from itertools import compress
 from typing import Any
 
 import orjson
@@ -355,8 +356,11 @@ class Extractor:
         cops: list[tuple] = []
         sops: list[tuple] = []
         comm_ids, shape_ids = self.comm_name_ids, self.shape_name_ids
-        if not comm_ids.isdisjoint(cols["name"]) or not shape_ids.isdisjoint(cols["name"]):
-            for i, (nid, code, a) in enumerate(zip(cols["name"], cats, args)):
+        nids = cols["name"]
+        wanted = comm_ids | shape_ids
+        if not wanted.isdisjoint(nids):  # the rows of those names only, found by C loops
+            for i in compress(range(len(nids)), map(wanted.__contains__, nids)):
+                nid, code, a = nids[i], cats[i], args[i]
                 if nid in comm_ids and code in _COMM_OP_CATS:
                     cops.append((i, *map(_typed_arg, _COMM_COLS, _comm_values(a))))
                 elif nid in shape_ids and a.input_dims is not UNSET:

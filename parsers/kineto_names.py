@@ -63,6 +63,21 @@ TP_OVERLAP_KERNEL = (r"(?i)userbuffers|symm_mem|symmetric_memory|multimem_(all_r
 (``userbuffers_fp16_sum_inplace_gpu_rr_rs``, ``kuserbuffers_pullsend``), PyTorch symmetric memory (async TP's
 ``fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``, ``multimem_all_reduce``, ``two_shot_all_reduce``)."""
 COMM_KERNEL_PATTERN = r"(?i)nccl|rccl|dpsk::ep::|deep_ep::|" + TP_OVERLAP_KERNEL.removeprefix("(?i)")
+
+_FUSED_TP = {"fused_all_gather_matmul": "allgather", "fused_all_gather_scaled_matmul": "allgather",
+             "fused_all_gather_block_scaled_matmul": "allgather", "fused_matmul_reduce_scatter": "reduce_scatter",
+             "fused_scaled_matmul_reduce_scatter": "reduce_scatter"}
+FUSED_TP_OPS: dict[str, str] = {f"{ns}{name}": coll for ns in ("symm_mem::", "cuda_p2p::", "")
+                                for name, coll in _FUSED_TP.items()}
+"""Async TP's fused ops and the collective each one runs: the dispatcher ops ``symm_mem::fused_all_gather_matmul``,
+``symm_mem::fused_matmul_reduce_scatter`` and their scaled variants (``cuda_p2p::`` in PyTorch 2.4), and the
+``record_function`` ranges of the same bare names their CUDA implementations open
+(torch/distributed/_symmetric_memory/__init__.py). Inside them the data moves as ``aten::copy_`` peer copies
+(``cudaMemcpyAsync``: ``Memcpy DtoD`` / ``Memcpy PtoP`` on the GPU) between ``barrier_kernel`` launches, on the
+current stream and a backend stream, while the chunk GEMMs run: the copies are the op's communication."""
+TP_OVERLAP_COMM = TP_OVERLAP_KERNEL + r"|^Memcpy "
+"""Comm-class rows of TP communication fused with GEMMs: the kernels of :data:`TP_OVERLAP_KERNEL`, and the copies an
+async-TP fused op moves its data with (the parser makes only those copies comm-class)."""
 _KERNEL_COLL = re.compile(
     r"(?:nccl|rccl)\w*?Kernel_(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|Send|Recv|AllToAll|AlltoAll)"
     r"(?=_|\(|<|$)",

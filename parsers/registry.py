@@ -11,9 +11,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from forensics.parsers import sniff
-from forensics.parsers.frameworks import score_framework_log
-from forensics.parsers.lastwords import score_job_log
 from forensics.parsers.result import Parser
+
+
+def _lazy_score(target: str) -> Callable[[bytes], int]:
+    """A sniffer imported on its first call ("module:function"): the last-words and framework-log scanners pull in
+    their parsers (and the NCCL log's), which a job of traces alone never sniffs with."""
+    module_name, _, name = target.partition(":")
+
+    def score(data: bytes) -> int:
+        fn: Callable[[bytes], int] = getattr(importlib.import_module(module_name), name)
+        return fn(data)
+
+    return score
 
 
 @dataclass(frozen=True)
@@ -35,9 +45,11 @@ KINDS: tuple[SourceKind, ...] = (
                text=False),
     # scores below every other text kind but framework_log: a file another sniffer claims is read for last words
     # beside its own parser (ALSO_READ)
-    SourceKind("job_log", score_job_log, "forensics.parsers.lastwords:parse", text=True),
+    SourceKind("job_log", _lazy_score("forensics.parsers.lastwords:score_job_log"), "forensics.parsers.lastwords:parse",
+               text=True),
     # below that: a rank's output with checkpoint saves and nothing else forensics reads
-    SourceKind("framework_log", score_framework_log, "forensics.parsers.frameworks:parse", text=True),
+    SourceKind("framework_log", _lazy_score("forensics.parsers.frameworks:score_framework_log"),
+               "forensics.parsers.frameworks:parse", text=True),
 )
 
 #: Kinds whose files are also read by other scanners after their own parser ("module:function", called in order

@@ -186,8 +186,29 @@ TP_NOTE = """
 TransformerEngine's userbuffers kernels and PyTorch's symmetric-memory kernels (async TP) carry no process group:
 both are tensor-parallel features, so their process-group type is `TP`. They are never matched into instances
 (they run fused with, or beside, the GEMMs they feed, with no NCCL sequence to pair them by): the whole kernel counts
-as transfer (`transfer_how` = `unknown`), so the breakdown's `overlap_TP_ns` is what the overlap hides and
-`exposed_TP_ns` only the part no compute kernel covers.
+as transfer (`transfer_how` = `unknown`, `fused` true), so the breakdown's `overlap_TP_ns` is what the overlap hides
+and `exposed_TP_ns` only the part no compute kernel covers.
+
+PyTorch's async TP moves most of its data with the copy engine, not with kernels. `symm_mem::fused_all_gather_matmul`
+and `symm_mem::fused_matmul_reduce_scatter` (with their scaled variants; `cuda_p2p::` in PyTorch 2.4, whose inductor
+pass `torch/_inductor/fx_passes/micro_pipeline_tp.py` puts them in place of an all-gather before, or a reduce-scatter
+after, a matmul) open a `record_function` range of the bare op name, and their micro-pipelined implementations
+(`_pipelined_all_gather_and_consume`, `_pipelined_produce_and_all2all` in `torch/distributed/_symmetric_memory/
+__init__.py`) copy each peer's shard with `aten::copy_` from the peer's symmetric buffer, alternating between the
+current stream and a backend stream, between `symm_mem.barrier()` launches (`barrier_kernel` in
+`torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemory.cu`), while the chunk GEMMs run. In a Kineto trace each copy
+is a `cudaMemcpyAsync` under the fused op's CPU range and a `gpu_memcpy` event (`Memcpy DtoD (Device -> Device)`,
+or `Memcpy PtoP` where the profiler sees two devices). The Kineto parser makes every copy launched inside one of those
+ranges (on the launching thread) a `comm` row of the op's collective (`allgather` / `reduce_scatter`; the barrier
+kernels launched there take it too), so these copies are TP communication measured like the kernels above; copies
+outside the fused ops stay `memcpy`. Nsight Systems exports hold no such CPU ranges (NVTX only when the profiler
+emits it): there the copies stay `memcpy`. When most of the exposed TP time is such fused communication, the
+exposed-communication finding says the overlap did not hide it (a warning), not that TP is exposed by design.
+Not covered: NCCL's own copy-engine collectives (NCCL 2.28, `src/ce_coll.cc`, chosen for symmetric buffers above
+`NCCL_SYM_CE_THRESHOLD`) also move data with copies, under the collective's host call; those copies stay `memcpy`.
+No public trace of these shapes was found: PyTorch's PR that added the scaled variant (pytorch/pytorch#129289) links
+only a Meta-internal trace, and no trace holding `symm_mem::fused_*` ranges was found in public repositories, issues
+or pages; the tests use a hand-written trace and the simulator's `async_tp` scenarios.
 """
 """The hand-written part of docs/collectives.md, after the generated table."""
 

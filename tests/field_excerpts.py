@@ -47,3 +47,67 @@ llama-3-8b-node-0-0:194:194 [0] NCCL INFO group.cc:694 -> 6
 llama-3-8b-node-0-0:194:194 [0] NCCL INFO enqueue.cc:2432 -> 6
 [rank0]: torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3699, remote process exited or there was a network error, NCCL version 2.27.3
 """  # noqa: E501 -- verbatim log lines (test data)
+
+# A node going down for a reboot (Raspberry Pi OS, dmesg): systemd-shutdown's final stage as PID 1.
+# Source: https://github.com/RPi-Distro/pi-gen/issues/836 (comment by pelwell, 2025-04-24, "A normal reboot looks
+# like this").
+SHUTDOWN_SYSTEMD = """\
+[   29.332489] watchdog: watchdog0: watchdog did not stop!
+[   29.863866] systemd-shutdown[1]: Syncing filesystems and block devices.
+[   30.120837] systemd-shutdown[1]: Sending SIGTERM to remaining processes...
+[   30.136036] systemd-journald[274]: Received SIGTERM from PID 1 (systemd-shutdow).
+[   30.183303] systemd-shutdown[1]: Sending SIGKILL to remaining processes...
+[   30.222752] systemd-shutdown[1]: Unmounting file systems.
+"""
+
+# The kernel's last line of a reboot (kernel/reboot.c prints `reboot: Restarting system`), after systemd-shutdown.
+# Source: https://github.com/openbmc/openbmc/issues/2883 (description, 2018).
+SHUTDOWN_RESTART = """\
+[ 3858.670000] systemd-shutdown[1]: All filesystems unmounted.
+[ 3858.890000] reboot: Restarting system
+"""
+
+# A kernel panic (dmesg): the oops's end, then panic()'s `Kernel panic - not syncing:` line.
+# Source: https://github.com/sipeed/LicheePi4A/issues/22 (description, "Kernel panic when writing lots of data to sd
+# card").
+KERNEL_PANIC = """\
+[  898.711042] ---[ end trace a5c45f4ead0855a5 ]---
+[  898.713285] Modules linked in: dwc3 roles dwc3_thead
+[  898.717943] Kernel panic - not syncing: Fatal exception in interrupt
+[  898.722892] CPU: 0 PID: 286 Comm: systemd-journal Tainted: G      D           5.10.113-lpi4a #2023.12.08.03.26+b8c5d3546
+[  898.729244] SMP: stopping secondary CPUs
+"""  # noqa: E501 -- verbatim log lines (test data)
+
+# Socket failures as NCCL <= 2.18 words them (`Net : `): a connect and a recv to the same peer reset by it.
+# Source: https://github.com/NVIDIA/nccl/issues/963 (comment "turn 2" by xinyuyao).
+SOCKET_NET_218 = """\
+9306dc444753:248281:248336 [3] misc/socket.cc:456 NCCL WARN Net : Connect to 172.17.0.2<40537> failed : Connection reset by peer
+9306dc444753:248281:248335 [3] NCCL INFO bootstrap.cc:256 -> 6
+9306dc444753:248281:248334 [2] misc/socket.cc:518 NCCL WARN Net : Call to recv from 172.17.0.2<40537> failed : Connection reset by peer
+9306dc444753:248281:248332 [2] NCCL INFO init.cc:516 -> 6
+"""  # noqa: E501 -- verbatim log lines (test data)
+
+# A connect as NCCL 2.19+ words it (`socketStartConnect: `), then the proxy's failure to connect.
+# Source: https://github.com/NVIDIA/nccl-tests/issues/166 (comment "turn 5" by SweeneyJun).
+SOCKET_CONNECT_219 = """\
+ubuntu:39964:40075 [0] misc/socket.cc:483 NCCL WARN socketStartConnect: Connect to 10.0.0.2<45763> failed : Software caused connection abort
+ubuntu:39964:40075 [0] NCCL INFO misc/socket.cc:564 -> 2
+ubuntu:39964:40075 [0] NCCL INFO misc/socket.cc:586 -> 2
+"""  # noqa: E501 -- verbatim log lines (test data)
+
+# sendrecv_perf between two of the four A100s of a Leonardo node (no NVSwitch: 4 NVLinks per pair, 100 GB/s);
+# the issue reports a peak of ~71-73 GB/s. The header and channel lines as posted (the rows at large sizes were
+# not in the stored excerpt).
+# Source: https://github.com/NVIDIA/nccl-tests/issues/331 (description, mredenti, 2025-07-14).
+A100_FOUR_GPU_BOARD = """\
+# nThread 2 nGpus 1 minBytes 8 maxBytes 2147483648 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0
+#
+# Using devices
+#  Rank  0 Group  0 Pid 4063850 on   lrdn2296 device  0 [0000:1d:00] NVIDIA A100-SXM-64GB
+#  Rank  1 Group  0 Pid 4063850 on   lrdn2296 device  1 [0000:56:00] NVIDIA A100-SXM-64GB
+lrdn2296:4063850:4063850 [0] NCCL INFO Bootstrap : Using ib0:10.128.42.1<0>
+lrdn2296:4063850:4063850 [0] NCCL INFO cudaDriverVersion 12010
+lrdn2296:4063850:4063850 [1] NCCL INFO NCCL version 2.22.3+cuda12.2
+lrdn2296:4063850:4063882 [0] NCCL INFO Channel 03/1 : 0[0] -> 1[1] via P2P/direct pointer/read
+lrdn2296:4063850:4063883 [1] NCCL INFO Channel 02/1 : 1[1] -> 0[0] via P2P/direct pointer/read
+"""  # noqa: E501 -- verbatim log lines (test data)

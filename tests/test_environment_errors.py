@@ -79,3 +79,70 @@ def test_a_missing_optional_extra_names_the_extra():
                                  ModuleNotFoundError("No module named 'polars'", name="polars")])
 def test_other_errors_stay_bugs(exc: Exception):
     assert environment_problem(exc) is None
+
+
+# Real text from the real libraries (#28 item 9): each error below is raised by the library itself, not written here.
+
+def _raised_by(write) -> BaseException:
+    """What ``write()`` raises (it must raise)."""
+    try:
+        write()
+    except BaseException as exc:  # noqa: BLE001 -- the library's own exception is the test data
+        return exc
+    raise AssertionError("the write did not fail")
+
+
+def test_a_full_disk_as_the_kernel_and_polars_report_it():
+    # /dev/full answers every write with ENOSPC: the kernel's error through CPython (OSError errno 28), and
+    # through Polars' Rust writer, which raises a ComputeError (not an OSError) ending in `(os error 28)`
+    import polars as pl
+
+    def py_write() -> None:
+        with open("/dev/full", "w") as f:
+            f.write("x")
+
+    for exc in (_raised_by(py_write), _raised_by(lambda: pl.DataFrame({"a": [1]}).write_parquet("/dev/full"))):
+        said = environment_problem(exc)
+        assert said is not None and said.startswith("no space left on the device"), repr(exc)
+
+
+def test_a_missing_extra_as_the_import_system_reports_it(tmp_path: Path):
+    # `import ray` fails as it does without the extra (ModuleNotFoundError from the import system, name='ray'):
+    # the CLI in a fresh interpreter with ray blocked says which extra to install, exit 2, one line
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['ray'] = None; sys.argv = ['forensics', 'analyze', sys.argv[1], '--out', "
+            "sys.argv[2], '--engine', 'ray', '-q']; from forensics.cli import main; main()")
+    res = subprocess.run([sys.executable, "-c", code, str(ROOT / "sample_traces" / "xid79"), str(tmp_path / "out")],
+                         capture_output=True, text=True, cwd=ROOT)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert "pip install 'trace-forensics[ray]'" in lines[0] and "bug" not in res.stderr
+
+
+def test_ray_refusals_in_rays_own_words():
+    # Ray's AuthenticationError with Ray's own messages (ray/_private/authentication/authentication_constants.py,
+    # Ray 2.52+), and the ConnectionError Ray raises for an address it cannot find (ray/_private/services.py,
+    # canonicalize_bootstrap_address_or_die); the cluster is reachable, so ray.init is what refuses
+    ray = require_ray()
+    from ray._private.authentication import authentication_constants as words
+
+    from forensics.base import ray_engine
+
+    found = "Could not find any running Ray instance. Please specify the one to connect to by setting the " \
+            "`--address` flag or `RAY_ADDRESS` environment variable."
+    cases = [(ray.exceptions.AuthenticationError(words.TOKEN_INVALID_ERROR_MESSAGE), "refused this client's"),
+             (ray.exceptions.AuthenticationError(words.TOKEN_AUTH_ENABLED_BUT_NO_TOKEN_FOUND_ERROR_MESSAGE),
+              "no Ray token was found"),
+             (ConnectionError(found), "cannot use the Ray cluster")]
+    for exc, said in cases:
+        def init(exc: BaseException = exc, **kwargs: object) -> None:
+            raise exc
+
+        with socket.socket() as listener:  # one listener per case: each connect check takes its backlog slot
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(1)
+            fake = SimpleNamespace(init=init, exceptions=ray.exceptions)
+            with pytest.raises(UsageError, match=said):
+                ray_engine.connect(fake, f"127.0.0.1:{listener.getsockname()[1]}")

@@ -125,3 +125,34 @@ def test_the_template_read_from_plotly_s_json_is_the_validated_template():
     key order included, as plotly's validated template, so the page's bytes do not change."""
     validated = pio.templates["plotly_white"].to_plotly_json()
     assert json.dumps(plotly_white()) == json.dumps(validated)
+
+
+def _plotly_io_html(fig: object, div_id: str) -> str:
+    """What plotly.io writes for a figure as the page embeds it."""
+    return pio.to_html(page_figure(fig), validate=False, include_plotlyjs=False, full_html=False,  # type: ignore[arg-type]
+                       include_mathjax=False, div_id=div_id, default_height="380px",
+                       config={"displaylogo": False, "responsive": True})
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
+def test_figure_html_writes_plotly_io_s_markup_byte_for_byte(sample: Path):
+    """figure_html writes the markup itself (no plotly.io import): the very string plotly.io.to_html writes, for
+    every figure of every view of the bundled samples."""
+    n = 0
+    for view in build_views(analyze(sample, workers=1)):
+        for i, fig in enumerate(view.figures):
+            div_id = f"{view.id}-fig{i}"
+            assert str(figure_html(fig, div_id)) == _plotly_io_html(fig, div_id), div_id
+            n += 1
+    assert n >= 5
+
+
+def test_figure_html_of_odd_figures_is_plotly_io_s_too():
+    """A go.Figure, a pixel size, text that could end the script, and a value orjson does not write as it is
+    (plotly.io cleans it first; figure_html then leaves it to plotly.io)."""
+    from decimal import Decimal
+
+    graph = go.Figure(go.Bar(x=["</script>\u2028"], y=[1], name="a")).update_layout(width=500, height=300)
+    odd = Figure().add_bar(x=["a"], y=[Decimal("1.5")], name="n")
+    for fig in (graph, odd, Figure().add_bar(x=[">/<"], y=[2.0], name="n").update_layout(height=250)):
+        assert str(figure_html(fig, "f")) == _plotly_io_html(fig, "f")

@@ -340,7 +340,7 @@ SIMULATED = [("collective_timeout", {}), ("ddp_straggler", {}), ("host_straggler
              ("pp_imbalance", {}), ("pp_imbalance_stage2", {}), ("oom_kill", {}), ("xid149", {}),
              ("aer_fatal_audio", {}), ("rm_init_failed", {}), ("xid79", {}),
              ("cuda_oom", {}), ("illegal_address", {}), ("time_limit", {}), ("preempted", {}), ("dataloader_hang", {}),
-             ("pp_exception", {})]
+             ("pp_exception", {}), ("async_tp_serialized", {"steps": 2})]
 
 
 @pytest.mark.parametrize("scenario,kw", SIMULATED, ids=[s + "".join(f"-{k}{v}" for k, v in kw.get("params", {}).items())

@@ -125,7 +125,8 @@ def test_19_cuda_failure_is_the_cause_socket_reset_secondary_gdr_ok():
     f, _ = run("19")
     cuda = f[("nccl_timeout", "cuda_failure")]
     assert cuda.hosts == ("A03-R28-I49-2-6000166",) and cuda.ranks == (1,)
-    assert f[("nccl_comm_failure", "comm_failure")].hosts == ("A03-R28-I49-3-9000018",)
+    # the reporting host and the peer its NET connections lead to (#28: the peer placed, so the incident joins)
+    assert f[("nccl_comm_failure", "comm_failure")].hosts == ("A03-R28-I49-2-6000166", "A03-R28-I49-3-9000018")
     assert ("nccl_transport", "no_gdr") not in f and ("nccl_transport", "intra_node") not in f
 
 

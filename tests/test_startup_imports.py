@@ -74,3 +74,15 @@ def test_analyze_imports_neither_pyarrow_nor_ray_nor_the_other_commands(tmp_path
     assert (tmp_path / "out" / "report.html").exists()
     assert ANALYSIS <= mods
     assert not mods & {"pyarrow", "ray", "pandas", "forensics.fleet", "forensics.simulate", "forensics.diff"}
+
+
+def test_analyze_of_a_trace_imports_no_parser_of_another_kind(tmp_path: Path):
+    trace = next((ROOT / "sample_traces" / "ddp_straggler").rglob("*.json*"))
+    mods, _ = imports_of(tmp_path, "analyze", str(trace), "--out", str(tmp_path / "out"), "-q", "--fail-on", "never")
+    assert (tmp_path / "out" / "findings.json").exists() and "forensics.parsers.kineto" in mods
+    others = {"forensics.parsers.nccl_log", "forensics.parsers.lastwords", "forensics.parsers.frameworks",
+              "forensics.parsers.kernel_log", "forensics.parsers.nsys", "forensics.parsers.flight_recorder",
+              "forensics.parsers.nvidia_smi"}
+    assert not mods & others, mods & others
+    # the report's figures are written without plotly.io's JSON and HTML writers (narwhals, plotly's validators)
+    assert (tmp_path / "out" / "report.html").exists() and "narwhals" not in mods

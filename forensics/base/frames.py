@@ -441,8 +441,9 @@ NCCL_EVENTS = FrameSpec(
         _c(
             "kind",
             pl.String(),
-            "ib_async, ib_completion, socket_closed, net_recv_failed, proxy_error, cuda_failure, "
-            "call_failed, no_libibverbs, no_algo, error_trace, nccl_error, init_timings, channels, "
+            "ib_async, ib_completion, socket_closed, net_recv_failed (a socket recv/send to a peer failed), "
+            "connect_failed (a connect to a peer failed), proxy_error, cuda_failure, call_failed, no_libibverbs, "
+            "no_algo, error_trace, nccl_error, init_timings, channels, "
             "nvls_support, p2p_check, connected, topo_system, topo_link, graph_pattern, thread_thresholds "
             "(value = nranks), ring_order (a ring per channel), trees, ring_graph, ras_group, ras_missing, "
             "ras_dead, ras_outlier, nccl_tests_check, nccl_tests_avg, flight_recorder_disabled, "
@@ -559,7 +560,7 @@ KERNEL_EVENT_KINDS = [
     "netdev_carrier", "cpu_thermal", "edac", "mce", "oom", "hung_task", "soft_lockup", "hard_lockup",
     "segfault", "boot", "benign", "context", "unknown",
     # host-side kinds read by node_health only
-    "fs_error", "storage_client", "netdev_link", "rcu_stall",
+    "fs_error", "storage_client", "netdev_link", "rcu_stall", "shutdown",
 ]
 
 KERNEL_EVENTS = FrameSpec(

@@ -16,9 +16,9 @@ GPU_FAULT_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140, 143, 
 GPU_FAULT_CATEGORIES = frozenset({"fallen_off_bus", "gpu_init_failed", "nvlink", "nvlink5", "gsp", "aer", "nvswitch",
                                   "nvidia_smi"})
 #: host-side faults: storage hangs (hung tasks), lockups, host memory errors, the OOM killer, CPU throttling,
-#: filesystem / block-device errors (node_health's categories).
+#: filesystem / block-device errors, the node shutting down or panicking (node_health's categories).
 HOST_FAULT_CATEGORIES = frozenset({"hung", "lockup", "edac", "oom", "storage", "host_memory", "cpu_thermal",
-                                   "fs_error"})
+                                   "fs_error", "shutdown"})
 #: platform errors logged with the GPU's faults: firmware-first (GHES) and machine-check reports.
 PLATFORM_ERROR_CATEGORIES = frozenset({"ghes", "mce"})
 #: NIC faults on a host: IB port / Ethernet link flaps (node_health `nic_link`), mlx5 errors, carrier loss.
@@ -29,7 +29,7 @@ GPU_FAULT = FindingKind(
     Role.FAULT, "Drain the node and reset or replace the GPU before restarting the job.")
 HOST_FAULT = FindingKind(
     "host_fault", "a fault of the host itself: hung tasks (storage), lockups, host memory errors, the OOM killer, "
-    "CPU thermal throttling, filesystem errors", Role.FAULT,
+    "CPU thermal throttling, filesystem errors, the node shutting down, rebooting or panicking", Role.FAULT,
     "Fix the host (storage, memory, cooling, the process's memory use) before restarting the job there.")
 PLATFORM_ERROR = FindingKind(
     "platform_error", "a firmware-first (GHES) or machine-check error logged among the GPU's faults",

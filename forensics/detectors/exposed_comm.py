@@ -5,7 +5,7 @@ Its documentation (what it detects, why it matters, how it measures, what to do)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import polars as pl
 
@@ -89,7 +89,10 @@ DOC = DetectorDoc(
         "victim's transfer look exposed. Per rank and step, ``X_g = exposed transfer / step time`` and the "
         "overlap ``O_g = transfer under compute / transfer``. A DP/default group is flagged when, on the "
         "median rank, ``X_g >= dp_min_exposed`` and ``O_g < dp_max_overlap`` in at least ``min_step_share`` "
-        "of the steps; TP+EP+CP together when their ``X`` reaches ``tp_min_exposed``. PP transfer belongs to "
+        "of the steps; TP+EP+CP together when their ``X`` reaches ``tp_min_exposed``, as a warning when most of their "
+        "kernel time is TP communication fused with GEMMs (async TP's peer copies, symmetric-memory or userbuffers "
+        "kernels: built to run beside the GEMMs, so its exposure is an overlap that failed, not a design). PP "
+        "transfer belongs to "
         "the pipeline_bubble detector. Impact: the exposed transfer itself (what overlap could save), summed "
         "over ranks and steps. Confidence follows the evidence (:mod:`forensics.base.confidence`): ranks with"
         " data, collective sizes known, steps measured."
@@ -138,6 +141,7 @@ class _Exposure:
     unsplit: bool  # most kernel time could not be split into wait and transfer
     transfer_basis: str  # the facts layer's sentence on how transfer was estimated
     process_group: str | None = None  # the one group its collectives ran in, if one
+    fused: bool = False  # most of the kernel time is TP communication fused with GEMMs (async TP, userbuffers)
 
     @property
     def by_design(self) -> bool:
@@ -162,7 +166,9 @@ def _exposures(ctx: JobContext, table: pl.DataFrame, cfg: ExposedCommConfig) -> 
         out.append(_measure(ctx, g, sev, per_rank, n_steps, cfg))
     design = _design_per_rank(table, cfg)
     if design is not None and _num(design["X"].median()) >= cfg.tp_min_exposed:
-        out.append(_measure(ctx, "TP/EP/CP", Severity.INFO, design, n_steps, cfg))
+        e = _measure(ctx, "TP/EP/CP", Severity.INFO, design, n_steps, cfg)
+        # an overlap built to hide the transfer that does not: not by design, worth a warning
+        out.append(replace(e, severity=Severity.WARNING) if e.fused else e)
     return out
 
 
@@ -202,7 +208,7 @@ def _measure(ctx: JobContext, g: str, sev: Severity, per_rank: pl.DataFrame, n_s
         exposed_ns_per_step=_num(per_rank["exposed_ns"].median()) / max(1, n_steps),
         wait_ns=float(per_rank["wait_ns"].sum()), gpu_ns=float(culprits["exposed_ns"].sum()),
         evidence=_evidence(ctx, types, ranks), cov=cov, sized=sizes_known(kern), unsplit=_unsplit(kern),
-        transfer_basis=transfer_basis(kern), process_group=_one_group(kern),
+        transfer_basis=transfer_basis(kern), process_group=_one_group(kern), fused=_mostly_fused(kern),
     )
 
 
@@ -258,11 +264,29 @@ def _one_group(kern: pl.DataFrame) -> str | None:
 
 def _words(e: _Exposure) -> tuple[str, str, str]:
     """(title, summary, remediation) of one group type's measured exposure."""
+    if e.fused:
+        return (f"TP communication fused with GEMMs not hidden by them: {e.med_x:.1%} of the step",
+                _fused_summary(e) + e.cov.sentence(), _REMEDY_FUSED)
     what = "exposed by design (between dependent kernels)" if e.by_design else "not overlapped with compute"
     label = "default-group" if e.g == "default" else e.g
     summary = _summary(e) + f"{_LONE if e.cov.lone_rank and not e.unsplit else ''}{e.cov.sentence()}"
     return (f"{label} collectives {what}: {e.med_x:.1%} of the step", summary,
             _REMEDY_TP if e.by_design else _REMEDY_DP)
+
+
+def _fused_summary(e: _Exposure) -> str:
+    """Comm-GEMM overlap (async TP's peer copies, symmetric-memory or userbuffers kernels) that did not overlap."""
+    return (
+        f"On the median rank, {e.med_x:.1%} of each step is TP communication fused with GEMMs (async TP's peer "
+        "copies, symmetric-memory or TransformerEngine userbuffers kernels) with no compute running (overlap with "
+        f"compute {e.med_o:.0%}), on {len(e.ranks)} rank(s). These transfers are built to run beside the GEMM "
+        "chunks they feed or drain; each is counted whole (no peer instance splits waiting from transfer)."
+    )
+
+
+def _mostly_fused(kern: pl.DataFrame) -> bool:
+    """Most of the kernel time is communication fused with GEMMs, built to run beside them."""
+    return kern.height > 0 and float(kern.filter(pl.col("fused"))["dur_ns"].sum()) > 0.5 * float(kern["dur_ns"].sum())
 
 
 def _unsplit(kern: pl.DataFrame) -> bool:
@@ -299,6 +323,11 @@ _REMEDY_DP = (
     "Overlap gradient/parameter traffic with compute: DDP bucketing (bucket_cap_mb) and no stream sync before "
     "backward ends; FSDP forward_prefetch/backward_prefetch; Megatron --overlap-grad-reduce and "
     "--overlap-param-gather. Check that the collective runs on its own stream, not the compute stream."
+)
+_REMEDY_FUSED = (
+    "The comm-GEMM overlap is not hiding the transfer: check that the copies run beside the GEMM chunks (on the "
+    "backend stream, not queued after them), that each GEMM chunk is long enough to hide one shard's copy (larger "
+    "micro-batches or sequence, or a smaller TP degree), and that the TP group sits inside one NVLink domain."
 )
 _REMEDY_TP = (
     "Expected for tensor/expert parallel traffic; to cut it, enable TP communication overlap "

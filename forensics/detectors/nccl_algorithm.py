@@ -549,10 +549,26 @@ def check_busbw_cliff(a: _Algo) -> list[Finding]:
     return [] if c is None else [_cliff_finding(c)]
 
 
+#: GPUs of one host that make it an 8-GPU HGX/DGX board: with these models that board has NVSwitches
+NVSWITCH_BOARD_GPUS = 8
+
+
+def _nvswitch_node(a: _Algo) -> bool:
+    """Whether the logs show an NVSwitch node, the premise of every EXPECTED_BUSBW row: NCCL's topology print names
+    an NVSwitch (``NVS/``), NVLS multicast is available (it needs one), or a host holds 8 GPUs (the HGX/DGX board
+    of these models; their 4-GPU boards link the GPUs directly, e.g. 4 NVLinks per pair on A100 = 100 GB/s)."""
+    ev = a.frames["nccl_events"]
+    if ev.filter(((pl.col("kind") == "topo_link") & pl.col("peer").str.starts_with("NVS/"))
+                 | ((pl.col("kind") == "nvls_support") & (pl.col("code") == 1))).height:
+        return True
+    gpus = a.j.ident.filter(pl.col("cuda_dev").is_not_null()).group_by("host").agg(pl.col("cuda_dev").n_unique())
+    return bool(gpus.height) and int(cast(int, gpus["cuda_dev"].max())) >= NVSWITCH_BOARD_GPUS
+
+
 def _table_busbw(a: _Algo) -> tuple[float, str] | None:
-    """The EXPECTED_BUSBW row every GPU of the job matches (an NVSwitch node of one model), or None."""
+    """The EXPECTED_BUSBW row every GPU of the job matches, on an NVSwitch node (the rows' premise), or None."""
     names = list(a.j.archs)
-    for rx, gbps, src in EXPECTED_BUSBW if names else ():
+    for rx, gbps, src in EXPECTED_BUSBW if names and _nvswitch_node(a) else ():
         if all(re.search(rx, n) for n in names):
             return gbps, src
     return None

@@ -34,11 +34,15 @@ KINDS: dict[str, tuple[str, bool]] = {
     "ofi_error": ("network error (AWS OFI / EFA provider)", False),
     "socket_closed": ("remote peer closed the connection", False),
     "net_recv_failed": ("remote peer reset the connection", False),
+    "connect_failed": ("could not connect to the peer", False),
     "remote_error": ("remote process exited or network error (ncclRemoteError)", False),
     "proxy_error": ("proxy connect/accept failed", False),
     "call_failed": ("verbs call failed", True),
     "nccl_tests_failure": ("nccl-tests stopped on an NCCL error", True),
 }
+#: failure kinds whose peer is the far end of one of the reporting host's network connections
+_NET_PEER_KINDS = frozenset({"socket_closed", "net_recv_failed", "connect_failed", "ib_completion", "ofi_error",
+                             "proxy_error"})
 _TEXT_CLASS = (
     (r"remote process exited|network error", "remote process exited or network error (ncclRemoteError)"),
     (r"system error", "system error (ncclSystemError)"),
@@ -113,6 +117,21 @@ def _peer_place(ctx: JobContext, peer: str | None, hosts: list[str]) -> str | No
     return str(hit[0]) if hit.len() else None
 
 
+def _net_reach(ctx: JobContext, ident: pl.DataFrame, host: str | None) -> str | None:
+    """The one other host every NET connection of ``host`` leads to (its remote side: the sender of a `[receive]`
+    line, the receiver of a `[send]` line, placed by the job's rank -> host identities), or None when they lead to
+    several hosts, to a rank no identity places, or nowhere. A network peer of that host can only be that host."""
+    ch = ctx.frames["nccl_channels"].filter((pl.col("transport") == "NET") & pl.col("host").eq_missing(host))
+    if host is None or not ch.height:
+        return None
+    remote = ch.select(pl.when(pl.col("direction") == "receive").then(pl.col("src_rank"))
+                       .otherwise(pl.col("dst_rank")).cast(pl.Int32()).alias("rank")).unique()
+    placed_on = ident.filter(pl.col("rank").is_not_null()).select(pl.col("rank").cast(pl.Int32()), "host").unique()
+    hosts = remote.join(placed_on, on="rank", how="left")["host"]
+    reach = set(hosts.to_list())
+    return str(next(iter(reach))) if len(reach) == 1 and None not in reach and host not in reach else None
+
+
 def _comm(ctx: JobContext, first: dict) -> tuple[str | None, int | None]:
     """The failing process's communicator (commId, else pointer) and its size."""
     key = (first.get("host"), first.get("pid"), first.get("cuda_dev"))
@@ -172,7 +191,9 @@ DOC = DetectorDoc(
         "time), ``error_trace`` return codes (6 ncclRemoteError, 2 ncclSystemError, 3 ncclInternalError) and "
         "``collective_timeouts`` rows of kind ``nccl_error``. The peer comes from the line (address, host, "
         "EFA address or instance id) and is placed on a host when an address or host name of the logs matches "
-        "it. The communicator is the failing process's (``nccl_comms``); the operation is what the line or "
+        "it, or, for a network error whose address the logs do not print, when every NET connection of the "
+        "reporting host leads to ranks of one other host (its channel lines, placed by the rank identities). "
+        "The communicator is the failing process's (``nccl_comms``); the operation is what the line or "
         "the error trail names (Connect, Send/Recv, communicator init) or the last collective the process "
         "logged."
     ),
@@ -196,6 +217,7 @@ class _Failure:
     codes: list[str]  # ncclResult_t names of the error trail
     peer: str | None
     peer_host: str | None
+    peer_how: str | None  # how the peer was placed on peer_host: "address" (the logs print it) or "net" (_net_reach)
     comm: str | None  # the failing process's communicator (commId, else pointer)
     comm_ranks: int | None
     op: str | None
@@ -218,8 +240,11 @@ def _measure(ctx: JobContext, fails: pl.DataFrame) -> _Failure:
     comm, size = _comm(ctx, first)
     f_ranks, f_hosts, _ = where(pl.DataFrame([first]).select([c for c in ("host", "pid", "cuda_dev", "rank")
                                                              if c in first]), j.ident)
-    return _Failure(fails, first, bool(primary.height), _return_codes(ctx), peer, _peer_place(ctx, peer, j.hosts),
-                    comm, size, _operation(ctx, first), where(fails, j.ident),
+    peer_host, how = _peer_place(ctx, peer, j.hosts), "address"
+    if peer_host is None and peer and first["kind"] in _NET_PEER_KINDS:
+        peer_host, how = _net_reach(ctx, j.ident, first.get("host")), "net"
+    return _Failure(fails, first, bool(primary.height), _return_codes(ctx), peer, peer_host,
+                    how if peer_host else None, comm, size, _operation(ctx, first), where(fails, j.ident),
                     (f_ranks[0] if f_ranks else None, f_hosts[0] if f_hosts else None))
 
 
@@ -229,12 +254,19 @@ def _summary(m: _Failure) -> str:
     who = f"rank {rank}" if rank is not None else "a process"
     comm = f"{m.comm} ({m.comm_ranks} ranks)" if m.comm else None
     said = [f"First error: {who}{f' on {host}' if host else ''}, {m.error_class}",
-            f"peer {m.peer}" + (f" (host {m.peer_host})" if m.peer_host else "") if m.peer else "",
+            f"peer {m.peer}" + _peer_words(m) if m.peer else "",
             f"communicator {comm}" if comm else "", f"operation {m.op}" if m.op else "",
             f"NCCL returned {', '.join(m.codes)}" if m.codes else "",
             f"{m.fails.height} error line(s) on {len(m.where[1])} host(s)"]
     return "; ".join(p for p in said if p) + (". NCCL failed at once (not a watchdog timeout); later errors on other "
                                               "ranks are mostly its consequences.")
+
+
+def _peer_words(m: _Failure) -> str:
+    if m.peer_how == "net":
+        return (f" (host {m.peer_host}: the logs do not print that address, but every network connection of "
+                f"{m.reporter[1]} leads to {m.peer_host})")
+    return f" (host {m.peer_host})" if m.peer_host else ""
 
 
 def _finding(m: _Failure, cfg: NcclCommFailureConfig) -> Finding:
@@ -249,6 +281,7 @@ def _finding(m: _Failure, cfg: NcclCommFailureConfig) -> Finding:
         confidence="high" if m.primary else "medium",
         metrics={"events": m.fails.height, "error_class": str(first["error_class"]), "first_kind": str(first["kind"]),
                  "reporting_rank": rank, "reporting_host": host, "peer": m.peer, "peer_host": m.peer_host,
+                 **({"peer_placed_by": m.peer_how} if m.peer_how == "net" else {}),
                  "communicator": f"{m.comm} ({m.comm_ranks} ranks)" if m.comm else None, "operation": m.op,
                  "nccl_result": ",".join(m.codes) or None, "time_ns": first.get("time_ns")},
         evidence=evidence(m.fails, ("host", "pid", "cuda_dev", "rank", "line", "time_ns", "kind", "code", "peer",

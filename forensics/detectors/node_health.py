@@ -73,7 +73,9 @@ DOC = DetectorDoc(
         "lockups and RCU stalls, OOM kills (and whether the victim is the training process), filesystem and "
         "block-device errors (EXT4 / XFS / BTRFS errors, read-only remounts, I/O errors), network-storage "
         "servers not responding, NIC link flaps (mlx5 / InfiniBand ports, Ethernet links, lost carrier) and "
-        "mlx5 NIC hardware events, and CPU thermal throttling. GPU faults are gpu_hw_error's."
+        "mlx5 NIC hardware events, CPU thermal throttling, and the node going down (a kernel panic, the "
+        "kernel's `reboot: Power down` / `Restarting system`, systemd-shutdown's final stage, logind's `System "
+        "is powering down`). GPU faults are gpu_hw_error's."
     ),
     matters=(
         "A job that hangs or dies is often blamed on the GPUs or NCCL when the host under them failed: the "
@@ -89,7 +91,8 @@ DOC = DetectorDoc(
         "time and where it falls relative to the profiled window. Severity by consequence: an uncorrectable "
         "DRAM error, a lockup, a read-only remount / filesystem shutdown, a NIC link left down, or an OOM "
         "kill of the training process (its process name matches ``trainer_processes`` or its pid is a rank's)"
-        " is critical; correctable DRAM errors are a warning from ``ce_warning_per_hour`` errors per hour "
+        ", a kernel panic or the node shutting down or rebooting is critical; correctable DRAM errors are a "
+        "warning from ``ce_warning_per_hour`` errors per hour "
         "(over the episode, at least one hour) and info below; a task blocked in a storage client or a "
         "training process for ``hung_critical_s`` or more (the longest reported block, or the time from the "
         "first report to the last plus the first report's block) is critical, shorter or other hung tasks a "
@@ -104,7 +107,8 @@ DOC = DetectorDoc(
         "(data-loader workers, pinned memory, dataset caching) or raise the job's memory limit; for hung "
         "tasks and storage errors check the storage servers, the client and the network to them before "
         "restarting; reseat or replace the cable/transceiver of a flapping NIC port; check cooling for CPU "
-        "throttling."
+        "throttling; for a node that went down find who or what shut it down (or the panic's trace) before "
+        "restarting the job there: its peers' connection errors and timeouts are consequences."
     ),
 )
 
@@ -270,10 +274,24 @@ def _cpu_thermal(row: dict[str, Any], cfg: NodeHealthConfig, place: Placement) -
                  "makes its ranks stragglers", facts)
 
 
+def _shutdown(row: dict[str, Any], cfg: NodeHealthConfig, place: Placement) -> Grade:
+    facts = {"panic": bool(row["panic"]), "last_words": row["last_words"]}
+    ranks = set(place.ranks_by_host.get(host_key(row["host"]), set()))  # a node going down takes every rank on it
+    if row["panic"]:
+        return Grade("critical", f"Kernel panic on the host ({row['last_words'] or 'not syncing'})",
+                     ("DRAIN_NODE", "INVESTIGATE_SW"), "the node crashed and every rank on it died with it: drain it, "
+                     "read the panic's stack trace (kdump / the console log) and the lines before it", facts,
+                     ranks, "high")
+    return Grade("critical", "The host shut down or rebooted", ("INVESTIGATE_SW",),
+                 "every rank on it died with it: find who shut it down (an administrator, the scheduler's health "
+                 "check, an unattended upgrade, the BMC) before restarting the job there; its peers' connection "
+                 "errors and timeouts are consequences", facts, ranks, "high")
+
+
 Grader = Callable[[dict[str, Any], NodeHealthConfig, Placement], Grade]
 GRADERS: dict[str, Grader] = {
     "edac": _edac, "hung": _hung, "lockup": _lockup, "oom": _oom, "fs_error": _fs_error, "storage": _storage,
-    "nic_link": _nic_link, "mlx5": _mlx5, "cpu_thermal": _cpu_thermal,
+    "nic_link": _nic_link, "mlx5": _mlx5, "cpu_thermal": _cpu_thermal, "shutdown": _shutdown,
 }
 
 # --- findings ---------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ import polars as pl
 
 from forensics.base import frames as fr
 from forensics.base.frames import JobFrames
-from forensics.parsers.kineto_names import TP_OVERLAP_KERNEL
+from forensics.parsers.kineto_names import TP_OVERLAP_COMM
 
 PG_TYPES = ["DP", "TP", "PP", "EP", "CP", "default"]
 P2P_OPS = ["send", "recv", "sendrecv"]
@@ -65,7 +65,8 @@ class CollectiveMatch:
 
     ``kernels``: one row per NCCL kernel (rank, host, step, pg_key, pg_type, collective, bytes, start_ns,
     end_ns, dur_ns, instance, matched, transfer_ns, wait_ns, last_rank, is_last, transfer_how: how the
-    transfer was estimated, a key of :data:`TRANSFER_HOW`).
+    transfer was estimated, a key of :data:`TRANSFER_HOW`; fused: TP communication fused with GEMMs, meant to run
+    beside them: userbuffers and symmetric-memory kernels, async TP's peer copies).
     ``instances``: one row per matched collective instance.
     ``rank_offsets`` / ``host_offsets``: estimated clock offset (ns) to subtract from a rank's/host's times.
     ``unmatched``: counts of synchronizing kernels left unmatched, by reason.
@@ -175,9 +176,9 @@ def _comm_kernels(frames: JobFrames, launches: pl.DataFrame | None = None) -> tu
         lists = pl.concat([lists, pg_info.select("pg_name", pl.col("_ppg").alias("pg_id"))])
     lists = lists.join(members, on="pg_id", how="left")
     k, lists = _with_pg_key(attach_steps(frames, k, launches), lists)
-    # userbuffers and symmetric-memory kernels carry no group: both are tensor-parallel features (TE's comm-GEMM
-    # overlap, async TP)
-    tp_overlap = pl.col("pg_desc").is_null() & pl.col("name").str.contains(TP_OVERLAP_KERNEL)
+    # userbuffers and symmetric-memory kernels, and the copies of async TP's fused ops, carry no group: all are
+    # tensor-parallel features (TE's comm-GEMM overlap, async TP)
+    tp_overlap = pl.col("pg_desc").is_null() & pl.col("name").str.contains(TP_OVERLAP_COMM)
     return k.with_columns(
         pl.when(tp_overlap).then(pl.lit("TP"))
         .otherwise(pg_type_expr(pl.col("pg_desc").fill_null(""))).alias("pg_type"),
@@ -220,7 +221,7 @@ def match_collectives(frames: JobFrames, launches: pl.DataFrame | None = None) -
     k, lists = _comm_kernels(frames, launches)
     k = k.filter(pl.col("rank").is_not_null())
     is_p2p = pl.col("collective").is_in(P2P_OPS) & (pl.col("pg_type") == "PP")
-    k = k.with_columns(is_p2p.alias("is_p2p"), pl.col("name").str.contains(TP_OVERLAP_KERNEL).alias("_fused"))
+    k = k.with_columns(is_p2p.alias("is_p2p"), pl.col("name").str.contains(TP_OVERLAP_COMM).alias("_fused"))
     sync = _with_instance_keys(k.filter(~pl.col("is_p2p") & ~pl.col("_fused")))
     inst = _instance_table(sync)
     unmatched = {
@@ -355,7 +356,7 @@ def _split_wait_transfer(k: pl.DataFrame, sync: pl.DataFrame, instances: pl.Data
     ).with_columns(
         (pl.col("dur_ns") - pl.col("transfer_ns")).alias("wait_ns"),
         (pl.col("matched") & (pl.col("rank") == pl.col("last_rank"))).alias("is_last"),
-    ).drop("_x", "_class_min", "_n_present", "_fused")
+    ).drop("_x", "_class_min", "_n_present").rename({"_fused": "fused"})
 
 
 UNKNOWN_SPLIT = "unknown"

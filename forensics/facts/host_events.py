@@ -16,7 +16,9 @@ Categories and what each row of the episode frame carries (columns are null wher
   ... lost") per server (``downs``, ``ups``);
 - ``nic_link``: link state of a NIC port or interface (``flaps``: downs after the link had been up,
   ``last_state``); ``mlx5``: mlx5 NIC hardware events (module, power, temperature, health);
-- ``cpu_thermal``: CPU thermal throttling (``cpus``, ``max_total_events``).
+- ``cpu_thermal``: CPU thermal throttling (``cpus``, ``max_total_events``);
+- ``shutdown``: the node going down: a kernel panic, the kernel's ``reboot: Power down / Restarting system``,
+  systemd-shutdown's final stage, logind's ``System is powering down`` (``panic``, ``detail``: the last words).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import polars as pl
 
 #: kernel_events kinds read here (gpu_hw_error reads none of them)
 HOST_KINDS = ("edac", "hung_task", "soft_lockup", "hard_lockup", "rcu_stall", "oom", "fs_error", "storage_client",
-              "ib_port", "mlx5", "netdev_carrier", "netdev_link", "cpu_thermal")
+              "ib_port", "mlx5", "netdev_carrier", "netdev_link", "cpu_thermal", "shutdown")
 # kernel modules a hung task's stack names: network/parallel filesystem clients, FUSE, the NVIDIA driver
 STORAGE_MODULES = ("mmfs26", "mmfslinux", "nfs", "nfsv4", "nfsv3", "sunrpc", "lustre", "ptlrpc", "lnet", "osc", "mdc",
                    "llite", "lmv", "lov", "beegfs", "wekafsio", "ceph", "fuse", "cifs", "9p")
@@ -111,7 +113,8 @@ def _category() -> pl.Expr:
             .when(kind.is_in(["ib_port", "netdev_carrier", "netdev_link"]) | ((kind == "mlx5") & (what == "link")))
             .then(pl.lit("nic_link"))
             .when(kind == "mlx5").then(pl.lit("mlx5"))
-            .when(kind == "cpu_thermal").then(pl.when(what != "power_limit").then(pl.lit("cpu_thermal"))))
+            .when(kind == "cpu_thermal").then(pl.when(what != "power_limit").then(pl.lit("cpu_thermal")))
+            .when(kind == "shutdown").then(pl.lit("shutdown")))
 
 
 def _key() -> pl.Expr:
@@ -210,6 +213,8 @@ def summarize(ev: pl.DataFrame, trainer: str, max_evidence: int) -> pl.DataFrame
         pl.col("pci_bus_id").drop_nulls().first().alias("bus_id"), pl.col("what").drop_nulls().first().alias("what"),
         pl.col("total_events").max().alias("max_total_events"),
         (pl.col("what") == "throttle").sum().alias("throttles"),
+        (pl.col("what") == "panic").any().alias("panic"),
+        pl.col("detail").filter(pl.col("kind") == "shutdown").drop_nulls().last().alias("last_words"),
         pl.struct(pl.col("source"), pl.col("line"), pl.col("time_text").alias("time"), pl.col("kind").cast(pl.String),
                   pl.col("message").str.slice(0, 300).alias("text")).head(max_evidence).alias("evidence"),
     ).sort("host", "category", "first_t", "first_line", nulls_last=True)

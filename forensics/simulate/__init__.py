@@ -468,7 +468,11 @@ def _trace_shape_truth(job: Job, ranks: list[dict[str, Any]], writers: list[Trac
         out["cuda_graphs"] = _graph_truth(job, ranks)
     if job.symm_tp:
         out["symm_tp"] = {k: sum(w.counts.get(k, 0) for w in writers) for k in ("symm_kernels", "symm_kernel_ns")}
-    if job.tp_overlap:
+    if job.tp_overlap and job.async_tp:
+        got = {k: sum(w.counts.get(k, 0) for w in writers) for k in ("async_tp_copies", "async_tp_ns",
+                                                                    "async_tp_overlap_ns")}
+        out["async_tp"] = {**got, "async_tp_exposed_ns": got["async_tp_ns"] - got["async_tp_overlap_ns"]}
+    elif job.tp_overlap:
         got = {k: sum(w.counts.get(k, 0) for w in writers) for k in ("ub_kernels", "ub_kernel_ns", "ub_overlap_ns")}
         out["tp_overlap"] = {**got, "ub_exposed_ns": got["ub_kernel_ns"] - got["ub_overlap_ns"]}
     if job.compiled:

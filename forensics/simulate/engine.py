@@ -357,6 +357,11 @@ class Engine:
         """A TP collective on its own stream, started when the compute before it is done, beside the GEMM (chunk)
         ``under`` builds (comm-GEMM overlap: TransformerEngine userbuffers, async TP)."""
         assert c.tpg is not None
+        if self.job.async_tp == "serialized":  # the copy waits for the GEMM chunk instead of running beside it
+            gemm = under()
+            comm = self._coll(c.st, c.prog, op_name, c.tpg, c.nbytes, STREAM_TP, c.tid, c.step, deps=(gemm,))
+            comm.under = gemm
+            return comm
         before = next((o for o in reversed(c.prog) if o.stream == STREAM_COMPUTE), None)
         comm = self._coll(c.st, c.prog, op_name, c.tpg, c.nbytes, STREAM_TP, c.tid, c.step,
                           deps=(before,) if before is not None else ())

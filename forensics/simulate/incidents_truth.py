@@ -23,18 +23,20 @@ ROOTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "pipeline_stage_imbalance": ("straggler", ("pipeline_bubble",), ()),
     "input_bound": ("gpu_idle", (), ()),
     "dp_not_overlapped": ("exposed_comm", (), ()),
+    "async_tp_serialized": ("exposed_comm", (), ()),
     "slow_nic": ("slow_link", (), ("exposed_comm", "busy_wait")),
     "xid": ("gpu_hw_error", (), ("busy_wait", "straggler")),
     "aer_fatal": ("gpu_hw_error", (), ("busy_wait", "straggler")),
     "gpu_init_failed": ("gpu_hw_error", (), ()),
     "oom_kill": ("node_health", (), ("busy_wait", "straggler")),
+    "node_shutdown": ("node_health", (), ("busy_wait", "straggler")),
     "app_death": ("last_words", (), ("busy_wait", "straggler")),
     "scheduler_stop": ("last_words", (), ()),
 }
 # faults that stop their rank: a collective timeout on that rank is their consequence, not an incident of its own
-_KILLERS = ("xid", "aer_fatal", "oom_kill", "app_death")
+_KILLERS = ("xid", "aer_fatal", "oom_kill", "node_shutdown", "app_death")
 # the root finding's category where the fault kind fixes it
-CATEGORY = {"aer_fatal": "aer", "gpu_init_failed": "gpu_init_failed"}
+CATEGORY = {"aer_fatal": "aer", "gpu_init_failed": "gpu_init_failed", "node_shutdown": "shutdown"}
 
 
 def expected_incidents(faults: list[dict[str, Any]], kernel_log: str = "benign") -> list[dict[str, Any]]:

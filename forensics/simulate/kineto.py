@@ -71,6 +71,12 @@ UB_KERNELS = {
 userbuffers/userbuffers.cu; the argument lists abbreviated)."""
 
 
+ASYNC_TP_OPS = {"allgather": "fused_all_gather_matmul", "reduce_scatter": "fused_matmul_reduce_scatter"}
+"""PyTorch's async-TP fused ops (torch/distributed/_symmetric_memory/__init__.py): the dispatcher op is
+``symm_mem::<name>``, and its CUDA implementation opens ``record_function(<name>)``."""
+SYMM_BARRIER = "c10d::symmetric_memory::barrier_kernel(unsigned int**, int, int, int, unsigned long)"
+"""``symm_mem.barrier()``'s kernel (torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemory.cu), launched by the
+fused ops before their peer copies."""
 SYMM_ALL_REDUCE = ("void c10d::symmetric_memory::two_shot_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16**, "
                    "unsigned long, c10::BFloat16*, unsigned long, unsigned long, unsigned int**, unsigned long, "
                    "unsigned long)")
@@ -430,7 +436,7 @@ class TraceWriter:
             self._symm_all_reduce(op)
             return
         if job.tp_overlap and c.pg.kind == "tp":
-            self._userbuffers(op)
+            self._async_tp(op) if job.async_tp else self._userbuffers(op)
             return
         new = job.new_kernel_names
         dtype = "BFloat16" if new else "Float"
@@ -499,6 +505,52 @@ class TraceWriter:
                                                                                                    under.start))
         for key, value in (("ub_kernels", 1), ("ub_kernel_ns", op.end - op.start), ("ub_overlap_ns", overlap)):
             self.counts[key] = self.counts.get(key, 0) + value
+
+    def _async_tp(self, op: Op) -> None:
+        """A TP all-gather / reduce-scatter of PyTorch's async TP: ``symm_mem::fused_all_gather_matmul`` (or
+        ``fused_matmul_reduce_scatter``) and its ``record_function`` range around the transfer and the GEMM chunk
+        it overlaps; inside, a symmetric-memory barrier kernel, then ``aten::copy_`` of the peer's shard
+        (``cudaMemcpyAsync``, ``Memcpy DtoD`` on the backend stream). The truth: their time, and how much of it ran
+        beside the GEMM chunk."""
+        assert op.end is not None and op.coll is not None
+        under = op.under
+        ext = self._fused_range(op, ASYNC_TP_OPS[op.name])
+        self._barrier_and_copy(op, ext, op.coll.nbytes // len(op.coll.members))
+        overlap = 0 if under is None or under.end is None else max(0, min(op.end, under.end) - max(op.start,
+                                                                                                   under.start))
+        for key, value in (("async_tp_copies", 1), ("async_tp_ns", op.end - op.start),
+                           ("async_tp_overlap_ns", overlap)):
+            self.counts[key] = self.counts.get(key, 0) + value
+
+    def _fused_range(self, op: Op, name: str) -> int:
+        """The fused op's dispatcher range and its ``record_function`` range, around the host time of the transfer
+        and of the GEMM chunk it overlaps (the ops next to it in the program); returns the op's External id."""
+        st = self.st
+        host = [(o.cpu_start, o.cpu_start + o.host_ns) for o in (op, op.under) if o is not None]
+        t0, t1 = min(a for a, _ in host) - 300, max(b for _, b in host) - 200
+        ext = self._next_ext()
+        self._x("cpu_op", f"symm_mem::{name}", st.pid, op.tid, t0, t1,
+                {"External id": ext, "Record function id": 0, "Ev Idx": self._idx()})
+        self._x("user_annotation", name, st.pid, op.tid, t0 + 100, t1 - 100,
+                {"External id": self._next_ext(), "Record function id": 0, "Ev Idx": self._idx()})
+        return ext
+
+    def _barrier_and_copy(self, op: Op, ext: int, nbytes: int) -> None:
+        """The engine's transfer interval split between the barrier kernel (its first 2 µs at most) and the
+        copy, both launched from the transfer's host time."""
+        assert op.end is not None
+        split = op.start + min(2_000, (op.end - op.start) // 4)
+        barrier = Op(op.kind, op.stream, SYMM_BARRIER, "", 0, op.host_ns // 4, op.tid, meta=(1, 32))
+        barrier.launch, barrier.start, barrier.end = op.cpu_start + 100, op.start, split
+        corr = self._next_corr()
+        self._x("cuda_runtime", "cudaLaunchKernel", self.st.pid, op.tid, barrier.launch,
+                barrier.launch + op.host_ns // 12, {"External id": ext, "cbid": 211, "correlation": corr})
+        self._kernel_event(barrier, SYMM_BARRIER, ext, corr)
+        self._flows(corr, barrier)
+        copy = Op(MEMCPY, op.stream, "Memcpy DtoD (Device -> Device)", "aten::copy_", 0, op.host_ns - op.host_ns // 4,
+                  op.tid, meta=nbytes, cls="memcpy")
+        copy.cpu_start, copy.launch, copy.start, copy.end = op.cpu_start + op.host_ns // 4, op.launch, split, op.end
+        self.op(copy)
 
     def close(self, start_ns: int, end_ns: int) -> None:
         """End the trace and write the file, compressed from the spool."""

@@ -445,8 +445,7 @@ def write_kernel_logs(out: Path, job: Job, engine: Any, offsets: list[int], seed
     paths: dict[str, str] = {}
     injected: list[dict[str, Any]] = []
     culprit = next((f for f in job.faults if f["kind"] in ("xid", "aer_fatal", "compute_straggler", "host_straggler",
-                                                           "oom_kill",
-                                                          "app_death")), None)
+                                                           "oom_kill", "node_shutdown", "app_death")), None)
     for node, host in enumerate(engine.hosts):
         rng = random.Random(f"{seed}:klog:{node}")
         style = STYLES[node % len(STYLES)]
@@ -493,6 +492,8 @@ def _inject_culprit(inject: _Injector, kernel_log: str, st: Any, wall0: int, end
         _inject_aer_audio(inject, r, PCI_BUS_IDS[st.local], wall0 + timeout["stop"][r] + 2_000_000)
     elif kernel_log == "oom":
         _inject_oom(inject, r, st.pid, wall0, timeout)
+    elif kernel_log == "shutdown":
+        _inject_shutdown(inject, r, wall0, timeout)
     elif kernel_log == "throttle":
         t = wall0 + end_ns // 3
         for cpu in (12, 13, 44, 45):
@@ -632,6 +633,18 @@ def _inject_oom(inject: _Injector, r: int, pid: int, wall0: int, timeout: dict[s
            "file-rss:1048576kB, shmem-rss:0kB, UID:1000 pgtables:493568kB oom_score_adj:0", "oom", r)
     inject(t + 2_400_000_000,
            f"oom_reaper: reaped process {pid} (python3), now anon-rss:0kB, file-rss:0kB, shmem-rss:0kB", "oom", r)
+
+
+def _inject_shutdown(inject: _Injector, r: int, wall0: int, timeout: dict[str, Any] | None) -> None:
+    """Rank ``r``'s node goes down for a reboot where the rank stopped: logind's announcement, systemd-shutdown's
+    final stage and the kernel's last line, in the wording of real logs (tests/field_excerpts.py SHUTDOWN_*)."""
+    assert timeout is not None
+    t = wall0 + timeout["stop"][r] - 400_000_000
+    inject(t, "systemd-logind[1843]: System is rebooting.", "shutdown", r)
+    inject(t + 200_000_000, "systemd-shutdown[1]: Syncing filesystems and block devices.", "shutdown", r)
+    inject(t + 350_000_000, "systemd-shutdown[1]: Sending SIGTERM to remaining processes...", "shutdown", r)
+    inject(t + 1_900_000_000, "systemd-shutdown[1]: Sending SIGKILL to remaining processes...", "shutdown", r)
+    inject(t + 2_300_000_000, "reboot: Restarting system", "shutdown", r)
 
 
 def _inject_link_flap(inject: _Injector, wall0: int, index: int = 0) -> None:

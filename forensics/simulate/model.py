@@ -298,6 +298,10 @@ class Job:
                                      # shape of async TP): each TP all-reduce becomes an all-gather before a column-
                                      # parallel GEMM and a reduce-scatter after a row-parallel one, each on a side
                                      # stream under a GEMM (chunk)
+    async_tp: str = ""               # with tp_overlap, written as PyTorch's async TP instead of userbuffers:
+                                     # "overlap": symm_mem::fused_* ops whose peer copies (Memcpy DtoD) run on the
+                                     # backend stream beside the GEMM chunk; "serialized": each copy starts only
+                                     # after that GEMM chunk (nothing hides it)
     compiled: bool = False           # torch.compile: Triton kernels (GEMMs as mm templates with their shapes) launched
                                      # inside CompiledFunction / CompiledFunctionBackward regions
     label: str = ""

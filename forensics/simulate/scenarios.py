@@ -328,6 +328,15 @@ def tp_overlap(ranks: int | None, steps: int | None, params: Params) -> Job:
     return _pp(ranks, steps, params.with_defaults(tp="2", pp="2"), tp_overlap=True, label="clean")
 
 
+def async_tp(ranks: int | None, steps: int | None, params: Params) -> Job:
+    return _pp(ranks, steps, params.with_defaults(tp="2", pp="2"), tp_overlap=True, async_tp="overlap", label="clean")
+
+
+def async_tp_serialized(ranks: int | None, steps: int | None, params: Params) -> Job:
+    return _pp(ranks, steps, params.with_defaults(tp="4", pp="2"), tp_overlap=True, async_tp="serialized",
+               faults=({"kind": "async_tp_serialized"},))
+
+
 def pp_clean(ranks: int | None, steps: int | None, params: Params) -> Job:
     return _pp(ranks, steps, params, label="clean")
 
@@ -429,6 +438,21 @@ def peer_exit(ranks: int | None, steps: int | None, params: Params) -> Job:
     return dataclasses.replace(job, faults=faults)
 
 
+def node_reboot(ranks: int | None, steps: int | None, params: Params) -> Job:
+    """One rank's node shuts down for a reboot mid-step (systemd-shutdown's last words, then the kernel's `reboot:
+    Restarting system`); its peers' NCCL reports the closed connection at once (#28 item 2: a node shutdown before a
+    communication failure is its root)."""
+    n = ranks or 16
+    if n <= GPUS_PER_NODE:
+        raise ScenarioError(f"node_reboot needs peers on another node: more than {GPUS_PER_NODE} ranks")
+    job = _hang_after(n, steps, params, "node_reboot", 5, {"kind": "node_shutdown"})
+    r = next(iter(job.faults[0]["ranks"]))
+    node = tuple(q for q in range(n) if q // GPUS_PER_NODE == r // GPUS_PER_NODE)  # every rank of the node stops
+    faults = tuple({**f, "ranks": node, **({"ends": "comm_error"} if f["kind"] == "collective_timeout" else {})}
+                   for f in job.faults)
+    return dataclasses.replace(job, faults=faults)
+
+
 def oom_kill(ranks: int | None, steps: int | None, params: Params) -> Job:
     """The host's OOM killer kills one rank's training process: it never reaches the next gradient
     all-reduce and the others time out in the watchdog (a host fault, not the GPU's)."""
@@ -501,6 +525,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "(two_shot_all_reduce kernels, no NCCL)", symm_tp),
     Scenario("tp_overlap", "healthy TP=2 x PP=2 job with sequence parallelism and comm-GEMM overlap (TransformerEngine "
              "userbuffers, the shape of async TP): TP all-gathers and reduce-scatters beside the GEMMs", tp_overlap),
+    Scenario("async_tp", "healthy TP=2 x PP=2 job with PyTorch async TP: symm_mem::fused_all_gather_matmul and "
+             "fused_matmul_reduce_scatter, whose peer copies run on a backend stream beside the chunk GEMMs",
+             async_tp),
+    Scenario("async_tp_serialized", "TP=4 x PP=2 async TP job whose peer copies start only after the GEMM chunk they "
+             "should hide under (the suboptimal schedule of PyTorch's _pipelined_all_gather_and_consume): TP "
+             "communication exposed", async_tp_serialized),
     Scenario("compiled", "healthy DDP job compiled with torch.compile: Triton kernels (GEMMs as mm templates with "
              "recorded shapes) inside CompiledFunction / CompiledFunctionBackward regions", compiled),
     Scenario("host_straggler",
@@ -544,6 +574,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "never arrives; watchdog timeout", aer_fatal_audio, kernel_log="aer_audio"),
     Scenario("rm_init_failed", "a GPU the job leaves free on its last node fails to initialize (RmInitAdapter failed; "
              "9 ranks: the node's second GPU)", rm_init_failed, kernel_log="rm_init"),
+    Scenario("node_reboot", "one rank's node shuts down for a reboot mid-step; its peers' NCCL reports the closed "
+             "connection at once (a communication failure rooted at the node's shutdown)", node_reboot,
+             kernel_log="shutdown"),
     Scenario("oom_kill", "the OOM killer kills one rank's process (host memory); its peers time out in the watchdog",
              oom_kill, kernel_log="oom"),
     Scenario("peer_exit", "the OOM killer kills one rank's process; its peers' NCCL reports the closed connection "

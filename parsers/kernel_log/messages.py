@@ -194,6 +194,15 @@ _HOST_M4: list[tuple[str, str, re.Pattern[str], str | None]] = [
         r"(?:NIC )?Link is (?P<state>[Uu]p|[Dd]own)\b"), "Link is "),
     ("rcu_stall", "rcu_stall", re.compile(r"rcu: INFO: (?P<flavor>\w+) (?:self-)?detected stalls? on CPUs?"),
      "rcu: INFO"),
+    # the node going down: the kernel's last words (kernel/reboot.c `reboot: ` prefix, panic.c), systemd's final
+    # stage (systemd-shutdown runs as PID 1) and logind's announcement
+    ("shutdown", "panic", re.compile(r"Kernel panic - not syncing: ?(?P<what2>.*)"), "Kernel panic"),
+    ("shutdown", "kernel", re.compile(r"reboot: (?P<what2>Power down|Restarting system|System halted)"), "reboot: "),
+    ("shutdown", "systemd", re.compile(
+        r"(?:systemd-shutdown\[1\]: )?(?P<what2>Syncing filesystems and block devices\.|Sending SIGTERM to remaining "
+        r"processes\.\.\.|Sending SIGKILL to remaining processes\.\.\.)"), "remaining processes"),
+    ("shutdown", "systemd", re.compile(r"(?P<what2>Syncing filesystems and block devices\.)"), "Syncing filesystems"),
+    ("shutdown", "logind", re.compile(r"(?P<what2>System is (?:powering down|rebooting|halting))\."), "System is "),
 ]
 
 # A literal every match of the pattern contains: `in` is far cheaper than a regex search, and most

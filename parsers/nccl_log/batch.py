@@ -175,6 +175,25 @@ def _line(acc: Acc, line: str, n: int) -> None:
     _other(acc, line, n)
 
 
+#: a socket error of NCCL's without its envelope: the text ncclGetLastError() returns, which PyTorch prints after
+#: `Last error:` in its ncclRemoteError / ncclSystemError exception
+LAST_ERROR = re.compile(r"^(?:socketProgressOpt: |Net : )Call to (?:recv from|send to) \S+ failed : "
+                        r"|^(?:socketProgress: |Net : )Connection closed by remote peer \S+")
+
+
+def _bare_nccl(acc: Acc, text: str, n: int) -> bool:
+    """NCCL text without its envelope: the body of `Enabled NCCL Func/Proto/Algo Matrix:` (2.24+), and NCCL's last
+    error as PyTorch prints it after `Last error:` (the failing socket and its peer)."""
+    if NCCL_MATRIX.match(text):
+        acc.counts["nccl"] += 1
+        return True
+    if LAST_ERROR.match(text):
+        acc.counts["nccl"] += 1
+        warn_line(acc, {"host": None, "pid": None, "cuda_dev": None, "line": n, "time_ns": None}, text, None)
+        return True
+    return False
+
+
 def _other(acc: Acc, line: str, n: int) -> None:
     text = LAUNCHER_TAGS.sub("", line).strip()
     if not text:
@@ -186,8 +205,7 @@ def _other(acc: Acc, line: str, n: int) -> None:
         acc.ras = False
         pytorch_line(acc, line, n)
         return
-    if NCCL_MATRIX.match(text):
-        acc.counts["nccl"] += 1  # body of `Enabled NCCL Func/Proto/Algo Matrix:` (2.24+, no envelope)
+    if _bare_nccl(acc, text, n):
         return
     rv = RAS_VERSION.match(text)
     if rv:

@@ -123,7 +123,11 @@ _W = {
                    r"(?P<err2>.+))?\s*$",
     "cuda_failure": r"^Cuda failure (?:(?P<code>\d+) )?'(?P<msg>[^']*)'",
     "socket_closed": r"^(?:socketProgress: )?(?:Net : )?Connection closed by remote peer (?P<peer>\S+)",
-    "net_recv_failed": r"^Net : Call to recv from (?P<peer>\S+) failed : (?P<err>.+)$",
+    # `Net : ` up to 2.18 (ncclSystemError), `socketProgressOpt: ` from 2.19 (ncclRemoteError)
+    "net_recv_failed": r"^(?:Net : |socketProgressOpt: )Call to (?:recv from|send to) (?P<peer>\S+) failed : "
+                       r"(?P<err>.+)$",
+    # a connect to a peer's socket that failed (`Net : ` up to 2.18, `socketStartConnect: ` from 2.19)
+    "connect_failed": r"^(?:Net : |socketStartConnect: )Connect to (?P<peer>\S+) failed : (?P<err>.+)$",
     "proxy_error": r"^\[(?:Service thread|Proxy Service[^\]]*)\] (?P<msg>.*)$",
     "no_algo": r"^Error : no algorithm/protocol available.*$",
     # provider errors of the AWS OFI plugin (EFA, libfabric): a request completed with an error, an address or

@@ -25,7 +25,11 @@ PT_LAST = re.compile(
     r"sequence id: (?P<seq2>\d+) PG status: last enqueued work: (?P<enq2>\d+), last completed work: (?P<comp2>\d+))"
 )
 PT_DESYNC = re.compile(r"\[(?P<lag>\d+)\] finished collective #(?P<fin>\d+), but didn't join collective #(?P<next>\d+)")
-PT_NCCL_ERR = re.compile(r"NCCL error in: (?P<file>\S+):(?P<line>\d+), (?P<what>[^,(]+)")
+#: an NCCL error PyTorch raised: `NCCL error in: <file>:<line>, <what>` (the C++ call site, PyTorch <= 2.3 and the
+#: Python exception), or the 2.4+ watchdog's `Process group watchdog thread terminated with exception: NCCL error:
+#: <what>, NCCL version ...`
+PT_NCCL_ERR = re.compile(r"NCCL error in: (?P<file>\S+):(?P<line>\d+), (?P<what>[^,(]+)"
+                         r"|watchdog thread terminated with exception: NCCL error: (?P<what2>[^,(]+)")
 PT_DUMP = re.compile(r"(?:Received a dump signal|flight recorder dump signal|[Dd]umping (?:the )?(?:flight "
                      r"recorder|debug info))"
                      r"(?:.*? from (?:this local )?rank (?P<from>\d+))?")

@@ -70,15 +70,30 @@ def test_first_error_in_time_from_launcher_timestamps_shared_18(tmp_path):
     assert f.ranks == (12, 13, 14)
 
 
-def test_reset_by_an_unplaced_peer_shared_19(tmp_path):
+def test_reset_by_a_peer_placed_by_the_net_connections_shared_19(tmp_path):
     a = _shared(tmp_path, "19_v2.10.3_2node_ib_gdrdma_socket_reset_cuda_illegal_memory_access.log")
     (f,) = [f for f in a.findings if f.detector == "nccl_comm_failure"]
     (cuda,) = [g for g in a.findings if g.detector == "nccl_timeout" and g.key == "cuda_failure"]
     assert f.metrics["first_kind"] == "net_recv_failed" and f.metrics["peer"] == "11.127.49.2<36048>"
     assert f.metrics["reporting_host"] == "A03-R28-I49-3-9000018"
-    # the peer 11.127.49.2 is no address the excerpt prints, so the failure is not placed on
-    # A03-R28-I49-2-6000166, whose illegal memory access killed it: not linked (a limit of the excerpt)
-    assert f.metrics["peer_host"] is None and cuda.hosts == ("A03-R28-I49-2-6000166",)
+    # the excerpt prints no address of either host, but the reporting host's only NET channel lines are
+    # `4[a2000] -> 12[a2000] [receive] via NET/IB/2/GDRDMA` and their like: rank 4 is on A03-R28-I49-2-6000166
+    # (its own P2P lines `5[a7000] -> 4[a2000]` are logged there), so the peer is that host, whose illegal
+    # memory access killed it; one incident rooted at the CUDA failure (#28 item 2)
+    assert f.metrics["peer_host"] == "A03-R28-I49-2-6000166" and f.metrics["peer_placed_by"] == "net"
+    assert cuda.hosts == ("A03-R28-I49-2-6000166",)
+    (inc,) = a.incidents
+    assert inc.root_cause == cuda.id and set(inc.findings) == {cuda.id, f.id} and f.caused_by == (cuda.id,)
+
+
+def test_a_peer_is_not_placed_when_the_net_connections_reach_several_hosts(tmp_path):
+    lines = "".join(f"h{h}:1:2 [0] NCCL INFO Channel 00/0 : {src}[0] -> {dst}[0] [{d}] via NET/IB/0/GDRDMA\n"
+                    for h, src, dst, d in ((1, 0, 8, "send"), (1, 16, 0, "receive"), (2, 8, 16, "send"),
+                                           (3, 16, 0, "send")))
+    text = lines + ("h1:1:3 [0] include/socket.h:428 NCCL WARN Net : Call to recv from 10.0.0.9<36048> failed : "
+                    "Connection reset by peer\n")
+    (f,), _ = _run(frames_from(tmp_path, text))
+    assert f.metrics["first_kind"] == "net_recv_failed" and f.metrics["peer_host"] is None
 
 
 def test_skipped_on_a_healthy_job(tmp_path):
@@ -139,3 +154,31 @@ def test_job_log_17_the_logged_remote_error_and_the_error_rank_3_raised_for_it_a
     assert (link.rule, link.consequence, link.confidence) == ("comm_failure_raised_to_python", by["last_words"].id,
                                                               "low")
     assert link.basis.startswith("place only (rank)")
+
+
+def test_pytorch_24_watchdog_wording_and_ncclgetlasterror_text_shared_job_log_18(tmp_path):
+    # PyTorch 2.4+ says `Process group watchdog thread terminated with exception: NCCL error: remote process exited
+    # or there was a network error, NCCL version 2.21.5` and prints NCCL's last error without its envelope
+    # (`socketProgressOpt: Call to recv from 10.119.24.53<49901> failed : Broken pipe`); before #28 neither was
+    # read and the real log gave no finding at all
+    run = tmp_path / "run"
+    run.mkdir()
+    p = shared_path("job_logs", "18_k8s_worker_pod_rank5_ncclRemoteError_socket_broken_pipe_watchdog_nccl2.21.5.log")
+    shutil.copy(p, run / p.name)
+    (f,) = [f for f in analyze(run, workers=1).findings if f.detector == "nccl_comm_failure"]
+    assert f.metrics["first_kind"] == "net_recv_failed" and f.metrics["peer"] == "10.119.24.53<49901>"
+    assert f.metrics["nccl_result"] == "ncclRemoteError" and f.metrics["events"] == 2  # the socket + PyTorch's line
+    assert f.ranks == (5,)
+
+
+def test_every_socket_wording_is_a_failure_with_its_peer(tmp_path):
+    # NCCL <= 2.18 (`Net : Connect to` / `Call to recv from`, real: nccl#963) and 2.19+ (`socketStartConnect:`,
+    # real: nccl-tests#166; `socketProgressOpt: Call to send to`, the wording of misc/socket.cc since 2.19)
+    cases = [(fx.SOCKET_NET_218, "connect_failed", "172.17.0.2<40537>", 2),
+             (fx.SOCKET_CONNECT_219, "connect_failed", "10.0.0.2<45763>", 1),
+             ("h:1:2 [0] misc/socket.cc:46 NCCL WARN socketProgressOpt: Call to send to 10.0.0.3<52905> failed : "
+              "Connection reset by peer\n", "net_recv_failed", "10.0.0.3<52905>", 1)]
+    for i, (text, kind, peer, events) in enumerate(cases):
+        (tmp_path / str(i)).mkdir()
+        (f,), _ = _run(frames_from(tmp_path / str(i), text))
+        assert (f.metrics["first_kind"], f.metrics["peer"], f.metrics["events"]) == (kind, peer, events), text
