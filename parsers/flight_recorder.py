@@ -288,7 +288,7 @@ def _entries(entries: list[Any], known: Mapping[bytes, Any]) -> _Entries | None:
     checked (in the batch)."""
     if not entries:
         return None
-    if not all(type(e) is dict for e in entries):
+    if set(map(type, entries)) != {dict}:
         raise BadDump("entries: an entry is not a dict")
     cols = _columns(entries, _FLAT + _SHAPE)
     try:
