@@ -205,7 +205,11 @@ outside the fused ops stay `memcpy`. Nsight Systems exports hold no such CPU ran
 emits it): there the copies stay `memcpy`. When most of the exposed TP time is such fused communication, the
 exposed-communication finding says the overlap did not hide it (a warning), not that TP is exposed by design.
 Not covered: NCCL's own copy-engine collectives (NCCL 2.28, `src/ce_coll.cc`, chosen for symmetric buffers above
-`NCCL_SYM_CE_THRESHOLD`) also move data with copies, under the collective's host call; those copies stay `memcpy`.
+`NCCL_SYM_CE_THRESHOLD`) also move data with copies, under the collective's host call, and so do symmetric memory's
+`symm_mem::_low_contention_all_gather` / `_low_contention_reduce_scatter`, which inductor may put in place of any
+collective (its group type is not in the trace); those copies stay `memcpy`. A peer copy into a strided chunk runs as
+an SM copy kernel instead of a copy (the reduce-scatter along the last dimension); inside a fused op it cannot be told
+from a local layout copy, and stays compute.
 No public trace of these shapes was found: PyTorch's PR that added the scaled variant (pytorch/pytorch#129289) links
 only a Meta-internal trace, and no trace holding `symm_mem::fused_*` ranges was found in public repositories, issues
 or pages; the tests use a hand-written trace and the simulator's `async_tp` scenarios.
