@@ -170,13 +170,17 @@ DOC = DetectorDoc(
     ),
     detects=(
         "NCCL's own errors on a connection, as NCCL and PyTorch's C++ layer log them: a peer that closed or "
-        "reset the connection (`Connection closed by remote peer`, `Call to recv from ... failed : Connection "
-        "reset by peer`), `remote process exited or there was a network error` (ncclRemoteError), proxy "
+        "reset the connection (`Connection closed by remote peer`, `Call to recv from / send to ... failed : "
+        "Connection reset by peer` in the `Net : ` (<= 2.18) and `socketProgressOpt: ` (2.19+) wordings, also "
+        "as PyTorch prints NCCL's last error without its envelope), a connect to a peer that failed (`Net : "
+        "Connect to` / `socketStartConnect: Connect to`), `remote process exited or there was a network error` "
+        "(ncclRemoteError), proxy "
         "connect/accept failures (res 2 = ncclSystemError, 3 = ncclInternalError), AWS OFI / EFA provider "
         "errors (`Request ... completed with error. RC: 103. Error: 4126 (Unresponsive receiver ...)`, an "
         "address vector or endpoint that cannot be set up), InfiniBand completion errors (status 12 retry "
         "exceeded, 4 local protection, ...), HCA async events (`local catastrophic error`) and failed verbs "
-        "calls, nccl-tests stopping on an NCCL error, and `NCCL error in: ... ProcessGroupNCCL.cpp` lines. "
+        "calls, nccl-tests stopping on an NCCL error, and PyTorch's `NCCL error in: ... ProcessGroupNCCL.cpp` "
+        "lines (2.4+: `Process group watchdog thread terminated with exception: NCCL error: ...`). "
         "One finding per job, anchored on the first error in time across ranks (the earliest time any line "
         "carries, else the first line of the first file)."
     ),
