@@ -102,7 +102,8 @@ def _add_shared(parts: dict[str, list[pl.DataFrame]], shared: SharedFrames, usab
     if len(dropped) == len(shared.sources):
         return
     for name, df in shared.frames.items():
-        parts[name].append(df.filter(~pl.col("source").is_in(dropped)) if dropped else df)
+        # a frame without ``source`` (rows shared by files, e.g. fr_signatures) is kept whole
+        parts[name].append(df.filter(~pl.col("source").is_in(dropped)) if dropped and "source" in df.columns else df)
 
 
 def load(run_dir: Path, progress: ProgressFn | None = None, workers: int | None = None,

@@ -30,6 +30,7 @@ from forensics.base.workers import run_pool
 HEAD_BYTES = 1 << 20
 TAIL_BYTES = 1 << 20
 QUICK_HEAD_BYTES = 64 << 10
+HEAD_DIGEST_BYTES = 64 << 10  # duplicates: files of one size are compared by this much first
 # Parse in worker processes only when there is enough work to pay for their start-up.
 PARALLEL_MIN_BYTES = 32 << 20
 PARALLEL_MIN_FILES = 64
@@ -512,27 +513,43 @@ def mark_duplicates(files: list[DiscoveredFile]) -> None:
         else:
             by_size.setdefault(st.st_size, []).append(f)
     for group in by_size.values():
-        if len(group) < 2:
-            continue
-        for f in group:
-            digest = _digest(f.path)
-            if digest is None:
-                continue
-            first = by_identity.setdefault((-1, digest), f)
-            if first is not f:
-                _mark_duplicate(f, first, "the same content")
+        for same_head in _same_heads(group):
+            for f in same_head:
+                digest = _digest(f.path)
+                if digest is None:
+                    continue
+                first = by_identity.setdefault((-1, digest), f)
+                if first is not f:
+                    _mark_duplicate(f, first, "the same content")
+
+
+def _same_heads(group: list[DiscoveredFile]) -> list[list[DiscoveredFile]]:
+    """Files of one size grouped by the digest of their first 64 KiB, groups of two or more (in order): only these
+    can be copies, and only they are read whole (thousands of per-rank dumps of one size differ early)."""
+    if len(group) < 2:
+        return []
+    by_head: dict[str, list[DiscoveredFile]] = {}
+    for f in group:
+        head = _digest(f.path, HEAD_DIGEST_BYTES)
+        if head is not None:
+            by_head.setdefault(head, []).append(f)
+    return [g for g in by_head.values() if len(g) > 1]
 
 
 def _mark_duplicate(f: DiscoveredFile, first: DiscoveredFile, how: str) -> None:
     f.kind, f.status, f.message = first.kind, "ignored", f"duplicate of {first.rel_path} ({how}): analysed once"
 
 
-def _digest(path: Path) -> str | None:
+def _digest(path: Path, limit: int | None = None) -> str | None:
+    """The digest of the file's bytes (of its first ``limit`` bytes)."""
     h = hashlib.blake2b(digest_size=20)
     try:
         with open(path, "rb") as fh:
-            while block := fh.read(1 << 20):
-                h.update(block)
+            if limit is not None:
+                h.update(fh.read(limit))
+            else:
+                while block := fh.read(1 << 20):
+                    h.update(block)
     except OSError:
         return None
     return h.hexdigest()

@@ -18,14 +18,17 @@ the content (the one rank every group in ``pg_config`` contains); a host from th
 from __future__ import annotations
 
 import gc
+import hashlib
+import marshal
 import re
 import zlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import chain, repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -76,21 +79,26 @@ def parse(path: Path, ctx: ParseContext) -> ParseResult:
 
 @dataclass
 class _Dump:
-    """One dump taken into a batch: its rows of ``fr_dumps`` and ``fr_pg_status``, its entries as Arrow columns."""
+    """One dump taken into a batch: its rows of ``fr_dumps`` and ``fr_pg_status``, its entries as Arrow columns
+    and each entry's row in the batch's shapes."""
 
     tag: dict[str, Any]  # rank, host, source
-    entries: pa.Table | None
+    entries: _Entries | None
     status: list[tuple[Any, ...]]
     row: dict[str, Any]
     message: str
+    shape_rows: pa.Array | None = None
 
 
 class FlightRecorderBatch:
     """Several dumps parsed as one: each is read, checked and turned into Arrow columns on its own (``add``; a bad
-    dump fails alone), the frames of all are built at once (``finish``): Polars' fixed costs are paid once a batch."""
+    dump fails alone), the frames of all are built at once (``finish``): Polars' fixed costs are paid once a batch.
+    The entries' shapes (group, operation, sizes, dtypes, stack) are converted once per distinct value a batch."""
 
     def __init__(self) -> None:
         self.dumps: list[_Dump] = []
+        self.shape_of: dict[bytes, int] = {}  # shape key -> row of ``shapes``
+        self.shapes: list[tuple[Any, ...]] = []
 
     def add(self, path: Path, ctx: ParseContext) -> ParseResult | None:
         try:
@@ -102,16 +110,35 @@ class FlightRecorderBatch:
             with _no_cyclic_gc():
                 doc, fmt = _decode(data)
                 del data
-                self.dumps.append(_read(doc, fmt, ctx.rel_path))
+                dump = _read(doc, fmt, ctx.rel_path, self.shape_of)
                 del doc  # freed while the collector is off: its thousands of containers are never traversed
         except fr_pickle.UnsafeDump as exc:
             return ParseResult.failed(f"{ctx.rel_path}: Flight Recorder pickle refused, not loaded: {exc}")
         except BadDump as exc:
             return ParseResult.failed(f"{ctx.rel_path}: not a valid Flight Recorder dump: {exc}")
+        self._take(dump)
         return None
 
+    def _take(self, dump: _Dump) -> None:
+        """The dump's new shapes join the batch's; each entry gets its shape's row."""
+        e = dump.entries
+        if e is not None:
+            for key, shape in e.shapes.items():
+                self.shape_of[key] = len(self.shapes)
+                self.shapes.append(shape)
+            dump.shape_rows = pa.array(list(map(self.shape_of.__getitem__, e.keys)), type=pa.uint32())
+            dump.row["has_stacks"] = any(self.shapes[self.shape_of[k]][_SHAPE.index("frames")] is not None
+                                         for k in dict.fromkeys(e.keys))
+            e.keys, e.shapes = [], {}
+        self.dumps.append(dump)
+
     def finish(self) -> tuple[list[ParseResult], dict[str, pl.DataFrame]]:
-        frames = {"fr_entries": _entries_frame(self.dumps), "fr_pg_status": _status_frame(self.dumps),
+        shapes = _shapes_frame(self.shapes) if self.shapes else None
+        frames = {"fr_entries": _entries_frame(self.dumps, shapes) if shapes is not None else fr.empty("fr_entries"),
+                  "fr_signatures": fr.conform("fr_signatures", shapes.select(fr.schema("fr_signatures").names())
+                                              .unique("sig", keep="first", maintain_order=True))
+                  if shapes is not None else fr.empty("fr_signatures"),
+                  "fr_pg_status": _status_frame(self.dumps),
                   "fr_dumps": fr.conform("fr_dumps", pl.DataFrame([d.row for d in self.dumps],
                                                                   schema=fr.schema("fr_dumps")))}
         results = [ParseResult(message=d.message, rank=d.tag["rank"], host=d.tag["host"]) for d in self.dumps]
@@ -142,7 +169,7 @@ def _decode(data: bytes) -> tuple[Any, str]:
         raise BadDump(f"JSON does not decode: {exc}") from None
 
 
-def _read(doc: Any, fmt: str, source: str) -> _Dump:
+def _read(doc: Any, fmt: str, source: str, known: Mapping[bytes, Any]) -> _Dump:
     dump = _check_top(doc)
     cfg = _pg_config(dump.get("pg_config"))
     name_rank, host = rank_host_from_name(source)
@@ -154,7 +181,7 @@ def _read(doc: Any, fmt: str, source: str) -> _Dump:
     if rank is None:
         raise BadDump("no rank: the file name ends in no digits and pg_config names no single rank")
     raw = dump.get("entries") or []
-    entries = _entries(raw)
+    entries = _entries(raw, known)
     status = _status(dump, raw, cfg)
     tag = {"rank": rank, "host": host, "source": source}
     message = (f"Flight Recorder {fmt} dump, format {dump.get('version')}: {len(raw)} entries, "
@@ -227,13 +254,113 @@ def _content_rank(cfg: dict[str, tuple[str | None, list[int]]]) -> int | None:
 
 # --- entries ---------------------------------------------------------------------------------------
 
+# An entry's fields, read in two parts. Flat fields (ints, bools, short text) become one Arrow array each. The
+# shape fields (group, operation, sizes, dtypes, stack) are the same on every rank of a collective: each entry's
+# shape is keyed by its marshal bytes (exact: type and value), and only one entry per distinct key is converted
+# (a batch converts each key once, whatever the number of dumps that hold it).
+_FLAT = ("record_id", "pg_id", "collective_seq_id", "seq_id", "p2p_seq_id", "op_id", "time_created_ns",
+         "duration_ms", "state", "time_discovered_started_ns", "time_discovered_completed_ns", "retired", "timeout_ms",
+         "is_p2p", "thread_name", "thread_id")
+_SHAPE = ("process_group", "profiling_name", "input_sizes", "output_sizes", "input_dtypes", "output_dtypes", "frames")
+_TYPES = {f.name: f.type for f in _ENTRY_SCHEMA}
+# what Arrow infers for a column of exactly these Python types (int, str, bool, none): anything else (a float
+# where an int belongs, bytes, a mix) is decided by the checked conversion, with its exact refusal
+_INFERRED = {pa.int64(): (pa.int64(), pa.null()), pa.string(): (pa.string(), pa.null()),
+             pa.bool_(): (pa.bool_(), pa.null())}
 
-def _entries(entries: list[Any]) -> pa.Table | None:
-    """The entries as Arrow columns, every field's type checked."""
+
+class _Odd(Exception):
+    """The fast reading met something unusual: the checked conversion decides (and words any refusal)."""
+
+
+@dataclass
+class _Entries:
+    """One dump's entries: the flat fields as Arrow arrays, each entry's shape as a key (marshal bytes)."""
+
+    flat: dict[str, pa.Array]
+    keys: list[bytes]
+    shapes: dict[bytes, tuple[Any, ...]]  # the new keys of this dump (not yet in the batch): one entry's values
+    n: int
+
+
+def _entries(entries: list[Any], known: Mapping[bytes, Any]) -> _Entries | None:
+    """The entries as Arrow columns and shape keys, every field's type checked. ``known``: shape keys already
+    checked (in the batch)."""
     if not entries:
         return None
-    if not all(type(e) is dict for e in entries):
+    if set(map(type, entries)) != {dict}:
         raise BadDump("entries: an entry is not a dict")
+    cols = _columns(entries, _FLAT + _SHAPE)
+    try:
+        return _read_entries(cols, known, len(entries), typed=False)
+    except (_Odd, TypeError, ValueError, OverflowError, pa.ArrowException):
+        _checked_table(entries)  # raises BadDump with the field and the reason
+        return _read_entries(cols, known, len(entries), typed=True)
+
+
+def _columns(entries: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, tuple[Any, ...] | list[Any]]:
+    """Each field's values over the entries (None where absent). The fields the first and last entries have are
+    read by one itemgetter over every entry and transposed (C-level); a field some entry lacks, by ``dict.get``."""
+    first, last = entries[0], entries[-1]  # optional fields (duration_ms) come and go with the state
+    common = [k for k in names if k in first and k in last]
+    while len(common) >= 2:
+        try:
+            rows = list(map(itemgetter(*common), entries))
+        except KeyError as exc:
+            common.remove(exc.args[0])
+            continue
+        out: dict[str, tuple[Any, ...] | list[Any]] = dict(zip(common, zip(*rows)))
+        break
+    else:
+        out, common = {}, []
+    for k in names:
+        if k not in out:
+            out[k] = list(map(dict.get, entries, repeat(k)))
+    return out
+
+
+def _read_entries(cols: dict[str, Any], known: Mapping[bytes, Any], n: int, typed: bool) -> _Entries:
+    flat = {k: _flat(k, cols[k], typed) for k in _FLAT}
+    states = set(flat["state"].unique().to_pylist()) - {None}
+    if not states <= _STATES:
+        if not typed:
+            raise _Odd
+        first = next(s for s in flat["state"].to_pylist() if s is not None and s not in _STATES)
+        raise BadDump(f"entries: unknown state {first!r}")
+    keys = list(map(marshal.dumps, zip(*(cols[k] for k in _SHAPE)), repeat(2)))
+    new: dict[bytes, tuple[Any, ...]] = {}
+    for k in dict.fromkeys(keys):
+        if k not in known:
+            new[k] = marshal.loads(k)
+    _check_shapes(list(new.values()), typed)
+    return _Entries(flat, keys, new, n)
+
+
+def _flat(name: str, values: Any, typed: bool) -> pa.Array:
+    want = _TYPES[name]
+    if typed or want not in _INFERRED:
+        return pa.array(values, type=want)
+    arr = pa.array(values)  # inferred: int64 only when every value is an int (a float would make it double)
+    if arr.type not in _INFERRED[want]:
+        raise _Odd
+    return arr.cast(want) if arr.type != want else arr
+
+
+def _check_shapes(shapes: list[tuple[Any, ...]], typed: bool) -> None:
+    """The new shapes converted as the entries' own values would be (same types: marshal keeps them)."""
+    if not shapes:
+        return
+    for i, k in enumerate(_SHAPE):
+        arr = pa.array([s[i] for s in shapes], type=_TYPES[k])
+        if k == "process_group" and pc.any(pc.not_equal(pc.list_value_length(arr), 2)).as_py():
+            if not typed:
+                raise _Odd
+            raise BadDump("entries: `process_group` is not a (name, description) pair")
+
+
+def _checked_table(entries: list[dict[str, Any]]) -> None:
+    """The reference check of every field (Arrow's converter over the dicts, then the floats): slow, run only
+    when the fast reading met something unusual; raises :class:`BadDump` naming the field."""
     try:
         table = pa.Table.from_pylist(entries, schema=_ENTRY_SCHEMA)
     except (TypeError, OverflowError, pa.ArrowException) as exc:
@@ -247,7 +374,6 @@ def _entries(entries: list[Any]) -> pa.Table | None:
     pairs = table["process_group"].combine_chunks()
     if pc.any(pc.not_equal(pc.list_value_length(pairs), 2)).as_py():
         raise BadDump("entries: `process_group` is not a (name, description) pair")
-    return table
 
 
 _STATES = frozenset(fr.FR_STATES)
@@ -274,39 +400,64 @@ def _refuse_truncated_floats(entries: list[dict[str, Any]]) -> None:
             raise BadDump(f"entries: `{f.name}` holds a float where an integer belongs")
 
 
-def _entries_frame(dumps: list[_Dump]) -> pl.DataFrame:
-    """``fr_entries`` of every dump of a batch: one Arrow table, one pass of Polars, the file's rank, host and
-    source repeated over its rows (gathered from one value each: the text is stored once)."""
+# --- the batch's frames ----------------------------------------------------------------------------------
+
+
+def _entries_frame(dumps: list[_Dump], shapes: pl.DataFrame) -> pl.DataFrame:
+    """``fr_entries`` of every dump of a batch: the flat columns of all dumps in one Arrow table, the shape
+    columns gathered from the batch's shapes by each entry's shape row, the file's rank, host and source
+    repeated over its rows (categoricals: each text is stored once)."""
     with_rows = [d for d in dumps if d.entries is not None]
     if not with_rows:
         return fr.empty("fr_entries")
-    df = pl.from_arrow(pa.concat_tables([d.entries for d in with_rows if d.entries is not None]))
+    flat = pa.table({k: pa.chunked_array([d.entries.flat[k] for d in with_rows if d.entries is not None],
+                                         type=_TYPES[k]) for k in _FLAT})
+    df = pl.from_arrow(flat)
     assert isinstance(df, pl.DataFrame)
-    counts = [d.entries.num_rows for d in with_rows if d.entries is not None]
+    row = pl.Series("shape", pa.chunked_array([d.shape_rows for d in with_rows if d.shape_rows is not None],
+                                              type=pa.uint32()))
+    counts = [d.entries.n for d in with_rows if d.entries is not None]
     # each dump's index repeated over its rows (an empty list explodes to a null row: dumps of 0 rows are dropped)
     which = (pl.DataFrame({"i": range(len(counts)), "n": counts}, schema={"i": pl.UInt32, "n": pl.UInt32})
              .filter(pl.col("n") > 0).select(pl.col("i").repeat_by("n").explode())["i"])
     tags = pl.DataFrame({k: [d.tag[k] for d in with_rows] for k in ("rank", "host", "source")},
-                        schema={"rank": pl.Int32, "host": pl.String, "source": pl.String})
-    return fr.conform("fr_entries", _normalise(df.rename(_RENAME)).hstack(tags[which]))
+                        schema={"rank": pl.Int32, "host": pl.Categorical, "source": pl.Categorical})
+    per_shape = shapes.select("pg_name", "pg_desc", "op", "sig")
+    flat_part = _normalise(df.rename(_RENAME, strict=False))
+    return fr.conform("fr_entries", flat_part.hstack(tags[which]).hstack(per_shape[row]))
 
 
 def _normalise(df: pl.DataFrame) -> pl.DataFrame:
     zero_null = [pl.when(pl.col(c) > 0).then(pl.col(c)).alias(c) for c in ("started_ns", "completed_ns")]
-    frame = pl.element().struct
     return df.with_columns(
         *zero_null,
         pl.col("collective_seq_id").fill_null(pl.col("seq_id")).alias("collective_seq"),
-        pl.col("process_group").list.get(0, null_on_oob=True).alias("pg_name"),
-        pl.col("process_group").list.get(1, null_on_oob=True).alias("pg_desc"),
-        pl.col("frames").list.eval(pl.format("{} ({}:{})", frame.field("name"), frame.field("filename"),
-                                             frame.field("line"))).alias("stack"),
-        pl.col("op").str.replace(r"^[A-Za-z0-9_]+:", ""),
         (pl.col("duration_ms") * 1e6).round().cast(pl.Int64).alias("duration_ns"),
         (pl.col("timeout_ms") * 1_000_000).alias("timeout_ns"),
+        pl.col("thread_name", "thread_id").cast(pl.Categorical),
+    ).drop("duration_ms", "timeout_ms", "collective_seq_id", "seq_id")
+
+
+def _shapes_frame(shapes: list[tuple[Any, ...]]) -> pl.DataFrame:
+    """The batch's distinct shapes (one row each: pg_name, pg_desc, op, sig and the ``fr_signatures`` columns).
+    ``sig`` is a content hash of the converted sizes, dtypes and stack: the same in every worker and batch."""
+    table = pa.table({k: pa.array([s[i] for s in shapes], type=_TYPES[k]) for i, k in enumerate(_SHAPE)})
+    df = pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    frame = pl.element().struct
+    df = df.rename(_RENAME, strict=False).with_columns(
+        pl.col("process_group").list.get(0, null_on_oob=True).cast(pl.Categorical).alias("pg_name"),
+        pl.col("process_group").list.get(1, null_on_oob=True).cast(pl.Categorical).alias("pg_desc"),
+        pl.col("op").str.replace(r"^[A-Za-z0-9_]+:", "").cast(pl.Categorical),
+        pl.col("frames").list.eval(pl.format("{} ({}:{})", frame.field("name"), frame.field("filename"),
+                                             frame.field("line"))).alias("stack"),
         _numel("in_sizes").alias("in_numel"),
         _numel("out_sizes").alias("out_numel"),
-    ).drop("duration_ms", "timeout_ms", "collective_seq_id", "seq_id", "process_group", "frames")
+    ).drop("process_group", "frames")
+    content = df.select(fr.schema("fr_signatures").names()[1:])
+    sigs = [int.from_bytes(hashlib.blake2b(orjson.dumps(r), digest_size=8).digest(), "little")
+            for r in content.iter_rows()]
+    return df.with_columns(pl.Series("sig", sigs, dtype=pl.UInt64))
 
 
 def _numel(col: str) -> pl.Expr:
@@ -402,16 +553,16 @@ def _status_row(key: Any, value: Any, names: dict[int, str],
     return (pg_id, name, desc, ranks, *counters, "pg_status")
 
 
-def _dump_row(dump: dict[str, Any], entries: pa.Table | None, fmt: str, tag: dict[str, Any]) -> dict[str, Any]:
-    n = entries.num_rows if entries is not None else 0
-    latest, stacks = None, False
+def _dump_row(dump: dict[str, Any], entries: _Entries | None, fmt: str, tag: dict[str, Any]) -> dict[str, Any]:
+    n = entries.n if entries is not None else 0
+    latest = None
     if entries is not None:
-        seen = [pc.max(entries["time_created_ns"]).as_py()] + [
-            pc.max(pc.filter(entries[c], pc.greater(entries[c], 0))).as_py()
+        f = entries.flat
+        seen = [pc.max(f["time_created_ns"]).as_py()] + [
+            pc.max(pc.filter(f[c], pc.greater(f[c], 0))).as_py()
             for c in ("time_discovered_started_ns", "time_discovered_completed_ns")]
         latest = max((t for t in seen if t is not None), default=None)
-        stacks = entries["frames"].null_count < n
     return {**tag, "format": fmt, "version": dump.get("version"),
             "comm_lib_version": dump.get("comm_lib_version") or dump.get("nccl_version"),
             "entries": n, "pg_count": len(dump["pg_config"]) if dump.get("pg_config") else None,
-            "has_status": bool(dump.get("pg_status")), "has_stacks": stacks, "latest_ns": latest}
+            "has_status": bool(dump.get("pg_status")), "has_stacks": False, "latest_ns": latest}

@@ -185,18 +185,19 @@ def _fr_marks(ctx: JobContext) -> pl.DataFrame:
     when: the entry's completion time when the dump holds it, else the enqueue time of the first pending entry
     (dumps written with onlyActive keep no completed entries). rank, pg_name, pg_desc, seq, at_ns, how."""
     st = ctx.frames["fr_pg_status"].filter(pl.col("last_completed") >= 0)
-    e = ctx.frames["fr_entries"]
+    e = ctx.frames["fr_entries"].lazy()  # lazily: the few columns read, not copies of millions of entries
     done = e.filter(pl.col("completed_ns").is_not_null()).select(
         "rank", "pg_id", pl.col("collective_seq").alias("last_completed"), pl.col("completed_ns").alias("_done"))
     nxt = e.select("rank", "pg_id", (pl.col("collective_seq") - 1).alias("last_completed"),
                    pl.col("created_ns").alias("_next"))
     keys = ["rank", "pg_id", "last_completed"]
-    m = st.join(done.unique(keys), on=keys, how="left").join(nxt.unique(keys), on=keys, how="left").with_columns(
+    m = st.lazy().join(done.unique(keys), on=keys, how="left").join(nxt.unique(keys), on=keys, how="left").with_columns(
         pl.coalesce("_done", "_next").alias("at_ns"),
         pl.when(pl.col("_done").is_not_null()).then(pl.lit("completed")).otherwise(pl.lit("next enqueued"))
         .alias("how"))
     return m.drop_nulls("at_ns").sort("at_ns").group_by("rank").agg(pl.all().last()).select(
-        pl.col("rank").cast(pl.Int32), "pg_name", "pg_desc", pl.col("last_completed").alias("seq"), "at_ns", "how")
+        pl.col("rank").cast(pl.Int32), "pg_name", "pg_desc", pl.col("last_completed").alias("seq"), "at_ns", "how"
+    ).collect()
 
 
 def _fr_events(ctx: JobContext, t0: int | None) -> tuple[int, list[dict[str, Any]]] | None:

@@ -38,15 +38,17 @@ def hang_view(analysis: Analysis) -> View:
                 if declared_kind(f) is STUCK_RANK for r in f.ranks}
     sets = hang.dump_sets(frames["fr_dumps"])
     for folder, sources in sets:
-        status, entries, dumps = (frames[n].filter(pl.col("source").is_in(sources))
+        # one job: every row is its own (no filtered copy of millions of entries)
+        status, entries, dumps = (frames[n] if len(sets) == 1 else frames[n].filter(pl.col("source").is_in(sources))
                                   for n in ("fr_pg_status", "fr_entries", "fr_dumps"))
         where = f" ({folder})" if len(sets) > 1 else ""
-        view.tables += _tables(status, entries, dumps, sorted(r for f, r in culprits if f == folder), where)
+        view.tables += _tables(status, entries, dumps, frames["fr_signatures"],
+                               sorted(r for f, r in culprits if f == folder), where)
     return view
 
 
-def _tables(status: pl.DataFrame, entries: pl.DataFrame, dumps: pl.DataFrame, culprits: list[int],
-            where: str) -> list[tuple[str, pl.DataFrame]]:
+def _tables(status: pl.DataFrame, entries: pl.DataFrame, dumps: pl.DataFrame, signatures: pl.DataFrame,
+            culprits: list[int], where: str) -> list[tuple[str, pl.DataFrame]]:
     verdict = hang.vote(hang.counters_from_dumps(status))
     g = verdict.groups.with_columns(pl.col("rank").is_in(culprits).alias("culprit"))
     involved = g.group_by("pg_name").agg(pl.col("culprit").any().alias("_c"), (pl.col("pending") > 0).any().alias("_w"))
@@ -60,7 +62,8 @@ def _tables(status: pl.DataFrame, entries: pl.DataFrame, dumps: pl.DataFrame, cu
     out = [(f"Ranks of the groups with a culprit or ranks waiting{where}{more}", table)]
     latest = dumps["latest_ns"].max()
     blocked = hang.blocked_collectives(verdict, entries,
-                                       int(latest) if latest is not None else None)  # type: ignore[arg-type]
+                                       int(latest) if latest is not None else None,  # type: ignore[arg-type]
+                                       signatures)
     if blocked.height:
         out.append((f"The collective each blocked group waits in{where}", blocked.select(
             "pg_name", pl.col("pg_desc").fill_null(""), "seq", pl.col("op").fill_null("?"),

@@ -16,6 +16,7 @@ from forensics.parsers import flight_recorder, fr_pickle
 from forensics.parsers.discovery import discover
 from forensics.parsers.result import ParseContext
 
+from forensics.base import frames as fr
 from forensics.pipeline import analyze
 from forensics.simulate import flight_recorder as sim
 from forensics.simulate.fr_pickle import dumps
@@ -84,7 +85,7 @@ def test_real_dumps_are_found_by_content_and_parsed(case):
         assert res.frames["fr_entries"].height == len(raw["entries"]) == dump["entries"]
         if raw["entries"]:
             first = raw["entries"][0]
-            row = res.frames["fr_entries"].row(0, named=True)
+            row = res.frames["fr_entries"].head(1).join(res.frames["fr_signatures"], on="sig").row(0, named=True)
             assert (row["collective_seq"], row["pg_name"], row["pg_desc"], row["in_sizes"]) == (
                 first["collective_seq_id"], *first["process_group"], first["input_sizes"])
             assert row["timeout_ns"] == first["timeout_ms"] * 1_000_000 and row["state"] == first["state"]
@@ -214,10 +215,40 @@ def test_every_version_and_encoding_reads_the_same_counters(tmp_path, version, f
     e = res.frames["fr_entries"]
     assert e.height == len(doc["entries"])
     assert e["started_ns"].null_count() == sum(x["time_discovered_started_ns"] is None for x in doc["entries"])
-    assert (e["stack"].null_count() == 0) == (fmt == "pickle")
+    stacks = e.join(res.frames["fr_signatures"], on="sig", how="left")["stack"]
+    assert stacks.len() == e.height and (stacks.null_count() == 0) == (fmt == "pickle")
     if version == "2.10":
         done = e.filter(pl.col("state") == "completed")
         assert done.height and set(done["duration_ns"].to_list()) == {1_250_000}
+
+
+def test_shapes_are_stored_once_and_every_entry_joins_its_own(tmp_path):
+    """fr_signatures: one row per distinct (sizes, dtypes, stack), the same id in every batch; each entry's joined
+    shape is the dump's own value."""
+    groups = sim.healthy(8)
+    docs = {r: sim.dump_doc(groups, r, "2.10", stacks=True) for r in range(4)}
+    for r, doc in docs.items():
+        (tmp_path / f"comm_lib_trace_rank_{r}").write_bytes(dumps(doc))
+    batches = []
+    for ranks in ((0, 1), (2, 3)):
+        batch = flight_recorder.FlightRecorderBatch()
+        for r in ranks:
+            name = f"comm_lib_trace_rank_{r}"
+            assert batch.add(tmp_path / name, ParseContext(tmp_path, name)) is None
+        batches.append(batch.finish()[1])
+    sigs = fr.concat("fr_signatures", [b["fr_signatures"] for b in batches])
+    entries = fr.concat("fr_entries", [b["fr_entries"] for b in batches])
+    assert sigs["sig"].n_unique() == sigs.height  # kept once across batches
+    distinct = {orjson.dumps([e["input_sizes"], e["output_sizes"], e["input_dtypes"], e["output_dtypes"],
+                              e.get("frames")]) for d in docs.values() for e in d["entries"]}
+    assert sigs.height == len(distinct) < entries.height
+    joined = entries.join(sigs, on="sig", how="left").sort("rank", "record_id")
+    raw = [e for r in range(4) for e in sorted(docs[r]["entries"], key=lambda e: e["record_id"])]
+    assert joined["in_sizes"].to_list() == [e["input_sizes"] for e in raw]
+    assert joined["out_dtypes"].to_list() == [e["output_dtypes"] for e in raw]
+    assert joined["stack"].to_list() == [[f"{f['name']} ({f['filename']}:{f['line']})" for f in e["frames"]]
+                                         for e in raw]
+    assert joined["op"].cast(pl.String).to_list() == [e["profiling_name"].split(":", 1)[-1] for e in raw]
 
 
 def test_an_empty_or_absent_entries_list_is_a_dump_too(tmp_path):

@@ -48,6 +48,8 @@ class FrameSpec:
     name: str
     doc: str
     columns: tuple[Column, ...]
+    # columns that identify a row: the parts of several files may repeat a row, kept once when concatenated
+    key: tuple[str, ...] = ()
 
     @property
     def schema(self) -> pl.Schema:
@@ -817,29 +819,33 @@ FR_DUMPS = FrameSpec(
     ),
 )
 
+_FR_TEXT = "(Categorical: each distinct text stored once)"
 FR_ENTRIES = FrameSpec(
     "fr_entries",
-    "One row per Flight Recorder entry: a collective or point-to-point op a rank enqueued, with its state.",
+    "One row per Flight Recorder entry: a collective or point-to-point op a rank enqueued, with its state. The "
+    "tensor shapes, dtypes and stack, the same on every rank of a collective, are stored once per distinct value in "
+    "`fr_signatures`: join on `sig`. Text columns are Categorical (8 M entries of 4,096 ranks fit in ~1 GB); cast "
+    "to String to join with String columns of other frames.",
     (
         _RANK,
-        _HOST,
-        _SOURCE,
-        *_FR_PG,
+        _c("host", pl.Categorical(), f"hostname, when the file name carries one {_FR_TEXT}"),
+        _c("source", pl.Categorical(), f"file the row came from, relative to RUN_DIR {_FR_TEXT}"),
+        _FR_PG[0],
+        _c("pg_name", pl.Categorical(),
+           f"process group name (`process_group[0]`, the `pg_config` key; the same on every member) {_FR_TEXT}"),
+        _c("pg_desc", pl.Categorical(),
+           f"process group description (`default_pg`, Megatron group names); joins NCCL logs and traces {_FR_TEXT}"),
         _c("record_id", pl.Int64(), "position in the rank's ring buffer (monotonic; gaps when `onlyActive` dropped "
            "completed entries)"),
         _c("collective_seq", pl.Int64(), "per-group collective sequence number (`collective_seq_id`, `seq_id` before "
            "2.0): the same on every member for the same collective; the watchdog's work sequence id"),
         _c("p2p_seq", pl.Int64(), "per-group point-to-point sequence number (`p2p_seq_id`)"),
         _c("op_id", pl.Int64(), "logical op number (`op_id`)"),
-        _c("op", pl.String(), "operation, backend prefix dropped (`all_reduce`, `_all_gather_base`, `send 3->0` with "
-           "group-local peers, `coalesced`)"),
+        _c("op", pl.Categorical(), "operation, backend prefix dropped (`all_reduce`, `_all_gather_base`, `send 3->0` "
+           f"with group-local peers, `coalesced`) {_FR_TEXT}"),
         _c("is_p2p", pl.Boolean(), "point-to-point op"),
-        _c("in_sizes", pl.List(pl.List(pl.Int64())), "input tensor shapes"),
-        _c("out_sizes", pl.List(pl.List(pl.Int64())), "output tensor shapes"),
-        _c("in_dtypes", pl.List(pl.String()), "input dtypes (`BFloat16`, `Float`)"),
-        _c("out_dtypes", pl.List(pl.String()), "output dtypes"),
-        _c("in_numel", pl.Int64(), "input elements, all tensors"),
-        _c("out_numel", pl.Int64(), "output elements, all tensors"),
+        _c("sig", pl.UInt64(), "the entry's tensor shapes, dtypes and stack: a row of `fr_signatures` (a content hash, "
+           "the same for equal values in every file)"),
         _c("state", pl.Enum(FR_STATES), "scheduled (enqueued, not started) / started / completed"),
         _c("created_ns", pl.Int64(), "when the op was enqueued (`time_created_ns`), epoch ns"),
         _c("started_ns", pl.Int64(), "when the watchdog saw it start (`time_discovered_started_ns`), epoch ns; null "
@@ -848,11 +854,28 @@ FR_ENTRIES = FrameSpec(
         _c("duration_ns", pl.Int64(), "GPU duration (`duration_ms`, with TORCH_NCCL_ENABLE_TIMING), ns"),
         _c("timeout_ns", pl.Int64(), "the op's watchdog timeout (`timeout_ms`), ns"),
         _c("retired", pl.Boolean(), "the watchdog retired the work"),
-        _c("thread_name", pl.String(), "thread that enqueued it (`thread_name`, 2.9+)"),
-        _c("thread_id", pl.String(), "that thread's id"),
+        _c("thread_name", pl.Categorical(), f"thread that enqueued it (`thread_name`, 2.9+) {_FR_TEXT}"),
+        _c("thread_id", pl.Categorical(), f"that thread's id {_FR_TEXT}"),
+    ),
+)
+
+FR_SIGNATURES = FrameSpec(
+    "fr_signatures",
+    "The distinct tensor shapes, dtypes and stacks of Flight Recorder entries, one row each: `fr_entries.sig` joins "
+    "here (`entries.join(signatures, on=\"sig\")`). Every rank of a collective shares one row, so 8 M entries "
+    "need a few hundred rows.",
+    (
+        _c("sig", pl.UInt64(), "the signature's id: a hash of the columns below (identical values, identical id)"),
+        _c("in_sizes", pl.List(pl.List(pl.Int64())), "input tensor shapes"),
+        _c("out_sizes", pl.List(pl.List(pl.Int64())), "output tensor shapes"),
+        _c("in_dtypes", pl.List(pl.String()), "input dtypes (`BFloat16`, `Float`)"),
+        _c("out_dtypes", pl.List(pl.String()), "output dtypes"),
+        _c("in_numel", pl.Int64(), "input elements, all tensors"),
+        _c("out_numel", pl.Int64(), "output elements, all tensors"),
         _c("stack", pl.List(pl.String()), "stack frames when dumped with stacks (`frames`), innermost first, "
            "`name (file:line)`"),
     ),
+    key=("sig",),
 )
 
 FR_PG_STATUS = FrameSpec(
@@ -872,16 +895,17 @@ FR_PG_STATUS = FrameSpec(
     ),
 )
 
-_register(FR_DUMPS, FR_ENTRIES, FR_PG_STATUS)
+_register(FR_DUMPS, FR_ENTRIES, FR_SIGNATURES, FR_PG_STATUS)
 
 
 # --------------------------------------------------------------------------------------------
 
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Version of the frames' schema, written into every Parquet file of `forensics frames` (``PARQUET_VERSION_KEY``).
-2: the rank lists of kernels and comms moved to ``process_groups`` (``pg_id``). 3: kernel and host-op names
-(``kernels.name``, ``cpu_ops.name``) are Categorical."""
+2: the rank lists of kernels and comms moved to ``process_groups`` (``pg_id``).
+3: the Flight Recorder entries' shapes, dtypes and stacks moved to ``fr_signatures`` (``sig``); their text
+columns are Categorical. 4: kernel and host-op names (``kernels.name``, ``cpu_ops.name``) are Categorical."""
 PARQUET_VERSION_KEY = "forensics.frames.schema_version"
 
 
@@ -952,7 +976,9 @@ def concat(name: str, parts: Iterable[pl.DataFrame]) -> pl.DataFrame:
         return empty(name)
     target = schema(name)
     # parts parsers conformed already are taken as they are (many small files: one pass less each)
-    return pl.concat([p if p.schema == target else conform(name, p) for p in frames], how="vertical")
+    out = pl.concat([p if p.schema == target else conform(name, p) for p in frames], how="vertical")
+    key = FRAME_SPECS[name].key
+    return out.unique(list(key), keep="first", maintain_order=True) if key and len(frames) > 1 else out
 
 
 class JobFrames(Mapping[str, pl.DataFrame]):

@@ -98,24 +98,25 @@ def detect(ctx: JobContext, cfg: HangConfig) -> list[Finding]:
         tables = (f["fr_pg_status"], f["fr_entries"], f["fr_dumps"])
         # one job: every row is its own (no filtered copy of millions of entries)
         mine = list(tables) if len(sets) == 1 else [t.filter(pl.col("source").is_in(sources)) for t in tables]
-        found = _verdict(ctx, cfg, *mine)
+        status, entries, dumps = mine
+        found = _verdict(ctx, cfg, status, entries, dumps, f["fr_signatures"])
         out += [replace(x, key=f"{x.key}:{folder}", title=f"{x.title} ({folder or '.'})") for x in found] \
             if len(sets) > 1 else found
     return out
 
 
 def _verdict(ctx: JobContext, cfg: HangConfig, status: pl.DataFrame, entries: pl.DataFrame,
-             dumps: pl.DataFrame) -> list[Finding]:
+             dumps: pl.DataFrame, signatures: pl.DataFrame) -> list[Finding]:
     verdict = hang.vote(hang.counters_from_dumps(status), cfg.min_votes)
     latest = dumps["latest_ns"].max()
     latest_ns = int(latest) if latest is not None else None  # type: ignore[arg-type]
-    job = _Job(verdict, hang.blocked_collectives(verdict, entries, latest_ns), _who(ctx, dumps),
+    job = _Job(verdict, hang.blocked_collectives(verdict, entries, latest_ns, signatures), _who(ctx, dumps),
                ctx.world_size or _expected(verdict, dumps), latest_ns, _watchdog(ctx, cfg))
-    out = [_culprit_finding(job, _measure_culprit(job, cls, entries)) for cls in ("device", "host")
+    out = [_culprit_finding(job, _measure_culprit(job, cls, entries, signatures)) for cls in ("device", "host")
            if verdict.culprit_ranks(cls)]
     if verdict.undecided.height:
         out.append(_undecided_finding(job))
-    out += _mismatch_findings(hang.mismatches(entries))
+    out += _mismatch_findings(hang.mismatches(entries, signatures))
     return out
 
 
@@ -187,7 +188,7 @@ class _Culprit:
         return ",".join(names) or None
 
 
-def _measure_culprit(job: _Job, cls: str, entries: pl.DataFrame) -> _Culprit:
+def _measure_culprit(job: _Job, cls: str, entries: pl.DataFrame, signatures: pl.DataFrame) -> _Culprit:
     v = job.verdict
     ranks = v.culprit_ranks(cls)
     rows = v.culprits.filter(pl.col("rank").is_in(ranks))
@@ -201,7 +202,7 @@ def _measure_culprit(job: _Job, cls: str, entries: pl.DataFrame) -> _Culprit:
                     "groups_blocked": job.blocked.height, "missing_dumps": _ranks(list(v.missing)) or None,
                     **agreement})
     return _Culprit(cls, ranks, rows, mine, metrics, lost, _evidence(v, ranks), agreement,
-                    hang.stack_outliers(entries))
+                    hang.stack_outliers(entries, signatures))
 
 
 def _culprit_words(c: _Culprit) -> tuple[str, str]:

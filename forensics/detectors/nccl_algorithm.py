@@ -589,13 +589,33 @@ def _nic_busbw(a: _Algo) -> tuple[float, str] | None:
     logged = used.select("host").unique()
     kept = pl.concat([nets.join(used, on=["host", "nic"], how="semi", nulls_equal=True),
                       nets.join(logged, on="host", how="anti", nulls_equal=True)])
-    per_host = kept.group_by("host").agg(pl.col("gbps").sum(), pl.len().alias("nics")).sort("gbps", "host")
+    per_host = kept.group_by("host").agg(pl.col("gbps").sum(), pl.len().alias("nics"))
+    per_host = per_host.join(_gpu_pcie(a), on="host", how="left", nulls_equal=True).with_columns(
+        pl.min_horizontal("gbps", "pcie_gbps").alias("bound")).sort("bound", "host")
     if not per_host.height:
         return None
     low = per_host.row(0, named=True)
-    return float(low["gbps"]), (f"{low['nics']} NIC(s) of {low['host'] or 'a host'} at {low['gbps']:g} GB/s in all "
-                                "(NCCL's topology print): a ring crosses each node once per channel, so a node's "
-                                "NICs bound cross-node busbw (NVIDIA/nccl#1368, NVIDIA/nccl-tests#352)")
+    said = (f"{low['nics']} NIC(s) of {low['host'] or 'a host'} at {low['gbps']:g} GB/s in all (NCCL's topology "
+            "print): a ring crosses each node once per channel, so a node's NICs bound cross-node busbw "
+            "(NVIDIA/nccl#1368, NVIDIA/nccl-tests#352)")
+    if low["pcie_gbps"] is not None and low["pcie_gbps"] < low["gbps"]:
+        said += (f"; but the job's {low['gpus']} GPU(s) there reach them through PCIe links of {low['gpu_pcie']:g} "
+                 f"GB/s each (topology print), {low['pcie_gbps']:g} GB/s in all")
+    return float(low["bound"]), said
+
+
+def _gpu_pcie(a: _Algo) -> pl.DataFrame:
+    """Per host, what the job's GPUs there can move to or from the NICs: their count (the rank identities) x the
+    slowest PCIe link NCCL's topology print gives a GPU of that host (``+ PCI[bw] - GPU/x``). A GPU's network
+    traffic crosses its own PCIe link (GPUDirect RDMA or a host bounce buffer alike), so one GPU per node cannot
+    fill four NICs (NVIDIA/nccl-tests#232)."""
+    ev = a.frames["nccl_events"]
+    link = ev.filter((pl.col("kind") == "topo_link") & pl.col("message").str.starts_with("PCI GPU/")) \
+        .group_by("host").agg(pl.col("value").min().alias("gpu_pcie"))
+    gpus = a.j.ident.filter(pl.col("cuda_dev").is_not_null()).group_by("host").agg(
+        pl.struct("pid", "cuda_dev").n_unique().alias("gpus"))
+    return link.join(gpus, on="host", how="inner", nulls_equal=True).with_columns(
+        (pl.col("gpus") * pl.col("gpu_pcie")).alias("pcie_gbps"))
 
 
 def _expected_busbw(a: _Algo) -> tuple[float, str] | None:

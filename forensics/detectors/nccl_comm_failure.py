@@ -170,13 +170,17 @@ DOC = DetectorDoc(
     ),
     detects=(
         "NCCL's own errors on a connection, as NCCL and PyTorch's C++ layer log them: a peer that closed or "
-        "reset the connection (`Connection closed by remote peer`, `Call to recv from ... failed : Connection "
-        "reset by peer`), `remote process exited or there was a network error` (ncclRemoteError), proxy "
+        "reset the connection (`Connection closed by remote peer`, `Call to recv from / send to ... failed : "
+        "Connection reset by peer` in the `Net : ` (<= 2.18) and `socketProgressOpt: ` (2.19+) wordings, also "
+        "as PyTorch prints NCCL's last error without its envelope), a connect to a peer that failed (`Net : "
+        "Connect to` / `socketStartConnect: Connect to`), `remote process exited or there was a network error` "
+        "(ncclRemoteError), proxy "
         "connect/accept failures (res 2 = ncclSystemError, 3 = ncclInternalError), AWS OFI / EFA provider "
         "errors (`Request ... completed with error. RC: 103. Error: 4126 (Unresponsive receiver ...)`, an "
         "address vector or endpoint that cannot be set up), InfiniBand completion errors (status 12 retry "
         "exceeded, 4 local protection, ...), HCA async events (`local catastrophic error`) and failed verbs "
-        "calls, nccl-tests stopping on an NCCL error, and `NCCL error in: ... ProcessGroupNCCL.cpp` lines. "
+        "calls, nccl-tests stopping on an NCCL error, and PyTorch's `NCCL error in: ... ProcessGroupNCCL.cpp` "
+        "lines (2.4+: `Process group watchdog thread terminated with exception: NCCL error: ...`). "
         "One finding per job, anchored on the first error in time across ranks (the earliest time any line "
         "carries, else the first line of the first file)."
     ),
@@ -238,14 +242,29 @@ def _measure(ctx: JobContext, fails: pl.DataFrame) -> _Failure:
     first = (primary if primary.height else fails).row(0, named=True)
     peer = first.get("peer")
     comm, size = _comm(ctx, first)
-    f_ranks, f_hosts, _ = where(pl.DataFrame([first]).select([c for c in ("host", "pid", "cuda_dev", "rank")
-                                                             if c in first]), j.ident)
+    f_where = where(pl.DataFrame([first]).select([c for c in ("host", "pid", "cuda_dev", "rank") if c in first]),
+                    j.ident)
+    every = where(fails, j.ident)
     peer_host, how = _peer_place(ctx, peer, j.hosts), "address"
     if peer_host is None and peer and first["kind"] in _NET_PEER_KINDS:
         peer_host, how = _net_reach(ctx, j.ident, first.get("host")), "net"
     return _Failure(fails, first, bool(primary.height), _return_codes(ctx), peer, peer_host,
-                    how if peer_host else None, comm, size, _operation(ctx, first), where(fails, j.ident),
-                    (f_ranks[0] if f_ranks else None, f_hosts[0] if f_hosts else None))
+                    how if peer_host else None, comm, size, _operation(ctx, first), every,
+                    _reporter(f_where, every, j.ident))
+
+
+def _reporter(first: tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]],
+              every: tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]],
+              ident: pl.DataFrame) -> tuple[int | None, str | None]:
+    """The first error's rank and host. NCCL's last error is printed bare under PyTorch's rank-prefixed exception
+    (`[rank5]:... NCCL error` / `Last error:` / `socketProgressOpt: ...`): when the line names no process, the one
+    rank (and host) of all the failure's lines is its reporter; with several, it stays unknown."""
+    rank = first[0][0] if first[0] else (every[0][0] if len(every[0]) == 1 else None)
+    host = first[1][0] if first[1] else (every[1][0] if len(every[1]) == 1 else None)
+    if host is None and rank is not None and not first[0]:
+        hosts = ident.filter(pl.col("rank") == rank)["host"].drop_nulls().unique()
+        host = str(hosts[0]) if hosts.len() == 1 else None
+    return rank, host
 
 
 def _summary(m: _Failure) -> str:
@@ -257,9 +276,14 @@ def _summary(m: _Failure) -> str:
             f"peer {m.peer}" + _peer_words(m) if m.peer else "",
             f"communicator {comm}" if comm else "", f"operation {m.op}" if m.op else "",
             f"NCCL returned {', '.join(m.codes)}" if m.codes else "",
-            f"{m.fails.height} error line(s) on {len(m.where[1])} host(s)"]
+            f"{m.fails.height} error line(s)" + _on_hosts(m)]
     return "; ".join(p for p in said if p) + (". NCCL failed at once (not a watchdog timeout); later errors on other "
                                               "ranks are mostly its consequences.")
+
+
+def _on_hosts(m: _Failure) -> str:
+    hosts = set(m.where[1]) | ({m.reporter[1]} if m.reporter[1] else set())
+    return f" on {len(hosts)} host(s)" if hosts else ""
 
 
 def _peer_words(m: _Failure) -> str:
@@ -276,7 +300,7 @@ def _finding(m: _Failure, cfg: NcclCommFailureConfig) -> Finding:
         "nccl_comm_failure", Severity.CRITICAL,
         f"NCCL communication failure: {str(first['error_class']).split(' (')[0]}", _summary(m),
         _advice(str(first["kind"]), first.get("code"), str(first.get("message") or "")),
-        ranks=ranks, hosts=tuple(sorted(set(hosts) | ({m.peer_host} if m.peer_host else set()))), gpus=gpus,
+        ranks=ranks, hosts=tuple(sorted(set(hosts) | {h for h in (host, m.peer_host) if h})), gpus=gpus,
         key="comm_failure", kind=COMM_FAILURE.name, when=_when(first.get("time_ns")), process_group=m.comm,
         confidence="high" if m.primary else "medium",
         metrics={"events": m.fails.height, "error_class": str(first["error_class"]), "first_kind": str(first["kind"]),

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from forensics.base import frames as fr
 from forensics.facts.collectives import pg_type_expr
 
 _VOTE_SCHEMA = {"rank": pl.Int32, "cls": pl.String, "votes": pl.UInt32, "pgs": pl.List(pl.String)}
@@ -137,12 +138,13 @@ def _culprits(groups: pl.DataFrame, votes: pl.DataFrame, min_votes: int) -> pl.D
     return v.filter(host | device).with_columns(why.alias("why")).select("rank", "cls", "votes", "pgs", "why")
 
 
-def blocked_collectives(verdict: HangVerdict, entries: pl.DataFrame, latest_ns: int | None) -> pl.DataFrame:
+def blocked_collectives(verdict: HangVerdict, entries: pl.DataFrame, latest_ns: int | None,
+                        signatures: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per voting group with waiting ranks: the collective they are blocked in (the lowest ``last_completed + 1``
     among ranks with work pending), the members that never enqueued it, its op / sizes / dtype from any member's
-    entry, and how long the others waited (from its earliest enqueue to the dumps' latest recorded time: a lower
-    bound). Columns: pg_name, pg_desc, seq, waiting (ranks), never_joined (ranks), op, in_sizes, dtype, created_ns,
-    timeout_ns, waited_ns."""
+    entry (sizes and dtype from ``signatures``, the entries' ``fr_signatures``), and how long the others waited
+    (from its earliest enqueue to the dumps' latest recorded time: a lower bound). Columns: pg_name, pg_desc, seq,
+    waiting (ranks), never_joined (ranks), op, in_sizes, dtype, created_ns, timeout_ns, waited_ns."""
     g = verdict.groups.filter(pl.col("voting"))
     stuck = g.filter(pl.col("pending") > 0).group_by("pg_name").agg(
         (pl.col("last_completed").min() + 1).alias("seq"), pl.col("pg_desc").first())
@@ -153,31 +155,47 @@ def blocked_collectives(verdict: HangVerdict, entries: pl.DataFrame, latest_ns: 
         pl.col("rank").filter(pl.col("last_enqueued") < pl.col("seq")).sort().alias("never_joined"))
     out = stuck.join(per, on="pg_name")
     if entries.height:
-        what = entries.join(out.select("pg_name", "seq"), left_on=["pg_name", "collective_seq"],
-                            right_on=["pg_name", "seq"]).group_by("pg_name").agg(
-            pl.col("op").first(), pl.col("in_sizes").first(), pl.col("in_dtypes").first().list.first().alias("dtype"),
-            pl.col("created_ns").min(), pl.col("timeout_ns").max())
-        out = out.join(what, on="pg_name", how="left")
+        # the blocked sequence numbers first (integers: millions of entries), then the few rows as text
+        near = as_text(entries.filter(pl.col("collective_seq").is_in(out["seq"].implode())))
+        what = near.join(out.select("pg_name", "seq"), left_on=["pg_name", "collective_seq"],
+                         right_on=["pg_name", "seq"]).group_by("pg_name").agg(
+            pl.col("op").first(), pl.col("sig").first(), pl.col("created_ns").min(), pl.col("timeout_ns").max())
+        shapes = with_signatures(what, signatures).select(
+            "pg_name", "op", "in_sizes", pl.col("in_dtypes").list.first().alias("dtype"), "created_ns", "timeout_ns")
+        out = out.join(shapes, on="pg_name", how="left")
     else:
         out = out.with_columns(pl.lit(None, pl.String).alias("op"), pl.lit(None, pl.Int64).alias("created_ns"),
                                pl.lit(None, pl.Int64).alias("timeout_ns"))
     return out.with_columns((pl.lit(latest_ns, pl.Int64) - pl.col("created_ns")).alias("waited_ns")).sort("pg_name")
 
 
-def mismatches(entries: pl.DataFrame) -> pl.DataFrame:
+def as_text(entries: pl.DataFrame) -> pl.DataFrame:
+    """Entries with their Categorical columns as String (to join the String columns of other frames)."""
+    return entries.with_columns(pl.col(pl.Categorical).cast(pl.String))
+
+
+def with_signatures(entries: pl.DataFrame, signatures: pl.DataFrame | None) -> pl.DataFrame:
+    """Entries (a few rows, with ``sig``) with their shapes, dtypes and stack from ``fr_signatures``; entries
+    that carry those columns already (built by hand) are taken as they are."""
+    if "in_sizes" in entries.columns or "sig" not in entries.columns:
+        return entries
+    sigs = signatures if signatures is not None else pl.DataFrame(schema=fr.schema("fr_signatures"))
+    return entries.join(sigs, on="sig", how="left")
+
+
+def mismatches(entries: pl.DataFrame, signatures: pl.DataFrame | None = None) -> pl.DataFrame:
     """Collectives (same group, same ``collective_seq``, not point-to-point) whose members disagree, as fr_trace
     classifies them: ``collective_type`` (a different op), ``size`` (a different input element count, for ops whose
     inputs must match; all_to_all sizes may differ), ``dtype``, ``state`` (fr_trace's COLLECTIVE_STATE_MISMATCH:
     completed on some members, scheduled or started on others; on a tie ``completed`` counts as the majority, so
     the rank that did not complete is named). Columns: pg_name, pg_desc, seq, kind, value (the minority's),
-    majority, ranks (the minority)."""
-    e = entries.filter(~pl.col("is_p2p").fill_null(False) & pl.col("collective_seq").is_not_null()
-                       & pl.col("pg_name").is_not_null())
+    majority, ranks (the minority). ``signatures``: the entries' ``fr_signatures``."""
+    # lazily: the filter reads the few columns it needs, not a copy of millions of entries
+    e = _disagreeing(entries.lazy().filter(~pl.col("is_p2p").fill_null(False) & pl.col("collective_seq").is_not_null()
+                                           & pl.col("pg_name").is_not_null()))
     if e.height == 0:
         return pl.DataFrame()
-    e = _disagreeing(e)
-    if e.height == 0:
-        return pl.DataFrame()
+    e = with_signatures(as_text(e), signatures)
     e = e.unique(["pg_name", "collective_seq", "rank"], keep="last").with_columns(
         pl.col("in_dtypes").list.join(",").alias("dtype_key"), pl.col("in_numel").cast(pl.String).alias("size_key"),
         pl.col("state").cast(pl.String).alias("state_key"))
@@ -189,14 +207,17 @@ def mismatches(entries: pl.DataFrame) -> pl.DataFrame:
 _SIZED = ~pl.col("op").str.contains("all_to_all|alltoall|coalesced|barrier|gather$|scatter$")
 
 
-def _disagreeing(e: pl.DataFrame) -> pl.DataFrame:
-    """The entries of collectives whose members' entries differ in op, size (ops whose sizes must match), dtype or
-    state: in a job of thousands of ranks almost every collective agrees, and only these need comparing."""
+def _disagreeing(e: pl.LazyFrame) -> pl.DataFrame:
+    """The entries of collectives whose members' entries differ in op, shapes (``sig``: sizes, dtypes, stack) or
+    state: in a job of thousands of ranks almost every collective agrees, and only these need comparing (those
+    that differ only where no class looks are compared and give nothing)."""
     keys = ["pg_name", "collective_seq"]
+    shape = (pl.col("sig").n_unique() > 1) if "sig" in e.collect_schema().names() else (
+        (pl.col("in_dtypes").n_unique() > 1) | (pl.col("in_numel").n_unique() > 1))
     split = e.group_by(keys).agg((
-        (pl.col("op").n_unique() > 1) | (pl.col("in_dtypes").n_unique() > 1) | (pl.col("state").n_unique() > 1)
-        | (pl.col("in_numel").filter(_SIZED).n_unique() > 1)).alias("split")).filter(pl.col("split"))
-    return e.join(split.select(keys), on=keys, how="semi") if split.height else e.head(0)
+        (pl.col("op").n_unique() > 1) | shape | (pl.col("state").n_unique() > 1)).alias("split")).filter(
+        pl.col("split")).select(keys).collect()
+    return e.join(split.lazy(), on=keys, how="semi").collect() if split.height else e.head(0).collect()
 
 
 def _minority(e: pl.DataFrame, col: str, kind: str) -> pl.DataFrame:
@@ -212,9 +233,17 @@ def _minority(e: pl.DataFrame, col: str, kind: str) -> pl.DataFrame:
         pl.col(col).cast(pl.String).alias("value"), pl.col("majority").cast(pl.String), pl.col("rank").alias("ranks"))
 
 
-def stack_outliers(entries: pl.DataFrame) -> pl.DataFrame:
+def stack_outliers(entries: pl.DataFrame, signatures: pl.DataFrame | None = None) -> pl.DataFrame:
     """When dumps carry stacks: each rank's stack at its oldest pending entry (else its last entry), grouped; the
-    ranks whose stack differs from the majority's. Columns: rank, stack (list), n_same (ranks sharing it), outlier."""
+    ranks whose stack differs from the majority's. Columns: rank, stack (list), n_same (ranks sharing it), outlier.
+    ``signatures``: the entries' ``fr_signatures`` (where the stacks are)."""
+    if "stack" not in entries.columns:
+        stacked = (signatures.filter(pl.col("stack").is_not_null() & (pl.col("stack").list.len() > 0))
+                   if signatures is not None else pl.DataFrame())
+        if stacked.height == 0:
+            return pl.DataFrame()
+        entries = entries.filter(pl.col("sig").is_in(stacked["sig"].implode())).join(
+            stacked.select("sig", "stack"), on="sig", how="left")
     e = entries.filter(pl.col("stack").is_not_null() & (pl.col("stack").list.len() > 0))
     if e.height == 0:
         return pl.DataFrame()

@@ -197,3 +197,38 @@ def test_the_same_gpus_on_an_nvswitch_node_are_judged(tmp_path):
     nvs = "lrdn2296:4063850:4063882 [0] NCCL INFO                 + NVL[240.0] - NVS/0\n"
     (f,) = _algo(tmp_path, fx.A100_FOUR_GPU_BOARD + nvs + _sendrecv_rows(72.0))
     assert f.metrics["expected_busbw_gbps"] == 200.0 and f.metrics["peak_busbw_gbps"] == 72.0
+
+
+def _one_gpu_per_node(gpus_per_node: int) -> str:
+    """Two nodes, ``gpus_per_node`` H100 each, four 400 Gb/s NICs per node in NCCL's topology print and each GPU's
+    PCIe Gen5 x16 link (the link format of topo.cc's ncclTopoPrint; lines written for the test)."""
+    head = HEADER.split("#  Rank")[0]
+    devices = "".join(f"#  Rank {r:>2} Group  0 Pid {4349 + r:>6} on {'node' + str(1 + r // gpus_per_node):>10} device "
+                      f" {r % gpus_per_node} [0x{0x18 + r % gpus_per_node:02x}] NVIDIA H100 80GB HBM3\n"
+                      for r in range(2 * gpus_per_node))
+    topo = ""
+    for n, pid in (("node1", 4349), ("node2", 4349 + gpus_per_node)):
+        topo += f"{n}:{pid}:{pid + 11} [0] NCCL INFO === System : maxBw 48.0 totalBw 370.0 ===\n"
+        topo += "".join(f"{n}:{pid}:{pid + 11} [0] NCCL INFO + PCI[48.0] - GPU/{0x18 + g:X}000 ({g})\n"
+                        for g in range(gpus_per_node))
+        topo += "".join(f"{n}:{pid}:{pid + 11} [0] NCCL INFO               + NET[50.0] - NET/{i} (0/0/50.000000)\n"
+                        for i in range(4))
+    return head + devices + topo + HEADER[HEADER.index("#\n#      "):]
+
+
+def test_one_gpu_per_node_cannot_fill_four_nics(tmp_path):
+    # nccl-tests#232's case: 2 nodes x 1 H100, 4 NICs, busbw ~50 GB/s where the poster expected 200: the GPU's own
+    # PCIe link (48 GB/s) is what one GPU per node can move, so 50 GB/s is what the hardware allows, not a quarter
+    (tmp_path / "one").mkdir()
+    assert _algo(tmp_path / "one", _one_gpu_per_node(1) + _rows(50.0)) == []
+    # eight GPUs per node reach the four NICs (200 GB/s) through eight links: 50 GB/s is then below half
+    (tmp_path / "eight").mkdir()
+    (f,) = _algo(tmp_path / "eight", _one_gpu_per_node(8) + _rows(50.0))
+    assert f.metrics["expected_busbw_gbps"] == 200.0 and "PCIe" not in f.metrics["expected_source"]
+
+
+def test_the_pcie_bound_is_said_where_it_binds(tmp_path):
+    # one GPU per node at 20 GB/s: below half of the 48 GB/s its PCIe link allows, and the figure says why
+    (f,) = _algo(tmp_path, _one_gpu_per_node(1) + _rows(20.0))
+    assert f.metrics["expected_busbw_gbps"] == 48.0
+    assert "1 GPU(s) there reach them through PCIe links of 48 GB/s" in f.metrics["expected_source"]

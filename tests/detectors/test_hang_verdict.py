@@ -108,12 +108,16 @@ def test_skipped_when_the_dumps_hold_no_counters():
     assert skipped and "no per-group counters" in skipped[0].reason
 
 
-def _entries(rows: list[tuple[int, str, int, str, int, str, str]]) -> pl.DataFrame:
-    """fr_entries from (rank, group, collective_seq, op, input elements, dtype, state)."""
-    return fr.conform("fr_entries", pl.DataFrame([
+def _entries(rows: list[tuple[int, str, int, str, int, str, str]]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """fr_entries and fr_signatures from (rank, group, collective_seq, op, input elements, dtype, state)."""
+    shapes = sorted({(n, dt) for *_, n, dt, _ in rows})
+    sigs = fr.conform("fr_signatures", pl.DataFrame([
+        {"sig": i, "in_sizes": [[n]], "in_dtypes": [dt], "in_numel": n} for i, (n, dt) in enumerate(shapes)]))
+    entries = fr.conform("fr_entries", pl.DataFrame([
         {"rank": r, "source": f"fr/rank_{r}", "pg_name": g, "pg_desc": DESC[g], "record_id": i, "collective_seq": q,
-         "op": op, "is_p2p": False, "in_numel": n, "in_sizes": [[n]], "in_dtypes": [dt], "state": st}
+         "op": op, "is_p2p": False, "sig": shapes.index((n, dt)), "state": st}
         for i, (r, g, q, op, n, dt, st) in enumerate(rows)]))
+    return entries, sigs
 
 
 def test_each_mismatch_class_as_fr_trace_names_it():
@@ -123,24 +127,25 @@ def test_each_mismatch_class_as_fr_trace_names_it():
            "dtype": (3, "0", 10, "all_reduce", 64, "Float", "completed"),
            "state": (3, "0", 10, "all_reduce", 64, "BFloat16", "scheduled")}
     for kind, row in odd.items():
-        mm = hang.mismatches(_entries([*agree, row]))
+        mm = hang.mismatches(*_entries([*agree, row]))
         assert mm.select("kind", "ranks", "seq").rows() == [(kind, [3], 10)], kind
         assert mm["value"][0] != mm["majority"][0]
-    assert hang.mismatches(_entries([*agree, (3, "0", 10, "all_reduce", 64, "BFloat16", "completed")])).height == 0
+    assert hang.mismatches(*_entries([*agree, (3, "0", 10, "all_reduce", 64, "BFloat16", "completed")])).height == 0
 
 
 def test_a_state_mismatch_names_the_rank_that_did_not_complete_even_on_a_tie():
     # two members: one completed the collective, the other's entry is still scheduled
-    mm = hang.mismatches(_entries([(0, "1", 20, "all_reduce", 8, "Float", "completed"),
+    mm = hang.mismatches(*_entries([(0, "1", 20, "all_reduce", 8, "Float", "completed"),
                                    (1, "1", 20, "all_reduce", 8, "Float", "scheduled")]))
     assert mm.select("kind", "ranks", "value", "majority").rows() == [("state", [1], "scheduled", "completed")]
 
 
 def test_a_state_mismatch_is_its_own_finding_beside_the_verdict():
     frames = _frames(_blocked({3: {"0": (10, 7), "2": (20, 16)}}))
-    entries = _entries([(r, "0", 8, "all_reduce", 64, "BFloat16", "scheduled" if r == 3 else "completed")
-                        for r in range(4)])
-    findings, _ = _run(JobFrames({**{n: frames[n] for n in frames.present}, "fr_entries": entries}))
+    entries, sigs = _entries([(r, "0", 8, "all_reduce", 64, "BFloat16", "scheduled" if r == 3 else "completed")
+                              for r in range(4)])
+    findings, _ = _run(JobFrames({**{n: frames[n] for n in frames.present}, "fr_entries": entries,
+                                  "fr_signatures": sigs}))
     by_key = {f.key: f for f in findings}
     assert set(by_key) == {"stuck_device", "mismatch_state"}
     state = by_key["mismatch_state"]
@@ -149,11 +154,11 @@ def test_a_state_mismatch_is_its_own_finding_beside_the_verdict():
 
 def test_the_blocked_collective_names_who_never_joined_it_and_how_long_the_others_waited():
     frames = _frames(_blocked({1: {"0": (9, 9), "1": (19, 19)}}))
-    entries = _entries([(r, "0", 10, "all_reduce", 64, "BFloat16", "scheduled") for r in (0, 2, 3)])
+    entries, sigs = _entries([(r, "0", 10, "all_reduce", 64, "BFloat16", "scheduled") for r in (0, 2, 3)])
     entries = entries.with_columns(pl.lit(1_000, pl.Int64).alias("created_ns"), pl.lit(600_000_000_000, pl.Int64)
                                    .alias("timeout_ns"))
     verdict = hang.vote(hang.counters_from_dumps(frames["fr_pg_status"]))
-    b = hang.blocked_collectives(verdict, entries, latest_ns=5_000).filter(pl.col("pg_name") == "0").row(0, named=True)
+    b = hang.blocked_collectives(verdict, entries, 5_000, sigs).filter(pl.col("pg_name") == "0").row(0, named=True)
     assert (b["seq"], b["waiting"], b["never_joined"], b["op"]) == (10, [0, 2, 3], [1], "all_reduce")
     assert b["in_sizes"] == [[64]] and b["waited_ns"] == 4_000
 

@@ -169,6 +169,11 @@ def test_pytorch_24_watchdog_wording_and_ncclgetlasterror_text_shared_job_log_18
     assert f.metrics["first_kind"] == "net_recv_failed" and f.metrics["peer"] == "10.119.24.53<49901>"
     assert f.metrics["nccl_result"] == "ncclRemoteError" and f.metrics["events"] == 2  # the socket + PyTorch's line
     assert f.ranks == (5,)
+    # the bare socket line names no process: its reporter is the one rank of the failure's lines (PyTorch's
+    # `[rank5]` exception it is printed under), placed on its host by NCCL's `comm ... rank 5 ... cudaDev 1` line
+    assert (f.metrics["reporting_rank"], f.metrics["reporting_host"]) == (5, "pt-gbcg65vy-worker-0")
+    assert f.hosts == ("pt-gbcg65vy-worker-0",)
+    assert f.summary.startswith("First error: rank 5 on pt-gbcg65vy-worker-0, ") and "1 host(s)" in f.summary
 
 
 def test_every_socket_wording_is_a_failure_with_its_peer(tmp_path):
