@@ -9,12 +9,16 @@ Times are integer ns. Ranks are placed 8 per host (``node0``, ``node1``, ...).
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import polars as pl
 
 from forensics.base.frames import JobFrames, conform, pg_id
+from forensics.facts.context import JobContext
+from forensics.pipeline import load
 
 US = 1_000
 MS = 1_000_000
@@ -228,3 +232,10 @@ def link_job(slow_node: int | None = 2, factor: float = 3.0, steps: int = 3, com
                                    end_ns=end))
             t[r] = end
     return rows.frames(n, groups)
+
+
+def one_trace_context(run: Path, doc: dict) -> JobContext:
+    """The JobContext of a run folder holding one hand-written Kineto trace (``rank0.pt.trace.json``)."""
+    (run / "rank0.pt.trace.json").write_text(json.dumps(doc))
+    _, frames = load(run, workers=1)
+    return JobContext(frames)

@@ -13,13 +13,12 @@ which stays a copy.
 
 from __future__ import annotations
 
-import json
-
 import polars as pl
 import pytest
 
 from forensics.facts.context import JobContext
 from forensics.pipeline import load
+from tests.frame_builders import one_trace_context
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_cublas"
 BARRIER = "c10d::symmetric_memory::barrier_kernel(unsigned int**, int, int, int, unsigned long)"
@@ -69,10 +68,7 @@ def _trace() -> dict:
 
 @pytest.fixture(scope="module")
 def ctx(tmp_path_factory):
-    run = tmp_path_factory.mktemp("async_tp")
-    (run / "rank0.pt.trace.json").write_text(json.dumps(_trace()))
-    _, frames = load(run, workers=1)
-    return JobContext(frames)
+    return one_trace_context(tmp_path_factory.mktemp("async_tp"), _trace())
 
 
 def test_copies_inside_fused_ops_are_tp_communication_of_the_ops_collective(ctx):

@@ -15,6 +15,7 @@ import pytest
 
 from forensics.facts.context import JobContext
 from forensics.pipeline import load
+from tests.frame_builders import one_trace_context
 
 UB = "userbuffers_fp16_sum_inplace_gpu_rr_rs(void*, int, int, int, int, int, int, void**, int*, int*, int)"
 SYMM = "void c10d::symmetric_memory::two_shot_all_reduce_kernel<c10::BFloat16, 8>(c10::BFloat16**, unsigned long)"
@@ -39,10 +40,7 @@ def _trace() -> dict:
 
 @pytest.fixture(scope="module")
 def ctx(tmp_path_factory):
-    run = tmp_path_factory.mktemp("tp_overlap")
-    (run / "rank0.pt.trace.json").write_text(json.dumps(_trace()))
-    _, frames = load(run, workers=1)
-    return JobContext(frames)
+    return one_trace_context(tmp_path_factory.mktemp("tp_overlap"), _trace())
 
 
 def test_userbuffers_and_symmetric_memory_kernels_are_tp_communication(ctx):
