@@ -90,7 +90,7 @@ def _bars(table: pl.DataFrame, segs: list[str], culprits: list[int]) -> tuple[pl
     """The rows to draw, with a ``label``: one per rank, or one per host plus the outlier ranks."""
     if table.height <= MAX_RANK_BARS:
         lab = [("▶ " if r in culprits else "") + rank_label(r, g) for r, g in zip(table["rank"], table["gpu"])]
-        return table.with_columns(pl.Series("label", lab)), "rank"
+        return table.with_columns(pl.Series("label", lab, dtype=pl.String)), "rank"
     out = outlier_ranks(table, culprits)
     hosts = table.filter(~pl.col("rank").is_in(out)).group_by("host").agg(
         pl.len().alias("n"), *[pl.col(s).mean() for s in segs]
@@ -98,7 +98,7 @@ def _bars(table: pl.DataFrame, segs: list[str], culprits: list[int]) -> tuple[pl
                                  + pl.col("n").cast(pl.String) + " ranks)").alias("label"))
     lone = table.filter(pl.col("rank").is_in(out))
     lab = [("▶ " if r in culprits else "◆ ") + rank_label(r, g) for r, g in zip(lone["rank"], lone["gpu"])]
-    rows = pl.concat([lone.with_columns(pl.Series("label", lab)).select("label", *segs),
+    rows = pl.concat([lone.with_columns(pl.Series("label", lab, dtype=pl.String)).select("label", *segs),
                       hosts.select("label", *segs)], how="vertical")
     return rows, "host (outlier ranks ◆ and culprits ▶ on their own)"
 

@@ -114,6 +114,17 @@ def test_anatomy_aggregates_per_host_beyond_64_ranks_keeping_outliers():
     assert any(lbl.startswith("node8 (mean of 7 ranks)") for lbl in labels)  # node8 = ranks 64..71 less rank 70
 
 
+def test_anatomy_of_a_healthy_job_beyond_64_ranks_is_one_bar_per_host():
+    # no culprit and no outlier: the list of lone ranks is empty (its labels once had no type and the concat with
+    # the hosts' rows failed, exit 3, on 1,000 tiny traces of benchmarks/many_small_files.py)
+    frames, _ = dp_job(n_ranks=80, steps=2, slow={})
+    analysis = _analysis(frames)
+    table, _ = anatomy_segments(analysis)
+    assert outlier_ranks(table, []) == []
+    labels = step_anatomy_view(analysis).figures[0].to_plotly_json()["data"][0]["x"]
+    assert labels == [f"node{h} (mean of 8 ranks)" for h in range(10)]
+
+
 def test_collective_skew_last_rank_transfer_and_busbw_by_hand(dp):
     analysis, frames, truth = dp
     table = collectives_table(analysis.context).sort("step")
