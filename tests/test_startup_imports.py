@@ -5,6 +5,7 @@ benchmarks/startup.py)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,59 @@ def test_help_imports_no_analysis_and_no_reports(tmp_path: Path, args: list[str]
     mods, stdout = imports_of(tmp_path, *args)
     assert "Usage" in stdout
     assert "typer" in mods and not mods & (ANALYSIS | REPORTS)
+    # typer's rich help formatter imports rich.markdown and rich.traceback for features we do not use
+    assert not mods & {"markdown_it", "pygments"}
+
+
+def test_a_usage_error_imports_neither_markdown_nor_pygments(tmp_path: Path):
+    record = tmp_path / "modules.json"
+    res = subprocess.run([sys.executable, "-c", RUNNER, str(record), "analyze", "--no-such-option"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    done = json.loads(record.read_text())
+    assert done["code"] == 2 and "No such option" in res.stderr
+    assert not {m.split(".")[0] for m in done["modules"]} & {"markdown_it", "pygments"}
+
+
+ENTRY = "import sys; from forensics.cli import {}; sys.argv[0] = 'forensics'; {}()"
+
+
+@pytest.mark.parametrize("args", [["--help"], ["analyze", "--help"], ["simulate", "--help"], ["analyze"],
+                                  ["analyze", "--nope"]])
+@pytest.mark.parametrize("color", ["", "1"])
+def test_help_and_usage_errors_read_as_typer_writes_them(tmp_path: Path, args: list[str], color: str):
+    """The entry point's help formatter without rich.markdown and rich.traceback writes what typer's own writes
+    (the app called directly, without :func:`forensics.cli.main`), colours included."""
+    env = {**os.environ, "COLUMNS": "100", "FORCE_COLOR": color, "TERM": "xterm-256color"}
+    shown = [subprocess.run([sys.executable, *how, *args], capture_output=True, text=True, cwd=tmp_path, env=env)
+             for how in (["-c", ENTRY.format("main", "main")], ["-c", ENTRY.format("app", "app")])]
+    assert (shown[0].returncode, shown[0].stdout, shown[0].stderr) == \
+        (shown[1].returncode, shown[1].stdout, shown[1].stderr)
+    assert "Usage" in shown[0].stdout + shown[0].stderr
+
+
+def test_the_deferred_markdown_and_traceback_still_work(tmp_path: Path):
+    """Were a help text ever written in Markdown, or a pretty traceback shown, the stand-ins import the real class."""
+    code = """
+import io, sys
+import typer
+from forensics.cli import _defer_help_imports
+_defer_help_imports()
+from typer import rich_utils
+assert "rich.markdown" not in sys.modules and "pygments" not in sys.modules
+from rich.console import Console
+out = io.StringIO()
+Console(file=out, width=40).print(rich_utils.Markdown("# Title"))
+try:
+    1 / 0
+except ZeroDivisionError as exc:
+    tb = rich_utils.Traceback.from_exception(type(exc), exc, exc.__traceback__)
+import rich.markdown, rich.traceback
+assert isinstance(tb, rich.traceback.Traceback) and "rich.markdown" in sys.modules
+print(out.getvalue().strip())
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "Title" or "Title" in res.stdout and "#" not in res.stdout
 
 
 def test_rules_imports_the_detectors_but_no_reports_parsing_or_ray(tmp_path: Path):
