@@ -24,7 +24,9 @@ except SystemExit as exc:
 else:
     code = 0
 with open(out, "w") as fh:
-    json.dump({"code": code, "modules": sorted(sys.modules)}, fh)
+    # a module deferred by forensics.base.lazy and never used did not run: not imported
+    json.dump({"code": code, "modules": sorted(m for m, mod in sys.modules.items()
+                                               if type(mod).__name__ != "_Deferred")}, fh)
 """
 
 
@@ -109,11 +111,34 @@ print(out.getvalue().strip())
     assert res.stdout.strip() == "Title" or "Title" in res.stdout and "#" not in res.stdout
 
 
-def test_rules_imports_the_detectors_but_no_reports_parsing_or_ray(tmp_path: Path):
-    mods, stdout = imports_of(tmp_path, "rules", "straggler")
+@pytest.mark.parametrize("args", [["rules", "straggler"], ["rules", "--format", "md"]])
+def test_rules_imports_the_detectors_but_no_polars_reports_parsing_or_ray(tmp_path: Path, args: list[str]):
+    """`rules` prints declarations: the detectors, facts and frames modules run no Polars code at import (a
+    module-level Polars expression or dtype would load it here: make it a function, or a frames.Dtype)."""
+    mods, stdout = imports_of(tmp_path, *args)
     assert "straggler" in stdout and "forensics.detectors.straggler" in mods
-    assert not mods & (REPORTS | {"ray", "forensics.pipeline", "forensics.parsers.discovery", "forensics.fleet",
-                                  "forensics.simulate", "forensics.diff"})
+    assert "forensics.detectors.gpu_idle" in mods and "forensics.facts.context" in mods
+    assert not mods & (REPORTS | {"polars", "pyarrow", "numpy", "ray", "forensics.pipeline",
+                                  "forensics.parsers.discovery", "forensics.fleet", "forensics.simulate",
+                                  "forensics.diff"})
+
+
+def test_a_deferred_module_runs_at_its_first_use(tmp_path: Path):
+    code = """
+import sys
+from forensics.base.lazy import defer_import
+defer_import("colorsys")
+import colorsys
+assert "rgb_to_hsv" not in vars(colorsys)  # not run yet
+assert colorsys.rgb_to_hsv(1.0, 0.0, 0.0) == (0.0, 1.0, 1.0)
+from colorsys import hls_to_rgb
+assert hls_to_rgb is colorsys.hls_to_rgb is sys.modules["colorsys"].hls_to_rgb
+assert type(sys.modules["colorsys"]).__name__ == "module"
+defer_import("no_such_module_here")
+assert "no_such_module_here" not in sys.modules
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
 
 
 def test_simulate_list_imports_no_polars(tmp_path: Path):

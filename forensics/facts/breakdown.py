@@ -75,7 +75,9 @@ def _none(bits: int) -> pl.Expr:
     return (pl.col("mask") & bits) == 0
 
 
-WINDOW_SCHEMA = {"rank": pl.Int32, "host": pl.String, "step": pl.Int64, "w_start": pl.Int64, "w_end": pl.Int64}
+# a function, not a constant: importing this module runs no Polars code (`forensics rules`, frames.Dtype)
+def window_schema() -> dict[str, type[pl.DataType]]:
+    return {"rank": pl.Int32, "host": pl.String, "step": pl.Int64, "w_start": pl.Int64, "w_end": pl.Int64}
 
 
 def step_windows(frames: JobFrames, kernels: pl.DataFrame) -> pl.DataFrame:
@@ -88,7 +90,7 @@ def step_windows(frames: JobFrames, kernels: pl.DataFrame) -> pl.DataFrame:
     """
     steps = effective_steps(frames).sort("rank", "start_ns")
     if steps.height == 0:
-        return pl.DataFrame(schema=WINDOW_SCHEMA)
+        return pl.DataFrame(schema=window_schema())
     own = kernels.filter(pl.col("step").is_not_null())
     per_step = own.group_by("rank", "step").agg(
         pl.col("start_ns").min().alias("_kfirst"), pl.col("end_ns").max().alias("_klast"))
@@ -120,7 +122,7 @@ def step_windows(frames: JobFrames, kernels: pl.DataFrame) -> pl.DataFrame:
         "w_start",
         pl.coalesce(pl.col("w_start").shift(-1).over("rank", order_by="start_ns"),
                     pl.max_horizontal("_klast", "end_ns")).alias("w_end"),
-    ).filter(pl.col("w_end") > pl.col("w_start")).cast(WINDOW_SCHEMA)  # type: ignore[arg-type]
+    ).filter(pl.col("w_end") > pl.col("w_start")).cast(window_schema())  # type: ignore[arg-type]
 
 
 def compute_breakdown(frames: JobFrames, match: CollectiveMatch | None = None,

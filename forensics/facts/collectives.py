@@ -80,7 +80,8 @@ class CollectiveMatch:
     rank_offsets: pl.DataFrame
     host_offsets: pl.DataFrame
     unmatched: dict[str, int]
-    incomplete: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # not pl.DataFrame itself: importing this module runs no Polars code (`forensics rules`, frames.Dtype)
+    incomplete: pl.DataFrame = field(default_factory=lambda: pl.DataFrame())
 
 
 WHOLE_TRACE = -1

@@ -27,7 +27,10 @@ from forensics.facts.op_throughput import op_throughput
 from forensics.facts.placement import Placement
 from forensics.facts.run_header import run_facts
 
-STAGES_SCHEMA = {"rank": pl.Int32, "pp_stage": pl.Int64, "pp_size": pl.Int64, "pp_key": pl.String}
+
+# a function, not a constant: importing this module runs no Polars code (`forensics rules`, frames.Dtype)
+def stages_schema() -> dict[str, type[pl.DataType]]:
+    return {"rank": pl.Int32, "pp_stage": pl.Int64, "pp_size": pl.Int64, "pp_key": pl.String}
 
 
 @dataclass(frozen=True)
@@ -251,7 +254,7 @@ def _pp_members(frames: JobFrames, match: CollectiveMatch) -> pl.DataFrame:
 def _stage_map(frames: JobFrames, match: CollectiveMatch) -> pl.DataFrame:
     pp = _pp_members(frames, match)
     if pp.height == 0:
-        return pl.DataFrame(schema=STAGES_SCHEMA)
+        return pl.DataFrame(schema=stages_schema())
     key = pl.col("pg_ranks").list.sort().cast(pl.List(pl.String)).list.join(",")
     sizes = pp.select("rank", key.alias("pp_key"), pl.col("pg_ranks").list.len().cast(pl.Int64).alias("pp_size"))
     # Stage = position of the rank in its (sorted) pipeline group.

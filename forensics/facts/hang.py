@@ -24,13 +24,17 @@ Units: sequence numbers as the dumps count them; times epoch ns.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import polars as pl
 
 from forensics.base import frames as fr
 from forensics.facts.collectives import pg_type_expr
 
-_VOTE_SCHEMA = {"rank": pl.Int32, "cls": pl.String, "votes": pl.UInt32, "pgs": pl.List(pl.String)}
+
+# a function, not a constant: importing this module runs no Polars code (`forensics rules`, frames.Dtype)
+def _vote_schema() -> dict[str, Any]:
+    return {"rank": pl.Int32, "cls": pl.String, "votes": pl.UInt32, "pgs": pl.List(pl.String)}
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,8 @@ def vote(counters: pl.DataFrame, min_votes: int = 2) -> HangVerdict:
              .group_by("rank", pl.col("role").alias("cls")).agg(pl.len().alias("votes"), pl.col("pg_name").sort()
                                                                  .alias("pgs"))
              .sort("rank", "cls"))
-    votes = votes.cast(_VOTE_SCHEMA) if votes.height else pl.DataFrame(schema=_VOTE_SCHEMA)  # type: ignore[arg-type]
+    schema = _vote_schema()
+    votes = votes.cast(schema) if votes.height else pl.DataFrame(schema=schema)  # type: ignore[arg-type]
     missing = sorted(set(undecided.explode("missing")["missing"].drop_nulls().to_list()) - set(counters["rank"]))
     return HangVerdict(groups, votes, _culprits(groups, votes, min_votes), undecided, tuple(missing))
 
@@ -199,12 +204,13 @@ def mismatches(entries: pl.DataFrame, signatures: pl.DataFrame | None = None) ->
     e = e.unique(["pg_name", "collective_seq", "rank"], keep="last").with_columns(
         pl.col("in_dtypes").list.join(",").alias("dtype_key"), pl.col("in_numel").cast(pl.String).alias("size_key"),
         pl.col("state").cast(pl.String).alias("state_key"))
-    parts = [_minority(e, "op", "collective_type"), _minority(e.filter(_SIZED), "size_key", "size"),
+    parts = [_minority(e, "op", "collective_type"), _minority(e.filter(_sized()), "size_key", "size"),
              _minority(e, "dtype_key", "dtype"), _minority(e, "state_key", "state")]
     return pl.concat([p for p in parts if p.height], how="vertical") if any(p.height for p in parts) else pl.DataFrame()
 
 
-_SIZED = ~pl.col("op").str.contains("all_to_all|alltoall|coalesced|barrier|gather$|scatter$")
+def _sized() -> pl.Expr:
+    return ~pl.col("op").str.contains("all_to_all|alltoall|coalesced|barrier|gather$|scatter$")
 
 
 def _disagreeing(e: pl.LazyFrame) -> pl.DataFrame:

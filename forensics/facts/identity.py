@@ -23,22 +23,26 @@ import polars as pl
 
 from forensics.base.frames import JobFrames
 
-IDENTITY_SCHEMA = {
-    "host": pl.String(), "pid": pl.Int64(), "cuda_dev": pl.Int32(), "rank": pl.Int32(),
-    "bus_id": pl.String(), "how": pl.String(),
-}
+
+# a function, not a constant: importing this module runs no Polars code (`forensics rules`, frames.Dtype)
+def identity_schema() -> dict[str, pl.DataType]:
+    return {
+        "host": pl.String(), "pid": pl.Int64(), "cuda_dev": pl.Int32(), "rank": pl.Int32(),
+        "bus_id": pl.String(), "how": pl.String(),
+    }
 
 
 def _empty() -> pl.DataFrame:
-    return pl.DataFrame(schema=IDENTITY_SCHEMA)
+    return pl.DataFrame(schema=identity_schema())
 
 
-_KEY = (pl.col("host").cast(pl.String()), pl.col("pid").cast(pl.Int64()), pl.col("cuda_dev").cast(pl.Int32()))
+def _key() -> tuple[pl.Expr, ...]:
+    return (pl.col("host").cast(pl.String()), pl.col("pid").cast(pl.Int64()), pl.col("cuda_dev").cast(pl.Int32()))
 
 
 def _known(rank: pl.Expr, bus_id: pl.Expr, how: str) -> tuple[pl.Expr, ...]:
     """The identity columns of one kind of evidence, cast as they are kept (one select, not two)."""
-    return (*_KEY, rank.cast(pl.Int32()).alias("rank"), bus_id.cast(pl.String()).alias("bus_id"),
+    return (*_key(), rank.cast(pl.Int32()).alias("rank"), bus_id.cast(pl.String()).alias("bus_id"),
             pl.lit(how, pl.String()).alias("how"))
 
 
@@ -58,7 +62,7 @@ def log_identities(frames: JobFrames) -> pl.DataFrame:
     # every process the logs mention, with or without a rank
     seen = pl.concat(
         [
-            frames[name].select(_KEY)
+            frames[name].select(_key())
             for name in ("nccl_net", "nccl_channels", "nccl_events", "nccl_env", "nccl_calls", "nccl_comms")
             if frames[name].height
         ]
@@ -182,4 +186,5 @@ def attach(df: pl.DataFrame, ident: pl.DataFrame) -> pl.DataFrame:
 
 
 def _cast(df: pl.DataFrame) -> pl.DataFrame:
-    return df.select([pl.col(c).cast(IDENTITY_SCHEMA[c]) for c in df.columns if c in IDENTITY_SCHEMA])
+    schema = identity_schema()
+    return df.select([pl.col(c).cast(schema[c]) for c in df.columns if c in schema])

@@ -47,8 +47,10 @@ CATEGORIES = (
     "nccl:DP", "nccl:TP", "nccl:PP", "nccl:EP", "nccl:CP", "nccl:default", "other", "idle",
 )
 
-_SCHEMA = {"rank": pl.Int32, "host": pl.String, "step": pl.Int64, "category": pl.String, "kernels": pl.UInt32,
-           "time_ns": pl.Int64}
+# a function, not a constant: importing this module runs no Polars code (`forensics rules`, frames.Dtype)
+def _schema() -> dict[str, Any]:
+    return {"rank": pl.Int32, "host": pl.String, "step": pl.Int64, "category": pl.String, "kernels": pl.UInt32,
+            "time_ns": pl.Int64}
 
 
 def category_expr(name: pl.Expr) -> pl.Expr:
@@ -85,7 +87,7 @@ def category_breakdown(kernels: pl.DataFrame, windows: pl.DataFrame, steps: pl.D
     """Per rank, step and category: ``kernels`` (count) and ``time_ns`` (kernel time inside the step window),
     plus one ``idle`` row per step from the breakdown ``steps`` frame. Sorted by rank, step, category order."""
     if windows.height == 0:
-        return pl.DataFrame(schema=_SCHEMA)
+        return pl.DataFrame(schema=_schema())
     cut = clip_to_disjoint_windows(  # step windows are disjoint: linear in kernels however many steps
         kernels.select("rank", "category", "start_ns", "end_ns").lazy(),
         windows.select("rank", "host", "step", "w_start", "w_end"),
@@ -101,7 +103,7 @@ def category_breakdown(kernels: pl.DataFrame, windows: pl.DataFrame, steps: pl.D
         pl.col("idle_ns").cast(pl.Int64).alias("time_ns"),
     )
     order = {c: i for i, c in enumerate(CATEGORIES)}
-    both = pl.concat([busy.cast(_SCHEMA), idle.cast(_SCHEMA)])  # type: ignore[arg-type]
+    both = pl.concat([busy.cast(_schema()), idle.cast(_schema())])  # type: ignore[arg-type]
     return both.with_columns(pl.col("category").replace_strict(order, default=len(order)).alias("_o")).sort(
         "rank", "step", "_o"
     ).drop("_o")

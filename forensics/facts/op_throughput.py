@@ -20,7 +20,7 @@ def op_throughput(shapes: pl.DataFrame, kernels: pl.DataFrame, cpu_ops: pl.DataF
     (never guessed); ``peak_tflops`` / ``efficiency`` are null for a device or dtype without a known peak.
     """
     if shapes.height == 0:
-        return pl.DataFrame(schema=_THROUGHPUT_SCHEMA)
+        return pl.DataFrame(schema=_throughput_schema())
     calls = _launched_kernel_time(shapes, kernels, cpu_ops)
     device = ranks.group_by("rank").agg(pl.col("gpu_name").drop_nulls().first())
     calls = calls.join(device, on="rank", how="left")
@@ -28,7 +28,7 @@ def op_throughput(shapes: pl.DataFrame, kernels: pl.DataFrame, cpu_ops: pl.DataF
         pl.len().cast(pl.UInt32).alias("calls"), pl.col("kernel_ns").sum(), pl.col("rank").n_unique().alias("ranks")
     )
     rows = [_throughput_row(r) for r in per_shape.iter_rows(named=True)]
-    out = pl.DataFrame([r for r in rows if r is not None], schema=_THROUGHPUT_SCHEMA, orient="row")
+    out = pl.DataFrame([r for r in rows if r is not None], schema=_throughput_schema(), orient="row")
     return out.sort(["kernel_ns", "op", "shapes"], descending=[True, False, False])
 
 
@@ -52,11 +52,13 @@ def _launched_kernel_time(shapes: pl.DataFrame, kernels: pl.DataFrame, cpu_ops: 
     return shapes.with_row_index("_call").join(per_call, on="_call", how="inner").drop("_call")
 
 
-_THROUGHPUT_SCHEMA = {
-    "op": pl.String, "shapes": pl.String, "dtype": pl.String, "device": pl.String, "ranks": pl.UInt32,
-    "calls": pl.UInt32, "gflop_per_call": pl.Float64, "kernel_ns": pl.Int64, "tflops": pl.Float64,
-    "peak_tflops": pl.Float64, "efficiency": pl.Float64,
-}
+# a function, not a constant: importing this module runs no Polars code (`forensics rules`, frames.Dtype)
+def _throughput_schema() -> dict[str, type[pl.DataType]]:
+    return {
+        "op": pl.String, "shapes": pl.String, "dtype": pl.String, "device": pl.String, "ranks": pl.UInt32,
+        "calls": pl.UInt32, "gflop_per_call": pl.Float64, "kernel_ns": pl.Int64, "tflops": pl.Float64,
+        "peak_tflops": pl.Float64, "efficiency": pl.Float64,
+    }
 
 
 def _throughput_row(r: dict) -> tuple | None:
