@@ -41,8 +41,10 @@ _NCCL_TAG = re.compile(rb"\] NCCL (?:INFO|WARN|TRACE|ERROR)")
 _ENVELOPE = re.compile(rb"\S:\d{1,10}:\d{1,10} \[[^\]\n]{0,64}\]$")
 _ENVELOPE_WINDOW = 96
 _MAX_CANDIDATES = 1000
+# nccl-tests output is known by its parameters or its table's header; a table pasted alone (no parameter line, no
+# `out-of-place` banner, as in NVIDIA/nccl-tests#256) still has the column names
 _NCCL_OTHER = re.compile(rb"ProcessGroupNCCL|NCCL (?:INFO|WARN) |NCCL version \d|ncclCommInitRank|# "
-                         rb"nccl-tests|#\s+out-of-place")
+                         rb"nccl-tests|#\s+out-of-place|#\s+size\s+count\s+type\s+(?:redop\s+)?(?:root\s+)?time\s+algbw")
 
 
 def count_nccl_envelopes(text: bytes, cap: int = 40) -> int:

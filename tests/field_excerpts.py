@@ -111,3 +111,96 @@ lrdn2296:4063850:4063850 [1] NCCL INFO NCCL version 2.22.3+cuda12.2
 lrdn2296:4063850:4063882 [0] NCCL INFO Channel 03/1 : 0[0] -> 1[1] via P2P/direct pointer/read
 lrdn2296:4063850:4063883 [1] NCCL INFO Channel 02/1 : 1[1] -> 0[0] via P2P/direct pointer/read
 """  # noqa: E501 -- verbatim log lines (test data)
+
+
+# all_reduce_perf over two servers of 8 H200 each (8 ConnectX-7 400G per server in the issue's topology dump), bare
+# metal: peak busbw 488.81 GB/s. Then the same two servers as KVM guests with the GPUs and NICs passed through (the
+# VMs hide the PCIe switches): 57.78 GB/s. Then the same VMs with a topology file the user wrote for them: 107.63 GB/s.
+# The cause found later in the thread was the PCIe ACS setting on the VM host (comment by martbhell, 2025-01-17).
+# Source: https://github.com/NVIDIA/nccl-tests/issues/256 ("NCCL topology on the VM of H200"): the first two from
+# the description by wangjiafu0310 (2024-10, before the first reply of 2024-10-10), the third from his comment of
+# 2024-10-11 (pasted without the parameter and device lines). Read from a stored copy of the thread in the public
+# code index.
+H200_BAREMETAL_2X8 = """\
+fs@fs-207:~$ mpirun -np 16 -H 20.0.8.1:8,20.0.8.2:8 -x NCCL_SOCKET_IFNAME=enp218s0np0  -x OMPI_MCA_btl_tcp_if_include=enp218s0np0  -x NCCL_NET_GDR_LEVEL=2 /home/fs/nccl-tests/build/all_reduce_perf -b 1G -e 16G -i 1000 -f 3 -g 1
+ 
+# nThread 1 nGpus 1 minBytes 1073741824 maxBytes 17179869184 step: 3(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0
+#
+# Using devices
+#  Rank  0 Group  0 Pid   6287 on     fs-207 device  0 [0x18] NVIDIA H200
+#  Rank  1 Group  0 Pid   6288 on     fs-207 device  1 [0x2a] NVIDIA H200
+#  Rank  2 Group  0 Pid   6289 on     fs-207 device  2 [0x3a] NVIDIA H200
+#  Rank  3 Group  0 Pid   6290 on     fs-207 device  3 [0x5d] NVIDIA H200
+#  Rank  4 Group  0 Pid   6291 on     fs-207 device  4 [0x9a] NVIDIA H200
+#  Rank  5 Group  0 Pid   6292 on     fs-207 device  5 [0xab] NVIDIA H200
+#  Rank  6 Group  0 Pid   6293 on     fs-207 device  6 [0xba] NVIDIA H200
+#  Rank  7 Group  0 Pid   6294 on     fs-207 device  7 [0xdb] NVIDIA H200
+#  Rank  8 Group  0 Pid   7438 on     fs-208 device  0 [0x18] NVIDIA H200
+#  Rank  9 Group  0 Pid   7439 on     fs-208 device  1 [0x2a] NVIDIA H200
+#  Rank 10 Group  0 Pid   7440 on     fs-208 device  2 [0x3a] NVIDIA H200
+#  Rank 11 Group  0 Pid   7441 on     fs-208 device  3 [0x5d] NVIDIA H200
+#  Rank 12 Group  0 Pid   7442 on     fs-208 device  4 [0x9a] NVIDIA H200
+#  Rank 13 Group  0 Pid   7443 on     fs-208 device  5 [0xab] NVIDIA H200
+#  Rank 14 Group  0 Pid   7444 on     fs-208 device  6 [0xba] NVIDIA H200
+#  Rank 15 Group  0 Pid   7445 on     fs-208 device  7 [0xdb] NVIDIA H200
+#
+#                                                              out-of-place                       in-place          
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       
+  1073741824     268435456     float     sum      -1   4389.5  244.62  458.65      0   4331.1  247.92  464.84      0
+  3221225472     805306368     float     sum      -1    12485  258.01  483.77      0    12802  251.62  471.78      0
+  9663676416    2415919104     float     sum      -1    37069  260.70  488.81      0    37218  259.65  486.84      0
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 475.782 
+"""  # noqa: E501, W293 -- verbatim log lines (test data)
+
+H200_VM_2X8 = """\
+fs@207-vm:~$ mpirun -np 16 -H 20.0.8.1:8,20.0.8.2:8 -x NCCL_SOCKET_IFNAME=enp20s0np0  -x OMPI_MCA_btl_tcp_if_include=enp20s0np0 -x NCCL_NET_GDR_LEVEL=4 /home/fs/workspace/nccl/nccl-tests/build/all_reduce_perf -b 32M -e 16G -i 1000 -f 3 -g 1
+# nThread 1 nGpus 1 minBytes 33554432 maxBytes 17179869184 step: 3(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0
+#
+# Using devices
+#  Rank  0 Group  0 Pid  28805 on     207-vm device  0 [0x05] NVIDIA H200
+#  Rank  1 Group  0 Pid  28806 on     207-vm device  1 [0x06] NVIDIA H200
+#  Rank  2 Group  0 Pid  28807 on     207-vm device  2 [0x07] NVIDIA H200
+#  Rank  3 Group  0 Pid  28809 on     207-vm device  3 [0x08] NVIDIA H200
+#  Rank  4 Group  0 Pid  28811 on     207-vm device  4 [0x09] NVIDIA H200
+#  Rank  5 Group  0 Pid  28812 on     207-vm device  5 [0x0a] NVIDIA H200
+#  Rank  6 Group  0 Pid  28815 on     207-vm device  6 [0x0b] NVIDIA H200
+#  Rank  7 Group  0 Pid  28819 on     207-vm device  7 [0x0c] NVIDIA H200
+#  Rank  8 Group  0 Pid  23285 on     208-vm device  0 [0x05] NVIDIA H200
+#  Rank  9 Group  0 Pid  23286 on     208-vm device  1 [0x06] NVIDIA H200
+#  Rank 10 Group  0 Pid  23287 on     208-vm device  2 [0x07] NVIDIA H200
+#  Rank 11 Group  0 Pid  23288 on     208-vm device  3 [0x08] NVIDIA H200
+#  Rank 12 Group  0 Pid  23291 on     208-vm device  4 [0x09] NVIDIA H200
+#  Rank 13 Group  0 Pid  23293 on     208-vm device  5 [0x0a] NVIDIA H200
+#  Rank 14 Group  0 Pid  23296 on     208-vm device  6 [0x0b] NVIDIA H200
+#  Rank 15 Group  0 Pid  23300 on     208-vm device  7 [0x0c] NVIDIA H200
+#
+#                                                              out-of-place                       in-place          
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       
+    33554432       8388608     float     sum      -1    21340    1.57    2.95      0    14390    2.33    4.37      0
+   100663296      25165824     float     sum      -1    84462    1.19    2.23      0    52765    1.91    3.58      0
+   301989888      75497472     float     sum      -1    68174    4.43    8.31      0    62479    4.83    9.06      0
+   905969664     226492416     float     sum      -1    54434   16.64   31.21      0    33360   27.16   50.92      0
+  2717908992     679477248     float     sum      -1    88196   30.82   57.78      0    96834   28.07   52.63      0
+ 
+  8153726976    2038431744     float     sum      -1   278106   29.32   54.97      0   293436   27.79   52.10      0
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 27.5091
+"""  # noqa: E501, W293 -- verbatim log lines (test data)
+
+H200_VM_2X8_TOPO_FILE = """\
+mpirun -np 16 -H 20.0.8.1:8,20.0.8.2:8 -x NCCL_TOPO_DUMP_FILE=/tmp/topo_dump_file.txt  -x NCCL_GRAPH_DUMP_FILE=/tmp/graph_dump_file.txt --allow-run-as-root -bind-to none -map-by slot -x NCCL_IB_GID_INDEX=3 -x NCCL_IB_DISABLE=0  -x NCCL_SOCKET_IFNAME=enp20s0np0  -x OMPI_MCA_btl_tcp_if_include=enp20s0np0  -x NCCL_NET_GDR_LEVEL=4   -x NCCL_IB_QPS_PER_CONNECTION=1  -x NCCL_IB_TC=160 -x NCCL_TOPO_FILE=/home/fs/nccl_topo.xml /home/fs/workspace/nccl/nccl-tests/build/all_reduce_perf -b 32M -e 16G -i 1000 -f 3 -g 1
+
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       
+    33554432       8388608     float     sum      -1    855.9   39.20   73.51      0   1003.6   33.43   62.69      0
+   100663296      25165824     float     sum      -1    30086    3.35    6.27      0    11328    8.89   16.66      0
+   301989888      75497472     float     sum      -1    94322    3.20    6.00      0    46869    6.44   12.08      0
+   905969664     226492416     float     sum      -1    52086   17.39   32.61      0    32708   27.70   51.93      0
+  2717908992     679477248     float     sum      -1    66345   40.97   76.81      0    62643   43.39   81.35      0
+  8153726976    2038431744     float     sum      -1   144777   56.32  105.60      0   142048   57.40  107.63      0
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 52.7626 
+"""  # noqa: E501 -- verbatim log lines (test data)

@@ -726,6 +726,15 @@ def busbw(a: _Algo) -> Busbw | None:
                  a.cfg.min_busbw_bytes, a.env.filter(pl.col("var").is_in(list(caps))))
 
 
+def _shown_caps(b: Busbw) -> tuple[dict[str, str], dict[str, str]]:
+    """(settings whose value itself lowers channels or bandwidth, a topology file whose effect the log does not show).
+    A topology file lowers them only if it declares less than the hardware has: without the channels NCCL built from
+    it, setting one is no evidence (NVIDIA/nccl-tests#256: the file written for a VM raised busbw from 58 to 108 GB/s,
+    and unsetting it, as 'likely cause' would advise, halves it)."""
+    unshown = {k: v for k, v in b.caps.items() if k == "NCCL_TOPO_FILE" and b.built is None}
+    return {k: v for k, v in b.caps.items() if k not in unshown}, unshown
+
+
 def _busbw_finding(b: Busbw) -> Finding:
     """Bus bandwidth below the expected figure, in words: the channels and the settings named as likely cause."""
     said = [f"Peak bus bandwidth {b.peak:.1f} GB/s over messages of {b.min_bytes >> 20} MiB and more "
@@ -734,18 +743,25 @@ def _busbw_finding(b: Busbw) -> Finding:
     if b.built is not None:
         said.append(f"NCCL built {b.built} collective channel(s)" + (f" where its ring search found {b.found}"
                                                                      if b.found and b.found > b.built else ""))
-    if b.caps:
-        said.append("likely cause, set by the user: " + ", ".join(f"{k}={v}" for k, v in b.caps.items()))
+    shown, unshown = _shown_caps(b)
+    if shown:
+        said.append("likely cause, set by the user: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
+    if unshown:
+        said.append("set by the user, its effect not in the log (no channel lines): "
+                    + ", ".join(f"{k}={v}" for k, v in unshown.items()))
     return Finding(
         "nccl_algorithm", Severity.WARNING, "Measured bus bandwidth below half of what the hardware allows",
         "; ".join(said) + ".",
-        ("Unset " + ", ".join(b.caps) + " and measure again; " if b.caps else "")
+        ("Unset " + ", ".join(shown) + " and measure again; " if shown else "")
+        + ("Check " + ", ".join(unshown) + " against the hardware (a topology file replaces what NCCL detects); "
+           if unshown else "")
         + "check the transport findings, the NVLink/NIC count and speed per GPU, PCIe generation/width and NUMA "
           "placement.",
-        key="busbw_peak", kind=SLOW_COLLECTIVES.name, confidence="high" if b.caps else "medium",
+        key="busbw_peak", kind=SLOW_COLLECTIVES.name, confidence="high" if shown else "medium",
         metrics={"peak_busbw_gbps": round(b.peak, 2), "expected_busbw_gbps": b.expected, "expected_source": b.source,
                  "coll_channels": b.built, "ring_channels_found": b.found,
-                 "caps": ",".join(f"{k}={v}" for k, v in b.caps.items()) or None},
+                 "caps": ",".join(f"{k}={v}" for k, v in shown.items()) or None,
+                 "caps_unconfirmed": ",".join(f"{k}={v}" for k, v in unshown.items()) or None},
         evidence=evidence(b.measured.sort("busbw_gbps", descending=True), ("size_bytes", "busbw_gbps", "measured_by",
                                                                            "line"), 3)
         + evidence(b.env_rows, ("host", "line", "var", "value")),

@@ -232,3 +232,56 @@ def test_the_pcie_bound_is_said_where_it_binds(tmp_path):
     (f,) = _algo(tmp_path, _one_gpu_per_node(1) + _rows(20.0))
     assert f.metrics["expected_busbw_gbps"] == 48.0
     assert "1 GPU(s) there reach them through PCIe links of 48 GB/s" in f.metrics["expected_source"]
+
+
+def _busbw_findings(tmp_path, name, text, **overrides):
+    """analyze() on one file (the sniffer decides what it is), busbw_peak findings only."""
+    run = tmp_path / name
+    run.mkdir()
+    (run / "nccl_tests.log").write_text(text)
+    ov = {"nccl_algorithm": {k: str(v) for k, v in overrides.items()}} if overrides else None
+    return [f for f in analyze(run, workers=1, overrides=ov).findings if f.key == "busbw_peak"]
+
+
+def test_real_vm_run_judged_against_the_same_servers_on_bare_metal_nccl_tests_256(tmp_path):
+    # two servers of 8 H200: across nodes the NICs bound busbw and the log does not give their speed, so alone no run
+    # is judged; the bare-metal peak of the same servers (488.81 GB/s at 9 GiB, the figure the user gives) judges the
+    # VM run: its peak over >= 128 MiB is the out-of-place 57.78 GB/s at 2717908992 B (algbw 30.82 x 2*15/16 =
+    # 57.79), 12% of 488.81
+    from tests import field_excerpts as fx
+
+    assert _busbw_findings(tmp_path, "bm", fx.H200_BAREMETAL_2X8) == []
+    assert _busbw_findings(tmp_path, "vm", fx.H200_VM_2X8) == []
+    assert _busbw_findings(tmp_path, "bm_fig", fx.H200_BAREMETAL_2X8, expected_busbw_gbps=488.81) == []
+    (f,) = _busbw_findings(tmp_path, "vm_fig", fx.H200_VM_2X8, expected_busbw_gbps=488.81)
+    assert f.severity.value == "warning" and f.metrics["peak_busbw_gbps"] == 57.78
+    assert f.evidence[0]["size_bytes"] == 2717908992 and "is 12% of the 488.81 GB/s" in f.summary
+    assert f.metrics["caps"] is None and f.metrics["caps_unconfirmed"] is None  # NCCL_NET_GDR_LEVEL caps nothing
+
+
+def test_real_table_pasted_alone_is_read_and_its_topology_file_is_not_called_the_cause_nccl_tests_256(tmp_path):
+    # the user's comment pastes the mpirun line and the table only (no parameter line, no `out-of-place` banner): read
+    # as nccl-tests output by its column names (it was 'not a recognised trace or log'). Peak over >= 128 MiB: the
+    # in-place 107.63 GB/s at 8153726976 B (algbw 57.40 x 1.875 = 107.63), 22% of 488.81. NCCL_TOPO_FILE is set, but
+    # this file raised busbw from the 57.78 of the run without it: with no channel lines the log does not show that
+    # it lowered anything, so it is reported as set and unconfirmed, not as the likely cause (which advised unsetting)
+    from forensics.parsers import sniff
+    from tests import field_excerpts as fx
+
+    assert sniff.score_nccl_log(fx.H200_VM_2X8_TOPO_FILE.encode()) > 0
+    (f,) = _busbw_findings(tmp_path, "vm_topo", fx.H200_VM_2X8_TOPO_FILE, expected_busbw_gbps=488.81)
+    assert f.metrics["peak_busbw_gbps"] == 107.63 and "is 22% of the 488.81 GB/s" in f.summary
+    assert f.metrics["caps"] is None and f.metrics["caps_unconfirmed"] == "NCCL_TOPO_FILE=/home/fs/nccl_topo.xml"
+    assert "likely cause" not in f.summary and not f.remediation.startswith("Unset") and f.confidence == "medium"
+
+
+def test_a_topology_file_is_the_likely_cause_where_the_channels_it_gave_are_logged(tmp_path):
+    # the issue's case: the log shows 2 channels built under the file, so it is named (the HEADER above); the same
+    # table without the channel line keeps the file as set but unconfirmed
+    (f,) = _algo(tmp_path, HEADER + _rows(61.0))
+    assert f.metrics["caps"] == "NCCL_TOPO_FILE=/etc/topo/one-nvlink.xml" and f.metrics["caps_unconfirmed"] is None
+    assert f.confidence == "high" and "likely cause" in f.summary
+    (tmp_path / "b").mkdir()
+    no_channels = "".join(line for line in HEADER.splitlines(keepends=True) if "coll channels" not in line)
+    (g,) = _algo(tmp_path / "b", no_channels + _rows(61.0))
+    assert g.metrics["caps"] is None and g.metrics["caps_unconfirmed"] == "NCCL_TOPO_FILE=/etc/topo/one-nvlink.xml"
