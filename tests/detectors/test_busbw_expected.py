@@ -266,6 +266,7 @@ def test_real_table_pasted_alone_is_read_and_its_topology_file_is_not_called_the
     # this file raised busbw from the 57.78 of the run without it: with no channel lines the log does not show that
     # it lowered anything, so it is reported as set and unconfirmed, not as the likely cause (which advised unsetting)
     from forensics.parsers import sniff
+
     from tests import field_excerpts as fx
 
     assert sniff.score_nccl_log(fx.H200_VM_2X8_TOPO_FILE.encode()) > 0
