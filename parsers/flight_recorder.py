@@ -20,10 +20,11 @@ from __future__ import annotations
 import gc
 import hashlib
 import marshal
+import os
 import re
 import zlib
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -42,6 +43,13 @@ from forensics.parsers.result import ParseContext, ParseResult, parse_alone
 
 from forensics.base import frames as fr
 from forensics.base.hosts import short_host
+
+try:  # the compiled reader (parsers/fr_columns.c): optional, the Python reader below does everything without it
+    from forensics.parsers import fr_columns
+except ImportError:  # built without a C compiler or Python's headers
+    fr_columns = None
+if os.environ.get("FORENSICS_FR_READER") == "python":  # the Python reader alone (benchmarks, comparisons)
+    fr_columns = None
 
 _NAME = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d{1,7})(?:\.(?:json|pkl|pickle|bin|txt|gz))*$", re.IGNORECASE)
 _KNOWN_PREFIXES = ("nccl_trace_rank_", "comm_lib_trace_rank_", "hccl_trace_rank_", "torchcomm_fr_trace_",
@@ -108,10 +116,10 @@ class FlightRecorderBatch:
             return ParseResult.failed(f"{ctx.rel_path}: unreadable: {exc}")
         try:
             with _no_cyclic_gc():
-                doc, fmt = _decode(data)
+                dump = _read_compiled(data, ctx.rel_path, self.shape_of)
+                if not isinstance(dump, _Dump):
+                    dump = _read_python(data, ctx.rel_path, self.shape_of, dump)
                 del data
-                dump = _read(doc, fmt, ctx.rel_path, self.shape_of)
-                del doc  # freed while the collector is off: its thousands of containers are never traversed
         except fr_pickle.UnsafeDump as exc:
             return ParseResult.failed(f"{ctx.rel_path}: Flight Recorder pickle refused, not loaded: {exc}")
         except BadDump as exc:
@@ -126,9 +134,9 @@ class FlightRecorderBatch:
             for key, shape in e.shapes.items():
                 self.shape_of[key] = len(self.shapes)
                 self.shapes.append(shape)
-            dump.shape_rows = pa.array(list(map(self.shape_of.__getitem__, e.keys)), type=pa.uint32())
-            dump.row["has_stacks"] = any(self.shapes[self.shape_of[k]][_SHAPE.index("frames")] is not None
-                                         for k in dict.fromkeys(e.keys))
+            rows = [self.shape_of[k] for k in e.keys]
+            dump.shape_rows = pa.array(rows, type=pa.uint32()).take(e.rows)
+            dump.row["has_stacks"] = any(self.shapes[r][_SHAPE.index("frames")] is not None for r in rows)
             e.keys, e.shapes = [], {}
         self.dumps.append(dump)
 
@@ -158,6 +166,32 @@ def _no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
+def _read_compiled(data: bytes, source: str, known: Mapping[bytes, Any]) -> _Dump | str | None:
+    """The dump read by the compiled reader; why it left the dump to the Python reader (None: not built, or not
+    a pickle). Anything it refuses, or that the checks below find unusual, is read again by the Python reader:
+    only that one words refusals, so a refused dump gets exactly the same message either way."""
+    if fr_columns is None or data[:1] != b"\x80":
+        return None
+    got = fr_columns.read(data, _COMPILED_FLAT, _SHAPE, known)
+    if isinstance(got, str):
+        return got
+    doc, columns = got
+    try:
+        return _read(doc, "pickle", source, known, columns)
+    except (_Odd, BadDump, TypeError, ValueError, OverflowError, KeyError, IndexError, pa.ArrowException) as exc:
+        return f"{type(exc).__name__}: {str(exc)[:80]}"
+
+
+def _read_python(data: bytes, source: str, known: Mapping[bytes, Any], why: str | None) -> _Dump:
+    """The dump read through Python objects (pickle or JSON); ``why`` the compiled reader left it, if it did."""
+    doc, fmt = _decode(data)
+    dump = _read(doc, fmt, source, known)
+    del doc  # freed while the collector is off: its thousands of containers are never traversed
+    if why is not None:
+        dump.message += f"; read by the Python reader (the compiled one refused it: {why})"
+    return dump
+
+
 def _decode(data: bytes) -> tuple[Any, str]:
     if len(data) > fr_pickle.MAX_DUMP_BYTES:
         raise fr_pickle.UnsafeDump(f"larger than the {fr_pickle.MAX_DUMP_BYTES}-byte cap")
@@ -169,7 +203,8 @@ def _decode(data: bytes) -> tuple[Any, str]:
         raise BadDump(f"JSON does not decode: {exc}") from None
 
 
-def _read(doc: Any, fmt: str, source: str, known: Mapping[bytes, Any]) -> _Dump:
+def _read(doc: Any, fmt: str, source: str, known: Mapping[bytes, Any], columns: Any = None) -> _Dump:
+    """One decoded dump; ``columns``: its entries as the compiled reader read them (then ``doc`` has none)."""
     dump = _check_top(doc)
     cfg = _pg_config(dump.get("pg_config"))
     name_rank, host = rank_host_from_name(source)
@@ -180,11 +215,15 @@ def _read(doc: Any, fmt: str, source: str, known: Mapping[bytes, Any]) -> _Dump:
         note = f"; the file name says rank {name_rank}, its process groups say {content_rank}: {content_rank} used"
     if rank is None:
         raise BadDump("no rank: the file name ends in no digits and pg_config names no single rank")
-    raw = dump.get("entries") or []
-    entries = _entries(raw, known)
-    status = _status(dump, raw, cfg)
+    if columns is None:
+        raw = dump.get("entries") or []
+        entries, status = _entries(raw, known), _status(dump, cfg, _group_pairs(raw), lambda: raw)
+    else:
+        entries, groups = _compiled_entries(columns, known)
+        status = _status(dump, cfg, _compiled_pairs(entries, groups), lambda: _compiled_raw(entries, groups))
     tag = {"rank": rank, "host": host, "source": source}
-    message = (f"Flight Recorder {fmt} dump, format {dump.get('version')}: {len(raw)} entries, "
+    count = entries.n if entries is not None else 0
+    message = (f"Flight Recorder {fmt} dump, format {dump.get('version')}: {count} entries, "
                f"{len(status)} process group(s){note}")
     return _Dump(tag, entries, [(*row, rank, host, source) for row in status], _dump_row(dump, entries, fmt, tag),
                  message)
@@ -275,12 +314,14 @@ class _Odd(Exception):
 
 @dataclass
 class _Entries:
-    """One dump's entries: the flat fields as Arrow arrays, each entry's shape as a key (marshal bytes)."""
+    """One dump's entries: the flat fields as Arrow arrays, each entry's shape as a row of ``keys`` (its distinct
+    shape keys: marshal bytes, or the compiled reader's)."""
 
     flat: dict[str, pa.Array]
     keys: list[bytes]
     shapes: dict[bytes, tuple[Any, ...]]  # the new keys of this dump (not yet in the batch): one entry's values
     n: int
+    rows: pa.Array  # uint32: each entry's row of ``keys``
 
 
 def _entries(entries: list[Any], known: Mapping[bytes, Any]) -> _Entries | None:
@@ -321,19 +362,61 @@ def _columns(entries: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str,
 
 def _read_entries(cols: dict[str, Any], known: Mapping[bytes, Any], n: int, typed: bool) -> _Entries:
     flat = {k: _flat(k, cols[k], typed) for k in _FLAT}
-    states = set(flat["state"].unique().to_pylist()) - {None}
-    if not states <= _STATES:
-        if not typed:
-            raise _Odd
-        first = next(s for s in flat["state"].to_pylist() if s is not None and s not in _STATES)
-        raise BadDump(f"entries: unknown state {first!r}")
+    _check_states(flat["state"], typed)
     keys = list(map(marshal.dumps, zip(*(cols[k] for k in _SHAPE)), repeat(2)))
+    row_of = {k: i for i, k in enumerate(dict.fromkeys(keys))}
     new: dict[bytes, tuple[Any, ...]] = {}
-    for k in dict.fromkeys(keys):
+    for k in row_of:
         if k not in known:
             new[k] = marshal.loads(k)
     _check_shapes(list(new.values()), typed)
-    return _Entries(flat, keys, new, n)
+    return _Entries(flat, list(row_of), new, n, pa.array(list(map(row_of.__getitem__, keys)), type=pa.uint32()))
+
+
+def _check_states(states: pa.Array, typed: bool) -> None:
+    if not set(states.unique().to_pylist()) - {None} <= _STATES:
+        if not typed:
+            raise _Odd
+        first = next(s for s in states.to_pylist() if s is not None and s not in _STATES)
+        raise BadDump(f"entries: unknown state {first!r}")
+
+
+# The compiled reader's flat fields, "name:kind" (int64, float64, bool, text), and how its buffers become arrays.
+_KIND = {pa.int64(): "i", pa.float64(): "f", pa.bool_(): "b", pa.string(): "s"}
+_COMPILED_FLAT = tuple(f"{k}:{_KIND[_ENTRY_SCHEMA.field(k).type]}" for k in _FLAT)
+
+
+def _compiled_entries(columns: Any, known: Mapping[bytes, Any]) -> tuple[_Entries, list[Any]]:
+    """The compiled reader's columns as Arrow arrays (no copy but the strings' dictionary decoding), checked as
+    the Python reading checks them; with each distinct shape's ``process_group``."""
+    n, cols, (keys, new, groups), rows = columns
+    flat = {k: _buffers(_TYPES[k], n, *cols[k]) for k in _FLAT}
+    _check_states(flat["state"], typed=False)
+    _check_shapes(list(new.values()), typed=False)
+    return _Entries(flat, keys, new, n, pa.Array.from_buffers(pa.uint32(), n, [None, pa.py_buffer(rows)])), groups
+
+
+def _buffers(kind: pa.DataType, n: int, values: bytes, valid: bytes | None, dictionary: list[str] | None
+             ) -> pa.Array:
+    mask = pa.py_buffer(valid) if valid is not None else None
+    if dictionary is None:
+        return pa.Array.from_buffers(kind, n, [mask, pa.py_buffer(values)])
+    index = pa.Array.from_buffers(pa.int32(), n, [mask, pa.py_buffer(values)])
+    return pa.DictionaryArray.from_arrays(index, pa.array(dictionary, type=pa.string())).cast(pa.string())
+
+
+def _compiled_pairs(entries: _Entries, groups: list[Any]) -> Iterator[tuple[Any, Any]]:
+    """(pg_id, group name) of each entry, from the compiled reader's columns."""
+    names = [pg[0] if pg else None for pg in groups]
+    return zip(entries.flat["pg_id"].to_pylist(), map(names.__getitem__, entries.rows.to_pylist()))
+
+
+def _compiled_raw(entries: _Entries, groups: list[Any]) -> list[dict[str, Any]]:
+    """The fields ``_derived_status`` reads, one dict an entry: only for dumps without ``pg_status`` (before 2.x)."""
+    f = entries.flat
+    names = ("collective_seq_id", "seq_id", "pg_id", "state")
+    return [{**dict(zip(names, row[:4])), "process_group": groups[row[4]]}
+            for row in zip(*(f[k].to_pylist() for k in names), entries.rows.to_pylist())]
 
 
 def _flat(name: str, values: Any, typed: bool) -> pa.Array:
@@ -468,13 +551,19 @@ def _numel(col: str) -> pl.Expr:
 # --- per-group status ----------------------------------------------------------------------------
 
 
-def _status(dump: dict[str, Any], entries: list[Any], cfg: dict[str, tuple[str | None, list[int]]]
-            ) -> list[tuple[Any, ...]]:
-    """Rows of ``fr_pg_status`` (without rank, host, source): from ``pg_status``, else derived from the entries."""
-    names = _names_by_id(dump.get("pg_status") or {}, cfg, entries)
+def _status(dump: dict[str, Any], cfg: dict[str, tuple[str | None, list[int]]], pairs: Iterator[tuple[Any, Any]],
+            entries: Callable[[], list[dict[str, Any]]]) -> list[tuple[Any, ...]]:
+    """Rows of ``fr_pg_status`` (without rank, host, source): from ``pg_status``, else derived from the entries.
+    ``pairs``: each entry's (pg_id, group name)."""
     if dump.get("pg_status"):
+        names = _names_by_id(dump["pg_status"], cfg, pairs)
         return [_status_row(key, value, names, cfg) for key, value in dump["pg_status"].items()]
-    return _derived_status(entries, cfg)
+    return _derived_status(entries(), cfg)
+
+
+def _group_pairs(entries: list[dict[str, Any]]) -> Iterator[tuple[Any, Any]]:
+    names_of = [pg[0] if pg else None for pg in map(dict.get, entries, repeat("process_group"))]
+    return zip(map(dict.get, entries, repeat("pg_id")), names_of)
 
 
 def _derived_status(entries: list[dict[str, Any]], cfg: dict[str, tuple[str | None, list[int]]]
@@ -516,12 +605,11 @@ _STATUS_KEYS = ("last_enqueued_collective", "last_started_collective", "last_com
 
 
 def _names_by_id(status: dict[str, Any], cfg: dict[str, tuple[str | None, list[int]]],
-                 entries: list[dict[str, Any]]) -> dict[int, str]:
+                 pairs: Iterator[tuple[Any, Any]]) -> dict[int, str]:
     """pg_id -> pg_name: from the entries (they carry both); the rest by creation order, both keys sorted
     numerically (ids and names are handed out in the same order), when the counts agree."""
     known: dict[int, str] = {}
-    names_of = [pg[0] if pg else None for pg in map(dict.get, entries, repeat("process_group"))]
-    for pg_id, name in dict.fromkeys(zip(map(dict.get, entries, repeat("pg_id")), names_of)):
+    for pg_id, name in dict.fromkeys(pairs):
         if pg_id is not None and name is not None:
             known.setdefault(pg_id, name)
     ids = sorted((_int(k, "pg_status key") for k in status), key=int)

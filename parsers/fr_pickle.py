@@ -155,7 +155,8 @@ def loads(data: bytes) -> Any:
         return _NoClasses(reader).load()
     except UnsafeDump:
         raise
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError,
+            OverflowError) as exc:  # OverflowError: a FRAME length past 2**63 (found by tests/test_fr_columns.py)
         raise UnsafeDump(f"not a valid pickle: {type(exc).__name__}: {exc}") from None
     finally:
         if paused:
