@@ -3,6 +3,7 @@ no top-level `parsers` or `reports` that would clash with other distributions in
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -12,8 +13,9 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-# what a source distribution needs to build: the project file, the readme it names, the three package folders
-BUILD_INPUTS = ("pyproject.toml", "README.md", "forensics", "parsers", "reports")
+# what a source distribution needs to build: the project file, the readme it names, the three package folders,
+# setup.py (the optional compiled Flight Recorder reader)
+BUILD_INPUTS = ("pyproject.toml", "setup.py", "README.md", "forensics", "parsers", "reports")
 
 
 def _build_wheel(tmp_path: Path) -> Path:
@@ -22,7 +24,8 @@ def _build_wheel(tmp_path: Path) -> Path:
     for name in BUILD_INPUTS:
         path = ROOT / name
         if path.is_dir():
-            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+            skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "*.so")  # *.so: built here
+            shutil.copytree(path, src / name, ignore=skip)
         else:
             src.mkdir(exist_ok=True)
             shutil.copy(path, src / name)
@@ -65,5 +68,8 @@ def test_wheel_has_only_the_forensics_package(tmp_path: Path):
     templates = {p.name for p in (ROOT / "reports" / "templates").iterdir() if p.is_file()}
     assert templates and {n.removeprefix("forensics/reports/templates/") for n in names
                           if n.startswith("forensics/reports/templates/")} == templates
+    # the compiled Flight Recorder reader is built where this checkout's was (optional: absent without a compiler)
+    if importlib.util.find_spec("forensics.parsers.fr_columns") is not None:
+        assert any(re.fullmatch(r"forensics/parsers/fr_columns\..*\.so", n) for n in names)
     entry_points = zipfile.ZipFile(wheel).read(f"{dist}-{project['version']}.dist-info/entry_points.txt").decode()
     assert "forensics = forensics.__main__:main" in entry_points
