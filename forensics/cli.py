@@ -334,7 +334,7 @@ class TriageEngine(str, Enum):
 
 def _analysis_outputs(analysis: Any, out_dir: Path, phases: _Phases | None = None,
                       timeline_steps: int | None = None) -> Any:
-    from forensics.base.outputs import OutputSet
+    from forensics.base.outputs import OutputSet, write_parquet
     from forensics.reports import html as html_report
     from forensics.reports import json_report, markdown, perfetto
     from forensics.reports.view_collectives import collectives_parquet_metadata, collectives_table
@@ -347,7 +347,7 @@ def _analysis_outputs(analysis: Any, out_dir: Path, phases: _Phases | None = Non
     outs.add_text("summary.md", markdown.render(analysis))
     tick("render", "report.html", 2, 3)
     outs.add_chunks("report.html", html_report.render_chunks(analysis))  # no 5 MB string or joined copy
-    outs.add("collectives.parquet", functools.partial(_write_parquet, collectives_table(analysis.context),
+    outs.add("collectives.parquet", functools.partial(write_parquet, collectives_table(analysis.context),
                                                       metadata=collectives_parquet_metadata()))
     if timeline_steps is not None:
         outs.add_bytes("timeline.json.gz", perfetto.render(analysis, timeline_steps))
@@ -447,7 +447,7 @@ def frames(
     """Parse RUN_DIR and write every canonical frame as Parquet (for Polars or DuckDB)."""
     _check_out_dir([run_dir], out_dir)
     from forensics.base.frames import FRAME_SPECS, PARQUET_VERSION_KEY, SCHEMA_VERSION
-    from forensics.base.outputs import OutputSet
+    from forensics.base.outputs import OutputSet, write_parquet
     from forensics.pipeline import derived_tables, load
 
     _run.at("parse")
@@ -457,11 +457,11 @@ def frames(
     outs = OutputSet(out_dir)
     version = {PARQUET_VERSION_KEY: str(SCHEMA_VERSION)}  # docs/frames.md: how to join process groups
     for name in sorted(job.present):
-        outs.add(f"{name}.parquet", functools.partial(_write_parquet, job[name], metadata=version))
+        outs.add(f"{name}.parquet", functools.partial(write_parquet, job[name], metadata=version))
     for name in FRAME_SPECS:
         outs.remove(f"{name}.parquet")  # frames an earlier run had and this one has not
     for name, table in derived_tables(job).items():  # op categories per step, the ops behind the kernels
-        outs.add(f"{name}.parquet", functools.partial(_write_parquet, table))
+        outs.add(f"{name}.parquet", functools.partial(write_parquet, table))
     outs.remove("crash.txt")
     _commit(outs)
     out.print(f"{len(job.present)} frame(s) and 2 derived tables (op_categories, op_attribution) written to {out_dir}"
@@ -471,15 +471,6 @@ def frames(
     if sources.filter(sources["status"].is_in(["ok", "partial"])).height == 0:
         _error(f"no readable trace or log under {run_dir}")
         raise typer.Exit(EXIT_ERROR)
-
-
-def _write_parquet(df: Any, path: Path, metadata: dict[str, str] | None = None) -> None:
-    import polars as pl
-
-    try:
-        df.write_parquet(path, metadata=metadata)
-    except pl.exceptions.ComputeError as exc:  # Polars' own I/O error (e.g. "No space left on device (os error 28)")
-        raise OSError(str(exc).splitlines()[0] if str(exc) else "write failed") from exc
 
 
 # --- triage ------------------------------------------------------------------------------------

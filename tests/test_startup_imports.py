@@ -165,3 +165,18 @@ def test_analyze_of_a_trace_imports_no_parser_of_another_kind(tmp_path: Path):
     assert not mods & others, mods & others
     # the report's figures are written without plotly.io's JSON and HTML writers (narwhals, plotly's validators)
     assert (tmp_path / "out" / "report.html").exists() and "narwhals" not in mods
+
+
+def test_triage_writes_its_dataset_without_pyarrow(tmp_path: Path):
+    """pyarrow (1,500 modules with numpy) was imported only to put the metadata into triage.parquet."""
+    import shutil
+
+    import polars as pl
+
+    jobs = tmp_path / "jobs"
+    shutil.copytree(ROOT / "sample_traces" / "xid79", jobs / "a")
+    mods, _ = imports_of(tmp_path, "triage", str(jobs), "--out", str(tmp_path / "out"), "-q")
+    assert "forensics.fleet.triage" in mods and not mods & {"pyarrow", "numpy"}
+    meta = pl.read_parquet_metadata(tmp_path / "out" / "triage.parquet")
+    assert meta["forensics.schema"] == "docs/triage.md (triage.parquet)" and meta["forensics.version"]
+    assert pl.read_parquet(tmp_path / "out" / "triage.parquet")["job_id"].to_list() == ["a"]

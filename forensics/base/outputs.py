@@ -29,6 +29,7 @@ import secrets
 import signal
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from forensics.base.errors import ForensicsError
 
@@ -174,6 +175,18 @@ class OutputSet:
             for tmp, _ in moves:
                 with contextlib.suppress(OSError):
                     tmp.unlink(missing_ok=True)
+
+
+def write_parquet(df: Any, path: Path, metadata: dict[str, str] | None = None) -> None:
+    """``df`` (a Polars frame) as Parquet at ``path``, ``metadata`` in the file's key-value metadata; Polars' own
+    I/O error (e.g. "No space left on device (os error 28)") is raised as the OSError an :class:`OutputSet`
+    writer reports."""
+    import polars as pl  # here: `forensics --version` and the output checks need no Polars
+
+    try:
+        df.write_parquet(path, metadata=metadata)
+    except pl.exceptions.ComputeError as exc:
+        raise OSError(str(exc).splitlines()[0] if str(exc) else "write failed") from exc
 
 
 def write_one(path: Path, data: bytes) -> None:
