@@ -41,16 +41,22 @@ class PlotlyJSON(Protocol):
     def to_plotly_json(self) -> dict[str, Any]: ...
 
 
-@functools.cache
 def plotly_white() -> dict[str, Any]:
-    """The page's plotly template as data (a constant; never modified), read on first use from the JSON plotly
-    ships: what ``pio.templates["plotly_white"].to_plotly_json()`` makes of that JSON by validating it, which cost
-    0.05-0.13 s of CPU at every import of this module (tests/test_figures.py checks both are the same JSON)."""
-    raw = pkgutil.get_data("plotly", "package_data/templates/plotly_white.json")
+    """The page's plotly template as data (a constant; never modified)."""
+    return plotly_template("plotly_white")
+
+
+@functools.cache
+def plotly_template(name: str) -> dict[str, Any]:
+    """A plotly template as data (a constant; never modified), read on first use from the JSON plotly ships:
+    what ``pio.templates[name].to_plotly_json()`` makes of that JSON by validating it, which cost 0.05-0.13 s of
+    CPU at every import of this module (tests/test_figures.py checks both are the same JSON). ``"plotly"`` is
+    the one a ``go.Figure`` carries by default."""
+    raw = pkgutil.get_data("plotly", f"package_data/templates/{name}.json")
     if raw is None:  # plotly installed without its data as files: its own reader
         import plotly.io as pio
 
-        return pio.templates["plotly_white"].to_plotly_json()
+        return pio.templates[name].to_plotly_json()
     data = json.loads(raw)
     return {"data": data["data"], "layout": data["layout"]}  # the key order of the validated template
 

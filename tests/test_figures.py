@@ -10,7 +10,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import plotly.io as pio
 import pytest
-from forensics.reports.figures import Figure, colorscale, figure_html, page_figure, plotly_white
+from forensics.reports.figures import Figure, colorscale, figure_html, page_figure, plotly_template, plotly_white
 from forensics.reports.views import build_views
 
 from forensics.base.findings import Finding, Severity
@@ -120,11 +120,59 @@ def test_report_bytes_are_the_page_encoded_with_plotly_js_spliced_in_once():
     assert "Plotly" not in html_report.render(empty)
 
 
-def test_the_template_read_from_plotly_s_json_is_the_validated_template():
+@pytest.mark.parametrize("name", ["plotly_white", "plotly"])
+def test_the_template_read_from_plotly_s_json_is_the_validated_template(name: str):
     """report.html carries the template as read from plotly's JSON file (no validation at import): the same JSON,
-    key order included, as plotly's validated template, so the page's bytes do not change."""
-    validated = pio.templates["plotly_white"].to_plotly_json()
-    assert json.dumps(plotly_white()) == json.dumps(validated)
+    key order included, as plotly's validated template, so the page's bytes do not change. triage.html carries
+    ``plotly``, the one a go.Figure has by default."""
+    validated = pio.templates[name].to_plotly_json()
+    assert json.dumps(plotly_template(name)) == json.dumps(validated)
+    assert plotly_white() is plotly_template("plotly_white")
+
+
+def test_diff_waterfall_is_the_go_figure_it_replaces_byte_for_byte():
+    from types import SimpleNamespace
+
+    from forensics.reports.diff_html import contributors_figure
+
+    parts = [{"what": "waiting in NCCL for peers", "delta_ms": -11.492}, {"what": "GPU <idle> & co", "delta_ms": 0.1}]
+    d = SimpleNamespace(contributors=parts, base_side=SimpleNamespace(step_ms=103.763))
+    mine = contributors_figure(d)  # type: ignore[arg-type]
+    reference = go.Figure(go.Waterfall(  # diff_html's figure before it stopped importing plotly's graph objects
+        x=["BASE step", *[p["what"] for p in parts], "BASE + median delta"],
+        y=[103.763, *[p["delta_ms"] for p in parts], 0.0],
+        measure=["absolute", "relative", "relative", "total"],
+        hovertemplate="%{x}: %{y:.3f} ms<extra></extra>",
+    ))
+    reference.update_layout(yaxis_title="ms per step (median over the aligned steps)", showlegend=False, height=380,
+                            margin={"t": 20, "b": 120, "l": 60, "r": 10})
+    assert mine is not None and figure_html(mine, "fig-delta") == figure_html(reference, "fig-delta")
+
+
+def test_triage_timeline_is_the_go_figure_it_replaces_byte_for_byte():
+    from datetime import datetime, timezone
+
+    import polars as pl
+    from forensics.reports.triage_html import script_json, timeline
+
+    data = pl.DataFrame({
+        "incident_id": ["a", "b", "c", None], "start_ns": [1_700_000_000_000_000_000, None, 1_700_000_100 * 10**9, 5],
+        "severity": ["critical", "warning", "info", "info"], "job_id": ["j/1", "j<2>", "j3", "j4"],
+        "incident_title": ["GPU fell off", "slow", "</script>", "x"], "gpu_hours_lost": [1.5, None, None, 0.0],
+    })
+    mine, undated = timeline(data)
+    reference = go.Figure()  # triage_html's figure before it stopped importing plotly's graph objects
+    for sev, t, h, text in [("critical", 1_700_000_000, 1.5, "j/1: GPU fell off"), ("info", 1_700_000_100, 0.0,
+                                                                                    "j3: </script>")]:
+        reference.add_scatter(
+            x=[datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")], y=[h], mode="markers",
+            name=sev, marker={"color": {"critical": "#b00020", "info": "#0b61a4"}[sev], "size": 9}, text=[text],
+            hovertemplate="%{text}<br>%{y:.4g} GPU-hours<extra></extra>")
+    reference.update_layout(title="Incidents over time (job start)",
+                            xaxis={"title": "job start (UTC)", "type": "date"}, yaxis_title="GPU-hours lost",
+                            margin={"t": 40, "b": 40, "l": 60, "r": 10}, height=360)
+    assert undated == 1 and mine is not None
+    assert str(script_json(mine)) == str(script_json(reference.to_plotly_json()))
 
 
 def _plotly_io_html(fig: object, div_id: str) -> str:

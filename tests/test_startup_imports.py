@@ -177,6 +177,15 @@ def test_triage_writes_its_dataset_without_pyarrow(tmp_path: Path):
     shutil.copytree(ROOT / "sample_traces" / "xid79", jobs / "a")
     mods, _ = imports_of(tmp_path, "triage", str(jobs), "--out", str(tmp_path / "out"), "-q")
     assert "forensics.fleet.triage" in mods and not mods & {"pyarrow", "numpy"}
+    assert "forensics.reports.triage_html" in mods and "narwhals" not in mods  # no plotly graph objects
     meta = pl.read_parquet_metadata(tmp_path / "out" / "triage.parquet")
     assert meta["forensics.schema"] == "docs/triage.md (triage.parquet)" and meta["forensics.version"]
     assert pl.read_parquet(tmp_path / "out" / "triage.parquet")["job_id"].to_list() == ["a"]
+
+
+def test_diff_imports_no_plotly_graph_objects(tmp_path: Path):
+    """diff.html's waterfall is a plain figure: plotly's graph objects (validators, narwhals) are not imported."""
+    run = ROOT / "sample_traces" / "ddp_straggler"
+    mods, _ = imports_of(tmp_path, "diff", str(run), str(run), "--out", str(tmp_path / "out"), "-q")
+    assert (tmp_path / "out" / "diff.html").exists() and "forensics.reports.diff_html" in mods
+    assert "narwhals" not in mods
