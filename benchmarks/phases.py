@@ -40,9 +40,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from _common import tree_rss
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "sample_data"
@@ -150,6 +153,7 @@ class Child:
     wall_s: float
     maxrss_mb: float  # the process or one of the children it waited for (workers), whichever peaked highest
     cpu_s: float = 0.0  # the process and the children it waited for (workers), start-up included
+    tree_mb: float = 0.0  # the process and all its descendants at once: the highest sampled sum of their RSS
 
 
 CHILD_ENV: dict[str, str] = dict(os.environ)
@@ -170,19 +174,37 @@ def use_bytecode_cache(cache: Path, pythons: list[str]) -> None:
         subprocess.run([python, "-c", warm], cwd=tempfile.gettempdir(), env=CHILD_ENV, check=False)
 
 
+SAMPLE_S = 0.02
+"""How often the process tree's resident memory is summed (``Child.tree_mb``)."""
+
+
+def _sample_tree(pid: int, done: threading.Event, peak: list[int]) -> None:
+    """The highest sum of the RSS of ``pid`` and its descendants (its parser workers) seen until ``done``:
+    memory in use at one moment, where ru_maxrss gives each process's own peak, whenever it was."""
+    while not done.wait(SAMPLE_S):
+        peak[0] = max(peak[0], tree_rss(pid))
+
+
 def _once(cmd: list[str], parse: bool) -> Child:
     start = time.perf_counter()
     # not run in ROOT: `python -c` would import this checkout's folders even for another --python
     proc = subprocess.Popen(cmd, cwd=tempfile.gettempdir(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=CHILD_ENV)
-    _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage (communicate() would reap it first)
+    done, peak = threading.Event(), [0]
+    sampler = threading.Thread(target=_sample_tree, args=(proc.pid, done, peak), daemon=True)
+    sampler.start()
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage (communicate() would reap it first)
+    finally:
+        done.set()
+        sampler.join()
     wall = time.perf_counter() - start
     text = proc.stdout.read().decode() if proc.stdout else ""
     if os.waitstatus_to_exitcode(status) != 0:
         err = proc.stderr.read().decode() if proc.stderr else ""
         raise RuntimeError(f"{' '.join(cmd[:3])} failed:\n{err[-1500:]}")
     out = json.loads(text.strip().splitlines()[-1]) if parse else {}
-    return Child(out, wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime)
+    return Child(out, wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime, peak[0] / 2**20)
 
 
 def run_child(cmd: list[str], parse: bool = True) -> Child:
@@ -190,7 +212,7 @@ def run_child(cmd: list[str], parse: bool = True) -> Child:
     runs = [_once(cmd, parse) for _ in range(REPEAT)]
     mid = sorted(runs, key=lambda c: c.cpu_s)[len(runs) // 2]
     return Child(mid.out, statistics.median(c.wall_s for c in runs), statistics.median(c.maxrss_mb for c in runs),
-                 mid.cpu_s)
+                 mid.cpu_s, statistics.median(c.tree_mb for c in runs))
 
 
 def run_cli(python: str, path: Path) -> Child:
@@ -264,12 +286,18 @@ class Result:
         workers = min(os.cpu_count() or 1, self.n_files) if last["worker_rss_kb"] else 0
         return (last["rss_kb"] + workers * last["worker_rss_kb"]) / 1024
 
-    def cli_peak_mb(self) -> float:
-        """The CLI's peak, bounded the same way: its own (or a worker's) plus one worker peak per core when it
-        used a pool (the phase child's worker peak)."""
+    def cli_bound_mb(self) -> float:
+        """An upper bound of the CLI's peak: its own (or a worker's) plus one worker peak per core when it used a
+        pool (the phase child's worker peak), as if every process peaked at the same moment."""
         last = self.ours.out["phases"][-1]
         workers = min(os.cpu_count() or 1, self.n_files) if last["worker_rss_kb"] else 0
         return self.cli.maxrss_mb + workers * last["worker_rss_kb"] / 1024
+
+    def cli_peak_mb(self) -> float:
+        """The CLI's peak, the figure the targets are checked against: its process tree's resident memory at
+        one moment (the highest sum sampled every SAMPLE_S, workers included), or the largest single process's
+        own peak where that is higher (a spike between two samples)."""
+        return max(self.cli.maxrss_mb, self.cli.tree_mb)
 
 
 def measure(name: str, path: Path, what: str, hta_venv: Path | None, python: str = sys.executable,
@@ -292,7 +320,7 @@ def measure(name: str, path: Path, what: str, hta_venv: Path | None, python: str
 
 
 def table(results: list[Result]) -> str:
-    head = ["input", "files", "JSON MB", *PHASES, "total s", "CPU s", "peak MB", "CLI s (CPU)", "CLI peak MB",
+    head = ["input", "files", "JSON MB", *PHASES, "total s", "CPU s", "peak MB", "CLI s (CPU)", "CLI peak MB (bound)",
             "orjson floor s (CPU)", "CLI x floor (CPU)", "HTA load s (CPU)", "HTA / CLI (CPU)"]
     rows = [head, ["---"] * len(head)]
     for r in results:
@@ -301,7 +329,7 @@ def table(results: list[Result]) -> str:
         hta = r.hta.out["s"] if r.hta else None
         rows.append([r.name, str(r.n_files), f"{r.json_mb:.1f}", *[f"{ph.get(p, 0.0):.2f}" for p in PHASES],
                      f"{r.ours.wall_s:.2f}", f"{r.ours.cpu_s:.2f}", f"{r.peak_mb():.0f}",
-                     _pair(r.cli.wall_s, r.cli.cpu_s), f"{r.cli_peak_mb():.0f}",
+                     _pair(r.cli.wall_s, r.cli.cpu_s), f"{r.cli_peak_mb():.0f} ({r.cli_bound_mb():.0f})",
                      _pair(floor, r.floor and r.floor.cpu_s),
                      _pair(floor and r.cli.wall_s / floor, r.floor and r.cli.cpu_s / r.floor.cpu_s),
                      _pair(hta, r.hta and r.hta.cpu_s) if r.hta else "skipped",
@@ -349,10 +377,11 @@ def targets(by: dict[str, Result], base_mb: float) -> list[tuple[str, bool | Non
         check("sim1024", "1,024 ranks x 5 steps: <= 2x a single-core gunzip + orjson.loads, <= 1 GB",
               s.cli.cpu_s <= 2 * s.floor.cpu_s and s.cli_peak_mb() <= 1024,
               f"{s.cli.cpu_s:.1f} vs {s.floor.cpu_s:.1f} s of CPU ({s.cli.cpu_s / s.floor.cpu_s:.2f}x; wall "
-              f"{s.cli.wall_s:.1f} s), {s.cli_peak_mb():.0f} MiB")
+              f"{s.cli.wall_s:.1f} s), {s.cli_peak_mb():.0f} MiB (upper bound {s.cli_bound_mb():.0f})")
     if (s := by.get("sim4096")) is not None:
         check("sim4096", "4,096 ranks x 5 steps: <= 3 GB", s.cli_peak_mb() <= 3072,
-              f"{s.cli_peak_mb():.0f} MiB ({s.cli.cpu_s:.1f} s of CPU, wall {s.cli.wall_s:.1f} s)")
+              f"{s.cli_peak_mb():.0f} MiB (upper bound {s.cli_bound_mb():.0f}; {s.cli.cpu_s:.1f} s of CPU, wall "
+              f"{s.cli.wall_s:.1f} s)")
     if (a := by.get("sim1024")) is not None and (b := by.get("sim4096")) is not None:
         t = (b.cli.cpu_s / 4096) / (a.cli.cpu_s / 1024)
         m = (b.cli_peak_mb() / 4096) / (a.cli_peak_mb() / 1024)
@@ -451,7 +480,7 @@ def main() -> int:
         args.json.write_text(json.dumps([{"name": r.name, "ours": r.ours.out, "wall_s": r.ours.wall_s,
                                           "cpu_s": r.ours.cpu_s, "peak_mb": r.peak_mb(), "json_mb": r.json_mb,
                                           "cli_wall_s": r.cli.wall_s, "cli_cpu_s": r.cli.cpu_s,
-                                          "cli_peak_mb": r.cli_peak_mb(),
+                                          "cli_peak_mb": r.cli_peak_mb(), "cli_bound_mb": r.cli_bound_mb(),
                                           "floor_s": r.floor.out["s"] if r.floor else None,
                                           "floor_cpu_s": r.floor.cpu_s if r.floor else None,
                                           "hta_s": r.hta.out["s"] if r.hta else None,

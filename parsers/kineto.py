@@ -11,6 +11,7 @@ NCCL kernels of every naming era, RCCL on ROCm, CPU-only traces.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -123,11 +124,12 @@ class KinetoBatch:
         if (bases != 0).any():
             gpu, cpu, comm_raw, shapes = (_shift(df, bases) for df in (gpu, cpu, comm_raw, shapes))
         _hosts(files, cpu)
-        kernels = _kernels(gpu)
+        pg_ids = _pg_id_table(ex.rank_list_texts())
+        kernels = _kernels(gpu, pg_ids)
         cpu_ops = _cpu_ops(cpu, kernels, one_file=len(files) == 1)
         kernels = _graph_replays(kernels, cpu_ops)
         kernels = _fused_tp_copies(kernels, cpu_ops)
-        comms = _comms(comm_raw, cpu_ops, kernels)
+        comms = _comms(comm_raw, cpu_ops, kernels, pg_ids)
         kernels = _enrich_kernels(kernels, comms)
         named = _named_groups(kernels, comms)
         kernels, comms = (df.drop("pg_ranks_raw") if df is not None else None for df in (kernels, comms))
@@ -140,7 +142,7 @@ class KinetoBatch:
                          ("op_shapes", shapes)):
             out[name], counts[name] = _stamp(name, df, ident)
         out["ranks"] = ranks
-        out["process_groups"] = _process_groups(files, named)
+        out["process_groups"] = _process_groups(files, named, ex.rank_list_texts())
         return [_result(f, counts, ex.dropped[f.index]) for f in files], out
 
 
@@ -257,12 +259,17 @@ def _bytes_expr() -> pl.Expr:
     return (pl.max_horizontal("in_nelems", "out_nelems") * size).alias("bytes")
 
 
-def _pg_ids(df: pl.DataFrame) -> pl.Series:
-    """The id of each row's member list (``fr.pg_id``); the lists themselves go to ``process_groups``."""
-    return _map_unique(df.get_column("pg_ranks_raw"), lambda s: fr.pg_id(parse_rank_list(s)), pl.Int64).alias("pg_id")
+def _pg_id_table(texts: list[str]) -> pl.Series:
+    """The id (``fr.pg_id``) of each distinct ``Process Group Ranks`` text, by its code (``pg_ranks_raw``)."""
+    return pl.Series("pg_id", [fr.pg_id(parse_rank_list(t)) for t in texts], dtype=pl.Int64)
 
 
-def _kernels(gpu: pl.DataFrame | None) -> pl.DataFrame | None:
+def _pg_ids(df: pl.DataFrame, table: pl.Series) -> pl.Series:
+    """The id of each row's member list; the lists themselves go to ``process_groups``."""
+    return table.gather(df.get_column("pg_ranks_raw")).alias("pg_id")
+
+
+def _kernels(gpu: pl.DataFrame | None, pg_ids: pl.Series) -> pl.DataFrame | None:
     if gpu is None:
         return None
     is_comm = pl.col("name").str.contains(COMM_KERNEL_PATTERN)
@@ -283,7 +290,7 @@ def _kernels(gpu: pl.DataFrame | None) -> pl.DataFrame | None:
         name_col.replace_strict({n: h[2] for n, h in hints.items()}, default=None,
                                 return_dtype=pl.String).alias("name_proto"),
         _map_unique(df.get_column("coll_raw"), normalise_collective, pl.String).alias("collective"),
-        _pg_ids(df),
+        _pg_ids(df, pg_ids),
     )
     return df.with_columns(_bytes_expr()).drop("kind", "coll_raw")
 
@@ -355,7 +362,7 @@ def _fused_tp_copies(kernels: pl.DataFrame | None, cpu_ops: pl.DataFrame | None)
 
 
 def _comms(comm_raw: pl.DataFrame | None, cpu_ops: pl.DataFrame | None,
-           kernels: pl.DataFrame | None) -> pl.DataFrame | None:
+           kernels: pl.DataFrame | None, pg_ids: pl.Series) -> pl.DataFrame | None:
     """One row per host-side collective call, linked to the comm kernel it launched.
 
     A call is an outermost range among ``record_param_comms``, ``c10d::*`` and ``nccl:*``/``gloo:*``
@@ -404,7 +411,7 @@ def _comms(comm_raw: pl.DataFrame | None, cpu_ops: pl.DataFrame | None,
     norm = lambda c: _map_unique(calls.get_column(c), normalise_collective, pl.String)  # noqa: E731
     calls = calls.with_columns(
         pl.coalesce(norm("coll_raw"), norm("_inner"), norm("_c10d")).alias("collective"),
-        _pg_ids(calls),
+        _pg_ids(calls, pg_ids),
     ).drop("coll_raw", "_inner", "_c10d")
 
     calls = calls.with_columns(pl.lit(None, dtype=pl.Int64).alias("kernel_correlation"))
@@ -546,7 +553,7 @@ def _rank_row(f: _File, device: int | None, pid: int | None) -> dict[str, Any]:
 
 def _named_groups(kernels: pl.DataFrame | None, comms: pl.DataFrame | None) -> pl.DataFrame | None:
     """Per file, each member list its kernels and collective calls name (``_f``, ``pg_name``, ``pg_desc``, ``pg_id``,
-    ``pg_ranks_raw``), once per list, in the order of the rows."""
+    ``pg_ranks_raw``: the code of its text), once per list, in the order of the rows."""
     cols = ["_f", "pg_name", "pg_desc", "pg_id", "pg_ranks_raw"]
     parts = [df.select(cols).filter(pl.col("pg_ranks_raw").is_not_null() & pl.col("pg_id").is_not_null())
              for df in (comms, kernels) if df is not None]
@@ -555,36 +562,79 @@ def _named_groups(kernels: pl.DataFrame | None, comms: pl.DataFrame | None) -> p
     return pl.concat(parts).unique(["_f", "pg_id"], keep="first", maintain_order=True)
 
 
-def _process_groups(files: list[_File], named: pl.DataFrame | None) -> pl.DataFrame:
+class _MemberLists:
+    """The distinct member lists of a unit's process groups, each parsed, hashed (``fr.pg_id``) and stored once:
+    every trace of a job declares the same groups, and a list has as many numbers as the group has ranks, so
+    converting it per trace made the parse's time per rank grow with the world size."""
+
+    def __init__(self) -> None:
+        self.values: list[list[int] | None] = []
+        self._seen: dict[object, tuple[int, int | None]] = {}
+
+    def _add(self, key: object, members: list[int] | None) -> tuple[int, int | None]:
+        hit = self._seen[key] = (len(self.values), fr.pg_id(members))
+        self.values.append(members)
+        return hit
+
+    def declared(self, ranks: object) -> tuple[int | None, int | None]:
+        """(index in ``values``, pg_id) of a ``pg_config`` entry's ``ranks``: a list of ints, else unknown.
+        Keyed by the list as 64-bit integers, which ``array`` takes exactly when every item is an int (or a
+        bool, as ``int`` reads it); anything else is not a member list, as before."""
+        if not isinstance(ranks, list):
+            return None, None
+        try:
+            key = array("q", ranks).tobytes()
+        except TypeError:  # not all ints
+            return None, None
+        except OverflowError:  # an int past 64 bits: kept as written, as before (not worth a cache entry)
+            return self._add(object(), [int(r) for r in ranks])
+        return self._seen.get(key) or self._add(key, [int(r) for r in ranks])
+
+    def named(self, raw: str) -> tuple[int, int | None]:
+        """(index in ``values``, pg_id) of a ``Process Group Ranks`` text as the collectives write it."""
+        hit = self._seen.get(raw)
+        if hit is None:
+            ranks = parse_rank_list(raw)
+            hit = self._add(raw, list(ranks) if ranks is not None else None)
+        return hit
+
+    def column(self, index: pl.Series) -> pl.Series:
+        """``pg_ranks`` of rows whose member list is ``index`` (null: unknown)."""
+        return pl.Series("pg_ranks", self.values, dtype=pl.List(pl.Int32)).gather(index)
+
+
+def _process_groups(files: list[_File], named: pl.DataFrame | None, texts: list[str]) -> pl.DataFrame:
     """Each file's declared groups, then the member lists its collectives name that it does not declare."""
-    rows = [row for f in files for row in _declared_groups(f)]
+    lists = _MemberLists()
+    rows = [row for f in files for row in _declared_groups(f, lists)]
     declared = {(row["_f"], row["pg_id"]) for row in rows}
     by_index = {f.index: f for f in files}
-    for index, name, desc, pid, raw in named.iter_rows() if named is not None else ():
+    for index, name, desc, pid, code in named.iter_rows() if named is not None else ():
         if (index, pid) in declared:
             continue
-        ranks = parse_rank_list(raw)
+        at, _ = lists.named(texts[code])
+        members = lists.values[at]
         f = by_index[index]
         rows.append({"_f": index, "rank": f.rank, "pg_name": name, "pg_desc": desc, "backend_config": None,
-                     "pg_size": len(ranks) if ranks is not None else None,
-                     "pg_ranks": list(ranks) if ranks is not None else None, "pg_id": pid, "declared": False,
-                     "source": f.rel_path})
+                     "pg_size": len(members) if members is not None else None, "pg_ranks": at, "pg_id": pid,
+                     "declared": False, "source": f.rel_path})
     if not rows:
         return fr.empty("process_groups")
     rows.sort(key=lambda row: row["_f"])  # a file's rows together, declared first (a stable sort)
     for row in rows:
         del row["_f"]
-    return fr.conform("process_groups", pl.DataFrame(rows, schema=fr.schema("process_groups")))
+    target = fr.schema("process_groups")
+    schema = {col: (pl.UInt32 if col == "pg_ranks" else dtype) for col, dtype in target.items()}
+    df = pl.DataFrame(rows, schema=schema)
+    return fr.conform("process_groups", df.with_columns(lists.column(df.get_column("pg_ranks"))))
 
 
-def _declared_groups(f: _File) -> list[dict[str, Any]]:
+def _declared_groups(f: _File, lists: _MemberLists) -> list[dict[str, Any]]:
     rows = []
     for pg in f.dist.get("pg_config") or []:
         if not isinstance(pg, dict):
             continue
-        ranks = pg.get("ranks")
-        members = [int(r) for r in ranks] if isinstance(ranks, list) and all(isinstance(r, int) for r in ranks) \
-            else None
+        at, pid = lists.declared(pg.get("ranks"))
         rows.append(
             {
                 "_f": f.index,
@@ -593,8 +643,8 @@ def _declared_groups(f: _File) -> list[dict[str, Any]]:
                 "pg_desc": pg.get("pg_desc") if isinstance(pg.get("pg_desc"), str) else None,
                 "backend_config": pg.get("backend_config") if isinstance(pg.get("backend_config"), str) else None,
                 "pg_size": pg.get("pg_size") if isinstance(pg.get("pg_size"), int) else None,
-                "pg_ranks": members,
-                "pg_id": fr.pg_id(members),
+                "pg_ranks": at,  # the index of the list: the lists are gathered once the rows are a frame
+                "pg_id": pid,
                 "declared": True,
                 "source": f.rel_path,
             }

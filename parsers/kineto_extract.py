@@ -55,6 +55,8 @@ COMM_ARG_KEYS = GPU_ARG_KEYS + (
     ("Process Group ID", "pg_id"),  # 2024-04 variant of Process Group Name
 )
 _INT_ARGS = {"in_nelems", "out_nelems", "group_size", "seq", "src_rank", "dst_rank"}
+_ARG_TYPES: dict[str, type[pl.DataType]] = {**dict.fromkeys(_INT_ARGS, pl.Int64), "pg_ranks_raw": pl.UInt32}
+"""The args columns' types other than String (``pg_ranks_raw``: a code into ``Extractor.rank_texts``)."""
 _GPU_COLS = tuple(col for _, col in GPU_ARG_KEYS)
 _COMM_COLS = tuple(col for _, col in COMM_ARG_KEYS)
 _gpu_values = operator.attrgetter(*_GPU_COLS)  # the typed Args fields are named after the columns
@@ -123,6 +125,8 @@ class Extractor:
         # GEMM / attention ops (forensics.base.flops.SHAPED_OPS): (cpu row, Input Dims JSON, Input type JSON)
         self.shape_name_ids: set[int] = set()
         self.shape_ops: list[tuple] = []
+        # the distinct ``Process Group Ranks`` texts: the args frames carry a code into this table
+        self.rank_texts: dict[str, int] = {}
         self.skipped: Counter[tuple] = Counter()
         self.malformed = 0
         # bound appends of every column, in _G / _C order, for the per-event path
@@ -529,9 +533,9 @@ class Extractor:
             pl.col("kind").replace_strict(dict(enumerate(GPU_KINDS)), return_dtype=pl.String),
             *[pl.col(c).cast(pl.Int32) for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")],
         )
-        args = _args_frame(self.gpu_comm_args, GPU_ARG_KEYS)
+        args = _args_frame(self.gpu_comm_args, GPU_ARG_KEYS, self.rank_texts)
         df = df.join(args, on="_row", how="left", maintain_order="left") if args is not None else df.with_columns(
-            [pl.lit(None, dtype=pl.Int64 if col in _INT_ARGS else pl.String).alias(col) for _, col in GPU_ARG_KEYS]
+            [pl.lit(None, dtype=_ARG_TYPES.get(col, pl.String)).alias(col) for _, col in GPU_ARG_KEYS]
         )
         return df.drop("_row")
 
@@ -551,12 +555,16 @@ class Extractor:
         """The host ops that may be collective calls, with their collective args."""
         if cpu is None or not self.comm_ops:
             return None
-        args = _args_frame(self.comm_ops, COMM_ARG_KEYS)
+        args = _args_frame(self.comm_ops, COMM_ARG_KEYS, self.rank_texts)
         assert args is not None
         rows = cpu.join(args, on="_row", how="inner")
         return rows.select("_f", "pid", "tid", "name", "start_ns", "end_ns", "external_id",
                            *[col for _, col in COMM_ARG_KEYS])
 
+
+    def rank_list_texts(self) -> list[str]:
+        """The ``Process Group Ranks`` texts, in the order of the codes the frames' ``pg_ranks_raw`` carry."""
+        return list(self.rank_texts)
 
     def shape_frame(self, cpu: pl.DataFrame | None) -> pl.DataFrame | None:
         """The GEMM and attention ops whose input shapes the trace recorded (``record_shapes=True``)."""
@@ -656,8 +664,15 @@ def _typed_frame(cols: dict[str, array], names: pl.Series) -> tuple[pl.DataFrame
     return df, n - df.height
 
 
-def _args_frame(rows: list[tuple], keys: tuple[tuple[str, str], ...]) -> pl.DataFrame | None:
+def _args_frame(rows: list[tuple], keys: tuple[tuple[str, str], ...], texts: dict[str, int]) -> pl.DataFrame | None:
+    """The args rows as a frame; ``pg_ranks_raw`` as a code into ``texts`` (the distinct texts, added to as met).
+    A rank list is as long as its group: thousands of numbers on every collective of a big job, which the frame
+    would copy row by row and every later join, group and unique would hash again."""
     if not rows:
         return None
-    schema = {"_row": pl.UInt32, **{col: (pl.Int64 if col in _INT_ARGS else pl.String) for _, col in keys}}
+    at = 1 + [col for _, col in keys].index("pg_ranks_raw")
+    code = texts.setdefault
+    rows = [row if row[at] is None else (*row[:at], code(row[at], len(texts)), *row[at + 1:]) for row in rows]
+    schema: dict[str, type[pl.DataType]] = {"_row": pl.UInt32}
+    schema.update((col, _ARG_TYPES.get(col, pl.String)) for _, col in keys)
     return pl.DataFrame(rows, schema=schema, orient="row")
