@@ -38,7 +38,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 from forensics.parsers import fr_pickle
-from forensics.parsers.bounded_read import open_bounded
+from forensics.parsers.bounded_read import GZIP_MAGIC, open_bounded
 from forensics.parsers.result import ParseContext, ParseResult, parse_alone
 
 from forensics.base import frames as fr
@@ -110,8 +110,7 @@ class FlightRecorderBatch:
 
     def add(self, path: Path, ctx: ParseContext) -> ParseResult | None:
         try:
-            with open_bounded(path, min(ctx.max_decompressed_bytes, fr_pickle.MAX_DUMP_BYTES + 1)) as fh:
-                data = fh.read(fr_pickle.MAX_DUMP_BYTES + 1)
+            data = _read_file(path, min(ctx.max_decompressed_bytes, fr_pickle.MAX_DUMP_BYTES + 1))
         except (OSError, EOFError, zlib.error) as exc:
             return ParseResult.failed(f"{ctx.rel_path}: unreadable: {exc}")
         try:
@@ -151,6 +150,17 @@ class FlightRecorderBatch:
                                                                   schema=fr.schema("fr_dumps")))}
         results = [ParseResult(message=d.message, rank=d.tag["rank"], host=d.tag["host"]) for d in self.dumps]
         return results, frames
+
+
+def _read_file(path: Path, limit: int) -> bytes:
+    """The dump's bytes, at most one past the cap. A plain file within ``limit`` is read in one call (the bounded
+    reader's 64 MiB read buffer cost ~0.5 ms a dump); a gzipped or bigger one through the bounded reader."""
+    with open(path, "rb", buffering=0) as fh:
+        if fh.read(2) != GZIP_MAGIC and os.fstat(fh.fileno()).st_size < limit:
+            fh.seek(0)
+            return fh.readall()
+    with open_bounded(path, limit) as bounded:
+        return bounded.read(fr_pickle.MAX_DUMP_BYTES + 1)
 
 
 @contextmanager

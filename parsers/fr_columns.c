@@ -640,11 +640,31 @@ static int kind_of(const char *k) {
     return k[0] == 'i' ? K_INT : k[0] == 'f' ? K_FLOAT : k[0] == 'b' ? K_BOOL : K_STR;
 }
 
+/* The tree's arrays are kept from one call to the next (the GIL is held throughout a call): a fresh 5 MB a dump
+ * cost as much in page faults and copies while growing as the reading itself. Above KEEP_BYTES they are freed. */
+#define KEEP_BYTES (64 << 20)
+static R kept;
+
+static void keep(R *r) {
+    int big = (size_t)r->cn * sizeof(Node) + (size_t)r->ce * sizeof(Edge) > KEEP_BYTES || r->cm > (KEEP_BYTES >> 2);
+    if (big) {
+        PyMem_Free(r->nodes); PyMem_Free(r->edges); PyMem_Free(r->stack); PyMem_Free(r->memo);
+        memset(&kept, 0, sizeof kept);
+        return;
+    }
+    kept.nodes = r->nodes; kept.cn = r->cn; kept.edges = r->edges; kept.ce = r->ce;
+    kept.stack = r->stack; kept.cs = r->cs; kept.memo = r->memo; kept.cm = r->cm;
+}
+
 static PyObject *fr_read(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_buffer data;
     PyObject *flat, *shape, *known;
     if (!PyArg_ParseTuple(args, "y*OOO", &data, &flat, &shape, &known)) return NULL;
     R r = {0};
+    r.nodes = kept.nodes; r.cn = kept.cn; r.edges = kept.edges; r.ce = kept.ce;
+    r.stack = kept.stack; r.cs = kept.cs; r.memo = kept.memo; r.cm = kept.cm;
+    memset(&kept, 0, sizeof kept); /* taken: a call made from inside this one (none is) would start afresh */
+    for (int64_t i = 0; i < r.cm; i++) r.memo[i] = -1;
     r.d = data.buf; r.n = data.len;
     Fields f = {0};
     const char **flat_spec = NULL;
@@ -675,7 +695,7 @@ done:
         PyMem_Free(f.cols[i].vals.p); PyMem_Free(f.cols[i].valid.p); set_free(&f.cols[i].dict);
     }
     PyMem_Free(f.cols); PyMem_Free(flat_spec); PyMem_Free(f.shape);
-    PyMem_Free(r.nodes); PyMem_Free(r.edges); PyMem_Free(r.stack); PyMem_Free(r.memo);
+    keep(&r);
     PyBuffer_Release(&data);
     return out;
 }
