@@ -160,7 +160,14 @@ def _quick_trace(path: Path, rel_path: str, size: int) -> DiscoveredFile | None:
     head gives: every check before the Kineto score reads only the first 8 KiB (a shorter head is
     the whole file), and a key found in a prefix is in the longer head too."""
     head, error = read_head(path, QUICK_HEAD_BYTES)
-    if error or _classify_binary(path, rel_path, head) is not None:
+    if error:
+        return None
+    binary = _classify_binary(path, rel_path, head)
+    if binary == ("flight_recorder", None):
+        # the same answer as the full head's (the checks before it read the first bytes, and the dump's keys found
+        # in a prefix are in the longer head too): a 4,096-rank job's dumps are not read a second time, 1 MiB each
+        return DiscoveredFile(path, rel_path, "flight_recorder", size)
+    if binary is not None:
         return None
     if any(pattern.search(head[:4096]) for pattern, _ in _KNOWN_JSON) or sniff.score_kineto(head) < 100:
         return None
