@@ -647,9 +647,9 @@ static R kept;
 
 static void keep(R *r) {
     int big = (size_t)r->cn * sizeof(Node) + (size_t)r->ce * sizeof(Edge) > KEEP_BYTES || r->cm > (KEEP_BYTES >> 2);
-    if (big) {
+    /* kept.nodes set: another call ran meanwhile (a thread switch while this one made Python objects) */
+    if (big || kept.nodes || kept.edges || kept.stack || kept.memo) {
         PyMem_Free(r->nodes); PyMem_Free(r->edges); PyMem_Free(r->stack); PyMem_Free(r->memo);
-        memset(&kept, 0, sizeof kept);
         return;
     }
     kept.nodes = r->nodes; kept.cn = r->cn; kept.edges = r->edges; kept.ce = r->ce;
