@@ -67,20 +67,32 @@ def categorized_kernels(frames: JobFrames, comm_pg: pl.DataFrame) -> pl.DataFram
     start_ns, end_ns, pg_type) gives NCCL kernels their process-group type (the matched collectives' kernels)."""
     # CUDA sync events (nsys) are waits recorded on the GPU rows, not work: no category. The member lists' ids
     # are dropped (the columns stay those of before they replaced the lists)
-    k = frames["kernels"].drop("pg_id").filter(pl.col("rank").is_not_null() & (pl.col("class") != "sync"))
+    # The result is held for the whole analysis: a filter or a join would copy every column of the kernels (200 MB
+    # at 1,024 ranks), so the kernels are filtered only when some row goes, and only the keys are joined.
+    k = frames["kernels"].drop("pg_id")
+    keep = pl.col("rank").is_not_null() & (pl.col("class") != "sync")
+    if not k.select(keep.fill_null(False).all()).item():
+        k = k.filter(keep)
     pg = comm_pg.select("rank", "start_ns", "end_ns", "pg_type").unique(["rank", "start_ns", "end_ns"])
-    k = k.join(pg, on=["rank", "start_ns", "end_ns"], how="left")
+    keys = ["rank", "start_ns", "end_ns"]
+    k = k.with_columns(k.select(keys).join(pg, on=keys, how="left", maintain_order="left").get_column("pg_type"))
+    # The category of each distinct (class, name, group type), then gathered to the kernels: the rules' regexes run
+    # once per distinct name (hundreds), not once per kernel (millions on big jobs), and a when/then over every
+    # kernel built a String column with buffers of its own (150 MB at 1,024 ranks) where the gather shares the
+    # small table's text.
+    on = ["class", "name", "pg_type"]
+    combos = k.select(on).unique()
     cls = pl.col("class").cast(pl.String)
-    # the rules' regexes run once per distinct name (hundreds), not once per kernel (millions on big jobs)
-    names = k.select(pl.col("name").unique().drop_nulls())
-    names = names.with_columns(category_expr(pl.col("name").cast(pl.String)).alias("_c"))  # Categorical names
-    by_name = pl.col("name").replace_strict(names["name"], names["_c"], default="other", return_dtype=pl.String)
-    return k.with_columns(
+    by_name = pl.when(pl.col("name").is_null()).then(pl.lit("other")).otherwise(
+        category_expr(pl.col("name").cast(pl.String)))  # Categorical names
+    combos = combos.with_columns(
         pl.when(cls == "comm").then(pl.lit("nccl:") + pl.col("pg_type").fill_null("default"))
         .when(cls.is_in(["memcpy", "memset"])).then(cls)
         .otherwise(by_name)
         .alias("category")
     )
+    category = k.select(on).join(combos, on=on, how="left", maintain_order="left", nulls_equal=True)
+    return k.with_columns(category.get_column("category"))
 
 
 def category_breakdown(kernels: pl.DataFrame, windows: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
