@@ -20,8 +20,12 @@ any JSON-based tool pays at least), and HTA's `TraceAnalysis` load when --hta-ve
 `holistictraceanalysis` (created by `python benchmarks/parse_bench.py --setup-hta`), on the real inputs; else
 said as skipped.
 Beside the phase child, the CLI itself end to end, as a user runs it (`forensics analyze PATH --out TMP -q`:
-argument parsing, collectives.parquet and the file commit included): its CPU seconds and peak RSS (with its
-parser workers') are the figures the issue's targets are checked against.
+argument parsing, collectives.parquet and the file commit included): its CPU seconds and peak RSS are the
+figures the issue's targets are checked against. The peak is the process tree's resident memory at one moment
+(the RSS of the CLI and its parser workers summed every SAMPLE_S, or the largest process's own ru_maxrss where
+that is higher); the table prints beside it, in brackets, the upper bound earlier passes used (the CLI's own
+peak plus one worker peak per core, as if all peaked at once: the parent peaks while rendering, long after its
+workers are gone).
 Children run with a bytecode cache (PYTHONPYCACHEPREFIX under --cache, PYTHONDONTWRITEBYTECODE unset) warmed
 once per interpreter, as an installed package has: without it every run compiles the sources again
 (~0.15 s of CPU). `--repeat N` runs each child N times and keeps the median of each figure.
