@@ -129,3 +129,37 @@ def test_units_keep_path_order_and_put_big_files_alone():
     assert [x.rel_path for u in units for x in u] == [x.rel_path for x in files]
     assert [x.rel_path for x in units[1]] == ["c"]
     assert max(len(u) for u in units) <= -(-len(files) // 4)
+
+
+def _pg_trace(rank: int, lists: list[list]) -> dict:
+    """A trace of one NCCL kernel naming the undeclared group [0, 2], declaring a group for each of ``lists``."""
+    kernel = {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage)",
+              "pid": 0, "tid": 7, "ts": 100.0, "dur": 5.0,
+              "args": {"device": 0, "stream": 7, "correlation": 1, "Collective name": "allreduce",
+                       "Process Group Name": "9", "Process Group Ranks": "[0, 2]", "Group size": 2}}
+    groups = [{"pg_name": str(i), "pg_desc": "g", "backend_config": "cuda:nccl", "pg_size": len(ranks), "ranks": ranks}
+              for i, ranks in enumerate(lists)]
+    return {"distributedInfo": {"rank": rank, "world_size": 4, "pg_config": groups}, "traceEvents": [kernel]}
+
+
+def test_member_lists_are_read_once_per_unit_exactly_as_written(tmp_path: Path):
+    """The unit's member lists are converted once per distinct list (``_MemberLists``): a list equal to another
+    under ``==`` but not of ints (floats) stays unknown, a bool reads as ``int`` reads it, and the same list in two
+    files has one id."""
+    import json
+
+    lists = [[0, 1], [0.0, 1.0], [True, 3], [0, 1], "0,1"]
+    batch = kineto.KinetoBatch()
+    for rank in (0, 2):
+        path = tmp_path / f"rank{rank}.pt.trace.json"
+        path.write_text(json.dumps(_pg_trace(rank, lists)))
+        assert batch.add(path, ParseContext(run_dir=tmp_path, rel_path=path.name)) is None
+    _, frames = batch.finish()
+    pgs = frames["process_groups"]
+    for rank in (0, 2):
+        rows = pgs.filter(pl.col("rank") == rank).to_dicts()
+        assert [r["pg_ranks"] for r in rows] == [[0, 1], None, [1, 3], [0, 1], None, [0, 2]]
+        assert [r["pg_id"] for r in rows] == [fr.pg_id([0, 1]), None, fr.pg_id([1, 3]), fr.pg_id([0, 1]), None,
+                                              fr.pg_id([0, 2])]
+        assert [r["declared"] for r in rows] == [True] * 5 + [False]
+    assert frames["kernels"]["pg_id"].to_list() == [fr.pg_id([0, 2])] * 2
