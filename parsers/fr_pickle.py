@@ -35,12 +35,14 @@ MAX_DEPTH_FAST = 6
 # (name, pattern); the pattern includes the opcode byte. The pattern tries them in this order, so the
 # frequent ones of a dump come first (memo gets, puts, small ints: ~60% of a dump's opcodes).
 _FIXED: tuple[tuple[str, bytes], ...] = (
-    ("BINGET", rb"h."), ("LONG_BINPUT", rb"r...."), ("BININT2", rb"M.."), ("EMPTY_LIST", rb"\]"), ("APPEND", rb"a"),
+    # LONG_BINPUT: indices under 2**22 here; larger ones are checked against the dump's size (_memo_put)
+    ("BINGET", rb"h."), ("LONG_BINPUT", rb"r..[\x00-\x3f]\x00"), ("BININT2", rb"M.."), ("EMPTY_LIST", rb"\]"),
+    ("APPEND", rb"a"),
     ("LONG1", rb"\x8a(?:\x00|\x01.|\x02..|\x03...|\x04....|\x05.{5}|\x06.{6}|\x07.{7}|\x08.{8}|\x09.{9})"),
     ("BININT1", rb"K."), ("EMPTY_DICT", rb"\}"), ("BININT", rb"J...."), ("NEWFALSE", rb"\x89"), ("NEWTRUE", rb"\x88"),
     ("TUPLE2", rb"\x86"), ("BINFLOAT", rb"G.{8}"), ("LONG_BINGET", rb"j...."), ("BINPUT", rb"q."),
     ("MEMOIZE", rb"\x94"), ("NONE", rb"N"), ("EMPTY_TUPLE", rb"\)"), ("TUPLE1", rb"\x85"), ("TUPLE3", rb"\x87"),
-    ("SETITEM", rb"s"), ("FRAME", rb"\x95.{8}"),
+    ("SETITEM", rb"s"),
 )
 # Short strings (under 64 bytes: most keys and values) are read by the pattern too; longer ones are stepped over.
 _SHORT = 64
@@ -67,10 +69,12 @@ def _level(depth: int) -> re.Pattern[bytes]:
 _STRINGS = {ord("X"): ("BINUNICODE", 4), ord("\x8c"): ("SHORT_BINUNICODE", 1), ord("C"): ("SHORT_BINBYTES", 1),
             ord("B"): ("BINBYTES", 4)}
 _OPEN = ord("(")
+_LONG_BINPUT = ord("r")
+_FRAME = 0x95
 _CLOSE = {ord("u"): "SETITEMS", ord("e"): "APPENDS", ord("t"): "TUPLE", ord("l"): "LIST", ord("d"): "DICT",
           ord("\x90"): "ADDITEMS"}
 _STOP = ord(".")
-ALLOWED = frozenset({"PROTO", "STOP", "MARK", *(n for n, _ in _FIXED), *(n for n, _ in _STRINGS.values()),
+ALLOWED = frozenset({"PROTO", "STOP", "MARK", "FRAME", *(n for n, _ in _FIXED), *(n for n, _ in _STRINGS.values()),
                      *_CLOSE.values()})
 _NAMES = {0x63: "GLOBAL", 0x93: "STACK_GLOBAL", 0x52: "REDUCE", 0x62: "BUILD", 0x69: "INST", 0x6F: "OBJ",
           0x81: "NEWOBJ", 0x92: "NEWOBJ_EX", 0x82: "EXT1", 0x83: "EXT2", 0x84: "EXT4", 0x50: "PERSID",
@@ -108,9 +112,14 @@ def scan(data: bytes) -> None:
 
 
 def _step(data: bytes, pos: int, code: int, depth: int) -> tuple[int, int]:
-    """One opcode the pattern stopped at: a long string, a MARK or its closer; anything else is refused."""
+    """One opcode the pattern stopped at: a long string, a MARK or its closer, a memo put past the pattern's
+    index range; anything else is refused."""
     if code in _STRINGS:
         return _skip_string(data, pos), depth
+    if code == _LONG_BINPUT:
+        return _memo_put(data, pos), depth
+    if code == _FRAME:
+        return _frame(data, pos), depth
     if code == _OPEN:
         if depth + 1 > MAX_DEPTH:
             raise UnsafeDump(f"containers nested deeper than {MAX_DEPTH} at offset {pos}")
@@ -120,6 +129,26 @@ def _step(data: bytes, pos: int, code: int, depth: int) -> tuple[int, int]:
             raise UnsafeDump(f"{_CLOSE[code]} without MARK at offset {pos}")
         return pos + 1, depth - 1
     raise UnsafeDump(f"{_op_name(code)} opcode at offset {pos} is not allowed (data-only pickles are read)")
+
+
+def _memo_put(data: bytes, pos: int) -> int:
+    """A LONG_BINPUT whose index the pattern does not take (4,194,304 and above). The C unpickler grows its memo
+    to twice the index at once: one flipped byte asked for 32 GB and took 52 s to fail. Writers number their
+    puts from 0, so an index past the dump's own size is refused (the compiled reader's rule too)."""
+    if pos + 5 > len(data):
+        raise UnsafeDump(f"LONG_BINPUT at offset {pos} runs past the end of the file")
+    index = int.from_bytes(data[pos + 1:pos + 5], "little")
+    if index > len(data):
+        raise UnsafeDump(f"LONG_BINPUT memo index {index} at offset {pos} is past the dump's size ({len(data)} bytes)")
+    return pos + 5
+
+
+def _frame(data: bytes, pos: int) -> int:
+    """FRAME (protocol 4+): its length must fit in the file; the unpickler would allocate it before reading (a
+    flipped byte asked for 8 EB: MemoryError)."""
+    if pos + 9 > len(data) or int.from_bytes(data[pos + 1:pos + 9], "little") > len(data) - pos - 9:
+        raise UnsafeDump(f"FRAME at offset {pos} runs past the end of the file")
+    return pos + 9
 
 
 def _skip_string(data: bytes, pos: int) -> int:

@@ -163,6 +163,9 @@ def test_a_pickle_that_would_run_a_command_is_refused_and_runs_nothing(tmp_path)
     (b"\x80\x02}(X\x07\x00\x00\x00versionK\x01\x81u.", "NEWOBJ opcode"),
     (b"\x80\x02}(X\x07\x00\x00\x00versionP1\nu.", "PERSID opcode"),
     (b"\x80\x02}(X\x07\x00\x00\x00version\x82\x01u.", "EXT1 opcode"),
+    # a flipped byte of a memo put: the C unpickler would try to allocate 32 GB for its memo
+    (b"\x80\x02}r\xf0\xff\xff\xff(X\x07\x00\x00\x00versionK\x01u.", "memo index 4294967280"),
+    (b"\x80\x04\x95\x68\x68\x68\x68\x68\x68\x68\x08}.", "FRAME at offset 2 runs past"),  # would ask for 8 EB
 ])
 def test_caps_and_refused_opcodes_fail_the_source_with_the_reason(tmp_path, data, reason):
     path = tmp_path / "nccl_trace_rank_3"

@@ -6,12 +6,10 @@ extension everything still works (the Python reader alone)."""
 from __future__ import annotations
 
 import pickle
-import pickletools
 import random
 import struct
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import orjson
@@ -42,10 +40,7 @@ def _batch(paths: list[Path], root: Path, compiled: bool, monkeypatch: pytest.Mo
 
 
 def _add(batch: flight_recorder.FlightRecorderBatch, path: Path, root: Path) -> str | None:
-    try:
-        early = batch.add(path, ParseContext(root, path.relative_to(root).as_posix()))
-    except MemoryError:  # the Python unpickler sizes its memo by a LONG_BINPUT index (discovery: "out of memory")
-        return "MemoryError"
+    early = batch.add(path, ParseContext(root, path.relative_to(root).as_posix()))
     return early.message if early else None
 
 
@@ -128,22 +123,8 @@ def _mutants(seed: int, n: int) -> list[bytes]:
             data = bytearray(pickle.dumps(doc, protocol=2) if python_pickler else dumps(doc))
         except (TypeError, struct.error):  # a value torch's layout cannot hold
             data = bytearray(pickle.dumps(doc, protocol=2))
-        data = bytes(_damaged(rnd, data, kind))
-        if not _huge_memo(data):
-            out.append(data)
+        out.append(bytes(_damaged(rnd, data, kind)))
     return out
-
-
-def _huge_memo(data: bytes) -> bool:
-    """A memo index far past the dump's size: Python's unpickler sizes its memo by it (a flipped byte of a
-    LONG_BINPUT can ask for gigabytes and a minute; discovery reports it as out of memory). Not compared here."""
-    try:
-        with warnings.catch_warnings():  # genops decodes the odd STRING opcode a flipped byte makes
-            warnings.simplefilter("ignore")
-            return any(op.name in ("LONG_BINPUT", "LONG_BINGET") and arg > len(data)
-                       for op, arg, _ in pickletools.genops(data))
-    except Exception:  # a broken pickle: both readers refuse it
-        return False
 
 
 @needs_compiled

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
+from multiprocessing import get_context
 
-from forensics.base.workers import over_limit_reason, resident_bytes, run_pool
+import pytest
+
+from forensics.base.workers import over_limit_reason, receive, resident_bytes, run_pool
 
 MB = 2**20
 LIMIT = 400 * MB
@@ -75,3 +79,30 @@ def test_resident_bytes_reads_proc():
     ballast = b"y" * (64 * MB)
     assert resident_bytes(os.getpid()) >= len(ballast)
     assert resident_bytes(0) == 0  # no such process: 0, not an error
+
+
+@pytest.mark.parametrize("obj", [[], {"a": 1}, list(range(300_000)), b"x" * (3 << 20)])
+def test_receive_reads_what_send_wrote(obj):
+    a, b = get_context("spawn").Pipe()
+    sender = threading.Thread(target=a.send, args=(obj,))  # a large message fills the socket before it is read
+    sender.start()
+    try:
+        assert receive(b) == obj
+    finally:
+        sender.join()
+        a.close()
+        b.close()
+
+
+def test_receive_at_end_of_file_and_mid_message():
+    a, b = get_context("spawn").Pipe()
+    a.close()
+    with pytest.raises(EOFError):
+        receive(b)
+    b.close()
+    a, b = get_context("spawn").Pipe()
+    os.write(a.fileno(), b"\x00\x00\x01\x00abc")  # a 256-byte message cut after 3 bytes
+    a.close()
+    with pytest.raises(OSError, match="end of file during message"):
+        receive(b)
+    b.close()

@@ -18,8 +18,11 @@ A spike faster than the poll can still overshoot for up to :data:`POLL_S` second
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
 import signal
+import struct
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -173,7 +176,7 @@ def _feed(w: _Worker, run: _Run[Any, Any]) -> None:
 def _receive(w: _Worker, run: _Run[Any, Any]) -> bool:
     """Hand on ``w``'s results and give it the next chunk; False when it died instead of answering."""
     try:
-        results = w.conn.recv()
+        results = receive(w.conn)
     except (EOFError, OSError):
         w.proc.join(1.0)
         return False
@@ -181,6 +184,34 @@ def _receive(w: _Worker, run: _Run[Any, Any]) -> bool:
         run.done(i, res)
     _feed(w, run)
     return True
+
+
+def receive(conn: Connection) -> Any:
+    """``conn.recv()`` read straight into one buffer of the message's size. ``Connection.recv`` asks ``os.read`` for
+    all that remains (a fresh bytes object of that size for each ~200 KB the socket hands over) and copies each
+    piece into a growing BytesIO: 2.5 of the parent's 31 CPU-s for the ~1 GB of frames of 4,096 Flight Recorder
+    dumps. The framing is ``multiprocessing.connection``'s: a signed 4-byte big-endian length, or -1 and an
+    8-byte one."""
+    with io.FileIO(conn.fileno(), "rb", closefd=False) as raw:
+        (size,) = struct.unpack("!i", _read_exact(raw, 4, first=True))
+        if size == -1:
+            (size,) = struct.unpack("!Q", _read_exact(raw, 8))
+        return pickle.loads(_read_exact(raw, size))
+
+
+def _read_exact(raw: io.FileIO, size: int, first: bool = False) -> bytearray:
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while got < size:
+        n = raw.readinto(view[got:])
+        if not n:
+            if first and got == 0:
+                raise EOFError
+            raise OSError("got end of file during message")
+        got += n
+    view.release()
+    return buf
 
 
 def _fail_chunk(w: _Worker, run: _Run[Any, Any], why: str) -> None:
