@@ -124,7 +124,8 @@ class KinetoBatch:
         if (bases != 0).any():
             gpu, cpu, comm_raw, shapes = (_shift(df, bases) for df in (gpu, cpu, comm_raw, shapes))
         _hosts(files, cpu)
-        pg_ids = _pg_id_table(ex.rank_list_texts())
+        texts, lists = ex.rank_list_texts(), _MemberLists()
+        pg_ids = pl.Series("pg_id", [lists.named(t)[1] for t in texts], dtype=pl.Int64)  # by pg_ranks_raw's code
         kernels = _kernels(gpu, pg_ids)
         cpu_ops = _cpu_ops(cpu, kernels, one_file=len(files) == 1)
         kernels = _graph_replays(kernels, cpu_ops)
@@ -142,7 +143,7 @@ class KinetoBatch:
                          ("op_shapes", shapes)):
             out[name], counts[name] = _stamp(name, df, ident)
         out["ranks"] = ranks
-        out["process_groups"] = _process_groups(files, named, ex.rank_list_texts())
+        out["process_groups"] = _process_groups(files, named, texts, lists)
         return [_result(f, counts, ex.dropped[f.index]) for f in files], out
 
 
@@ -257,11 +258,6 @@ def _bytes_expr() -> pl.Expr:
         DTYPE_BYTES, default=None, return_dtype=pl.Int64
     )
     return (pl.max_horizontal("in_nelems", "out_nelems") * size).alias("bytes")
-
-
-def _pg_id_table(texts: list[str]) -> pl.Series:
-    """The id (``fr.pg_id``) of each distinct ``Process Group Ranks`` text, by its code (``pg_ranks_raw``)."""
-    return pl.Series("pg_id", [fr.pg_id(parse_rank_list(t)) for t in texts], dtype=pl.Int64)
 
 
 def _pg_ids(df: pl.DataFrame, table: pl.Series) -> pl.Series:
@@ -603,9 +599,10 @@ class _MemberLists:
         return pl.Series("pg_ranks", self.values, dtype=pl.List(pl.Int32)).gather(index)
 
 
-def _process_groups(files: list[_File], named: pl.DataFrame | None, texts: list[str]) -> pl.DataFrame:
-    """Each file's declared groups, then the member lists its collectives name that it does not declare."""
-    lists = _MemberLists()
+def _process_groups(files: list[_File], named: pl.DataFrame | None, texts: list[str], lists: _MemberLists
+                    ) -> pl.DataFrame:
+    """Each file's declared groups, then the member lists its collectives name that it does not declare
+    (``texts``: the unit's rank-list texts by code; ``lists``: where they were already parsed)."""
     rows = [row for f in files for row in _declared_groups(f, lists)]
     declared = {(row["_f"], row["pg_id"]) for row in rows}
     by_index = {f.index: f for f in files}
