@@ -126,3 +126,17 @@ def test_parsed_in_process_a_job_is_one_unit_within_the_size_caps():
     got = discovery.units(many, 0)
     assert [len(u) for u in got] == [discovery.UNIT_MAX_FILES, 1, 1, 1]
     assert [x.rel_path for u in got for x in u] == [x.rel_path for x in many]
+
+
+def test_units_for_workers_are_capped_by_the_worker_unit_size():
+    def f(name: str, size: int) -> discovery.DiscoveredFile:
+        return discovery.DiscoveredFile(Path(name), name, "kineto", size)
+
+    # 1 MB traces: a worker's unit stops at WORKER_UNIT_MAX_BYTES, a unit parsed in this process at UNIT_MAX_BYTES
+    size = 1 << 20
+    files = [f(f"t{i:03}", size) for i in range(64)]
+    for n_workers, cap in ((0, discovery.UNIT_MAX_BYTES), (2, discovery.WORKER_UNIT_MAX_BYTES)):
+        got = discovery.units(files, n_workers)
+        assert [x.rel_path for u in got for x in u] == [x.rel_path for x in files]
+        assert max(len(u) for u in got) == cap // size
+    assert discovery.WORKER_UNIT_MAX_BYTES < discovery.UNIT_MAX_BYTES
