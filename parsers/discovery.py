@@ -12,6 +12,7 @@ import os
 import re
 import time
 import traceback
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -542,9 +543,9 @@ def _same_heads(group: list[DiscoveredFile]) -> list[list[DiscoveredFile]]:
     can be copies, and only they are read whole (thousands of per-rank dumps of one size differ early)."""
     if len(group) < 2:
         return []
-    by_head: dict[str, list[DiscoveredFile]] = {}
+    by_head: dict[int, list[DiscoveredFile]] = {}
     for f in group:
-        head = _digest(f.path, HEAD_DIGEST_BYTES)
+        head = _head_crc(f.path)
         if head is not None:
             by_head.setdefault(head, []).append(f)
     return [g for g in by_head.values() if len(g) > 1]
@@ -554,16 +555,24 @@ def _mark_duplicate(f: DiscoveredFile, first: DiscoveredFile, how: str) -> None:
     f.kind, f.status, f.message = first.kind, "ignored", f"duplicate of {first.rel_path} ({how}): analysed once"
 
 
-def _digest(path: Path, limit: int | None = None) -> str | None:
-    """The digest of the file's bytes (of its first ``limit`` bytes)."""
+def _head_crc(path: Path) -> int | None:
+    """CRC-32 of the file's first HEAD_DIGEST_BYTES: only groups files to compare whole (files with equal heads have
+    equal CRCs; a collision costs one whole-file digest, never a wrong answer). 4x cheaper than blake2b: 0.8 of
+    discovery's 1.9 s at 4,096 Flight Recorder dumps of one size."""
+    try:
+        with open(path, "rb") as fh:
+            return zlib.crc32(fh.read(HEAD_DIGEST_BYTES))
+    except OSError:
+        return None
+
+
+def _digest(path: Path) -> str | None:
+    """The digest of the file's bytes."""
     h = hashlib.blake2b(digest_size=20)
     try:
         with open(path, "rb") as fh:
-            if limit is not None:
-                h.update(fh.read(limit))
-            else:
-                while block := fh.read(1 << 20):
-                    h.update(block)
+            while block := fh.read(1 << 20):
+                h.update(block)
     except OSError:
         return None
     return h.hexdigest()
