@@ -26,7 +26,7 @@ from forensics.parsers.result import ParseContext, Parser, ParseResult
 
 from forensics.base import frames as fr
 from forensics.base.ray_engine import ray_map, ray_session
-from forensics.base.workers import run_pool
+from forensics.base.workers import Started, run_pool
 
 HEAD_BYTES = 1 << 20
 TAIL_BYTES = 1 << 20
@@ -367,11 +367,12 @@ def _parse_worker(args: tuple[list[DiscoveredFile], Path]) -> list[ParsedSource]
     return parse_unit(*args)
 
 
-def discover(run_dir: Path, found: FoundFn | None = None) -> list[DiscoveredFile]:
+def discover(run_dir: Path, found: FoundFn | None = None,
+             walked: list[tuple[Path, str, str | None]] | None = None) -> list[DiscoveredFile]:
     """Every file below ``run_dir`` (or ``run_dir`` itself, a file), classified; duplicates marked.
-    ``found(rel_path, n_before)`` before each file is classified."""
+    ``found(rel_path, n_before)`` before each file is classified; ``walked``: :func:`walk`'s answer, if known."""
     files: list[DiscoveredFile] = []
-    for path, rel, reason in walk(run_dir):
+    for path, rel, reason in walked if walked is not None else walk(run_dir):
         if found:
             found(rel, len(files))
         if reason:
@@ -412,29 +413,35 @@ def discover_and_parse(
     handler's) propagate as soon as the worker processes are gone: pending files are cancelled and
     running workers terminated.
     """
-    files = discover(run_dir, found)
-    if progress:  # discovery is over: parsing starts
-        progress("", 0, len(files))
-    root = run_dir if run_dir.is_dir() else run_dir.parent
-    to_parse = [f for f in files if f.status is None]
-    total_bytes = sum(f.size_bytes for f in to_parse)
-    n_workers = workers if workers is not None else min(os.cpu_count() or 1, len(to_parse))
-    results: list[ParsedSource] = []
+    walked = walk(run_dir)
+    early = _early_pool(engine, workers, len(walked))
+    try:
+        files = discover(run_dir, found, walked)
+        if progress:  # discovery is over: parsing starts
+            progress("", 0, len(files))
+        root = run_dir if run_dir.is_dir() else run_dir.parent
+        to_parse = [f for f in files if f.status is None]
+        total_bytes = sum(f.size_bytes for f in to_parse)
+        n_workers = workers if workers is not None else min(os.cpu_count() or 1, len(to_parse))
+        results: list[ParsedSource] = []
 
-    def tick(item: ParsedSource) -> None:
-        results.append(item)
-        if progress:
-            progress(item.file.rel_path, len(results), len(files))
+        def tick(item: ParsedSource) -> None:
+            results.append(item)
+            if progress:
+                progress(item.file.rel_path, len(results), len(files))
 
-    if engine == "ray":
-        _parse_on_ray(files, root, tick, ray_address)
-    elif n_workers > 1 and len(to_parse) > 1 and (total_bytes >= PARALLEL_MIN_BYTES
-                                                  or len(to_parse) >= PARALLEL_MIN_FILES):
-        _parse_in_pool(files, root, n_workers, tick)
-    else:
-        for unit in units(files, 0):
-            for item in parse_unit(unit, root):
-                tick(item)
+        if engine == "ray":
+            _parse_on_ray(files, root, tick, ray_address)
+        elif n_workers > 1 and len(to_parse) > 1 and (total_bytes >= PARALLEL_MIN_BYTES
+                                                      or len(to_parse) >= PARALLEL_MIN_FILES):
+            _parse_in_pool(files, root, n_workers, tick, early)
+        else:
+            for unit in units(files, 0):
+                for item in parse_unit(unit, root):
+                    tick(item)
+    finally:
+        if early is not None:
+            early.stop()  # not needed after all (or an interrupt): run_pool took and ended those it used
     _reject_duplicate_ranks(results)
     settle_guessed_ranks(results)
     return results
@@ -464,10 +471,21 @@ def _parse_on_ray(files: list[DiscoveredFile], root: Path, tick: Callable[[Parse
         ray_map(_parse_worker, [(unit, root) for unit in units(files, cpus)], _lost, _in_order(tick))
 
 
+def _early_pool(engine: str, workers: int | None, n_files: int) -> Started | None:
+    """The parse workers started before discovery when the files alone make a pool likely (PARALLEL_MIN_FILES):
+    their start-up (interpreter, Polars, the parsers: about 1 s each) runs while this process classifies the
+    files, instead of after. Stopped unused if discovery leaves too little to parse."""
+    n_workers = workers if workers is not None else min(os.cpu_count() or 1, n_files)
+    if engine != "local" or n_workers < 2 or n_files < PARALLEL_MIN_FILES:
+        return None
+    return Started(_parse_worker, n_workers)
+
+
 def _parse_in_pool(files: list[DiscoveredFile], root: Path, n_workers: int,
-                   tick: Callable[[ParsedSource], None]) -> None:
-    """Parse in worker processes; ``tick`` sees the results in path order."""
-    run_pool(_parse_worker, [(unit, root) for unit in units(files, n_workers)], n_workers, _lost, _in_order(tick))
+                   tick: Callable[[ParsedSource], None], started: Started | None = None) -> None:
+    """Parse in worker processes (``started``: some already running); ``tick`` sees the results in path order."""
+    run_pool(_parse_worker, [(unit, root) for unit in units(files, n_workers)], n_workers, _lost, _in_order(tick),
+             started=started)
 
 
 def _lost(args: tuple[list[DiscoveredFile], Path], why: str) -> list[ParsedSource]:

@@ -9,7 +9,7 @@ from multiprocessing import get_context
 
 import pytest
 
-from forensics.base.workers import over_limit_reason, receive, resident_bytes, run_pool
+from forensics.base.workers import Started, over_limit_reason, receive, resident_bytes, run_pool
 
 MB = 2**20
 LIMIT = 400 * MB
@@ -40,6 +40,30 @@ def grow_or_square(x: int) -> int:
 def _lost_memory(x: int, why: str) -> int:
     assert why == over_limit_reason(LIMIT) == "its worker exceeded the worker memory limit of 400 MB"
     return -x
+
+
+def worker_pid(x: int) -> int:
+    return os.getpid()
+
+
+def test_workers_started_ahead_are_used_and_every_one_ended():
+    early = Started(worker_pid, 3)
+    procs = [w.proc for w in early.workers]
+    got: dict[int, int] = {}
+    run_pool(worker_pid, list(range(8)), 2, _lost, got.__setitem__)  # another run, its own workers: early kept
+    assert len(got) == 8 and not set(got.values()) & {p.pid for p in procs}
+    assert all(p.is_alive() for p in procs)
+    got.clear()
+    run_pool(worker_pid, list(range(8)), 2, _lost, got.__setitem__, started=early)
+    assert set(got.values()) <= {p.pid for p in procs[:2]} and len(got) == 8  # two of the three did the work
+    assert early.workers == [] and not any(p.is_alive() for p in procs)  # the unused third ended too
+
+
+def test_workers_started_ahead_and_not_needed_are_stopped():
+    early = Started(worker_pid, 2)
+    procs = [w.proc for w in early.workers]
+    early.stop()
+    assert early.workers == [] and not any(p.is_alive() for p in procs)
 
 
 def test_every_item_gets_a_result():
