@@ -601,16 +601,26 @@ def _derived_status(entries: list[dict[str, Any]], cfg: dict[str, tuple[str | No
 
 
 def _status_frame(dumps: list[_Dump]) -> pl.DataFrame:
+    """``fr_pg_status`` of a batch. Every dump of a job lists the same groups: each distinct ``pg_ranks`` list is
+    converted once and gathered (the default group's 4,096 ranks in every dump were 0.4 ms a dump, 1.6 CPU-s at
+    4,096 dumps)."""
     rows = [row for d in dumps for row in d.status]
     if not rows:
         return fr.empty("fr_pg_status")
-    return fr.conform("fr_pg_status", pl.DataFrame(rows, schema=_STATUS_SCHEMA, orient="row"))
+    at = _STATUS_COLUMNS.index("pg_ranks")
+    distinct: dict[tuple[int, ...] | None, int] = {}
+    which = [distinct.setdefault(None if r[at] is None else tuple(r[at]), len(distinct)) for r in rows]
+    ranks = pl.Series("pg_ranks", [None if k is None else list(k) for k in distinct], dtype=_STATUS_SCHEMA["pg_ranks"])
+    rest = {k: v for k, v in _STATUS_SCHEMA.items() if k != "pg_ranks"}
+    df = pl.DataFrame([r[:at] + r[at + 1:] for r in rows], schema=rest, orient="row")
+    return fr.conform("fr_pg_status", df.insert_column(at, ranks[which]))
 
 
 _STATUS_SCHEMA: dict[str, pl.DataType] = {
     "pg_id": pl.Int32(), "pg_name": pl.String(), "pg_desc": pl.String(), "pg_ranks": pl.List(pl.Int32()),
     "last_enqueued": pl.Int64(), "last_started": pl.Int64(), "last_completed": pl.Int64(), "origin": pl.String(),
     "rank": pl.Int32(), "host": pl.String(), "source": pl.String()}
+_STATUS_COLUMNS = tuple(_STATUS_SCHEMA)
 _STATUS_KEYS = ("last_enqueued_collective", "last_started_collective", "last_completed_collective")
 
 
