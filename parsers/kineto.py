@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import polars as pl
+from forensics.parsers import kineto_extract
 from forensics.parsers.kineto_extract import Extractor
 from forensics.parsers.kineto_names import (
     COMM_KERNEL_PATTERN,
@@ -30,7 +31,7 @@ from forensics.parsers.kineto_names import (
     rank_from_filename,
 )
 from forensics.parsers.kineto_stream import ReadOutcome, TraceReadError, read_trace
-from forensics.parsers.kineto_typed import TypedRejected, read_trace_typed
+from forensics.parsers.kineto_typed import TypedRejected, read_trace_compiled, read_trace_typed
 from forensics.parsers.result import ParseContext, ParseResult, parse_alone
 
 from forensics.base import frames as fr
@@ -65,6 +66,7 @@ class _File:
     malformed: int
     host: str | None = None
     fallback: str | None = None  # why the typed decoder left the file to the stream reader
+    refused: str | None = None  # why the compiled reader left the file to the typed decoder
 
 
 class KinetoBatch:
@@ -81,10 +83,12 @@ class KinetoBatch:
         comes from ``finish``). Whatever happens, a file that fails leaves no rows behind."""
         ex = self.ex
         ex.begin_file()
-        fallback = None
+        fallback = refused = None
         try:
             try:
-                outcome = read_trace_typed(path, ctx.max_decompressed_bytes, ex.feed_typed)
+                outcome, refused = _read_compiled(path, ctx, ex)
+                if outcome is None:
+                    outcome = read_trace_typed(path, ctx.max_decompressed_bytes, ex.feed_typed)
             except TypedRejected as exc:  # the stream reader reads it, as it reads everything
                 fallback = str(exc)
                 ex.drop_file()
@@ -106,7 +110,7 @@ class KinetoBatch:
         ex.end_file(index)
         skipped = sum(ex.skipped.values()) + outcome.flows
         self.files.append(_File(index, ctx.rel_path, outcome, dist, rank, rank_note, rank_guessed, skipped,
-                                ex.malformed, fallback=fallback))
+                                ex.malformed, fallback=fallback, refused=refused))
         return None
 
     def __len__(self) -> int:
@@ -147,6 +151,19 @@ class KinetoBatch:
         return [_result(f, counts, ex.dropped[f.index]) for f in files], out
 
 
+def _read_compiled(path: Path, ctx: ParseContext, ex: Extractor) -> tuple[ReadOutcome | None, str | None]:
+    """The trace read by the compiled reader; (None, why) when it refused it (its rows are dropped), (None,
+    None) when it is not built."""
+    if kineto_extract.kineto_columns is None:
+        return None, None
+    try:
+        return read_trace_compiled(path, ctx.max_decompressed_bytes, ex.feed_text), None
+    except TypedRejected as exc:
+        ex.drop_file()
+        ex.begin_file()
+        return None, str(exc)
+
+
 def _base_ns(meta: dict) -> int:
     base = meta.get("baseTimeNanoseconds")
     return int(base) if isinstance(base, int) and base else 0
@@ -174,6 +191,8 @@ def _result(f: _File, counts: dict[str, dict[int, int]], dropped: int) -> ParseR
         summary += f"; {f.rank_note}"
     if f.fallback:
         summary += f"; read by the stream reader ({_short(f.fallback)})"
+    elif f.refused:
+        summary += f"; read by the typed reader (the compiled one refused it: {_short(f.refused)})"
     status, message = ("ok", summary) if f.outcome.complete else ("partial", f"{f.outcome.problem}; {summary}")
     return ParseResult(status=status, message=message, rank=f.rank, host=f.host, rank_guessed=f.rank_guessed)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 from array import array
 from collections import Counter
 from itertools import compress
@@ -21,6 +22,13 @@ import polars as pl
 from forensics.parsers.kineto_typed import CUT_PH, EMPTY_ARGS, NULL, UNSET, Args, Event, TypedRejected
 
 from forensics.base.flops import SHAPED_OPS, TRITON_TEMPLATE_PREFIX
+
+try:  # the compiled reader (parsers/kineto_columns.c): optional, the typed reader does everything without it
+    from forensics.parsers import kineto_columns
+except ImportError:  # pragma: no cover - built without a C compiler
+    kineto_columns = None
+if os.environ.get("FORENSICS_KINETO_READER") == "python":  # the Python readers alone (benchmarks, comparisons)
+    kineto_columns = None
 
 NAN = math.nan
 
@@ -226,6 +234,28 @@ class Extractor:
         except (OverflowError, TypeError) as exc:  # an integer past 64 bits: the stream reader's slow path
             raise TypedRejected(f"typed decoding: {exc}") from None
         self._commit(*staged)
+
+    def feed_text(self, text: bytearray, first: bool, final: bool) -> tuple[int, bool, int]:
+        """Take the events of ``text`` (the inside of the event array) through the compiled reader: the same
+        columns and rows as ``feed_typed`` would take. (bytes used, array closed, events read); TypedRejected
+        for what it refuses (the typed reader then reads the file)."""
+        got = kineto_columns.read(text, 0, first, final, self.names, self._intern, self.comm_name_ids,
+                                  self.shape_name_ids, len(self.g["ts"]), len(self.c["ts"]))
+        if isinstance(got, str):
+            raise TypedRejected(got)
+        used, done, events, skipped, gbytes, cbytes, gargs, cops, sops = got
+        shapes = [_raw_shape_row(*row) for row in sops]
+        if gbytes[0]:
+            for (col, _), data in zip(self._GROW, gbytes):
+                self.g[col].frombytes(data)
+        if cbytes[0]:
+            for (col, _), data in zip(self._CROW, cbytes):
+                self.c[col].frombytes(data)
+        self.gpu_comm_args += gargs
+        self.comm_ops += cops
+        self.shape_ops += shapes
+        self.skipped[None] += skipped
+        return used, done, events
 
     # Column order of the fast path's per-event tuples, with each column's array typecode.
     _GROW = (("kind", "b"), ("name", "q"), ("ts", "d"), ("dur", "d"), ("device", "q"), ("stream", "q"),
@@ -611,8 +641,13 @@ def _typed_arg(col: str, value: object) -> object:
 
 def _typed_shape_row(row: int, a: Args) -> tuple[int, str, str]:
     """``_shape_row`` of a typed event: the raw ``Input Dims`` / ``Input type`` text, read as orjson reads it."""
-    types = orjson.loads(bytes(a.input_type)) if a.input_type is not UNSET else None
-    return (row, orjson.dumps(orjson.loads(bytes(a.input_dims))).decode(), orjson.dumps(types).decode())
+    return _raw_shape_row(row, bytes(a.input_dims), bytes(a.input_type) if a.input_type is not UNSET else None)
+
+
+def _raw_shape_row(row: int, dims: bytes, types: bytes | None) -> tuple[int, str, str]:
+    """``_shape_row`` of raw ``Input Dims`` / ``Input type`` text (None: absent)."""
+    loaded = orjson.loads(types) if types is not None else None
+    return (row, orjson.dumps(orjson.loads(dims)).decode(), orjson.dumps(loaded).decode())
 
 
 def _shape_row(row: int, a: dict) -> tuple[int, str, str]:

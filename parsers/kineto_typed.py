@@ -93,6 +93,9 @@ CUT_PH = frozenset("sfti")
 _EVENTS = msgspec.json.Decoder(list[Event])
 _TAIL = msgspec.json.Decoder(dict[str, Raw])
 TypedSink = Callable[[list[Event]], None]
+TextSink = Callable[[bytearray, bool, bool], tuple[int, bool, int]]
+"""The compiled reader's sink: (text, first, final) -> (bytes used, array closed, events read); TypedRejected."""
+COMPILED_CHUNK_BYTES = 1 << 17  # below glibc's mmap threshold (limit_heap_retention): no page faults
 
 
 def read_trace_typed(path: Path, limit: int, sink: TypedSink, chunk_bytes: int = CHUNK_BYTES,
@@ -122,6 +125,39 @@ def read_trace_typed(path: Path, limit: int, sink: TypedSink, chunk_bytes: int =
     if rd.stop_reason:
         raise TypedRejected(rd.stop_reason)
     _decode_tail(bytes(buf), bare, sink, rd.out)
+    return rd.out
+
+
+def read_trace_compiled(path: Path, limit: int, take: TextSink, chunk_bytes: int = COMPILED_CHUNK_BYTES,
+                        max_event: int = DEFAULT_MAX_RECORD_BYTES) -> ReadOutcome:
+    """``read_trace_typed`` with the event array read by ``take`` (the compiled reader, parsers/kineto_columns.c)
+    instead of msgspec; the header and the metadata after the array are read by the same code. Raises
+    TypedRejected for what the compiled reader refuses (the typed reader then reads the file)."""
+    limit_heap_retention()
+    rd = StreamReader(path, limit, max_event)
+    bare = find_events(rd)
+    buf = rd.buf
+    size, first, done = chunk_bytes, True, False
+    while not done:
+        while len(buf) < size and rd.pull():
+            pass
+        if rd.stop_reason:
+            raise TypedRejected(rd.stop_reason)
+        used, done, events = take(buf, first, rd.stop_reason == "")
+        rd.out.events += events
+        first = first and not events
+        if used:
+            del buf[:used]
+            size = chunk_bytes
+        elif len(buf) > max_event:
+            raise TypedRejected(f"no whole event within {max_event:,} bytes")
+        else:
+            size *= 2
+    while rd.pull():
+        pass
+    if rd.stop_reason:
+        raise TypedRejected(rd.stop_reason)
+    _decode_tail(b"[]" + bytes(buf), bare, lambda events: None, rd.out)
     return rd.out
 
 
