@@ -376,9 +376,10 @@ static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1
 /* A JSON number as a correctly rounded double: exact fast paths, else Python's own dtoa. -1: not finite, too
  * long, or not a number. */
 static int double_of(const Val *v, double *out) {
-    if (v->t == V_INT) {
-        if (v->over || v->mag > ((uint64_t)1 << 53)) return -1;
-        *out = v->neg ? -(double)v->mag : (double)v->mag;
+    if (v->t == V_INT) { /* as Python and msgspec convert an int: correctly rounded (the FPU's conversion) */
+        if (v->over || (v->neg && v->mag > (uint64_t)1 << 63)) return -1;
+        *out = v->neg ? (v->mag == (uint64_t)1 << 63 ? -9223372036854775808.0 : (double)-(int64_t)v->mag)
+                      : (double)v->mag;
         return 0;
     }
     if (v->t != V_FLOAT) return -1;

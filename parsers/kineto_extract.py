@@ -254,7 +254,7 @@ class Extractor:
         self.gpu_comm_args += gargs
         self.comm_ops += cops
         self.shape_ops += shapes
-        self.skipped[None] += skipped
+        self.skipped[(None, None)] += skipped  # only their number is read
         return used, done, events
 
     # Column order of the fast path's per-event tuples, with each column's array typecode.

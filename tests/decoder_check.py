@@ -14,7 +14,7 @@ from pathlib import Path
 from forensics.parsers.bounded_read import DEFAULT_MAX_DECOMPRESSED
 from forensics.parsers.kineto_extract import Extractor
 from forensics.parsers.kineto_stream import TraceReadError, read_trace
-from forensics.parsers.kineto_typed import TypedRejected, read_trace_typed
+from forensics.parsers.kineto_typed import TypedRejected, read_trace_compiled, read_trace_typed
 
 
 def _state(ex: Extractor, outcome: object) -> dict:
@@ -66,6 +66,27 @@ def compare(path: Path, limit: int = DEFAULT_MAX_DECOMPRESSED) -> tuple[str, lis
     return "typed", [key for key in a if a[key] != b[key]]
 
 
+def compare_compiled(path: Path, limit: int = DEFAULT_MAX_DECOMPRESSED) -> tuple[str, list[str]]:
+    """The compiled reader (parsers/kineto_columns.c) against the typed one: ('compiled' or 'refused: ...' or
+    'unreadable: ...', the fields that differ). Reading a file the typed reader rejects is a difference."""
+    ex = Extractor()
+    ex.begin_file()
+    try:
+        out = read_trace_compiled(path, limit, ex.feed_text)
+    except TypedRejected as exc:
+        return f"refused: {exc}", []
+    except TraceReadError as exc:
+        return f"unreadable: {exc}", []
+    typed_ex = Extractor()
+    typed_ex.begin_file()
+    try:
+        typed_out = read_trace_typed(path, limit, typed_ex.feed_typed)
+    except TypedRejected as exc:
+        return f"compiled, though the typed reader rejects it ({exc})", ["accepted"]
+    a, b = _names_by_row(_state(ex, out)), _names_by_row(_state(typed_ex, typed_out))
+    return "compiled", [key for key in a if a[key] != b[key]]
+
+
 def trace_files(*roots: Path) -> list[Path]:
     out: list[Path] = []
     for root in roots:
@@ -79,8 +100,11 @@ def trace_files(*roots: Path) -> list[Path]:
 
 def main(argv: list[str]) -> int:
     bad = 0
+    check = compare
+    if argv[:1] == ["--compiled"]:  # the compiled reader against the typed one
+        check, argv = compare_compiled, argv[1:]
     for path in trace_files(*map(Path, argv)):
-        how, diff = compare(path)
+        how, diff = check(path)
         bad += bool(diff)
         print(f"{'DIFFERENT ' + ','.join(diff) if diff else 'same':<12} {how[:100]:<60} {path}")
     return 1 if bad else 0

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from forensics.parsers import kineto
+from forensics.parsers import kineto, kineto_extract
 from forensics.parsers.kineto_typed import TypedRejected
 from forensics.parsers.result import ParseContext
 
@@ -148,6 +148,7 @@ def _frames(path: Path, force_stream: bool, monkeypatch: pytest.MonkeyPatch):
         def reject(*_a, **_k):
             raise TypedRejected("forced")
         monkeypatch.setattr(kineto, "read_trace_typed", reject)
+        monkeypatch.setattr(kineto_extract, "kineto_columns", None)  # it would read the file first
     res = kineto.parse(path, ParseContext(path.parent, path.name))
     monkeypatch.undo()
     return res

@@ -68,8 +68,10 @@ def test_wheel_has_only_the_forensics_package(tmp_path: Path):
     templates = {p.name for p in (ROOT / "reports" / "templates").iterdir() if p.is_file()}
     assert templates and {n.removeprefix("forensics/reports/templates/") for n in names
                           if n.startswith("forensics/reports/templates/")} == templates
-    # the compiled Flight Recorder reader is built where this checkout's was (optional: absent without a compiler)
-    if importlib.util.find_spec("forensics.parsers.fr_columns") is not None:
-        assert any(re.fullmatch(r"forensics/parsers/fr_columns\..*\.so", n) for n in names)
+    # the compiled readers are built where this checkout's were (optional: absent without a compiler)
+    for reader in ("fr_columns", "kineto_columns"):
+        if importlib.util.find_spec(f"forensics.parsers.{reader}") is not None:
+            assert any(re.fullmatch(rf"forensics/parsers/{reader}\..*\.so", n) for n in names), reader
+            assert f"forensics/parsers/{reader}.pyi" in names
     entry_points = zipfile.ZipFile(wheel).read(f"{dist}-{project['version']}.dist-info/entry_points.txt").decode()
     assert "forensics = forensics.__main__:main" in entry_points
