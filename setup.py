@@ -2,7 +2,7 @@
 traces); everything else is in pyproject.toml.
 
 ``optional=True``: without a C compiler or Python's headers the build carries on without them and the Python
-readers read every file (docs/performance.md, "Flight Recorder dumps", "Eighth pass").
+readers read every file (docs/performance.md, "Flight Recorder dumps", "Ninth pass").
 """
 
 from setuptools import Extension, setup

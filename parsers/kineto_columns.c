@@ -2,7 +2,7 @@
  *
  * Why compiled: the typed path (kineto_typed: msgspec Structs, then kineto_extract's staging of each field into
  * arrays, one Python list per column) costs ~6 ms of CPU per trace of a simulated 1,024-rank job and ~250 ms on a
- * 54 MB trace, more than the gunzip (docs/performance.md, "Eighth pass"). This reader parses the text of the event
+ * 54 MB trace, more than the gunzip (docs/performance.md, "Ninth pass"). This reader parses the text of the event
  * array once, skips the keys no frame reads while it parses, and writes each tabulated event's fields into plain
  * C buffers; the only Python objects it makes are one str per distinct name (a cache maps repeated names to their
  * code) and the collective args of the few events that carry them.
