@@ -28,7 +28,11 @@ START_TRIES = 5
 # A raylet aborts when its agents (Python processes) have not reported their ports in time: 15 s for the dashboard
 # agent (fixed in Ray 2.60), RAY_agent_register_timeout_ms for the runtime-env agent. At load 20+ on two cores the
 # dashboard agent's imports alone took 14 s: hence the retries of a node's start (START_TRIES).
-_SLOW = {"RAY_agent_register_timeout_ms": "120000"}
+# RAY_prestart_worker_first_driver=0: by default the head's raylet starts a worker as soon as a driver connects, and
+# the second node only when its lease is granted; a small job's few short tasks then all ran on the head's warm
+# worker before the second node's worker had imported (at load 1.5 here, every run), and "both nodes parsed" failed.
+# With no prestart both nodes start their worker for the job at the same point and the tasks are shared.
+_SLOW = {"RAY_agent_register_timeout_ms": "120000", "RAY_prestart_worker_first_driver": "0"}
 OBJECT_STORE_BYTES = 100 * 2**20  # Ray's minimum is 75 MiB
 
 
