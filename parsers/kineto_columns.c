@@ -516,14 +516,23 @@ static int dims3(R *r, int64_t *dst, int *count, int depth) {
     }
 }
 
-static int args_object(R *r, Ev *ev) {
-    ws(r);
-    if (r->p >= r->end) return eof(r);
-    if (*r->p == 'n') {
-        Val x;
-        return literal(r, "null", V_NULL, &x);
-    }
-    if (*r->p != '{') return bad(r, "args that are not an object");
+/* The messages of one kind of object (an event or its args) when it is damaged. */
+typedef struct {
+    const char *not_object, *key_not_string, *escaped_key, *no_colon, *stray;
+} ObjWords;
+
+static const ObjWords EVENT_WORDS = {"an event that is not an object", "an event key that is not a string",
+                                     "an escaped event key", "no colon after an event key",
+                                     "a stray byte in an event"};
+static const ObjWords ARGS_WORDS = {"args that are not an object", "an args key that is not a string",
+                                    "an escaped args key", "no colon after an args key", "a stray byte in args"};
+
+/* The key loops of events and args. Inline: gcc then compiles the loops as it did when they were written out
+   twice (as calls they cost ~8% more instructions on a real trace). */
+
+/* An object's '{' (the reader at it) and what follows: 1 when a key follows, 0 when it is empty, -1 when damaged. */
+static inline int open_object(R *r, const ObjWords *what) {
+    if (*r->p != '{') return bad(r, what->not_object);
     r->p++;
     ws(r);
     if (r->p >= r->end) return eof(r);
@@ -531,17 +540,48 @@ static int args_object(R *r, Ev *ev) {
         r->p++;
         return 0;
     }
-    for (;;) {
+    return 1;
+}
+
+/* An object's key and its colon, the reader left at the value: 0, or -1 when damaged. */
+static inline int next_key(R *r, Val *key, const ObjWords *what) {
+    if (r->p >= r->end) return eof(r);
+    if (*r->p != '"') return bad(r, what->key_not_string);
+    r->p++;
+    if (scan_string(r, key)) return -1;
+    if (key->esc) return bad(r, what->escaped_key);
+    ws(r);
+    if (r->p >= r->end) return eof(r);
+    if (*r->p != ':') return bad(r, what->no_colon);
+    r->p++;
+    return 0;
+}
+
+/* After a value: 1 when a key follows (the reader at it), 0 at the object's end, -1 when damaged. */
+static inline int after_value(R *r, const ObjWords *what) {
+    ws(r);
+    if (r->p >= r->end) return eof(r);
+    if (*r->p == '}') {
+        r->p++;
+        return 0;
+    }
+    if (*r->p != ',') return bad(r, what->stray);
+    r->p++;
+    ws(r);
+    return 1;
+}
+
+static int args_object(R *r, Ev *ev) {
+    ws(r);
+    if (r->p >= r->end) return eof(r);
+    if (*r->p == 'n') {
+        Val x;
+        return literal(r, "null", V_NULL, &x);
+    }
+    int more;
+    for (more = open_object(r, &ARGS_WORDS); more > 0; more = after_value(r, &ARGS_WORDS)) {
         Val key, x;
-        if (r->p >= r->end) return eof(r);
-        if (*r->p != '"') return bad(r, "an args key that is not a string");
-        r->p++;
-        if (scan_string(r, &key)) return -1;
-        if (key.esc) return bad(r, "an escaped args key");
-        ws(r);
-        if (r->p >= r->end) return eof(r);
-        if (*r->p != ':') return bad(r, "no colon after an args key");
-        r->p++;
+        if (next_key(r, &key, &ARGS_WORDS)) return -1;
         const char *k = (const char *)key.a;
         Py_ssize_t klen = key.n;
         Val *dst = NULL;
@@ -552,7 +592,7 @@ static int args_object(R *r, Ev *ev) {
             if (ev->seen & (1u << bit)) return bad(r, "a duplicate args key");
             ev->seen |= 1u << bit;
             if (dims3(r, is_grid ? ev->grid : ev->block, is_grid ? &ev->grid_n : &ev->block_n, 2)) return -1;
-            goto next;
+            continue;
         }
         if (KEY("device")) dst = &ev->device, bit = 8;
         else if (KEY("stream")) dst = &ev->stream, bit = 9;
@@ -577,17 +617,8 @@ static int args_object(R *r, Ev *ev) {
             ev->seen |= 1u << bit;
         }
         if (value(r, dst ? dst : &x, 2)) return -1;
-    next:
-        ws(r);
-        if (r->p >= r->end) return eof(r);
-        if (*r->p == '}') {
-            r->p++;
-            return 0;
-        }
-        if (*r->p != ',') return bad(r, "a stray byte in args");
-        r->p++;
-        ws(r);
     }
+    return more;
 }
 
 static int event(R *r, Ev *ev) {
@@ -598,25 +629,10 @@ static int event(R *r, Ev *ev) {
     for (int k = 0; k < NCOMM; k++) ev->comm[k].t = V_ABSENT;
     ev->grid_n = ev->block_n = 0;
     ev->seen = 0;
-    if (*r->p != '{') return bad(r, "an event that is not an object");
-    r->p++;
-    ws(r);
-    if (r->p >= r->end) return eof(r);
-    if (*r->p == '}') {
-        r->p++;
-        return 0;
-    }
-    for (;;) {
+    int more;
+    for (more = open_object(r, &EVENT_WORDS); more > 0; more = after_value(r, &EVENT_WORDS)) {
         Val key, x;
-        if (r->p >= r->end) return eof(r);
-        if (*r->p != '"') return bad(r, "an event key that is not a string");
-        r->p++;
-        if (scan_string(r, &key)) return -1;
-        if (key.esc) return bad(r, "an escaped event key");
-        ws(r);
-        if (r->p >= r->end) return eof(r);
-        if (*r->p != ':') return bad(r, "no colon after an event key");
-        r->p++;
+        if (next_key(r, &key, &EVENT_WORDS)) return -1;
         const char *k = (const char *)key.a;
         Py_ssize_t klen = key.n;
         Val *dst = NULL;
@@ -637,16 +653,8 @@ static int event(R *r, Ev *ev) {
             if (args_object(r, ev)) return -1;
         } else if (value(r, dst ? dst : &x, 1))
             return -1;
-        ws(r);
-        if (r->p >= r->end) return eof(r);
-        if (*r->p == '}') {
-            r->p++;
-            return 0;
-        }
-        if (*r->p != ',') return bad(r, "a stray byte in an event");
-        r->p++;
-        ws(r);
     }
+    return more;
 }
 
 /* ---- names ---- */
