@@ -12,6 +12,7 @@ NCCL kernels of every naming era, RCCL on ROCm, CPU-only traces.
 from __future__ import annotations
 
 from array import array
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -148,7 +149,7 @@ class KinetoBatch:
             out[name], counts[name] = _stamp(name, df, ident)
         out["ranks"] = ranks
         out["process_groups"] = _process_groups(files, named, texts, lists)
-        return [_result(f, counts, ex.dropped[f.index]) for f in files], out
+        return [_result(f, counts, ex.dropped[f.index], ex.past_int32.get(f.index)) for f in files], out
 
 
 def _read_compiled(path: Path, ctx: ParseContext, ex: Extractor) -> tuple[ReadOutcome | None, str | None]:
@@ -177,7 +178,7 @@ def _shift(df: pl.DataFrame | None, bases: pl.Series) -> pl.DataFrame | None:
     return df.with_columns([(pl.col(c) + base) for c in ("start_ns", "end_ns")])
 
 
-def _result(f: _File, counts: dict[str, dict[int, int]], dropped: int) -> ParseResult:
+def _result(f: _File, counts: dict[str, dict[int, int]], dropped: int, past_int32: Counter[str] | None) -> ParseResult:
     n = {name: c.get(f.index, 0) for name, c in counts.items()}
     summary = (
         f"{f.outcome.events:,} events: {n['kernels']:,} GPU, {n['cpu_ops']:,} host, "
@@ -187,6 +188,10 @@ def _result(f: _File, counts: dict[str, dict[int, int]], dropped: int) -> ParseR
     malformed = f.malformed + dropped
     if malformed:
         summary += f"; {malformed:,} malformed events skipped (no name, or a time that is not a finite number in range)"
+    if past_int32:
+        nulled = sum(past_int32.values())
+        summary += (f"; {nulled:,} value{'s' if nulled > 1 else ''} past Int32 read as null "
+                    f"({', '.join(sorted(past_int32))})")
     if f.rank_note:
         summary += f"; {f.rank_note}"
     if f.fallback:

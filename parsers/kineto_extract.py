@@ -70,6 +70,8 @@ _COMM_COLS = tuple(col for _, col in COMM_ARG_KEYS)
 _gpu_values = operator.attrgetter(*_GPU_COLS)  # the typed Args fields are named after the columns
 _comm_values = operator.attrgetter(*_COMM_COLS)
 
+_DIMS = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 _EMPTY: dict = {}
 _NO3 = (NULL, NULL, NULL)
 _DATA_ERRORS = (TypeError, ValueError, IndexError, KeyError, OverflowError, AttributeError)
@@ -145,6 +147,7 @@ class Extractor:
         self.files: list[tuple[int, int, int]] = []
         self._mark = (0, 0, 0, 0, 0)
         self.dropped: Counter[int] = Counter()  # per file: events dropped when the frames are built
+        self.past_int32: dict[int, Counter[str]] = {}  # per file: values read as null by ``_int32_or_null``
 
     def begin_file(self) -> None:
         """Start a file: its skipped and malformed counts start from zero."""
@@ -173,6 +176,22 @@ class Extractor:
         kept = dict(df.group_by("_f").len().iter_rows())
         for index, g_rows, c_rows in self.files:
             self.dropped[index] += (g_rows if gpu else c_rows) - kept.get(index, 0)
+
+    def _int32_or_null(self, df: pl.DataFrame, cols: tuple[str, ...]) -> pl.DataFrame:
+        """``cols`` (Int32 in the frames) with every value past Int32 read as null, counted per file and column in
+        ``past_int32`` (a kernel ``grid`` of 2^32: damage, which a cast would turn into a crash). One min / max
+        pass when every value fits, the usual case."""
+        ok = [pl.col(c).is_between(INT32_MIN, INT32_MAX) for c in cols]
+        low, high = df.select(pl.min_horizontal(pl.col(cols).min()).alias("lo"),
+                              pl.max_horizontal(pl.col(cols).max()).alias("hi")).row(0)
+        if (low is None or low >= INT32_MIN) and (high is None or high <= INT32_MAX):
+            return df
+        per_file = df.group_by("_f").agg(*[(~fits).sum().alias(c) for c, fits in zip(cols, ok)])
+        for index, *counts in per_file.iter_rows():
+            for col, n in zip(cols, counts):
+                if n:
+                    self.past_int32.setdefault(index, Counter())[col] += n
+        return df.with_columns(*[pl.when(fits).then(pl.col(c)).alias(c) for c, fits in zip(cols, ok)])
 
     def _file_index(self, gpu: bool) -> array:
         if not self.files:  # fed without begin_file / end_file: one file
@@ -559,15 +578,17 @@ class Extractor:
         df, bad = _typed_frame(self.g, self.name_table())  # consumes the buffers
         if bad:
             self._count_dropped(df, gpu=True)
-        df = df.with_columns(
+        df = self._int32_or_null(df, (*_DIMS, "device")).with_columns(
             pl.col("kind").replace_strict(dict(enumerate(GPU_KINDS)), return_dtype=pl.String),
-            *[pl.col(c).cast(pl.Int32) for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")],
+            pl.col(_DIMS).cast(pl.Int32),
         )
         args = _args_frame(self.gpu_comm_args, GPU_ARG_KEYS, self.rank_texts)
-        df = df.join(args, on="_row", how="left", maintain_order="left") if args is not None else df.with_columns(
-            [pl.lit(None, dtype=_ARG_TYPES.get(col, pl.String)).alias(col) for _, col in GPU_ARG_KEYS]
-        )
-        return df.drop("_row")
+        if args is None:
+            return df.with_columns(
+                [pl.lit(None, dtype=_ARG_TYPES.get(col, pl.String)).alias(col) for _, col in GPU_ARG_KEYS]
+            ).drop("_row")
+        df = df.join(args, on="_row", how="left", maintain_order="left")
+        return self._int32_or_null(df, ("group_size",)).drop("_row")
 
     def cpu_frame(self) -> pl.DataFrame | None:
         """Host ops, with ``_row`` (their position in the buffers) kept for ``comm_frame``."""
@@ -587,7 +608,7 @@ class Extractor:
             return None
         args = _args_frame(self.comm_ops, COMM_ARG_KEYS, self.rank_texts)
         assert args is not None
-        rows = cpu.join(args, on="_row", how="inner")
+        rows = self._int32_or_null(cpu.join(args, on="_row", how="inner"), ("group_size", "src_rank", "dst_rank"))
         return rows.select("_f", "pid", "tid", "name", "start_ns", "end_ns", "external_id",
                            *[col for _, col in COMM_ARG_KEYS])
 

@@ -70,3 +70,18 @@ def test_trace_host_from_a_fqdn_file_name_is_the_short_name_nccl_logs_use(tmp_pa
     res = parse(tmp_path / name, ParseContext(tmp_path, name))
     assert res.host == "node7"
     assert res.frames["ranks"]["host"].to_list() == ["node7"]
+
+
+def test_a_grid_past_int32_is_a_null_not_a_failed_source(tmp_path: Path, findings_validator):
+    from tests.test_kineto_damaged import PAST_INT32, PAST_INT32_NOTE
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "rank0.pt.trace.json").write_bytes(PAST_INT32)
+    out = tmp_path / "out"
+    res = run_cli("analyze", str(run), "--out", str(out), "--fail-on", "never")
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr and "internal" not in res.stderr
+    doc = assert_valid_findings(findings_validator, out / "findings.json")
+    [source] = doc["run"]["sources"]
+    assert source["status"] == "ok" and PAST_INT32_NOTE in source["message"], source

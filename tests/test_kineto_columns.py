@@ -22,6 +22,7 @@ from forensics.pipeline import analyze
 from forensics.simulate import simulate
 from tests.conftest import ROOT, SAMPLE_DATA, shared_path
 from tests.decoder_check import compare_compiled, trace_files
+from tests.test_kineto_damaged import PAST_INT32, PAST_INT32_NOTE
 from tests.test_kineto_typed import ACCEPTED, REJECTED, SCENARIOS
 
 try:
@@ -142,6 +143,7 @@ COMPILED = {
     "shapes": _doc([_ev(name="aten::mm", args={"Input Dims": [[2, 3], [3, 4]], "Input type": ["float", ""]}),
                     _ev(name="aten::bmm", args={"Input Dims": "x"}), _ev(name="aten::addmm", args={"Input Dims": 5})]),
     "a big event over several chunks": _doc([_ev(args={"blob": "x" * 300_000}), _ev(ts=5)]),
+    "grid, block and ranks past Int32": PAST_INT32,
 }
 # Refused by the compiled reader although the typed reader reads them (their reading is the typed reader's).
 REFUSED_ONLY = {
@@ -162,6 +164,14 @@ def test_the_typed_readers_common_shapes_read_compiled_and_identically(tmp_path:
 @pytest.mark.parametrize("name", sorted(COMPILED))
 def test_odd_but_valid_shapes_read_compiled_and_identically(tmp_path: Path, name: str):
     assert compare_compiled(_write(tmp_path, name, COMPILED[name])) == ("compiled", [])
+
+
+@needs_compiled
+def test_values_past_int32_give_the_same_frames_and_messages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    paths = [_write(tmp_path, "past", PAST_INT32), _write(tmp_path, "common", ACCEPTED["common"])]
+    assert _same(paths, tmp_path, monkeypatch) == 0
+    results = _batch(paths, tmp_path, True, monkeypatch)[1]
+    assert [PAST_INT32_NOTE in message for _, message, _ in results] == [True, False]
 
 
 @needs_compiled

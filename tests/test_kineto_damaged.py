@@ -315,3 +315,44 @@ def test_fast_and_per_event_paths_agree(tmp_path: Path):
     assert f_gpu is not None and f_gpu.height > 0 and f_gpu.equals(s_gpu)
     assert f_cpu is not None and f_cpu.height > 0 and f_cpu.equals(s_cpu)
     assert fast.comm_frame(f_cpu).equals(slow.comm_frame(s_cpu))
+
+
+def _past_int32_trace() -> bytes:
+    """A kernel whose grid x is 2^32 and block z -2^31 - 1, a sound kernel, a send whose Src Rank is 2^32."""
+    big = 1 << 32
+    kernel = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 2,
+              "args": {"device": 0, "stream": 7, "grid": [big, 1, 1], "block": [128, 1, -(1 << 31) - 1]}}
+    sound = {**kernel, "ts": 20, "args": {"device": 0, "stream": 7, "grid": [2, 1, 1], "block": [128, 1, 1]}}
+    send = {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 1, "ts": 5, "dur": 30,
+            "args": {"Collective name": "send", "Group size": 2, "Src Rank": big, "Dst Rank": 1, "Seq": 1}}
+    return json.dumps({"distributedInfo": {"rank": 0}, "traceEvents": [send, kernel, sound]}).encode()
+
+
+PAST_INT32 = _past_int32_trace()
+PAST_INT32_NOTE = "3 values past Int32 read as null (block_z, grid_x, src_rank)"
+
+
+@pytest.mark.parametrize("reader", ["compiled", "typed", "stream"])
+def test_values_past_int32_are_read_as_null_and_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reader: str):
+    """A grid, block or rank too large for the frames' Int32 columns is damage: the value becomes null and the
+    source's message counts it (the event is kept), whichever reader read the file; never a parser error."""
+    from forensics.parsers import kineto, kineto_extract
+    from forensics.parsers.kineto_typed import TypedRejected
+
+    if reader == "compiled" and kineto_extract.kineto_columns is None:
+        pytest.skip("built without a C compiler or Python's headers")
+    if reader != "compiled":
+        monkeypatch.setattr(kineto_extract, "kineto_columns", None)
+    if reader == "stream":
+        def rejected(*_args):
+            raise TypedRejected("forced")
+        monkeypatch.setattr(kineto, "read_trace_typed", rejected)
+    path = tmp_path / "trace.json"
+    path.write_bytes(PAST_INT32)
+    res = _parse_file(path)
+    assert res.status == "ok" and PAST_INT32_NOTE in res.message, res.message
+    assert ("stream reader" in res.message) == (reader == "stream")
+    kernels = res.frames["kernels"].sort("start_ns")
+    assert kernels.select("grid_x", "grid_y", "block_x", "block_z").rows() == [(None, 1, 128, None), (2, 1, 128, 1)]
+    comms = res.frames["comms"]
+    assert comms.select("src_rank", "dst_rank", "group_size").rows() == [(None, 1, 2)]
