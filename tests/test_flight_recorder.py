@@ -17,7 +17,8 @@ from forensics.parsers.discovery import discover
 from forensics.parsers.result import ParseContext
 
 from forensics.base import frames as fr
-from forensics.pipeline import analyze
+from forensics.facts import hang
+from forensics.pipeline import analyze, analyze_frames, load
 from forensics.simulate import flight_recorder as sim
 from forensics.simulate.fr_pickle import dumps
 
@@ -98,6 +99,32 @@ def test_real_cases_name_exactly_the_injected_ranks(case):
     f = _hang(analysis.findings, f"stuck_{next(iter(_injected(_case(case))))}")[0]
     assert f.gpu_seconds_lost and f.gpu_seconds_lost > 0
     assert any(inc.root_cause == f.id and inc.gpu_hours_lost for inc in analysis.incidents)
+
+
+def _hang_evidence(frames: fr.JobFrames) -> list[tuple]:
+    return [(f.key, f.process_group, f.victims, f.evidence) for f in analyze_frames(Path("."), frames).findings
+            if f.detector == "hang_verdict"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_hang_evidence_does_not_depend_on_the_order_of_the_dumps_rows(case):
+    """The evidence (cut at 12 culprit and 12 victim rows) is the same whatever the order of the frames' rows: the
+    culprits in the group whose blocked collective was enqueued first first, then by rank; the victims by rank."""
+    _, frames = load(_case(case), workers=1)
+    base = _hang_evidence(frames)
+    fr_frames = ("fr_dumps", "fr_pg_status", "fr_entries", "fr_signatures")
+    for seed in (1, 2, 3):
+        shuffled = {name: frames[name].sample(fraction=1.0, shuffle=True, seed=seed) for name in fr_frames}
+        assert _hang_evidence(fr.JobFrames({**{n: frames[n] for n in frames.present}, **shuffled},
+                                           present=frames.present)) == base, seed
+    [(_, _, victims, evidence)] = [row for row in base if row[0].startswith("stuck_")]
+    culprits = [e for e in evidence if e["role"] == "culprit"]
+    blocked = hang.blocked_collectives(hang.vote(hang.counters_from_dumps(frames["fr_pg_status"])),
+                                       frames["fr_entries"], None, frames["fr_signatures"])
+    enqueued = dict(blocked.drop_nulls("created_ns").select("pg_name", "created_ns").iter_rows())
+    keys = [(e["pg_name"] not in enqueued, enqueued.get(e["pg_name"], 0), e["rank"]) for e in culprits]
+    assert len(culprits) > 1 and keys == sorted(keys) and not keys[0][0]
+    assert [e["rank"] for e in evidence if e["role"] == "victim"] == sorted(victims) and 0 < len(victims) <= 12
 
 
 def _json_rewrite(src: Path, dst: Path) -> None:

@@ -39,7 +39,10 @@ DOC = DetectorDoc(
         "host-stuck = last_enqueued below the group's highest with nothing pending. A culprit needs votes "
         'from `min_votes` groups (or every group it could be voted in), or, for the host, nothing pending '
         "anywhere. Cost = GPUs x (the watchdog's kill, estimated as the blocked collective's enqueue time + "
-        "its timeout, or the dumps' latest time when later - that enqueue time)."),
+        "its timeout, or the dumps' latest time when later - that enqueue time). Evidence: the culprits' rows (one "
+        "per group they are voted stuck in), earliest first by when the group's blocked collective was enqueued "
+        "(progress stopped there), then by rank and sequence number; then the ranks that wait for them, by rank, "
+        "each in the group it was blocked in earliest; at most 12 of each."),
     todo=(
         "Device-stuck: check that rank's GPU (dmesg Xid/ECC, nvidia-smi), and the kernel before the "
         "collective on its stream; drain the node if the GPU is faulty. Host-stuck: look at that rank's "
@@ -201,7 +204,7 @@ def _measure_culprit(job: _Job, cls: str, entries: pl.DataFrame, signatures: pl.
                     "votes": ", ".join(f"{r}:{n}" for r, n in rows.select("rank", "votes").iter_rows()),
                     "groups_blocked": job.blocked.height, "missing_dumps": _ranks(list(v.missing)) or None,
                     **agreement})
-    return _Culprit(cls, ranks, rows, mine, metrics, lost, _evidence(v, ranks), agreement,
+    return _Culprit(cls, ranks, rows, mine, metrics, lost, _evidence(v, ranks, job.blocked), agreement,
                     hang.stack_outliers(entries, signatures))
 
 
@@ -269,15 +272,35 @@ def _basis(metrics: dict[str, MetricValue], evidence: tuple[dict[str, Any], ...]
                      waiting_ranks=sum(e["role"] == "victim" for e in evidence) or None)
 
 
-def _evidence(v: hang.HangVerdict, ranks: list[int]) -> tuple[dict[str, Any], ...]:
-    pgs = v.groups.filter(pl.col("rank").is_in(ranks) & pl.col("role").is_in(["device", "host"]))
+_EVIDENCE_ROWS = 12  # culprit rows, and as many victim rows
+
+
+def _evidence(v: hang.HangVerdict, ranks: list[int], blocked: pl.DataFrame) -> tuple[dict[str, Any], ...]:
+    """The culprits' rows (one per group they are voted stuck in), earliest first by when the group's blocked
+    collective was enqueued (progress stopped there; groups without a time last), then by rank and the blocked
+    sequence number; then the ranks waiting for them by rank, each in the group it was blocked in earliest. At most
+    ``_EVIDENCE_ROWS`` of each, the same whatever the order of the dumps' rows."""
+    order = ["_t", "rank", "_seq", "pg_name"]
+    pgs = v.groups.filter(pl.col("rank").is_in(ranks) & pl.col("role").is_in(["device", "host"])).join(
+        _blocked_at(blocked), on="pg_name", how="left").sort(order, nulls_last=True)
     culprit = pgs.select(pl.col("rank"), pl.lit("culprit").alias("role"), "pg_name", "pg_desc", "last_enqueued",
                          "last_completed", pl.col("role").alias("state"))
-    victims = v.groups.join(pgs.select("pg_name", pl.col("rank").alias("waited_for")), on="pg_name").filter(
-        ~pl.col("rank").is_in(ranks) & (pl.col("role") == "waiting")).unique("rank", keep="first").select(
-        "rank", pl.lit("victim").alias("role"), "pg_name", "pg_desc", "last_enqueued", "last_completed",
-        pl.col("role").alias("state"), "waited_for")
-    return tuple(culprit.head(12).to_dicts()) + tuple(victims.sort("rank").head(12).to_dicts())
+    waiting = v.groups.join(pgs.select("pg_name", pl.col("rank").alias("waited_for"), "_t", "_seq"), on="pg_name")
+    victims = (waiting.filter(~pl.col("rank").is_in(ranks) & (pl.col("role") == "waiting"))
+               .sort("rank", "_t", "_seq", "pg_name", "waited_for", nulls_last=True)
+               .unique("rank", keep="first", maintain_order=True)
+               .select("rank", pl.lit("victim").alias("role"), "pg_name", "pg_desc", "last_enqueued",
+                       "last_completed", pl.col("role").alias("state"), "waited_for"))
+    return tuple(culprit.head(_EVIDENCE_ROWS).to_dicts()) + tuple(victims.head(_EVIDENCE_ROWS).to_dicts())
+
+
+def _blocked_at(blocked: pl.DataFrame) -> pl.DataFrame:
+    """pg_name -> when its blocked collective was first enqueued (``_t``, ns; null when the dumps do not say) and its
+    sequence number (``_seq``)."""
+    if "pg_name" not in blocked.columns:  # no group is blocked
+        return pl.DataFrame(schema={"pg_name": pl.String, "_t": pl.Int64, "_seq": pl.Int64})
+    return blocked.select("pg_name", pl.col("created_ns").cast(pl.Int64).alias("_t"),
+                          pl.col("seq").cast(pl.Int64).alias("_seq"))
 
 
 def _agreement_metrics(job: _Job, ranks: list[int]) -> dict[str, MetricValue]:
