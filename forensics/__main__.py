@@ -6,6 +6,7 @@ imported; everything else goes to :func:`forensics.cli.main`.
 
 from __future__ import annotations
 
+import gc
 import sys
 
 
@@ -15,8 +16,14 @@ def main() -> None:
 
         sys.stdout.write(f"forensics {__version__}\n")
         return
-    from forensics.cli import main as cli_main
-
+    # Start-up creates about 200,000 objects that live as long as the process (modules, classes, functions); the
+    # cyclic collector would scan them again and again while they are created (docs/performance.md, tenth pass).
+    gc.disable()
+    try:
+        from forensics.cli import main as cli_main
+    finally:
+        gc.freeze()  # what exists now is never collected: later collections skip it
+        gc.enable()
     cli_main()
 
 

@@ -6,7 +6,9 @@ collectives table's schema).
 - docs/incidents.md: the part between its ``<!-- generated: rules -->`` and ``<!-- end generated -->`` markers
   (the rules table and the finding kinds the detectors declare); the prose around it is written by hand;
 - docs/frames.md: every frame's columns, dtypes and units;
-- docs/collectives.md: the columns of collectives.parquet.
+- docs/collectives.md: the columns of collectives.parquet;
+- reports/templates/compiled.json: the Python code of report.html's and diff.html's templates (what Jinja2 would
+  generate from them on every run otherwise).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from forensics.reports import rules
+from forensics.reports import html, rules
 from forensics.reports.view_collectives import schema_markdown
 
 from forensics.base import frames
@@ -41,6 +43,7 @@ GENERATED: dict[str, Callable[[str], str]] = {
     "docs/incidents.md": _incidents,
     "docs/frames.md": lambda _: frames.render_markdown(),
     "docs/collectives.md": lambda _: schema_markdown(),
+    "reports/templates/compiled.json": lambda _: html.template_code(),
 }
 """Path (relative to the checkout) -> its text, given the file's current text."""
 

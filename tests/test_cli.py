@@ -303,3 +303,26 @@ def test_polars_allocator_gets_few_arenas_unless_the_user_chose():
     from forensics.cli import _jemalloc_conf
 
     assert [_jemalloc_conf(n) for n in (1, 2, 8, 15, 16, 64)] == ["narenas:1"] * 4 + ["narenas:2", "narenas:8"]
+
+
+def test_start_up_imports_run_without_the_cyclic_collector_and_are_frozen():
+    """The entry point and `analyze` import with the collector paused, then freeze what exists (start-up's objects
+    live as long as the process); the collector runs again afterwards, and stays off if it was off."""
+    code = ("import gc, sys; sys.argv = ['forensics', 'version']; from forensics.__main__ import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(gc.isenabled(), gc.get_freeze_count() > 1000)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split()[-2:] == ["True", "True"]
+    import gc
+
+    from forensics.cli import _imports_without_gc
+
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            with _imports_without_gc():
+                assert not gc.isenabled()
+            assert gc.isenabled() is enabled
+    finally:
+        gc.unfreeze()
+        gc.enable()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
+import jinja2
 from forensics.reports import docs
 from typer.testing import CliRunner
 
@@ -12,8 +14,13 @@ from tests.conftest import ROOT
 
 
 def test_every_generated_document_is_current():
-    assert sorted(docs.GENERATED) == ["docs/collectives.md", "docs/detectors.md", "docs/frames.md", "docs/incidents.md"]
-    assert docs.stale(ROOT) == [], "a generated document is stale: run `forensics docs`"
+    assert sorted(docs.GENERATED) == ["docs/collectives.md", "docs/detectors.md", "docs/frames.md", "docs/incidents.md",
+                                      "reports/templates/compiled.json"]
+    stale = docs.stale(ROOT)
+    shipped = json.loads((ROOT / "reports" / "templates" / "compiled.json").read_text())["jinja2"]
+    if shipped != jinja2.__version__:  # another Jinja2 generates other code; the reports compile from source then
+        stale.remove("reports/templates/compiled.json")
+    assert stale == [], "a generated document is stale: run `forensics docs`"
 
 
 def test_check_fails_on_a_stale_document_and_docs_rewrites_it(tmp_path):

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import html
+import json
 import re
 from pathlib import Path
 
+import jinja2
 import plotly.graph_objects as go
 import polars as pl
 import pytest
@@ -126,3 +128,51 @@ def test_tables_are_sortable_ranks_sorted_gpus_as_host_bus_id_and_sources_say_wh
     paths, statuses, whys = (_table_column(page, "sources", i) for i in (0, 4, 5))
     i = paths.index("notes.txt")
     assert (statuses[i], whys[i]) == ("ignored", row["message"])
+
+
+def _shipped_jinja2() -> str | None:
+    return json.loads(html_report.TEMPLATE_CODE.read_text()).get("jinja2")
+
+
+def _env_like_report(cache: jinja2.BytecodeCache | None) -> jinja2.Environment:
+    env = jinja2.Environment(loader=html_report.ENV.loader, autoescape=True, undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, bytecode_cache=cache)
+    env.filters.update(html_report.ENV.filters)
+    return env
+
+
+def test_report_pages_run_the_shipped_template_code_and_render_the_same_bytes():
+    """report.html's templates run the code shipped in templates/compiled.json (no parse, no code generation per
+    run) when this Jinja2 generated it; the page is byte for byte what the templates compiled from source give."""
+    if _shipped_jinja2() != jinja2.__version__:
+        pytest.skip(f"compiled.json is Jinja2 {_shipped_jinja2()}'s code, this is {jinja2.__version__}: "
+                    "the templates are compiled from source (run `forensics docs`)")
+    cache = html_report.ShippedTemplateCode()
+    for name in html_report.COMPILED_TEMPLATES:
+        source, filename, _ = html_report.ENV.loader.get_source(html_report.ENV, name)
+        assert cache.get_bucket(html_report.ENV, name, filename, source).code is not None, name
+    a = _sample("ddp_straggler")
+    shipped, fresh = _env_like_report(cache), _env_like_report(None)
+    data = html_report.context(a)
+    pages = [env.get_template("report.html.j2").render(**data, plotly_js=None) for env in (shipped, fresh)]
+    assert pages[0] == pages[1] and "Verdict" in pages[0]
+
+
+def test_an_edited_template_or_another_jinja2_compiles_from_source(tmp_path: Path):
+    shipped = json.loads(html_report.TEMPLATE_CODE.read_text())
+    name = "report.html.j2"
+    source, filename, _ = html_report.ENV.loader.get_source(html_report.ENV, name)
+    edited = source.replace("Verdict", "Verdict!")
+    path = tmp_path / "compiled.json"
+    for version, text in ((jinja2.__version__, edited), ("0.0", source)):
+        path.write_text(json.dumps({**shipped, "jinja2": version}))
+        bucket = html_report.ShippedTemplateCode(path).get_bucket(html_report.ENV, name, filename, text)
+        assert bucket.code is None, version
+    path.write_text(json.dumps({**shipped, "jinja2": jinja2.__version__}))
+    assert html_report.ShippedTemplateCode(path).get_bucket(html_report.ENV, name, filename, source).code is not None
+    assert html_report.ShippedTemplateCode(tmp_path / "none.json").get_bucket(
+        html_report.ENV, name, filename, source).code is None
+    # an edited report.html.j2 renders its edit (compiled from source), with the shipped cache in place
+    env = _env_like_report(html_report.ShippedTemplateCode())
+    env.loader = jinja2.DictLoader({name: "{{ x }}!"})
+    assert env.get_template(name).render(x="<a>") == "&lt;a&gt;!"
