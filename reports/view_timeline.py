@@ -99,10 +99,11 @@ def step_intervals(ctx: JobContext, step: int, ranks: list[int]) -> pl.DataFrame
                    pl.min_horizontal("end_ns", "w_end").alias("end_ns"))
     busy = merge(raw.with_columns(pl.col("end_ns") + tol), ["rank", "lane", "kind"]).with_columns(
         pl.col("end_ns") - tol)
-    union = merge(raw, ["rank"]).sort("rank", "start_ns")
+    union = merge(raw, ["rank"])
+    # ties are equal rows (rank, start, end): their order changes nothing
     edges = pl.concat([union, wl.select("rank", pl.col("w_start").alias("start_ns"), pl.col("w_start").alias("end_ns")),
                        wl.select("rank", pl.col("w_end").alias("start_ns"), pl.col("w_end").alias("end_ns"))],
-                      how="vertical").sort("rank", "start_ns", "end_ns")
+                      how="vertical").sort("rank", "start_ns", "end_ns", maintain_order=True)
     idle = edges.select("rank", pl.col("end_ns").cum_max().over("rank").alias("start_ns"),
                         pl.col("start_ns").shift(-1).over("rank").alias("end_ns")).filter(
         pl.col("end_ns") - pl.col("start_ns") >= tol).with_columns(pl.lit("idle").alias("lane"),

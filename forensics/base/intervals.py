@@ -1,10 +1,14 @@
 """Interval algebra on Polars frames: merge, and measure any Boolean combination of interval sets.
 
 Every function works per group (``keys``), e.g. per (rank, step), with no Python loop over events.
-The trick used by :func:`mask_lengths`: merge each set so it has no self-overlap, give each set one
-bit, turn intervals into +bit / -bit events and take a running sum per group. Because no set overlaps
-itself, the running sum *is* the bitmask of the sets active in the segment up to the next event. Any
-quantity such as ``|A \\ (B u C)|`` is then a sum of segment lengths over the masks that satisfy it.
+The trick used by :func:`mask_lengths`: give each set one bit, turn intervals into +1 / -1 events of their set,
+sort them by time within the group and keep one running count per set: the sets whose count is above zero after
+an event are the bitmask of the segment up to the next event. Any quantity such as ``|A \\ (B u C)|`` is then a
+sum of segment lengths over the masks that satisfy it.
+
+Sorts on several keys ask for ``maintain_order=True`` where the order of ties does not matter to the result:
+Polars 2.1 sorts several columns two to three times faster stably than unstably (82k events by rank, step and
+time: 6-9 ms against 16-22 ms; docs/performance.md, tenth pass).
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import polars as pl
 def merge(df: pl.LazyFrame | pl.DataFrame, keys: Sequence[str]) -> pl.LazyFrame:
     """Merge overlapping or touching ``[start_ns, end_ns)`` intervals within each ``keys`` group."""
     keys = list(keys)
-    lf = df.lazy().filter(pl.col("end_ns") > pl.col("start_ns")).sort([*keys, "start_ns"])
+    # ties (equal starts) fall in one block whatever their order
+    lf = df.lazy().filter(pl.col("end_ns") > pl.col("start_ns")).sort([*keys, "start_ns"], maintain_order=True)
     # A new block starts where an interval begins after everything before it (in the group) ended.
     prev_end = pl.col("end_ns").cum_max().shift(1).over(keys)
     # block ids need only be distinct within a group (the group_by below has the keys): one running sum
@@ -37,21 +42,24 @@ def mask_lengths(df: pl.LazyFrame | pl.DataFrame, keys: Sequence[str], bit_col: 
     Returns ``keys, mask, length_ns`` (mask 0 = inside the group's extent with no set active).
     """
     keys = list(keys)
-    merged = merge(df, [*keys, bit_col])
-    ev = pl.concat(
-        [
-            merged.select(*keys, pl.col("start_ns").alias("t"), pl.col(bit_col).cast(pl.Int64).alias("d")),
-            merged.select(*keys, pl.col("end_ns").alias("t"), (-pl.col(bit_col).cast(pl.Int64)).alias("d")),
-        ]
-    )
-    # Events at the same instant are summed first, so zero-length segments never carry a wrong mask.
-    ev = ev.group_by([*keys, "t"]).agg(pl.col("d").sum()).sort([*keys, "t"])
-    # Every group's events sum to zero (each interval opens and closes its bit in its group), so one running
-    # sum over the sorted frame is each group's own; a segment ends at the next event of the same group.
+    iv = df.lazy().filter(pl.col("end_ns") > pl.col("start_ns")).select(
+        *keys, "start_ns", "end_ns", pl.col(bit_col).cast(pl.Int64).alias("_bit")).collect()
+    bits = [int(b) for b in iv["_bit"].unique().drop_nulls().sort()]
+    ev = pl.concat([
+        iv.lazy().select(*keys, pl.col("start_ns").alias("t"), "_bit", pl.lit(1, pl.Int64).alias("_d")),
+        iv.lazy().select(*keys, pl.col("end_ns").alias("t"), "_bit", pl.lit(-1, pl.Int64).alias("_d")),
+    ]).sort([*keys, "t"], maintain_order=True)
+    # Every group's events of a set sum to zero (each interval opens and closes in its group), so one running count
+    # over the sorted frame is each group's own. Events at one instant: only the last of them starts a segment of
+    # non-zero length, and by then all of them are counted, in whichever order they came.
+    active = [pl.when(pl.col("_bit") == b).then(pl.col("_d")).otherwise(0).cum_sum() > 0 for b in bits]
+    zero = pl.lit(0, pl.Int64)
+    mask = pl.sum_horizontal([pl.when(a).then(pl.lit(b, pl.Int64)).otherwise(zero) for a, b in zip(active, bits)]) \
+        if bits else zero
+    # a segment ends at the next event of the same group
     same_group = pl.all_horizontal([pl.col(k).shift(-1).eq_missing(pl.col(k)) for k in keys])
-    seg = ev.with_columns(
-        pl.col("d").cum_sum().alias("mask"),
-        pl.when(same_group).then(pl.col("t").shift(-1) - pl.col("t")).alias("length_ns"),
+    seg = ev.select(
+        *keys, mask.alias("mask"), pl.when(same_group).then(pl.col("t").shift(-1) - pl.col("t")).alias("length_ns"),
     ).filter(pl.col("length_ns").is_not_null() & (pl.col("length_ns") > 0))
     return seg.group_by([*keys, "mask"]).agg(pl.col("length_ns").sum())
 

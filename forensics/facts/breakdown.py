@@ -146,7 +146,7 @@ def compute_breakdown(frames: JobFrames, match: CollectiveMatch | None = None,
     # a float sum: its terms are summed in one fixed order (time within each step), whichever order the clip gives
     usm = (
         clip_to_disjoint_windows(kern.select("rank", "start_ns", "end_ns", "_sm_share").lazy(), wcols, on=["rank"])
-        .sort("rank", "step", "start_ns", "end_ns", "_sm_share")
+        .sort("rank", "step", "start_ns", "end_ns", "_sm_share", maintain_order=True)  # ties: equal terms
         .group_by("rank", "step", maintain_order=True)
         .agg(((pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64) * pl.col("_sm_share")).sum().alias("u_sm_ns"))
         .collect()
@@ -216,7 +216,7 @@ def _labelled_intervals(kern: pl.DataFrame, match: CollectiveMatch, windows: pl.
                          pl.lit(WINDOW, dtype=pl.Int64).alias("bit"))
     # Short gaps between consecutive (merged) compute intervals: launch overhead, never counted as bubble.
     cm = merge(non_comm.filter(pl.col("bit") == COMPUTE).select("rank", "start_ns", "end_ns"),
-               ["rank"]).sort("rank", "start_ns")
+               ["rank"]).sort("rank", "start_ns", maintain_order=True)  # disjoint blocks: no ties
     short = (
         cm.select("rank", pl.col("end_ns").shift(1).over("rank").alias("_gs"), pl.col("start_ns").alias("_ge"))
         .filter((pl.col("_ge") - pl.col("_gs")) < LAUNCH_GAP_NS)
