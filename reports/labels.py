@@ -9,6 +9,7 @@ Input text (host names, kernel and process-group names, log messages) reaches pl
 from __future__ import annotations
 
 import html
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -25,9 +26,23 @@ def esc(value: Any) -> str:
     return html.escape("" if value is None else str(value), quote=False)
 
 
+_LABELS: dict[int, tuple[weakref.ref[JobContext], pl.DataFrame]] = {}
+"""id(context) -> (the context, its labels); an entry goes with its context (a dataclass: not hashable)."""
+
+
 def gpu_labels(ctx: JobContext) -> pl.DataFrame:
     """rank (Int32), host, gpu: one row per rank; ``gpu`` is ``host:bus-id`` (``host:cudaN`` when no log gave the
-    bus id: device index from the trace, the host alone when neither is known). Sorted by rank."""
+    bus id: device index from the trace, the host alone when neither is known). Sorted by rank. Built once per
+    context (three views and the Perfetto timeline ask for it); shared, do not modify it."""
+    key = id(ctx)
+    known = _LABELS.get(key)
+    if known is None or known[0]() is not ctx:
+        known = (weakref.ref(ctx, lambda _: _LABELS.pop(key, None)), _gpu_labels(ctx))
+        _LABELS[key] = known
+    return known[1]
+
+
+def _gpu_labels(ctx: JobContext) -> pl.DataFrame:
     # one lazy query, collected once (small frames: each eager step would cost more than its work)
     ident = ctx.identity.lazy().filter(pl.col("rank").is_not_null())
     hosts = pl.concat(

@@ -283,10 +283,11 @@ def launch_ops(frames: JobFrames, only: pl.DataFrame | None = None, ranges_named
     ops = frames["cpu_ops"].select("rank", "tid", "category", "is_launch", "correlation", "name", "start_ns", "end_ns")
     none = pl.DataFrame(schema={"rank": pl.Int32, "correlation": pl.Int64, out: pl.String})
     kinds = pl.col("category").is_in(["cpu_op", "user_annotation"])
+    # the names stay Categorical until the few picked ranges are known: the text of every range is not needed
     ranges = (
         ops.filter(kinds if ranges_named is None else kinds & fr.text_contains("name", ranges_named))
         .select("rank", "tid", pl.col("start_ns").alias("_rs"), pl.col("end_ns").alias("_re"),
-                pl.col("name").cast(pl.String).str.replace(_NVTX_SUFFIX, "").alias("_launch_op"))
+                pl.col("name").alias("_launch_op"))
         .drop_nulls(["rank", "tid"])
         .sort("_rs")
     )
@@ -307,7 +308,7 @@ def launch_ops(frames: JobFrames, only: pl.DataFrame | None = None, ranges_named
     return (
         j.filter(pl.col("_re") >= pl.col("_t"))
         .group_by("rank", "correlation")
-        .agg(pl.col("_launch_op").first().alias(out))
+        .agg(pl.col("_launch_op").first().cast(pl.String).str.replace(_NVTX_SUFFIX, "").alias(out))
     )
 
 
