@@ -362,7 +362,7 @@ def _analysis_outputs(analysis: Any, out_dir: Path, phases: _Phases | None = Non
     tick("render", "summary.md", 1, 3)
     outs.add_text("summary.md", markdown.render(analysis))
     tick("render", "report.html", 2, 3)
-    outs.add_chunks("report.html", html_report.render_chunks(analysis))  # no 5 MB string or joined copy
+    outs.add("report.html", html_report.report_writer(analysis))  # no 5 MB string, plotly.js streamed
     outs.add("collectives.parquet", functools.partial(write_parquet, collectives_table(analysis.context),
                                                       metadata=collectives_parquet_metadata()))
     if timeline_steps is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 import jinja2
 import jinja2.bccache
 import polars as pl
-from forensics.reports.figures import PLOTLY_JS_SLOT, plotly_js, plotly_js_bytes
+from forensics.reports.figures import PLOTLY_JS_SLOT, copy_plotly_js, plotly_js, plotly_js_bytes
 from forensics.reports.figures import figure_html as figure_html  # re-exported: diff_html imports it from here
 from forensics.reports.lastwords import summary as last_words_summary
 from forensics.reports.views import View, build_views, view_for
@@ -372,6 +373,22 @@ def render_chunks(analysis: Analysis) -> list[bytes]:
     plotly.js itself (the process' one copy), the rest; no 5 MB joined copy is made."""
     head, slot, tail = _page(analysis).partition(PLOTLY_JS_SLOT)
     return [head.encode("utf-8"), plotly_js_bytes() if slot else b"", tail.encode("utf-8")]
+
+
+def report_writer(analysis: Analysis) -> Callable[[Path], None]:
+    """What writes ``render_bytes(analysis)`` to a path: the page rendered now, plotly.js copied from plotly's own
+    file while writing (:func:`forensics.reports.figures.copy_plotly_js`), never held in memory."""
+    head, slot, tail = _page(analysis).partition(PLOTLY_JS_SLOT)
+    before, after = head.encode("utf-8"), tail.encode("utf-8")
+
+    def write(path: Path) -> None:
+        with open(path, "wb") as fh:
+            fh.write(before)
+            if slot:
+                copy_plotly_js(fh)
+            fh.write(after)
+
+    return write
 
 
 def render_bytes(analysis: Analysis) -> bytes:

@@ -176,3 +176,10 @@ def test_an_edited_template_or_another_jinja2_compiles_from_source(tmp_path: Pat
     env = _env_like_report(html_report.ShippedTemplateCode())
     env.loader = jinja2.DictLoader({name: "{{ x }}!"})
     assert env.get_template(name).render(x="<a>") == "&lt;a&gt;!"
+
+
+def test_report_writer_writes_the_rendered_bytes_with_plotly_js_streamed(tmp_path: Path):
+    a = _sample("ddp_straggler")
+    path = tmp_path / "report.html"
+    html_report.report_writer(a)(path)
+    assert path.read_bytes() == html_report.render_bytes(a) == html_report.render(a).encode("utf-8")
