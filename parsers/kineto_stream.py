@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import re
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import orjson
+from forensics.parsers import bounded_read
 from forensics.parsers.bounded_read import DEFAULT_MAX_RECORD_BYTES, GZIP_MAGIC
 
 # Small pieces on purpose: a 32 KB block of JSON and the few hundred event dicts parsed from it
@@ -109,7 +109,8 @@ def _bounded(blocks: Iterator[bytes], limit: int) -> Iterator[bytes]:
 
 
 def _gunzip(fh: BinaryIO) -> Iterator[bytes]:
-    dec = zlib.decompressobj(31)
+    inflate = bounded_read.INFLATE  # zlib-ng's or the standard library's (looked up per file: tests swap it)
+    dec = inflate.decompressobj(31)
     consumed = 0  # compressed bytes fed so far
     started = False  # the current member has received input
     while True:
@@ -123,7 +124,7 @@ def _gunzip(fh: BinaryIO) -> Iterator[bytes]:
             started = True
             try:
                 out = dec.decompress(data, READ_BYTES)
-            except zlib.error as exc:
+            except inflate.error as exc:
                 raise _Corrupt(f"corrupt gzip data before compressed byte {consumed:,}: {exc}") from None
             if out:
                 yield out
@@ -132,7 +133,7 @@ def _gunzip(fh: BinaryIO) -> Iterator[bytes]:
                 continue
             data = dec.unused_data
             if data.strip(b"\x00"):
-                dec = zlib.decompressobj(31)  # next gzip member
+                dec = inflate.decompressobj(31)  # next gzip member
             else:
                 data = b""
                 started = False
