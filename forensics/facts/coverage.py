@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from forensics.base import frames as fr
 from forensics.base.confidence import LEVELS, at_most, evidence_confidence
 from forensics.facts.context import JobContext
 
@@ -72,7 +73,11 @@ def _world_ranks(ctx: JobContext) -> set[int]:
     out = set(range(ctx.world_size or 0))
     if ctx.frames.has("process_groups"):
         declared = ctx.frames["process_groups"].filter(pl.col("declared"))
-        out |= set(declared["pg_ranks"].explode().drop_nulls().to_list())
+        # each member list once (by its pg_id; lists without one as they are), each member once: every rank
+        # declares its groups, so the rows hold ranks x members numbers, 16.7 M per world-sized group at 4,096 ranks
+        lists = pl.concat([fr.pg_members(declared).select("pg_ranks"),
+                           declared.filter(pl.col("pg_id").is_null()).select("pg_ranks")])
+        out |= set(lists["pg_ranks"].explode().drop_nulls().unique().to_list())
     return out
 
 
