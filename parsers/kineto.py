@@ -14,13 +14,13 @@ from __future__ import annotations
 from array import array
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import polars as pl
 from forensics.parsers import kineto_extract
-from forensics.parsers.kineto_extract import Extractor
+from forensics.parsers.kineto_extract import INT32_MAX, INT32_MIN, Extractor
 from forensics.parsers.kineto_names import (
     COMM_KERNEL_PATTERN,
     DTYPE_BYTES,
@@ -68,6 +68,7 @@ class _File:
     host: str | None = None
     fallback: str | None = None  # why the typed decoder left the file to the stream reader
     refused: str | None = None  # why the compiled reader left the file to the typed decoder
+    past_int32: Counter[str] = field(default_factory=Counter)  # metadata values read as absent (``_int32``)
 
 
 class KinetoBatch:
@@ -106,12 +107,13 @@ class KinetoBatch:
             return ParseResult.failed(f"{outcome.problem}: nothing usable (cut before its first event?)")
         dist = outcome.meta.get("distributedInfo")
         dist = dist if isinstance(dist, dict) else {}
-        rank, rank_note, rank_guessed = _rank(dist, ctx.rel_path)
+        past_int32: Counter[str] = Counter()
+        rank, rank_note, rank_guessed = _rank(dist, ctx.rel_path, past_int32)
         index = len(self.files)
         ex.end_file(index)
         skipped = sum(ex.skipped.values()) + outcome.flows
         self.files.append(_File(index, ctx.rel_path, outcome, dist, rank, rank_note, rank_guessed, skipped,
-                                ex.malformed, fallback=fallback, refused=refused))
+                                ex.malformed, fallback=fallback, refused=refused, past_int32=past_int32))
         return None
 
     def __len__(self) -> int:
@@ -138,6 +140,7 @@ class KinetoBatch:
         comms = _comms(comm_raw, cpu_ops, kernels, pg_ids)
         kernels = _enrich_kernels(kernels, comms)
         named = _named_groups(kernels, comms)
+        _count_lists_past_int32(files, (kernels, comms), texts, lists)
         kernels, comms = (df.drop("pg_ranks_raw") if df is not None else None for df in (kernels, comms))
         steps = _steps(cpu_ops)
         ranks = _ranks(files, kernels, cpu_ops)
@@ -188,6 +191,7 @@ def _result(f: _File, counts: dict[str, dict[int, int]], dropped: int, past_int3
     malformed = f.malformed + dropped
     if malformed:
         summary += f"; {malformed:,} malformed events skipped (no name, or a time that is not a finite number in range)"
+    past_int32 = (past_int32 or Counter()) + f.past_int32
     if past_int32:
         nulled = sum(past_int32.values())
         summary += (f"; {nulled:,} value{'s' if nulled > 1 else ''} past Int32 read as null "
@@ -208,11 +212,24 @@ def _short(reason: str, limit: int = 160) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "\u2026"
 
 
-def _rank(dist: dict, rel_path: str) -> tuple[int, str, bool]:
+def _int32(value: object, name: str = "", seen: Counter[str] | None = None) -> int | None:
+    """A metadata integer that fits its Int32 column, else None: a rank or size past Int32 is damage, read as
+    absent like a value of the wrong type (building the frame with it failed the whole file); counted by
+    ``name`` in ``seen`` for the source's message."""
+    if not isinstance(value, int):
+        return None
+    if INT32_MIN <= value <= INT32_MAX:
+        return value
+    if seen is not None:
+        seen[name] += 1
+    return None
+
+
+def _rank(dist: dict, rel_path: str, seen: Counter[str]) -> tuple[int, str, bool]:
     """(rank, how the message says it, guessed): distributedInfo, else the file or folder name,
     else 0 as a guess that discovery keeps only when this is the job's only trace."""
-    rank = dist.get("rank")
-    if isinstance(rank, int):
+    rank = _int32(dist.get("rank"), "rank", seen)
+    if rank is not None:
         return rank, "", False
     for part in reversed(PurePosixPath(rel_path).parts):
         rank = rank_from_filename(part)
@@ -550,18 +567,18 @@ def _rank_row(f: _File, device: int | None, pid: int | None) -> dict[str, Any]:
         if prop is None and len(props) == 1:
             prop = props[0]
     pg_config = dist.get("pg_config")
-    pg_count = dist.get("pg_count")
-    if not isinstance(pg_count, int):
+    pg_count = _int32(dist.get("pg_count"), "pg_count", f.past_int32)
+    if pg_count is None:
         pg_count = len(pg_config) if isinstance(pg_config, list) else None
     nccl = dist.get("nccl_version")
     return {
         "rank": f.rank,
-        "world_size": dist.get("world_size") if isinstance(dist.get("world_size"), int) else None,
+        "world_size": _int32(dist.get("world_size"), "world_size", f.past_int32),
         "host": f.host,
         "pid": pid,
         "device": device,
         "gpu_name": prop.get("name") if prop else None,
-        "sm_count": prop.get("numSms") if prop and isinstance(prop.get("numSms"), int) else None,
+        "sm_count": _int32(prop.get("numSms"), "sm_count", f.past_int32) if prop else None,
         "nccl_version": str(nccl) if nccl is not None else None,
         "backend": dist.get("backend") if isinstance(dist.get("backend"), str) else None,
         "pg_count": pg_count,
@@ -582,6 +599,21 @@ def _named_groups(kernels: pl.DataFrame | None, comms: pl.DataFrame | None) -> p
     return pl.concat(parts).unique(["_f", "pg_id"], keep="first", maintain_order=True)
 
 
+def _count_lists_past_int32(files: list[_File], frames: tuple[pl.DataFrame | None, ...], texts: list[str],
+                            lists: _MemberLists) -> None:
+    """Per file, the rows whose ``Process Group Ranks`` text names a rank past Int32 (their group read as unknown),
+    for the source's message."""
+    damaged = [code for code, text in enumerate(texts) if lists.named(text)[0] in lists.past_int32]
+    if not damaged:
+        return
+    for df in frames:
+        if df is None:
+            continue
+        per_file = df.filter(pl.col("pg_ranks_raw").is_in(damaged)).group_by("_f").len()
+        for index, n in per_file.iter_rows():
+            files[index].past_int32["pg_ranks"] += n
+
+
 class _MemberLists:
     """The distinct member lists of a unit's process groups, each parsed, hashed (``fr.pg_id``) and stored once:
     every trace of a job declares the same groups, and a list has as many numbers as the group has ranks, so
@@ -589,9 +621,13 @@ class _MemberLists:
 
     def __init__(self) -> None:
         self.values: list[list[int] | None] = []
+        self.past_int32: set[int] = set()  # indices of lists read as unknown for a member past Int32
         self._seen: dict[object, tuple[int, int | None]] = {}
 
     def _add(self, key: object, members: list[int] | None) -> tuple[int, int | None]:
+        if members and (min(members) < INT32_MIN or max(members) > INT32_MAX):
+            members = None  # a member past Int32 is damage: the list is unknown, as one that is not all ints
+            self.past_int32.add(len(self.values))
         hit = self._seen[key] = (len(self.values), fr.pg_id(members))
         self.values.append(members)
         return hit
@@ -636,6 +672,8 @@ def _process_groups(files: list[_File], named: pl.DataFrame | None, texts: list[
         at, _ = lists.named(texts[code])
         members = lists.values[at]
         f = by_index[index]
+        if at in lists.past_int32:
+            f.past_int32["pg_ranks"] += 1
         rows.append({"_f": index, "rank": f.rank, "pg_name": name, "pg_desc": desc, "backend_config": None,
                      "pg_size": len(members) if members is not None else None, "pg_ranks": at, "pg_id": pid,
                      "declared": False, "source": f.rel_path})
@@ -656,6 +694,8 @@ def _declared_groups(f: _File, lists: _MemberLists) -> list[dict[str, Any]]:
         if not isinstance(pg, dict):
             continue
         at, pid = lists.declared(pg.get("ranks"))
+        if at in lists.past_int32:
+            f.past_int32["pg_ranks"] += 1
         rows.append(
             {
                 "_f": f.index,
@@ -663,7 +703,7 @@ def _declared_groups(f: _File, lists: _MemberLists) -> list[dict[str, Any]]:
                 "pg_name": str(pg["pg_name"]) if pg.get("pg_name") is not None else None,
                 "pg_desc": pg.get("pg_desc") if isinstance(pg.get("pg_desc"), str) else None,
                 "backend_config": pg.get("backend_config") if isinstance(pg.get("backend_config"), str) else None,
-                "pg_size": pg.get("pg_size") if isinstance(pg.get("pg_size"), int) else None,
+                "pg_size": _int32(pg.get("pg_size"), "pg_size", f.past_int32),
                 "pg_ranks": at,  # the index of the list: the lists are gathered once the rows are a frame
                 "pg_id": pid,
                 "declared": True,
