@@ -16,6 +16,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -222,6 +223,19 @@ static int scan_string(R *r, Val *v) {
     return 0;
 }
 
+/* The digits a fraction or an exponent needs (one at least) from *pp: 0 read, text follows; 1 the text ran out
+   (the number may go on); -1 damaged. */
+static inline int digit_run(R *r, const unsigned char **pp, const unsigned char *end) {
+    const unsigned char *p = *pp;
+    if (p < end && !(*p >= '0' && *p <= '9')) {
+        r->p = p;
+        return bad(r, "a bad number");
+    }
+    while (p < end && *p >= '0' && *p <= '9') p++;
+    *pp = p;
+    return p >= end;
+}
+
 static int scan_number(R *r, Val *v) {
     const unsigned char *p = r->p, *end = r->end;
     v->a = p;
@@ -248,34 +262,24 @@ static int scan_number(R *r, Val *v) {
         return bad(r, "not a JSON value");
     }
     if (p >= end) goto out;
+    int got;
     if (*p == '.') {
         isfloat = 1;
         p++;
-        if (p >= end) goto out;
-        if (!(*p >= '0' && *p <= '9')) {
-            r->p = p;
-            return bad(r, "a bad number");
-        }
-        while (p < end && *p >= '0' && *p <= '9') p++;
-        if (p >= end) goto out;
+        if ((got = digit_run(r, &p, end)) != 0) goto ended;
     }
     if (*p == 'e' || *p == 'E') {
         isfloat = 1;
         p++;
-        if (p >= end) goto out;
-        if (*p == '+' || *p == '-') p++;
-        if (p >= end) goto out;
-        if (!(*p >= '0' && *p <= '9')) {
-            r->p = p;
-            return bad(r, "a bad number");
-        }
-        while (p < end && *p >= '0' && *p <= '9') p++;
-        if (p >= end) goto out;
+        if (p < end && (*p == '+' || *p == '-')) p++;
+        if ((got = digit_run(r, &p, end)) != 0) goto ended;
     }
     v->t = isfloat ? V_FLOAT : V_INT;
     v->n = p - v->a;
     r->p = p;
     return 0;
+ended:
+    if (got < 0) return -1;
 out:
     r->p = p;
     return eof(r); /* a number at the end of the text may go on */
@@ -485,6 +489,51 @@ static const char *const COMM_KEYS[NCOMM] = {
     "Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size", "Process Group Name",
     "Process Group Description", "Process Group Ranks", "Seq", "Src Rank", "Dst Rank", "Process Group ID"};
 
+/* A key the reader keeps: where its value goes in Ev, and its bit in Ev.seen (a second one is damage). */
+typedef struct {
+    const char *name;
+    Py_ssize_t len;
+    size_t off; /* offsetof(Ev, ...): a Val */
+    int bit;
+} Field;
+
+#define FIELD(s, member, b) {s, sizeof(s) - 1, offsetof(Ev, member), b}
+
+/* In the order of the tests they replaced: the common keys first. "args" (bit 7), "grid" and "block" (20, 21)
+   and the collective keys (COMM_KEYS) are read apart. */
+static const Field EVENT_FIELDS[] = {FIELD("ph", ph, 0),   FIELD("cat", cat, 1), FIELD("name", name, 2),
+                                     FIELD("pid", pid, 3), FIELD("tid", tid, 4), FIELD("ts", ts, 5),
+                                     FIELD("dur", dur, 6)};
+static const Field ARGS_FIELDS[] = {
+    FIELD("device", device, 8),         FIELD("stream", stream, 9),      FIELD("correlation", corr, 10),
+    FIELD("External id", ext, 11),      FIELD("external id", ext_legacy, 12), FIELD("blocks per SM", bps, 13),
+    FIELD("graph id", gid, 14),         FIELD("graph node id", gnid, 15), FIELD("Input Dims", dims, 16),
+    FIELD("Input type", types, 17)};
+#define NFIELDS(t) ((int)(sizeof(t) / sizeof((t)[0])))
+
+/* The field of ``table`` named by the key k (klen bytes), or NULL. */
+static inline const Field *field(const Field *table, int n, const char *k, Py_ssize_t klen) {
+    for (int i = 0; i < n; i++)
+        if (klen == table[i].len && !memcmp(k, table[i].name, (size_t)klen)) return &table[i];
+    return NULL;
+}
+
+static inline Val *field_val(Ev *ev, const Field *f) { return (Val *)((char *)ev + f->off); }
+
+/* Marks the key of ``bit`` as read: -1 (damaged, ``why``) when it was read already in this object. */
+static inline int seen_once(R *r, Ev *ev, int bit, const char *why) {
+    if (ev->seen & (1u << bit)) return bad(r, why);
+    ev->seen |= 1u << bit;
+    return 0;
+}
+
+/* The slot of a collective key (COMM_KEYS), or NULL. */
+static inline Val *comm_slot(Ev *ev, const char *k, Py_ssize_t klen) {
+    for (int i = 0; i < NCOMM; i++)
+        if (klen == (Py_ssize_t)strlen(COMM_KEYS[i]) && !memcmp(k, COMM_KEYS[i], (size_t)klen)) return &ev->comm[i];
+    return NULL;
+}
+
 static int dims3(R *r, int64_t *dst, int *count, int depth) {
     /* a tuple[int, ...]: an array of int64 */
     ws(r);
@@ -584,38 +633,18 @@ static int args_object(R *r, Ev *ev) {
         if (next_key(r, &key, &ARGS_WORDS)) return -1;
         const char *k = (const char *)key.a;
         Py_ssize_t klen = key.n;
-        Val *dst = NULL;
-        int bit = -1;
         if (KEY("grid") || KEY("block")) {
             int is_grid = KEY("grid");
-            bit = is_grid ? 20 : 21;
-            if (ev->seen & (1u << bit)) return bad(r, "a duplicate args key");
-            ev->seen |= 1u << bit;
+            if (seen_once(r, ev, is_grid ? 20 : 21, "a duplicate args key")) return -1;
             if (dims3(r, is_grid ? ev->grid : ev->block, is_grid ? &ev->grid_n : &ev->block_n, 2)) return -1;
             continue;
         }
-        if (KEY("device")) dst = &ev->device, bit = 8;
-        else if (KEY("stream")) dst = &ev->stream, bit = 9;
-        else if (KEY("correlation")) dst = &ev->corr, bit = 10;
-        else if (KEY("External id")) dst = &ev->ext, bit = 11;
-        else if (KEY("external id")) dst = &ev->ext_legacy, bit = 12;
-        else if (KEY("blocks per SM")) dst = &ev->bps, bit = 13;
-        else if (KEY("graph id")) dst = &ev->gid, bit = 14;
-        else if (KEY("graph node id")) dst = &ev->gnid, bit = 15;
-        else if (KEY("Input Dims")) dst = &ev->dims, bit = 16;
-        else if (KEY("Input type")) dst = &ev->types, bit = 17;
-        else
-            for (int i = 0; i < NCOMM; i++)
-                if (klen == (Py_ssize_t)strlen(COMM_KEYS[i]) && !memcmp(k, COMM_KEYS[i], klen)) {
-                    dst = &ev->comm[i];
-                    bit = 0; /* a duplicate: the value is not ABSENT any more */
-                    if (dst->t != V_ABSENT) return bad(r, "a duplicate args key");
-                    break;
-                }
-        if (bit > 0) {
-            if (ev->seen & (1u << bit)) return bad(r, "a duplicate args key");
-            ev->seen |= 1u << bit;
-        }
+        const Field *f = field(ARGS_FIELDS, NFIELDS(ARGS_FIELDS), k, klen);
+        Val *dst = f ? field_val(ev, f) : comm_slot(ev, k, klen);
+        if (f) {
+            if (seen_once(r, ev, f->bit, "a duplicate args key")) return -1;
+        } else if (dst && dst->t != V_ABSENT) /* a collective key read already */
+            return bad(r, "a duplicate args key");
         if (value(r, dst ? dst : &x, 2)) return -1;
     }
     return more;
@@ -635,23 +664,12 @@ static int event(R *r, Ev *ev) {
         if (next_key(r, &key, &EVENT_WORDS)) return -1;
         const char *k = (const char *)key.a;
         Py_ssize_t klen = key.n;
-        Val *dst = NULL;
-        int bit = -1;
-        if (KEY("ph")) dst = &ev->ph, bit = 0;
-        else if (KEY("cat")) dst = &ev->cat, bit = 1;
-        else if (KEY("name")) dst = &ev->name, bit = 2;
-        else if (KEY("pid")) dst = &ev->pid, bit = 3;
-        else if (KEY("tid")) dst = &ev->tid, bit = 4;
-        else if (KEY("ts")) dst = &ev->ts, bit = 5;
-        else if (KEY("dur")) dst = &ev->dur, bit = 6;
-        else if (KEY("args")) bit = 7;
-        if (bit >= 0) {
-            if (ev->seen & (1u << bit)) return bad(r, "a duplicate event key");
-            ev->seen |= 1u << bit;
-        }
-        if (bit == 7) {
+        const Field *f = field(EVENT_FIELDS, NFIELDS(EVENT_FIELDS), k, klen);
+        int is_args = !f && KEY("args");
+        if ((f || is_args) && seen_once(r, ev, f ? f->bit : 7, "a duplicate event key")) return -1;
+        if (is_args) {
             if (args_object(r, ev)) return -1;
-        } else if (value(r, dst ? dst : &x, 1))
+        } else if (value(r, f ? field_val(ev, f) : &x, 1))
             return -1;
     }
     return more;
