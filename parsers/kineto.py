@@ -68,7 +68,7 @@ class _File:
     host: str | None = None
     fallback: str | None = None  # why the typed decoder left the file to the stream reader
     refused: str | None = None  # why the compiled reader left the file to the typed decoder
-    past_int32: Counter[str] = field(default_factory=Counter)  # metadata values read as absent (``_int32``)
+    past_int32: Counter[str] = field(default_factory=Counter)  # values past Int32 read as null or absent, by column
 
 
 class KinetoBatch:
@@ -152,7 +152,9 @@ class KinetoBatch:
             out[name], counts[name] = _stamp(name, df, ident)
         out["ranks"] = ranks
         out["process_groups"] = _process_groups(files, named, texts, lists)
-        return [_result(f, counts, ex.dropped[f.index], ex.past_int32.get(f.index)) for f in files], out
+        for index, nulled in ex.past_int32.items():  # the event columns' (the metadata's are counted already)
+            files[index].past_int32.update(nulled)
+        return [_result(f, counts, ex.dropped[f.index]) for f in files], out
 
 
 def _read_compiled(path: Path, ctx: ParseContext, ex: Extractor) -> tuple[ReadOutcome | None, str | None]:
@@ -181,7 +183,7 @@ def _shift(df: pl.DataFrame | None, bases: pl.Series) -> pl.DataFrame | None:
     return df.with_columns([(pl.col(c) + base) for c in ("start_ns", "end_ns")])
 
 
-def _result(f: _File, counts: dict[str, dict[int, int]], dropped: int, past_int32: Counter[str] | None) -> ParseResult:
+def _result(f: _File, counts: dict[str, dict[int, int]], dropped: int) -> ParseResult:
     n = {name: c.get(f.index, 0) for name, c in counts.items()}
     summary = (
         f"{f.outcome.events:,} events: {n['kernels']:,} GPU, {n['cpu_ops']:,} host, "
@@ -191,11 +193,10 @@ def _result(f: _File, counts: dict[str, dict[int, int]], dropped: int, past_int3
     malformed = f.malformed + dropped
     if malformed:
         summary += f"; {malformed:,} malformed events skipped (no name, or a time that is not a finite number in range)"
-    past_int32 = (past_int32 or Counter()) + f.past_int32
-    if past_int32:
-        nulled = sum(past_int32.values())
+    if f.past_int32:
+        nulled = sum(f.past_int32.values())
         summary += (f"; {nulled:,} value{'s' if nulled > 1 else ''} past Int32 read as null "
-                    f"({', '.join(sorted(past_int32))})")
+                    f"({', '.join(sorted(f.past_int32))})")
     if f.rank_note:
         summary += f"; {f.rank_note}"
     if f.fallback:
@@ -603,9 +604,9 @@ def _count_lists_past_int32(files: list[_File], frames: tuple[pl.DataFrame | Non
                             lists: _MemberLists) -> None:
     """Per file, the rows whose ``Process Group Ranks`` text names a rank past Int32 (their group read as unknown),
     for the source's message."""
-    damaged = [code for code, text in enumerate(texts) if lists.named(text)[0] in lists.past_int32]
-    if not damaged:
+    if not lists.past_int32:
         return
+    damaged = [code for code, text in enumerate(texts) if lists.named(text)[0] in lists.past_int32]
     for df in frames:
         if df is None:
             continue
