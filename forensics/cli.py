@@ -97,8 +97,31 @@ def _error(message: str) -> None:
     _line(err, "error", "red", message)
 
 
+# The signal this process got, once it got one. Ctrl-C raises KeyboardInterrupt wherever Python runs next,
+# and when that is a Python call made from inside Polars' Rust code, Rust unwraps it into a panic
+# (pyo3's PanicException, a BaseException): the command then ends in that panic, not in the interrupt.
+_received: list[KeyboardInterrupt] = []
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    _received.append(Terminated())
     raise Terminated()
+
+
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    _received.append(KeyboardInterrupt())
+    raise KeyboardInterrupt()
+
+
+def _ended(exc: BaseException) -> int:
+    """The exit code for an exception that is not an interrupt: an interrupt still, when a signal came first
+    (whatever it surfaced as), else a bug or the machine's state."""
+    if _received:
+        return _interrupted(_received[0])
+    if isinstance(exc, Exception):
+        return _unexpected(exc)
+    _internal_error(exc)
+    return EXIT_INTERNAL
 
 
 @contextmanager
@@ -291,8 +314,10 @@ def _command(func: F) -> F:
             raise typer.Exit(EXIT_ERROR) from None
         except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM as Terminated
             raise typer.Exit(_interrupted(exc)) from None
-        except Exception as exc:
-            raise typer.Exit(_unexpected(exc)) from None
+        except (SystemExit, GeneratorExit):
+            raise
+        except BaseException as exc:  # a bug, or a signal that surfaced as another exception (see _received)
+            raise typer.Exit(_ended(exc)) from None
 
     return guarded  # type: ignore[return-value]
 
@@ -920,6 +945,7 @@ def main() -> None:
     os.environ.setdefault("POLARS_MAX_THREADS", str(os.cpu_count() or 1))
     os.environ.setdefault(JEMALLOC_CONF, _jemalloc_conf(os.cpu_count() or 1))
     signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGINT, _on_sigint)
     _defer_help_imports()
     try:
         app()  # typer reports its own usage errors (exit 2) and exits with the command's code
@@ -928,8 +954,10 @@ def main() -> None:
         sys.exit(EXIT_ERROR)
     except KeyboardInterrupt as exc:
         sys.exit(_interrupted(exc))
-    except Exception as exc:
-        sys.exit(_unexpected(exc))
+    except (SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:
+        sys.exit(_ended(exc))
 
 
 if __name__ == "__main__":

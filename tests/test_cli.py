@@ -221,6 +221,44 @@ def test_signal_is_one_line_and_leaves_previous_outputs(tmp_path: Path, sig: int
     assert folder_files(out) == before  # no new output, nothing half-written, no temporary file
 
 
+@pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_a_signal_that_surfaces_as_a_polars_panic_is_still_the_signal(tmp_path: Path, sig: int, code: int, word: str):
+    """A Ctrl-C that lands in a Python call Polars' Rust code made (a Categorical's check inside ``df.dtypes``, seen
+    in CI) comes out of Polars as pyo3's PanicException, a BaseException: it used to end the run in Python's own
+    traceback and exit 1. The patch wraps the interrupt the way pyo3 does."""
+    out = tmp_path / "o"
+    before = write_old_outputs(out)
+    ready = tmp_path / "ready"
+    patch = ("import time, pathlib, polars.exceptions as pe, forensics.detectors as d\n"
+             "def slow(*a, **k):\n"
+             f"    pathlib.Path({str(ready)!r}).touch()\n"
+             "    try:\n        time.sleep(600)\n"
+             "    except KeyboardInterrupt as exc:\n"
+             "        raise pe.PanicException('called unwrap on KeyboardInterrupt') from exc\n"
+             "d.run_detectors = slow\n"
+             "import forensics.pipeline as an\nan.run_detectors = slow")
+    proc = run_patched(patch, "analyze", str(SAMPLE), "--out", str(out), "-q", background=True)
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == code, stderr
+    assert one_line(stderr).startswith(f"{word}: during detect")
+    assert folder_files(out) == before
+
+
+def test_a_polars_panic_without_a_signal_is_an_internal_error(tmp_path: Path):
+    patch = ("import polars.exceptions as pe, forensics.detectors as d\n"
+             "def bad(*a, **k):\n    raise pe.PanicException('index out of bounds')\n"
+             "d.run_detectors = bad\nimport forensics.pipeline as an\nan.run_detectors = bad")
+    res = run_patched(patch, "analyze", str(SAMPLE), "--out", str(tmp_path / "o"), "-q")
+    assert res.returncode == 3, res.stderr
+    assert "internal error during detect" in one_line(res.stderr) and "Traceback" not in res.stderr
+    assert "PanicException: index out of bounds" in (tmp_path / "o" / "crash.txt").read_text()
+
+
 HOSTILE = "a[b]<script>|x`y`[red]z"  # rich would print "a<script>|x`y`z" in bold red
 
 
