@@ -25,6 +25,7 @@ from forensics.parsers.bounded_read import GZIP_MAGIC, read_head, read_tail
 from forensics.parsers.result import ParseContext, Parser, ParseResult
 
 from forensics.base import frames as fr
+from forensics.base.errors import is_bug
 from forensics.base.ray_engine import ray_map, ray_session
 from forensics.base.workers import Started, run_pool
 
@@ -258,7 +259,9 @@ def _guarded(call: Callable[[], ParseResult | None], file: DiscoveredFile) -> Pa
         return ParseResult.failed(f"unreadable: {exc.strerror or exc}")
     except RecursionError:
         return ParseResult.failed("nesting too deep to parse")
-    except Exception as exc:  # a parser bug must not take the whole analysis down
+    except BaseException as exc:  # a parser bug (a Rust panic too) must not take the whole analysis down
+        if not is_bug(exc):
+            raise
         where = traceback.extract_tb(exc.__traceback__)[-1]
         return ParseResult.failed(
             f"internal parser error (please report): {type(exc).__name__}: {exc} "
@@ -326,7 +329,9 @@ def _finish_batch(batch: BatchParser, items: list[ParsedSource], run_dir: Path) 
     start = time.perf_counter_ns()
     try:
         results, frames = batch.finish()
-    except Exception:  # a parser bug on one file must cost that file only: parse them one by one
+    except BaseException as exc:  # a parser bug on one file must cost that file only: parse them one by one
+        if not is_bug(exc):
+            raise
         for item in items:
             redo = parse_one(item.file, run_dir)
             item.result, item.parse_ns = redo.result, item.parse_ns + redo.parse_ns

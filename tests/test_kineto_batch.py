@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 from forensics.parsers import discovery, kineto
 from forensics.parsers.result import ParseContext
+from polars.exceptions import PanicException
 
 from forensics.base import frames as fr
 from tests.conftest import shared_path
@@ -96,10 +97,12 @@ def test_every_file_keeps_its_source_row_and_duplicate_ranks_drop_their_rows(tmp
     assert sorted(frames["ranks"]["source"].to_list()) == sorted(used)
 
 
+@pytest.mark.parametrize("bug", [ValueError("boom"), PanicException("boom: index out of bounds")],
+                         ids=["exception", "rust_panic"])
 def test_a_failing_build_costs_only_the_file_that_breaks_it(tmp_path: Path, run_dir: Path,
-                                                            monkeypatch: pytest.MonkeyPatch):
+                                                            monkeypatch: pytest.MonkeyPatch, bug: BaseException):
     """A bug met while building a batch's frames: the files are parsed one by one, so only the
-    file that triggers it fails."""
+    file that triggers it fails. A Polars panic (pyo3's PanicException, a BaseException) is such a bug too."""
     run = tmp_path / "run"
     run.mkdir()
     names = [p.name for p in _files(run_dir)[:3]]
@@ -109,7 +112,7 @@ def test_a_failing_build_costs_only_the_file_that_breaks_it(tmp_path: Path, run_
 
     def broken(files, kernels, cpu_ops):
         if any(f.rel_path == names[1] for f in files):
-            raise ValueError("boom")
+            raise bug
         return real(files, kernels, cpu_ops)
 
     monkeypatch.setattr(kineto, "_ranks", broken)
@@ -117,6 +120,26 @@ def test_a_failing_build_costs_only_the_file_that_breaks_it(tmp_path: Path, run_
     got = {item.file.rel_path: item.result for item in discovery.parse_unit(unit, run)}
     assert got[names[0]].status == "ok" and got[names[2]].status == "ok"
     assert got[names[1]].status == "failed" and "boom" in (got[names[1]].message or "")
+    assert f"internal parser error (please report): {type(bug).__name__}: boom" in (got[names[1]].message or "")
+
+
+def test_a_ctrl_c_that_polars_turned_into_a_panic_stops_the_parse(tmp_path: Path, run_dir: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch):
+    """Rust code that unwraps a Python call's result turns a Ctrl-C into a panic naming the KeyboardInterrupt:
+    that one is the user stopping the run, not a bug in one file, so it is not caught."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for p in _files(run_dir)[:2]:
+        shutil.copy(p, run / p.name)
+    interrupt = PanicException("called `Result::unwrap()` on an `Err` value: "
+                               "PyErr { type: <class 'KeyboardInterrupt'> }")
+
+    def broken(files, kernels, cpu_ops):
+        raise interrupt
+
+    monkeypatch.setattr(kineto, "_ranks", broken)
+    with pytest.raises(PanicException):
+        discovery.parse_unit(discovery.discover(run), run)
 
 
 def test_units_keep_path_order_and_put_big_files_alone():

@@ -197,6 +197,29 @@ def test_a_job_whose_analysis_raises_is_a_failed_row_with_the_last_traceback_lin
                                                              "ZeroDivisionError: division by zero in a detector at ")
 
 
+
+def test_a_rust_panic_costs_the_job_and_a_ctrl_c_inside_one_stops_the_batch(tmp_path: Path, monkeypatch):
+    """pyo3's PanicException is a BaseException: a Polars panic is a bug that costs its job; one that wraps a
+    KeyboardInterrupt (a Ctrl-C landing in a Python call made from Rust) is the user stopping the batch."""
+    from polars.exceptions import PanicException
+
+    import forensics.fleet.triage as triage
+
+    def panic(message: str):
+        def analyze(*args, **kwargs):
+            raise PanicException(message)
+        return analyze
+
+    job = JobTask("j", str(_job(tmp_path / "j")), "fp")
+    monkeypatch.setattr(triage, "analyze", panic("index out of bounds: the len is 0"))
+    res = analyze_job(job)
+    assert res.status == "failed" and res.reason is not None
+    assert "PanicException: index out of bounds: the len is 0 at test_triage.py:" in res.reason
+    ctrl_c = "PyErr { type: <class 'KeyboardInterrupt'>, value: KeyboardInterrupt() }"
+    monkeypatch.setattr(triage, "analyze", panic(ctrl_c))
+    with pytest.raises(PanicException):
+        analyze_job(job)
+
 # --- the command ---------------------------------------------------------------------------------
 
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from forensics import __version__
-from forensics.base.errors import ForensicsError, UsageError
+from forensics.base.errors import ForensicsError, UsageError, is_bug
 from forensics.base.outputs import write_parquet
 from forensics.base.ray_engine import ray_map
 from forensics.base.workers import run_pool
@@ -83,7 +83,9 @@ def analyze_job(task: JobTask) -> JobSummary:
         summary.files = _write_files(task, analysis)
     except ForensicsError as exc:
         return failed(task, str(exc), start)
-    except Exception as exc:  # a bug (or MemoryError) costs this job, not the batch
+    except BaseException as exc:  # a bug (or MemoryError, or a Rust panic) costs this job, not the batch
+        if not is_bug(exc):
+            raise
         return failed(task, internal_reason(exc), start)
     return summary
 
