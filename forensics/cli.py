@@ -9,7 +9,6 @@ bug: one line on stderr, the traceback in OUT/crash.txt); 130 interrupted (SIGIN
 from __future__ import annotations
 
 import functools
-import gc
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -35,6 +34,7 @@ from rich.text import Text
 from forensics import __version__
 from forensics.base.errors import ForensicsError, UsageError
 from forensics.base.findings import Severity
+from forensics.base.lazy import defer_import, imports_without_gc
 
 if TYPE_CHECKING:  # rich.progress is imported when a bar is shown: -q runs never pay for it
     from rich.progress import Progress
@@ -116,12 +116,7 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
 def _ended(exc: BaseException) -> int:
     """The exit code for an exception that is not an interrupt: an interrupt still, when a signal came first
     (whatever it surfaced as), else a bug or the machine's state."""
-    if _received:
-        return _interrupted(_received[0])
-    if isinstance(exc, Exception):
-        return _unexpected(exc)
-    _internal_error(exc)
-    return EXIT_INTERNAL
+    return _interrupted(_received[0]) if _received else _unexpected(exc)
 
 
 @contextmanager
@@ -261,7 +256,7 @@ def environment_problem(exc: BaseException) -> str | None:
     return None
 
 
-def _unexpected(exc: Exception) -> int:
+def _unexpected(exc: BaseException) -> int:
     """The exit code and one line for an exception no command expected: 2 for the machine's state, else 3 (a bug)."""
     problem = environment_problem(exc)
     if problem:
@@ -281,21 +276,6 @@ def _interrupted(exc: KeyboardInterrupt) -> int:
         left = "no output written"
     _line(err, label, "yellow", f"during {_run.phase}; {left}")
     return code
-
-
-@contextmanager
-def _imports_without_gc() -> Iterator[None]:
-    """Import a command's modules with the cyclic collector paused, then freeze what exists (it lives as long as
-    the process): ``analyze`` imports about 450 modules, and the collections they triggered (a full one among
-    them) cost 40-60 ms of CPU that found nothing to free (docs/performance.md, tenth pass)."""
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        if paused:
-            gc.enable()
 
 
 def _command(func: F) -> F:
@@ -455,7 +435,7 @@ def analyze(
     if ray_address and engine is not TriageEngine.ray:
         raise UsageError("--ray-address needs --engine ray")
     _check_out_dir([run_dir], out_dir)
-    with _imports_without_gc():
+    with imports_without_gc():
         from forensics.detectors import parse_overrides
         from forensics.pipeline import analyze as run_analysis
         from forensics.reports import html as _html  # noqa: F401  (imported here for the collector's sake)
@@ -685,8 +665,6 @@ def rules(
                                     help="text (terminal) or md (Markdown, as in docs/detectors.md)"),
 ) -> None:
     """Print each detector (or one) with its documentation and its settings table."""
-    from forensics.base.lazy import defer_import
-
     defer_import("polars")  # the declarations printed here need none of it (0.3 s of start-up)
     from forensics.detectors import load_all
     from forensics.reports import rules as rules_report

@@ -336,12 +336,12 @@ def test_start_up_imports_run_without_the_cyclic_collector_and_are_frozen():
     assert out.split()[-2:] == ["True", "True"]
     import gc
 
-    from forensics.cli import _imports_without_gc
+    from forensics.base.lazy import imports_without_gc
 
     try:
         for enabled in (True, False):
             (gc.enable if enabled else gc.disable)()
-            with _imports_without_gc():
+            with imports_without_gc():
                 assert not gc.isenabled()
             assert gc.isenabled() is enabled
     finally:
