@@ -368,13 +368,6 @@ def render(analysis: Analysis) -> str:
     return _page(analysis).replace(PLOTLY_JS_SLOT, plotly_js(), 1)
 
 
-def render_chunks(analysis: Analysis) -> list[bytes]:
-    """``render_bytes(analysis)`` in pieces that are written one after the other: the page before plotly.js,
-    plotly.js itself (the process' one copy), the rest; no 5 MB joined copy is made."""
-    head, slot, tail = _page(analysis).partition(PLOTLY_JS_SLOT)
-    return [head.encode("utf-8"), plotly_js_bytes() if slot else b"", tail.encode("utf-8")]
-
-
 def report_writer(analysis: Analysis) -> Callable[[Path], None]:
     """What writes ``render_bytes(analysis)`` to a path: the page rendered now, plotly.js copied from plotly's own
     file while writing (:func:`forensics.reports.figures.copy_plotly_js`), never held in memory."""
@@ -392,5 +385,7 @@ def report_writer(analysis: Analysis) -> Callable[[Path], None]:
 
 
 def render_bytes(analysis: Analysis) -> bytes:
-    """``render(analysis).encode("utf-8")``, without building and encoding the 5 MB string."""
-    return b"".join(render_chunks(analysis))
+    """``render(analysis).encode("utf-8")``, without building and encoding the 5 MB string (triage sends the page
+    back as bytes; ``analyze`` writes it with :func:`report_writer`)."""
+    head, slot, tail = _page(analysis).partition(PLOTLY_JS_SLOT)
+    return b"".join([head.encode("utf-8"), plotly_js_bytes() if slot else b"", tail.encode("utf-8")])

@@ -83,15 +83,6 @@ def test_commit_replaces_the_whole_set_and_removes_stale_files(tmp_path: Path):
     assert folder_files(tmp_path) == {n: f"new:{n}".encode() for n in ("findings.json", "report.html", "summary.md")}
 
 
-def test_chunks_are_written_as_their_concatenation(tmp_path: Path):
-    chunks = [b"<head>", bytes(range(256)) * 3, b"", "</html>\u00e9".encode()]
-    outs = OutputSet(tmp_path / "out")
-    outs.add_chunks("report.html", chunks)
-    outs.commit()
-    want = b"<head>" + bytes(range(256)) * 3 + "</html>\u00e9".encode()
-    assert (tmp_path / "out" / "report.html").read_bytes() == want
-
-
 def test_write_error_leaves_the_previous_set_and_no_temporary_file(tmp_path: Path):
     old = write_old_outputs(tmp_path)
     outs = _new_set(tmp_path, "new")

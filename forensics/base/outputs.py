@@ -127,16 +127,6 @@ class OutputSet:
 
         self.add(rel, write)
 
-    def add_chunks(self, rel: str, chunks: Sequence[bytes]) -> None:
-        """A file written as ``b"".join(chunks)`` would be, without joining them in memory first."""
-
-        def write(path: Path) -> None:
-            with open(path, "wb") as fh:
-                for chunk in chunks:
-                    fh.write(chunk)
-
-        self.add(rel, write)
-
     def add_text(self, rel: str, text: str) -> None:
         self.add_bytes(rel, text.encode("utf-8"))
 
