@@ -213,7 +213,7 @@ def _short(reason: str, limit: int = 160) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "\u2026"
 
 
-def _int32(value: object, name: str = "", seen: Counter[str] | None = None) -> int | None:
+def _int32(value: object, name: str, seen: Counter[str]) -> int | None:
     """A metadata integer that fits its Int32 column, else None: a rank or size past Int32 is damage, read as
     absent like a value of the wrong type (building the frame with it failed the whole file); counted by
     ``name`` in ``seen`` for the source's message."""
@@ -221,8 +221,7 @@ def _int32(value: object, name: str = "", seen: Counter[str] | None = None) -> i
         return None
     if INT32_MIN <= value <= INT32_MAX:
         return value
-    if seen is not None:
-        seen[name] += 1
+    seen[name] += 1
     return None
 
 
